@@ -1,0 +1,23 @@
+//! Generates `include/mpib.h` (the exported ABI types) with cbindgen.
+use std::path::PathBuf;
+
+fn main() {
+    let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    // The whole source tree, not just lib.rs, or the header goes stale.
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    let cfg = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
+    // Only the ABI files: what NCCL (and C tests) see, nothing internal.
+    let mut builder = cbindgen::Builder::new().with_config(cfg);
+    for f in ["src/abi/types.rs", "src/abi/tables.rs", "src/abi/tables_v9.rs", "src/abi/versions.rs"] {
+        builder = builder.with_src(dir.join(f));
+    }
+    match builder.generate() {
+        // Rewrites the file only when its content changes.
+        Ok(b) => {
+            b.write_to_file(dir.join("include/mpib.h"));
+        }
+        // A syntax error comes back here; rustc reports it properly right after.
+        Err(e) => println!("cargo:warning=cbindgen failed: {e}"),
+    }
+}

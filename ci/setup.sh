@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the build and test prerequisites on Debian 12 (idempotent). README "Set-up".
+set -euo pipefail
+pkgs=(build-essential pkg-config binutils)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  sudo=; [[ $(id -u) == 0 ]] || sudo=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+rustup component add rustfmt clippy >/dev/null 2>&1 || true
+cargo --version

@@ -1,0 +1,354 @@
+//! Entry points whose C signature is the same in several ABI versions, plus the helpers
+//! every shim uses. Each one only converts C arguments and calls the single
+//! implementation in `crate::plugin`, inside [`guard::run`].
+
+use std::ffi::{c_int, c_void};
+
+use super::guard::{out, run};
+use super::types::*;
+use crate::error::{Error, Result};
+use crate::plugin::{self, AbiVersion};
+
+/// `devices(int* ndev)`, every version.
+pub unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
+    run("devices", || {
+        // SAFETY: NCCL passes a valid int pointer or NULL (rejected by `out`).
+        let ndev = unsafe { out(ndev, "ndev") }?;
+        *ndev = plugin::device_count()?;
+        Ok(())
+    })
+}
+
+/// Copies a 128-byte handle buffer reference out of NCCL's `void*`.
+///
+/// # Safety
+/// A non-null `handle` must point to `NCCL_NET_HANDLE_MAXSIZE` writable bytes.
+pub unsafe fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; consts::NCCL_NET_HANDLE_MAXSIZE]> {
+    // SAFETY: forwarded from the caller's guarantee.
+    unsafe { out(handle.cast::<[u8; consts::NCCL_NET_HANDLE_MAXSIZE]>(), "handle") }
+}
+
+/// Shared body of every `listen`.
+pub fn listen_impl(abi: AbiVersion, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> Result<()> {
+    // SAFETY: NCCL passes an out-pointer for the comm and a 128-byte handle buffer.
+    let (comm_out, buf) = unsafe { (out(listen_comm, "listenComm")?, handle_buf(handle)?) };
+    *comm_out = std::ptr::null_mut();
+    *comm_out = plugin::listen(abi, dev, buf)?;
+    Ok(())
+}
+
+/// Shared body of every `connect`. `*send_comm` stays NULL until the connection is ready.
+pub fn connect_impl(
+    abi: AbiVersion,
+    dev: c_int,
+    traffic_class: Option<c_int>,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    dev_comm: *mut *mut ncclNetDeviceHandle_v7_t,
+) -> Result<()> {
+    // SAFETY: NCCL passes an out-pointer for the comm and a 128-byte handle buffer.
+    let (comm_out, buf) = unsafe { (out(send_comm, "sendComm")?, handle_buf(handle)?) };
+    // SAFETY: a host-side plugin never gives NCCL a device handle; NULL is valid.
+    if let Some(d) = unsafe { dev_comm.as_mut() } {
+        *d = std::ptr::null_mut();
+    }
+    *comm_out = std::ptr::null_mut();
+    *comm_out = plugin::connect(abi, dev, buf, traffic_class)?;
+    Ok(())
+}
+
+/// `accept(listenComm, recvComm)` (v6).
+pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> ncclResult_t {
+    // SAFETY: same contract as the v7+ form without a device handle.
+    unsafe { accept(listen_comm, recv_comm, std::ptr::null_mut()) }
+}
+
+/// `accept(listenComm, recvComm, recvDevComm)` (v7+).
+pub unsafe extern "C" fn accept(
+    listen_comm: *mut c_void,
+    recv_comm: *mut *mut c_void,
+    dev_comm: *mut *mut ncclNetDeviceHandle_v7_t,
+) -> ncclResult_t {
+    run("accept", || {
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        let comm_out = unsafe { out(recv_comm, "recvComm") }?;
+        // SAFETY: NULL or a valid out-pointer for the (never created) device handle.
+        if let Some(d) = unsafe { dev_comm.as_mut() } {
+            *d = std::ptr::null_mut();
+        }
+        *comm_out = std::ptr::null_mut();
+        *comm_out = plugin::accept(listen_comm)?;
+        Ok(())
+    })
+}
+
+/// Shared body of every `regMr`.
+pub fn reg_mr_impl(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ptr_type: c_int,
+    mhandle: *mut *mut c_void,
+) -> Result<()> {
+    // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+    let mh = unsafe { out(mhandle, "mhandle") }?;
+    *mh = std::ptr::null_mut();
+    *mh = plugin::reg_mr(comm, data, size, ptr_type)?;
+    Ok(())
+}
+
+/// `regMr` with a `size_t` size (v8+).
+pub unsafe extern "C" fn reg_mr(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ptr_type: c_int,
+    mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    run("regMr", || reg_mr_impl(comm, data, size, ptr_type, mhandle))
+}
+
+/// `regMr` with an `int` size (v6, v7).
+pub unsafe extern "C" fn reg_mr_int(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    ptr_type: c_int,
+    mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    run("regMr", || reg_mr_impl(comm, data, int_size(size, "size")?, ptr_type, mhandle))
+}
+
+/// `regMrDmaBuf`, every version.
+pub unsafe extern "C" fn reg_mr_dmabuf(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ptr_type: c_int,
+    offset: u64,
+    fd: c_int,
+    mhandle: *mut *mut c_void,
+) -> ncclResult_t {
+    run("regMrDmaBuf", || {
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        let mh = unsafe { out(mhandle, "mhandle") }?;
+        *mh = std::ptr::null_mut();
+        *mh = plugin::reg_mr_dmabuf(comm, data, size, ptr_type, offset, fd)?;
+        Ok(())
+    })
+}
+
+/// `deregMr`, every version. `deregMr(comm, NULL)` is a no-op, as in net_ib.
+pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
+    run("deregMr", || plugin::dereg_mr(comm, mhandle))
+}
+
+/// Shared body of every `isend`. Always writes `*request` (NULL = retry later).
+pub fn isend_impl(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> Result<()> {
+    // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+    let req = unsafe { out(request, "request") }?;
+    *req = std::ptr::null_mut();
+    *req = plugin::isend(comm, data, size, tag, mhandle)?;
+    Ok(())
+}
+
+/// `isend` with an `int` size (v6 … v8).
+pub unsafe extern "C" fn isend_int(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    tag: c_int,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    run("isend", || isend_impl(comm, data, int_size(size, "size")?, tag, mhandle, request))
+}
+
+/// `isend` with a `size_t` size and a profiler handle (v10+); the handle is ignored.
+pub unsafe extern "C" fn isend_prof(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mhandle: *mut c_void,
+    _phandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    run("isend", || isend_impl(comm, data, size, tag, mhandle, request))
+}
+
+/// Receive sizes of one `irecv`, converted from NCCL's `int*` or `size_t*`.
+pub enum RecvSizes {
+    Int(*const c_int),
+    SizeT(*const usize),
+}
+
+/// Shared body of every `irecv`. Always overwrites `*request`: NULL (retry later) or the
+/// request, never NCCL's `NCCL_NET_OPTIONAL_RECV_COMPLETION` marker.
+#[allow(clippy::too_many_arguments)]
+pub fn irecv_impl(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: RecvSizes,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> Result<()> {
+    // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+    let req = unsafe { out(request, "request") }?;
+    *req = std::ptr::null_mut();
+    let n = recv_count(n)?;
+    let (data, tags, mhandles) = (non_null(data, "data")?, non_null(tags, "tags")?, non_null(mhandles, "mhandles")?);
+    let mut size_buf = [0usize; plugin::MAX_RECVS];
+    for (i, s) in size_buf.iter_mut().enumerate().take(n) {
+        // SAFETY: NCCL passes arrays of `n` elements; `i < n`.
+        *s = unsafe {
+            match sizes {
+                RecvSizes::Int(p) => int_size(*non_null(p, "sizes")?.add(i), "sizes[i]")?,
+                RecvSizes::SizeT(p) => *non_null(p, "sizes")?.add(i),
+            }
+        };
+    }
+    // SAFETY: NCCL passes arrays of `n` elements (checked non-null above).
+    let (data, tags, mhandles) = unsafe {
+        (
+            std::slice::from_raw_parts(data, n),
+            std::slice::from_raw_parts(tags, n),
+            std::slice::from_raw_parts(mhandles, n),
+        )
+    };
+    *req = plugin::irecv(comm, data, &size_buf[..n], tags, mhandles)?;
+    Ok(())
+}
+
+/// `irecv` with `int` sizes (v6 … v8).
+pub unsafe extern "C" fn irecv_int(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    run("irecv", || irecv_impl(comm, n, data, RecvSizes::Int(sizes), tags, mhandles, request))
+}
+
+/// `irecv` with `size_t` sizes (v9).
+pub unsafe extern "C" fn irecv_sizet(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    run("irecv", || irecv_impl(comm, n, data, RecvSizes::SizeT(sizes), tags, mhandles, request))
+}
+
+/// `irecv` with `size_t` sizes and profiler handles (v10+); the handles are ignored.
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn irecv_prof(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    _phandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    run("irecv", || irecv_impl(comm, n, data, RecvSizes::SizeT(sizes), tags, mhandles, request))
+}
+
+/// `iflush`, every version (sizes stay `int*`).
+pub unsafe extern "C" fn iflush(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> ncclResult_t {
+    run("iflush", || {
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        let req = unsafe { out(request, "request") }?;
+        *req = std::ptr::null_mut();
+        let n = recv_count(n)?;
+        let (data, sizes, mhandles) =
+            (non_null(data, "data")?, non_null(sizes, "sizes")?, non_null(mhandles, "mhandles")?);
+        let mut size_buf = [0usize; plugin::MAX_RECVS];
+        for (i, s) in size_buf.iter_mut().enumerate().take(n) {
+            // SAFETY: NCCL passes arrays of `n` elements; `i < n`.
+            *s = int_size(unsafe { *sizes.add(i) }, "sizes[i]")?;
+        }
+        // SAFETY: NCCL passes arrays of `n` elements (checked non-null above).
+        let (data, mhandles) =
+            unsafe { (std::slice::from_raw_parts(data, n), std::slice::from_raw_parts(mhandles, n)) };
+        *req = plugin::iflush(comm, data, &size_buf[..n], mhandles)?;
+        Ok(())
+    })
+}
+
+/// `test(request, done, sizes)`, every version. `sizes` may be NULL (flush requests).
+pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> ncclResult_t {
+    run("test", || {
+        // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
+        let done = unsafe { out(done, "done") }?;
+        *done = 0;
+        if let Some(sz) = plugin::test(request)? {
+            if !sizes.is_null() {
+                for (i, &s) in sz.sizes[..sz.n].iter().enumerate() {
+                    let v = c_int::try_from(s)
+                        .map_err(|_| Error::internal(format!("completed size {s} does not fit NCCL's int")))?;
+                    // SAFETY: NCCL's array holds one int per buffer of the request (`n`).
+                    unsafe { *sizes.add(i) = v };
+                }
+            }
+            *done = 1;
+        }
+        Ok(())
+    })
+}
+
+/// `closeSend`, every version.
+pub unsafe extern "C" fn close_send(comm: *mut c_void) -> ncclResult_t {
+    run("closeSend", || plugin::close_send(comm))
+}
+
+/// `closeRecv`, every version.
+pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> ncclResult_t {
+    run("closeRecv", || plugin::close_recv(comm))
+}
+
+/// `closeListen`, every version.
+pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> ncclResult_t {
+    run("closeListen", || plugin::close_listen(comm))
+}
+
+fn non_null<T>(p: *const T, what: &str) -> Result<*const T> {
+    if p.is_null() { Err(Error::invalid_argument(format!("{what} is NULL"))) } else { Ok(p) }
+}
+
+fn recv_count(n: c_int) -> Result<usize> {
+    if n < 1 || n as usize > plugin::MAX_RECVS {
+        return Err(Error::invalid_argument(format!(
+            "n = {n} receives in one irecv/iflush; accepted 1 to {} (maxRecvs)",
+            plugin::MAX_RECVS
+        )));
+    }
+    Ok(n as usize)
+}
+
+fn int_size(size: c_int, what: &str) -> Result<usize> {
+    usize::try_from(size).map_err(|_| Error::invalid_argument(format!("{what} = {size} is negative")))
+}

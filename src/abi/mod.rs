@@ -1,0 +1,16 @@
+//! The C ABI edge: NCCL's `ncclNet_v6` … `ncclNet_v12` structs, the exported tables and
+//! thin per-version shims over the one implementation in `crate::plugin`. Every entry point
+//! catches panics and maps errors to `ncclResult_t` (`guard.rs`); nothing unwinds into C.
+
+mod common;
+mod guard;
+pub mod logger;
+pub mod tables;
+pub mod tables_v9;
+pub mod types;
+mod versions;
+
+pub use versions::{
+    ncclNetPlugin_v6, ncclNetPlugin_v7, ncclNetPlugin_v8, ncclNetPlugin_v9, ncclNetPlugin_v10, ncclNetPlugin_v11,
+    ncclNetPlugin_v12,
+};

@@ -1,0 +1,482 @@
+//! Every `MPIB_*` environment variable, parsed once into one validated [`Config`].
+//!
+//! A bad value (unknown word, out of range, unparsable number, unequal list lengths,
+//! SRQ low ≥ high) is an error naming the variable, the value and what is accepted;
+//! `init` then fails with `ncclInvalidArgument`. An unknown `MPIB_*` name is only warned
+//! about (it is most likely a typo), with the list of known names.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::OnceLock;
+
+use crate::error::{Error, Result};
+
+/// Which fabric provider carries the rails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FabricChoice {
+    /// verbs when libibverbs has usable devices, else soft (logged once at INFO).
+    Auto,
+    /// Real RDMA NICs through libibverbs; `init` fails when there are none.
+    Verbs,
+    /// The software RDMA NIC over TCP.
+    Soft,
+}
+
+/// One rail device: `device[:port]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HcaSpec {
+    pub device: String,
+    pub port: Option<u8>,
+}
+
+/// How each send is divided between the rails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMode {
+    /// Telemetry-driven: both rails finish at the same time.
+    Auto,
+    /// Everything on SOUT.
+    Sout,
+    /// Everything on SUP.
+    Sup,
+    /// A fixed percentage of the bytes on SOUT (0–100).
+    Percent(u8),
+}
+
+/// A soft-fabric rail's local address: an IP address or an interface name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RailAddr {
+    Ip(IpAddr),
+    Interface(String),
+}
+
+/// The validated configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub fabric: FabricChoice,
+    /// Rail pairs: `hca_sout[i]` with `hca_sup[i]`; both empty = pair automatically.
+    pub hca_sout: Vec<HcaSpec>,
+    pub hca_sup: Vec<HcaSpec>,
+    pub split: SplitMode,
+    /// Sends below this size go whole to one rail under `MPIB_SPLIT=auto`.
+    pub split_min_bytes: u64,
+    pub sout_qps: u32,
+    pub sup_qps: u32,
+    pub srq_low: u32,
+    pub srq_high: u32,
+    /// `None` = choose the RoCE v2 GID automatically.
+    pub gid_index: Option<u8>,
+    /// `None` = the communicator's traffic class, else 0.
+    pub tc: Option<u8>,
+    pub sl: Option<u8>,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rtt_alpha: f64,
+    pub rtt_beta: f64,
+    /// 0 = no probes.
+    pub probe_interval_us: u64,
+    pub stats_file: Option<String>,
+    pub stats_interval_ms: u64,
+    pub soft_sout_addr: Option<RailAddr>,
+    pub soft_sup_addr: Option<RailAddr>,
+    pub connect_timeout_ms: u64,
+    /// `NCCL_SOCKET_IFNAME`, honoured for the default soft-rail and bootstrap addresses.
+    pub socket_ifname: Option<String>,
+    /// `MPIB_*` names that are not known (typos); warned about, not fatal.
+    pub unknown: Vec<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            fabric: FabricChoice::Auto,
+            hca_sout: Vec::new(),
+            hca_sup: Vec::new(),
+            split: SplitMode::Auto,
+            split_min_bytes: 65536,
+            sout_qps: 1,
+            sup_qps: 1,
+            srq_low: 64,
+            srq_high: 512,
+            gid_index: None,
+            tc: None,
+            sl: None,
+            timeout: 20,
+            retry_cnt: 7,
+            rtt_alpha: 0.125,
+            rtt_beta: 0.25,
+            probe_interval_us: 200,
+            stats_file: None,
+            stats_interval_ms: 1000,
+            soft_sout_addr: None,
+            soft_sup_addr: None,
+            connect_timeout_ms: 30_000,
+            socket_ifname: None,
+            unknown: Vec::new(),
+        }
+    }
+}
+
+/// One known variable: its name, default (as shown to users) and what it accepts.
+pub struct VarDoc {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub accepted: &'static str,
+    pub meaning: &'static str,
+}
+
+/// Every variable mpib reads. README's table is this list.
+pub const VARS: &[VarDoc] = &[
+    VarDoc {
+        name: "MPIB_FABRIC",
+        default: "auto",
+        accepted: "auto, verbs, soft",
+        meaning: "fabric provider; auto = verbs when RDMA devices exist, else soft",
+    },
+    VarDoc {
+        name: "MPIB_HCA_SOUT",
+        default: "(auto)",
+        accepted: "device[:port], comma list",
+        meaning: "scale-out rail devices; pair i = (SOUT[i], SUP[i])",
+    },
+    VarDoc {
+        name: "MPIB_HCA_SUP",
+        default: "(auto)",
+        accepted: "device[:port], comma list, as long as MPIB_HCA_SOUT",
+        meaning: "scale-up rail devices",
+    },
+    VarDoc {
+        name: "MPIB_SPLIT",
+        default: "auto",
+        accepted: "auto, sout, sup, or 0-100 (% of bytes on SOUT)",
+        meaning: "how each send is divided between the rails",
+    },
+    VarDoc {
+        name: "MPIB_SPLIT_MIN_BYTES",
+        default: "65536",
+        accepted: "0-1073741824",
+        meaning: "auto split: smaller sends go whole to the rail that finishes them first",
+    },
+    VarDoc {
+        name: "MPIB_SOUT_QP",
+        default: "1",
+        accepted: "1-16",
+        meaning: "data QPs per connection on SOUT (round-robin per request)",
+    },
+    VarDoc { name: "MPIB_SUP_QP", default: "1", accepted: "1-16", meaning: "data QPs per connection on SUP" },
+    VarDoc {
+        name: "MPIB_SRQ_LOW",
+        default: "64",
+        accepted: "1-65535, below MPIB_SRQ_HIGH",
+        meaning: "refill the shared receive queue when fewer WQEs are posted",
+    },
+    VarDoc {
+        name: "MPIB_SRQ_HIGH",
+        default: "512",
+        accepted: "2-65536, above MPIB_SRQ_LOW",
+        meaning: "refill the shared receive queue up to this many WQEs",
+    },
+    VarDoc {
+        name: "MPIB_GID_INDEX",
+        default: "-1 (auto)",
+        accepted: "-1, 0-255",
+        meaning: "RoCE GID index; auto prefers RoCE v2 IPv4-mapped",
+    },
+    VarDoc { name: "MPIB_TC", default: "(comm's, else 0)", accepted: "0-255", meaning: "traffic class of the QPs" },
+    VarDoc { name: "MPIB_SL", default: "0", accepted: "0-15", meaning: "InfiniBand service level" },
+    VarDoc {
+        name: "MPIB_TIMEOUT",
+        default: "20",
+        accepted: "1-31",
+        meaning: "QP ACK timeout exponent (4.096 us * 2^n)",
+    },
+    VarDoc { name: "MPIB_RETRY_CNT", default: "7", accepted: "0-7", meaning: "QP transport retry count" },
+    VarDoc { name: "MPIB_RTT_ALPHA", default: "0.125", accepted: "0 < a <= 1", meaning: "SRTT gain (RFC 6298 alpha)" },
+    VarDoc { name: "MPIB_RTT_BETA", default: "0.25", accepted: "0 < b <= 1", meaning: "RTTVAR gain (RFC 6298 beta)" },
+    VarDoc {
+        name: "MPIB_PROBE_INTERVAL_US",
+        default: "200",
+        accepted: "0-10000000 (0 = off)",
+        meaning: "probe a rail idle for this long",
+    },
+    VarDoc {
+        name: "MPIB_STATS_FILE",
+        default: "(off)",
+        accepted: "a path; %p = pid",
+        meaning: "write per-rail statistics to this file",
+    },
+    VarDoc {
+        name: "MPIB_STATS_INTERVAL_MS",
+        default: "1000",
+        accepted: "10-3600000",
+        meaning: "how often the statistics file is rewritten",
+    },
+    VarDoc {
+        name: "MPIB_SOFT_SOUT_ADDR",
+        default: "(NCCL_SOCKET_IFNAME, else first up non-loopback, else loopback)",
+        accepted: "IP address or interface name",
+        meaning: "soft fabric: local address of the SOUT rail",
+    },
+    VarDoc {
+        name: "MPIB_SOFT_SUP_ADDR",
+        default: "(as MPIB_SOFT_SOUT_ADDR)",
+        accepted: "IP address or interface name",
+        meaning: "soft fabric: local address of the SUP rail",
+    },
+    VarDoc {
+        name: "MPIB_CONNECT_TIMEOUT_MS",
+        default: "30000",
+        accepted: "100-3600000",
+        meaning: "connect/accept give up after this long without the peer",
+    },
+];
+
+impl Config {
+    /// Parses a set of `(name, value)` pairs (normally the process environment).
+    /// Returns every bad variable at once, one line each.
+    pub fn from_vars<I, K, V>(vars: I) -> std::result::Result<Config, Vec<String>>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut c = Config::default();
+        let mut errors = Vec::new();
+        let mut hca_sout_set = false;
+        let mut hca_sup_set = false;
+        let mut srq_set = (false, false);
+        for (k, v) in vars {
+            let (name, raw) = (k.as_ref(), v.as_ref());
+            if name == "NCCL_SOCKET_IFNAME" {
+                c.socket_ifname = (!raw.trim().is_empty()).then(|| raw.trim().to_string());
+                continue;
+            }
+            if !name.starts_with("MPIB_") {
+                continue;
+            }
+            let value = raw.trim();
+            let r = match name {
+                "MPIB_FABRIC" => parse_word(
+                    value,
+                    &[("auto", FabricChoice::Auto), ("verbs", FabricChoice::Verbs), ("soft", FabricChoice::Soft)],
+                )
+                .map(|f| c.fabric = f),
+                "MPIB_HCA_SOUT" => parse_hca_list(value).map(|l| {
+                    hca_sout_set = true;
+                    c.hca_sout = l
+                }),
+                "MPIB_HCA_SUP" => parse_hca_list(value).map(|l| {
+                    hca_sup_set = true;
+                    c.hca_sup = l
+                }),
+                "MPIB_SPLIT" => parse_split(value).map(|s| c.split = s),
+                "MPIB_SPLIT_MIN_BYTES" => parse_int(value, 0, 1 << 30).map(|n| c.split_min_bytes = n as u64),
+                "MPIB_SOUT_QP" => parse_int(value, 1, 16).map(|n| c.sout_qps = n as u32),
+                "MPIB_SUP_QP" => parse_int(value, 1, 16).map(|n| c.sup_qps = n as u32),
+                "MPIB_SRQ_LOW" => parse_int(value, 1, 65535).map(|n| {
+                    srq_set.0 = true;
+                    c.srq_low = n as u32
+                }),
+                "MPIB_SRQ_HIGH" => parse_int(value, 2, 65536).map(|n| {
+                    srq_set.1 = true;
+                    c.srq_high = n as u32
+                }),
+                "MPIB_GID_INDEX" => parse_int(value, -1, 255).map(|n| c.gid_index = (n >= 0).then_some(n as u8)),
+                "MPIB_TC" => parse_int(value, 0, 255).map(|n| c.tc = Some(n as u8)),
+                "MPIB_SL" => parse_int(value, 0, 15).map(|n| c.sl = Some(n as u8)),
+                "MPIB_TIMEOUT" => parse_int(value, 1, 31).map(|n| c.timeout = n as u8),
+                "MPIB_RETRY_CNT" => parse_int(value, 0, 7).map(|n| c.retry_cnt = n as u8),
+                "MPIB_RTT_ALPHA" => parse_gain(value).map(|g| c.rtt_alpha = g),
+                "MPIB_RTT_BETA" => parse_gain(value).map(|g| c.rtt_beta = g),
+                "MPIB_PROBE_INTERVAL_US" => parse_int(value, 0, 10_000_000).map(|n| c.probe_interval_us = n as u64),
+                "MPIB_STATS_FILE" => {
+                    c.stats_file = (!value.is_empty()).then(|| value.to_string());
+                    Ok(())
+                }
+                "MPIB_STATS_INTERVAL_MS" => parse_int(value, 10, 3_600_000).map(|n| c.stats_interval_ms = n as u64),
+                "MPIB_SOFT_SOUT_ADDR" => parse_rail_addr(value).map(|a| c.soft_sout_addr = Some(a)),
+                "MPIB_SOFT_SUP_ADDR" => parse_rail_addr(value).map(|a| c.soft_sup_addr = Some(a)),
+                "MPIB_CONNECT_TIMEOUT_MS" => parse_int(value, 100, 3_600_000).map(|n| c.connect_timeout_ms = n as u64),
+                _ => {
+                    c.unknown.push(name.to_string());
+                    Ok(())
+                }
+            };
+            if let Err(accepted) = r {
+                errors.push(format!("{name}={raw:?} is not valid: accepted {accepted}"));
+            }
+        }
+        if hca_sout_set != hca_sup_set || c.hca_sout.len() != c.hca_sup.len() {
+            errors.push(format!(
+                "MPIB_HCA_SOUT ({} entries) and MPIB_HCA_SUP ({} entries) must both be set, with equal lengths (pair i = SOUT[i] + SUP[i])",
+                c.hca_sout.len(),
+                c.hca_sup.len()
+            ));
+        }
+        if c.srq_low >= c.srq_high {
+            let which = match srq_set {
+                (true, true) => "MPIB_SRQ_LOW and MPIB_SRQ_HIGH",
+                (true, false) => "MPIB_SRQ_LOW",
+                _ => "MPIB_SRQ_HIGH",
+            };
+            errors.push(format!("{which}: low watermark {} must be below high watermark {}", c.srq_low, c.srq_high));
+        }
+        c.unknown.sort();
+        if errors.is_empty() { Ok(c) } else { Err(errors) }
+    }
+
+    /// The warning for unknown `MPIB_*` names, if any.
+    pub fn unknown_warning(&self) -> Option<String> {
+        if self.unknown.is_empty() {
+            return None;
+        }
+        let known: Vec<&str> = VARS.iter().map(|v| v.name).collect();
+        Some(format!("ignoring unknown variable(s) {} (a typo?); known: {}", self.unknown.join(", "), known.join(", ")))
+    }
+}
+
+impl fmt::Display for Config {
+    /// The effective configuration, one line, for the INFO log.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let hca = |l: &[HcaSpec]| {
+            if l.is_empty() {
+                "auto".to_string()
+            } else {
+                l.iter()
+                    .map(|h| match h.port {
+                        Some(p) => format!("{}:{p}", h.device),
+                        None => h.device.clone(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",")
+            }
+        };
+        let split = match self.split {
+            SplitMode::Auto => "auto".to_string(),
+            SplitMode::Sout => "sout".to_string(),
+            SplitMode::Sup => "sup".to_string(),
+            SplitMode::Percent(p) => format!("{p}%"),
+        };
+        let opt = |o: Option<u8>| o.map_or("auto".to_string(), |v| v.to_string());
+        let addr = |a: &Option<RailAddr>| match a {
+            None => "default".to_string(),
+            Some(RailAddr::Ip(ip)) => ip.to_string(),
+            Some(RailAddr::Interface(i)) => i.clone(),
+        };
+        write!(
+            f,
+            "fabric={:?} hca_sout={} hca_sup={} split={split} split_min_bytes={} qps=sout:{}/sup:{} srq={}..{} \
+             gid_index={} tc={} sl={} timeout={} retry_cnt={} rtt_alpha={} rtt_beta={} probe_interval_us={} \
+             stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={}",
+            self.fabric,
+            hca(&self.hca_sout),
+            hca(&self.hca_sup),
+            self.split_min_bytes,
+            self.sout_qps,
+            self.sup_qps,
+            self.srq_low,
+            self.srq_high,
+            opt(self.gid_index),
+            opt(self.tc),
+            opt(self.sl),
+            self.timeout,
+            self.retry_cnt,
+            self.rtt_alpha,
+            self.rtt_beta,
+            self.probe_interval_us,
+            self.stats_file.as_deref().unwrap_or("off"),
+            self.stats_interval_ms,
+            addr(&self.soft_sout_addr),
+            addr(&self.soft_sup_addr),
+            self.connect_timeout_ms,
+        )
+    }
+}
+
+fn parse_word<T: Copy>(value: &str, words: &[(&str, T)]) -> std::result::Result<T, String> {
+    let lower = value.to_ascii_lowercase();
+    words
+        .iter()
+        .find(|(w, _)| *w == lower)
+        .map(|(_, t)| *t)
+        .ok_or_else(|| words.iter().map(|(w, _)| *w).collect::<Vec<_>>().join(", "))
+}
+
+fn parse_int(value: &str, min: i64, max: i64) -> std::result::Result<i64, String> {
+    let accepted = || format!("an integer from {min} to {max}");
+    let n: i64 = value.parse().map_err(|_| accepted())?;
+    if (min..=max).contains(&n) { Ok(n) } else { Err(accepted()) }
+}
+
+fn parse_gain(value: &str) -> std::result::Result<f64, String> {
+    let accepted = || "a number g with 0 < g <= 1".to_string();
+    let g: f64 = value.parse().map_err(|_| accepted())?;
+    if g > 0.0 && g <= 1.0 { Ok(g) } else { Err(accepted()) }
+}
+
+fn parse_split(value: &str) -> std::result::Result<SplitMode, String> {
+    let accepted = || "auto, sout, sup, or a percentage of bytes on SOUT from 0 to 100".to_string();
+    match value.to_ascii_lowercase().as_str() {
+        "auto" => Ok(SplitMode::Auto),
+        "sout" => Ok(SplitMode::Sout),
+        "sup" => Ok(SplitMode::Sup),
+        v => {
+            let n: u8 = v.trim_end_matches('%').parse().map_err(|_| accepted())?;
+            if n <= 100 { Ok(SplitMode::Percent(n)) } else { Err(accepted()) }
+        }
+    }
+}
+
+fn parse_hca_list(value: &str) -> std::result::Result<Vec<HcaSpec>, String> {
+    let accepted = || "a comma list of device[:port] (port 1-255), e.g. mlx5_0:1,mlx5_1".to_string();
+    if value.is_empty() {
+        return Err(accepted());
+    }
+    value
+        .split(',')
+        .map(|item| {
+            let item = item.trim();
+            let (device, port) = match item.split_once(':') {
+                Some((d, p)) => (d, Some(p.parse::<u8>().ok().filter(|p| *p >= 1).ok_or_else(accepted)?)),
+                None => (item, None),
+            };
+            let valid = !device.is_empty() && device.chars().all(|ch| ch.is_ascii_alphanumeric() || "_-.".contains(ch));
+            if !valid {
+                return Err(accepted());
+            }
+            Ok(HcaSpec { device: device.to_string(), port })
+        })
+        .collect()
+}
+
+fn parse_rail_addr(value: &str) -> std::result::Result<RailAddr, String> {
+    let accepted = || "an IPv4/IPv6 address or a network interface name".to_string();
+    if let Ok(ip) = value.parse::<IpAddr>() {
+        return Ok(RailAddr::Ip(ip));
+    }
+    let valid = !value.is_empty()
+        && value.len() < libc::IFNAMSIZ
+        && value.chars().all(|ch| ch.is_ascii_alphanumeric() || "_-.@".contains(ch));
+    if valid { Ok(RailAddr::Interface(value.to_string())) } else { Err(accepted()) }
+}
+
+static PROCESS_CONFIG: OnceLock<std::result::Result<Config, Vec<String>>> = OnceLock::new();
+
+/// The process's configuration, parsed from the environment on first use.
+pub fn get() -> Result<&'static Config> {
+    match PROCESS_CONFIG.get_or_init(|| Config::from_vars(std::env::vars())) {
+        Ok(c) => Ok(c),
+        Err(lines) => Err(Error::invalid_argument(lines.join("; "))),
+    }
+}
+
+/// The per-variable error lines of the process configuration (empty when valid).
+pub fn errors() -> &'static [String] {
+    match PROCESS_CONFIG.get_or_init(|| Config::from_vars(std::env::vars())) {
+        Ok(_) => &[],
+        Err(lines) => lines,
+    }
+}
+
+#[cfg(test)]
+#[path = "config_tests.rs"]
+mod tests;

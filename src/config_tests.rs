@@ -1,0 +1,170 @@
+//! Unit tests of `config.rs`: one per rule.
+
+use super::*;
+
+fn parse(vars: &[(&str, &str)]) -> std::result::Result<Config, Vec<String>> {
+    Config::from_vars(vars.iter().copied())
+}
+
+fn one_error(vars: &[(&str, &str)]) -> String {
+    let e = parse(vars).expect_err("must be rejected");
+    assert_eq!(e.len(), 1, "{e:?}");
+    e[0].clone()
+}
+
+#[test]
+fn defaults_without_variables() {
+    let c = parse(&[]).unwrap();
+    assert_eq!(c, Config::default());
+    assert_eq!(c.fabric, FabricChoice::Auto);
+    assert_eq!(c.split, SplitMode::Auto);
+    assert_eq!((c.rtt_alpha, c.rtt_beta), (0.125, 0.25));
+    assert_eq!((c.srq_low, c.srq_high), (64, 512));
+}
+
+#[test]
+fn fabric_words_case_insensitive() {
+    assert_eq!(parse(&[("MPIB_FABRIC", "SOFT")]).unwrap().fabric, FabricChoice::Soft);
+    assert_eq!(parse(&[("MPIB_FABRIC", "verbs")]).unwrap().fabric, FabricChoice::Verbs);
+    let e = one_error(&[("MPIB_FABRIC", "tcp")]);
+    assert!(e.contains("MPIB_FABRIC") && e.contains("\"tcp\"") && e.contains("auto, verbs, soft"), "{e}");
+}
+
+#[test]
+fn split_values() {
+    assert_eq!(parse(&[("MPIB_SPLIT", "sout")]).unwrap().split, SplitMode::Sout);
+    assert_eq!(parse(&[("MPIB_SPLIT", "sup")]).unwrap().split, SplitMode::Sup);
+    assert_eq!(parse(&[("MPIB_SPLIT", "0")]).unwrap().split, SplitMode::Percent(0));
+    assert_eq!(parse(&[("MPIB_SPLIT", "100")]).unwrap().split, SplitMode::Percent(100));
+    assert_eq!(parse(&[("MPIB_SPLIT", "37%")]).unwrap().split, SplitMode::Percent(37));
+    for bad in ["101", "-1", "half", "", "50.5"] {
+        let e = one_error(&[("MPIB_SPLIT", bad)]);
+        assert!(e.starts_with("MPIB_SPLIT=") && e.contains("percentage"), "{e}");
+    }
+}
+
+#[test]
+fn hca_lists_pair_up() {
+    let c = parse(&[("MPIB_HCA_SOUT", "mlx5_0:1,mlx5_2"), ("MPIB_HCA_SUP", "mlx5_1, mlx5_3:2")]).unwrap();
+    assert_eq!(
+        c.hca_sout,
+        vec![HcaSpec { device: "mlx5_0".into(), port: Some(1) }, HcaSpec { device: "mlx5_2".into(), port: None }]
+    );
+    assert_eq!(c.hca_sup[1], HcaSpec { device: "mlx5_3".into(), port: Some(2) });
+}
+
+#[test]
+fn hca_lists_of_unequal_length_rejected() {
+    let e = one_error(&[("MPIB_HCA_SOUT", "a,b"), ("MPIB_HCA_SUP", "c")]);
+    assert!(e.contains("equal lengths") && e.contains("2 entries") && e.contains("1 entries"), "{e}");
+    let e = one_error(&[("MPIB_HCA_SOUT", "rxe0")]);
+    assert!(e.contains("must both be set"), "{e}");
+}
+
+#[test]
+fn hca_bad_port_or_name_rejected() {
+    for bad in ["mlx5_0:0", "mlx5_0:x", "mlx5_0:300", ",", "a b", "dev:1:2"] {
+        let e = parse(&[("MPIB_HCA_SOUT", bad), ("MPIB_HCA_SUP", bad)]).expect_err(bad);
+        assert!(e.iter().any(|l| l.contains("device[:port]")), "{bad}: {e:?}");
+    }
+}
+
+#[test]
+fn integers_checked_against_range() {
+    assert_eq!(parse(&[("MPIB_SOUT_QP", "4")]).unwrap().sout_qps, 4);
+    let e = one_error(&[("MPIB_SOUT_QP", "0")]);
+    assert!(e.contains("from 1 to 16"), "{e}");
+    let e = one_error(&[("MPIB_SUP_QP", "17")]);
+    assert!(e.contains("MPIB_SUP_QP"), "{e}");
+    let e = one_error(&[("MPIB_TIMEOUT", "32")]);
+    assert!(e.contains("from 1 to 31"), "{e}");
+    let e = one_error(&[("MPIB_RETRY_CNT", "eight")]);
+    assert!(e.contains("from 0 to 7"), "{e}");
+    let e = one_error(&[("MPIB_SL", "16")]);
+    assert!(e.contains("MPIB_SL"), "{e}");
+    let e = one_error(&[("MPIB_TC", "256")]);
+    assert!(e.contains("MPIB_TC"), "{e}");
+    let e = one_error(&[("MPIB_STATS_INTERVAL_MS", "5")]);
+    assert!(e.contains("from 10"), "{e}");
+    let e = one_error(&[("MPIB_PROBE_INTERVAL_US", "1e3")]);
+    assert!(e.contains("integer"), "{e}");
+}
+
+#[test]
+fn gid_index_auto_or_value() {
+    assert_eq!(parse(&[("MPIB_GID_INDEX", "-1")]).unwrap().gid_index, None);
+    assert_eq!(parse(&[("MPIB_GID_INDEX", "3")]).unwrap().gid_index, Some(3));
+    one_error(&[("MPIB_GID_INDEX", "-2")]);
+    one_error(&[("MPIB_GID_INDEX", "256")]);
+}
+
+#[test]
+fn srq_watermarks_must_be_ordered() {
+    let c = parse(&[("MPIB_SRQ_LOW", "8"), ("MPIB_SRQ_HIGH", "16")]).unwrap();
+    assert_eq!((c.srq_low, c.srq_high), (8, 16));
+    let e = one_error(&[("MPIB_SRQ_LOW", "16"), ("MPIB_SRQ_HIGH", "16")]);
+    assert!(e.contains("low watermark 16 must be below high watermark 16"), "{e}");
+    let e = one_error(&[("MPIB_SRQ_LOW", "600")]);
+    assert!(e.starts_with("MPIB_SRQ_LOW:"), "{e}");
+    let e = one_error(&[("MPIB_SRQ_HIGH", "32")]);
+    assert!(e.starts_with("MPIB_SRQ_HIGH:"), "{e}");
+}
+
+#[test]
+fn rtt_gains_in_unit_interval() {
+    let c = parse(&[("MPIB_RTT_ALPHA", "0.5"), ("MPIB_RTT_BETA", "1")]).unwrap();
+    assert_eq!((c.rtt_alpha, c.rtt_beta), (0.5, 1.0));
+    for bad in ["0", "1.5", "-0.1", "x", "NaN"] {
+        let e = one_error(&[("MPIB_RTT_ALPHA", bad)]);
+        assert!(e.contains("0 < g <= 1"), "{e}");
+    }
+}
+
+#[test]
+fn soft_addresses_ip_or_interface() {
+    let c = parse(&[("MPIB_SOFT_SOUT_ADDR", "10.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "veth1")]).unwrap();
+    assert_eq!(c.soft_sout_addr, Some(RailAddr::Ip("10.0.0.1".parse().unwrap())));
+    assert_eq!(c.soft_sup_addr, Some(RailAddr::Interface("veth1".into())));
+    let c = parse(&[("MPIB_SOFT_SOUT_ADDR", "fe80::1")]).unwrap();
+    assert!(matches!(c.soft_sout_addr, Some(RailAddr::Ip(IpAddr::V6(_)))));
+    one_error(&[("MPIB_SOFT_SUP_ADDR", "not an if")]);
+    one_error(&[("MPIB_SOFT_SUP_ADDR", "averyveryverylongname0")]);
+}
+
+#[test]
+fn every_bad_variable_reported_at_once() {
+    let e = parse(&[("MPIB_FABRIC", "x"), ("MPIB_SPLIT", "y"), ("MPIB_TIMEOUT", "0")]).unwrap_err();
+    assert_eq!(e.len(), 3, "{e:?}");
+}
+
+#[test]
+fn unknown_names_warned_not_fatal() {
+    let c = parse(&[("MPIB_SPLTI", "sout"), ("MPIB_FABRIC", "soft"), ("OTHER", "1")]).unwrap();
+    assert_eq!(c.unknown, vec!["MPIB_SPLTI".to_string()]);
+    let w = c.unknown_warning().unwrap();
+    assert!(w.contains("MPIB_SPLTI") && w.contains("MPIB_SPLIT") && w.contains("MPIB_FABRIC"), "{w}");
+    assert!(parse(&[]).unwrap().unknown_warning().is_none());
+}
+
+#[test]
+fn socket_ifname_honoured() {
+    let c = parse(&[("NCCL_SOCKET_IFNAME", "eth1")]).unwrap();
+    assert_eq!(c.socket_ifname.as_deref(), Some("eth1"));
+}
+
+#[test]
+fn every_parsed_variable_is_documented() {
+    // Each name the parser accepts must be in VARS (README's table), and vice versa.
+    for v in VARS {
+        let c = parse(&[(v.name, "definitely-not-valid-%%")]);
+        let unknown = c.as_ref().map(|c| c.unknown.contains(&v.name.to_string())).unwrap_or(false);
+        assert!(!unknown, "{} is documented but not parsed", v.name);
+    }
+}
+
+#[test]
+fn display_shows_effective_values() {
+    let c = parse(&[("MPIB_SPLIT", "30"), ("MPIB_FABRIC", "soft")]).unwrap();
+    let s = c.to_string();
+    assert!(s.contains("fabric=Soft") && s.contains("split=30%") && s.contains("stats_file=off"), "{s}");
+}

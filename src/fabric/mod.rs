@@ -1,0 +1,297 @@
+//! The transport the dual-rail protocol runs on: a small RDMA verbs model with capability
+//! attributes (seed 002's transport-layer idea), in the spirit of smoltcp's `phy::Device`.
+//!
+//! Objects, as in verbs: a [`Device`] (an opened NIC port with its protection domain;
+//! memory registration), per communicator and rail one [`CompletionQueue`] shared by all
+//! its QPs, one [`SharedRecvQueue`] for the receive side, and reliable-connected
+//! [`QueuePair`]s. QP connection info ([`QpInfo`]) is exchanged out of band by the plugin.
+//!
+//! The hot path (`post_send`, `post_recv`, `poll`) takes plain data (slices of [`SendWr`],
+//! a count, a slice of [`Completion`]), never allocates, and is dispatched statically:
+//! the plugin is generic over [`Device`], and picks the provider once at `init`.
+//!
+//! Providers:
+//! - `soft`: a software RDMA NIC over TCP with RC semantics (runs anywhere);
+//! - `verbs`: real NICs through libibverbs, loaded at run time.
+
+use std::fmt;
+
+use bitflags::bitflags;
+
+use crate::error::Result;
+
+pub mod soft;
+
+bitflags! {
+    /// Access rights of a memory registration (as `ibv_access_flags`).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Access: u32 {
+        const LOCAL_WRITE = 1;
+        const REMOTE_WRITE = 2;
+        const REMOTE_READ = 4;
+        /// PCIe relaxed ordering where the device supports it (ignored otherwise).
+        const RELAXED_ORDERING = 8;
+    }
+}
+
+bitflags! {
+    /// Kinds of memory a device can register.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct MemTypes: u32 {
+        const HOST = 1;
+        /// GPU memory through peer memory (nv_peermem).
+        const CUDA = 2;
+        /// GPU memory through DMA-BUF file descriptors.
+        const DMABUF = 4;
+    }
+}
+
+/// Link layer of a device's port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    InfiniBand,
+    Ethernet,
+    /// The soft fabric: TCP sockets.
+    Tcp,
+}
+
+/// What a device is and can do. Filled once when the device is opened.
+#[derive(Clone, Debug)]
+pub struct DeviceAttrs {
+    /// Device name as users write it in `MPIB_HCA_*` (e.g. `mlx5_0`, `rxe0`, `soft0`).
+    pub name: String,
+    pub port: u8,
+    pub link_layer: LinkLayer,
+    /// Link speed in Mbit/s.
+    pub speed_mbps: u32,
+    /// Active MTU in bytes.
+    pub mtu: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_srq_wr: u32,
+    pub max_cqe: u32,
+    pub max_sge: u32,
+    pub max_inline: u32,
+    pub mem_types: MemTypes,
+    /// Completions carry device timestamps ([`Completion::timestamp_ns`]).
+    pub completion_timestamps: bool,
+    /// sysfs PCI path of the NIC (NCCL's `pciPath`), if it has one.
+    pub pci_path: Option<String>,
+    /// Stable identifier of the port (NCCL's `guid`).
+    pub guid: u64,
+}
+
+/// Keys of a registered region: `lkey` for local SGEs, `rkey` for the peer's WRs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MrKeys {
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// One scatter/gather element of a local buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// The most SGEs a [`SendWr`] carries. The protocol uses at most one.
+pub const MAX_SGE: usize = 2;
+
+/// Operation of a send work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WrOpcode {
+    #[default]
+    Write,
+    /// RDMA WRITE with 32-bit immediate data: consumes one receive WQE at the peer.
+    WriteImm,
+    /// RDMA READ from the peer's memory into the local SGEs.
+    Read,
+}
+
+/// A send work request. A chain is a slice of them, posted with one call (one doorbell);
+/// the WRs of one QP execute and complete in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct SendWr {
+    /// Returned in the completion. Only signalled WRs (and failed ones) complete.
+    pub wr_id: u64,
+    pub opcode: WrOpcode,
+    pub signaled: bool,
+    /// Copy the payload at post time (small WRs); the buffer may be reused at once.
+    pub inline: bool,
+    pub num_sge: u8,
+    pub sge: [Sge; MAX_SGE],
+    pub remote_addr: u64,
+    pub rkey: u32,
+    /// Immediate data, host byte order (providers put it on the wire big-endian).
+    pub imm: u32,
+}
+
+impl SendWr {
+    /// Total payload bytes of the WR's SGEs.
+    pub fn bytes(&self) -> u64 {
+        self.sge[..self.num_sge as usize].iter().map(|s| s.len as u64).sum()
+    }
+}
+
+/// Status of a completion (as `ibv_wc_status`, the ones mpib distinguishes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WcStatus {
+    #[default]
+    Success,
+    /// Local length or protection error (a bad lkey or SGE).
+    LocalError,
+    /// The peer refused the access: unknown rkey, out of bounds, missing rights.
+    RemoteAccessError,
+    /// The peer failed to execute the operation.
+    RemoteOpError,
+    /// No acknowledgement within the retry budget (peer gone, link down).
+    RetryExceeded,
+    /// The peer never had a receive WQE within the RNR retry budget.
+    RnrRetryExceeded,
+    /// Flushed because the QP went to the error state.
+    Flushed,
+    /// Anything else; the provider's code is kept.
+    Other(u32),
+}
+
+impl fmt::Display for WcStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WcStatus::Success => f.write_str("success"),
+            WcStatus::LocalError => f.write_str("local length/protection error"),
+            WcStatus::RemoteAccessError => f.write_str("remote access error"),
+            WcStatus::RemoteOpError => f.write_str("remote operation error"),
+            WcStatus::RetryExceeded => f.write_str("transport retry counter exceeded"),
+            WcStatus::RnrRetryExceeded => f.write_str("RNR retry counter exceeded"),
+            WcStatus::Flushed => f.write_str("work request flushed (QP in error state)"),
+            WcStatus::Other(c) => write!(f, "completion error {c}"),
+        }
+    }
+}
+
+/// What completed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum WcOpcode {
+    #[default]
+    RdmaWrite,
+    RdmaRead,
+    /// A peer's WRITE_WITH_IMM consumed one SRQ WQE.
+    RecvRdmaWithImm,
+}
+
+/// One polled completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Completion {
+    /// The send WR's `wr_id`; for receives, the SRQ WQE's (mpib posts generic WQEs: 0).
+    pub wr_id: u64,
+    pub status: WcStatus,
+    pub opcode: WcOpcode,
+    /// Bytes written by the peer (receives), or read (READ).
+    pub byte_len: u32,
+    /// Immediate data, host byte order (receives only).
+    pub imm: u32,
+    /// The local QP the completion belongs to ([`QueuePair::qp_num`]).
+    pub qp_num: u32,
+    /// Device completion timestamp in ns, 0 when the CQ has none.
+    pub timestamp_ns: u64,
+}
+
+/// Size of the serialized connection info of one QP.
+pub const QP_INFO_LEN: usize = 48;
+
+/// Connection info of one QP, exchanged out of band. Opaque to everything but its provider.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct QpInfo(pub [u8; QP_INFO_LEN]);
+
+impl Default for QpInfo {
+    fn default() -> Self {
+        QpInfo([0; QP_INFO_LEN])
+    }
+}
+
+impl fmt::Debug for QpInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "QpInfo(")?;
+        for b in &self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// Capacities asked of a new QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCaps {
+    pub max_send_wr: u32,
+    pub max_inline: u32,
+}
+
+/// Transport parameters of a connection (verbs: applied at RTR/RTS; soft: mostly ignored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectParams {
+    pub traffic_class: u8,
+    pub service_level: u8,
+    /// ACK timeout exponent (4.096 µs × 2^n).
+    pub timeout: u8,
+    pub retry_cnt: u8,
+}
+
+/// An opened NIC port with its protection domain. Shared by every communicator that uses
+/// it (`Send + Sync`); registration may happen on any thread while others post and poll.
+pub trait Device: Send + Sync + Sized + 'static {
+    /// A registered memory region; deregistered by [`Device::dereg_mr`].
+    type Mr: Send + Sync;
+    type Cq: CompletionQueue;
+    type Srq: SharedRecvQueue;
+    type Qp: QueuePair;
+
+    fn attrs(&self) -> &DeviceAttrs;
+
+    /// Registers `len` bytes at `addr` (host or, where `attrs().mem_types` says so, CUDA).
+    fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<Self::Mr>;
+    /// Registers a DMA-BUF range (`offset`, `len` in the buffer of `fd`) mapped at `iova`.
+    /// The fd may be closed by the caller right after this returns.
+    fn reg_dmabuf_mr(&self, fd: i32, offset: u64, len: usize, iova: u64, access: Access) -> Result<Self::Mr>;
+    fn mr_keys(mr: &Self::Mr) -> MrKeys;
+    /// Deregisters. After this returns no peer write can land in the region.
+    fn dereg_mr(&self, mr: Self::Mr) -> Result<()>;
+
+    /// A completion queue of at least `depth` entries, with device timestamps when the
+    /// device has them and `timestamps` is set.
+    fn create_cq(&self, depth: u32, timestamps: bool) -> Result<Self::Cq>;
+    /// A shared receive queue of at least `depth` generic WQEs.
+    fn create_srq(&self, depth: u32) -> Result<Self::Srq>;
+    /// An RC QP whose send and receive completions go to `cq`, drawing its receive WQEs
+    /// from `srq` when given (a QP without an SRQ never receives a WRITE_WITH_IMM).
+    fn create_qp(&self, cq: &Self::Cq, srq: Option<&Self::Srq>, caps: QpCaps) -> Result<Self::Qp>;
+}
+
+/// A reliable-connected queue pair.
+pub trait QueuePair: Send + 'static {
+    /// The number completions carry in [`Completion::qp_num`].
+    fn qp_num(&self) -> u32;
+    /// This QP's connection info, for the peer's [`QueuePair::connect`].
+    fn local_info(&self) -> QpInfo;
+    /// Connects to the peer's QP (verbs: INIT → RTR → RTS). Does not block; the
+    /// connection may finish later, see [`QueuePair::is_ready`].
+    fn connect(&mut self, remote: &QpInfo, params: &ConnectParams) -> Result<()>;
+    /// Whether WRs posted now are carried at once (connection established).
+    fn is_ready(&mut self) -> Result<bool>;
+    /// Posts a chain of WRs with one doorbell. On error nothing of the chain was posted.
+    fn post_send(&mut self, chain: &[SendWr]) -> Result<()>;
+}
+
+/// A completion queue, polled by one thread at a time.
+pub trait CompletionQueue: Send + 'static {
+    /// Fills `out` with up to `out.len()` completions; returns how many.
+    /// The soft provider also makes its progress here (it is the NIC).
+    fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
+}
+
+/// A shared receive queue of generic (0-SGE) WQEs.
+pub trait SharedRecvQueue: Send + 'static {
+    /// Posts `count` generic receive WQEs with one call.
+    fn post_recv(&mut self, count: u32) -> Result<()>;
+}

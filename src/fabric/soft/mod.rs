@@ -1,0 +1,1 @@
+//! The soft fabric: a software RDMA NIC over TCP with RC verbs semantics.

@@ -1,0 +1,19 @@
+//! mpib: an NCCL network plugin whose every device is a pair of RDMA rails, SOUT (scale-out
+//! NIC) and SUP (scale-up NIC), with each send split between them at the last moment from
+//! live RTT telemetry. See DESIGN.md for the layers:
+//!
+//! ```text
+//! abi/      ncclNet v6…v12 tables and shims (the only C edge)
+//! plugin/   comms, connection set-up, requests: glues the engine to a fabric
+//! engine/   the dual-rail protocol, sans-IO
+//! split/    split policies        telemetry/  RTT estimators and statistics
+//! fabric/   the transport trait and its providers (soft, verbs)
+//! ```
+
+pub mod abi;
+pub mod config;
+pub mod error;
+pub mod fabric;
+pub mod plugin;
+
+pub use error::{Error, ErrorKind, Result};

@@ -1,0 +1,81 @@
+//! The plugin as NCCL sees it: the C header compiles, a C program loads the built library
+//! with dlopen/dlsym exactly as NCCL does and checks every layout against the reference
+//! numbers, and the library exports nothing but the plugin symbols.
+
+mod common;
+
+use std::process::Command;
+
+use common::{cdylib, compile_c, run_loader, tmpdir};
+
+#[test]
+fn c_header_compiles_and_matches_reference_sizes() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("cc")
+        .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-c", "-o"])
+        .arg(tmpdir("header").join("header_check.o"))
+        .arg("-I")
+        .arg(format!("{root}/include"))
+        .arg(format!("{root}/tests/c/header_check.c"))
+        .output()
+        .expect("run cc");
+    assert!(out.status.success(), "header_check.c failed:\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn exports_only_the_plugin_tables() {
+    let out = Command::new("nm").args(["-D", "--defined-only"]).arg(cdylib()).output().expect("run nm");
+    assert!(out.status.success());
+    let mut names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = (6..=12).map(|v| format!("ncclNetPlugin_v{v}")).collect();
+    want.extend(common::EXPORTED_FUNCTIONS.iter().map(|s| s.to_string()));
+    want.sort();
+    assert_eq!(names, want, "the library must export exactly the plugin tables and mpib_* functions");
+}
+
+#[test]
+fn no_link_time_dependency_on_rdma_libraries() {
+    let out = Command::new("readelf").arg("-d").arg(cdylib()).output().expect("run readelf");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let needed: Vec<&str> = text.lines().filter(|l| l.contains("(NEEDED)")).collect();
+    assert!(!needed.is_empty(), "readelf printed no NEEDED lines:\n{text}");
+    for l in &needed {
+        assert!(!l.contains("ibverbs") && !l.contains("rdmacm") && !l.contains("mlx5"), "{l}");
+    }
+}
+
+#[test]
+fn loader_with_a_bad_environment_fails_init_clearly() {
+    let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
+    let (ok, out) = run_loader(&loader, cdylib().to_str().unwrap(), "badenv", &[("MPIB_SPLIT", "sideways")]);
+    assert!(ok, "{out}");
+    assert!(out.contains("MPIB_SPLIT=\"sideways\" is not valid"), "{out}");
+}
+
+#[test]
+fn loader_through_every_version() {
+    let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
+    let (mode, env) = common::device_mode();
+    let (ok, out) = run_loader(&loader, cdylib().to_str().unwrap(), mode, &env);
+    assert!(ok, "{out}");
+    assert_eq!(out.matches(": init -> ").count(), 7, "{out}");
+}
+
+#[test]
+fn loads_by_nccl_name_from_the_library_path() {
+    // NCCL_NET_PLUGIN=mpib makes NCCL dlopen("libnccl-net-mpib.so") through ld.so.
+    let dir = tmpdir("byname");
+    let link = dir.join("libnccl-net-mpib.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(cdylib(), &link).unwrap();
+    let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
+    let (mode, mut env) = common::device_mode();
+    let lib_path = dir.to_str().unwrap().to_string();
+    env.push(("LD_LIBRARY_PATH", Box::leak(lib_path.into_boxed_str())));
+    let (ok, out) = run_loader(&loader, "libnccl-net-mpib.so", mode, &env);
+    assert!(ok, "{out}");
+}

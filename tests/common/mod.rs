@@ -1,0 +1,59 @@
+//! Helpers shared by the integration tests: where the built library is, compiling C test
+//! programs with the system `cc`, running them.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The `mpib_*` functions the library exports besides the seven tables.
+pub const EXPORTED_FUNCTIONS: &[&str] = &[];
+
+/// The cdylib cargo built next to this test binary (`target/<profile>/libmpib.so`).
+pub fn cdylib() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+    let lib = profile_dir.join("libmpib.so");
+    assert!(lib.exists(), "{} not built (cargo builds the cdylib with the tests)", lib.display());
+    lib
+}
+
+/// A fresh scratch directory for one test.
+pub fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mpib-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Compiles C sources (paths relative to the crate root) into an executable.
+pub fn compile_c(name: &str, sources: &[&str], libs: &[&str]) -> PathBuf {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = tmpdir(name).join(name);
+    let mut cmd = Command::new("cc");
+    cmd.args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&out);
+    cmd.arg(format!("-I{root}/include"));
+    for s in sources {
+        cmd.arg(format!("{root}/{s}"));
+    }
+    cmd.args(libs);
+    let r = cmd.output().expect("run cc");
+    assert!(r.status.success(), "cc {sources:?} failed:\n{}", String::from_utf8_lossy(&r.stderr));
+    out
+}
+
+/// Runs the C loader against `lib` in `mode`; returns (passed, stdout+stderr).
+pub fn run_loader(loader: &Path, lib: &str, mode: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(loader);
+    cmd.arg(lib).arg(mode);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let r = cmd.output().expect("run loader");
+    let text = format!("{}{}", String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
+    (r.status.success(), text)
+}
+
+/// How the loader test should expect devices: the mode and environment that give the
+/// plugin a usable device on this machine, or the no-device mode while no fabric exists.
+pub fn device_mode() -> (&'static str, Vec<(&'static str, &'static str)>) {
+    ("nodev", vec![])
+}
