@@ -20,6 +20,9 @@ pub enum FabricChoice {
     Verbs,
     /// The software RDMA NIC over TCP.
     Soft,
+    /// The software RDMA NIC with both ends in this process: no sockets, no threads
+    /// (deterministic tests, counting instructions per message).
+    Inproc,
 }
 
 /// One rail device: `device[:port]`.
@@ -129,8 +132,8 @@ pub const VARS: &[VarDoc] = &[
     VarDoc {
         name: "MPIB_FABRIC",
         default: "auto",
-        accepted: "auto, verbs, soft",
-        meaning: "fabric provider; auto = verbs when RDMA devices exist, else soft",
+        accepted: "auto, verbs, soft, inproc",
+        meaning: "fabric provider; auto = verbs when RDMA devices exist, else soft; inproc = soft with both ends in one process (tests)",
     },
     VarDoc {
         name: "MPIB_HCA_SOUT",
@@ -257,7 +260,12 @@ impl Config {
             let r = match name {
                 "MPIB_FABRIC" => parse_word(
                     value,
-                    &[("auto", FabricChoice::Auto), ("verbs", FabricChoice::Verbs), ("soft", FabricChoice::Soft)],
+                    &[
+                        ("auto", FabricChoice::Auto),
+                        ("verbs", FabricChoice::Verbs),
+                        ("soft", FabricChoice::Soft),
+                        ("inproc", FabricChoice::Inproc),
+                    ],
                 )
                 .map(|f| c.fabric = f),
                 "MPIB_HCA_SOUT" => parse_hca_list(value).map(|l| {

@@ -27,7 +27,7 @@ fn fabric_words_case_insensitive() {
     assert_eq!(parse(&[("MPIB_FABRIC", "SOFT")]).unwrap().fabric, FabricChoice::Soft);
     assert_eq!(parse(&[("MPIB_FABRIC", "verbs")]).unwrap().fabric, FabricChoice::Verbs);
     let e = one_error(&[("MPIB_FABRIC", "tcp")]);
-    assert!(e.contains("MPIB_FABRIC") && e.contains("\"tcp\"") && e.contains("auto, verbs, soft"), "{e}");
+    assert!(e.contains("MPIB_FABRIC") && e.contains("\"tcp\"") && e.contains("auto, verbs, soft, inproc"), "{e}");
 }
 
 #[test]
