@@ -15,5 +15,7 @@ pub mod config;
 pub mod error;
 pub mod fabric;
 pub mod plugin;
+pub mod split;
+pub mod telemetry;
 
 pub use error::{Error, ErrorKind, Result};
