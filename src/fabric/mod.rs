@@ -15,6 +15,7 @@
 //! - `verbs`: real NICs through libibverbs, loaded at run time.
 
 use std::fmt;
+use std::sync::Arc;
 
 use bitflags::bitflags;
 
@@ -294,4 +295,29 @@ pub trait CompletionQueue: Send + 'static {
 pub trait SharedRecvQueue: Send + 'static {
     /// Posts `count` generic receive WQEs with one call.
     fn post_recv(&mut self, count: u32) -> Result<()>;
+    /// How many times a peer's WRITE_WITH_IMM found this SRQ empty and had to wait
+    /// (receiver-not-ready), where the provider can tell; 0 otherwise.
+    fn rnr_events(&self) -> u64 {
+        0
+    }
+}
+
+/// The two rails of one NCCL device: SOUT (index 0) and SUP (index 1). Both may be the
+/// same NIC (two rails over one port, e.g. for loopback tests).
+pub struct RailPair<D: Device> {
+    pub sout: Arc<D>,
+    pub sup: Arc<D>,
+}
+
+impl<D: Device> RailPair<D> {
+    /// The rail's device by index (0 = SOUT, 1 = SUP).
+    pub fn rail(&self, i: usize) -> &Arc<D> {
+        if i == 0 { &self.sout } else { &self.sup }
+    }
+}
+
+impl<D: Device> Clone for RailPair<D> {
+    fn clone(&self) -> Self {
+        RailPair { sout: self.sout.clone(), sup: self.sup.clone() }
+    }
 }
