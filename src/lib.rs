@@ -12,6 +12,7 @@
 
 pub mod abi;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod fabric;
 pub mod plugin;

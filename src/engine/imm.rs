@@ -1,0 +1,89 @@
+//! The 32-bit immediate data of every WRITE_WITH_IMM (seed 003 §2.2), packed with shifts
+//! and masks, never bitfields:
+//!
+//! ```text
+//!  [ 7:0]   slot         CTS slot of the request (0..255)
+//!  [ 9:8]   active mask  rails that carry the transfer: bit0 SOUT, bit1 SUP (1, 2 or 3)
+//!  [31:10]  size_q       ceil(bytes / 128) for a single receive; all ones = sentinel
+//!                        "read the sizes from the completion records"
+//! ```
+//!
+//! Values here are in host order; the fabric puts them on the wire in network byte order.
+
+/// Size granularity of `size_q`.
+pub const SIZE_GRANULE: u64 = 128;
+/// Bits of `size_q`.
+pub const SIZEQ_BITS: u32 = 22;
+/// `size_q` value meaning "sizes are in the completion records".
+pub const SIZEQ_SENTINEL: u32 = (1 << SIZEQ_BITS) - 1;
+/// Largest single-receive size the fast path encodes: (2^22 − 2) · 128 bytes (≈ 512 MiB).
+pub const MAX_FAST_SIZE: u64 = (SIZEQ_SENTINEL as u64 - 1) * SIZE_GRANULE;
+
+/// Rail bits of the active mask.
+pub const MASK_SOUT: u8 = 0b01;
+pub const MASK_SUP: u8 = 0b10;
+
+/// Decoded immediate data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Imm {
+    pub slot: u8,
+    pub mask: u8,
+    pub size_q: u32,
+}
+
+impl Imm {
+    /// Packs the fields. `mask` must fit 2 bits and `size_q` 22 bits.
+    #[inline]
+    pub fn encode(self) -> u32 {
+        debug_assert!(self.mask <= 3 && self.size_q <= SIZEQ_SENTINEL);
+        self.slot as u32 | ((self.mask as u32 & 0x3) << 8) | ((self.size_q & SIZEQ_SENTINEL) << 10)
+    }
+
+    /// Unpacks the fields (any 32-bit value decodes; validity is the receiver's check).
+    #[inline]
+    pub fn decode(v: u32) -> Imm {
+        Imm { slot: (v & 0xff) as u8, mask: ((v >> 8) & 0x3) as u8, size_q: v >> 10 }
+    }
+
+    /// `size_q` for a single receive of `bytes`, or the sentinel when it does not fit.
+    #[inline]
+    pub fn size_q_for(bytes: u64) -> u32 {
+        if bytes > MAX_FAST_SIZE { SIZEQ_SENTINEL } else { bytes.div_ceil(SIZE_GRANULE) as u32 }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_matches_the_spec() {
+        let v = Imm { slot: 0xab, mask: 3, size_q: 5 }.encode();
+        assert_eq!(v, 0xab | (3 << 8) | (5 << 10));
+        assert_eq!(Imm { slot: 0, mask: 1, size_q: SIZEQ_SENTINEL }.encode(), 0xffff_fc00 | (1 << 8));
+    }
+
+    #[test]
+    fn round_trip_every_field_extreme() {
+        for slot in [0u8, 1, 127, 255] {
+            for mask in [1u8, 2, 3] {
+                for size_q in [0u32, 1, 4096, SIZEQ_SENTINEL - 1, SIZEQ_SENTINEL] {
+                    let imm = Imm { slot, mask, size_q };
+                    assert_eq!(Imm::decode(imm.encode()), imm);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn size_quantization_and_sentinel() {
+        assert_eq!(Imm::size_q_for(0), 0);
+        assert_eq!(Imm::size_q_for(1), 1);
+        assert_eq!(Imm::size_q_for(128), 1);
+        assert_eq!(Imm::size_q_for(129), 2);
+        assert_eq!(Imm::size_q_for(MAX_FAST_SIZE), SIZEQ_SENTINEL - 1);
+        assert_eq!(Imm::size_q_for(MAX_FAST_SIZE + 1), SIZEQ_SENTINEL);
+        assert_eq!(Imm::size_q_for(600 << 20), SIZEQ_SENTINEL);
+        const { assert!(MAX_FAST_SIZE > 511 << 20 && MAX_FAST_SIZE < 512 << 20) };
+    }
+}

@@ -1,0 +1,169 @@
+//! The dual-rail protocol as pure state machines (sans-IO, like quinn-proto and rustls):
+//! calls and polled completions come in, work-request chains go out. No syscalls, no verbs,
+//! no clock but the `now_ns` the caller passes, no allocation after construction.
+//!
+//! - [`SendEngine`]: matches sends to the receiver's CTS entries, splits each send between
+//!   the rails at post time, emits one chain per active rail, completes sends.
+//! - [`RecvEngine`]: posts CTS entries, tracks SRQ credits, decodes IMMs, learns the active
+//!   mask, completes receives, and rejects every protocol violation with a precise error.
+
+pub mod imm;
+pub mod layout;
+mod recv;
+mod send;
+#[cfg(test)]
+mod tests;
+
+pub use recv::{FLUSH_ID_BASE, FlushBuf, RecvBuf, RecvConfig, RecvDone, RecvEngine};
+pub use send::{SendBuf, SendConfig, SendEngine};
+
+use crate::fabric::{SendWr, WcStatus};
+
+/// Rails per device: SOUT and SUP.
+pub const RAILS: usize = 2;
+/// Rail index of SOUT.
+pub const SOUT: usize = 0;
+/// Rail index of SUP.
+pub const SUP: usize = 1;
+/// Rail names, by index.
+pub const RAIL_NAMES: [&str; RAILS] = ["SOUT", "SUP"];
+/// Most WRs in one chain: one data WRITE per receive plus the signalling WR.
+pub const MAX_CHAIN: usize = layout::MAX_RECVS + 1;
+
+/// Which QP of a rail a chain goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum QpRef {
+    /// Data QP `i` of the rail (chosen round-robin per request).
+    Data(u16),
+    /// The rail's fixed CTS QP (its first QP).
+    #[default]
+    Cts,
+    /// The rail's loopback flush QP.
+    Flush,
+}
+
+/// One chain of WRs for one QP: posted with one call.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Chain {
+    pub rail: u8,
+    pub qp: QpRef,
+    pub len: u8,
+    pub wrs: [SendWr; MAX_CHAIN],
+}
+
+impl Chain {
+    /// The WRs to post.
+    #[inline]
+    pub fn wrs(&self) -> &[SendWr] {
+        &self.wrs[..self.len as usize]
+    }
+}
+
+/// The chains one call produced, in posting order (at most one per rail).
+#[derive(Clone, Debug, Default)]
+pub struct Posts {
+    pub n: u8,
+    pub chains: [Chain; RAILS],
+}
+
+impl Posts {
+    #[inline]
+    pub fn clear(&mut self) {
+        self.n = 0;
+    }
+    #[inline]
+    pub fn chains(&self) -> &[Chain] {
+        &self.chains[..self.n as usize]
+    }
+    /// A new chain for `rail` on `qp`; the caller fills its WRs.
+    #[inline]
+    fn push(&mut self, rail: usize, qp: QpRef) -> &mut Chain {
+        let c = &mut self.chains[self.n as usize];
+        self.n += 1;
+        c.rail = rail as u8;
+        c.qp = qp;
+        c.len = 0;
+        c
+    }
+}
+
+impl Chain {
+    #[inline]
+    fn push(&mut self, wr: SendWr) {
+        self.wrs[self.len as usize] = wr;
+        self.len += 1;
+    }
+}
+
+/// Per-rail counters of one connection (exported to the statistics file and `mpib-perf`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RailCounters {
+    /// Send WRs posted (data, signalling, CTS, probes, flushes).
+    pub wr_posted: u64,
+    /// Post calls (one per chain).
+    pub doorbells: u64,
+    /// Payload bytes posted (data only).
+    pub bytes: u64,
+    /// WRITE_WITH_IMM WRs posted.
+    pub imm_sent: u64,
+    /// Completions polled.
+    pub cqe: u64,
+    /// Receiver-not-ready waits the fabric reported.
+    pub rnr: u64,
+    /// IMMs posted on a rail that carried 0 bytes of a non-empty transfer (must stay 0).
+    pub zero_byte_imm: u64,
+    /// Probe WRITEs posted.
+    pub probes: u64,
+}
+
+/// What a `wr_id` says about the WR it belongs to: kind (top 4 bits), rail, slot, extra.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum WrKind {
+    /// The signalled last WR of a data chain.
+    DataSignal,
+    /// An unsignalled data WR (completes only on error).
+    Data,
+    /// A CTS WRITE (receiver).
+    Cts,
+    /// An idle-rail probe.
+    Probe,
+    /// A flush READ (receiver); `slot` is the flush request index.
+    Flush,
+}
+
+impl WrKind {
+    #[inline]
+    pub(crate) fn id(self, rail: usize, slot: usize) -> u64 {
+        let k = match self {
+            WrKind::DataSignal => 1u64,
+            WrKind::Data => 2,
+            WrKind::Cts => 3,
+            WrKind::Probe => 4,
+            WrKind::Flush => 5,
+        };
+        k << 60 | (rail as u64) << 8 | slot as u64
+    }
+
+    /// Decodes a `wr_id` into (kind, rail, slot); None for an id mpib never made.
+    #[inline]
+    pub(crate) fn decode(id: u64) -> Option<(WrKind, usize, usize)> {
+        let kind = match id >> 60 {
+            1 => WrKind::DataSignal,
+            2 => WrKind::Data,
+            3 => WrKind::Cts,
+            4 => WrKind::Probe,
+            5 => WrKind::Flush,
+            _ => return None,
+        };
+        let rail = ((id >> 8) & 0xff) as usize;
+        if rail >= RAILS {
+            return None;
+        }
+        Some((kind, rail, (id & 0xff) as usize))
+    }
+}
+
+/// A failed completion as an error message.
+pub(crate) fn completion_error(rail: usize, what: &str, status: WcStatus) -> crate::Error {
+    crate::Error::remote(format!("{} rail: {what} failed: {status}", RAIL_NAMES[rail]))
+}

@@ -1,0 +1,442 @@
+//! The receiver: posts CTS entries (one RDMA WRITE into the sender's FIFO on the fixed CTS
+//! QP of rail `slot % 2`, signalled when `slot` equals the rail index), keeps the shared
+//! receive queues between their watermarks, and completes a receive when every rail named
+//! in the IMM's active mask has delivered exactly one IMM (mask learning, seed 003 §2.3).
+
+use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
+use super::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
+use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounters, WrKind, completion_error};
+use crate::error::{Error, Result};
+use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+
+/// What the receiver needs to know about the connection.
+#[derive(Clone, Debug)]
+pub struct RecvConfig {
+    /// Most receives in flight (NCCL_NET_MAX_REQUESTS: 8 for v6, 32 after).
+    pub max_requests: usize,
+    /// Rails this device has (bit 0 SOUT, bit 1 SUP).
+    pub rails_mask: u8,
+    /// Local source of the CTS writes: address and lkey per rail.
+    pub cts_addr: u64,
+    pub cts_lkeys: [u32; RAILS],
+    /// The sender's CTS FIFO: address and rkey per rail.
+    pub fifo_addr: u64,
+    pub fifo_rkeys: [u32; RAILS],
+    /// Shared receive queue watermarks.
+    pub srq_low: u32,
+    pub srq_high: u32,
+    /// Payloads up to this many bytes are posted inline.
+    pub max_inline: u32,
+    /// Local host word the flush READs land in: address and lkey per rail.
+    pub flush_addr: u64,
+    pub flush_lkeys: [u32; RAILS],
+}
+
+/// One receive buffer as NCCL gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvBuf {
+    pub addr: u64,
+    pub size: u64,
+    pub tag: u32,
+    pub rkeys: [u32; RAILS],
+}
+
+/// The buffer a flush reads one byte from (the last non-empty one of the receive).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlushBuf {
+    pub addr: u64,
+    pub rkeys: [u32; RAILS],
+}
+
+/// The sizes of a completed receive.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvDone {
+    pub n: usize,
+    pub sizes: [u64; MAX_RECVS],
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum State {
+    #[default]
+    Free,
+    Posted,
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct RecvSlot {
+    state: State,
+    n: u8,
+    posted: [u64; MAX_RECVS],
+    /// Learned from the first IMM; 0 until then.
+    expected: u8,
+    seen: u8,
+    size_q: u32,
+    byte_sum: u64,
+    /// The signalled CTS WRITE of this slot has not completed yet.
+    cts_pending: bool,
+    data_done: bool,
+    sizes: [u64; MAX_RECVS],
+}
+
+/// Flush requests in flight at once.
+const MAX_FLUSHES: usize = 32;
+/// Request ids from here on are flush requests.
+pub const FLUSH_ID_BASE: u16 = SLOTS as u16;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct FlushReq {
+    live: bool,
+    pending: u8,
+}
+
+/// The receiving side of one connection.
+pub struct RecvEngine {
+    cfg: RecvConfig,
+    counters: [RailCounters; RAILS],
+    slots: Box<[RecvSlot; SLOTS]>,
+    /// Receives posted so far; the next slot is `fifo_tail % SLOTS`.
+    fifo_tail: u64,
+    outstanding: usize,
+    srq_posted: [u32; RAILS],
+    flushes: [FlushReq; MAX_FLUSHES],
+    error: Option<Error>,
+}
+
+impl RecvEngine {
+    pub fn new(cfg: RecvConfig) -> Self {
+        RecvEngine {
+            cfg,
+            counters: Default::default(),
+            slots: Box::new([RecvSlot::default(); SLOTS]),
+            fifo_tail: 0,
+            outstanding: 0,
+            srq_posted: [0; RAILS],
+            flushes: [FlushReq::default(); MAX_FLUSHES],
+            error: None,
+        }
+    }
+
+    pub fn counters(&self) -> &[RailCounters; RAILS] {
+        &self.counters
+    }
+
+    pub fn counters_mut(&mut self) -> &mut [RailCounters; RAILS] {
+        &mut self.counters
+    }
+
+    pub fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.error {
+            None => Ok(()),
+            Some(e) => Err(Error::new(e.kind, format!("connection failed earlier: {}", e.msg))),
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        if self.error.is_none() {
+            self.error = Some(e.clone());
+        }
+        e
+    }
+
+    fn violation(&mut self, rail: usize, msg: String) -> Error {
+        self.fail(Error::remote(format!("protocol violation on the {} rail: {msg}", RAIL_NAMES[rail])))
+    }
+
+    /// SRQ WQEs to post on `rail` now: up to the high watermark once below the low one.
+    #[inline]
+    pub fn srq_refill(&self, rail: usize) -> u32 {
+        let p = self.srq_posted[rail];
+        if p < self.cfg.srq_low { self.cfg.srq_high - p } else { 0 }
+    }
+
+    /// `n` WQEs were posted on `rail`'s SRQ.
+    #[inline]
+    pub fn srq_posted(&mut self, rail: usize, n: u32) {
+        self.srq_posted[rail] += n;
+    }
+
+    /// WQEs currently posted on `rail`'s SRQ (as far as the engine knows).
+    pub fn srq_level(&self, rail: usize) -> u32 {
+        self.srq_posted[rail]
+    }
+
+    /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
+    pub fn irecv(
+        &mut self,
+        _now_ns: u64,
+        bufs: &[RecvBuf],
+        mem: &mut impl RecvMemory,
+        out: &mut Posts,
+    ) -> Result<Option<u16>> {
+        self.check()?;
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(Error::invalid_argument(format!("{n} receives in one irecv (1..{MAX_RECVS} allowed)")));
+        }
+        if self.outstanding >= self.cfg.max_requests {
+            return Err(Error::internal(format!(
+                "too many receives in flight (at most {}): NCCL must test and complete earlier ones",
+                self.cfg.max_requests
+            )));
+        }
+        let slot = (self.fifo_tail % SLOTS as u64) as usize;
+        if self.slots[slot].state != State::Free {
+            return Err(Error::internal(format!(
+                "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
+            )));
+        }
+        let word = CtsEntry::word_for(self.fifo_tail, n);
+        let mut entries = [CtsEntry::default(); MAX_RECVS];
+        let mut s = RecvSlot { state: State::Posted, n: n as u8, ..RecvSlot::default() };
+        for (i, b) in bufs.iter().enumerate() {
+            entries[i] = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
+            s.posted[i] = b.size;
+        }
+        mem.write_cts(slot, &entries[..n]);
+        let rail = self.cts_rail(slot);
+        let signaled = slot == rail;
+        s.cts_pending = signaled;
+        let len = (n * 64) as u32;
+        let off = (slot * CTS_SLOT_BYTES) as u64;
+        let c = out.push(rail, QpRef::Cts);
+        c.push(SendWr {
+            wr_id: WrKind::Cts.id(rail, slot),
+            opcode: WrOpcode::Write,
+            signaled,
+            inline: len <= self.cfg.max_inline,
+            num_sge: 1,
+            sge: [Sge { addr: self.cfg.cts_addr + off, len, lkey: self.cfg.cts_lkeys[rail] }, Sge::default()],
+            remote_addr: self.cfg.fifo_addr + off,
+            rkey: self.cfg.fifo_rkeys[rail],
+            imm: 0,
+        });
+        self.counters[rail].wr_posted += 1;
+        self.counters[rail].doorbells += 1;
+        self.slots[slot] = s;
+        self.fifo_tail += 1;
+        self.outstanding += 1;
+        Ok(Some(slot as u16))
+    }
+
+    /// The rail whose fixed CTS QP carries `slot`'s CTS: alternating, as net_ib alternates
+    /// devices, so each CTS QP is signalled once per 256 slots (when `slot == rail`).
+    #[inline]
+    fn cts_rail(&self, slot: usize) -> usize {
+        if self.cfg.rails_mask == 0b11 { slot % RAILS } else { self.cfg.rails_mask.trailing_zeros() as usize }
+    }
+
+    /// A completion polled from `rail`'s CQ.
+    pub fn on_completion(&mut self, _now_ns: u64, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
+        self.counters[rail].cqe += 1;
+        if c.opcode == WcOpcode::RecvRdmaWithImm {
+            self.srq_posted[rail] = self.srq_posted[rail].saturating_sub(1);
+            if c.status != WcStatus::Success {
+                return Err(self.fail(completion_error(rail, "receiving an IMM", c.status)));
+            }
+            return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
+        }
+        let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
+            if c.status != WcStatus::Success {
+                // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
+                return Err(self.fail(completion_error(rail, "a work request", c.status)));
+            }
+            return Err(self.fail(Error::internal(format!(
+                "{} rail: completion with an unknown wr_id {:#x}",
+                RAIL_NAMES[rail], c.wr_id
+            ))));
+        };
+        if c.status != WcStatus::Success {
+            let what = if kind == WrKind::Flush { "a flush READ" } else { "a CTS WRITE" };
+            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+        }
+        match kind {
+            WrKind::Cts => {
+                let s = &mut self.slots[slot];
+                if s.state != State::Posted || !s.cts_pending {
+                    return Err(
+                        self.fail(Error::internal(format!("CTS completion for slot {slot}, which awaits none")))
+                    );
+                }
+                s.cts_pending = false;
+                if s.data_done {
+                    s.state = State::Done;
+                }
+                Ok(())
+            }
+            WrKind::Flush => {
+                let f = &mut self.flushes[slot.min(MAX_FLUSHES - 1)];
+                f.pending &= !(1 << wr_rail);
+                Ok(())
+            }
+            _ => Err(self.fail(Error::internal(format!(
+                "{} rail: unexpected {kind:?} completion on a receive connection",
+                RAIL_NAMES[wr_rail]
+            )))),
+        }
+    }
+
+    fn on_imm(&mut self, rail: usize, imm: u32, byte_len: u64, mem: &impl RecvMemory) -> Result<()> {
+        let Imm { slot, mask, size_q } = Imm::decode(imm);
+        let slot = slot as usize;
+        if mask == 0 || mask & !self.cfg.rails_mask != 0 {
+            return Err(self.violation(
+                rail,
+                format!(
+                    "IMM {imm:#010x} for slot {slot} has rail mask {mask:#b}; this device's rails are {:#b}",
+                    self.cfg.rails_mask
+                ),
+            ));
+        }
+        if mask & (1 << rail) == 0 {
+            return Err(
+                self.violation(rail, format!("IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name"))
+            );
+        }
+        let s = self.slots[slot];
+        if s.state != State::Posted || s.data_done {
+            return Err(self.violation(rail, format!("IMM for slot {slot}, which has no receive waiting for data")));
+        }
+        if s.expected != 0 && s.expected != mask {
+            return Err(self.violation(
+                rail,
+                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {:#b}", s.expected),
+            ));
+        }
+        if s.seen & (1 << rail) != 0 {
+            return Err(self.violation(rail, format!("a second IMM for slot {slot} from the same rail")));
+        }
+        if s.expected != 0 && s.size_q != size_q {
+            return Err(self
+                .violation(rail, format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {}", s.size_q)));
+        }
+        let n = s.n as usize;
+        if size_q != SIZEQ_SENTINEL && n != 1 {
+            return Err(self.violation(rail, format!("IMM encodes a size for slot {slot}, a multi-receive of {n}")));
+        }
+        let s = &mut self.slots[slot];
+        s.expected = mask;
+        s.size_q = size_q;
+        s.seen |= 1 << rail;
+        s.byte_sum += byte_len;
+        if s.seen != s.expected {
+            return Ok(());
+        }
+        // Every active rail delivered: the data is in place. Sizes, exactly.
+        let s = *s;
+        let mut sizes = [0u64; MAX_RECVS];
+        if size_q != SIZEQ_SENTINEL {
+            // Fast path: each rail's WRITE_WITH_IMM carried its share; byte_len sums them.
+            if s.byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || s.byte_sum > s.posted[0] {
+                return Err(self.violation(
+                    rail,
+                    format!(
+                        "slot {slot}: {} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {}-byte receive",
+                        s.byte_sum, s.posted[0]
+                    ),
+                ));
+            }
+            sizes[0] = s.byte_sum;
+        } else {
+            for (i, size) in sizes.iter_mut().enumerate().take(n) {
+                *size = mem.record(slot, i);
+                if *size > s.posted[i] {
+                    return Err(self.violation(
+                        rail,
+                        format!(
+                            "slot {slot}: completion record {i} claims {} bytes for a {}-byte receive",
+                            *size, s.posted[i]
+                        ),
+                    ));
+                }
+            }
+        }
+        let st = &mut self.slots[slot];
+        st.sizes = sizes;
+        st.data_done = true;
+        if !st.cts_pending {
+            st.state = State::Done;
+        }
+        Ok(())
+    }
+
+    /// `iflush` for GPU memory: a 1-byte RDMA READ of `buf` on each rail's loopback flush QP
+    /// (the READ cannot pass the NIC's earlier writes, so when it completes the GPU sees
+    /// the data; net_ib does the same). Returns the flush request.
+    pub fn iflush(&mut self, buf: FlushBuf, out: &mut Posts) -> Result<Option<u16>> {
+        self.check()?;
+        let Some(i) = self.flushes.iter().position(|f| !f.live) else {
+            return Err(Error::internal(format!("too many flushes in flight (at most {MAX_FLUSHES})")));
+        };
+        let mut pending = 0;
+        for rail in 0..RAILS {
+            if self.cfg.rails_mask & (1 << rail) == 0 {
+                continue;
+            }
+            let c = out.push(rail, QpRef::Flush);
+            c.push(SendWr {
+                wr_id: WrKind::Flush.id(rail, i),
+                opcode: WrOpcode::Read,
+                signaled: true,
+                num_sge: 1,
+                sge: [Sge { addr: self.cfg.flush_addr, len: 1, lkey: self.cfg.flush_lkeys[rail] }, Sge::default()],
+                remote_addr: buf.addr,
+                rkey: buf.rkeys[rail],
+                ..SendWr::default()
+            });
+            self.counters[rail].wr_posted += 1;
+            self.counters[rail].doorbells += 1;
+            pending |= 1 << rail;
+        }
+        self.flushes[i] = FlushReq { live: true, pending };
+        Ok(Some(FLUSH_ID_BASE + i as u16))
+    }
+
+    /// `test`: the sizes once request `id` is complete (then `id` is free again).
+    pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+        if id >= FLUSH_ID_BASE {
+            let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
+                return Err(Error::internal(format!("flush request {id} is not in flight")));
+            };
+            if f.pending == 0 {
+                *f = FlushReq::default();
+                return Ok(Some(RecvDone::default()));
+            }
+            self.check()?;
+            return Ok(None);
+        }
+        let Some(s) = self.slots.get_mut(id as usize) else {
+            return Err(Error::internal(format!("receive request {id} does not exist")));
+        };
+        match s.state {
+            State::Done => {
+                let done = RecvDone { n: s.n as usize, sizes: s.sizes };
+                *s = RecvSlot::default();
+                self.outstanding -= 1;
+                Ok(Some(done))
+            }
+            State::Posted => {
+                self.check()?;
+                Ok(None)
+            }
+            State::Free => Err(Error::internal(format!("receive request {id} is not in flight (tested after done?)"))),
+        }
+    }
+
+    /// Whether request `id` is in flight.
+    pub fn is_live(&self, id: u16) -> bool {
+        if id >= FLUSH_ID_BASE {
+            return self.flushes.get((id - FLUSH_ID_BASE) as usize).is_some_and(|f| f.live);
+        }
+        self.slots.get(id as usize).is_some_and(|s| s.state != State::Free)
+    }
+
+    /// Receives in flight.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+}

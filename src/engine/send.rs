@@ -1,0 +1,512 @@
+//! The sender: matches `isend`s to the receiver's CTS entries in posting order, decides the
+//! split of each send immediately before posting, emits one chain per active rail (nothing
+//! on an inactive rail), and completes sends when every active rail's signalled WR did.
+
+use super::imm::{Imm, MASK_SOUT, MASK_SUP, SIZEQ_SENTINEL};
+use super::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
+use super::{Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounters, SOUT, SUP, WrKind, completion_error};
+use crate::error::{Error, Result};
+use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
+use crate::split::{AnySplit, SHARE_ALIGN, SplitPolicy};
+use crate::telemetry::{RailTelemetry, RailView, Sample};
+
+/// What the sender needs to know about the connection.
+#[derive(Clone, Debug)]
+pub struct SendConfig {
+    /// Data QPs per rail (`MPIB_SOUT_QP`, `MPIB_SUP_QP`).
+    pub qps: [u16; RAILS],
+    /// Most send requests in flight (NCCL_NET_MAX_REQUESTS × maxRecvs).
+    pub max_requests: usize,
+    /// Local source of the completion-record writes: address and lkey per rail.
+    pub sizes_addr: u64,
+    pub sizes_lkeys: [u32; RAILS],
+    /// The receiver's completion records: address and rkey per rail.
+    pub records_addr: u64,
+    pub records_rkeys: [u32; RAILS],
+    /// The receiver's probe scratch word: address and rkey per rail.
+    pub scratch_addr: u64,
+    pub scratch_rkeys: [u32; RAILS],
+    /// Payloads up to this many bytes are posted inline.
+    pub max_inline: u32,
+    /// Probe a rail idle for this long (0 = never).
+    pub probe_interval_ns: u64,
+}
+
+/// One send as NCCL gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendBuf {
+    pub addr: u64,
+    pub size: u64,
+    pub tag: u32,
+    pub lkeys: [u32; RAILS],
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum ReqState {
+    #[default]
+    Free,
+    /// Matched to a CTS entry, waiting for the other sends of its slot or its completion.
+    Pending,
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct SendReq {
+    state: ReqState,
+    buf: Option<SendBuf>,
+    /// Bytes actually sent (clamped to the posted receive).
+    size: u64,
+    entry: CtsEntry,
+}
+
+/// A slot whose chains are posted and not yet complete.
+#[derive(Clone, Copy, Debug, Default)]
+struct PostedSlot {
+    n: u8,
+    reqs: [u16; MAX_RECVS],
+    /// Rails whose signalled WR has not completed yet.
+    pending: u8,
+    posted_ns: [u64; RAILS],
+    bytes: [u64; RAILS],
+}
+
+/// The slot being matched: its CTS entries and which request took each.
+#[derive(Clone, Copy, Debug, Default)]
+struct Matching {
+    n: usize,
+    matched: usize,
+    entries: [CtsEntry; MAX_RECVS],
+    reqs: [Option<u16>; MAX_RECVS],
+}
+
+/// The sending side of one connection.
+pub struct SendEngine {
+    cfg: SendConfig,
+    split: AnySplit,
+    tel: [RailTelemetry; RAILS],
+    counters: [RailCounters; RAILS],
+    reqs: Box<[SendReq]>,
+    free: Vec<u16>,
+    slots: Box<[PostedSlot; SLOTS]>,
+    /// CTS slots consumed so far; the next slot is `fifo_head % SLOTS`.
+    fifo_head: u64,
+    cur: Option<Matching>,
+    /// Round-robin data-QP cursor per rail.
+    rr: [u16; RAILS],
+    /// A probe in flight per rail: its post time.
+    probe_ns: [Option<u64>; RAILS],
+    /// Slots whose signalled WR on the rail has not completed.
+    outstanding: [u32; RAILS],
+    error: Option<Error>,
+    truncations: u64,
+}
+
+impl SendEngine {
+    pub fn new(cfg: SendConfig, split: AnySplit, tel: [RailTelemetry; RAILS]) -> Self {
+        assert!(cfg.qps.iter().all(|&q| q >= 1), "each rail needs at least one QP");
+        let n = cfg.max_requests.clamp(1, SLOTS);
+        SendEngine {
+            split,
+            tel,
+            counters: Default::default(),
+            reqs: vec![SendReq::default(); n].into_boxed_slice(),
+            free: (0..n as u16).rev().collect(),
+            slots: Box::new([PostedSlot::default(); SLOTS]),
+            fifo_head: 0,
+            cur: None,
+            rr: [0; RAILS],
+            probe_ns: [None; RAILS],
+            outstanding: [0; RAILS],
+            error: None,
+            truncations: 0,
+            cfg,
+        }
+    }
+
+    pub fn counters(&self) -> &[RailCounters; RAILS] {
+        &self.counters
+    }
+
+    pub fn counters_mut(&mut self) -> &mut [RailCounters; RAILS] {
+        &mut self.counters
+    }
+
+    pub fn telemetry(&self) -> &[RailTelemetry; RAILS] {
+        &self.tel
+    }
+
+    /// Sends clamped to a smaller posted receive so far.
+    pub fn truncations(&self) -> u64 {
+        self.truncations
+    }
+
+    /// The error that broke this connection, if any.
+    pub fn error(&self) -> Option<&Error> {
+        self.error.as_ref()
+    }
+
+    /// Rails with signalled WRs in flight (the CQs worth polling).
+    pub fn busy_rails(&self) -> u8 {
+        let mut m = 0;
+        for r in 0..RAILS {
+            if self.outstanding[r] > 0 || self.probe_ns[r].is_some() {
+                m |= 1 << r;
+            }
+        }
+        m
+    }
+
+    fn check(&self) -> Result<()> {
+        match &self.error {
+            None => Ok(()),
+            Some(e) => Err(Error::new(e.kind, format!("connection failed earlier: {}", e.msg))),
+        }
+    }
+
+    fn fail(&mut self, e: Error) -> Error {
+        if self.error.is_none() {
+            self.error = Some(e.clone());
+        }
+        e
+    }
+
+    /// Reads the next CTS slot if the receiver has written all of it.
+    fn poll_cts(&mut self, mem: &impl SendMemory) -> Result<bool> {
+        let slot = (self.fifo_head % SLOTS as u64) as usize;
+        let w0 = mem.fifo_word(slot, 0);
+        if w0 >> 8 != self.fifo_head + 1 {
+            return Ok(false);
+        }
+        let n = (w0 & 0xff) as usize;
+        if n == 0 || n > MAX_RECVS {
+            return Err(self.fail(Error::remote(format!(
+                "protocol violation: CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)"
+            ))));
+        }
+        // The last word of the slot's WRITE is placed last: when it is fresh, all is.
+        if mem.fifo_word(slot, n - 1) != w0 {
+            return Ok(false);
+        }
+        let mut m = Matching { n, ..Matching::default() };
+        for i in 0..n {
+            let e = mem.fifo_entry(slot, i);
+            if e.word != w0 || e.nreqs as usize != n {
+                return Err(self.fail(Error::remote(format!(
+                    "protocol violation: CTS slot {slot} entry {i} is inconsistent (word {:#x}, nreqs {}, expected {w0:#x}, {n})",
+                    e.word, e.nreqs
+                ))));
+            }
+            m.entries[i] = e;
+        }
+        self.cur = Some(m);
+        Ok(true)
+    }
+
+    /// `isend`: `Ok(None)` when the matching receive is not posted yet (NCCL retries).
+    /// When this send completes its slot, the slot's chains are appended to `out`.
+    pub fn isend(
+        &mut self,
+        now_ns: u64,
+        buf: SendBuf,
+        mem: &mut impl SendMemory,
+        out: &mut Posts,
+    ) -> Result<Option<u16>> {
+        self.check()?;
+        if self.cur.is_none() && !self.poll_cts(mem)? {
+            return Ok(None);
+        }
+        let m = self.cur.as_ref().expect("matching slot");
+        // Tags select the buffer within the slot, first unmatched one first.
+        let Some(i) = (0..m.n).find(|&i| m.reqs[i].is_none() && m.entries[i].tag == buf.tag) else {
+            // Not for this slot: net_ib also answers "not now"; NCCL matches in order.
+            return Ok(None);
+        };
+        let entry = m.entries[i];
+        let Some(id) = self.free.pop() else {
+            return Err(Error::internal(format!(
+                "too many send requests in flight (at most {}): NCCL must test and complete earlier ones",
+                self.reqs.len()
+            )));
+        };
+        let size = buf.size.min(entry.size);
+        if size < buf.size {
+            self.truncations += 1;
+            log::warn!(
+                "isend of {} bytes (tag {}) truncated to the posted receive of {} bytes, as net_ib does",
+                buf.size,
+                buf.tag,
+                entry.size
+            );
+        }
+        self.reqs[id as usize] = SendReq { state: ReqState::Pending, buf: Some(buf), size, entry };
+        let m = self.cur.as_mut().expect("matching slot");
+        m.reqs[i] = Some(id);
+        m.matched += 1;
+        if m.matched == m.n {
+            let m = self.cur.take().expect("matching slot");
+            self.post_slot(now_ns, &m, mem, out)?;
+        }
+        Ok(Some(id))
+    }
+
+    fn views(&self) -> [RailView; RAILS] {
+        [*self.tel[SOUT].view(), *self.tel[SUP].view()]
+    }
+
+    /// Splits and posts a fully matched slot: one chain per active rail.
+    fn post_slot(&mut self, now_ns: u64, m: &Matching, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
+        let slot = (self.fifo_head % SLOTS as u64) as usize;
+        let n = m.n;
+        let views = self.views();
+        let failed = [views[SOUT].failed, views[SUP].failed];
+        if failed[SOUT] && failed[SUP] {
+            return Err(self.fail(Error::remote("both rails have failed")));
+        }
+        // Per send: bytes on SOUT (the first part of the buffer), the rest on SUP.
+        let mut sout = [0u64; MAX_RECVS];
+        let mut sizes = [0u64; MAX_RECVS];
+        let mut mask = 0u8;
+        let mut total = 0u64;
+        for i in 0..n {
+            let r = &self.reqs[m.reqs[i].expect("matched") as usize];
+            let size = r.size;
+            let s = if failed[SUP] {
+                size
+            } else if failed[SOUT] {
+                0
+            } else {
+                let s = self.split.sout_bytes(size, now_ns, &views).min(size);
+                // A policy must answer in 128-byte units; repair anything else.
+                if s != size && s % SHARE_ALIGN != 0 { crate::split::align_share(s, size) } else { s }
+            };
+            sizes[i] = size;
+            sout[i] = s;
+            total += size;
+            if s > 0 {
+                mask |= MASK_SOUT;
+            }
+            if size > s {
+                mask |= MASK_SUP;
+            }
+        }
+        if mask == 0 {
+            // All sizes are 0: SOUT alone carries the (empty) transfer.
+            mask = if failed[SOUT] { MASK_SUP } else { MASK_SOUT };
+        }
+        let fast = n == 1 && Imm::size_q_for(sizes[0]) != SIZEQ_SENTINEL;
+        let size_q = if fast { Imm::size_q_for(sizes[0]) } else { SIZEQ_SENTINEL };
+        let imm = Imm { slot: slot as u8, mask, size_q }.encode();
+        let leader = if mask & MASK_SOUT != 0 { SOUT } else { SUP };
+        if !fast {
+            mem.write_sizes(slot, &sizes[..n]);
+        }
+        let mut ps = PostedSlot { n: n as u8, pending: mask, ..PostedSlot::default() };
+        for i in 0..n {
+            ps.reqs[i] = m.reqs[i].expect("matched");
+        }
+        for rail in [SOUT, SUP] {
+            if mask & (1 << rail) == 0 {
+                continue; // an inactive rail sends nothing at all
+            }
+            let qp = self.rr[rail] % self.cfg.qps[rail];
+            self.rr[rail] = self.rr[rail].wrapping_add(1);
+            let c = out.push(rail, QpRef::Data(qp));
+            let mut rail_bytes = 0u64;
+            for i in 0..n {
+                let r = &self.reqs[ps.reqs[i] as usize];
+                let buf = r.buf.expect("matched send");
+                let (off, len) = if rail == SOUT { (0, sout[i]) } else { (sout[i], sizes[i] - sout[i]) };
+                rail_bytes += len;
+                if fast {
+                    c.push(self.data_wr(rail, slot, &buf, &r.entry, off, len, true, imm));
+                } else if len > 0 {
+                    c.push(self.data_wr(rail, slot, &buf, &r.entry, off, len, false, 0));
+                }
+            }
+            if !fast {
+                c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
+            }
+            let ctr = &mut self.counters[rail];
+            ctr.wr_posted += c.len as u64;
+            ctr.doorbells += 1;
+            ctr.bytes += rail_bytes;
+            ctr.imm_sent += 1;
+            if rail_bytes == 0 && total > 0 {
+                ctr.zero_byte_imm += 1;
+            }
+            debug_assert!(c.len as usize <= MAX_CHAIN);
+            self.tel[rail].on_post(now_ns, rail_bytes);
+            self.outstanding[rail] += 1;
+            ps.posted_ns[rail] = now_ns;
+            ps.bytes[rail] = rail_bytes;
+        }
+        self.slots[slot] = ps;
+        self.fifo_head += 1;
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn data_wr(
+        &self,
+        rail: usize,
+        slot: usize,
+        buf: &SendBuf,
+        entry: &CtsEntry,
+        off: u64,
+        len: u64,
+        with_imm: bool,
+        imm: u32,
+    ) -> SendWr {
+        let mut wr = SendWr {
+            wr_id: if with_imm { WrKind::DataSignal.id(rail, slot) } else { WrKind::Data.id(rail, slot) },
+            opcode: if with_imm { WrOpcode::WriteImm } else { WrOpcode::Write },
+            signaled: with_imm,
+            inline: len > 0 && len <= self.cfg.max_inline as u64,
+            remote_addr: entry.addr + off,
+            rkey: entry.rkeys[rail],
+            imm,
+            ..SendWr::default()
+        };
+        if len > 0 {
+            wr.num_sge = 1;
+            wr.sge[0] = Sge { addr: buf.addr + off, len: len as u32, lkey: buf.lkeys[rail] };
+        }
+        wr
+    }
+
+    /// The signalling WRITE_WITH_IMM of a multi-receive (or oversized) slot: the leader
+    /// rail also writes the sizes into the receiver's completion records.
+    #[inline]
+    fn signal_wr(&self, rail: usize, slot: usize, n: usize, leader: bool, imm: u32) -> SendWr {
+        let off = (slot * RECORD_SLOT_BYTES) as u64;
+        let mut wr = SendWr {
+            wr_id: WrKind::DataSignal.id(rail, slot),
+            opcode: WrOpcode::WriteImm,
+            signaled: true,
+            remote_addr: self.cfg.records_addr + off,
+            rkey: self.cfg.records_rkeys[rail],
+            imm,
+            ..SendWr::default()
+        };
+        if leader {
+            let len = (n * 8) as u32;
+            wr.num_sge = 1;
+            wr.inline = len <= self.cfg.max_inline;
+            wr.sge[0] = Sge { addr: self.cfg.sizes_addr + off, len, lkey: self.cfg.sizes_lkeys[rail] };
+        }
+        wr
+    }
+
+    /// Emits a probe on each healthy rail idle for the probe interval.
+    pub fn poll_probes(&mut self, now_ns: u64, out: &mut Posts) {
+        if self.cfg.probe_interval_ns == 0 || self.error.is_some() {
+            return;
+        }
+        for rail in 0..RAILS {
+            let t = &self.tel[rail];
+            let v = t.view();
+            if v.failed || v.inflight_bytes > 0 || self.probe_ns[rail].is_some() {
+                continue;
+            }
+            if now_ns.saturating_sub(t.last_post_ns()) < self.cfg.probe_interval_ns {
+                continue;
+            }
+            let c: &mut Chain = out.push(rail, QpRef::Data(0));
+            c.push(SendWr {
+                wr_id: WrKind::Probe.id(rail, 0),
+                opcode: WrOpcode::Write,
+                signaled: true,
+                inline: true,
+                num_sge: 1,
+                sge: [Sge { addr: self.cfg.sizes_addr, len: 8, lkey: self.cfg.sizes_lkeys[rail] }, Sge::default()],
+                remote_addr: self.cfg.scratch_addr,
+                rkey: self.cfg.scratch_rkeys[rail],
+                ..SendWr::default()
+            });
+            self.probe_ns[rail] = Some(now_ns);
+            let ctr = &mut self.counters[rail];
+            ctr.wr_posted += 1;
+            ctr.doorbells += 1;
+            ctr.probes += 1;
+        }
+    }
+
+    /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
+    pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
+        self.counters[rail].cqe += 1;
+        let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
+            return Err(self.fail(Error::internal(format!(
+                "{} rail: completion with an unknown wr_id {:#x}",
+                RAIL_NAMES[rail], c.wr_id
+            ))));
+        };
+        let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
+        if c.status != WcStatus::Success {
+            self.tel[wr_rail].on_error();
+            let what = match kind {
+                WrKind::Probe => "a probe",
+                _ => "a data WRITE",
+            };
+            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+        }
+        match kind {
+            WrKind::DataSignal => {
+                let s = &mut self.slots[slot];
+                if s.pending & (1 << wr_rail) == 0 {
+                    return Err(self.fail(Error::internal(format!(
+                        "{} rail: completion for slot {slot}, which has none outstanding",
+                        RAIL_NAMES[wr_rail]
+                    ))));
+                }
+                s.pending &= !(1 << wr_rail);
+                self.outstanding[wr_rail] -= 1;
+                let sample = Sample { posted_ns: s.posted_ns[wr_rail], completed_ns: t, bytes: s.bytes[wr_rail] };
+                let done = s.pending == 0;
+                let (n, reqs) = (s.n as usize, s.reqs);
+                self.tel[wr_rail].on_complete(sample);
+                if done {
+                    for &id in &reqs[..n] {
+                        self.reqs[id as usize].state = ReqState::Done;
+                    }
+                }
+                Ok(())
+            }
+            WrKind::Probe => {
+                if let Some(p) = self.probe_ns[wr_rail].take() {
+                    self.tel[wr_rail].on_complete(Sample { posted_ns: p, completed_ns: t, bytes: 0 });
+                }
+                Ok(())
+            }
+            _ => Err(self.fail(Error::internal(format!(
+                "{} rail: unexpected {kind:?} completion on a send connection",
+                RAIL_NAMES[wr_rail]
+            )))),
+        }
+    }
+
+    /// `test`: the bytes sent once request `id` is complete (then `id` is free again).
+    pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
+        let Some(r) = self.reqs.get_mut(id as usize) else {
+            return Err(Error::internal(format!("send request {id} does not exist")));
+        };
+        match r.state {
+            ReqState::Done => {
+                let size = r.size;
+                *r = SendReq::default();
+                self.free.push(id);
+                Ok(Some(size))
+            }
+            ReqState::Pending => {
+                self.check()?;
+                Ok(None)
+            }
+            ReqState::Free => Err(Error::internal(format!("send request {id} is not in flight (tested after done?)"))),
+        }
+    }
+
+    /// Whether request `id` is in flight (allocated and not yet returned by `test`).
+    pub fn is_live(&self, id: u16) -> bool {
+        self.reqs.get(id as usize).is_some_and(|r| r.state != ReqState::Free)
+    }
+}

@@ -1,0 +1,426 @@
+//! A fake fabric for driving a [`SendEngine`] and a [`RecvEngine`] against each other in
+//! memory, deterministically: a simulated address space per side, one FIFO of WRs per
+//! (rail, QP) with RC semantics (in-order execution, WRITE_WITH_IMM consuming an SRQ WQE
+//! or waiting when there is none, completions after placement), and CQs per rail per side.
+#![allow(dead_code)] // some helpers serve only part of the suites
+
+use std::collections::VecDeque;
+
+use crate::engine::layout::{CTS_FIFO_BYTES, CtsEntry, RECORDS_BYTES, RecvMemory, SendMemory};
+use crate::engine::{Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine};
+use crate::fabric::{Completion, SendWr, WcOpcode, WrOpcode};
+use crate::split::AnySplit;
+use crate::telemetry::{RailTelemetry, TelemetryConfig};
+
+/// A region base: region `i` lives at `i << 40` in the simulated address space.
+pub const fn base(i: u64) -> u64 {
+    i << 40
+}
+
+/// A simulated address space: regions of bytes at fixed bases. A virtual region has a
+/// length but no bytes (reads give zeros, writes are bounds-checked and dropped), for
+/// transfers too large to hold in a unit test.
+#[derive(Default)]
+pub struct Space {
+    pub regions: Vec<Vec<u8>>,
+    pub virtual_len: Vec<usize>,
+}
+
+impl Space {
+    pub fn add(&mut self, len: usize) -> u64 {
+        self.regions.push(vec![0; len]);
+        self.virtual_len.push(0);
+        base(self.regions.len() as u64 - 1)
+    }
+    pub fn add_virtual(&mut self, len: usize) -> u64 {
+        self.regions.push(Vec::new());
+        self.virtual_len.push(len);
+        base(self.regions.len() as u64 - 1)
+    }
+    fn split(addr: u64) -> (usize, usize) {
+        ((addr >> 40) as usize, (addr & ((1 << 40) - 1)) as usize)
+    }
+    fn at(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let (r, off) = Self::split(addr);
+        &mut self.regions[r][off..off + len]
+    }
+    fn is_virtual(&self, addr: u64, len: usize) -> bool {
+        let (r, off) = Self::split(addr);
+        let v = self.virtual_len[r];
+        if v > 0 {
+            assert!(off + len <= v, "access beyond a virtual region");
+        }
+        v > 0
+    }
+    pub fn read(&mut self, addr: u64, len: usize) -> Vec<u8> {
+        if self.is_virtual(addr, len) {
+            return vec![0; len.min(1 << 20)];
+        }
+        self.at(addr, len).to_vec()
+    }
+    pub fn write(&mut self, addr: u64, data: &[u8]) {
+        if self.is_virtual(addr, data.len()) {
+            return;
+        }
+        self.at(addr, data.len()).copy_from_slice(data);
+    }
+    pub fn u64_at(&mut self, addr: u64) -> u64 {
+        u64::from_le_bytes(self.at(addr, 8).try_into().unwrap())
+    }
+}
+
+/// Fixed region numbers.
+pub const FIFO: u64 = base(0);
+pub const SIZES: u64 = base(1);
+pub const CTS: u64 = base(0);
+pub const RECORDS: u64 = base(1);
+pub const SCRATCH: u64 = base(2);
+
+pub struct SendSide {
+    pub space: Space,
+}
+impl SendMemory for SendSide {
+    fn fifo_word(&self, slot: usize, i: usize) -> u64 {
+        let off = slot * 512 + i * 64 + 56;
+        u64::from_le_bytes(self.space.regions[0][off..off + 8].try_into().unwrap())
+    }
+    fn fifo_entry(&self, slot: usize, i: usize) -> CtsEntry {
+        let off = slot * 512 + i * 64;
+        let mut w = [0u64; 8];
+        for (k, x) in w.iter_mut().enumerate() {
+            *x = u64::from_le_bytes(self.space.regions[0][off + 8 * k..off + 8 * k + 8].try_into().unwrap());
+        }
+        CtsEntry::from_words(&w)
+    }
+    fn write_sizes(&mut self, slot: usize, sizes: &[u64]) {
+        for (i, s) in sizes.iter().enumerate() {
+            self.space.write(SIZES + (slot * 64 + i * 8) as u64, &s.to_le_bytes());
+        }
+    }
+}
+
+pub struct RecvSide {
+    pub space: Space,
+}
+impl RecvMemory for RecvSide {
+    fn write_cts(&mut self, slot: usize, entries: &[CtsEntry]) {
+        for (i, e) in entries.iter().enumerate() {
+            let bytes: Vec<u8> = e.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+            self.space.write(CTS + (slot * 512 + i * 64) as u64, &bytes);
+        }
+    }
+    fn record(&self, slot: usize, i: usize) -> u64 {
+        let off = slot * 64 + i * 8;
+        u64::from_le_bytes(self.space.regions[1][off..off + 8].try_into().unwrap())
+    }
+}
+
+/// Which way a WR travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dir {
+    /// Sender → receiver (data, signalling, probes).
+    ToRecv,
+    /// Receiver → sender (CTS).
+    ToSend,
+}
+
+/// One QP's send queue in flight: WRs not yet executed at the responder.
+#[derive(Default)]
+pub struct Wire {
+    pub q: VecDeque<SendWr>,
+}
+
+pub struct Pair {
+    pub s: SendEngine,
+    pub r: RecvEngine,
+    pub ss: SendSide,
+    pub rs: RecvSide,
+    /// wires[dir][rail][qp]
+    pub wires: [[Vec<Wire>; RAILS]; 2],
+    pub cq_s: [VecDeque<Completion>; RAILS],
+    pub cq_r: [VecDeque<Completion>; RAILS],
+    /// SRQ WQEs available at the receiver, per rail.
+    pub srq: [u32; RAILS],
+    pub rnr: [u64; RAILS],
+    pub now: u64,
+    pub posts: Posts,
+    /// Every WR posted, for shape checks: (dir, rail, qp, wr).
+    pub log: Vec<(Dir, usize, QpRef, SendWr)>,
+}
+
+pub struct Opts {
+    pub qps: [u16; RAILS],
+    pub split: AnySplit,
+    pub max_send: usize,
+    pub max_recv: usize,
+    pub srq: (u32, u32),
+    pub probe_ns: u64,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            qps: [1, 1],
+            split: AnySplit::Fixed(crate::split::Fixed::percent(50)),
+            max_send: 256,
+            max_recv: 32,
+            srq: (8, 32),
+            probe_ns: 0,
+        }
+    }
+}
+
+fn tel() -> RailTelemetry {
+    RailTelemetry::new(TelemetryConfig { alpha: 0.125, beta: 0.25, speed_mbps: 100_000 })
+}
+
+impl Pair {
+    pub fn new(o: Opts) -> Pair {
+        let mut ss = SendSide { space: Space::default() };
+        assert_eq!(ss.space.add(CTS_FIFO_BYTES), FIFO);
+        assert_eq!(ss.space.add(4096 * 4), SIZES);
+        let mut rs = RecvSide { space: Space::default() };
+        assert_eq!(rs.space.add(CTS_FIFO_BYTES), CTS);
+        assert_eq!(rs.space.add(RECORDS_BYTES), RECORDS);
+        assert_eq!(rs.space.add(64), SCRATCH);
+        let s = SendEngine::new(
+            SendConfig {
+                qps: o.qps,
+                max_requests: o.max_send,
+                sizes_addr: SIZES,
+                sizes_lkeys: [11, 12],
+                records_addr: RECORDS,
+                records_rkeys: [21, 22],
+                scratch_addr: SCRATCH,
+                scratch_rkeys: [31, 32],
+                max_inline: 0,
+                probe_interval_ns: o.probe_ns,
+            },
+            o.split,
+            [tel(), tel()],
+        );
+        let r = RecvEngine::new(RecvConfig {
+            max_requests: o.max_recv,
+            rails_mask: 0b11,
+            cts_addr: CTS,
+            cts_lkeys: [41, 42],
+            fifo_addr: FIFO,
+            fifo_rkeys: [51, 52],
+            srq_low: o.srq.0,
+            srq_high: o.srq.1,
+            max_inline: 0,
+            flush_addr: 0,
+            flush_lkeys: [0, 0],
+        });
+        let mk = |n: u16| (0..n).map(|_| Wire::default()).collect::<Vec<_>>();
+        let wires = [[mk(o.qps[0]), mk(o.qps[1])], [mk(o.qps[0]), mk(o.qps[1])]];
+        Pair {
+            s,
+            r,
+            ss,
+            rs,
+            wires,
+            cq_s: Default::default(),
+            cq_r: Default::default(),
+            srq: [0; RAILS],
+            rnr: [0; RAILS],
+            now: 1_000,
+            posts: Posts::default(),
+            log: Vec::new(),
+        }
+    }
+
+    fn enqueue(&mut self, dir: Dir) {
+        let posts = std::mem::take(&mut self.posts);
+        for c in posts.chains() {
+            let qp = match c.qp {
+                QpRef::Data(i) => i as usize,
+                QpRef::Cts => 0,
+                QpRef::Flush => panic!("no flush QP in the harness"),
+            };
+            for wr in c.wrs() {
+                self.log.push((dir, c.rail as usize, c.qp, *wr));
+                self.wires[dir as usize][c.rail as usize][qp].q.push_back(*wr);
+            }
+        }
+        self.posts = posts;
+        self.posts.clear();
+    }
+
+    /// Refills the SRQs the way the plugin does (irecv and test).
+    pub fn refill(&mut self) {
+        for rail in 0..RAILS {
+            let n = self.r.srq_refill(rail);
+            if n > 0 {
+                self.srq[rail] += n;
+                self.r.srq_posted(rail, n);
+            }
+        }
+    }
+
+    pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Option<u16> {
+        self.refill();
+        let id = self.r.irecv(self.now, bufs, &mut self.rs, &mut self.posts).expect("irecv");
+        self.enqueue(Dir::ToSend);
+        id
+    }
+
+    pub fn isend(&mut self, buf: SendBuf) -> crate::Result<Option<u16>> {
+        let r = self.s.isend(self.now, buf, &mut self.ss, &mut self.posts);
+        self.enqueue(Dir::ToRecv);
+        r
+    }
+
+    pub fn probes(&mut self) {
+        self.s.poll_probes(self.now, &mut self.posts);
+        self.enqueue(Dir::ToRecv);
+    }
+
+    /// Executes the head WR of one wire. Returns false when it cannot (empty, or RNR).
+    pub fn step(&mut self, dir: Dir, rail: usize, qp: usize) -> bool {
+        let Some(wr) = self.wires[dir as usize][rail][qp].q.front().copied() else { return false };
+        if wr.opcode == WrOpcode::WriteImm && dir == Dir::ToRecv {
+            if self.srq[rail] == 0 {
+                self.rnr[rail] += 1;
+                return false; // RC with infinite RNR retry: wait
+            }
+            self.srq[rail] -= 1;
+        }
+        self.wires[dir as usize][rail][qp].q.pop_front();
+        let (src, dst) = match dir {
+            Dir::ToRecv => (&mut self.ss.space, &mut self.rs.space),
+            Dir::ToSend => (&mut self.rs.space, &mut self.ss.space),
+        };
+        let mut off = 0u64;
+        for sge in &wr.sge[..wr.num_sge as usize] {
+            if src.is_virtual(sge.addr, sge.len as usize) || dst.is_virtual(wr.remote_addr + off, sge.len as usize) {
+                off += sge.len as u64;
+                continue;
+            }
+            let data = src.read(sge.addr, sge.len as usize);
+            dst.write(wr.remote_addr + off, &data);
+            off += sge.len as u64;
+        }
+        self.now += 100;
+        let qp_num = (rail * 100 + qp) as u32;
+        if wr.opcode == WrOpcode::WriteImm {
+            let remote_cq = match dir {
+                Dir::ToRecv => &mut self.cq_r[rail],
+                Dir::ToSend => &mut self.cq_s[rail],
+            };
+            remote_cq.push_back(Completion {
+                opcode: WcOpcode::RecvRdmaWithImm,
+                imm: wr.imm,
+                byte_len: off as u32,
+                qp_num,
+                ..Completion::default()
+            });
+        }
+        if wr.signaled {
+            let local_cq = match dir {
+                Dir::ToRecv => &mut self.cq_s[rail],
+                Dir::ToSend => &mut self.cq_r[rail],
+            };
+            local_cq.push_back(Completion {
+                wr_id: wr.wr_id,
+                opcode: WcOpcode::RdmaWrite,
+                qp_num,
+                ..Completion::default()
+            });
+        }
+        true
+    }
+
+    /// Executes every WR that can execute, in a fixed order.
+    pub fn deliver_all(&mut self) {
+        loop {
+            let mut progressed = false;
+            for dir in [Dir::ToSend, Dir::ToRecv] {
+                for rail in 0..RAILS {
+                    for qp in 0..self.wires[dir as usize][rail].len() {
+                        while self.step(dir, rail, qp) {
+                            progressed = true;
+                        }
+                    }
+                }
+            }
+            if !progressed {
+                break;
+            }
+        }
+    }
+
+    /// Polls the sender's CQs into its engine.
+    pub fn poll_send(&mut self) -> crate::Result<()> {
+        for rail in 0..RAILS {
+            while let Some(c) = self.cq_s[rail].pop_front() {
+                self.s.on_completion(self.now, rail, &c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Polls the receiver's CQs into its engine.
+    pub fn poll_recv(&mut self) -> crate::Result<()> {
+        for rail in 0..RAILS {
+            while let Some(c) = self.cq_r[rail].pop_front() {
+                self.r.on_completion(self.now, rail, &c, &self.rs)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn test_recv(&mut self, id: u16) -> crate::Result<Option<RecvDone>> {
+        self.refill();
+        self.poll_recv()?;
+        self.r.test(id)
+    }
+
+    pub fn test_send(&mut self, id: u16) -> crate::Result<Option<u64>> {
+        self.poll_send()?;
+        self.s.test(id)
+    }
+
+    /// Adds a send buffer filled with `pattern`; returns its address.
+    pub fn send_buf(&mut self, data: &[u8]) -> u64 {
+        let a = self.ss.space.add(data.len().max(1));
+        self.ss.space.write(a, data);
+        a
+    }
+
+    /// Adds a zeroed receive buffer; returns its address.
+    pub fn recv_buf(&mut self, len: usize) -> u64 {
+        self.rs.space.add(len.max(1))
+    }
+
+    /// A send and a receive buffer too large to hold: lengths only.
+    pub fn virtual_bufs(&mut self, size: usize) -> (u64, u64) {
+        (self.ss.space.add_virtual(size), self.rs.space.add_virtual(size))
+    }
+
+    /// WRs posted on `rail` in direction `dir` so far.
+    pub fn wrs_on(&self, dir: Dir, rail: usize) -> usize {
+        self.log.iter().filter(|(d, r, _, _)| *d == dir && *r == rail).count()
+    }
+}
+
+/// A deterministic byte pattern for message `seed`.
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+pub fn rbuf(addr: u64, size: u64, tag: u32) -> RecvBuf {
+    RecvBuf { addr, size, tag, rkeys: [61, 62] }
+}
+
+pub fn sbuf(addr: u64, size: u64, tag: u32) -> SendBuf {
+    SendBuf { addr, size, tag, lkeys: [71, 72] }
+}

@@ -1,0 +1,5 @@
+//! Engine tests, sans-IO and deterministic: two engines driven against each other through
+//! the fake fabric of `harness.rs`.
+
+mod harness;
+mod protocol;
