@@ -143,6 +143,12 @@ impl RecvEngine {
         e
     }
 
+    /// Puts the connection in the error state for a failure outside the engine (a post
+    /// or poll the fabric refused); every later call reports it.
+    pub fn set_error(&mut self, e: Error) {
+        self.fail(e);
+    }
+
     fn violation(&mut self, rail: usize, msg: String) -> Error {
         self.fail(Error::remote(format!("protocol violation on the {} rail: {msg}", RAIL_NAMES[rail])))
     }

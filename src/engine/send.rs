@@ -170,6 +170,12 @@ impl SendEngine {
         e
     }
 
+    /// Puts the connection in the error state for a failure outside the engine (a post
+    /// or poll the fabric refused); every later call reports it.
+    pub fn set_error(&mut self, e: Error) {
+        self.fail(e);
+    }
+
     /// Reads the next CTS slot if the receiver has written all of it.
     fn poll_cts(&mut self, mem: &impl SendMemory) -> Result<bool> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;

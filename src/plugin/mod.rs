@@ -4,14 +4,32 @@
 //! Handles given to NCCL are opaque values checked on every call (see `handles.rs`), so a
 //! bad or stale handle is a clear error, never a crash.
 
+// Until a fabric provider is wired into `Active`, the dispatching calls bind nothing.
+#![allow(unused_variables, unused_imports, dead_code)]
+
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int, c_void};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::config;
+use crate::config::{self, Config, FabricChoice};
+use crate::engine::RailCounters;
 use crate::error::{Error, Result};
+
+pub mod comm;
+pub mod devices;
+pub mod handles;
+pub mod instance;
+pub mod mr;
+pub mod oob;
+pub mod setup;
+pub mod wire;
+
+use handles::Kind;
+use instance::Plugin;
+use setup::FabricKind;
 
 /// Most receives grouped in one `irecv` (`maxRecvs`).
 pub const MAX_RECVS: usize = 8;
@@ -66,9 +84,6 @@ pub struct Completed {
 struct Global {
     /// `init` calls not yet matched by `finalize`.
     refs: usize,
-    /// Devices found by the first successful `init`; kept for the process lifetime so the
-    /// name and PCI-path pointers NCCL holds stay valid.
-    devices: Option<Vec<Properties>>,
     contexts: BTreeMap<u64, Context>,
 }
 
@@ -79,10 +94,32 @@ struct Context {
     traffic_class: Option<c_int>,
 }
 
-static GLOBAL: Mutex<Global> = Mutex::new(Global { refs: 0, devices: None, contexts: BTreeMap::new() });
+static GLOBAL: Mutex<Global> = Mutex::new(Global { refs: 0, contexts: BTreeMap::new() });
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
-/// Validates the configuration, finds the devices (first time) and takes one reference.
+/// The plugin over the provider chosen at the first successful `init`. Devices stay open
+/// for the process lifetime (NCCL holds pointers into their properties), as net_ib's do.
+enum Active {}
+
+static ACTIVE: OnceLock<Active> = OnceLock::new();
+
+/// Runs `$body` with `$p` bound to the active `Plugin<D>`, whatever its provider.
+macro_rules! dispatch {
+    ($p:ident => $body:expr) => {{
+        #[allow(unreachable_code, unused_variables)]
+        match *active()? {}
+    }};
+}
+
+fn active() -> Result<&'static Active> {
+    let refs = GLOBAL.lock().refs;
+    match ACTIVE.get() {
+        Some(a) if refs > 0 => Ok(a),
+        _ => Err(Error::invalid_usage("the plugin is not initialized (init did not succeed, or finalize was called)")),
+    }
+}
+
+/// Validates the configuration, opens the devices (first time) and takes one reference.
 /// Fails with one clear line when the configuration is bad or no device is usable, so that
 /// NCCL falls back to its own transports.
 pub fn init(abi: AbiVersion) -> Result<()> {
@@ -99,26 +136,31 @@ pub fn init(abi: AbiVersion) -> Result<()> {
         }
     };
     let mut g = GLOBAL.lock();
-    if g.devices.is_none() {
+    if ACTIVE.get().is_none() {
         if let Some(w) = cfg.unknown_warning() {
             log::warn!(target: "mpib::config", "{w}");
         }
         log::info!(target: "mpib::config", "configuration: {cfg}");
-        let devs = discover(cfg)?;
-        log::info!(target: "mpib::abi", "initialized through ABI v{}: {} device(s)", abi as u32, devs.len());
-        g.devices = Some(devs);
+        let a = open(cfg)?;
+        let _ = ACTIVE.set(a);
+        log::info!(target: "mpib::abi", "initialized through ABI v{}: {} device(s)", abi as u32, device_count_of(ACTIVE.get().expect("set")));
     }
     g.refs += 1;
     Ok(())
 }
 
-/// Finds the rail pairs of the configured fabric.
-fn discover(cfg: &config::Config) -> Result<Vec<Properties>> {
+/// Opens the configured fabric's rail pairs.
+fn open(cfg: &'static Config) -> Result<Active> {
+    let _ = (FabricKind::Soft, cfg.fabric == FabricChoice::Auto);
     Err(Error::system(format!(
         "no usable network device: no fabric provider is built into this version of the plugin \
          (MPIB_FABRIC={:?}); NCCL will use its own transports",
         cfg.fabric
     )))
+}
+
+fn device_count_of(a: &Active) -> usize {
+    match *a {}
 }
 
 /// A v11/v12 context for one communicator.
@@ -155,109 +197,100 @@ pub fn set_net_attr(ctx: *mut c_void, max_peers: i32, op: u32, algo: u32, proto:
     Ok(())
 }
 
-fn devices_or_err() -> Result<Vec<Properties>> {
-    let g = GLOBAL.lock();
-    match (&g.devices, g.refs) {
-        (Some(d), r) if r > 0 => Ok(d.clone()),
-        _ => Err(Error::invalid_usage("the plugin is not initialized (init did not succeed, or finalize was called)")),
-    }
-}
-
 /// Number of devices (rail pairs).
 pub fn device_count() -> Result<c_int> {
-    Ok(devices_or_err()?.len() as c_int)
+    Ok(device_count_of(active()?) as c_int)
 }
 
 /// Properties of device `dev`.
 pub fn properties(dev: c_int) -> Result<Properties> {
-    let devs = devices_or_err()?;
-    usize::try_from(dev)
-        .ok()
-        .and_then(|i| devs.get(i).copied())
-        .ok_or_else(|| Error::invalid_argument(format!("device {dev} does not exist (there are {})", devs.len())))
+    dispatch!(p => {
+        usize::try_from(dev)
+            .ok()
+            .and_then(|i| p.devs.get(i))
+            .map(|d| d.props)
+            .ok_or_else(|| Error::invalid_argument(format!("device {dev} does not exist (there are {})", p.devs.len())))
+    })
 }
 
-fn no_data_path(call: &str) -> Error {
-    Error::invalid_usage(format!("{call}: no device is available, so no communicator exists"))
+fn ptr(v: u64) -> *mut c_void {
+    v as usize as *mut c_void
 }
 
-pub fn listen(_abi: AbiVersion, dev: c_int, _handle: &mut [u8; 128]) -> Result<*mut c_void> {
-    properties(dev)?;
-    Err(no_data_path("listen"))
+pub fn listen(abi: AbiVersion, dev: c_int, handle: &mut [u8; 128]) -> Result<*mut c_void> {
+    dispatch!(p => p.listen(abi, dev, handle).map(ptr))
 }
 
-pub fn connect(_abi: AbiVersion, dev: c_int, _handle: &mut [u8; 128], _tc: Option<c_int>) -> Result<*mut c_void> {
-    properties(dev)?;
-    Err(no_data_path("connect"))
+pub fn connect(abi: AbiVersion, dev: c_int, handle: &mut [u8; 128], tc: Option<c_int>) -> Result<*mut c_void> {
+    dispatch!(p => p.connect(abi, dev, handle, tc).map(ptr))
 }
 
-pub fn accept(_listen: *mut c_void) -> Result<*mut c_void> {
-    Err(no_data_path("accept"))
+pub fn accept(listen: *mut c_void) -> Result<*mut c_void> {
+    dispatch!(p => p.accept(listen).map(ptr))
 }
 
-pub fn reg_mr(_comm: *mut c_void, _data: *mut c_void, _size: usize, _ptr_type: c_int) -> Result<*mut c_void> {
-    Err(no_data_path("regMr"))
+pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ptr_type: c_int) -> Result<*mut c_void> {
+    dispatch!(p => p.reg_mr(comm, data, size, ptr_type).map(ptr))
 }
 
 pub fn reg_mr_dmabuf(
-    _comm: *mut c_void,
-    _data: *mut c_void,
-    _size: usize,
-    _ptr_type: c_int,
-    _offset: u64,
-    _fd: c_int,
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ptr_type: c_int,
+    offset: u64,
+    fd: c_int,
 ) -> Result<*mut c_void> {
-    Err(no_data_path("regMrDmaBuf"))
+    dispatch!(p => p.reg_mr_dmabuf(comm, data, size, ptr_type, offset, fd).map(ptr))
 }
 
-pub fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
+pub fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
     if mhandle.is_null() {
         return Ok(());
     }
-    Err(no_data_path("deregMr"))
+    dispatch!(p => p.dereg_mr(comm, mhandle))
 }
 
-pub fn isend(
-    _comm: *mut c_void,
-    _data: *mut c_void,
-    _size: usize,
-    _tag: c_int,
-    _mh: *mut c_void,
-) -> Result<*mut c_void> {
-    Err(no_data_path("isend"))
+pub fn isend(comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<*mut c_void> {
+    dispatch!(p => p.isend(comm, data, size, tag, mh).map(ptr))
 }
 
 pub fn irecv(
-    _comm: *mut c_void,
-    _data: &[*mut c_void],
-    _sizes: &[usize],
-    _tags: &[c_int],
-    _mhandles: &[*mut c_void],
+    comm: *mut c_void,
+    data: &[*mut c_void],
+    sizes: &[usize],
+    tags: &[c_int],
+    mhandles: &[*mut c_void],
 ) -> Result<*mut c_void> {
-    Err(no_data_path("irecv"))
+    dispatch!(p => p.irecv(comm, data, sizes, tags, mhandles).map(ptr))
 }
 
 pub fn iflush(
-    _comm: *mut c_void,
-    _data: &[*mut c_void],
-    _sizes: &[usize],
-    _mhandles: &[*mut c_void],
+    comm: *mut c_void,
+    data: &[*mut c_void],
+    sizes: &[usize],
+    mhandles: &[*mut c_void],
 ) -> Result<*mut c_void> {
-    Err(no_data_path("iflush"))
+    dispatch!(p => p.iflush(comm, data, sizes, mhandles).map(ptr))
 }
 
-pub fn test(_request: *mut c_void) -> Result<Option<Completed>> {
-    Err(no_data_path("test"))
+pub fn test(request: *mut c_void) -> Result<Option<Completed>> {
+    dispatch!(p => p.test(request))
 }
 
-pub fn close_send(_comm: *mut c_void) -> Result<()> {
-    Err(no_data_path("closeSend"))
+pub fn close_send(comm: *mut c_void) -> Result<()> {
+    dispatch!(p => p.close(comm, Kind::Send))
 }
 
-pub fn close_recv(_comm: *mut c_void) -> Result<()> {
-    Err(no_data_path("closeRecv"))
+pub fn close_recv(comm: *mut c_void) -> Result<()> {
+    dispatch!(p => p.close(comm, Kind::Recv))
 }
 
-pub fn close_listen(_comm: *mut c_void) -> Result<()> {
-    Err(no_data_path("closeListen"))
+pub fn close_listen(comm: *mut c_void) -> Result<()> {
+    dispatch!(p => p.close(comm, Kind::Listen))
+}
+
+/// Per-rail counters of a send or receive comm (for tools and tests).
+pub fn comm_counters(comm: *mut c_void) -> Result<[RailCounters; 2]> {
+    dispatch!(p => p.counters(comm))
 }

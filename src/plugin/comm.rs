@@ -1,0 +1,375 @@
+//! The data path of one connection: the engine plus its fabric objects. Every call runs on
+//! the caller's thread (NCCL's proxy): read the clock once, feed polled completions to the
+//! engine, post the chains it emits with one call each. No allocation, no shared lock.
+
+use std::sync::Arc;
+
+use super::devices::DevPair;
+use super::mr::MrInfo;
+use crate::engine::layout::{CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RecvMemory, SendMemory};
+use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounters, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine};
+use crate::error::{Error, Result};
+use crate::fabric::mem::HostRegion;
+use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQueue};
+
+/// Completions polled per CQ call.
+const POLL_BATCH: usize = 16;
+
+/// Offsets inside a send comm's control region: the FIFO, then the sizes source.
+pub const SEND_SIZES_OFF: usize = CTS_FIFO_BYTES;
+/// Offsets inside a receive comm's control region: CTS source, records, scratch page.
+pub const RECV_RECORDS_OFF: usize = CTS_FIFO_BYTES;
+pub const RECV_SCRATCH_OFF: usize = RECV_RECORDS_OFF + crate::engine::layout::RECORDS_BYTES;
+/// The flush READs land here (inside the scratch page, away from the probe word).
+pub const RECV_FLUSH_OFF: usize = RECV_SCRATCH_OFF + 64;
+
+/// Monotonic nanoseconds since the first call (one clock read per post/poll batch).
+#[inline]
+pub fn now_ns() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    BASE.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1
+}
+
+/// One rail of a connection. Field order is drop order: QPs before the queues they use.
+pub struct Rail<D: Device> {
+    pub qps: Vec<D::Qp>,
+    pub flush_qp: Option<D::Qp>,
+    pub srq: Option<D::Srq>,
+    pub cq: D::Cq,
+    /// The comm's control region registered on this rail.
+    pub region_mr: Option<D::Mr>,
+    pub dev: Arc<D>,
+}
+
+impl<D: Device> Rail<D> {
+    #[inline]
+    fn qp(&mut self, q: QpRef) -> Result<&mut D::Qp> {
+        let qp = match q {
+            QpRef::Cts => self.qps.first_mut(),
+            QpRef::Data(i) => self.qps.get_mut(i as usize),
+            QpRef::Flush => self.flush_qp.as_mut(),
+        };
+        qp.ok_or_else(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have")))
+    }
+
+    /// Tears the rail down in the order the hardware needs: QPs, then the region's
+    /// registration, then (by field drop) the SRQ and the CQ.
+    fn shutdown(&mut self) {
+        self.qps.clear();
+        self.flush_qp = None;
+        if let Some(mr) = self.region_mr.take()
+            && let Err(e) = self.dev.dereg_mr(mr)
+        {
+            log::warn!("deregistering a connection's control region: {e}");
+        }
+    }
+}
+
+/// Posts every chain of `posts` on its rail's QP (one call each).
+fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result<()> {
+    for c in posts.chains() {
+        rails[c.rail as usize].qp(c.qp)?.post_send(c.wrs())?;
+    }
+    Ok(())
+}
+
+/// The sender's control region as the engine sees it.
+struct SendMem<'a>(&'a HostRegion);
+
+impl SendMemory for SendMem<'_> {
+    #[inline]
+    fn fifo_word(&self, slot: usize, i: usize) -> u64 {
+        self.0.load_acquire(slot * CTS_SLOT_BYTES + i * 64 + CTS_WORD_OFFSET)
+    }
+    #[inline]
+    fn fifo_entry(&self, slot: usize, i: usize) -> CtsEntry {
+        let base = slot * CTS_SLOT_BYTES + i * 64;
+        let mut w = [0u64; 8];
+        for (k, x) in w.iter_mut().enumerate() {
+            *x = self.0.load(base + 8 * k);
+        }
+        CtsEntry::from_words(&w)
+    }
+    #[inline]
+    fn write_sizes(&mut self, slot: usize, sizes: &[u64]) {
+        for (i, &s) in sizes.iter().enumerate() {
+            self.0.store(SEND_SIZES_OFF + slot * 64 + i * 8, s);
+        }
+    }
+}
+
+/// The receiver's control region as the engine sees it.
+struct RecvMem<'a>(&'a HostRegion);
+
+impl RecvMemory for RecvMem<'_> {
+    #[inline]
+    fn write_cts(&mut self, slot: usize, entries: &[CtsEntry]) {
+        for (i, e) in entries.iter().enumerate() {
+            let base = slot * CTS_SLOT_BYTES + i * 64;
+            for (k, w) in e.to_words().into_iter().enumerate() {
+                self.0.store(base + 8 * k, w);
+            }
+        }
+    }
+    #[inline]
+    fn record(&self, slot: usize, i: usize) -> u64 {
+        self.0.load_acquire(RECV_RECORDS_OFF + slot * 64 + i * 8)
+    }
+}
+
+/// Request sequence numbers, so a handle kept after `test` said done is recognised.
+pub struct Seqs(Box<[u8]>);
+
+impl Seqs {
+    pub fn new(n: usize) -> Self {
+        Seqs(vec![0; n].into_boxed_slice())
+    }
+    #[inline]
+    pub fn bump(&mut self, id: u16) -> u8 {
+        let s = &mut self.0[id as usize];
+        *s = s.wrapping_add(1) & 0x7f;
+        *s
+    }
+    #[inline]
+    pub fn matches(&self, id: u16, seq: u8) -> bool {
+        self.0.get(id as usize) == Some(&seq)
+    }
+}
+
+/// A connected send comm.
+pub struct SendComm<D: Device> {
+    pub rails: [Rail<D>; RAILS],
+    pub engine: SendEngine,
+    pub dev: Arc<DevPair<D>>,
+    pub seqs: Seqs,
+    posts: Posts,
+    wc: [Completion; POLL_BATCH],
+    region: HostRegion,
+}
+
+impl<D: Device> SendComm<D> {
+    pub fn new(rails: [Rail<D>; RAILS], engine: SendEngine, dev: Arc<DevPair<D>>, region: HostRegion) -> Self {
+        SendComm {
+            rails,
+            engine,
+            dev,
+            seqs: Seqs::new(512),
+            posts: Posts::default(),
+            wc: [Completion::default(); POLL_BATCH],
+            region,
+        }
+    }
+
+    /// `isend`: `Ok(None)` until the receiver's CTS is there.
+    pub fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MrInfo) -> Result<Option<u16>> {
+        if !mh.covers(addr, size) {
+            return Err(Error::invalid_argument(format!(
+                "isend of {size} bytes at {addr:#x} lies outside its registration [{:#x}, +{})",
+                mh.addr, mh.len
+            )));
+        }
+        let buf = SendBuf { addr, size, tag, lkeys: [mh.keys[0].lkey, mh.keys[1].lkey] };
+        let now = now_ns();
+        self.posts.clear();
+        let mut r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
+        if r.is_none() {
+            // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
+            self.poll(0b11)?;
+            r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
+        }
+        self.post()?;
+        Ok(r)
+    }
+
+    fn post(&mut self) -> Result<()> {
+        if let Err(e) = post_all(&mut self.rails, &self.posts) {
+            self.engine.set_error(e.clone());
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Polls the CQs of the rails in `mask` and feeds the engine.
+    fn poll(&mut self, mask: u8) -> Result<()> {
+        for rail in 0..RAILS {
+            if mask & (1 << rail) == 0 {
+                continue;
+            }
+            loop {
+                let n = match self.rails[rail].cq.poll(&mut self.wc) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.engine.set_error(e.clone());
+                        return Err(e);
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                let now = now_ns();
+                for c in &self.wc[..n] {
+                    self.engine.on_completion(now, rail, c)?;
+                }
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `test` of request `id`: polls, probes idle rails, returns the bytes sent when done.
+    pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
+        // Both rails: one may carry only the CTS traffic the soft NIC must answer.
+        self.poll(0b11)?;
+        self.posts.clear();
+        self.engine.poll_probes(now_ns(), &mut self.posts);
+        self.post()?;
+        self.engine.test(id)
+    }
+
+    pub fn counters(&self) -> [RailCounters; RAILS] {
+        *self.engine.counters()
+    }
+}
+
+impl<D: Device> Drop for SendComm<D> {
+    fn drop(&mut self) {
+        for r in &mut self.rails {
+            r.shutdown();
+        }
+    }
+}
+
+/// A connected receive comm.
+pub struct RecvComm<D: Device> {
+    pub rails: [Rail<D>; RAILS],
+    pub engine: RecvEngine,
+    pub dev: Arc<DevPair<D>>,
+    pub seqs: Seqs,
+    posts: Posts,
+    wc: [Completion; POLL_BATCH],
+    region: HostRegion,
+}
+
+impl<D: Device> RecvComm<D> {
+    pub fn new(rails: [Rail<D>; RAILS], engine: RecvEngine, dev: Arc<DevPair<D>>, region: HostRegion) -> Self {
+        RecvComm {
+            rails,
+            engine,
+            dev,
+            seqs: Seqs::new(512),
+            posts: Posts::default(),
+            wc: [Completion::default(); POLL_BATCH],
+            region,
+        }
+    }
+
+    /// Tops the shared receive queues up between their watermarks (one post per rail).
+    #[inline]
+    fn refill(&mut self) -> Result<()> {
+        for rail in 0..RAILS {
+            let n = self.engine.srq_refill(rail);
+            if n == 0 {
+                continue;
+            }
+            let Some(srq) = self.rails[rail].srq.as_mut() else { continue };
+            if let Err(e) = srq.post_recv(n) {
+                self.engine.set_error(e.clone());
+                return Err(e);
+            }
+            self.engine.srq_posted(rail, n);
+        }
+        Ok(())
+    }
+
+    /// `irecv` of `bufs` (addresses, sizes, tags, memory handles).
+    pub fn irecv(&mut self, bufs: &[(u64, u64, u32, Option<MrInfo>)]) -> Result<Option<u16>> {
+        let mut rb = [RecvBuf { addr: 0, size: 0, tag: 0, rkeys: [0; RAILS] }; crate::engine::layout::MAX_RECVS];
+        for (i, &(addr, size, tag, mh)) in bufs.iter().enumerate() {
+            let rkeys = match mh {
+                Some(mh) if mh.covers(addr, size) => [mh.keys[0].rkey, mh.keys[1].rkey],
+                Some(mh) => {
+                    return Err(Error::invalid_argument(format!(
+                        "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
+                        mh.addr, mh.len
+                    )));
+                }
+                None if size == 0 => [0; RAILS],
+                None => return Err(Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))),
+            };
+            rb[i] = RecvBuf { addr, size, tag, rkeys };
+        }
+        self.refill()?;
+        self.posts.clear();
+        let r = self.engine.irecv(now_ns(), &rb[..bufs.len()], &mut RecvMem(&self.region), &mut self.posts)?;
+        if let Err(e) = post_all(&mut self.rails, &self.posts) {
+            self.engine.set_error(e.clone());
+            return Err(e);
+        }
+        Ok(r)
+    }
+
+    /// `iflush`: a 1-byte READ per rail for GPU buffers, nothing (None) for host memory.
+    pub fn iflush(&mut self, last: Option<(u64, MrInfo)>) -> Result<Option<u16>> {
+        let Some((addr, mh)) = last.filter(|(_, mh)| mh.gpu) else { return Ok(None) };
+        if self.rails.iter().any(|r| r.flush_qp.is_none()) {
+            return Err(Error::internal("flush of GPU memory on a connection without flush QPs"));
+        }
+        self.posts.clear();
+        let r = self.engine.iflush(FlushBuf { addr, rkeys: [mh.keys[0].rkey, mh.keys[1].rkey] }, &mut self.posts)?;
+        if let Err(e) = post_all(&mut self.rails, &self.posts) {
+            self.engine.set_error(e.clone());
+            return Err(e);
+        }
+        Ok(r)
+    }
+
+    fn poll(&mut self) -> Result<()> {
+        for rail in 0..RAILS {
+            loop {
+                let n = match self.rails[rail].cq.poll(&mut self.wc) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        self.engine.set_error(e.clone());
+                        return Err(e);
+                    }
+                };
+                if n == 0 {
+                    break;
+                }
+                let now = now_ns();
+                for c in &self.wc[..n] {
+                    self.engine.on_completion(now, rail, c, &RecvMem(&self.region))?;
+                }
+                if n < POLL_BATCH {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `test` of request `id`: polls both rails, refills the SRQs, returns the sizes.
+    pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+        self.poll()?;
+        self.refill()?;
+        self.engine.test(id)
+    }
+
+    pub fn counters(&self) -> [RailCounters; RAILS] {
+        let mut c = *self.engine.counters();
+        for (rail, ctr) in c.iter_mut().enumerate() {
+            ctr.rnr = self.rails[rail].srq.as_ref().map_or(0, |s| s.rnr_events());
+        }
+        c
+    }
+}
+
+impl<D: Device> Drop for RecvComm<D> {
+    fn drop(&mut self) {
+        for r in &mut self.rails {
+            r.shutdown();
+        }
+    }
+}

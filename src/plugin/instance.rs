@@ -1,0 +1,303 @@
+//! The plugin for one fabric provider: its devices and every object NCCL holds a handle
+//! to. All of it is generic over the provider's `Device`; `mod.rs` picks the provider once.
+
+use std::ffi::{c_int, c_void};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use super::comm::{RecvComm, SendComm};
+use super::devices::DevPair;
+use super::handles::{Handle, Kind, Table};
+use super::mr::{MrHandle, MrInfo};
+use super::oob::OobListener;
+use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
+use super::{AbiVersion, Completed, MAX_RECVS};
+use crate::config::{Config, RailAddr};
+use crate::engine::RailCounters;
+use crate::error::{Error, Result};
+use crate::fabric::{Device, RailPair, netif};
+
+/// Everything NCCL holds a handle to.
+pub enum Obj<D: Device> {
+    Listen(Box<ListenComm<D>>),
+    Connecting(Box<Connecting<D>>),
+    Send(Box<SendComm<D>>),
+    Recv(Box<RecvComm<D>>),
+    Mr(MrHandle),
+}
+
+/// The plugin over one provider.
+pub struct Plugin<D: Device> {
+    pub kind: FabricKind,
+    pub devs: Vec<Arc<DevPair<D>>>,
+    cfg: &'static Config,
+    objs: Table<Obj<D>>,
+}
+
+fn as_u64(p: *mut c_void) -> u64 {
+    p as usize as u64
+}
+
+fn size_ok(size: usize) -> Result<u64> {
+    if size > i32::MAX as usize {
+        return Err(Error::invalid_argument(format!(
+            "a transfer of {size} bytes: at most {} (NCCL's test reports sizes as int)",
+            i32::MAX
+        )));
+    }
+    Ok(size as u64)
+}
+
+impl<D: Device> Plugin<D> {
+    pub fn new(kind: FabricKind, pairs: Vec<RailPair<D>>, cfg: &'static Config) -> Self {
+        let devs = pairs.into_iter().enumerate().map(|(i, p)| Arc::new(DevPair::new(i, p))).collect();
+        Plugin { kind, devs, cfg, objs: Table::new() }
+    }
+
+    fn pair(&self, dev: c_int) -> Result<&Arc<DevPair<D>>> {
+        usize::try_from(dev).ok().and_then(|i| self.devs.get(i)).ok_or_else(|| {
+            Error::invalid_argument(format!("device {dev} does not exist (there are {})", self.devs.len()))
+        })
+    }
+
+    /// The local address of the set-up listener: the SOUT rail's address for the soft
+    /// fabric, NCCL's socket interface otherwise.
+    fn listen_ip(&self) -> Result<IpAddr> {
+        if self.kind == FabricKind::Soft {
+            match &self.cfg.soft_sout_addr {
+                Some(RailAddr::Ip(ip)) => return Ok(*ip),
+                Some(RailAddr::Interface(name)) => return Ok(netif::addr_of(name)?.addr),
+                None => {}
+            }
+        }
+        Ok(netif::default_addr(self.cfg.socket_ifname.as_deref())?.addr)
+    }
+
+    fn params(&self, abi: AbiVersion, tc: Option<c_int>) -> Params {
+        Params::new(self.cfg, self.kind, abi, tc)
+    }
+
+    pub fn listen(&self, abi: AbiVersion, dev: c_int, handle: &mut [u8; 128]) -> Result<u64> {
+        let pair = self.pair(dev)?.clone();
+        let (listener, addr) = match self.kind {
+            FabricKind::Inproc => OobListener::inproc(),
+            _ => OobListener::tcp(self.listen_ip()?)?,
+        };
+        setup::write_handle(handle, self.kind, addr);
+        let p = self.params(abi, None);
+        self.objs.insert(Kind::Listen, Obj::Listen(Box::new(ListenComm { listener, pair, p, pending: None })))
+    }
+
+    pub fn connect(&self, abi: AbiVersion, dev: c_int, handle: &mut [u8; 128], tc: Option<c_int>) -> Result<u64> {
+        let mut token = setup::handle_token(handle);
+        if token == 0 {
+            let addr = setup::read_handle(handle, self.kind)?;
+            let c = Connecting::start(self.pair(dev)?.clone(), self.params(abi, tc), addr)?;
+            token = self.objs.insert(Kind::Pending, Obj::Connecting(Box::new(c)))?;
+            setup::set_handle_token(handle, token);
+        }
+        let step = {
+            let (_, mut g) = self.objs.get(token, Kind::Pending)?;
+            match &mut *g {
+                Obj::Connecting(c) => c.step(),
+                _ => Err(Error::internal("pending connection entry holds something else")),
+            }
+        };
+        match step {
+            Ok(None) => Ok(0),
+            Ok(Some(comm)) => {
+                let _ = self.objs.remove(token, Kind::Pending);
+                setup::set_handle_token(handle, 0);
+                self.objs.insert(Kind::Send, Obj::Send(Box::new(comm)))
+            }
+            Err(e) => {
+                let _ = self.objs.remove(token, Kind::Pending);
+                setup::set_handle_token(handle, 0);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn accept(&self, listen: *mut c_void) -> Result<u64> {
+        let r = {
+            let (_, mut g) = self.objs.get(as_u64(listen), Kind::Listen)?;
+            match &mut *g {
+                Obj::Listen(l) => l.accept()?,
+                _ => return Err(Error::internal("listen entry holds something else")),
+            }
+        };
+        match r {
+            None => Ok(0),
+            Some(comm) => self.objs.insert(Kind::Recv, Obj::Recv(Box::new(comm))),
+        }
+    }
+
+    fn comm_pair(&self, comm: *mut c_void) -> Result<Arc<DevPair<D>>> {
+        let (_, g) = self.objs.get_any(as_u64(comm), &[Kind::Send, Kind::Recv])?;
+        match &*g {
+            Obj::Send(c) => Ok(c.dev.clone()),
+            Obj::Recv(c) => Ok(c.dev.clone()),
+            _ => Err(Error::internal("comm entry holds something else")),
+        }
+    }
+
+    pub fn reg_mr(&self, comm: *mut c_void, data: *mut c_void, size: usize, ptr_type: c_int) -> Result<u64> {
+        // The comm lock is held only to find its devices: registering can take long.
+        let pair = self.comm_pair(comm)?;
+        let mh = pair.reg_mr(as_u64(data), size as u64, ptr_type)?;
+        self.objs.insert(Kind::Mr, Obj::Mr(mh))
+    }
+
+    pub fn reg_mr_dmabuf(
+        &self,
+        comm: *mut c_void,
+        data: *mut c_void,
+        size: usize,
+        ptr_type: c_int,
+        offset: u64,
+        fd: c_int,
+    ) -> Result<u64> {
+        let pair = self.comm_pair(comm)?;
+        if ptr_type != crate::abi::types::consts::NCCL_PTR_CUDA
+            && ptr_type != crate::abi::types::consts::NCCL_PTR_DMABUF
+        {
+            return Err(Error::invalid_argument(format!("regMrDmaBuf of memory type {ptr_type}")));
+        }
+        let mh = pair.reg_dmabuf(as_u64(data), size as u64, offset, fd)?;
+        self.objs.insert(Kind::Mr, Obj::Mr(mh))
+    }
+
+    pub fn dereg_mr(&self, comm: *mut c_void, mh: *mut c_void) -> Result<()> {
+        self.comm_pair(comm)?;
+        match self.objs.remove(as_u64(mh), Kind::Mr)? {
+            Obj::Mr(m) => m.release(),
+            _ => Err(Error::internal("memory handle entry holds something else")),
+        }
+    }
+
+    /// A memory handle's data, copied out so that no two handle locks are held at once.
+    fn mr_info(&self, mh: *mut c_void) -> Result<MrInfo> {
+        let (_, g) = self.objs.get(as_u64(mh), Kind::Mr)?;
+        match &*g {
+            Obj::Mr(m) => Ok(m.info),
+            _ => Err(Error::internal("memory handle entry holds something else")),
+        }
+    }
+
+    pub fn isend(&self, comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<u64> {
+        let size = size_ok(size)?;
+        let info = self.mr_info(mh)?;
+        let (h, mut g) = self.objs.get(as_u64(comm), Kind::Send)?;
+        let Obj::Send(c) = &mut *g else { return Err(Error::internal("send entry holds something else")) };
+        match c.isend(as_u64(data), size, tag as u32, &info)? {
+            None => Ok(0),
+            Some(id) => Ok(h.request(id, c.seqs.bump(id))),
+        }
+    }
+
+    pub fn irecv(
+        &self,
+        comm: *mut c_void,
+        data: &[*mut c_void],
+        sizes: &[usize],
+        tags: &[c_int],
+        mhs: &[*mut c_void],
+    ) -> Result<u64> {
+        let n = data.len();
+        let mut bufs: [(u64, u64, u32, Option<MrInfo>); MAX_RECVS] = [(0, 0, 0, None); MAX_RECVS];
+        for i in 0..n {
+            let info = if mhs[i].is_null() { None } else { Some(self.mr_info(mhs[i])?) };
+            bufs[i] = (as_u64(data[i]), size_ok(sizes[i])?, tags[i] as u32, info);
+        }
+        let (h, mut g) = self.objs.get(as_u64(comm), Kind::Recv)?;
+        let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
+        match c.irecv(&bufs[..n])? {
+            None => Ok(0),
+            Some(id) => Ok(h.request(id, c.seqs.bump(id))),
+        }
+    }
+
+    pub fn iflush(&self, comm: *mut c_void, data: &[*mut c_void], sizes: &[usize], mhs: &[*mut c_void]) -> Result<u64> {
+        // net_ib flushes after the last non-empty buffer; nothing to do without one.
+        let Some(i) = (0..data.len()).rev().find(|&i| sizes[i] > 0 && !mhs[i].is_null()) else {
+            self.comm_pair(comm)?;
+            return Ok(0);
+        };
+        let info = self.mr_info(mhs[i])?;
+        let (h, mut g) = self.objs.get(as_u64(comm), Kind::Recv)?;
+        let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
+        match c.iflush(Some((as_u64(data[i]), info)))? {
+            None => Ok(0),
+            Some(id) => Ok(h.request(id, c.seqs.bump(id))),
+        }
+    }
+
+    pub fn test(&self, request: *mut c_void) -> Result<Option<Completed>> {
+        let v = as_u64(request);
+        let h = Handle::decode(v)
+            .filter(|h| matches!(h.kind, Kind::SendReq | Kind::RecvReq))
+            .ok_or_else(|| Error::invalid_argument(format!("{v:#x} is not a request handle")))?;
+        let (comm, id, seq) = h.request_parts();
+        let (_, mut g) = self.objs.get(comm.encode(), comm.kind)?;
+        let stale = || Error::invalid_argument(format!("request {v:#x} is not in flight (already completed?)"));
+        match &mut *g {
+            Obj::Send(c) => {
+                if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
+                    return Err(stale());
+                }
+                Ok(c.test(id)?.map(|size| {
+                    let mut d = Completed { n: 1, ..Completed::default() };
+                    d.sizes[0] = size as usize;
+                    d
+                }))
+            }
+            Obj::Recv(c) => {
+                if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
+                    return Err(stale());
+                }
+                Ok(c.test(id)?.map(|r| {
+                    let mut d = Completed { n: r.n, ..Completed::default() };
+                    for k in 0..r.n {
+                        d.sizes[k] = r.sizes[k] as usize;
+                    }
+                    d
+                }))
+            }
+            _ => Err(Error::internal("request's comm entry holds something else")),
+        }
+    }
+
+    pub fn close(&self, comm: *mut c_void, kind: Kind) -> Result<()> {
+        match self.objs.remove(as_u64(comm), kind)? {
+            Obj::Send(c) => {
+                log::info!("closing a send comm: {}", counters_line(&c.counters()));
+                Ok(())
+            }
+            Obj::Recv(c) => {
+                log::info!("closing a receive comm: {}", counters_line(&c.counters()));
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Per-rail counters of a send or receive comm.
+    pub fn counters(&self, comm: *mut c_void) -> Result<[RailCounters; 2]> {
+        let (_, g) = self.objs.get_any(as_u64(comm), &[Kind::Send, Kind::Recv])?;
+        match &*g {
+            Obj::Send(c) => Ok(c.counters()),
+            Obj::Recv(c) => Ok(c.counters()),
+            _ => Err(Error::internal("comm entry holds something else")),
+        }
+    }
+}
+
+fn counters_line(c: &[RailCounters; 2]) -> String {
+    let r = |x: &RailCounters| {
+        format!(
+            "wr={} doorbells={} bytes={} imm={} cqe={} rnr={}",
+            x.wr_posted, x.doorbells, x.bytes, x.imm_sent, x.cqe, x.rnr
+        )
+    };
+    format!("SOUT[{}] SUP[{}]", r(&c[0]), r(&c[1]))
+}

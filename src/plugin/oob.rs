@@ -1,0 +1,315 @@
+//! The out-of-band channel of connection set-up: where the listen handle points, and
+//! length-prefixed messages over it. TCP (non-blocking: connect/accept are state machines
+//! that NCCL calls again and again) or, with the in-process fabric, queues in memory.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use socket2::{Domain, Socket, Type};
+
+use crate::error::{Error, Result};
+
+/// Largest set-up message accepted (a peer sending more is broken or hostile).
+const MAX_MSG: usize = 64 * 1024;
+
+/// Where a listener can be reached, as written into the 128-byte handle.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OobAddr {
+    Tcp(SocketAddr),
+    Inproc(u64),
+}
+
+impl OobAddr {
+    /// Serialized form: kind (1 byte), port (2, BE), address (16).
+    pub fn write(&self, out: &mut [u8; 19]) {
+        match self {
+            OobAddr::Tcp(sa) => {
+                out[0] = 1;
+                out[1..3].copy_from_slice(&sa.port().to_be_bytes());
+                let v6 = match sa.ip() {
+                    IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+                    IpAddr::V6(v6) => v6,
+                };
+                out[3..19].copy_from_slice(&v6.octets());
+            }
+            OobAddr::Inproc(id) => {
+                out[0] = 2;
+                out[1..3].fill(0);
+                out[3..11].copy_from_slice(&id.to_le_bytes());
+                out[11..19].fill(0);
+            }
+        }
+    }
+
+    pub fn read(b: &[u8; 19]) -> Result<OobAddr> {
+        match b[0] {
+            1 => {
+                let port = u16::from_be_bytes([b[1], b[2]]);
+                let v6 = Ipv6Addr::from(<[u8; 16]>::try_from(&b[3..19]).expect("16 bytes"));
+                let ip = v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6));
+                Ok(OobAddr::Tcp(SocketAddr::new(ip, port)))
+            }
+            2 => Ok(OobAddr::Inproc(u64::from_le_bytes(b[3..11].try_into().expect("8 bytes")))),
+            k => Err(Error::invalid_argument(format!("listen handle has an unknown address kind {k}"))),
+        }
+    }
+}
+
+/// A listener waiting for connecting peers.
+pub enum OobListener {
+    Tcp(TcpListener),
+    Inproc(u64),
+}
+
+type Pipe = Arc<Mutex<VecDeque<Vec<u8>>>>;
+
+/// In-process listeners: id → connections waiting to be accepted.
+static INPROC: Mutex<BTreeMap<u64, VecDeque<InprocConn>>> = Mutex::new(BTreeMap::new());
+static INPROC_NEXT: AtomicU64 = AtomicU64::new(1);
+
+impl OobListener {
+    /// A TCP listener on `ip` (port chosen by the kernel).
+    pub fn tcp(ip: IpAddr) -> Result<(OobListener, OobAddr)> {
+        let l = TcpListener::bind(SocketAddr::new(ip, 0))
+            .map_err(|e| Error::io(&format!("bind a listener on {ip}"), &e))?;
+        l.set_nonblocking(true).map_err(|e| Error::io("set the listener non-blocking", &e))?;
+        let addr = l.local_addr().map_err(|e| Error::io("listener address", &e))?;
+        Ok((OobListener::Tcp(l), OobAddr::Tcp(addr)))
+    }
+
+    /// An in-process listener.
+    pub fn inproc() -> (OobListener, OobAddr) {
+        let id = INPROC_NEXT.fetch_add(1, Ordering::Relaxed);
+        INPROC.lock().insert(id, VecDeque::new());
+        (OobListener::Inproc(id), OobAddr::Inproc(id))
+    }
+
+    /// A connection that arrived, if any (never blocks).
+    pub fn accept(&self) -> Result<Option<OobConn>> {
+        match self {
+            OobListener::Tcp(l) => match l.accept() {
+                Ok((s, _)) => Ok(Some(OobConn::tcp_connected(s)?)),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
+                Err(e) => Err(Error::io("accept a set-up connection", &e)),
+            },
+            OobListener::Inproc(id) => Ok(INPROC.lock().get_mut(id).and_then(|q| q.pop_front()).map(OobConn::Inproc)),
+        }
+    }
+}
+
+impl Drop for OobListener {
+    fn drop(&mut self) {
+        if let OobListener::Inproc(id) = self {
+            INPROC.lock().remove(id);
+        }
+    }
+}
+
+/// One end of an in-process channel.
+pub struct InprocConn {
+    tx: Pipe,
+    rx: Pipe,
+}
+
+/// A set-up connection carrying whole messages.
+pub enum OobConn {
+    Tcp(TcpConn),
+    Inproc(InprocConn),
+}
+
+pub struct TcpConn {
+    sock: Socket,
+    connected: bool,
+    peer: SocketAddr,
+    wbuf: Vec<u8>,
+    rbuf: Vec<u8>,
+}
+
+impl OobConn {
+    /// Starts connecting to `addr`; never blocks.
+    pub fn connect(addr: OobAddr) -> Result<OobConn> {
+        match addr {
+            OobAddr::Tcp(sa) => {
+                let sock = Socket::new(Domain::for_address(sa), Type::STREAM, None)
+                    .map_err(|e| Error::io("create a set-up socket", &e))?;
+                sock.set_nonblocking(true).map_err(|e| Error::io("set the socket non-blocking", &e))?;
+                let _ = sock.set_tcp_nodelay(true);
+                match sock.connect(&sa.into()) {
+                    Ok(()) => {}
+                    Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(Error::io(&format!("connect to {sa}"), &e)),
+                }
+                Ok(OobConn::Tcp(TcpConn { sock, connected: false, peer: sa, wbuf: Vec::new(), rbuf: Vec::new() }))
+            }
+            OobAddr::Inproc(id) => {
+                let (a, b): (Pipe, Pipe) = Default::default();
+                let mut ls = INPROC.lock();
+                let q = ls.get_mut(&id).ok_or_else(|| {
+                    Error::remote(format!("in-process listener {id} does not exist (closed, or another process)"))
+                })?;
+                q.push_back(InprocConn { tx: b.clone(), rx: a.clone() });
+                Ok(OobConn::Inproc(InprocConn { tx: a, rx: b }))
+            }
+        }
+    }
+
+    fn tcp_connected(s: TcpStream) -> Result<OobConn> {
+        s.set_nonblocking(true).map_err(|e| Error::io("set the socket non-blocking", &e))?;
+        let _ = s.set_nodelay(true);
+        let peer = s.peer_addr().map_err(|e| Error::io("peer address", &e))?;
+        Ok(OobConn::Tcp(TcpConn { sock: Socket::from(s), connected: true, peer, wbuf: Vec::new(), rbuf: Vec::new() }))
+    }
+
+    /// Queues one message.
+    pub fn send(&mut self, msg: &[u8]) {
+        match self {
+            OobConn::Tcp(c) => {
+                c.wbuf.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+                c.wbuf.extend_from_slice(msg);
+            }
+            OobConn::Inproc(c) => c.tx.lock().push_back(msg.to_vec()),
+        }
+    }
+
+    /// Moves bytes (never blocks); returns a complete received message if there is one.
+    pub fn poll(&mut self) -> Result<Option<Vec<u8>>> {
+        match self {
+            OobConn::Inproc(c) => Ok(c.rx.lock().pop_front()),
+            OobConn::Tcp(c) => c.poll(),
+        }
+    }
+
+    /// Whether everything queued has been handed to the kernel.
+    pub fn flushed(&self) -> bool {
+        match self {
+            OobConn::Tcp(c) => c.wbuf.is_empty(),
+            OobConn::Inproc(_) => true,
+        }
+    }
+}
+
+impl TcpConn {
+    fn poll(&mut self) -> Result<Option<Vec<u8>>> {
+        if !self.connected {
+            if let Some(e) = self.sock.take_error().map_err(|e| Error::io("set-up socket", &e))? {
+                return Err(Error::remote(format!("cannot connect to {}: {e}", self.peer)));
+            }
+            match self.sock.peer_addr() {
+                Ok(_) => self.connected = true,
+                Err(_) => return Ok(None), // still connecting
+            }
+        }
+        while !self.wbuf.is_empty() {
+            match (&self.sock).write(&self.wbuf) {
+                Ok(0) => return Err(Error::remote(format!("set-up connection to {} closed", self.peer))),
+                Ok(n) => {
+                    self.wbuf.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
+            }
+        }
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(m) = self.take_message()? {
+                return Ok(Some(m));
+            }
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return Err(Error::remote(format!("peer {} closed the set-up connection", self.peer))),
+                Ok(n) => self.rbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
+            }
+        }
+    }
+
+    fn take_message(&mut self) -> Result<Option<Vec<u8>>> {
+        if self.rbuf.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes(self.rbuf[..4].try_into().expect("4 bytes")) as usize;
+        if len > MAX_MSG {
+            return Err(Error::remote(format!("set-up message of {len} bytes from {} (at most {MAX_MSG})", self.peer)));
+        }
+        if self.rbuf.len() < 4 + len {
+            return Ok(None);
+        }
+        let m = self.rbuf[4..4 + len].to_vec();
+        self.rbuf.drain(..4 + len);
+        Ok(Some(m))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn exchange(addr: OobAddr, l: &OobListener) {
+        let mut a = OobConn::connect(addr).unwrap();
+        a.send(b"hello");
+        a.send(&vec![7u8; 10_000]);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut b = None;
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            assert!(Instant::now() < deadline, "set-up exchange timed out");
+            assert_eq!(a.poll().unwrap(), None);
+            if b.is_none() {
+                b = l.accept().unwrap();
+            }
+            if let Some(b) = b.as_mut()
+                && let Some(m) = b.poll().unwrap()
+            {
+                got.push(m);
+            }
+        }
+        assert_eq!(got[0], b"hello");
+        assert_eq!(got[1], vec![7u8; 10_000]);
+    }
+
+    #[test]
+    fn tcp_and_inproc_carry_whole_messages() {
+        let (l, addr) = OobListener::tcp("127.0.0.1".parse().unwrap()).unwrap();
+        exchange(addr, &l);
+        let (l, addr) = OobListener::inproc();
+        exchange(addr, &l);
+    }
+
+    #[test]
+    fn addresses_round_trip() {
+        for a in [
+            OobAddr::Tcp("10.1.2.3:4567".parse().unwrap()),
+            OobAddr::Tcp("[fe80::1]:9".parse().unwrap()),
+            OobAddr::Inproc(42),
+        ] {
+            let mut b = [0u8; 19];
+            a.write(&mut b);
+            assert_eq!(OobAddr::read(&b).unwrap(), a);
+        }
+    }
+
+    #[test]
+    fn refused_connection_is_an_error_not_a_hang() {
+        let (l, addr) = OobListener::tcp("127.0.0.1".parse().unwrap()).unwrap();
+        drop(l);
+        let mut c = OobConn::connect(addr).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match c.poll() {
+                Err(e) => {
+                    assert!(e.msg.contains("cannot connect") || e.msg.contains("closed"), "{}", e.msg);
+                    break;
+                }
+                Ok(_) => assert!(Instant::now() < deadline, "no error for a refused connection"),
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}

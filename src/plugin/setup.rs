@@ -1,0 +1,463 @@
+//! Connection set-up: the 128-byte listen handle, and `connect`/`accept` as non-blocking
+//! state machines NCCL calls again and again (success with a NULL comm until ready).
+//!
+//! ```text
+//!  connector (send comm)                       acceptor (receive comm)
+//!  rails: CQ + N QPs per rail, FIFO region
+//!  Hello{qps per rail, QP infos, FIFO keys} ─▶  rails: CQ + SRQ + N QPs (+ flush QP),
+//!                                               records/scratch region; QPs → RTS
+//!  QPs → RTS, wait until ready        ◀─  Reply{QP infos, records + scratch keys}
+//!  Ready ─────────────────────────────▶  wait for Ready and ready QPs
+//! ```
+//! The acceptor's QPs reach RTS before it replies and the connector's before it says
+//! Ready, so no WRITE ever finds an unconnected QP. Every stage is bounded by
+//! `MPIB_CONNECT_TIMEOUT_MS` once the peer has shown up.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SIZES_OFF, SendComm};
+use super::devices::DevPair;
+use super::mr::ACCESS;
+use super::oob::{OobAddr, OobConn, OobListener};
+use super::wire::{Hello, READY, Reply};
+use super::{AbiVersion, MAX_RECVS};
+use crate::config::Config;
+use crate::engine::layout::{CTS_FIFO_BYTES, RECORDS_BYTES};
+use crate::engine::{RAILS, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::error::{Error, Result};
+use crate::fabric::mem::HostRegion;
+use crate::fabric::{ConnectParams, Device, QpCaps, QpInfo, QueuePair};
+use crate::split::AnySplit;
+use crate::telemetry::{RailTelemetry, TelemetryConfig};
+
+const HANDLE_MAGIC: [u8; 4] = *b"MPIB";
+const HANDLE_VERSION: u8 = 1;
+/// Where `connect` keeps its progress token inside NCCL's handle buffer.
+const TOKEN_OFF: usize = 120;
+
+/// What the fabric is, written into handles and Hello so mismatched peers fail clearly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FabricKind {
+    Soft = 1,
+    Verbs = 2,
+    Inproc = 3,
+}
+
+/// Connection parameters from the configuration (read once per connection).
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub kind: FabricKind,
+    pub abi: AbiVersion,
+    pub qps: [u16; RAILS],
+    pub srq: (u32, u32),
+    pub connect: ConnectParams,
+    pub timeout: Duration,
+    pub split: crate::config::SplitMode,
+    pub telemetry: (f64, f64),
+    pub probe_interval_ns: u64,
+}
+
+impl Params {
+    pub fn new(cfg: &Config, kind: FabricKind, abi: AbiVersion, comm_tc: Option<i32>) -> Params {
+        let tc = cfg.tc.or_else(|| comm_tc.filter(|t| (0..=255).contains(t)).map(|t| t as u8)).unwrap_or(0);
+        Params {
+            kind,
+            abi,
+            qps: [cfg.sout_qps as u16, cfg.sup_qps as u16],
+            srq: (cfg.srq_low, cfg.srq_high),
+            connect: ConnectParams {
+                traffic_class: tc,
+                service_level: cfg.sl.unwrap_or(0),
+                timeout: cfg.timeout,
+                retry_cnt: cfg.retry_cnt,
+            },
+            timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            split: cfg.split,
+            telemetry: (cfg.rtt_alpha, cfg.rtt_beta),
+            probe_interval_ns: cfg.probe_interval_us * 1000,
+        }
+    }
+}
+
+/// Writes a listen handle.
+pub fn write_handle(handle: &mut [u8; 128], kind: FabricKind, addr: OobAddr) {
+    handle.fill(0);
+    handle[..4].copy_from_slice(&HANDLE_MAGIC);
+    handle[4] = HANDLE_VERSION;
+    handle[5] = kind as u8;
+    let mut a = [0u8; 19];
+    addr.write(&mut a);
+    handle[8..27].copy_from_slice(&a);
+}
+
+/// Reads a listen handle written by [`write_handle`] (of a peer with the same fabric).
+pub fn read_handle(handle: &[u8; 128], kind: FabricKind) -> Result<OobAddr> {
+    if handle[..4] != HANDLE_MAGIC {
+        return Err(Error::invalid_argument("the connect handle was not written by mpib's listen (bad magic)"));
+    }
+    if handle[4] != HANDLE_VERSION {
+        return Err(Error::invalid_argument(format!(
+            "the connect handle is version {}, this plugin speaks {HANDLE_VERSION}",
+            handle[4]
+        )));
+    }
+    if handle[5] != kind as u8 {
+        return Err(Error::invalid_argument(format!(
+            "the listener uses fabric {} and this side {kind:?}: set the same MPIB_FABRIC on every rank",
+            handle[5]
+        )));
+    }
+    OobAddr::read(handle[8..27].try_into().expect("19 bytes"))
+}
+
+/// The token `connect` left in NCCL's handle buffer (0 = first call).
+pub fn handle_token(handle: &[u8; 128]) -> u64 {
+    u64::from_le_bytes(handle[TOKEN_OFF..].try_into().expect("8 bytes"))
+}
+
+pub fn set_handle_token(handle: &mut [u8; 128], token: u64) {
+    handle[TOKEN_OFF..].copy_from_slice(&token.to_le_bytes());
+}
+
+fn send_caps() -> QpCaps {
+    // Every slot in flight on one QP: its chain plus a probe.
+    QpCaps { max_send_wr: (crate::engine::layout::SLOTS * (MAX_RECVS + 1) + 8) as u32, max_inline: 64 }
+}
+
+fn recv_caps() -> QpCaps {
+    QpCaps { max_send_wr: (2 * crate::engine::layout::SLOTS) as u32, max_inline: 512 }
+}
+
+fn clamp_caps<D: Device>(dev: &D, caps: QpCaps) -> QpCaps {
+    let a = dev.attrs();
+    QpCaps { max_send_wr: caps.max_send_wr.min(a.max_qp_wr.max(1)), max_inline: caps.max_inline.min(a.max_inline) }
+}
+
+/// Creates one rail's CQ, SRQ (receive side), QPs and registration of `region`.
+fn build_rail<D: Device>(
+    dev: &Arc<D>,
+    nqps: u16,
+    srq_depth: Option<u32>,
+    flush: bool,
+    caps: QpCaps,
+    region: &HostRegion,
+) -> Result<Rail<D>> {
+    let a = dev.attrs();
+    let caps = clamp_caps(dev.as_ref(), caps);
+    let depth = (caps.max_send_wr * (nqps as u32 + 1) + srq_depth.unwrap_or(0)).min(a.max_cqe.max(1));
+    let cq = dev.create_cq(depth, true)?;
+    let srq = match srq_depth {
+        Some(d) => Some(dev.create_srq(d.min(a.max_srq_wr.max(1)))?),
+        None => None,
+    };
+    let mut qps = Vec::with_capacity(nqps as usize);
+    for _ in 0..nqps {
+        qps.push(dev.create_qp(&cq, srq.as_ref(), caps)?);
+    }
+    let flush_qp =
+        if flush { Some(dev.create_qp(&cq, None, QpCaps { max_send_wr: 64, max_inline: 0 })?) } else { None };
+    let region_mr = Some(dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?);
+    Ok(Rail { qps, flush_qp, srq, cq, region_mr, dev: dev.clone() })
+}
+
+fn build_rails<D: Device>(
+    pair: &DevPair<D>,
+    qps: [u16; RAILS],
+    srq_depth: Option<u32>,
+    flush: bool,
+    caps: QpCaps,
+    region: &HostRegion,
+) -> Result<[Rail<D>; RAILS]> {
+    let r0 = build_rail(&pair.rails[0], qps[0], srq_depth, flush, caps, region)?;
+    let r1 = build_rail(&pair.rails[1], qps[1], srq_depth, flush, caps, region)?;
+    Ok([r0, r1])
+}
+
+fn region_keys<D: Device>(rails: &[Rail<D>; RAILS]) -> ([u32; RAILS], [u32; RAILS]) {
+    let k = |r: &Rail<D>| D::mr_keys(r.region_mr.as_ref().expect("registered"));
+    ([k(&rails[0]).lkey, k(&rails[1]).lkey], [k(&rails[0]).rkey, k(&rails[1]).rkey])
+}
+
+fn qp_infos<D: Device>(rails: &[Rail<D>; RAILS]) -> Vec<QpInfo> {
+    rails.iter().flat_map(|r| r.qps.iter().map(|q| q.local_info())).collect()
+}
+
+fn connect_qps<D: Device>(rails: &mut [Rail<D>; RAILS], infos: &[QpInfo], p: &ConnectParams) -> Result<()> {
+    let mut it = infos.iter();
+    for r in rails.iter_mut() {
+        for q in r.qps.iter_mut() {
+            q.connect(it.next().ok_or_else(|| Error::remote("peer sent too few QP infos"))?, p)?;
+        }
+        if let Some(f) = r.flush_qp.as_mut() {
+            let me = f.local_info();
+            f.connect(&me, p)?;
+        }
+    }
+    Ok(())
+}
+
+fn all_ready<D: Device>(rails: &mut [Rail<D>; RAILS]) -> Result<bool> {
+    for r in rails.iter_mut() {
+        for q in r.qps.iter_mut().chain(r.flush_qp.as_mut()) {
+            if !q.is_ready()? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+fn telemetry<D: Device>(pair: &DevPair<D>, p: &Params) -> [RailTelemetry; RAILS] {
+    let t = |i: usize| {
+        RailTelemetry::new(TelemetryConfig {
+            alpha: p.telemetry.0,
+            beta: p.telemetry.1,
+            speed_mbps: pair.rails[i].attrs().speed_mbps,
+        })
+    };
+    [t(0), t(1)]
+}
+
+enum ConnStage {
+    AwaitReply,
+    AwaitQps,
+    Flushing,
+}
+
+/// A send comm being set up.
+pub struct Connecting<D: Device> {
+    pair: Arc<DevPair<D>>,
+    p: Params,
+    conn: OobConn,
+    stage: ConnStage,
+    started: Instant,
+    rails: Option<[Rail<D>; RAILS]>,
+    region: Option<HostRegion>,
+    reply: Option<Reply>,
+}
+
+impl<D: Device> Connecting<D> {
+    pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr) -> Result<Self> {
+        let region = HostRegion::new(CTS_FIFO_BYTES + RECORDS_BYTES)?;
+        let rails = build_rails(&pair, p.qps, None, false, send_caps(), &region)?;
+        let (_, rkeys) = region_keys(&rails);
+        let mut conn = OobConn::connect(addr)?;
+        let hello = Hello {
+            kind: p.kind as u8,
+            qps: p.qps,
+            fifo_addr: region.addr(),
+            fifo_rkeys: rkeys,
+            qps_info: qp_infos(&rails),
+        };
+        conn.send(&hello.encode());
+        Ok(Connecting {
+            pair,
+            p,
+            conn,
+            stage: ConnStage::AwaitReply,
+            started: Instant::now(),
+            rails: Some(rails),
+            region: Some(region),
+            reply: None,
+        })
+    }
+
+    /// One step; the send comm once the connection is up.
+    pub fn step(&mut self) -> Result<Option<SendComm<D>>> {
+        if self.started.elapsed() > self.p.timeout {
+            return Err(Error::remote(format!(
+                "connect: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
+                self.p.timeout.as_millis()
+            )));
+        }
+        let rails = self.rails.as_mut().expect("rails until done");
+        loop {
+            match self.stage {
+                ConnStage::AwaitReply => {
+                    let Some(m) = self.conn.poll()? else { return Ok(None) };
+                    let reply = Reply::decode(&m, self.p.qps)?;
+                    connect_qps(rails, &reply.qps_info, &self.p.connect)?;
+                    self.reply = Some(reply);
+                    self.stage = ConnStage::AwaitQps;
+                }
+                ConnStage::AwaitQps => {
+                    self.conn.poll()?;
+                    if !all_ready(rails)? {
+                        return Ok(None);
+                    }
+                    self.conn.send(&READY);
+                    self.stage = ConnStage::Flushing;
+                }
+                ConnStage::Flushing => {
+                    self.conn.poll()?;
+                    if !self.conn.flushed() {
+                        return Ok(None);
+                    }
+                    return self.finish().map(Some);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<SendComm<D>> {
+        let rails = self.rails.take().expect("rails");
+        let region = self.region.take().expect("region");
+        let reply = self.reply.take().expect("reply");
+        let (lkeys, _) = region_keys(&rails);
+        let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(send_caps().max_inline);
+        let cfg = SendConfig {
+            qps: self.p.qps,
+            max_requests: self.p.abi.max_requests() * MAX_RECVS,
+            sizes_addr: region.addr() + SEND_SIZES_OFF as u64,
+            sizes_lkeys: lkeys,
+            records_addr: reply.records_addr,
+            records_rkeys: reply.records_rkeys,
+            scratch_addr: reply.scratch_addr,
+            scratch_rkeys: reply.scratch_rkeys,
+            max_inline,
+            probe_interval_ns: self.p.probe_interval_ns,
+        };
+        let engine = SendEngine::new(cfg, AnySplit::from_mode(self.p.split), telemetry(&self.pair, &self.p));
+        log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
+            self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
+        Ok(SendComm::new(rails, engine, self.pair.clone(), region))
+    }
+}
+
+enum AcceptStage {
+    AwaitHello,
+    AwaitReady { got_ready: bool },
+}
+
+/// A receive comm being set up on an accepted connection.
+pub struct Accepting<D: Device> {
+    pair: Arc<DevPair<D>>,
+    p: Params,
+    conn: OobConn,
+    stage: AcceptStage,
+    started: Instant,
+    rails: Option<[Rail<D>; RAILS]>,
+    region: Option<HostRegion>,
+    hello: Option<Hello>,
+}
+
+impl<D: Device> Accepting<D> {
+    pub fn new(pair: Arc<DevPair<D>>, p: Params, conn: OobConn) -> Self {
+        Accepting {
+            pair,
+            p,
+            conn,
+            stage: AcceptStage::AwaitHello,
+            started: Instant::now(),
+            rails: None,
+            region: None,
+            hello: None,
+        }
+    }
+
+    pub fn step(&mut self) -> Result<Option<RecvComm<D>>> {
+        if self.started.elapsed() > self.p.timeout {
+            return Err(Error::remote(format!(
+                "accept: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
+                self.p.timeout.as_millis()
+            )));
+        }
+        loop {
+            match self.stage {
+                AcceptStage::AwaitHello => {
+                    let Some(m) = self.conn.poll()? else { return Ok(None) };
+                    let hello = Hello::decode(&m, self.p.kind as u8)?;
+                    let region = HostRegion::new(RECV_SCRATCH_OFF + 4096)?;
+                    let gpu = self.pair.props.ptr_support & crate::abi::types::consts::NCCL_PTR_CUDA != 0;
+                    let mut rails = build_rails(&self.pair, hello.qps, Some(self.p.srq.1), gpu, recv_caps(), &region)?;
+                    connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
+                    let (_, rkeys) = region_keys(&rails);
+                    let reply = Reply {
+                        qps: hello.qps,
+                        records_addr: region.addr() + super::comm::RECV_RECORDS_OFF as u64,
+                        records_rkeys: rkeys,
+                        scratch_addr: region.addr() + RECV_SCRATCH_OFF as u64,
+                        scratch_rkeys: rkeys,
+                        qps_info: qp_infos(&rails),
+                    };
+                    self.conn.send(&reply.encode());
+                    self.rails = Some(rails);
+                    self.region = Some(region);
+                    self.hello = Some(hello);
+                    self.stage = AcceptStage::AwaitReady { got_ready: false };
+                }
+                AcceptStage::AwaitReady { got_ready } => {
+                    let mut got = got_ready;
+                    if let Some(m) = self.conn.poll()? {
+                        if m != READY {
+                            return Err(Error::remote("accept: the peer sent something else than Ready"));
+                        }
+                        got = true;
+                    }
+                    self.stage = AcceptStage::AwaitReady { got_ready: got };
+                    if !got || !all_ready(self.rails.as_mut().expect("rails"))? {
+                        return Ok(None);
+                    }
+                    return self.finish().map(Some);
+                }
+            }
+        }
+    }
+
+    fn finish(&mut self) -> Result<RecvComm<D>> {
+        let rails = self.rails.take().expect("rails");
+        let region = self.region.take().expect("region");
+        let hello = self.hello.take().expect("hello");
+        let (lkeys, _) = region_keys(&rails);
+        let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(recv_caps().max_inline);
+        let cfg = RecvConfig {
+            max_requests: self.p.abi.max_requests(),
+            rails_mask: 0b11,
+            cts_addr: region.addr(),
+            cts_lkeys: lkeys,
+            fifo_addr: hello.fifo_addr,
+            fifo_rkeys: hello.fifo_rkeys,
+            srq_low: self.p.srq.0,
+            srq_high: self.p.srq.1,
+            max_inline,
+            flush_addr: region.addr() + RECV_FLUSH_OFF as u64,
+            flush_lkeys: lkeys,
+        };
+        log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
+            self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
+        Ok(RecvComm::new(rails, RecvEngine::new(cfg), self.pair.clone(), region))
+    }
+}
+
+/// A listen comm: its listener and at most one connection being accepted.
+pub struct ListenComm<D: Device> {
+    pub listener: OobListener,
+    pub pair: Arc<DevPair<D>>,
+    pub p: Params,
+    pub pending: Option<Accepting<D>>,
+}
+
+impl<D: Device> ListenComm<D> {
+    /// One step of `accept`: the receive comm once a connection is fully set up.
+    pub fn accept(&mut self) -> Result<Option<RecvComm<D>>> {
+        if self.pending.is_none() {
+            match self.listener.accept()? {
+                Some(conn) => self.pending = Some(Accepting::new(self.pair.clone(), self.p.clone(), conn)),
+                None => return Ok(None),
+            }
+        }
+        let r = self.pending.as_mut().expect("pending").step();
+        match r {
+            Ok(Some(c)) => {
+                self.pending = None;
+                Ok(Some(c))
+            }
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.pending = None;
+                Err(e)
+            }
+        }
+    }
+}
