@@ -44,6 +44,44 @@
 typedef int ncclResult_t;
 
 /**
+ * Per-rail counters of one connection (index 0 = SOUT, 1 = SUP).
+ */
+typedef struct {
+  /**
+   * Send work requests posted (data, signalling, CTS, probes, flushes).
+   */
+  uint64_t wr_posted;
+  /**
+   * Post calls (one per chain).
+   */
+  uint64_t doorbells;
+  /**
+   * Payload bytes posted.
+   */
+  uint64_t bytes;
+  /**
+   * WRITE_WITH_IMM work requests posted.
+   */
+  uint64_t imm_sent;
+  /**
+   * Completions polled.
+   */
+  uint64_t cqe;
+  /**
+   * Receiver-not-ready waits (receive side).
+   */
+  uint64_t rnr;
+  /**
+   * IMMs posted on a rail that carried no bytes of a non-empty transfer (always 0).
+   */
+  uint64_t zero_byte_imm;
+  /**
+   * Idle-rail probes posted.
+   */
+  uint64_t probes;
+} mpib_rail_counters_t;
+
+/**
  * `ncclDebugLogger_t`: NCCL's variadic logger.
  */
 typedef void (*ncclDebugLogger_t)(int level, unsigned long flags, const char *file, int line, const char *fmt, ...);
@@ -470,6 +508,15 @@ extern const ncclNet_v11_t ncclNetPlugin_v11;
  * NCCL 2.30.
  */
 extern const ncclNet_v12_t ncclNetPlugin_v12;
+
+/**
+ * Copies the counters of send or receive comm `comm` into `out[0]` (SOUT) and `out[1]`
+ * (SUP). Returns ncclSuccess, or ncclInvalidArgument for a bad handle or NULL `out`.
+ *
+ * # Safety
+ * `out` must be NULL or point to two writable `mpib_rail_counters_t`.
+ */
+ncclResult_t mpib_comm_counters(void *comm, mpib_rail_counters_t *out_);
 
 #ifdef __cplusplus
 }  // extern "C"

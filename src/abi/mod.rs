@@ -5,6 +5,7 @@
 mod common;
 mod guard;
 pub mod logger;
+pub mod query;
 pub mod tables;
 pub mod tables_v9;
 pub mod types;
