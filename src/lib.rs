@@ -8,10 +8,12 @@
 //! engine/   the dual-rail protocol, sans-IO
 //! split/    split policies        telemetry/  RTT estimators and statistics
 //! fabric/   the transport trait and its providers (soft, verbs)
+//! driver/   loads a plugin library and drives it as NCCL does (tests, tools)
 //! ```
 
 pub mod abi;
 pub mod config;
+pub mod driver;
 pub mod engine;
 pub mod error;
 pub mod fabric;

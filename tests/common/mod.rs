@@ -57,3 +57,47 @@ pub fn run_loader(loader: &Path, lib: &str, mode: &str, env: &[(&str, &str)]) ->
 pub fn device_mode() -> (&'static str, Vec<(&'static str, &'static str)>) {
     ("nodev", vec![])
 }
+
+// ---- two-process runs through the driver (tests/conformance.rs) -------------------------
+
+use mpib::driver::pair::{Launcher, PairOutcome, PairSpec, run_pair};
+use mpib::driver::spec::Workload;
+
+/// The test every conformance binary defines to be re-executed as a rank.
+pub const RANK_ENTRY: &str = "rank_child";
+
+/// The soft fabric over loopback: both rails on 127.0.0.1.
+pub fn soft_env() -> Vec<(String, String)> {
+    [("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// A run of `w` between two processes on the soft fabric, newest ABI on both.
+pub fn pair(w: Workload) -> PairSpec {
+    PairSpec {
+        plugin: cdylib().to_string_lossy().into_owned(),
+        abi: [None, None],
+        env: soft_env(),
+        workload: w,
+        timeout: std::time::Duration::from_secs(180),
+    }
+}
+
+/// Runs `spec` with this test binary as both ranks; prints how long it took.
+pub fn run(name: &str, spec: &PairSpec) -> PairOutcome {
+    let out = run_pair(spec, &Launcher::test_binary(RANK_ENTRY)).expect("start the ranks");
+    eprintln!("{name}: {:.2} s (workload: {})", out.elapsed.as_secs_f64(), spec.workload.to_line());
+    out
+}
+
+/// A seed from the environment (`CONFORMANCE_SEED`) or the clock; printed so a failing
+/// run can be repeated.
+pub fn seed(what: &str) -> u64 {
+    let s = std::env::var("CONFORMANCE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    eprintln!("{what}: seed {s} (repeat with CONFORMANCE_SEED={s})");
+    s
+}

@@ -1,0 +1,169 @@
+//! A driver for any `ncclNet` plugin: loads the library as NCCL does and drives it as NCCL's
+//! proxy does, through the C ABI only. The conformance suite, the `inproc_msgs` example and
+//! `mpib-perf` are built on it.
+//!
+//! ```text
+//! ffi       dlopen / dlsym, the seven function tables         (unsafe, FFI)
+//! net       Plugin, Net, comms, Mr, Request: one safe API over v6 … v12
+//! props     getProperties of every version as one struct
+//! mem       Arena: page-aligned memory that plugins read and write behind Rust's back
+//! pattern   the deterministic per-message byte pattern and checksum
+//! spec      Workload (phases of messages) and its one-line text form
+//! workload  the proxy-like sender and receiver loops that run one phase
+//! link      the control channel between two ranks (TCP, framed)
+//! rank      one rank: open, init, connect, run the workload, report
+//! report    what a rank measured, as one line
+//! pair      the two-process mode: spawn two ranks, collect their reports
+//! ```
+//!
+//! Calls behave like NCCL's: a NULL request means "retry later", the oldest request of each
+//! direction is tested, `*request` is pre-set to `NCCL_NET_OPTIONAL_RECV_COMPLETION` before
+//! `irecv` for v9+ and must come back overwritten, `connect`/`accept` are called again with
+//! the same handle buffer until they return a comm.
+
+use std::fmt;
+
+pub mod ffi;
+pub mod kv;
+pub mod link;
+pub mod mem;
+pub mod net;
+pub mod pair;
+pub mod pattern;
+pub mod props;
+pub mod rank;
+pub mod report;
+pub mod spec;
+pub mod workload;
+
+pub use ffi::{Library, VERSIONS};
+pub use mem::Arena;
+pub use net::{Connector, ListenComm, Mr, Net, Plugin, RecvComm, Request, SendComm};
+pub use props::Props;
+pub use spec::{Phase, RecvSize, Side, Workload};
+
+/// `ncclResult_t` values the driver names.
+pub mod code {
+    pub const SUCCESS: i32 = 0;
+    pub const SYSTEM_ERROR: i32 = 2;
+    pub const INTERNAL_ERROR: i32 = 3;
+    pub const INVALID_ARGUMENT: i32 = 4;
+    pub const INVALID_USAGE: i32 = 5;
+    pub const REMOTE_ERROR: i32 = 6;
+}
+
+/// What went wrong, and where.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The library or a symbol could not be loaded.
+    Load,
+    /// A plugin call returned a non-success `ncclResult_t` (in [`Error::code`]).
+    Call,
+    /// The plugin broke the ABI contract (left the optional-completion marker in
+    /// `*request`, wrote sizes it must not write, completed a request twice, …).
+    Contract,
+    /// Received bytes or sizes differ from what was sent.
+    Data,
+    /// Nothing happened for too long.
+    Timeout,
+    /// The control channel between the ranks, or a process, failed.
+    Io,
+    /// A bad argument to the driver itself (options, workload).
+    Usage,
+}
+
+/// A driver error: its kind, the plugin call it came from, the plugin's result code.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub kind: ErrorKind,
+    /// The ncclNet call (`"isend"`, `"test"`, …) for [`ErrorKind::Call`] and contract errors.
+    pub call: &'static str,
+    /// The `ncclResult_t` the plugin returned ([`ErrorKind::Call`] only).
+    pub code: i32,
+    pub msg: String,
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, msg: impl Into<String>) -> Error {
+        Error { kind, call: "", code: 0, msg: msg.into() }
+    }
+    pub fn load(msg: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Load, msg)
+    }
+    pub fn usage(msg: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Usage, msg)
+    }
+    pub fn io(msg: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Io, msg)
+    }
+    pub fn data(msg: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Data, msg)
+    }
+    pub fn timeout(msg: impl Into<String>) -> Error {
+        Error::new(ErrorKind::Timeout, msg)
+    }
+    /// `call` returned `code`.
+    pub fn call(call: &'static str, code: i32) -> Error {
+        Error { kind: ErrorKind::Call, call, code, msg: format!("{call} returned {} ({code})", code_name(code)) }
+    }
+    /// The plugin broke the contract of `call`.
+    pub fn contract(call: &'static str, msg: impl Into<String>) -> Error {
+        Error { kind: ErrorKind::Contract, call, code: 0, msg: format!("{call}: {}", msg.into()) }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// The name of an `ncclResult_t` value.
+pub fn code_name(code: i32) -> &'static str {
+    match code {
+        0 => "ncclSuccess",
+        1 => "ncclUnhandledCudaError",
+        2 => "ncclSystemError",
+        3 => "ncclInternalError",
+        4 => "ncclInvalidArgument",
+        5 => "ncclInvalidUsage",
+        6 => "ncclRemoteError",
+        7 => "ncclInProgress",
+        8 => "ncclTimeout",
+        _ => "an unknown ncclResult_t",
+    }
+}
+
+/// Maps a plugin's return code to `Ok` or an [`ErrorKind::Call`] error.
+#[inline]
+pub(crate) fn check(call: &'static str, rc: i32) -> Result<()> {
+    if rc == code::SUCCESS { Ok(()) } else { Err(Error::call(call, rc)) }
+}
+
+/// The mpib library cargo built next to the running executable (tests live in
+/// `target/<profile>/deps/`, examples in `target/<profile>/examples/`, tools in
+/// `target/<profile>/`), or `NCCL_NET_PLUGIN` when set, as NCCL would read it.
+pub fn default_plugin() -> String {
+    if let Ok(v) = std::env::var("NCCL_NET_PLUGIN")
+        && !v.is_empty()
+    {
+        return v;
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let mut dir = exe.parent();
+    while let Some(d) = dir {
+        let lib = d.join("libmpib.so");
+        if lib.exists() {
+            return lib.to_string_lossy().into_owned();
+        }
+        if d.file_name().is_some_and(|n| n == "target") {
+            break;
+        }
+        dir = d.parent();
+    }
+    "libmpib.so".to_string()
+}

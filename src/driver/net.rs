@@ -1,0 +1,774 @@
+//! One safe API over the seven `ncclNet` versions: [`Plugin`] (a loaded table), [`Net`] (an
+//! initialised plugin; a v11/v12 context), the comms, memory registrations and requests.
+//!
+//! Lifetimes carry NCCL's ordering rules: a comm cannot outlive its `Net` (finalize comes
+//! last), a registration cannot outlive its comm or its memory, a request cannot outlive
+//! its comm or the registration it uses. Handles are opaque and never forged, except
+//! through the `unsafe fn from_raw` constructors that the negative tests use on purpose.
+
+use std::ffi::{c_int, c_void};
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::ffi::{Library, Table, VERSIONS, table_field};
+use super::mem::Arena;
+use super::props::Props;
+use super::{Error, Result, check};
+use crate::abi::query::mpib_rail_counters_t;
+use crate::abi::types::*;
+
+/// `NCCL_NET_HANDLE_MAXSIZE`.
+pub const HANDLE_BYTES: usize = consts::NCCL_NET_HANDLE_MAXSIZE;
+/// `maxRecvs` NCCL can use (`NCCL_PROXY_MAX_SUBS` is larger; 8 is net_ib's and mpib's).
+pub const MAX_RECVS: usize = 8;
+/// NCCL rejects sends and receives above 1 GiB for v6 … v8 plugins (`MAX_NET_SIZE`).
+pub const MAX_NET_SIZE_V8: usize = 1 << 30;
+/// What the driver pre-fills `test`'s sizes with, to see which entries the plugin wrote.
+const SIZE_UNSET: c_int = i32::MIN + 0x5a5a;
+/// `NCCL_NET_OPTIONAL_RECV_COMPLETION` as a `*request` value.
+const OPTIONAL_RECV: *mut c_void = consts::NCCL_NET_OPTIONAL_RECV_COMPLETION as *mut c_void;
+
+type CountersFn = unsafe extern "C" fn(*mut c_void, *mut mpib_rail_counters_t) -> c_int;
+
+/// Per-rail counters of a comm (`mpib_comm_counters`): index 0 SOUT, 1 SUP.
+pub type RailCounters = mpib_rail_counters_t;
+
+/// A plugin library and the table of the ABI version chosen.
+#[derive(Clone)]
+pub struct Plugin {
+    lib: Arc<Library>,
+    table: Table,
+    counters: Option<CountersFn>,
+}
+
+impl Plugin {
+    /// Loads `lib` (named as `NCCL_NET_PLUGIN` names it) and picks `version`, or the newest
+    /// version it exports (as NCCL does).
+    pub fn open(lib: &str, version: Option<u32>) -> Result<Plugin> {
+        Plugin::from_library(Library::open_nccl_style(lib)?, version)
+    }
+
+    pub fn from_library(lib: Library, version: Option<u32>) -> Result<Plugin> {
+        let table = match version {
+            Some(v) if !VERSIONS.contains(&v) => {
+                return Err(Error::usage(format!("ABI version v{v} is not one of v6 … v12")));
+            }
+            Some(v) => Table::find(&lib, v).ok_or_else(|| {
+                Error::load(format!(
+                    "{} does not export ncclNetPlugin_v{v} (it exports {:?})",
+                    lib.name,
+                    exported(&lib)
+                ))
+            })?,
+            None => VERSIONS.iter().find_map(|&v| Table::find(&lib, v)).ok_or_else(|| {
+                Error::load(format!("{} exports no ncclNetPlugin_v6 … ncclNetPlugin_v12 symbol", lib.name))
+            })?,
+        };
+        let counters = lib.symbol(c"mpib_comm_counters").map(|p| {
+            // SAFETY: mpib declares `mpib_comm_counters` with exactly this signature in
+            // include/mpib.h; a symbol of that name in another library is assumed to match.
+            unsafe { std::mem::transmute::<*mut c_void, CountersFn>(p) }
+        });
+        Ok(Plugin { lib: Arc::new(lib), table, counters })
+    }
+
+    /// The ABI version in use (6 … 12).
+    pub fn version(&self) -> u32 {
+        self.table.version()
+    }
+
+    /// The table's `name` (`"MPIB"`).
+    pub fn name(&self) -> String {
+        self.table.name()
+    }
+
+    /// The name the library was opened by.
+    pub fn library(&self) -> &str {
+        &self.lib.name
+    }
+
+    /// The versions the library exports, newest first.
+    pub fn exported_versions(&self) -> Vec<u32> {
+        exported(&self.lib)
+    }
+
+    /// `NCCL_NET_MAX_REQUESTS` of the NCCL releases that use this version: requests in
+    /// flight per comm (a sender may have this many times `maxRecvs`).
+    pub fn max_requests(&self) -> usize {
+        if self.version() == 6 { 8 } else { 32 }
+    }
+
+    /// Whether the library exports `mpib_comm_counters`.
+    pub fn has_counters(&self) -> bool {
+        self.counters.is_some()
+    }
+
+    /// `init`: once per communicator for v11/v12 (a new context each time); the other
+    /// versions get the same call NCCL's shim makes once per process. The logger is NULL:
+    /// stable Rust cannot define a C-variadic function, so the plugin logs to stderr.
+    pub fn init(&self) -> Result<Net> {
+        static COMM_ID: AtomicU64 = AtomicU64::new(1);
+        let comm_id = (std::process::id() as u64) << 32 | COMM_ID.fetch_add(1, Ordering::Relaxed);
+        let mut cfg = ncclNetCommConfig_v11_t { trafficClass: consts::NCCL_NET_TRAFFIC_CLASS_UNDEF };
+        let mut ctx: *mut c_void = std::ptr::null_mut();
+        // SAFETY: every argument is what NCCL passes: valid out-pointers, a config that
+        // lives for the call, NULL logger and profiler callbacks.
+        let rc = unsafe {
+            match self.table {
+                Table::V6(t) => call(t.init, "init")?(None),
+                Table::V7(t) => call(t.init, "init")?(None),
+                Table::V8(t) => call(t.init, "init")?(None),
+                Table::V9(t) => call(t.init, "init")?(None),
+                Table::V10(t) => call(t.init, "init")?(None, None),
+                Table::V11(t) => call(t.init, "init")?(&mut ctx, comm_id, &mut cfg, None, None),
+                Table::V12(t) => call(t.init, "init")?(&mut ctx, comm_id, &mut cfg, None, None),
+            }
+        };
+        check("init", rc)?;
+        Ok(Net { plugin: self.clone(), ctx, finalized: false })
+    }
+}
+
+fn exported(lib: &Library) -> Vec<u32> {
+    VERSIONS.iter().copied().filter(|&v| Table::find(lib, v).is_some()).collect()
+}
+
+/// A mandatory table slot, or a contract error when the plugin left it NULL.
+fn call<F>(f: Option<F>, name: &'static str) -> Result<F> {
+    f.ok_or_else(|| Error::contract(name, "the plugin's table has a NULL pointer in this mandatory slot"))
+}
+
+/// An initialised plugin: what NCCL's `ncclNet` is for one communicator.
+pub struct Net {
+    plugin: Plugin,
+    /// The v11/v12 context (NULL for older versions).
+    ctx: *mut c_void,
+    finalized: bool,
+}
+
+impl Net {
+    pub fn plugin(&self) -> &Plugin {
+        &self.plugin
+    }
+
+    fn table(&self) -> Table {
+        self.plugin.table
+    }
+
+    /// `devices`.
+    pub fn devices(&self) -> Result<i32> {
+        let mut n: c_int = -1;
+        // SAFETY: a valid out-pointer.
+        let rc = unsafe { call(table_field!(self.table(), t => t.devices), "devices")?(&mut n) };
+        check("devices", rc)?;
+        Ok(n)
+    }
+
+    /// `getProperties` through this version's struct.
+    pub fn properties(&self, dev: i32) -> Result<Props> {
+        macro_rules! get {
+            ($t:expr, $ty:ty) => {{
+                // SAFETY: all-zero bytes are a valid value of these plain C structs
+                // (NULL pointers, zero numbers).
+                let mut p: $ty = unsafe { std::mem::zeroed() };
+                // SAFETY: a valid, writable struct of the version's type.
+                let rc = unsafe { call($t.getProperties, "getProperties")?(dev, &mut p) };
+                check("getProperties", rc)?;
+                Props::from(&p)
+            }};
+        }
+        Ok(match self.table() {
+            Table::V6(t) => get!(t, ncclNetProperties_v6_t),
+            Table::V7(t) => get!(t, ncclNetProperties_v7_t),
+            Table::V8(t) => get!(t, ncclNetProperties_v8_t),
+            Table::V9(t) => get!(t, ncclNetProperties_v9_t),
+            Table::V10(t) => get!(t, ncclNetProperties_v10_t),
+            Table::V11(t) => get!(t, ncclNetProperties_v11_t),
+            Table::V12(t) => get!(t, ncclNetProperties_v12_t),
+        })
+    }
+
+    /// `listen` on device `dev`: a listen comm and the handle to give the connecting peer.
+    pub fn listen(&self, dev: i32) -> Result<ListenComm<'_>> {
+        let mut handle = [0u8; HANDLE_BYTES];
+        let mut comm: *mut c_void = std::ptr::null_mut();
+        let h = handle.as_mut_ptr().cast::<c_void>();
+        // SAFETY: a 128-byte handle buffer and a valid out-pointer, as NCCL passes.
+        let rc = unsafe {
+            match self.table() {
+                Table::V6(t) => call(t.listen, "listen")?(dev, h, &mut comm),
+                Table::V7(t) => call(t.listen, "listen")?(dev, h, &mut comm),
+                Table::V8(t) => call(t.listen, "listen")?(dev, h, &mut comm),
+                Table::V9(t) => call(t.listen, "listen")?(dev, h, &mut comm),
+                Table::V10(t) => call(t.listen, "listen")?(dev, h, &mut comm),
+                Table::V11(t) => call(t.listen, "listen")?(self.ctx, dev, h, &mut comm),
+                Table::V12(t) => call(t.listen, "listen")?(self.ctx, dev, h, &mut comm),
+            }
+        };
+        check("listen", rc)?;
+        if comm.is_null() {
+            return Err(Error::contract("listen", "returned ncclSuccess and a NULL listen comm"));
+        }
+        Ok(ListenComm { net: self, raw: comm, handle, closed: false })
+    }
+
+    /// A connection to the peer whose `listen` produced `handle`; call
+    /// [`Connector::poll`] until it returns the send comm.
+    pub fn connector(&self, dev: i32, handle: &[u8; HANDLE_BYTES]) -> Connector<'_> {
+        Connector { net: self, dev, handle: *handle, config: ncclNetCommConfig_v10_t { trafficClass: -1 } }
+    }
+
+    /// `finalize` (v11/v12; nothing for older versions, as NCCL's shim).
+    pub fn finalize(mut self) -> Result<()> {
+        self.finalized = true;
+        self.do_finalize()
+    }
+
+    fn do_finalize(&self) -> Result<()> {
+        // SAFETY: the context `init` returned, finalized once.
+        let rc = unsafe {
+            match self.table() {
+                Table::V11(t) => call(t.finalize, "finalize")?(self.ctx),
+                Table::V12(t) => call(t.finalize, "finalize")?(self.ctx),
+                _ => return Ok(()),
+            }
+        };
+        check("finalize", rc)
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        if !self.finalized {
+            let _ = self.do_finalize();
+        }
+    }
+}
+
+/// A listen comm and its handle.
+pub struct ListenComm<'n> {
+    net: &'n Net,
+    raw: *mut c_void,
+    handle: [u8; HANDLE_BYTES],
+    closed: bool,
+}
+
+impl<'n> ListenComm<'n> {
+    /// The handle `listen` filled, for the connecting peer.
+    pub fn handle(&self) -> &[u8; HANDLE_BYTES] {
+        &self.handle
+    }
+
+    pub fn raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    /// One `accept` call: the receive comm once the connection is up, `None` = call again.
+    pub fn accept(&mut self) -> Result<Option<RecvComm<'n>>> {
+        let mut comm: *mut c_void = std::ptr::null_mut();
+        let mut dev: *mut ncclNetDeviceHandle_v7_t = std::ptr::null_mut();
+        // SAFETY: the live listen comm and valid out-pointers, as NCCL passes.
+        let rc = unsafe {
+            match self.net.table() {
+                Table::V6(t) => call(t.accept, "accept")?(self.raw, &mut comm),
+                Table::V7(t) => call(t.accept, "accept")?(self.raw, &mut comm, &mut dev),
+                Table::V8(t) => call(t.accept, "accept")?(self.raw, &mut comm, &mut dev),
+                Table::V9(t) => call(t.accept, "accept")?(self.raw, &mut comm, &mut dev),
+                Table::V10(t) => call(t.accept, "accept")?(self.raw, &mut comm, &mut dev),
+                Table::V11(t) => call(t.accept, "accept")?(self.raw, &mut comm, &mut dev),
+                Table::V12(t) => call(t.accept, "accept")?(self.raw, &mut comm, &mut dev),
+            }
+        };
+        let got = (!comm.is_null()).then(|| RecvComm { net: self.net, raw: comm, closed: false });
+        check("accept", rc)?;
+        Ok(got)
+    }
+
+    /// `closeListen` (NCCL closes the listen comm right after `accept` succeeded).
+    pub fn close(mut self) -> Result<()> {
+        self.closed = true;
+        close_raw(self.net, self.raw, Closing::Listen)
+    }
+
+    /// A listen comm from any handle value (negative tests).
+    ///
+    /// # Safety
+    /// Passing a value the plugin did not issue is undefined behaviour for a plugin that
+    /// trusts its handles; mpib checks them. Dropping the result calls `closeListen`.
+    pub unsafe fn from_raw(net: &'n Net, raw: *mut c_void) -> ListenComm<'n> {
+        ListenComm { net, raw, handle: [0; HANDLE_BYTES], closed: false }
+    }
+}
+
+impl Drop for ListenComm<'_> {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = close_raw(self.net, self.raw, Closing::Listen);
+        }
+    }
+}
+
+/// A non-blocking `connect` in progress. NCCL passes the same handle buffer on every
+/// retry (plugins keep state in it), and so does this.
+pub struct Connector<'n> {
+    net: &'n Net,
+    dev: i32,
+    handle: [u8; HANDLE_BYTES],
+    config: ncclNetCommConfig_v10_t,
+}
+
+impl<'n> Connector<'n> {
+    /// One `connect` call: the send comm once the connection is up, `None` = call again.
+    pub fn poll(&mut self) -> Result<Option<SendComm<'n>>> {
+        let mut comm: *mut c_void = std::ptr::null_mut();
+        let mut dev: *mut ncclNetDeviceHandle_v7_t = std::ptr::null_mut();
+        let h = self.handle.as_mut_ptr().cast::<c_void>();
+        let (d, ctx) = (self.dev, self.net.ctx);
+        // SAFETY: the handle buffer (128 bytes, kept between calls), valid out-pointers,
+        // a config that lives for the call, the v11/v12 context from init.
+        let rc = unsafe {
+            match self.net.table() {
+                Table::V6(t) => call(t.connect, "connect")?(d, h, &mut comm),
+                Table::V7(t) => call(t.connect, "connect")?(d, h, &mut comm, &mut dev),
+                Table::V8(t) => call(t.connect, "connect")?(d, h, &mut comm, &mut dev),
+                Table::V9(t) => call(t.connect, "connect")?(d, h, &mut comm, &mut dev),
+                Table::V10(t) => call(t.connect, "connect")?(d, &mut self.config, h, &mut comm, &mut dev),
+                Table::V11(t) => call(t.connect, "connect")?(ctx, d, h, &mut comm, &mut dev),
+                Table::V12(t) => call(t.connect, "connect")?(ctx, d, h, &mut comm, &mut dev),
+            }
+        };
+        // As NCCL: a failed connect that still returned a comm gets closeSend.
+        let got = (!comm.is_null()).then(|| SendComm { net: self.net, raw: comm, closed: false });
+        check("connect", rc)?;
+        Ok(got)
+    }
+}
+
+/// What `close_raw` closes.
+#[derive(Clone, Copy)]
+enum Closing {
+    Send,
+    Recv,
+    Listen,
+}
+
+fn close_raw(net: &Net, raw: *mut c_void, what: Closing) -> Result<()> {
+    let t = net.table();
+    let (name, f) = match what {
+        Closing::Send => ("closeSend", table_field!(t, t => t.closeSend)),
+        Closing::Recv => ("closeRecv", table_field!(t, t => t.closeRecv)),
+        Closing::Listen => ("closeListen", table_field!(t, t => t.closeListen)),
+    };
+    // SAFETY: a comm handle of the right kind, closed once (or a deliberately bad handle
+    // from `from_raw`).
+    let rc = unsafe { call(f, name)?(raw) };
+    check(name, rc)
+}
+
+fn counters_raw(net: &Net, raw: *mut c_void) -> Result<Option<[RailCounters; 2]>> {
+    let Some(f) = net.plugin.counters else { return Ok(None) };
+    let mut out = [RailCounters::default(); 2];
+    // SAFETY: room for two entries, as include/mpib.h asks.
+    let rc = unsafe { f(raw, out.as_mut_ptr()) };
+    check("mpib_comm_counters", rc)?;
+    Ok(Some(out))
+}
+
+/// `regMr` of `[off, off + len)` of `arena` on `comm`.
+fn reg_raw<'c>(net: &'c Net, comm: *mut c_void, arena: &'c Arena, off: usize, len: usize) -> Result<Mr<'c>> {
+    if !arena.contains(off, len) {
+        return Err(Error::usage(format!("regMr of [{off}, +{len}) outside the {}-byte arena", arena.len())));
+    }
+    let data = arena.addr(off).cast::<c_void>();
+    let int_len = || c_int::try_from(len).map_err(|_| Error::usage(format!("regMr of {len} bytes: v6/v7 take an int")));
+    let ty = consts::NCCL_PTR_HOST;
+    let mut mh: *mut c_void = std::ptr::null_mut();
+    // SAFETY: mapped memory that outlives the registration (the arena is borrowed for
+    // 'c), a comm handle, a valid out-pointer.
+    let rc = unsafe {
+        match net.table() {
+            Table::V6(t) => call(t.regMr, "regMr")?(comm, data, int_len()?, ty, &mut mh),
+            Table::V7(t) => call(t.regMr, "regMr")?(comm, data, int_len()?, ty, &mut mh),
+            Table::V8(t) => call(t.regMr, "regMr")?(comm, data, len, ty, &mut mh),
+            Table::V9(t) => call(t.regMr, "regMr")?(comm, data, len, ty, &mut mh),
+            Table::V10(t) => call(t.regMr, "regMr")?(comm, data, len, ty, &mut mh),
+            Table::V11(t) => call(t.regMr, "regMr")?(comm, data, len, ty, &mut mh),
+            Table::V12(t) => call(t.regMr, "regMr")?(comm, data, len, ty, &mut mh),
+        }
+    };
+    check("regMr", rc)?;
+    Ok(Mr { net, comm, raw: mh, arena, off, len, done: false })
+}
+
+/// A connected send comm.
+pub struct SendComm<'n> {
+    net: &'n Net,
+    raw: *mut c_void,
+    closed: bool,
+}
+
+impl<'n> SendComm<'n> {
+    pub fn raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    pub fn net(&self) -> &'n Net {
+        self.net
+    }
+
+    /// `regMr` of the whole arena.
+    pub fn reg_mr<'c>(&'c self, arena: &'c Arena) -> Result<Mr<'c>> {
+        reg_raw(self.net, self.raw, arena, 0, arena.len())
+    }
+
+    /// `regMr` of `[off, off + len)` of the arena.
+    pub fn reg_mr_range<'c>(&'c self, arena: &'c Arena, off: usize, len: usize) -> Result<Mr<'c>> {
+        reg_raw(self.net, self.raw, arena, off, len)
+    }
+
+    /// `isend` of `len` bytes at `off` of `mr`'s memory with `tag`. `None` = the plugin
+    /// cannot start it now (no matching receive yet): call again later.
+    pub fn isend<'c>(&'c self, mr: &Mr<'c>, off: usize, len: usize, tag: i32) -> Result<Option<Request<'c>>> {
+        let data = mr.addr_of(off, len)?.cast::<c_void>();
+        let v = self.net.plugin.version();
+        if v <= 8 && len > MAX_NET_SIZE_V8 {
+            return Err(Error::usage(format!("isend of {len} bytes: NCCL refuses more than 1 GiB for v{v} plugins")));
+        }
+        let mut req: *mut c_void = std::ptr::null_mut();
+        let (c, m) = (self.raw, mr.raw);
+        let n = len as c_int;
+        // SAFETY: memory inside a live registration (checked), the comm, a valid
+        // out-pointer; the profiler handle is NULL as when NCCL's profiler is off.
+        let rc = unsafe {
+            match self.net.table() {
+                Table::V6(t) => call(t.isend, "isend")?(c, data, n, tag, m, &mut req),
+                Table::V7(t) => call(t.isend, "isend")?(c, data, n, tag, m, &mut req),
+                Table::V8(t) => call(t.isend, "isend")?(c, data, n, tag, m, &mut req),
+                Table::V9(t) => call(t.isend, "isend")?(c, data, len, tag, m, &mut req),
+                Table::V10(t) => call(t.isend, "isend")?(c, data, len, tag, m, std::ptr::null_mut(), &mut req),
+                Table::V11(t) => call(t.isend, "isend")?(c, data, len, tag, m, std::ptr::null_mut(), &mut req),
+                Table::V12(t) => call(t.isend, "isend")?(c, data, len, tag, m, std::ptr::null_mut(), &mut req),
+            }
+        };
+        check("isend", rc)?;
+        Ok((!req.is_null()).then(|| Request::new(self.net, req, ReqKind::Send)))
+    }
+
+    /// The plugin's per-rail counters of this comm (`None`: not an mpib library).
+    pub fn counters(&self) -> Result<Option<[RailCounters; 2]>> {
+        counters_raw(self.net, self.raw)
+    }
+
+    /// `closeSend`.
+    pub fn close(mut self) -> Result<()> {
+        self.closed = true;
+        close_raw(self.net, self.raw, Closing::Send)
+    }
+
+    /// A send comm from any handle value (negative tests).
+    ///
+    /// # Safety
+    /// As [`ListenComm::from_raw`]; dropping the result calls `closeSend`.
+    pub unsafe fn from_raw(net: &'n Net, raw: *mut c_void) -> SendComm<'n> {
+        SendComm { net, raw, closed: false }
+    }
+}
+
+impl Drop for SendComm<'_> {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = close_raw(self.net, self.raw, Closing::Send);
+        }
+    }
+}
+
+/// One buffer of a (multi-)receive: `len` bytes at `off` of `mr`, for the send with `tag`.
+#[derive(Clone, Copy)]
+pub struct RecvBuf<'a, 'c> {
+    pub mr: &'a Mr<'c>,
+    pub off: usize,
+    pub len: usize,
+    pub tag: i32,
+}
+
+/// A connected receive comm.
+pub struct RecvComm<'n> {
+    net: &'n Net,
+    raw: *mut c_void,
+    closed: bool,
+}
+
+impl<'n> RecvComm<'n> {
+    pub fn raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    pub fn net(&self) -> &'n Net {
+        self.net
+    }
+
+    /// `regMr` of the whole arena.
+    pub fn reg_mr<'c>(&'c self, arena: &'c Arena) -> Result<Mr<'c>> {
+        reg_raw(self.net, self.raw, arena, 0, arena.len())
+    }
+
+    /// `regMr` of `[off, off + len)` of the arena.
+    pub fn reg_mr_range<'c>(&'c self, arena: &'c Arena, off: usize, len: usize) -> Result<Mr<'c>> {
+        reg_raw(self.net, self.raw, arena, off, len)
+    }
+
+    /// `irecv` of 1 … 8 buffers completed by one request. `None` = call again later.
+    /// For v9+ `*request` is pre-set to `NCCL_NET_OPTIONAL_RECV_COMPLETION`, as NCCL does,
+    /// and a plugin that leaves it there breaks the contract.
+    pub fn irecv<'c>(&'c self, bufs: &[RecvBuf<'_, 'c>]) -> Result<Option<Request<'c>>> {
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(Error::usage(format!("irecv of {n} buffers: 1 … {MAX_RECVS}")));
+        }
+        let v = self.net.plugin.version();
+        let mut data = [std::ptr::null_mut::<c_void>(); MAX_RECVS];
+        let mut sizes = [0usize; MAX_RECVS];
+        let mut isizes = [0 as c_int; MAX_RECVS];
+        let mut tags = [0 as c_int; MAX_RECVS];
+        let mut mhs = [std::ptr::null_mut::<c_void>(); MAX_RECVS];
+        let mut phandles = [std::ptr::null_mut::<c_void>(); MAX_RECVS];
+        for (i, b) in bufs.iter().enumerate() {
+            data[i] = b.mr.addr_of(b.off, b.len)?.cast();
+            if v <= 8 && b.len > MAX_NET_SIZE_V8 {
+                return Err(Error::usage(format!("irecv of {} bytes: NCCL refuses more than 1 GiB for v{v}", b.len)));
+            }
+            sizes[i] = b.len;
+            isizes[i] = b.len as c_int;
+            tags[i] = b.tag;
+            mhs[i] = b.mr.raw;
+        }
+        let mut req: *mut c_void = if v >= 9 { OPTIONAL_RECV } else { std::ptr::null_mut() };
+        let (c, ni, d, tg, mh) = (self.raw, n as c_int, data.as_mut_ptr(), tags.as_mut_ptr(), mhs.as_mut_ptr());
+        let (s, si, ph) = (sizes.as_mut_ptr(), isizes.as_mut_ptr(), phandles.as_mut_ptr());
+        // SAFETY: arrays of `n` valid entries (memory inside live registrations, checked),
+        // the comm, a valid out-pointer; profiler handles NULL.
+        let rc = unsafe {
+            match self.net.table() {
+                Table::V6(t) => call(t.irecv, "irecv")?(c, ni, d, si, tg, mh, &mut req),
+                Table::V7(t) => call(t.irecv, "irecv")?(c, ni, d, si, tg, mh, &mut req),
+                Table::V8(t) => call(t.irecv, "irecv")?(c, ni, d, si, tg, mh, &mut req),
+                Table::V9(t) => call(t.irecv, "irecv")?(c, ni, d, s, tg, mh, &mut req),
+                Table::V10(t) => call(t.irecv, "irecv")?(c, ni, d, s, tg, mh, ph, &mut req),
+                Table::V11(t) => call(t.irecv, "irecv")?(c, ni, d, s, tg, mh, ph, &mut req),
+                Table::V12(t) => call(t.irecv, "irecv")?(c, ni, d, s, tg, mh, ph, &mut req),
+            }
+        };
+        check("irecv", rc)?;
+        if req == OPTIONAL_RECV {
+            return Err(Error::contract(
+                "irecv",
+                "left NCCL_NET_OPTIONAL_RECV_COMPLETION in *request (it must store a request or NULL)",
+            ));
+        }
+        Ok((!req.is_null()).then(|| Request::new(self.net, req, ReqKind::Recv(n as u8))))
+    }
+
+    /// `iflush` of received buffers (sizes as `test` reported them). `None`: nothing to
+    /// flush (host memory), as net_ib answers.
+    pub fn iflush<'c>(&'c self, bufs: &[(&Mr<'c>, usize, usize)]) -> Result<Option<Request<'c>>> {
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(Error::usage(format!("iflush of {n} buffers: 1 … {MAX_RECVS}")));
+        }
+        let mut data = [std::ptr::null_mut::<c_void>(); MAX_RECVS];
+        let mut sizes = [0 as c_int; MAX_RECVS];
+        let mut mhs = [std::ptr::null_mut::<c_void>(); MAX_RECVS];
+        for (i, &(mr, off, len)) in bufs.iter().enumerate() {
+            data[i] = mr.addr_of(off, len)?.cast();
+            sizes[i] = c_int::try_from(len).map_err(|_| Error::usage("iflush sizes are int"))?;
+            mhs[i] = mr.raw;
+        }
+        let mut req: *mut c_void = std::ptr::null_mut();
+        let f = call(table_field!(self.net.table(), t => t.iflush), "iflush")?;
+        // SAFETY: arrays of `n` valid entries, the comm, a valid out-pointer.
+        let rc = unsafe { f(self.raw, n as c_int, data.as_mut_ptr(), sizes.as_mut_ptr(), mhs.as_mut_ptr(), &mut req) };
+        check("iflush", rc)?;
+        Ok((!req.is_null()).then(|| Request::new(self.net, req, ReqKind::Flush)))
+    }
+
+    /// The plugin's per-rail counters of this comm (`None`: not an mpib library).
+    pub fn counters(&self) -> Result<Option<[RailCounters; 2]>> {
+        counters_raw(self.net, self.raw)
+    }
+
+    /// `closeRecv`.
+    pub fn close(mut self) -> Result<()> {
+        self.closed = true;
+        close_raw(self.net, self.raw, Closing::Recv)
+    }
+
+    /// A receive comm from any handle value (negative tests).
+    ///
+    /// # Safety
+    /// As [`ListenComm::from_raw`]; dropping the result calls `closeRecv`.
+    pub unsafe fn from_raw(net: &'n Net, raw: *mut c_void) -> RecvComm<'n> {
+        RecvComm { net, raw, closed: false }
+    }
+}
+
+impl Drop for RecvComm<'_> {
+    fn drop(&mut self) {
+        if !self.closed {
+            let _ = close_raw(self.net, self.raw, Closing::Recv);
+        }
+    }
+}
+
+/// A memory registration on a comm. Dropping it calls `deregMr`.
+pub struct Mr<'c> {
+    net: &'c Net,
+    comm: *mut c_void,
+    raw: *mut c_void,
+    arena: &'c Arena,
+    off: usize,
+    len: usize,
+    done: bool,
+}
+
+impl<'c> Mr<'c> {
+    pub fn raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    pub fn arena(&self) -> &'c Arena {
+        self.arena
+    }
+
+    /// The address of `[off, off + len)` of the arena, if the registration covers it.
+    fn addr_of(&self, off: usize, len: usize) -> Result<*mut u8> {
+        let end = off.checked_add(len);
+        if off < self.off || end.is_none_or(|e| e > self.off + self.len) {
+            return Err(Error::usage(format!(
+                "[{off}, +{len}) lies outside the registration [{}, +{})",
+                self.off, self.len
+            )));
+        }
+        Ok(self.arena.addr(off))
+    }
+
+    /// `deregMr`.
+    pub fn dereg(mut self) -> Result<()> {
+        self.done = true;
+        self.do_dereg()
+    }
+
+    fn do_dereg(&self) -> Result<()> {
+        let f = call(table_field!(self.net.table(), t => t.deregMr), "deregMr")?;
+        // SAFETY: the comm and memory handle regMr returned, deregistered once.
+        check("deregMr", unsafe { f(self.comm, self.raw) })
+    }
+
+    /// A registration from any handle values (negative tests).
+    ///
+    /// # Safety
+    /// As [`ListenComm::from_raw`]; a plugin may write into `arena` through a forged
+    /// handle that happens to be valid. Dropping the result calls `deregMr`.
+    pub unsafe fn from_raw(net: &'c Net, comm: *mut c_void, raw: *mut c_void, arena: &'c Arena) -> Mr<'c> {
+        Mr { net, comm, raw, arena, off: 0, len: arena.len(), done: false }
+    }
+}
+
+impl Drop for Mr<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.do_dereg();
+        }
+    }
+}
+
+/// What a request is, for `test`'s sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReqKind {
+    Send,
+    /// A receive of `n` buffers.
+    Recv(u8),
+    /// A flush: tested with `sizes = NULL`.
+    Flush,
+}
+
+/// Sizes `test` reported for a completed request (`n` of them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    pub n: usize,
+    pub sizes: [i32; MAX_RECVS],
+}
+
+impl Sizes {
+    pub fn as_slice(&self) -> &[i32] {
+        &self.sizes[..self.n]
+    }
+}
+
+/// An in-flight request. Once `test` said done the plugin may recycle the handle, so the
+/// driver never passes it again.
+pub struct Request<'c> {
+    net: &'c Net,
+    raw: *mut c_void,
+    kind: ReqKind,
+    done: bool,
+    _uses: PhantomData<&'c ()>,
+}
+
+impl<'c> Request<'c> {
+    fn new(net: &'c Net, raw: *mut c_void, kind: ReqKind) -> Self {
+        Request { net, raw, kind, done: false, _uses: PhantomData }
+    }
+
+    pub fn raw(&self) -> *mut c_void {
+        self.raw
+    }
+
+    pub fn kind(&self) -> ReqKind {
+        self.kind
+    }
+
+    /// One `test`: `Some(sizes)` when done. Checks what NCCL relies on: `*done` is 0 or 1,
+    /// a done receive wrote exactly its `n` sizes (each ≥ 0), a done send wrote `sizes[0]`
+    /// only, a flush was tested with `sizes = NULL`.
+    pub fn test(&mut self) -> Result<Option<Sizes>> {
+        if self.done {
+            return Err(Error::usage("test of a request that already completed"));
+        }
+        let n = match self.kind {
+            ReqKind::Send => 1,
+            ReqKind::Recv(n) => n as usize,
+            ReqKind::Flush => 0,
+        };
+        let mut done: c_int = -7;
+        let mut sizes = [SIZE_UNSET; MAX_RECVS];
+        let sp = if self.kind == ReqKind::Flush { std::ptr::null_mut() } else { sizes.as_mut_ptr() };
+        let f = call(table_field!(self.net.table(), t => t.test), "test")?;
+        // SAFETY: the request handle (or a deliberately bad one from `from_raw`), valid
+        // out-pointers; `sizes` has room for every buffer NCCL could ask about.
+        let rc = unsafe { f(self.raw, &mut done, sp) };
+        check("test", rc)?;
+        match done {
+            0 => Ok(None),
+            1 => {
+                self.done = true;
+                if let Some(i) = (0..n).find(|&i| sizes[i] == SIZE_UNSET || sizes[i] < 0) {
+                    return Err(Error::contract("test", format!("done, but sizes[{i}] = {} (of {n})", sizes[i])));
+                }
+                if let Some(i) = (n..MAX_RECVS).find(|&i| sizes[i] != SIZE_UNSET) {
+                    return Err(Error::contract("test", format!("wrote sizes[{i}] of a request with {n} buffers")));
+                }
+                Ok(Some(Sizes { n, sizes }))
+            }
+            d => Err(Error::contract("test", format!("*done = {d}, expected 0 or 1"))),
+        }
+    }
+
+    /// A request from any handle value (negative tests).
+    ///
+    /// # Safety
+    /// As [`ListenComm::from_raw`].
+    pub unsafe fn from_raw(net: &'c Net, raw: *mut c_void, kind: ReqKind) -> Request<'c> {
+        Request::new(net, raw, kind)
+    }
+}

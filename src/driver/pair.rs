@@ -1,0 +1,327 @@
+//! The two-process mode. The parent (a test, or `mpib-perf` without `--connect`) starts two
+//! copies of a program as ranks: rank 0 binds the control channel on 127.0.0.1:0 and prints
+//! its address, the parent then starts rank 1 with that address. Each rank loads the plugin
+//! (its own process, its own environment: `MPIB_SPLIT` and friends are read once per
+//! process), runs [`rank::run`] and prints its report as one line, which the parent parses.
+//!
+//! The program must call [`child_main`] early (a test binary: in a dedicated test that
+//! [`Launcher::test_binary`] runs alone); it returns at once unless the process is a rank.
+//!
+//! ```text
+//! parent ──spawn──▶ rank 0: NCCLNET-DRIVER-LINK 127.0.0.1:PORT   (stdout)
+//!        ──spawn──▶ rank 1 (connects to PORT)
+//!                   rank 0 ◀── workload, handles, barrier+reports ──▶ rank 1
+//!        ◀──────── NCCLNET-DRIVER-REPORT …   (stdout of each)
+//! ```
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::link::{self, Link};
+use super::net::Plugin;
+use super::rank;
+use super::report::{Failure, RankReport, mono_ns};
+use super::spec::Workload;
+use super::{Error, Result};
+
+const ENV_RANK: &str = "NCCLNET_DRIVER_RANK";
+const ENV_LINK: &str = "NCCLNET_DRIVER_LINK";
+const ENV_WORKLOAD: &str = "NCCLNET_DRIVER_WORKLOAD";
+const ENV_PLUGIN: &str = "NCCLNET_DRIVER_PLUGIN";
+const ENV_ABI: &str = "NCCLNET_DRIVER_ABI";
+const LINK_LINE: &str = "NCCLNET-DRIVER-LINK ";
+const REPORT_LINE: &str = "NCCLNET-DRIVER-REPORT ";
+const KILLED_LINE: &str = "NCCLNET-DRIVER-KILLED ";
+
+/// How to start a rank: a program and its arguments.
+#[derive(Clone, Debug)]
+pub struct Launcher {
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl Launcher {
+    /// The running test binary, running only the test `name` (which calls [`child_main`]).
+    pub fn test_binary(name: &str) -> Launcher {
+        let args = [name, "--exact", "--nocapture", "--test-threads=1", "-q"];
+        Launcher { program: current_exe(), args: args.iter().map(|s| s.to_string()).collect() }
+    }
+
+    /// The running program with `args` (a tool whose `main` calls [`child_main`] first).
+    pub fn this_program(args: &[&str]) -> Launcher {
+        Launcher { program: current_exe(), args: args.iter().map(|s| s.to_string()).collect() }
+    }
+}
+
+fn current_exe() -> PathBuf {
+    std::env::current_exe().expect("the running executable's path")
+}
+
+/// A two-rank run.
+#[derive(Clone, Debug)]
+pub struct PairSpec {
+    /// The plugin library, as `NCCL_NET_PLUGIN` names it.
+    pub plugin: String,
+    /// ABI version per rank (`None` = the newest the library exports).
+    pub abi: [Option<u32>; 2],
+    /// Environment of both ranks. Every `MPIB_*` variable of the parent is removed first, so
+    /// a run depends on nothing but this list.
+    pub env: Vec<(String, String)>,
+    pub workload: Workload,
+    /// The parent kills both ranks after this long.
+    pub timeout: Duration,
+}
+
+/// What one rank did.
+#[derive(Debug, Default)]
+pub struct RankOutcome {
+    pub report: Option<RankReport>,
+    pub status: Option<ExitStatus>,
+    /// When the rank killed itself ([`super::spec::Kill`]), from its last line.
+    pub killed_at_ns: Option<u64>,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl RankOutcome {
+    /// The rank's failure, if its report has one.
+    pub fn failure(&self) -> Option<&Failure> {
+        self.report.as_ref().and_then(|r| r.failure.as_ref())
+    }
+
+    /// Whether the process died of SIGKILL.
+    pub fn was_killed(&self) -> bool {
+        use std::os::unix::process::ExitStatusExt;
+        self.status.is_some_and(|s| s.signal() == Some(libc::SIGKILL))
+    }
+}
+
+/// What both ranks did.
+#[derive(Debug, Default)]
+pub struct PairOutcome {
+    pub ranks: [RankOutcome; 2],
+    pub timed_out: bool,
+    pub elapsed: Duration,
+}
+
+impl PairOutcome {
+    /// Everything about the run, for a failure message: exit statuses, report summaries,
+    /// the last lines of each rank's stderr.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        if self.timed_out {
+            s.push_str("TIMED OUT: the parent killed both ranks\n");
+        }
+        for (i, r) in self.ranks.iter().enumerate() {
+            s.push_str(&format!("--- rank {i}: status {:?}\n", r.status));
+            match &r.report {
+                Some(rep) => {
+                    if let Some(f) = &rep.failure {
+                        s.push_str(&format!("error: {}\n", f.error));
+                    }
+                    s.push_str(&format!("report: {}\n", rep.to_line()));
+                }
+                None => s.push_str("no report\n"),
+            }
+            let tail = |t: &str| t[t.len().saturating_sub(6000)..].to_string();
+            s.push_str(&format!("stdout (tail):\n{}\nstderr (tail):\n{}\n", tail(&r.stdout), tail(&r.stderr)));
+        }
+        s
+    }
+
+    /// Checks a run that should have worked: no timeout, both ranks exited 0 with a report
+    /// and no error, every phase complete with nothing wrong, and what the senders
+    /// delivered (messages, bytes, checksum) is what the receivers got.
+    pub fn check_clean(&self) -> Result<()> {
+        let fail = |m: String| Err(Error::data(format!("{m}\n{}", self.describe())));
+        if self.timed_out {
+            return fail("the run timed out".into());
+        }
+        let mut reps = Vec::new();
+        for (i, r) in self.ranks.iter().enumerate() {
+            let Some(rep) = &r.report else { return fail(format!("rank {i} gave no report")) };
+            if let Some(f) = &rep.failure {
+                return fail(format!("rank {i} failed: {}", f.error));
+            }
+            if !r.status.is_some_and(|s| s.success()) {
+                return fail(format!("rank {i} exited with {:?}", r.status));
+            }
+            reps.push(rep);
+        }
+        let phases = reps[0].phases.len();
+        if reps[1].phases.len() != phases {
+            return fail("the ranks ran different numbers of phases".into());
+        }
+        for p in 0..phases {
+            for (from, to) in [(1usize, 0usize), (0, 1)] {
+                let (Some(tx), Some(rx)) = (&reps[from].phases[p].tx, &reps[to].phases[p].rx) else {
+                    continue;
+                };
+                for (who, s) in [(from, tx), (to, rx)] {
+                    if s.wrong_bytes + s.wrong_sizes + s.canary_broken > 0 {
+                        return fail(format!("phase {p}, rank {who}: {}", s.first_wrong));
+                    }
+                }
+                if (tx.messages, tx.bytes, tx.checksum) != (rx.messages, rx.bytes, rx.checksum) {
+                    return fail(format!(
+                        "phase {p}: rank {from} sent {} messages / {} bytes (checksum {:#x}), rank {to} received {} / {} ({:#x})",
+                        tx.messages, tx.bytes, tx.checksum, rx.messages, rx.bytes, rx.checksum
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Event {
+    Out(usize, String),
+    Err(usize, String),
+    Closed,
+}
+
+fn pump(rank: usize, stream: impl Read + Send + 'static, err: bool, tx: mpsc::Sender<Event>) {
+    std::thread::spawn(move || {
+        let mut r = BufReader::new(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match r.read_until(b'\n', &mut line) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let l = String::from_utf8_lossy(&line).trim_end().to_string();
+                    let _ = tx.send(if err { Event::Err(rank, l) } else { Event::Out(rank, l) });
+                }
+            }
+        }
+        let _ = tx.send(Event::Closed);
+    });
+}
+
+fn spawn(l: &Launcher, spec: &PairSpec, rank: usize, link: &str, tx: &mpsc::Sender<Event>) -> Result<Child> {
+    let mut cmd = Command::new(&l.program);
+    cmd.args(&l.args);
+    for (k, _) in std::env::vars_os() {
+        let k = k.to_string_lossy();
+        if k.starts_with("MPIB_") || k.starts_with("NCCLNET_DRIVER_") {
+            cmd.env_remove(&*k);
+        }
+    }
+    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .env(ENV_RANK, rank.to_string())
+        .env(ENV_LINK, link)
+        .env(ENV_WORKLOAD, spec.workload.to_line())
+        .env(ENV_PLUGIN, &spec.plugin)
+        .env(ENV_ABI, spec.abi[rank].map(|v| v.to_string()).unwrap_or_default())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| Error::io(format!("starting rank {rank} ({:?}): {e}", l.program)))?;
+    pump(rank, child.stdout.take().expect("piped"), false, tx.clone());
+    pump(rank, child.stderr.take().expect("piped"), true, tx.clone());
+    Ok(child)
+}
+
+/// Runs `spec` as two processes started by `launcher`; returns when both exited (or were
+/// killed at the timeout).
+pub fn run_pair(spec: &PairSpec, launcher: &Launcher) -> Result<PairOutcome> {
+    spec.workload.check()?;
+    let start = Instant::now();
+    let end = start + spec.timeout;
+    let (tx, rx) = mpsc::channel();
+    let mut out = PairOutcome::default();
+    let mut children: [Option<Child>; 2] = [Some(spawn(launcher, spec, 0, "listen:127.0.0.1:0", &tx)?), None];
+    let mut open_streams = 2;
+    while open_streams > 0 {
+        let left = end.saturating_duration_since(Instant::now());
+        let ev = match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(ev) => ev,
+            Err(_) => {
+                out.timed_out = true;
+                break;
+            }
+        };
+        match ev {
+            Event::Out(r, l) => {
+                if let Some(addr) = l.strip_prefix(LINK_LINE)
+                    && r == 0
+                    && children[1].is_none()
+                {
+                    children[1] = Some(spawn(launcher, spec, 1, &format!("connect:{addr}"), &tx)?);
+                    open_streams += 2;
+                } else if let Some(rep) = l.strip_prefix(REPORT_LINE) {
+                    out.ranks[r].report = Some(RankReport::from_line(rep)?);
+                } else if let Some(k) = l.strip_prefix(KILLED_LINE) {
+                    out.ranks[r].killed_at_ns =
+                        k.split_whitespace().find_map(|f| f.strip_prefix("at_ns=")).and_then(|v| v.parse().ok());
+                }
+                out.ranks[r].stdout.push_str(&l);
+                out.ranks[r].stdout.push('\n');
+            }
+            Event::Err(r, l) => {
+                out.ranks[r].stderr.push_str(&l);
+                out.ranks[r].stderr.push('\n');
+            }
+            Event::Closed => open_streams -= 1,
+        }
+    }
+    for (r, c) in children.iter_mut().enumerate() {
+        if let Some(c) = c {
+            if out.timed_out {
+                let _ = c.kill();
+            }
+            out.ranks[r].status = c.wait().ok();
+        }
+    }
+    out.elapsed = start.elapsed();
+    Ok(out)
+}
+
+/// In a process started as a rank: runs the rank, prints its report, exits. Elsewhere:
+/// returns at once.
+pub fn child_main() {
+    let Ok(rank) = std::env::var(ENV_RANK) else { return };
+    let code = match run_child(&rank) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("ncclnet driver rank {rank}: {e}");
+            3
+        }
+    };
+    let _ = std::io::stdout().flush();
+    std::process::exit(code);
+}
+
+fn run_child(rank: &str) -> Result<()> {
+    let env = |k: &str| std::env::var(k).map_err(|_| Error::usage(format!("{k} is not set")));
+    let rank: u32 = rank.parse().map_err(|_| Error::usage(format!("{ENV_RANK}={rank:?}")))?;
+    let workload = Workload::from_line(&env(ENV_WORKLOAD)?)?;
+    let abi = match env(ENV_ABI)?.as_str() {
+        "" => None,
+        v => Some(v.parse().map_err(|_| Error::usage(format!("{ENV_ABI}={v:?}")))?),
+    };
+    let link_spec = env(ENV_LINK)?;
+    let wait = Duration::from_millis(workload.stall_ms.max(10_000));
+    let mut link = match link_spec.split_once(':') {
+        Some(("listen", addr)) => {
+            let (l, bound) = link::bind(addr)?;
+            let mut o = std::io::stdout().lock();
+            let _ = writeln!(o, "{LINK_LINE}{bound}");
+            let _ = o.flush();
+            Link::accept(&l, wait)?
+        }
+        Some(("connect", addr)) => Link::connect(addr, wait)?,
+        _ => return Err(Error::usage(format!("{ENV_LINK}={link_spec:?}: listen:ADDR or connect:ADDR"))),
+    };
+    let report = match Plugin::open(&env(ENV_PLUGIN)?, abi) {
+        Ok(p) => rank::run(&p, &mut link, rank, &workload).0,
+        Err(error) => RankReport { rank, failure: Some(Failure { error, at_ns: mono_ns() }), ..RankReport::default() },
+    };
+    let mut o = std::io::stdout().lock();
+    let _ = writeln!(o, "{REPORT_LINE}{}", report.to_line());
+    let _ = o.flush();
+    Ok(())
+}

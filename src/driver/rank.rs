@@ -1,0 +1,253 @@
+//! One rank of a two-rank run: agree on the workload over the control channel, `init`,
+//! exchange listen handles, connect and accept (non-blocking, interleaved), feed bad
+//! handles if asked, run every phase, barrier, close, finalize. Rank 0 receives and rank 1
+//! sends (both do both when the workload is bidirectional).
+
+use std::ffi::c_void;
+use std::time::Duration;
+
+use super::link::Link;
+use super::mem::Arena;
+use super::net::{HANDLE_BYTES, ListenComm, Mr, Net, Plugin, RecvBuf, RecvComm, ReqKind, Request, SendComm};
+use super::report::{Failure, RankReport, mono_ns};
+use super::spec::Workload;
+use super::workload::{At, Leftovers, run_phase};
+use super::{Error, ErrorKind, Result};
+
+/// Runs this rank; returns its report (with the first error, if any) and, when the run got
+/// as far as the final barrier, the peer's report.
+pub fn run(plugin: &Plugin, link: &mut Link, rank: u32, w: &Workload) -> (RankReport, Option<RankReport>) {
+    let mut rep = RankReport { rank, abi: plugin.version(), plugin: plugin.name(), ..RankReport::default() };
+    let peer = match run_inner(plugin, link, rank, w, &mut rep) {
+        Ok(p) => Some(p),
+        Err(error) => {
+            rep.failure = Some(Failure { error, at_ns: mono_ns() });
+            None
+        }
+    };
+    (rep, peer)
+}
+
+fn run_inner(plugin: &Plugin, link: &mut Link, rank: u32, w: &Workload, rep: &mut RankReport) -> Result<RankReport> {
+    let t0 = mono_ns();
+    let wait = Duration::from_millis(w.stall_ms);
+    let ours = w.to_line();
+    link.send("workload", ours.as_bytes())?;
+    let theirs = String::from_utf8_lossy(&link.expect("workload", wait)?).into_owned();
+    if theirs != ours {
+        return Err(Error::usage(format!(
+            "the two ranks' workloads differ:\n  this rank: {ours}\n  peer:      {theirs}"
+        )));
+    }
+    w.check()?;
+    let net = plugin.init()?;
+    let ndev = net.devices()?;
+    if w.dev < 0 || w.dev >= ndev {
+        return Err(Error::usage(format!("device {} does not exist ({} devices)", w.dev, ndev)));
+    }
+    let props = net.properties(w.dev)?;
+    rep.device = props.name.clone();
+    for (i, p) in w.phases.iter().enumerate() {
+        if p.nrecv > props.max_recvs.max(1) as usize {
+            return Err(Error::usage(format!(
+                "phase {i}: nrecv {} above the device's maxRecvs {}",
+                p.nrecv, props.max_recvs
+            )));
+        }
+        if p.inflight > plugin.max_requests() {
+            return Err(Error::usage(format!(
+                "phase {i}: {} receives in flight; NCCL keeps at most {} per comm with ABI v{}",
+                p.inflight,
+                plugin.max_requests(),
+                plugin.version()
+            )));
+        }
+    }
+    let (tx, rx) = connect(&net, link, rank, w)?;
+    rep.setup_ns = mono_ns() - t0;
+    if w.bad_handles {
+        probe_bad_handles(&net, w.dev, tx.as_ref(), rx.as_ref(), &mut rep.bad_handles);
+    }
+    let mut left = Leftovers::default();
+    for index in 0..w.phases.len() {
+        let (pr, l) = run_phase(At { w, index }, tx.as_ref(), rx.as_ref())?;
+        rep.phases.push(pr);
+        left = l;
+    }
+    if w.bad_handles {
+        probe_stale_requests(&net, &left, &mut rep.bad_handles);
+    }
+    // Nobody closes while the peer may still need the connection (NCCL destroys
+    // communicators after a barrier too); the barrier carries the reports so far.
+    link.send("done", rep.to_line().as_bytes())?;
+    let peer =
+        RankReport::from_line(&String::from_utf8_lossy(&link.expect("done", wait.max(Duration::from_secs(60)))?))?;
+    let stale: [Option<*mut c_void>; 2] = [tx.as_ref().map(SendComm::raw), rx.as_ref().map(RecvComm::raw)];
+    tx.map(SendComm::close).transpose()?;
+    rx.map(RecvComm::close).transpose()?;
+    if w.bad_handles {
+        // SAFETY: deliberately closed handles; mpib checks every handle it is given.
+        unsafe {
+            if let Some(h) = stale[0] {
+                probe(&mut rep.bad_handles, "closeSend(closed comm)", SendComm::from_raw(&net, h).close());
+            }
+            if let Some(h) = stale[1] {
+                probe(&mut rep.bad_handles, "closeRecv(closed comm)", RecvComm::from_raw(&net, h).close());
+            }
+        }
+    }
+    net.finalize()?;
+    Ok(peer)
+}
+
+/// Listen (if this rank receives), exchange handles, then call `connect` and `accept`
+/// alternately until both comms exist, as NCCL's proxy does; the listen comm is closed
+/// right after `accept` succeeds.
+fn connect<'n>(
+    net: &'n Net,
+    link: &mut Link,
+    rank: u32,
+    w: &Workload,
+) -> Result<(Option<SendComm<'n>>, Option<RecvComm<'n>>)> {
+    let wait = Duration::from_millis(w.stall_ms);
+    let receives = w.bidir || rank == 0;
+    let sends = w.bidir || rank == 1;
+    let mut listen = if receives { Some(net.listen(w.dev)?) } else { None };
+    if let Some(l) = &listen {
+        link.send("handle", l.handle())?;
+    }
+    let mut conn = if sends {
+        let h = link.expect("handle", wait)?;
+        let h: [u8; HANDLE_BYTES] =
+            h.try_into().map_err(|h: Vec<u8>| Error::io(format!("the peer's handle has {} bytes", h.len())))?;
+        Some(net.connector(w.dev, &h))
+    } else {
+        None
+    };
+    let (mut tx, mut rx) = (None, None);
+    let end = mono_ns() + wait.as_nanos() as u64;
+    loop {
+        if let (Some(c), None) = (conn.as_mut(), &tx) {
+            tx = c.poll()?;
+        }
+        if let (Some(l), None) = (listen.as_mut(), &rx) {
+            rx = l.accept()?;
+            if rx.is_some() {
+                listen.take().expect("listening").close()?;
+            }
+        }
+        if tx.is_some() == sends && rx.is_some() == receives {
+            return Ok((tx, rx));
+        }
+        if mono_ns() > end {
+            return Err(Error::timeout(format!(
+                "connection set-up not done within {} ms (send comm: {}, receive comm: {})",
+                w.stall_ms,
+                if !sends {
+                    "not needed"
+                } else if tx.is_some() {
+                    "up"
+                } else {
+                    "pending"
+                },
+                if !receives {
+                    "not needed"
+                } else if rx.is_some() {
+                    "up"
+                } else {
+                    "pending"
+                },
+            )));
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// Records the `ncclResult_t` a bad call returned (0 = it was accepted, -1 = the driver
+/// caught a contract violation instead).
+fn probe<T>(out: &mut Vec<(String, i32)>, what: &str, r: Result<T>) {
+    let code = match r {
+        Ok(_) => 0,
+        Err(e) if e.kind == ErrorKind::Call => e.code,
+        Err(_) => -1,
+    };
+    out.push((what.to_string(), code));
+}
+
+const GARBAGE: usize = 0xdead_beef_0bad_f00d;
+
+/// Bad handles and arguments NCCL users hit: each must give an error code, not a crash,
+/// and leave the real connection working (the phases run afterwards).
+fn probe_bad_handles(
+    net: &Net,
+    dev: i32,
+    tx: Option<&SendComm<'_>>,
+    rx: Option<&RecvComm<'_>>,
+    out: &mut Vec<(String, i32)>,
+) {
+    let garbage = GARBAGE as *mut c_void;
+    let arena = match Arena::new(4096) {
+        Ok(a) => a,
+        Err(e) => return probe::<()>(out, "arena for the probes", Err(e)),
+    };
+    // SAFETY: every handle below is deliberately bad; mpib checks each handle it is given,
+    // and comms built on real handles are forgotten, never closed.
+    unsafe {
+        probe(out, "test(NULL)", Request::from_raw(net, std::ptr::null_mut(), ReqKind::Send).test());
+        probe(out, "test(garbage)", Request::from_raw(net, garbage, ReqKind::Recv(1)).test());
+        probe(out, "getProperties(dev 1000)", net.properties(1000));
+        probe(out, "connect(zeroed handle)", net.connector(dev, &[0; HANDLE_BYTES]).poll());
+        probe(out, "closeListen(garbage)", ListenComm::from_raw(net, garbage).close());
+        let fake_rx = RecvComm::from_raw(net, garbage);
+        probe(out, "regMr(garbage comm)", fake_rx.reg_mr(&arena));
+        probe(out, "closeRecv(garbage)", fake_rx.close());
+        if let Some(tx) = tx {
+            probe(out, "test(send comm handle)", Request::from_raw(net, tx.raw(), ReqKind::Send).test());
+            let fake_mr = Mr::from_raw(net, tx.raw(), garbage, &arena);
+            probe(out, "isend(garbage mhandle)", tx.isend(&fake_mr, 0, 8, 1));
+            std::mem::forget(fake_mr);
+            if let Ok(mr) = tx.reg_mr(&arena) {
+                let fake = SendComm::from_raw(net, garbage);
+                probe(out, "isend(garbage comm)", fake.isend(&mr, 0, 8, 1));
+                if net.plugin().has_counters() {
+                    probe(out, "mpib_comm_counters(garbage)", fake.counters());
+                }
+                probe(out, "closeSend(garbage)", fake.close());
+                let as_recv = std::mem::ManuallyDrop::new(RecvComm::from_raw(net, tx.raw()));
+                let b = [RecvBuf { mr: &mr, off: 0, len: 8, tag: 1 }];
+                probe(out, "irecv(send comm)", as_recv.irecv(&b));
+                probe(out, "deregMr(garbage mhandle)", Mr::from_raw(net, tx.raw(), garbage, &arena).dereg());
+                let _ = mr.dereg();
+            }
+        }
+        if let Some(rx) = rx {
+            probe(out, "test(receive comm handle)", Request::from_raw(net, rx.raw(), ReqKind::Recv(1)).test());
+            let fake_mr = Mr::from_raw(net, rx.raw(), garbage, &arena);
+            probe(out, "irecv(garbage mhandle)", rx.irecv(&[RecvBuf { mr: &fake_mr, off: 0, len: 8, tag: 1 }]));
+            std::mem::forget(fake_mr);
+            if let Ok(mr) = rx.reg_mr(&arena) {
+                let b = [RecvBuf { mr: &mr, off: 0, len: 8, tag: 1 }];
+                let fake = RecvComm::from_raw(net, garbage);
+                probe(out, "irecv(garbage comm)", fake.irecv(&b));
+                std::mem::forget(fake);
+                let as_send = std::mem::ManuallyDrop::new(SendComm::from_raw(net, rx.raw()));
+                probe(out, "isend(receive comm)", as_send.isend(&mr, 0, 8, 1));
+                let _ = mr.dereg();
+            }
+        }
+    }
+}
+
+/// `test` of requests that already completed: NCCL never does it, but a stale handle
+/// must be an error, not a crash or a second completion.
+fn probe_stale_requests(net: &Net, left: &Leftovers, out: &mut Vec<(String, i32)>) {
+    // SAFETY: handles the plugin issued and declared done; mpib checks request handles.
+    unsafe {
+        if let Some(r) = left.send_req {
+            probe(out, "test(completed send request)", Request::from_raw(net, r, ReqKind::Send).test());
+        }
+        if let Some(r) = left.recv_req {
+            probe(out, "test(completed receive request)", Request::from_raw(net, r, ReqKind::Recv(1)).test());
+        }
+    }
+}

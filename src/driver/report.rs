@@ -1,0 +1,330 @@
+//! What a rank measured, as one `key=value` line: per phase and direction the messages,
+//! bytes, time, latency percentiles, every kind of wrong, a checksum of the delivered bytes
+//! and the plugin's per-rail counters; plus the first error (with the monotonic time it
+//! was seen, to time a dead peer's detection) and the answers to bad handles.
+
+use super::kv::{Fields, Writer};
+use super::net::RailCounters;
+use super::{Error, ErrorKind, Result};
+
+/// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of a host, so a killed
+/// rank's last words and its peer's error can be compared.
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One direction of one phase.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SideStats {
+    /// Requests completed (sends; receives of `nrecv` buffers).
+    pub requests: u64,
+    /// Buffers sent or received.
+    pub messages: u64,
+    /// Bytes delivered (after truncation).
+    pub bytes: u64,
+    /// First post to last completion.
+    pub elapsed_ns: u64,
+    /// Post-to-completion latency of the requests.
+    pub lat_p50_ns: u64,
+    pub lat_p99_ns: u64,
+    pub lat_max_ns: u64,
+    /// Received bytes that differ from the pattern.
+    pub wrong_bytes: u64,
+    /// Sizes `test` reported that differ from the expected ones.
+    pub wrong_sizes: u64,
+    /// Buffers whose bytes past the expected size (or past the posted size) were written.
+    pub canary_broken: u64,
+    /// Wrapping sum of the per-buffer checksums of the delivered bytes.
+    pub checksum: u64,
+    /// The first thing that was wrong, in words (empty when nothing was).
+    pub first_wrong: String,
+    /// `isend`/`irecv` calls that answered "retry later" (NULL request).
+    pub null_requests: u64,
+    pub test_calls: u64,
+    /// `iflush` calls that returned a request.
+    pub flushes: u64,
+    /// The plugin's counters over the phase (after minus before), when it has them.
+    pub counters: Option<[RailCounters; 2]>,
+}
+
+impl SideStats {
+    /// Bytes per second of the phase.
+    pub fn bandwidth(&self) -> f64 {
+        if self.elapsed_ns == 0 { 0.0 } else { self.bytes as f64 * 1e9 / self.elapsed_ns as f64 }
+    }
+
+    fn put(&self, w: &mut Writer, p: &str) {
+        w.put(&format!("{p}.requests"), self.requests)
+            .put(&format!("{p}.messages"), self.messages)
+            .put(&format!("{p}.bytes"), self.bytes)
+            .put(&format!("{p}.elapsed_ns"), self.elapsed_ns)
+            .put(&format!("{p}.lat_p50_ns"), self.lat_p50_ns)
+            .put(&format!("{p}.lat_p99_ns"), self.lat_p99_ns)
+            .put(&format!("{p}.lat_max_ns"), self.lat_max_ns)
+            .put(&format!("{p}.wrong_bytes"), self.wrong_bytes)
+            .put(&format!("{p}.wrong_sizes"), self.wrong_sizes)
+            .put(&format!("{p}.canary_broken"), self.canary_broken)
+            .put(&format!("{p}.checksum"), self.checksum)
+            .put(&format!("{p}.first_wrong"), &self.first_wrong)
+            .put(&format!("{p}.null_requests"), self.null_requests)
+            .put(&format!("{p}.test_calls"), self.test_calls)
+            .put(&format!("{p}.flushes"), self.flushes);
+        if let Some(c) = &self.counters {
+            for (r, c) in c.iter().enumerate() {
+                for (name, v) in counter_fields(c) {
+                    w.put(&format!("{p}.rail{r}.{name}"), v);
+                }
+            }
+        }
+    }
+
+    fn get(f: &Fields, p: &str) -> Result<SideStats> {
+        let g = |n: &str| f.get::<u64>(&format!("{p}.{n}"));
+        let counters = if f.has(&format!("{p}.rail0.wr_posted")) {
+            let mut c = [RailCounters::default(); 2];
+            for (r, c) in c.iter_mut().enumerate() {
+                let v = |n: &str| f.get::<u64>(&format!("{p}.rail{r}.{n}"));
+                *c = RailCounters {
+                    wr_posted: v("wr_posted")?,
+                    doorbells: v("doorbells")?,
+                    bytes: v("bytes")?,
+                    imm_sent: v("imm_sent")?,
+                    cqe: v("cqe")?,
+                    rnr: v("rnr")?,
+                    zero_byte_imm: v("zero_byte_imm")?,
+                    probes: v("probes")?,
+                };
+            }
+            Some(c)
+        } else {
+            None
+        };
+        Ok(SideStats {
+            requests: g("requests")?,
+            messages: g("messages")?,
+            bytes: g("bytes")?,
+            elapsed_ns: g("elapsed_ns")?,
+            lat_p50_ns: g("lat_p50_ns")?,
+            lat_p99_ns: g("lat_p99_ns")?,
+            lat_max_ns: g("lat_max_ns")?,
+            wrong_bytes: g("wrong_bytes")?,
+            wrong_sizes: g("wrong_sizes")?,
+            canary_broken: g("canary_broken")?,
+            checksum: g("checksum")?,
+            first_wrong: f.str(&format!("{p}.first_wrong"))?.to_string(),
+            null_requests: g("null_requests")?,
+            test_calls: g("test_calls")?,
+            flushes: g("flushes")?,
+            counters,
+        })
+    }
+}
+
+/// The counters' fields by name, in the order of `mpib_rail_counters_t`.
+pub fn counter_fields(c: &RailCounters) -> [(&'static str, u64); 8] {
+    [
+        ("wr_posted", c.wr_posted),
+        ("doorbells", c.doorbells),
+        ("bytes", c.bytes),
+        ("imm_sent", c.imm_sent),
+        ("cqe", c.cqe),
+        ("rnr", c.rnr),
+        ("zero_byte_imm", c.zero_byte_imm),
+        ("probes", c.probes),
+    ]
+}
+
+/// `after - before`, field by field.
+pub fn counters_delta(after: &[RailCounters; 2], before: &[RailCounters; 2]) -> [RailCounters; 2] {
+    let d = |a: &RailCounters, b: &RailCounters| RailCounters {
+        wr_posted: a.wr_posted - b.wr_posted,
+        doorbells: a.doorbells - b.doorbells,
+        bytes: a.bytes - b.bytes,
+        imm_sent: a.imm_sent - b.imm_sent,
+        cqe: a.cqe - b.cqe,
+        rnr: a.rnr - b.rnr,
+        zero_byte_imm: a.zero_byte_imm - b.zero_byte_imm,
+        probes: a.probes - b.probes,
+    };
+    [d(&after[0], &before[0]), d(&after[1], &before[1])]
+}
+
+/// One phase: what this rank sent (`tx`) and received (`rx`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PhaseReport {
+    pub tx: Option<SideStats>,
+    pub rx: Option<SideStats>,
+}
+
+/// The first error a rank hit.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Failure {
+    pub error: Error,
+    /// [`mono_ns`] when it was seen.
+    pub at_ns: u64,
+}
+
+/// Everything one rank reports.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RankReport {
+    pub rank: u32,
+    /// ABI version driven.
+    pub abi: u32,
+    /// The plugin's `name` and device 0's name.
+    pub plugin: String,
+    pub device: String,
+    /// From `init` to connected comms.
+    pub setup_ns: u64,
+    pub phases: Vec<PhaseReport>,
+    /// Bad-handle probes: (what, `ncclResult_t` returned).
+    pub bad_handles: Vec<(String, i32)>,
+    pub failure: Option<Failure>,
+}
+
+fn kind_name(k: &ErrorKind) -> &'static str {
+    match k {
+        ErrorKind::Load => "load",
+        ErrorKind::Call => "call",
+        ErrorKind::Contract => "contract",
+        ErrorKind::Data => "data",
+        ErrorKind::Timeout => "timeout",
+        ErrorKind::Io => "io",
+        ErrorKind::Usage => "usage",
+    }
+}
+
+fn kind_of(s: &str) -> ErrorKind {
+    match s {
+        "load" => ErrorKind::Load,
+        "call" => ErrorKind::Call,
+        "contract" => ErrorKind::Contract,
+        "data" => ErrorKind::Data,
+        "timeout" => ErrorKind::Timeout,
+        "io" => ErrorKind::Io,
+        _ => ErrorKind::Usage,
+    }
+}
+
+/// Plugin call names, so a parsed report keeps `Error::call` as `&'static str`.
+const CALLS: &[&str] = &[
+    "",
+    "init",
+    "devices",
+    "getProperties",
+    "listen",
+    "connect",
+    "accept",
+    "regMr",
+    "deregMr",
+    "isend",
+    "irecv",
+    "iflush",
+    "test",
+    "closeSend",
+    "closeRecv",
+    "closeListen",
+    "finalize",
+    "mpib_comm_counters",
+];
+
+impl RankReport {
+    pub fn ok(&self) -> bool {
+        self.failure.is_none()
+    }
+
+    pub fn to_line(&self) -> String {
+        let mut w = Writer::new();
+        w.put("rank", self.rank)
+            .put("abi", self.abi)
+            .put("plugin", &self.plugin)
+            .put("device", &self.device)
+            .put("setup_ns", self.setup_ns)
+            .put("phases", self.phases.len())
+            .put("bad_handles", self.bad_handles.len());
+        for (i, p) in self.phases.iter().enumerate() {
+            if let Some(s) = &p.tx {
+                s.put(&mut w, &format!("p{i}.tx"));
+            }
+            if let Some(s) = &p.rx {
+                s.put(&mut w, &format!("p{i}.rx"));
+            }
+        }
+        for (i, (what, code)) in self.bad_handles.iter().enumerate() {
+            w.put(&format!("bad{i}.what"), what).put(&format!("bad{i}.code"), code);
+        }
+        if let Some(f) = &self.failure {
+            w.put("error.kind", kind_name(&f.error.kind))
+                .put("error.call", f.error.call)
+                .put("error.code", f.error.code)
+                .put("error.msg", &f.error.msg)
+                .put("error.at_ns", f.at_ns);
+        }
+        w.finish()
+    }
+
+    pub fn from_line(line: &str) -> Result<RankReport> {
+        let f = Fields::parse(line)?;
+        let mut r = RankReport {
+            rank: f.get("rank")?,
+            abi: f.get("abi")?,
+            plugin: f.str("plugin")?.to_string(),
+            device: f.str("device")?.to_string(),
+            setup_ns: f.get("setup_ns")?,
+            ..RankReport::default()
+        };
+        for i in 0..f.get::<usize>("phases")? {
+            let side = |s: &str| -> Result<Option<SideStats>> {
+                let p = format!("p{i}.{s}");
+                if f.has(&format!("{p}.requests")) { SideStats::get(&f, &p).map(Some) } else { Ok(None) }
+            };
+            r.phases.push(PhaseReport { tx: side("tx")?, rx: side("rx")? });
+        }
+        for i in 0..f.get::<usize>("bad_handles")? {
+            r.bad_handles.push((f.str(&format!("bad{i}.what"))?.to_string(), f.get(&format!("bad{i}.code"))?));
+        }
+        if f.has("error.kind") {
+            let call = f.str("error.call")?;
+            let error = Error {
+                kind: kind_of(f.str("error.kind")?),
+                call: CALLS.iter().find(|&&c| c == call).copied().unwrap_or("?"),
+                code: f.get("error.code")?,
+                msg: f.str("error.msg")?.to_string(),
+            };
+            r.failure = Some(Failure { error, at_ns: f.get("error.at_ns")? });
+        }
+        Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_round_trips() {
+        let c = RailCounters { wr_posted: 3, bytes: 99, probes: 1, ..RailCounters::default() };
+        let s = SideStats {
+            requests: 4,
+            messages: 8,
+            bytes: 1 << 30,
+            first_wrong: "group 3 buffer 1: size 5, expected 6".into(),
+            counters: Some([c, RailCounters::default()]),
+            ..SideStats::default()
+        };
+        let r = RankReport {
+            rank: 1,
+            abi: 12,
+            plugin: "MPIB".into(),
+            device: "soft0+soft1".into(),
+            phases: vec![PhaseReport { tx: Some(s.clone()), rx: None }, PhaseReport { tx: None, rx: Some(s) }],
+            bad_handles: vec![("test(garbage)".into(), 4)],
+            failure: Some(Failure { error: Error::call("test", 6), at_ns: 12345 }),
+            ..RankReport::default()
+        };
+        assert_eq!(RankReport::from_line(&r.to_line()).unwrap(), r);
+        assert!(mono_ns() > 0);
+    }
+}

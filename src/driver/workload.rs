@@ -1,0 +1,560 @@
+//! One phase of a workload, driven as NCCL's proxy drives a connection: up to a window of
+//! requests in flight per direction, posting until the plugin answers NULL ("retry later"),
+//! then one `test` of the oldest request per progress step. The sender fills each buffer
+//! with its pattern just before posting; the receiver puts canaries around what it expects,
+//! checks each completed buffer byte for byte and the sizes `test` reported, and both sides
+//! checksum the delivered bytes.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::time::Duration;
+
+use super::mem::Arena;
+use super::net::{MAX_RECVS, Mr, RecvBuf, RecvComm, Request, SendComm};
+use super::pattern::{self, CANARY};
+use super::report::{PhaseReport, SideStats, counters_delta, mono_ns};
+use super::spec::{GUARD, Kill, Phase, Side, Workload, tag};
+use super::{Error, Result};
+
+/// Where a phase is: which workload, which phase.
+#[derive(Clone, Copy)]
+pub struct At<'w> {
+    pub w: &'w Workload,
+    pub index: usize,
+}
+
+impl<'w> At<'w> {
+    fn phase(&self) -> &'w Phase {
+        &self.w.phases[self.index]
+    }
+    fn key(&self, g: u64, j: usize) -> u64 {
+        pattern::key(self.w.seed, self.index as u32, g, j as u32)
+    }
+}
+
+/// The order in which the sender posts the `n` buffers of group `g` (a seeded shuffle:
+/// tags, not posting order, must pick the buffer).
+fn send_order(seed: u64, phase: usize, g: u64, n: usize) -> [u8; MAX_RECVS] {
+    let mut o = [0u8; MAX_RECVS];
+    for (i, x) in o.iter_mut().enumerate() {
+        *x = i as u8;
+    }
+    let mut r = pattern::key(seed ^ 0x5eed, phase as u32, g, 99);
+    for i in (1..n).rev() {
+        r = r.rotate_left(17).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        o.swap(i, (r % (i as u64 + 1)) as usize);
+    }
+    o
+}
+
+/// Post-to-completion latencies and the phase's first post and last completion.
+struct Timing {
+    lat: Vec<u64>,
+    first_post: Option<u64>,
+    last_done: u64,
+}
+
+impl Timing {
+    fn new(n: u64) -> Timing {
+        Timing { lat: Vec::with_capacity(n.min(1 << 24) as usize), first_post: None, last_done: 0 }
+    }
+
+    fn finish(mut self, s: &mut SideStats) {
+        s.elapsed_ns = self.last_done.saturating_sub(self.first_post.unwrap_or(self.last_done));
+        self.lat.sort_unstable();
+        if let Some(&max) = self.lat.last() {
+            let at = |q: usize| self.lat[(self.lat.len() * q / 100).min(self.lat.len() - 1)];
+            (s.lat_p50_ns, s.lat_p99_ns, s.lat_max_ns) = (at(50), at(99), max);
+        }
+    }
+}
+
+/// Kills this process the way a crashed or killed rank dies: SIGKILL, nothing cleaned up.
+/// The line before it gives the parent the moment of death.
+fn die(side: Side, after: u64) -> ! {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "NCCLNET-DRIVER-KILLED side={} after={after} at_ns={}", side.name(), mono_ns());
+    let _ = out.flush();
+    // SAFETY: sending a signal to this very process; it does not return.
+    unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    unreachable!("SIGKILL returned");
+}
+
+/// Adds phase context to an error from a plugin call.
+fn ctx(e: Error, what: impl std::fmt::Display) -> Error {
+    Error { msg: format!("{what}: {}", e.msg), ..e }
+}
+
+struct InFlight<'c> {
+    req: Request<'c>,
+    /// Send index (sender) or group (receiver).
+    id: u64,
+    /// Buffer (tag index) of the group (sender).
+    buf: usize,
+    posted_ns: u64,
+    /// Checksum of the bytes this send delivers.
+    sum: u64,
+}
+
+/// The sending side of one phase.
+pub struct Sender<'c> {
+    at: At<'c>,
+    comm: &'c SendComm<'c>,
+    mr: &'c Mr<'c>,
+    arena: &'c Arena,
+    slot: usize,
+    depth: usize,
+    total: u64,
+    next: u64,
+    /// The send whose buffer is filled (it may be posted after NULL answers).
+    prepared: Option<(u64, u64)>,
+    order: [u8; MAX_RECVS],
+    inflight: VecDeque<InFlight<'c>>,
+    stats: SideStats,
+    timing: Timing,
+    kill: Option<Kill>,
+    /// Handle of the last completed request (for the stale-handle probe).
+    pub last_done: Option<*mut std::ffi::c_void>,
+}
+
+impl<'c> Sender<'c> {
+    /// The arena must hold [`Sender::arena_bytes`].
+    pub fn new(at: At<'c>, comm: &'c SendComm<'c>, mr: &'c Mr<'c>) -> Sender<'c> {
+        let p = at.phase();
+        let total = p.count * p.nrecv as u64;
+        Sender {
+            at,
+            comm,
+            mr,
+            arena: mr.arena(),
+            slot: p.slot_bytes(),
+            depth: p.window() * p.nrecv,
+            total,
+            next: 0,
+            prepared: None,
+            order: [0; MAX_RECVS],
+            inflight: VecDeque::with_capacity(p.window() * p.nrecv),
+            stats: SideStats::default(),
+            timing: Timing::new(total),
+            kill: p.kill.filter(|k| k.side == Side::Send),
+            last_done: None,
+        }
+    }
+
+    pub fn arena_bytes(p: &Phase) -> usize {
+        p.window() * p.nrecv * p.slot_bytes()
+    }
+
+    pub fn finished(&self) -> bool {
+        self.next == self.total && self.inflight.is_empty()
+    }
+
+    fn buffer_of(&mut self, k: u64) -> (u64, usize) {
+        let n = self.at.phase().nrecv;
+        let (g, pos) = (k / n as u64, (k % n as u64) as usize);
+        if pos == 0 {
+            self.order = send_order(self.at.w.seed, self.at.index, g, n);
+        }
+        (g, self.order[pos] as usize)
+    }
+
+    /// One progress step; whether anything happened.
+    pub fn step(&mut self) -> Result<bool> {
+        let p = self.at.phase();
+        let mut progressed = false;
+        while self.next < self.total && self.inflight.len() < self.depth {
+            let k = self.next;
+            let off = (k % self.depth as u64) as usize * self.slot;
+            let (g, j) = self.buffer_of(k);
+            let size = p.send_size(g, j) as usize;
+            let sum = match self.prepared {
+                Some((pk, sum)) if pk == k => sum,
+                _ => {
+                    let sum = if self.at.w.check {
+                        // SAFETY: the slot's previous send (k - depth) completed: fewer than
+                        // `depth` are in flight and they complete in order.
+                        let buf = unsafe { self.arena.bytes_mut(off, size) };
+                        pattern::fill(buf, self.at.key(g, j), p.expected(g, j) as usize)
+                    } else {
+                        0
+                    };
+                    self.prepared = Some((k, sum));
+                    sum
+                }
+            };
+            let what = || format!("phase {} send #{k} (group {g}, tag {}, {size} bytes)", self.at.index, tag(j));
+            match self.comm.isend(self.mr, off, size, tag(j)).map_err(|e| ctx(e, what()))? {
+                None => {
+                    self.stats.null_requests += 1;
+                    break;
+                }
+                Some(req) => {
+                    let now = mono_ns();
+                    self.timing.first_post.get_or_insert(now);
+                    self.inflight.push_back(InFlight { req, id: k, buf: j, posted_ns: now, sum });
+                    self.next += 1;
+                    progressed = true;
+                }
+            }
+        }
+        if let Some(f) = self.inflight.front_mut() {
+            self.stats.test_calls += 1;
+            let k = f.id;
+            let r = f.req.test().map_err(|e| ctx(e, format!("phase {} test of send #{k}", self.at.index)))?;
+            if let Some(sizes) = r {
+                let f = self.inflight.pop_front().expect("front");
+                let now = mono_ns();
+                let (g, j) = (k / p.nrecv as u64, f.buf);
+                let want = p.expected(g, j);
+                if sizes.sizes[0] as u64 != want {
+                    self.stats.wrong_sizes += 1;
+                    if self.stats.first_wrong.is_empty() {
+                        self.stats.first_wrong = format!(
+                            "send #{k} (group {g}, tag {}): test reported {} bytes, expected {want}",
+                            tag(j),
+                            sizes.sizes[0]
+                        );
+                    }
+                }
+                self.last_done = Some(f.req.raw());
+                self.stats.checksum = self.stats.checksum.wrapping_add(f.sum);
+                self.stats.bytes += want;
+                self.stats.messages += 1;
+                self.stats.requests += 1;
+                self.timing.lat.push(now - f.posted_ns);
+                self.timing.last_done = now;
+                progressed = true;
+                if let Some(kill) = self.kill
+                    && self.stats.requests == kill.after
+                {
+                    die(Side::Send, kill.after);
+                }
+            }
+        }
+        Ok(progressed)
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "sender posted {}/{} sends, {} in flight{}",
+            self.next,
+            self.total,
+            self.inflight.len(),
+            self.inflight.front().map(|f| format!(" (oldest: send #{})", f.id)).unwrap_or_default()
+        )
+    }
+
+    pub fn finish(self) -> SideStats {
+        let mut s = self.stats;
+        self.timing.finish(&mut s);
+        s
+    }
+}
+
+/// The receiving side of one phase.
+pub struct Receiver<'c> {
+    at: At<'c>,
+    comm: &'c RecvComm<'c>,
+    mr: &'c Mr<'c>,
+    arena: &'c Arena,
+    slot: usize,
+    window: usize,
+    next: u64,
+    /// The group whose canaries are in place (it may be posted after NULL answers).
+    prepared: Option<u64>,
+    inflight: VecDeque<InFlight<'c>>,
+    stats: SideStats,
+    timing: Timing,
+    kill: Option<Kill>,
+    pub last_done: Option<*mut std::ffi::c_void>,
+}
+
+impl<'c> Receiver<'c> {
+    pub fn new(at: At<'c>, comm: &'c RecvComm<'c>, mr: &'c Mr<'c>) -> Receiver<'c> {
+        let p = at.phase();
+        Receiver {
+            at,
+            comm,
+            mr,
+            arena: mr.arena(),
+            slot: p.slot_bytes(),
+            window: p.window(),
+            next: 0,
+            prepared: None,
+            inflight: VecDeque::with_capacity(p.window()),
+            stats: SideStats::default(),
+            timing: Timing::new(p.count),
+            kill: p.kill.filter(|k| k.side == Side::Recv),
+            last_done: None,
+        }
+    }
+
+    pub fn arena_bytes(p: &Phase) -> usize {
+        p.window() * p.nrecv * p.slot_bytes()
+    }
+
+    pub fn finished(&self) -> bool {
+        self.next == self.at.phase().count && self.inflight.is_empty()
+    }
+
+    fn off(&self, g: u64, j: usize) -> usize {
+        ((g % self.window as u64) as usize * self.at.phase().nrecv + j) * self.slot
+    }
+
+    pub fn step(&mut self) -> Result<bool> {
+        let p = self.at.phase();
+        let mut progressed = false;
+        while self.next < p.count && self.inflight.len() < self.window {
+            let g = self.next;
+            let mut bufs = [RecvBuf { mr: self.mr, off: 0, len: 0, tag: 0 }; MAX_RECVS];
+            for (j, b) in bufs.iter_mut().enumerate().take(p.nrecv) {
+                let (off, posted, want) = (self.off(g, j), p.recv_size(g, j) as usize, p.expected(g, j) as usize);
+                if self.prepared != Some(g) && self.at.w.check {
+                    // SAFETY: the slot's previous group completed (fewer than `window` in
+                    // flight, completed in order); the range ends inside the slot.
+                    unsafe { self.arena.bytes_mut(off + want, posted - want + GUARD) }.fill(CANARY);
+                }
+                *b = RecvBuf { mr: self.mr, off, len: posted, tag: tag(j) };
+            }
+            self.prepared = Some(g);
+            let what = || format!("phase {} receive #{g} ({} buffers)", self.at.index, p.nrecv);
+            match self.comm.irecv(&bufs[..p.nrecv]).map_err(|e| ctx(e, what()))? {
+                None => {
+                    self.stats.null_requests += 1;
+                    break;
+                }
+                Some(req) => {
+                    let now = mono_ns();
+                    self.timing.first_post.get_or_insert(now);
+                    self.inflight.push_back(InFlight { req, id: g, buf: 0, posted_ns: now, sum: 0 });
+                    self.next += 1;
+                    progressed = true;
+                }
+            }
+        }
+        if let Some(f) = self.inflight.front_mut() {
+            self.stats.test_calls += 1;
+            let g = f.id;
+            let r = f.req.test().map_err(|e| ctx(e, format!("phase {} test of receive #{g}", self.at.index)))?;
+            if let Some(sizes) = r {
+                let f = self.inflight.pop_front().expect("front");
+                let now = mono_ns();
+                self.last_done = Some(f.req.raw());
+                self.complete(g, sizes.as_slice())?;
+                self.timing.lat.push(now - f.posted_ns);
+                self.timing.last_done = now;
+                progressed = true;
+                if let Some(kill) = self.kill
+                    && self.stats.requests == kill.after
+                {
+                    die(Side::Recv, kill.after);
+                }
+            }
+        }
+        Ok(progressed)
+    }
+
+    fn note(&mut self, what: impl FnOnce() -> String) {
+        if self.stats.first_wrong.is_empty() {
+            self.stats.first_wrong = what();
+        }
+    }
+
+    /// Checks a completed group: sizes, bytes, canaries; then the optional flush.
+    fn complete(&mut self, g: u64, sizes: &[i32]) -> Result<()> {
+        let p = self.at.phase();
+        let mut total = 0u64;
+        for (j, &got) in sizes.iter().enumerate() {
+            let (off, posted, want) = (self.off(g, j), p.recv_size(g, j) as usize, p.expected(g, j) as usize);
+            if got as usize != want {
+                self.stats.wrong_sizes += 1;
+                self.note(|| format!("receive #{g} tag {}: test reported {got} bytes, expected {want}", tag(j)));
+            }
+            total += got as u64;
+            self.stats.bytes += want as u64;
+            self.stats.messages += 1;
+            if !self.at.w.check {
+                continue;
+            }
+            // SAFETY: the request completed: the plugin no longer writes this slot.
+            let data = unsafe { self.arena.bytes(off, want) };
+            let c = pattern::verify(data, self.at.key(g, j));
+            self.stats.checksum = self.stats.checksum.wrapping_add(c.sum);
+            if c.wrong > 0 {
+                self.stats.wrong_bytes += c.wrong;
+                let first = c.first_wrong.unwrap_or(0);
+                self.note(|| {
+                    format!(
+                        "receive #{g} tag {} ({want} bytes): {} wrong bytes, first at offset {first}",
+                        tag(j),
+                        c.wrong
+                    )
+                });
+            }
+            // SAFETY: as above; the canary range ends inside the slot.
+            let tail = unsafe { self.arena.bytes(off + want, posted - want + GUARD) };
+            if let Some(at) = pattern::canary_broken(tail) {
+                self.stats.canary_broken += 1;
+                self.note(|| {
+                    format!(
+                        "receive #{g} tag {}: byte {} written (expected {want} bytes in a {posted}-byte buffer)",
+                        tag(j),
+                        want + at
+                    )
+                });
+            }
+        }
+        self.stats.requests += 1;
+        if p.flush && total > 0 {
+            self.flush(g, sizes)?;
+        }
+        Ok(())
+    }
+
+    /// `iflush` of the group and, if it returned a request, `test` it to completion.
+    fn flush(&mut self, g: u64, sizes: &[i32]) -> Result<()> {
+        let mut bufs = [(self.mr, 0usize, 0usize); MAX_RECVS];
+        for (j, &s) in sizes.iter().enumerate() {
+            bufs[j] = (self.mr, self.off(g, j), s as usize);
+        }
+        let what = |e| ctx(e, format!("phase {} flush of receive #{g}", self.at.index));
+        let Some(mut req) = self.comm.iflush(&bufs[..sizes.len()]).map_err(what)? else { return Ok(()) };
+        self.stats.flushes += 1;
+        let end = mono_ns() + self.at.w.stall_ms * 1_000_000;
+        while req.test().map_err(what)?.is_none() {
+            if mono_ns() > end {
+                return Err(Error::timeout(format!("flush of receive #{g} not done in {} ms", self.at.w.stall_ms)));
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "receiver posted {}/{} receives, {} in flight{}",
+            self.next,
+            self.at.phase().count,
+            self.inflight.len(),
+            self.inflight.front().map(|f| format!(" (oldest: receive #{})", f.id)).unwrap_or_default()
+        )
+    }
+
+    pub fn finish(self) -> SideStats {
+        let mut s = self.stats;
+        self.timing.finish(&mut s);
+        s
+    }
+}
+
+/// Stale request handles left by a phase, for the bad-handle probes.
+#[derive(Default)]
+pub struct Leftovers {
+    pub send_req: Option<*mut std::ffi::c_void>,
+    pub recv_req: Option<*mut std::ffi::c_void>,
+}
+
+/// Runs phase `at.index` on this rank's comms (either may be absent in one-way runs).
+pub fn run_phase(at: At<'_>, tx: Option<&SendComm<'_>>, rx: Option<&RecvComm<'_>>) -> Result<(PhaseReport, Leftovers)> {
+    let p = at.phase();
+    let tx_arena = match tx {
+        Some(_) => Some(Arena::new(Sender::arena_bytes(p))?),
+        None => None,
+    };
+    let rx_arena = match rx {
+        Some(_) => Some(Arena::new(Receiver::arena_bytes(p))?),
+        None => None,
+    };
+    let tx_mr = match (tx, &tx_arena) {
+        (Some(c), Some(a)) => Some(c.reg_mr(a).map_err(|e| ctx(e, format!("phase {} send buffers", at.index)))?),
+        _ => None,
+    };
+    let rx_mr = match (rx, &rx_arena) {
+        (Some(c), Some(a)) => Some(c.reg_mr(a).map_err(|e| ctx(e, format!("phase {} receive buffers", at.index)))?),
+        _ => None,
+    };
+    let tx_before = tx.map(|c| c.counters()).transpose()?.flatten();
+    let rx_before = rx.map(|c| c.counters()).transpose()?.flatten();
+    let mut s = match (tx, &tx_mr) {
+        (Some(c), Some(m)) => Some(Sender::new(at, c, m)),
+        _ => None,
+    };
+    let mut r = match (rx, &rx_mr) {
+        (Some(c), Some(m)) => Some(Receiver::new(at, c, m)),
+        _ => None,
+    };
+    let stall = Duration::from_millis(at.w.stall_ms).as_nanos() as u64;
+    let mut last_progress = mono_ns();
+    loop {
+        let mut progressed = false;
+        if let Some(s) = s.as_mut() {
+            progressed |= s.step()?;
+        }
+        if let Some(r) = r.as_mut() {
+            progressed |= r.step()?;
+        }
+        let done = s.as_ref().is_none_or(Sender::finished) && r.as_ref().is_none_or(Receiver::finished);
+        if done {
+            break;
+        }
+        if progressed {
+            last_progress = mono_ns();
+        } else {
+            if mono_ns() - last_progress > stall {
+                let d: Vec<String> = s.iter().map(Sender::describe).chain(r.iter().map(Receiver::describe)).collect();
+                return Err(Error::timeout(format!(
+                    "phase {}: no progress for {} ms: {}",
+                    at.index,
+                    at.w.stall_ms,
+                    d.join("; ")
+                )));
+            }
+            std::thread::yield_now();
+        }
+    }
+    let mut left = Leftovers::default();
+    let mut report = PhaseReport::default();
+    if let Some(s) = s {
+        left.send_req = s.last_done;
+        let mut st = s.finish();
+        if let (Some(b), Some(a)) = (tx_before, tx.map(|c| c.counters()).transpose()?.flatten()) {
+            st.counters = Some(counters_delta(&a, &b));
+        }
+        report.tx = Some(st);
+    }
+    if let Some(r) = r {
+        left.recv_req = r.last_done;
+        let mut st = r.finish();
+        if let (Some(b), Some(a)) = (rx_before, rx.map(|c| c.counters()).transpose()?.flatten()) {
+            st.counters = Some(counters_delta(&a, &b));
+        }
+        report.rx = Some(st);
+    }
+    if let Some(m) = tx_mr {
+        m.dereg()?;
+    }
+    if let Some(m) = rx_mr {
+        m.dereg()?;
+    }
+    Ok((report, left))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn send_order_is_a_seeded_permutation() {
+        let mut seen_other = false;
+        for g in 0..50 {
+            let o = send_order(3, 0, g, 8);
+            let mut s = o;
+            s.sort();
+            assert_eq!(s, [0, 1, 2, 3, 4, 5, 6, 7]);
+            seen_other |= o != [0, 1, 2, 3, 4, 5, 6, 7];
+            assert_eq!(send_order(3, 0, g, 1)[0], 0);
+            assert_eq!(o, send_order(3, 0, g, 8));
+        }
+        assert!(seen_other);
+    }
+}
