@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -82,10 +82,12 @@ pub struct Completed {
 }
 
 struct Global {
-    /// `init` calls not yet matched by `finalize`.
-    refs: usize,
     contexts: BTreeMap<u64, Context>,
 }
+
+/// `init` calls not yet matched by `finalize`. An atomic, not under `GLOBAL`: every data-path
+/// call reads it, and a read-only shared word costs nothing where a shared lock would.
+static REFS: AtomicUsize = AtomicUsize::new(0);
 
 /// What a v11/v12 `init(ctx, commId, config)` gives `listen`/`connect`.
 struct Context {
@@ -94,7 +96,7 @@ struct Context {
     traffic_class: Option<c_int>,
 }
 
-static GLOBAL: Mutex<Global> = Mutex::new(Global { refs: 0, contexts: BTreeMap::new() });
+static GLOBAL: Mutex<Global> = Mutex::new(Global { contexts: BTreeMap::new() });
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
 /// The plugin over the provider chosen at the first successful `init`. Devices stay open
@@ -112,9 +114,8 @@ macro_rules! dispatch {
 }
 
 fn active() -> Result<&'static Active> {
-    let refs = GLOBAL.lock().refs;
     match ACTIVE.get() {
-        Some(a) if refs > 0 => Ok(a),
+        Some(a) if REFS.load(Ordering::Relaxed) > 0 => Ok(a),
         _ => Err(Error::invalid_usage("the plugin is not initialized (init did not succeed, or finalize was called)")),
     }
 }
@@ -135,7 +136,7 @@ pub fn init(abi: AbiVersion) -> Result<()> {
             )));
         }
     };
-    let mut g = GLOBAL.lock();
+    let _g = GLOBAL.lock(); // one init at a time opens the devices
     if ACTIVE.get().is_none() {
         if let Some(w) = cfg.unknown_warning() {
             log::warn!(target: "mpib::config", "{w}");
@@ -145,7 +146,7 @@ pub fn init(abi: AbiVersion) -> Result<()> {
         let _ = ACTIVE.set(a);
         log::info!(target: "mpib::abi", "initialized through ABI v{}: {} device(s)", abi as u32, device_count_of(ACTIVE.get().expect("set")));
     }
-    g.refs += 1;
+    REFS.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
@@ -186,7 +187,7 @@ pub fn finalize(ctx: *mut c_void) -> Result<()> {
     if g.contexts.remove(&(ctx as usize as u64)).is_none() {
         return Err(Error::invalid_argument(format!("finalize: unknown plugin context {ctx:p}")));
     }
-    g.refs = g.refs.saturating_sub(1);
+    let _ = REFS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
     Ok(())
 }
 
