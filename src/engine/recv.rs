@@ -233,8 +233,14 @@ impl RecvEngine {
     /// A completion polled from `rail`'s CQ.
     pub fn on_completion(&mut self, _now_ns: u64, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
         self.counters[rail].cqe += 1;
-        if c.opcode == WcOpcode::RecvRdmaWithImm {
+        let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
+        if imm_recv {
+            // Every receive completion, failed or not, consumed one SRQ WQE.
             self.srq_posted[rail] = self.srq_posted[rail].saturating_sub(1);
+        }
+        // A broken connection interprets nothing more: its peer's IMMs are not trusted.
+        self.check()?;
+        if imm_recv {
             if c.status != WcStatus::Success {
                 return Err(self.fail(completion_error(rail, "receiving an IMM", c.status)));
             }
@@ -398,6 +404,8 @@ impl RecvEngine {
 
     /// `test`: the sizes once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+        // Every call after a failure reports it, even for a request that had completed.
+        self.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
                 return Err(Error::internal(format!("flush request {id} is not in flight")));
@@ -406,7 +414,6 @@ impl RecvEngine {
                 *f = FlushReq::default();
                 return Ok(Some(RecvDone::default()));
             }
-            self.check()?;
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
@@ -419,10 +426,7 @@ impl RecvEngine {
                 self.outstanding -= 1;
                 Ok(Some(done))
             }
-            State::Posted => {
-                self.check()?;
-                Ok(None)
-            }
+            State::Posted => Ok(None),
             State::Free => Err(Error::internal(format!("receive request {id} is not in flight (tested after done?)"))),
         }
     }

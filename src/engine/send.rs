@@ -435,6 +435,8 @@ impl SendEngine {
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
     pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
         self.counters[rail].cqe += 1;
+        // A broken connection interprets nothing more (flushed WRs, late completions).
+        self.check()?;
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             return Err(self.fail(Error::internal(format!(
                 "{} rail: completion with an unknown wr_id {:#x}",
@@ -487,6 +489,8 @@ impl SendEngine {
 
     /// `test`: the bytes sent once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
+        // Every call after a failure reports it, even for a request that had completed.
+        self.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
             return Err(Error::internal(format!("send request {id} does not exist")));
         };
@@ -497,10 +501,7 @@ impl SendEngine {
                 self.free.push(id);
                 Ok(Some(size))
             }
-            ReqState::Pending => {
-                self.check()?;
-                Ok(None)
-            }
+            ReqState::Pending => Ok(None),
             ReqState::Free => Err(Error::internal(format!("send request {id} is not in flight (tested after done?)"))),
         }
     }

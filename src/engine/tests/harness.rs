@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 
 use crate::engine::layout::{CTS_FIFO_BYTES, CtsEntry, RECORDS_BYTES, RecvMemory, SendMemory};
 use crate::engine::{Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine};
-use crate::fabric::{Completion, SendWr, WcOpcode, WrOpcode};
+use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, TelemetryConfig};
 
@@ -146,6 +146,18 @@ pub struct Pair {
     pub posts: Posts,
     /// Every WR posted, for shape checks: (dir, rail, qp, wr).
     pub log: Vec<(Dir, usize, QpRef, SendWr)>,
+    /// Every chain posted: `log[start..start + len]` went in one post call.
+    pub chains: Vec<ChainRec>,
+}
+
+/// One posted chain, as a range of [`Pair::log`].
+#[derive(Clone, Copy, Debug)]
+pub struct ChainRec {
+    pub dir: Dir,
+    pub rail: usize,
+    pub qp: QpRef,
+    pub start: usize,
+    pub len: usize,
 }
 
 pub struct Opts {
@@ -155,6 +167,8 @@ pub struct Opts {
     pub max_recv: usize,
     pub srq: (u32, u32),
     pub probe_ns: u64,
+    /// Rails of the receiver's device (bit 0 SOUT, bit 1 SUP).
+    pub rails_mask: u8,
 }
 
 impl Default for Opts {
@@ -166,6 +180,7 @@ impl Default for Opts {
             max_recv: 32,
             srq: (8, 32),
             probe_ns: 0,
+            rails_mask: 0b11,
         }
     }
 }
@@ -201,7 +216,7 @@ impl Pair {
         );
         let r = RecvEngine::new(RecvConfig {
             max_requests: o.max_recv,
-            rails_mask: 0b11,
+            rails_mask: o.rails_mask,
             cts_addr: CTS,
             cts_lkeys: [41, 42],
             fifo_addr: FIFO,
@@ -227,6 +242,7 @@ impl Pair {
             now: 1_000,
             posts: Posts::default(),
             log: Vec::new(),
+            chains: Vec::new(),
         }
     }
 
@@ -238,6 +254,8 @@ impl Pair {
                 QpRef::Cts => 0,
                 QpRef::Flush => panic!("no flush QP in the harness"),
             };
+            let start = self.log.len();
+            self.chains.push(ChainRec { dir, rail: c.rail as usize, qp: c.qp, start, len: c.wrs().len() });
             for wr in c.wrs() {
                 self.log.push((dir, c.rail as usize, c.qp, *wr));
                 self.wires[dir as usize][c.rail as usize][qp].q.push_back(*wr);
@@ -350,6 +368,48 @@ impl Pair {
         }
     }
 
+    /// The head WR of one wire fails with `status` instead of executing: it completes with
+    /// that status (signalled or not, as an RC QP reports a failed WR), the QP goes to the
+    /// error state and every WR behind it completes as flushed. Returns the failed WR.
+    pub fn fail_head(&mut self, dir: Dir, rail: usize, qp: usize, status: WcStatus) -> SendWr {
+        let q = &mut self.wires[dir as usize][rail][qp].q;
+        let wr = q.pop_front().expect("a WR to fail");
+        let rest: Vec<SendWr> = q.drain(..).collect();
+        let cq = match dir {
+            Dir::ToRecv => &mut self.cq_s[rail],
+            Dir::ToSend => &mut self.cq_r[rail],
+        };
+        let qp_num = (rail * 100 + qp) as u32;
+        cq.push_back(Completion { wr_id: wr.wr_id, status, qp_num, ..Completion::default() });
+        for w in rest {
+            cq.push_back(Completion { wr_id: w.wr_id, status: WcStatus::Flushed, qp_num, ..Completion::default() });
+        }
+        wr
+    }
+
+    /// Whether any WR still waiting on a wire in direction `dir` matches `pred`.
+    pub fn wire_any(&self, dir: Dir, pred: impl Fn(usize, &SendWr) -> bool) -> bool {
+        self.wires[dir as usize]
+            .iter()
+            .enumerate()
+            .any(|(rail, qps)| qps.iter().any(|w| w.q.iter().any(|wr| pred(rail, wr))))
+    }
+
+    /// WRs waiting on all wires.
+    pub fn wires_len(&self) -> usize {
+        self.wires.iter().flatten().flatten().map(|w| w.q.len()).sum()
+    }
+
+    /// Hands the receiver a completion as if polled from `rail`'s CQ.
+    pub fn inject_recv(&mut self, rail: usize, c: Completion) -> crate::Result<()> {
+        self.r.on_completion(self.now, rail, &c, &self.rs)
+    }
+
+    /// Hands the sender a completion as if polled from `rail`'s CQ.
+    pub fn inject_send(&mut self, rail: usize, c: Completion) -> crate::Result<()> {
+        self.s.on_completion(self.now, rail, &c)
+    }
+
     /// Polls the sender's CQs into its engine.
     pub fn poll_send(&mut self) -> crate::Result<()> {
         for rail in 0..RAILS {
@@ -415,6 +475,16 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// The receive completion a WRITE_WITH_IMM carrying `byte_len` bytes produces.
+pub fn imm_cqe(imm: crate::engine::imm::Imm, byte_len: u32) -> Completion {
+    Completion { opcode: WcOpcode::RecvRdmaWithImm, imm: imm.encode(), byte_len, ..Completion::default() }
+}
+
+/// A completion for the WR `wr_id` with `status`.
+pub fn wr_cqe(wr_id: u64, status: WcStatus) -> Completion {
+    Completion { wr_id, status, ..Completion::default() }
 }
 
 pub fn rbuf(addr: u64, size: u64, tag: u32) -> RecvBuf {

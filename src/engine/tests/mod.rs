@@ -3,3 +3,4 @@
 
 mod harness;
 mod protocol;
+mod violations;
