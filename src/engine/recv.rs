@@ -274,11 +274,17 @@ impl RecvEngine {
                 }
                 Ok(())
             }
-            WrKind::Flush => {
-                let f = &mut self.flushes[slot.min(MAX_FLUSHES - 1)];
-                f.pending &= !(1 << wr_rail);
-                Ok(())
-            }
+            WrKind::Flush => match self.flushes.get_mut(slot) {
+                Some(f) if f.live && f.pending & (1 << wr_rail) != 0 => {
+                    f.pending &= !(1 << wr_rail);
+                    Ok(())
+                }
+                // Never credit another flush with it: that flush would complete early.
+                _ => Err(self.fail(Error::internal(format!(
+                    "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
+                    RAIL_NAMES[wr_rail]
+                )))),
+            },
             _ => Err(self.fail(Error::internal(format!(
                 "{} rail: unexpected {kind:?} completion on a receive connection",
                 RAIL_NAMES[wr_rail]

@@ -475,9 +475,13 @@ impl SendEngine {
                 Ok(())
             }
             WrKind::Probe => {
-                if let Some(p) = self.probe_ns[wr_rail].take() {
-                    self.tel[wr_rail].on_complete(Sample { posted_ns: p, completed_ns: t, bytes: 0 });
-                }
+                let Some(p) = self.probe_ns[wr_rail].take() else {
+                    return Err(self.fail(Error::internal(format!(
+                        "{} rail: probe completion, but no probe is in flight",
+                        RAIL_NAMES[wr_rail]
+                    ))));
+                };
+                self.tel[wr_rail].on_complete(Sample { posted_ns: p, completed_ns: t, bytes: 0 });
                 Ok(())
             }
             _ => Err(self.fail(Error::internal(format!(
