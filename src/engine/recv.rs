@@ -257,8 +257,7 @@ impl RecvEngine {
             ))));
         };
         if c.status != WcStatus::Success {
-            let what = if kind == WrKind::Flush { "a flush READ" } else { "a CTS WRITE" };
-            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
         }
         match kind {
             WrKind::Cts => {

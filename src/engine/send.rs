@@ -446,11 +446,7 @@ impl SendEngine {
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            let what = match kind {
-                WrKind::Probe => "a probe",
-                _ => "a data WRITE",
-            };
-            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
         }
         match kind {
             WrKind::DataSignal => {

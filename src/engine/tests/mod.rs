@@ -1,6 +1,7 @@
 //! Engine tests, sans-IO and deterministic: two engines driven against each other through
 //! the fake fabric of `harness.rs`.
 
+mod failures;
 mod harness;
 mod protocol;
 mod violations;

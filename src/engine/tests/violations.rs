@@ -5,8 +5,8 @@
 
 use super::harness::*;
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
-use crate::engine::{FlushBuf, SOUT, SUP, WrKind};
-use crate::error::{Error, ErrorKind};
+use crate::engine::{SOUT, SUP, WrKind};
+use crate::error::ErrorKind;
 use crate::fabric::WcStatus;
 
 /// A pair whose receiver has one receive (slot 0) of buffers of `sizes` posted, its CTS
@@ -22,55 +22,6 @@ fn posted(o: Opts, sizes: &[u64]) -> Pair {
 
 fn imm(slot: u8, mask: u8, size_q: u32) -> Imm {
     Imm { slot, mask, size_q }
-}
-
-/// The error of `r`: of `kind`, its message containing every needle.
-#[track_caller]
-fn rejected<T: std::fmt::Debug>(r: crate::Result<T>, kind: ErrorKind, needles: &[&str]) -> Error {
-    let e = r.expect_err("must be rejected");
-    assert_eq!(e.kind, kind, "{}", e.msg);
-    for n in needles {
-        assert!(e.msg.contains(n), "`{}` does not say `{n}`", e.msg);
-    }
-    e
-}
-
-/// Every later call on the receiver answers with the first cause and posts nothing.
-#[track_caller]
-fn assert_recv_broken(p: &mut Pair, first: &Error) {
-    let want = format!("connection failed earlier: {}", first.msg);
-    let ra = p.recv_buf(64);
-    let errs = [
-        p.r.irecv(p.now, &[rbuf(ra, 64, 0)], &mut p.rs, &mut p.posts).unwrap_err(),
-        p.r.test(0).unwrap_err(),
-        p.r.iflush(FlushBuf { addr: ra, rkeys: [61, 62] }, &mut p.posts).unwrap_err(),
-        // A well-formed IMM for the posted slot is no longer interpreted.
-        p.inject_recv(SOUT, imm_cqe(imm(0, 0b01, 1), 64)).unwrap_err(),
-    ];
-    for e in errs {
-        assert_eq!((e.kind, e.msg.as_ref()), (first.kind, want.as_str()));
-    }
-    assert_eq!(p.posts.n, 0, "a broken connection posts nothing");
-    assert_eq!(p.r.error(), Some(first));
-}
-
-/// Every later call on the sender answers with the first cause and posts nothing.
-#[track_caller]
-fn assert_send_broken(p: &mut Pair, first: &Error) {
-    let want = format!("connection failed earlier: {}", first.msg);
-    let sa = p.send_buf(&[1; 64]);
-    let errs = [
-        p.s.isend(p.now, sbuf(sa, 64, 0), &mut p.ss, &mut p.posts).unwrap_err(),
-        p.s.test(0).unwrap_err(),
-        p.inject_send(SOUT, wr_cqe(WrKind::DataSignal.id(SOUT, 0), WcStatus::Success)).unwrap_err(),
-    ];
-    for e in errs {
-        assert_eq!((e.kind, e.msg.as_ref()), (first.kind, want.as_str()));
-    }
-    p.now += 1 << 40;
-    p.s.poll_probes(p.now, &mut p.posts);
-    assert_eq!(p.posts.n, 0, "a broken connection posts nothing, probes included");
-    assert_eq!(p.s.error(), Some(first));
 }
 
 /// Injects an IMM on `rail` and expects a protocol violation naming `needles`; then the
