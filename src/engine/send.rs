@@ -425,6 +425,9 @@ impl SendEngine {
                 ..SendWr::default()
             });
             self.probe_ns[rail] = Some(now_ns);
+            // The probe is the rail's latest post: the next one waits a whole interval, or
+            // an idle rail would be probed on every poll once its probe completed.
+            self.tel[rail].on_post(now_ns, 0);
             let ctr = &mut self.counters[rail];
             ctr.wr_posted += 1;
             ctr.doorbells += 1;
