@@ -406,7 +406,9 @@ impl SendEngine {
         for rail in 0..RAILS {
             let t = &self.tel[rail];
             let v = t.view();
-            if v.failed || v.inflight_bytes > 0 || self.probe_ns[rail].is_some() {
+            // Busy: bytes in flight, or a signalled WR (an empty transfer's carries 0 bytes).
+            let busy = v.inflight_bytes > 0 || self.outstanding[rail] > 0;
+            if v.failed || busy || self.probe_ns[rail].is_some() {
                 continue;
             }
             if now_ns.saturating_sub(t.last_post_ns()) < self.cfg.probe_interval_ns {

@@ -5,3 +5,4 @@ mod failures;
 mod harness;
 mod protocol;
 mod violations;
+mod probes;
