@@ -3,6 +3,7 @@
 
 mod failures;
 mod harness;
-mod protocol;
-mod violations;
 mod probes;
+mod protocol;
+mod splits;
+mod violations;
