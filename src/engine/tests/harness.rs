@@ -129,11 +129,28 @@ pub enum Dir {
     ToSend,
 }
 
-/// One QP's send queue in flight: WRs not yet executed at the responder.
+/// One QP's send queue in flight: WRs not yet executed at the responder, each with its
+/// index in [`Pair::log`].
 #[derive(Default)]
 pub struct Wire {
-    pub q: VecDeque<SendWr>,
+    pub q: VecDeque<(usize, SendWr)>,
 }
+
+/// What became of a posted WR (parallel to [`Pair::log`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Still on its wire.
+    Queued,
+    /// Executed at the responder; `cqe`: its position in the poster's CQ if signalled.
+    Executed { cqe: Option<u64> },
+    /// Failed or flushed (see [`Pair::fail_head`]).
+    Failed,
+}
+
+/// Index of the sender's CQs in [`Pair::cq_pushed`].
+pub const SEND_SIDE: usize = 0;
+/// Index of the receiver's CQs in [`Pair::cq_pushed`].
+pub const RECV_SIDE: usize = 1;
 
 pub struct Pair {
     pub s: SendEngine,
@@ -153,6 +170,11 @@ pub struct Pair {
     pub log: Vec<(Dir, usize, QpRef, SendWr)>,
     /// Every chain posted: `log[start..start + len]` went in one post call.
     pub chains: Vec<ChainRec>,
+    /// What became of each WR of `log`.
+    pub fate: Vec<Fate>,
+    /// Completions ever pushed to each CQ, `[side][rail]`; those popped (from the front, by
+    /// whoever) are `cq_pushed - len`.
+    pub cq_pushed: [[u64; RAILS]; 2],
 }
 
 /// One posted chain, as a range of [`Pair::log`].
@@ -248,6 +270,8 @@ impl Pair {
             posts: Posts::default(),
             log: Vec::new(),
             chains: Vec::new(),
+            fate: Vec::new(),
+            cq_pushed: [[0; RAILS]; 2],
         }
     }
 
@@ -262,8 +286,9 @@ impl Pair {
             let start = self.log.len();
             self.chains.push(ChainRec { dir, rail: c.rail as usize, qp: c.qp, start, len: c.wrs().len() });
             for wr in c.wrs() {
+                self.wires[dir as usize][c.rail as usize][qp].q.push_back((self.log.len(), *wr));
                 self.log.push((dir, c.rail as usize, c.qp, *wr));
-                self.wires[dir as usize][c.rail as usize][qp].q.push_back(*wr);
+                self.fate.push(Fate::Queued);
             }
         }
         self.posts = posts;
@@ -307,7 +332,7 @@ impl Pair {
 
     /// Executes the head WR of one wire. Returns false when it cannot (empty, or RNR).
     pub fn step(&mut self, dir: Dir, rail: usize, qp: usize) -> bool {
-        let Some(wr) = self.wires[dir as usize][rail][qp].q.front().copied() else { return false };
+        let Some((idx, wr)) = self.wires[dir as usize][rail][qp].q.front().copied() else { return false };
         if wr.opcode == WrOpcode::WriteImm && dir == Dir::ToRecv {
             if self.srq[rail] == 0 {
                 self.rnr[rail] += 1;
@@ -332,32 +357,52 @@ impl Pair {
         }
         self.now += 100;
         let qp_num = (rail * 100 + qp) as u32;
+        let (local, remote) = match dir {
+            Dir::ToRecv => (SEND_SIDE, RECV_SIDE),
+            Dir::ToSend => (RECV_SIDE, SEND_SIDE),
+        };
         if wr.opcode == WrOpcode::WriteImm {
-            let remote_cq = match dir {
-                Dir::ToRecv => &mut self.cq_r[rail],
-                Dir::ToSend => &mut self.cq_s[rail],
-            };
-            remote_cq.push_back(Completion {
+            let c = Completion {
                 opcode: WcOpcode::RecvRdmaWithImm,
                 imm: wr.imm,
                 byte_len: off as u32,
                 qp_num,
                 ..Completion::default()
-            });
-        }
-        if wr.signaled {
-            let local_cq = match dir {
-                Dir::ToRecv => &mut self.cq_s[rail],
-                Dir::ToSend => &mut self.cq_r[rail],
             };
-            local_cq.push_back(Completion {
-                wr_id: wr.wr_id,
-                opcode: WcOpcode::RdmaWrite,
-                qp_num,
-                ..Completion::default()
-            });
+            self.push_cq(remote, rail, c);
         }
+        let mut cqe = None;
+        if wr.signaled {
+            let c = Completion { wr_id: wr.wr_id, opcode: WcOpcode::RdmaWrite, qp_num, ..Completion::default() };
+            cqe = Some(self.push_cq(local, rail, c));
+        }
+        self.fate[idx] = Fate::Executed { cqe };
         true
+    }
+
+    /// Appends `c` to `side`'s CQ of `rail`; returns its position in that CQ's history.
+    fn push_cq(&mut self, side: usize, rail: usize, c: Completion) -> u64 {
+        let cq = if side == SEND_SIDE { &mut self.cq_s[rail] } else { &mut self.cq_r[rail] };
+        cq.push_back(c);
+        self.cq_pushed[side][rail] += 1;
+        self.cq_pushed[side][rail] - 1
+    }
+
+    /// Completions popped so far from `side`'s CQ of `rail`.
+    pub fn cq_popped(&self, side: usize, rail: usize) -> u64 {
+        let len = if side == SEND_SIDE { self.cq_s[rail].len() } else { self.cq_r[rail].len() };
+        self.cq_pushed[side][rail] - len as u64
+    }
+
+    /// Whether WR `log[idx]` executed and, if signalled, its completion was polled.
+    pub fn completed(&self, idx: usize) -> bool {
+        let (dir, rail, ..) = self.log[idx];
+        let side = if dir == Dir::ToRecv { SEND_SIDE } else { RECV_SIDE };
+        match self.fate[idx] {
+            Fate::Executed { cqe: Some(pos) } => self.cq_popped(side, rail) > pos,
+            Fate::Executed { cqe: None } => true,
+            _ => false,
+        }
     }
 
     /// Executes every WR that can execute, in a fixed order.
@@ -384,18 +429,15 @@ impl Pair {
     /// error state and every WR behind it completes as flushed. Returns the failed WR.
     pub fn fail_head(&mut self, dir: Dir, rail: usize, qp: usize, status: WcStatus) -> SendWr {
         let q = &mut self.wires[dir as usize][rail][qp].q;
-        let wr = q.pop_front().expect("a WR to fail");
-        let rest: Vec<SendWr> = q.drain(..).collect();
-        let cq = match dir {
-            Dir::ToRecv => &mut self.cq_s[rail],
-            Dir::ToSend => &mut self.cq_r[rail],
-        };
+        let failed: Vec<(usize, SendWr)> = q.drain(..).collect();
+        let side = if dir == Dir::ToRecv { SEND_SIDE } else { RECV_SIDE };
         let qp_num = (rail * 100 + qp) as u32;
-        cq.push_back(Completion { wr_id: wr.wr_id, status, qp_num, ..Completion::default() });
-        for w in rest {
-            cq.push_back(Completion { wr_id: w.wr_id, status: WcStatus::Flushed, qp_num, ..Completion::default() });
+        for (k, &(idx, w)) in failed.iter().enumerate() {
+            let status = if k == 0 { status } else { WcStatus::Flushed };
+            self.push_cq(side, rail, Completion { wr_id: w.wr_id, status, qp_num, ..Completion::default() });
+            self.fate[idx] = Fate::Failed;
         }
-        wr
+        failed.first().expect("a WR to fail").1
     }
 
     /// Whether any WR still waiting on a wire in direction `dir` matches `pred`.
@@ -403,7 +445,7 @@ impl Pair {
         self.wires[dir as usize]
             .iter()
             .enumerate()
-            .any(|(rail, qps)| qps.iter().any(|w| w.q.iter().any(|wr| pred(rail, wr))))
+            .any(|(rail, qps)| qps.iter().any(|w| w.q.iter().any(|(_, wr)| pred(rail, wr))))
     }
 
     /// WRs waiting on all wires.

@@ -3,6 +3,7 @@
 
 mod failures;
 mod harness;
+mod model;
 mod probes;
 mod protocol;
 mod splits;
