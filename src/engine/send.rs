@@ -173,6 +173,13 @@ impl SendEngine {
     /// Reads the next CTS slot if the receiver has written all of it.
     fn poll_cts(&mut self, mem: &impl SendMemory) -> Result<bool> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
+        if self.slots[slot].pending != 0 {
+            // The slot's previous use still awaits completions (the receiver freed the slot
+            // when the IMMs landed; acks can come later). Completions name only (rail, slot):
+            // taking the slot now would let a late one complete the new send early and leave
+            // the old one pending forever. Not now: NCCL's test on the old sends polls them.
+            return Ok(false);
+        }
         let w0 = mem.fifo_word(slot, 0);
         if w0 >> 8 != self.fifo_head + 1 {
             return Ok(false);
@@ -202,7 +209,9 @@ impl SendEngine {
         Ok(true)
     }
 
-    /// `isend`: `Ok(None)` when the matching receive is not posted yet (NCCL retries).
+    /// `isend`: `Ok(None)` when the matching receive is not posted yet, or its CTS slot's
+    /// previous use still awaits completions (NCCL retries; polling the CQs of
+    /// [`Self::busy_rails`] frees the slot).
     /// When this send completes its slot, the slot's chains are appended to `out`.
     pub fn isend(
         &mut self,

@@ -8,3 +8,4 @@ mod probes;
 mod protocol;
 mod splits;
 mod violations;
+mod slot_reuse;
