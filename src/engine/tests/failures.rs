@@ -3,6 +3,7 @@
 //! a Remote error, marks the rail failed in its telemetry (sender), breaks the connection,
 //! and never completes a request whose data did not all land. Also the flush path itself.
 
+use super::broken::*;
 use super::harness::*;
 use crate::engine::imm::Imm;
 use crate::engine::{FlushBuf, QpRef, SOUT, SUP, WrKind};

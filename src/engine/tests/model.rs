@@ -53,6 +53,12 @@ pub enum Op {
     Refill,
     /// Time passes; the sender may probe.
     Tick(u64),
+    /// The sender's QP `qp` (modulo the rail's QPs) of `rail` gets its acks late, or they
+    /// all arrive now.
+    Acks { rail: usize, qp: usize, late: bool },
+    /// One round of what a plugin does: refill, run every wire, poll every CQ, post every
+    /// send it can, test every request.
+    Settle,
 }
 
 #[derive(Clone, Debug)]
@@ -102,7 +108,8 @@ pub struct Model {
     pub p: Pair,
     cfg: Cfg,
     recvs: VecDeque<Recv>,
-    seq: u64,
+    /// Receives posted so far (warm-up included).
+    pub seq: u64,
     live_recvs: usize,
     live_sends: usize,
     pub max_live: (usize, usize),
@@ -114,6 +121,8 @@ pub struct Model {
     landed: Vec<(u64, Vec<u8>)>,
     truncations: u64,
     next_seed: u64,
+    /// isends answered "not now" because the slot's previous use awaited completions.
+    pub slot_waits: u64,
 }
 
 fn fail<T>(msg: String) -> Result<T, TestCaseError> {
@@ -136,6 +145,7 @@ impl Model {
             landed: Vec::new(),
             truncations: 0,
             next_seed: 1,
+            slot_waits: 0,
             cfg,
         };
         for _ in 0..m.cfg.warmup {
@@ -179,6 +189,16 @@ impl Model {
                 Ok(())
             }
             Op::Tick(dt) => self.tick(*dt),
+            &Op::Acks { rail, qp, late } => {
+                let qp = qp % self.cfg.qps[rail] as usize;
+                if late {
+                    self.p.hold_acks(rail, qp)
+                } else {
+                    self.p.release_acks(rail, qp)
+                }
+                Ok(())
+            }
+            Op::Settle => self.settle().map(|_| ()),
         }
     }
 
@@ -242,7 +262,10 @@ impl Model {
             Ok(None) if cts_visible && slot_free => {
                 return fail(format!("isend of receive {} refused with its CTS in place", r.seq));
             }
-            Ok(None) => return Ok(false),
+            Ok(None) => {
+                self.slot_waits += cts_visible as u64;
+                return Ok(false);
+            }
             Ok(Some(id)) => id,
         };
         prop_assert!(cts_visible, "isend matched receive {} before its CTS arrived", r.seq);
@@ -368,7 +391,8 @@ impl Model {
         };
         prop_assert_eq!(r.issued, r.sends.len(), "receive {} done before all its sends were posted", r.seq);
         for &i in &r.wrs {
-            prop_assert!(matches!(self.p.fate[i], Fate::Executed { .. }), "receive {} done before WR {} ran", r.seq, i);
+            let ran = matches!(self.p.fate[i], Fate::Executed { .. } | Fate::Acking);
+            prop_assert!(ran, "receive {} done before WR {} ran", r.seq, i);
         }
         prop_assert_eq!(got.n, r.bufs.len());
         for k in 0..r.bufs.len() {
@@ -441,7 +465,7 @@ impl Model {
         self.p.now += dt;
         let first = self.p.chains.len();
         self.p.probes();
-        for c in self.p.chains[first..].to_vec() {
+        for c in self.p.chains[first..].iter().copied() {
             prop_assert!(self.cfg.probe_ns > 0, "probe with probes off");
             let wr = self.p.log[c.start].3;
             prop_assert_eq!((c.len, wr.opcode, wr.signaled), (1, WrOpcode::Write, true));
@@ -456,28 +480,38 @@ impl Model {
         Ok(())
     }
 
-    /// Runs everything to completion as a plugin would; fails if it gets stuck.
-    fn drain(&mut self) -> Result<(), TestCaseError> {
-        for _ in 0..100_000 {
-            let mut progress = false;
-            self.p.refill();
-            for (dir, rail, qp) in self.busy_wires() {
-                while self.p.step(dir, rail, qp) {
-                    progress = true;
-                }
-            }
-            for side in [SEND_SIDE, RECV_SIDE] {
-                for rail in 0..RAILS {
-                    progress |= self.poll(side, rail, true)?;
-                }
-            }
-            while self.isend()? {
+    /// One plugin-like round; Ok(true) if anything moved.
+    fn settle(&mut self) -> Result<bool, TestCaseError> {
+        let mut progress = false;
+        self.p.refill();
+        for (dir, rail, qp) in self.busy_wires() {
+            while self.p.step(dir, rail, qp) {
                 progress = true;
             }
-            let live = self.live_recvs + self.live_sends;
-            for k in (0..live).rev() {
-                progress |= self.test(k)?;
+        }
+        for side in [SEND_SIDE, RECV_SIDE] {
+            for rail in 0..RAILS {
+                progress |= self.poll(side, rail, true)?;
             }
+        }
+        while self.isend()? {
+            progress = true;
+        }
+        for k in (0..self.live_recvs + self.live_sends).rev() {
+            progress |= self.test(k)?;
+        }
+        Ok(progress)
+    }
+
+    /// Runs everything to completion (late acks arrive); fails if it gets stuck.
+    fn drain(&mut self) -> Result<(), TestCaseError> {
+        for rail in 0..RAILS {
+            for qp in 0..self.cfg.qps[rail] as usize {
+                self.p.release_acks(rail, qp);
+            }
+        }
+        for _ in 0..100_000 {
+            let progress = self.settle()?;
             if self.recvs.is_empty() {
                 return Ok(());
             }
@@ -533,125 +567,4 @@ impl Model {
         }
         Ok(())
     }
-}
-
-fn size() -> impl Strategy<Value = usize> {
-    prop_oneof![1 => Just(0usize), 2 => (1usize..=24).prop_map(|k| k * 128), 3 => 0usize..3200]
-}
-
-/// A buffer: posted equal to, larger or smaller than the send, or unrelated; few tags, so
-/// that equal tags within a multi-receive occur.
-fn buf_spec() -> impl Strategy<Value = BufSpec> {
-    (0u32..4, size(), size(), 0u8..4, 0usize..300).prop_map(|(tag, send, other, mode, d)| {
-        let posted = match mode {
-            0 => send,
-            1 => send + d,
-            2 => send.saturating_sub(d),
-            _ => other,
-        };
-        BufSpec { tag, posted, send }
-    })
-}
-
-fn irecv_op() -> impl Strategy<Value = Op> {
-    prop_oneof![2 => prop::collection::vec(buf_spec(), 1..=1), 1 => prop::collection::vec(buf_spec(), 2..=8)]
-        .prop_flat_map(|bufs| {
-            let n = bufs.len();
-            (Just(bufs), Just((0..n).collect::<Vec<_>>()).prop_shuffle())
-        })
-        .prop_map(|(bufs, order)| Op::Irecv(bufs, order))
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    prop_oneof![
-        3 => irecv_op(),
-        8 => Just(Op::Isend),
-        4 => any::<usize>().prop_map(Op::Test),
-        10 => any::<usize>().prop_map(Op::Step),
-        4 => (0..2usize, 0..RAILS, any::<bool>()).prop_map(|(side, rail, all)| Op::Poll { side, rail, all }),
-        1 => Just(Op::Refill),
-        1 => (0u64..3000).prop_map(Op::Tick),
-    ]
-}
-
-fn cfg() -> impl Strategy<Value = Cfg> {
-    let percent = prop_oneof![Just(0u8), Just(100), 0u8..=100];
-    let probe_ns = prop_oneof![Just(0u64), 500u64..5000];
-    (1u16..=3, 1u16..=3, percent, 1u32..=8, 0u32..=24, probe_ns, 0usize..SLOTS).prop_map(
-        |(sout, sup, percent, low, extra, probe_ns, warmup)| Cfg {
-            qps: [sout, sup],
-            percent,
-            srq: (low, low + extra),
-            probe_ns,
-            warmup,
-        },
-    )
-}
-
-proptest! {
-    /// Random interleavings (starting anywhere in the slot space, so many cases cross the
-    /// wrap) against the model.
-    #[test]
-    fn model_random_interleavings(cfg in cfg(), ops in prop::collection::vec(op(), 1..300)) {
-        Model::new(cfg).run(&ops)?;
-    }
-}
-
-/// A deterministic scramble of wire steps, polls and tests.
-fn scramble(seed: u64, n: usize) -> Vec<Op> {
-    let mut x = seed | 1;
-    (0..n)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            let k = (x >> 8) as usize;
-            match x % 8 {
-                0..=3 => Op::Step(k),
-                4 | 5 => Op::Poll { side: k % 2, rail: (k >> 1) % 2, all: k & 4 != 0 },
-                6 => Op::Test(k),
-                _ => Op::Refill,
-            }
-        })
-        .collect()
-}
-
-#[test]
-fn model_full_window_across_the_slot_wrap() {
-    // 32 receives of 8 buffers (slots 240..=271, across the wrap), all CTS delivered, then
-    // all 256 sends in flight at once, executed and completed in a scrambled order.
-    let cfg = Cfg { qps: [2, 3], percent: 37, srq: (2, 4), probe_ns: 0, warmup: 240 };
-    let mut ops = Vec::new();
-    for i in 0..32usize {
-        let bufs = (0..8)
-            .map(|k| BufSpec { tag: k as u32, posted: 100 + 97 * ((i + k) % 7), send: 128 * ((i * 3 + k) % 9) + k })
-            .collect();
-        ops.push(Op::Irecv(bufs, (0..8).rev().collect()));
-    }
-    ops.extend((0..32).map(Op::Step));
-    ops.extend((0..256).map(|_| Op::Isend));
-    ops.extend(scramble(7, 4000));
-    let mut m = Model::new(cfg);
-    m.run(&ops).unwrap();
-    assert_eq!(m.max_live, (32, 256), "a full window was in flight");
-    assert!(m.p.rnr.iter().sum::<u64>() > 0, "the small SRQ made writers wait, and they recovered");
-}
-
-#[test]
-fn model_long_run_wraps_the_slots_several_times() {
-    let cfg = Cfg { qps: [3, 1], percent: 60, srq: (2, 6), probe_ns: 1000, warmup: 0 };
-    let mut ops = Vec::new();
-    for i in 0..700usize {
-        let n = 1 + i % 3;
-        let bufs = (0..n)
-            .map(|k| BufSpec { tag: (k % 2) as u32, posted: (i * 37 + k * 300) % 2000, send: (i * 53 + k) % 1900 })
-            .collect();
-        ops.push(Op::Irecv(bufs, (0..n).collect()));
-        ops.extend((0..n).map(|_| Op::Isend));
-        ops.extend(scramble(i as u64 + 1, 12));
-        ops.push(Op::Tick(700));
-    }
-    let mut m = Model::new(cfg);
-    m.run(&ops).unwrap();
-    assert!(m.p.s.counters()[SOUT].probes > 0, "idle rails were probed along the way");
 }

@@ -3,6 +3,7 @@
 //! "connection failed earlier: <cause>" and nothing more is interpreted or posted. Misuse
 //! by the caller (too many requests, a slot still in use) is refused without breaking it.
 
+use super::broken::*;
 use super::harness::*;
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::{SOUT, SUP, WrKind};
