@@ -144,6 +144,17 @@ impl WrKind {
         k << 60 | (rail as u64) << 8 | slot as u64
     }
 
+    /// The WR, in words, for error messages (`slot` as decoded from its `wr_id`).
+    pub(crate) fn what(self, slot: usize) -> String {
+        match self {
+            WrKind::DataSignal => format!("the WRITE_WITH_IMM of slot {slot}"),
+            WrKind::Data => format!("a data WRITE of slot {slot}"),
+            WrKind::Cts => format!("the CTS WRITE of slot {slot}"),
+            WrKind::Probe => "a probe WRITE".to_string(),
+            WrKind::Flush => format!("the READ of flush {slot}"),
+        }
+    }
+
     /// Decodes a `wr_id` into (kind, rail, slot); None for an id mpib never made.
     #[inline]
     pub(crate) fn decode(id: u64) -> Option<(WrKind, usize, usize)> {

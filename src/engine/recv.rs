@@ -239,8 +239,14 @@ impl RecvEngine {
     /// A completion polled from `rail`'s CQ.
     pub fn on_completion(&mut self, _now_ns: u64, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
         self.counters[rail].cqe += 1;
-        if c.opcode == WcOpcode::RecvRdmaWithImm {
+        let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
+        if imm_recv {
+            // Every receive completion, failed or not, consumed one SRQ WQE.
             self.srq_posted[rail] = self.srq_posted[rail].saturating_sub(1);
+        }
+        // A broken connection interprets nothing more: its peer's IMMs are not trusted.
+        self.check()?;
+        if imm_recv {
             if c.status != WcStatus::Success {
                 return Err(self.fail(completion_error(rail, "receiving an IMM", c.status)));
             }
@@ -257,8 +263,7 @@ impl RecvEngine {
             ))));
         };
         if c.status != WcStatus::Success {
-            let what = if kind == WrKind::Flush { "a flush READ" } else { "a CTS WRITE" };
-            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
         }
         match kind {
             WrKind::Cts => {
@@ -274,11 +279,17 @@ impl RecvEngine {
                 }
                 Ok(())
             }
-            WrKind::Flush => {
-                let f = &mut self.flushes[slot.min(MAX_FLUSHES - 1)];
-                f.pending &= !(1 << wr_rail);
-                Ok(())
-            }
+            WrKind::Flush => match self.flushes.get_mut(slot) {
+                Some(f) if f.live && f.pending & (1 << wr_rail) != 0 => {
+                    f.pending &= !(1 << wr_rail);
+                    Ok(())
+                }
+                // Never credit another flush with it: that flush would complete early.
+                _ => Err(self.fail(Error::internal(format!(
+                    "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
+                    RAIL_NAMES[wr_rail]
+                )))),
+            },
             _ => Err(self.fail(Error::internal(format!(
                 "{} rail: unexpected {kind:?} completion on a receive connection",
                 RAIL_NAMES[wr_rail]
@@ -404,6 +415,8 @@ impl RecvEngine {
 
     /// `test`: the sizes once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+        // Every call after a failure reports it, even for a request that had completed.
+        self.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
                 return Err(Error::internal(format!("flush request {id} is not in flight")));
@@ -412,7 +425,6 @@ impl RecvEngine {
                 *f = FlushReq::default();
                 return Ok(Some(RecvDone::default()));
             }
-            self.check()?;
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
@@ -425,10 +437,7 @@ impl RecvEngine {
                 self.outstanding -= 1;
                 Ok(Some(done))
             }
-            State::Posted => {
-                self.check()?;
-                Ok(None)
-            }
+            State::Posted => Ok(None),
             State::Free => Err(Error::internal(format!("receive request {id} is not in flight (tested after done?)"))),
         }
     }

@@ -179,6 +179,13 @@ impl SendEngine {
     /// Reads the next CTS slot if the receiver has written all of it.
     fn poll_cts(&mut self, mem: &impl SendMemory) -> Result<bool> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
+        if self.slots[slot].pending != 0 {
+            // The slot's previous use still awaits completions (the receiver freed the slot
+            // when the IMMs landed; acks can come later). Completions name only (rail, slot):
+            // taking the slot now would let a late one complete the new send early and leave
+            // the old one pending forever. Not now: NCCL's test on the old sends polls them.
+            return Ok(false);
+        }
         let w0 = mem.fifo_word(slot, 0);
         if w0 >> 8 != self.fifo_head + 1 {
             return Ok(false);
@@ -208,7 +215,9 @@ impl SendEngine {
         Ok(true)
     }
 
-    /// `isend`: `Ok(None)` when the matching receive is not posted yet (NCCL retries).
+    /// `isend`: `Ok(None)` when the matching receive is not posted yet, or its CTS slot's
+    /// previous use still awaits completions (NCCL retries; polling the CQs of
+    /// [`Self::busy_rails`] frees the slot).
     /// When this send completes its slot, the slot's chains are appended to `out`.
     pub fn isend(
         &mut self,
@@ -412,7 +421,9 @@ impl SendEngine {
         for rail in 0..RAILS {
             let t = &self.tel[rail];
             let v = t.view();
-            if v.failed || v.inflight_bytes > 0 || self.probe_ns[rail].is_some() {
+            // Busy: bytes in flight, or a signalled WR (an empty transfer's carries 0 bytes).
+            let busy = v.inflight_bytes > 0 || self.outstanding[rail] > 0;
+            if v.failed || busy || self.probe_ns[rail].is_some() {
                 continue;
             }
             if now_ns.saturating_sub(t.last_post_ns()) < self.cfg.probe_interval_ns {
@@ -431,6 +442,9 @@ impl SendEngine {
                 ..SendWr::default()
             });
             self.probe_ns[rail] = Some(now_ns);
+            // The probe is the rail's latest post: the next one waits a whole interval, or
+            // an idle rail would be probed on every poll once its probe completed.
+            self.tel[rail].on_post(now_ns, 0);
             let ctr = &mut self.counters[rail];
             ctr.wr_posted += 1;
             ctr.doorbells += 1;
@@ -441,6 +455,8 @@ impl SendEngine {
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
     pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
         self.counters[rail].cqe += 1;
+        // A broken connection interprets nothing more (flushed WRs, late completions).
+        self.check()?;
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             return Err(self.fail(Error::internal(format!(
                 "{} rail: completion with an unknown wr_id {:#x}",
@@ -450,11 +466,7 @@ impl SendEngine {
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            let what = match kind {
-                WrKind::Probe => "a probe",
-                _ => "a data WRITE",
-            };
-            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
         }
         match kind {
             WrKind::DataSignal => {
@@ -479,9 +491,13 @@ impl SendEngine {
                 Ok(())
             }
             WrKind::Probe => {
-                if let Some(p) = self.probe_ns[wr_rail].take() {
-                    self.tel[wr_rail].on_complete(Sample { posted_ns: p, completed_ns: t, bytes: 0 });
-                }
+                let Some(p) = self.probe_ns[wr_rail].take() else {
+                    return Err(self.fail(Error::internal(format!(
+                        "{} rail: probe completion, but no probe is in flight",
+                        RAIL_NAMES[wr_rail]
+                    ))));
+                };
+                self.tel[wr_rail].on_complete(Sample { posted_ns: p, completed_ns: t, bytes: 0 });
                 Ok(())
             }
             _ => Err(self.fail(Error::internal(format!(
@@ -493,6 +509,8 @@ impl SendEngine {
 
     /// `test`: the bytes sent once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
+        // Every call after a failure reports it, even for a request that had completed.
+        self.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
             return Err(Error::internal(format!("send request {id} does not exist")));
         };
@@ -503,10 +521,7 @@ impl SendEngine {
                 self.free.push(id);
                 Ok(Some(size))
             }
-            ReqState::Pending => {
-                self.check()?;
-                Ok(None)
-            }
+            ReqState::Pending => Ok(None),
             ReqState::Free => Err(Error::internal(format!("send request {id} is not in flight (tested after done?)"))),
         }
     }
