@@ -116,7 +116,7 @@ impl Shared {
             }
             Err(e) if !st.failing => {
                 st.failing = true;
-                log::warn!("mpib: cannot write the statistics file {}: {e}", self.path.display());
+                log::warn!(target: "mpib::stats", "cannot write the statistics file {}: {e}", self.path.display());
             }
             Err(_) => {}
         }
@@ -167,6 +167,7 @@ impl StatsWriter {
     }
 
     /// Successful writes so far.
+    #[cfg(test)]
     pub fn writes(&self) -> u64 {
         self.shared.write_lock.lock().writes
     }
@@ -197,7 +198,7 @@ pub fn start_stats_export(cfg: &Config) -> Result<()> {
         let render = || format_stats(&process_totals());
         match StatsWriter::spawn(path.clone(), interval, render) {
             Ok(w) => {
-                log::info!("mpib: statistics every {} ms to {}", cfg.stats_interval_ms, path.display());
+                log::info!(target: "mpib::stats", "statistics every {} ms to {}", cfg.stats_interval_ms, path.display());
                 Some(w)
             }
             Err(e) => {

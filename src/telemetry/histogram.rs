@@ -119,16 +119,6 @@ impl HistogramSnapshot {
         self.max = self.max.max(h.max.get());
     }
 
-    /// Adds another snapshot.
-    pub fn add(&mut self, other: &HistogramSnapshot) {
-        for (into, from) in self.buckets.iter_mut().zip(other.buckets.iter()) {
-            *into += from;
-        }
-        self.sum += other.sum;
-        self.min = self.min.min(other.min);
-        self.max = self.max.max(other.max);
-    }
-
     pub fn samples(&self) -> u64 {
         self.buckets.iter().sum()
     }
@@ -182,13 +172,17 @@ mod tests {
         sorted[rank - 1]
     }
 
-    fn snapshot(values: &[u64]) -> HistogramSnapshot {
+    fn live(values: &[u64]) -> LatencyHistogram {
         let h = LatencyHistogram::default();
         for &v in values {
             h.record(v);
         }
+        h
+    }
+
+    fn snapshot(values: &[u64]) -> HistogramSnapshot {
         let mut s = HistogramSnapshot::default();
-        s.add_live(&h);
+        s.add_live(&live(values));
         s
     }
 
@@ -247,7 +241,7 @@ mod tests {
         let a: Vec<u64> = (0..5000).map(|i| 1000 + i * 3).collect();
         let b: Vec<u64> = (0..3000).map(|i| 50_000 + i * 101).collect();
         let mut merged = snapshot(&a);
-        merged.add(&snapshot(&b));
+        merged.add_live(&live(&b));
         let all: Vec<u64> = a.iter().chain(&b).copied().collect();
         assert_eq!(merged, snapshot(&all));
     }

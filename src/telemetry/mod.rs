@@ -12,6 +12,7 @@
 mod counter;
 mod export;
 mod histogram;
+mod inflight;
 mod rate;
 mod registry;
 mod rtt;
@@ -24,6 +25,7 @@ pub use registry::{RailTotals, StatsHandle, process_totals};
 pub use stats::{RailCounts, RailStats};
 
 use crate::config::Config;
+use inflight::{Chain, InflightChains};
 use rate::DeliveryRate;
 use rtt::RttEstimator;
 use window_min::WindowedMin;
@@ -32,8 +34,9 @@ use window_min::WindowedMin;
 /// uncongested path while a queue stands, short enough to follow a route change.
 pub const BASE_WINDOW_NS: u64 = 100_000_000;
 /// Time constant of the delivery-rate filter over busy time: a step in a rail's rate is
-/// followed to within 5 % after 3τ of traffic.
-pub const BW_TAU_NS: u64 = 1_000_000;
+/// followed to within 5 % after 3τ of traffic. Shorter follows faster but lets completion
+/// jitter through, and the split multiplies a rate error by the queue it drains.
+pub const BW_TAU_NS: u64 = 2_000_000;
 /// The congestion signal's floor on its 4·RTTVAR margin, as a fraction of the smoothed
 /// delay (RFC 6298's clock granularity G): on a jitter-free path RTTVAR decays to ~0 and
 /// nanoseconds of noise would otherwise read as congestion.
@@ -48,13 +51,24 @@ pub struct RailView {
     pub srtt_ns: u64,
     /// RTT variation (ns).
     pub rttvar_ns: u64,
-    /// Base latency (ns): the minimum over [`BASE_WINDOW_NS`] of each sample's RTT less
-    /// its own serialization at the estimated rate. 0 before the first sample.
+    /// Base latency (ns): the minimum over [`BASE_WINDOW_NS`] of the RTT, less its own
+    /// serialization at the estimated rate, of probes and of chains posted on an idle rail
+    /// (a queued chain's RTT includes its wait, which cannot be told apart from latency).
+    /// Kept while a busy rail gives no such sample. 0 before the first.
     pub base_ns: u64,
     /// Delivery-rate estimate (bytes/s); the link speed until traffic replaces it.
     pub bw_bytes_per_s: u64,
     /// Bytes posted on the rail whose completion has not been seen.
     pub inflight_bytes: u64,
+    /// The in-flight bytes are expected to have all completed at
+    /// `drain_start_ns + inflight_bytes / rate`: the last data completion while the rail
+    /// stays busy (the next chain has been on the wire since), or post time + base
+    /// latency when a chain lands on an idle rail. Lets the policy see how far the
+    /// chain in service has got instead of a staircase that drops a whole chain at a time.
+    pub drain_start_ns: u64,
+    /// Bytes of the oldest chain in flight (the one on the wire): how much progress since
+    /// `drain_start_ns` is plausible before a silent rail counts as stalled. 0 when none.
+    pub head_chain_bytes: u64,
     /// RTT samples taken so far (data chains and probes).
     pub samples: u64,
     /// The last sample's delay exceeded SRTT + 4·RTTVAR of the delays before it.
@@ -63,6 +77,30 @@ pub struct RailView {
     pub congestion_events: u64,
     /// A completion on this rail failed: it gets no new traffic.
     pub failed: bool,
+}
+
+impl RailView {
+    /// The rail's rate (bytes/ns): the estimate, else the link speed.
+    #[inline]
+    pub fn rate_bytes_per_ns(&self) -> f64 {
+        let bps = if self.bw_bytes_per_s > 0 { self.bw_bytes_per_s } else { self.speed_mbps as u64 * 125_000 };
+        bps.max(1) as f64 * 1e-9
+    }
+
+    /// How long (ns from `now_ns`) until the rail is done with what it holds, at `rate`
+    /// bytes/ns: its in-flight bytes from `drain_start_ns`, crediting at most the oldest
+    /// chain's worth of progress since (a rail silent for longer is late, not draining),
+    /// and never less than the base latency (what an idle rail still costs).
+    #[inline]
+    pub fn drain_ns(&self, now_ns: u64, rate: f64) -> f64 {
+        let base = self.base_ns as f64;
+        if self.inflight_bytes == 0 {
+            return base;
+        }
+        let elapsed = now_ns as f64 - self.drain_start_ns as f64;
+        let credit = elapsed.min(self.head_chain_bytes as f64 / rate);
+        (self.inflight_bytes as f64 / rate - credit).max(base)
+    }
 }
 
 /// Estimator parameters (`MPIB_RTT_ALPHA`, `MPIB_RTT_BETA`) and the link speed.
@@ -98,11 +136,14 @@ pub struct RailTelemetry {
     last_post_ns: u64,
     /// Raw RTT of chains and probes: what `srtt_ns`/`rttvar_ns` report.
     rtt: RttEstimator,
-    /// RTT less the chain's own serialization: comparable across chain sizes and probes,
-    /// so a 1 MiB chain after 64 KiB ones is not mistaken for congestion.
+    /// The part of each RTT that the rail's known queue and rate do not explain (RTT less
+    /// the expected wait when it was posted, less its own serialization): about the base
+    /// latency when all is well, whatever the chain size and however much the split
+    /// itself has queued on the rail. The congestion signal watches this.
     delay: RttEstimator,
     base: WindowedMin,
     rate: DeliveryRate,
+    chains: InflightChains,
     /// Post time of the outstanding probe.
     probe_posted_ns: Option<u64>,
     last_probe_ns: u64,
@@ -132,6 +173,7 @@ impl RailTelemetry {
             delay: RttEstimator::default(),
             base: WindowedMin::default(),
             rate,
+            chains: InflightChains::default(),
             probe_posted_ns: None,
             last_probe_ns: 0,
             stats,
@@ -142,34 +184,50 @@ impl RailTelemetry {
     /// post call itself with [`RailStats::count_post`] on [`stats`](Self::stats).)
     #[inline]
     pub fn on_post(&mut self, now_ns: u64, bytes: u64) {
-        self.view.inflight_bytes += bytes;
+        let v = &mut self.view;
+        let alone = v.inflight_bytes == 0;
+        let wait = (v.drain_ns(now_ns, v.rate_bytes_per_ns()) - v.base_ns as f64).max(0.0) as u64;
+        if alone {
+            v.drain_start_ns = now_ns + v.base_ns;
+        }
+        v.inflight_bytes += bytes;
+        self.chains.push(Chain { posted_ns: now_ns, bytes, wait_ns: wait, alone });
+        v.head_chain_bytes = self.chains.oldest_bytes();
         self.last_post_ns = now_ns;
     }
 
     /// A signalled chain completed; `sample.bytes` leave the in-flight count.
     #[inline]
     pub fn on_complete(&mut self, sample: Sample) {
-        self.view.inflight_bytes = self.view.inflight_bytes.saturating_sub(sample.bytes);
+        let v = &mut self.view;
+        v.inflight_bytes = v.inflight_bytes.saturating_sub(sample.bytes);
+        v.drain_start_ns = v.drain_start_ns.max(sample.completed_ns);
+        // A chain the ring could not hold (more than its capacity in flight) counts as
+        // queued with no expected wait: a late sample at worst, never a base latency.
+        let chain = self.chains.remove(sample.posted_ns, sample.bytes).unwrap_or_default();
+        v.head_chain_bytes = self.chains.oldest_bytes();
         let rtt = sample.completed_ns.saturating_sub(sample.posted_ns);
         self.stats.latency.record(rtt);
-        self.on_rtt(sample.completed_ns, rtt, sample.bytes);
+        self.on_rtt(sample.completed_ns, rtt, sample.bytes, chain.wait_ns, chain.alone);
         let base = self.base.get().unwrap_or(0);
         self.rate.on_chain(sample.posted_ns, sample.completed_ns, sample.bytes, base, BW_TAU_NS);
         self.view.bw_bytes_per_s = self.rate.bytes_per_s();
         self.stats.gauges.bw_bytes_per_s.set(self.view.bw_bytes_per_s);
     }
 
-    /// One RTT sample of a chain of `bytes` (0 for a probe), at `now_ns`.
+    /// One RTT sample of a chain of `bytes` (0 for a probe) completed at `now_ns`, that
+    /// was expected to wait `wait_ns` for the rail; `alone`: it had the rail to itself
+    /// (a probe, or a chain posted on an idle rail).
     #[inline]
-    fn on_rtt(&mut self, now_ns: u64, rtt: u64, bytes: u64) {
+    fn on_rtt(&mut self, now_ns: u64, rtt: u64, bytes: u64, wait_ns: u64, alone: bool) {
         let (alpha, beta) = (self.cfg.alpha, self.cfg.beta);
         let own_ns = bytes as f64 / self.rate.bytes_per_ns().max(1e-9);
-        let delay = (rtt as f64 - own_ns).max(0.0) as u64;
+        let delay = (rtt as f64 - wait_ns as f64 - own_ns).max(0.0) as u64;
         let margin = CONGESTION_MIN_MARGIN * self.delay.srtt_ns() as f64;
         let congested = self.delay.exceeds(delay, margin);
         self.delay.update(delay, alpha, beta);
         self.rtt.update(rtt, alpha, beta);
-        let base = self.base.update(now_ns, delay, BASE_WINDOW_NS);
+        let base = if alone { self.base.update(now_ns, delay, BASE_WINDOW_NS) } else { self.base.get().unwrap_or(0) };
         let v = &mut self.view;
         v.srtt_ns = self.rtt.srtt_ns();
         v.rttvar_ns = self.rtt.rttvar_ns();
@@ -194,6 +252,8 @@ impl RailTelemetry {
     /// Forget `bytes` in flight without a sample (e.g. a flushed chain).
     pub fn on_abandon(&mut self, bytes: u64) {
         self.view.inflight_bytes = self.view.inflight_bytes.saturating_sub(bytes);
+        self.chains.remove_bytes(bytes);
+        self.view.head_chain_bytes = self.chains.oldest_bytes();
     }
 
     /// When the rail last carried a post (ns), for probes.
@@ -228,7 +288,7 @@ impl RailTelemetry {
     /// chain (SRTT/RTTVAR, base latency, congestion signal; not the delivery rate).
     pub fn on_probe_complete(&mut self, completed_ns: u64) {
         if let Some(posted) = self.probe_posted_ns.take() {
-            self.on_rtt(completed_ns, completed_ns.saturating_sub(posted), 0);
+            self.on_rtt(completed_ns, completed_ns.saturating_sub(posted), 0, 0, true);
         }
     }
 

@@ -73,6 +73,7 @@ impl DeliveryRate {
         (self.bw * 1e9) as u64
     }
 
+    #[cfg(test)]
     pub fn samples(&self) -> u64 {
         self.samples
     }

@@ -44,6 +44,7 @@ impl RttEstimator {
         self.rttvar as u64
     }
 
+    #[cfg(test)]
     pub fn samples(&self) -> u64 {
         self.samples
     }
