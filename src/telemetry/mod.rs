@@ -7,7 +7,28 @@
 //! device completion timestamp), so tests drive it with a fake clock. One file per concern:
 //! `rtt` (SRTT/RTTVAR), `window_min` (base latency), `rate` (delivery rate), `histogram`
 //! (latency percentiles), `counter` + `stats` (single-writer published figures),
-//! `registry` (process-wide totals), `export` (the statistics file).
+//! `registry` (process-wide totals), `export` (the statistics file), `inflight` (the
+//! chains on the wire).
+//!
+//! How the engine drives it, per rail of each connection (one clock read per batch):
+//!
+//! ```text
+//! connect:   tel[r] = RailTelemetry::registered(TelemetryConfig::from_config(cfg, speed_mbps), r)
+//!            policy = AnySplit::from_config(cfg)
+//! isend:     sout = policy.sout_bytes(size, now, &[*tel[0].view(), *tel[1].view()])
+//!            mask = split::active_mask(size, sout)      // then per active rail r:
+//!            tel[r].on_post(now, bytes_r)               // estimator: bytes in flight, queue
+//!            tel[r].stats().count_post(wrs, imm_wrs, bytes_r, size)   // counters: one doorbell
+//! poll:      tel[r].stats().count_cqes(n)
+//!            data chain ok:  tel[r].on_complete(Sample { posted_ns, completed_ns: now, bytes })
+//!            probe ok:       tel[r].on_probe_complete(now)
+//!            any error:      tel[r].on_error(); tel[r].on_abandon(bytes) for each lost chain
+//! idle:      if tel[r].probe_due(now, cfg.probe_interval_us * 1000) {
+//!                post a small signalled RDMA WRITE without IMM; tel[r].on_probe_post(now) }
+//! receiver:  stats = StatsHandle::register(r); stats.count_cqes(n); stats.count_rnr(n)
+//! close:     drop the telemetry / handles (figures fold into the totals); stats_flush_now()
+//! init:      start_stats_export(cfg)    finalize: stats_flush_now()
+//! ```
 
 mod counter;
 mod export;
@@ -308,31 +329,5 @@ impl RailTelemetry {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tel() -> RailTelemetry {
-        RailTelemetry::new(TelemetryConfig { alpha: 0.125, beta: 0.25, speed_mbps: 100_000 })
-    }
-
-    #[test]
-    fn first_sample_sets_srtt_and_half_rttvar() {
-        let mut t = tel();
-        t.on_post(0, 100);
-        assert_eq!(t.view().inflight_bytes, 100);
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 1000, bytes: 100 });
-        assert_eq!((t.view().srtt_ns, t.view().rttvar_ns, t.view().inflight_bytes), (1000, 500, 0));
-    }
-
-    #[test]
-    fn rfc6298_update_and_congestion_signal() {
-        let mut t = tel();
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 1000, bytes: 0 });
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 2000, bytes: 0 });
-        // RTTVAR = 0.75*500 + 0.25*|1000-2000| = 625; SRTT = 0.875*1000 + 0.125*2000 = 1125.
-        assert_eq!((t.view().srtt_ns, t.view().rttvar_ns), (1125, 625));
-        assert!(!t.view().congested, "2000 < 1000 + 4*500");
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 10_000, bytes: 0 });
-        assert!(t.view().congested, "10000 > 1125 + 4*625");
-    }
-}
+#[path = "rail_tests.rs"]
+mod tests;
