@@ -8,11 +8,18 @@
 //! (`ci/netem-rails.sh`) measures on kernel networking; targets: auto ≥ 0.95 of the sum,
 //! settling ≤ 10 ms. "Slot noise" is the largest deviation of a slot's share from the
 //! steady share, relative, before the change and after settling: the floor under which
-//! no settling criterion can go.
+//! no settling criterion can go (with 30 µs of completion jitter it is 3.5–4.6 %, so a
+//! 5 % criterion is met late, by chance; the 10 % figure shows the reaction itself).
+//! `auto_vs_sum` can exceed 1 by a few 0.1 %: each run starts empty and stops mid-flight,
+//! and a single rail loses a little more to that.
+
+use std::hint::black_box;
+use std::time::Instant;
 
 use mpib::config::SplitMode;
-use mpib::split::AnySplit;
 use mpib::split::sim::{RailEvent, RailModel, SimConfig, SimReport, run};
+use mpib::split::{AnySplit, SplitPolicy};
+use mpib::telemetry::RailView;
 
 const SPLIT_MIN: u64 = 65536;
 
@@ -55,18 +62,40 @@ fn change(name: &str, rails: [RailModel; 2], rail: usize, poll_ns: u64) {
     let samples = r.samples_between(rail, at, at + settle);
     let (a, b) = if rail == 0 { (rails[0].rate / 2.0, rails[1].rate) } else { (rails[0].rate, rails[1].rate / 2.0) };
     let old_share = r.posted_share(at / 2, at, cfg.slot_ns);
+    let ms = |ns: u64| if ns == 0 { "<1".to_string() } else { format!("{}", ns / 1_000_000) };
+    let (_, settle10) = r.settle(at, 0.10, cfg.slot_ns);
     println!(
-        "{name:<28} rail{rail} halves at {} ms: share {old_share:.3} -> {new_share:.3} (rate ratio {:.3}), settle_ms: {:.1} \
-         ({samples} samples of rail{rail}); slot noise before {:.1} % after {:.1} %",
+        "{name:<28} rail{rail} halves at {} ms: share {old_share:.3} -> {new_share:.3} (rate ratio {:.3}), settle_ms: {} \
+         ({samples} samples of rail{rail}; within 10 %: {} ms); slot noise before {:.1} % after {:.1} %",
         at / 1_000_000,
         a / (a + b),
-        settle as f64 / 1e6,
+        ms(settle),
+        ms(settle10),
         100.0 * r.slot_noise(at / 2, at, old_share, cfg.slot_ns),
         100.0 * r.slot_noise(at + settle, cfg.duration_ns, new_share, cfg.slot_ns),
     );
 }
 
+/// What one decision costs: `sout_bytes` on changing views, in a loop.
+fn cost() {
+    let mut p = AnySplit::from_mode(SplitMode::Auto, SPLIT_MIN);
+    let mut rails =
+        [RailView { speed_mbps: 100_000, bw_bytes_per_s: 25_000_000_000, base_ns: 3_000, ..RailView::default() }; 2];
+    rails[1].bw_bytes_per_s = 12_500_000_000;
+    let n = 10_000_000u64;
+    let t0 = Instant::now();
+    let mut sum = 0u64;
+    for i in 0..n {
+        rails[(i & 1) as usize].inflight_bytes = (i * 4096) % (8 << 20);
+        rails[0].samples = i / 64;
+        sum = sum.wrapping_add(p.sout_bytes(black_box(512 << 10), i * 100, black_box(&rails)));
+    }
+    let ns = t0.elapsed().as_nanos() as f64 / n as f64;
+    println!("auto split decision: {ns:.1} ns per send (checksum {})", sum % 1000);
+}
+
 fn main() {
+    cost();
     let netem = [RailModel::gbps(4.0, 50.0), RailModel::gbps(2.0, 20.0)];
     let mut jittery = netem;
     for r in jittery.iter_mut() {

@@ -40,10 +40,11 @@ mod rtt;
 mod stats;
 mod window_min;
 
+pub use counter::Counter;
 pub use export::{format_stats, start_stats_export, stats_flush_now, write_atomic};
-pub use histogram::LatencySummary;
+pub use histogram::{LatencyHistogram, LatencySummary};
 pub use registry::{RailTotals, StatsHandle, process_totals};
-pub use stats::{RailCounts, RailStats};
+pub use stats::{RailCounters, RailCounts, RailGauges, RailStats};
 
 use crate::config::Config;
 use inflight::{Chain, InflightChains};
@@ -92,7 +93,13 @@ pub struct RailView {
     pub head_chain_bytes: u64,
     /// RTT samples taken so far (data chains and probes).
     pub samples: u64,
-    /// The last sample's delay exceeded SRTT + 4·RTTVAR of the delays before it.
+    /// The congestion signal of seed 000, RTT > SRTT + 4·RTTVAR, on the part of the last
+    /// RTT sample that the rail's known queue and rate do not explain (its RTT less the
+    /// wait expected when it was posted, less its own serialization), against the
+    /// SRTT/RTTVAR of those same parts before it; with RFC 6298's granularity floor G =
+    /// SRTT/8 on the 4·RTTVAR margin. So the queue the split itself builds, and chains
+    /// of different sizes, do not read as congestion; a rail that slows down or queues
+    /// someone else's traffic does.
     pub congested: bool,
     /// Samples so far that were congested; the policy backs off once per new event.
     pub congestion_events: u64,
