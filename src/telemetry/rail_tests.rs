@@ -240,6 +240,6 @@ fn registered_telemetry_is_in_the_process_totals_until_and_after_it_closes() {
     assert!(live.srtt_ns > 0 && live.bw_bytes_per_s > 0);
     drop(t);
     let after = process_totals()[1];
-    assert!(after.counts.bytes >= live.counts.bytes && after.counts.cqe >= before.counts.cqe + 1);
+    assert!(after.counts.bytes >= live.counts.bytes && after.counts.cqe > before.counts.cqe);
     assert!(after.latency.samples >= live.latency.samples, "closed connections stay in the totals");
 }
