@@ -1,11 +1,12 @@
 //! `MPIB_SPLIT=auto`: each send is divided so that both rails finish it at the same time.
 //!
 //! Rail i, with estimated rate `r_i` (bytes/ns), base latency `l_i` and `q_i` bytes in
-//! flight, finishes `x` more bytes at `d_i + x / r_i`, where `d_i = max(l_i, q_i / r_i)`
-//! is when it would be done with what it already has (in-flight bytes include those on
-//! the wire, about `r_i·l_i` of them when the rail is busy, so `q_i / r_i` already counts
-//! the latency once; an idle rail still pays `l_i`). Equal finish times for a send of
-//! `S` bytes give SOUT
+//! flight, finishes `x` more bytes at `d_i + x / r_i`, where `d_i` ≈ `max(l_i, q_i / r_i)`
+//! is when it would be done with what it already has ([`RailView::drain_ns`], which also
+//! credits the progress of the chain on the wire since the last completion). In-flight
+//! bytes include those on the wire, about `r_i·l_i` of them when the rail is busy, so
+//! `q_i / r_i` already counts the latency once; an idle rail still pays `l_i`. Equal
+//! finish times for a send of `S` bytes give SOUT
 //!
 //! ```text
 //! x = (g·(d_1 − d_0)·r_1 + S) · r_0 / (r_0 + r_1)      clamped to [0, S], 128-byte aligned
