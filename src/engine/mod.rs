@@ -95,26 +95,9 @@ impl Chain {
     }
 }
 
-/// Per-rail counters of one connection (exported to the statistics file and `mpib-perf`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RailCounters {
-    /// Send WRs posted (data, signalling, CTS, probes, flushes).
-    pub wr_posted: u64,
-    /// Post calls (one per chain).
-    pub doorbells: u64,
-    /// Payload bytes posted (data only).
-    pub bytes: u64,
-    /// WRITE_WITH_IMM WRs posted.
-    pub imm_sent: u64,
-    /// Completions polled.
-    pub cqe: u64,
-    /// Receiver-not-ready waits the fabric reported.
-    pub rnr: u64,
-    /// IMMs posted on a rail that carried 0 bytes of a non-empty transfer (must stay 0).
-    pub zero_byte_imm: u64,
-    /// Probe WRITEs posted.
-    pub probes: u64,
-}
+/// A snapshot of one rail's counters (the live ones are published through
+/// `telemetry::RailStats`, read by the statistics file and `mpib_comm_counters`).
+pub use crate::telemetry::RailCounts;
 
 /// What a `wr_id` says about the WR it belongs to: kind (top 4 bits), rail, slot, extra.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

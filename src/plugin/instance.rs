@@ -13,7 +13,7 @@ use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
 use super::{AbiVersion, Completed, MAX_RECVS};
 use crate::config::{Config, RailAddr};
-use crate::engine::RailCounters;
+use crate::engine::RailCounts;
 use crate::error::{Error, Result};
 use crate::fabric::{Device, RailPair, netif};
 
@@ -282,7 +282,7 @@ impl<D: Device> Plugin<D> {
     }
 
     /// Per-rail counters of a send or receive comm.
-    pub fn counters(&self, comm: *mut c_void) -> Result<[RailCounters; 2]> {
+    pub fn counters(&self, comm: *mut c_void) -> Result<[RailCounts; 2]> {
         let (_, g) = self.objs.get_any(as_u64(comm), &[Kind::Send, Kind::Recv])?;
         match &*g {
             Obj::Send(c) => Ok(c.counters()),
@@ -292,8 +292,8 @@ impl<D: Device> Plugin<D> {
     }
 }
 
-fn counters_line(c: &[RailCounters; 2]) -> String {
-    let r = |x: &RailCounters| {
+fn counters_line(c: &[RailCounts; 2]) -> String {
+    let r = |x: &RailCounts| {
         format!(
             "wr={} doorbells={} bytes={} imm={} cqe={} rnr={}",
             x.wr_posted, x.doorbells, x.bytes, x.imm_sent, x.cqe, x.rnr

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use parking_lot::Mutex;
 
 use crate::config::{self, Config, FabricChoice};
-use crate::engine::RailCounters;
+use crate::engine::RailCounts;
 use crate::error::{Error, Result};
 
 pub mod comm;
@@ -292,6 +292,6 @@ pub fn close_listen(comm: *mut c_void) -> Result<()> {
 }
 
 /// Per-rail counters of a send or receive comm (for tools and tests).
-pub fn comm_counters(comm: *mut c_void) -> Result<[RailCounters; 2]> {
+pub fn comm_counters(comm: *mut c_void) -> Result<[RailCounts; 2]> {
     dispatch!(p => p.counters(comm))
 }

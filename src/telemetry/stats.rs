@@ -42,7 +42,7 @@ macro_rules! rail_counters {
 }
 
 rail_counters! {
-    /// Work requests posted (data, metadata and CTS writes; not probes).
+    /// Work requests posted (data, metadata, CTS writes and probes).
     wr_posted,
     /// Post calls (`ibv_post_send`), each ringing the doorbell once for a chain.
     doorbells,

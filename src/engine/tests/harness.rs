@@ -11,7 +11,7 @@ use crate::engine::layout::{CTS_FIFO_BYTES, CtsEntry, RECORDS_BYTES, RecvMemory,
 use crate::engine::{Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine};
 use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::split::AnySplit;
-use crate::telemetry::{RailTelemetry, TelemetryConfig};
+use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
 /// A region base: region `i` lives at `i << 40` in the simulated address space.
 pub const fn base(i: u64) -> u64 {
@@ -244,19 +244,22 @@ impl Pair {
             o.split,
             [tel(), tel()],
         );
-        let r = RecvEngine::new(RecvConfig {
-            max_requests: o.max_recv,
-            rails_mask: o.rails_mask,
-            cts_addr: CTS,
-            cts_lkeys: [41, 42],
-            fifo_addr: FIFO,
-            fifo_rkeys: [51, 52],
-            srq_low: o.srq.0,
-            srq_high: o.srq.1,
-            max_inline: 0,
-            flush_addr: 0,
-            flush_lkeys: [0, 0],
-        });
+        let r = RecvEngine::new(
+            RecvConfig {
+                max_requests: o.max_recv,
+                rails_mask: o.rails_mask,
+                cts_addr: CTS,
+                cts_lkeys: [41, 42],
+                fifo_addr: FIFO,
+                fifo_rkeys: [51, 52],
+                srq_low: o.srq.0,
+                srq_high: o.srq.1,
+                max_inline: 0,
+                flush_addr: 0,
+                flush_lkeys: [0, 0],
+            },
+            [StatsHandle::detached(0), StatsHandle::detached(1)],
+        );
         let mk = |n: u16| (0..n).map(|_| Wire::default()).collect::<Vec<_>>();
         let wires = [[mk(o.qps[0]), mk(o.qps[1])], [mk(o.qps[0]), mk(o.qps[1])]];
         Pair {

@@ -4,7 +4,7 @@
 //! the receiver it is invisible: no SRQ WQE, no CQE, no IMM. Off when the interval is 0.
 
 use super::harness::*;
-use crate::engine::{QpRef, RAILS, RailCounters, SOUT, SUP, WrKind};
+use crate::engine::{QpRef, RAILS, RailCounts, SOUT, SUP, WrKind};
 use crate::fabric::WrOpcode;
 use crate::split::{AnySplit, Fixed};
 
@@ -32,7 +32,7 @@ fn probes_are_off_when_the_interval_is_zero() {
     for now in [0, INTERVAL, 1 << 30, 1 << 50] {
         assert_eq!(probe_at(&mut p, now), Vec::<usize>::new());
     }
-    assert_eq!(p.s.counters(), &[RailCounters::default(); RAILS]);
+    assert_eq!(p.s.counters(), [RailCounts::default(); RAILS]);
 }
 
 #[test]
@@ -46,7 +46,7 @@ fn an_idle_rail_gets_one_tiny_signalled_write_without_imm_after_the_interval() {
         assert_eq!(WrKind::decode(wr.wr_id), Some((WrKind::Probe, rail, 0)));
         assert_eq!((wr.opcode, wr.signaled, wr.imm), (WrOpcode::Write, true, 0));
         assert_eq!((wr.bytes(), wr.remote_addr, wr.rkey), (8, SCRATCH, 31 + rail as u32));
-        let want = RailCounters { wr_posted: 1, doorbells: 1, probes: 1, ..RailCounters::default() };
+        let want = RailCounts { wr_posted: 1, doorbells: 1, probes: 1, ..RailCounts::default() };
         assert_eq!(p.s.counters()[rail], want, "a probe is neither payload nor an IMM");
     }
 }
@@ -89,7 +89,7 @@ fn a_probe_never_touches_the_receivers_srq_or_cq() {
     assert_eq!(p.wires_len(), 0, "both probes executed");
     assert_eq!(p.rnr, [0, 0]);
     assert!(p.cq_r.iter().all(|q| q.is_empty()), "no CQE at the receiver");
-    assert_eq!(p.r.counters(), &[RailCounters::default(); RAILS]);
+    assert_eq!(p.r.counters(), [RailCounts::default(); RAILS]);
     assert_eq!((p.r.srq_level(SOUT), p.r.srq_level(SUP)), (0, 0));
     assert_eq!(p.cq_s.iter().map(|q| q.len()).sum::<usize>(), 2, "each probe completes at the sender");
 }
