@@ -6,8 +6,9 @@
 //!   the helper once and the socket stays quiet until the helper re-arms it;
 //! - on an event the helper compares the connection's `caller_epoch` with what it saw last
 //!   time. If a caller (post/poll) moved it since, the caller is making progress: the helper
-//!   leaves the socket disarmed and looks again after [`IDLE`]. A busy NCCL proxy therefore
-//!   costs the helper one wake-up per `IDLE` per connection, not one per message;
+//!   leaves the socket disarmed and looks again after [`IDLE`] (connections due within
+//!   half a period are looked at together). A busy NCCL proxy therefore costs the helper
+//!   one wake-up per `IDLE` per device, not one per message or per connection;
 //! - once a connection's callers have been quiet for a whole `IDLE`, the helper makes the
 //!   progress step itself (read, place, acknowledge, send) and re-arms the socket
 //!   (`EPOLLOUT` too while bytes wait for room), so from then on it serves at full speed;
@@ -18,7 +19,7 @@
 //! so a dialer is attached even while the accepting side is busy elsewhere.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,8 +31,22 @@ use super::device::DevShared;
 use crate::error::{Error, Result};
 
 /// How long a connection's callers must have been quiet before the helper steps in; also
-/// the helper's retry period for RNR waits and pending accepts.
+/// the helper's retry period for RNR waits and pending accepts. 1 ms: see the README
+/// ("Progress") for the measurements behind it.
 pub const IDLE: Duration = Duration::from_millis(1);
+
+static IDLE_MS: AtomicU64 = AtomicU64::new(IDLE.as_millis() as u64);
+
+/// Changes [`IDLE`] for the whole process (whole milliseconds; 0 = the helper serves every
+/// event at once, even while callers poll). For the `soft_progress` measurements only.
+#[doc(hidden)]
+pub fn set_idle(d: Duration) {
+    IDLE_MS.store(d.as_millis() as u64, Ordering::Relaxed);
+}
+
+fn idle() -> Duration {
+    Duration::from_millis(IDLE_MS.load(Ordering::Relaxed))
+}
 
 const T_WAKE: u64 = u64::MAX;
 const T_LISTENER: u64 = u64::MAX - 1;
@@ -151,7 +166,7 @@ fn run(dev: &Arc<DevShared>) {
     let mut due: Vec<usize> = Vec::with_capacity(64);
     let mut accepting = false;
     while !h.stop.load(Ordering::Acquire) {
-        let timeout = if watch.is_empty() && !accepting { -1 } else { IDLE.as_millis().max(1) as i32 };
+        let timeout = if watch.is_empty() && !accepting { -1 } else { idle().as_millis().max(1) as i32 };
         // SAFETY: `events` is a live array of the length passed.
         let n = unsafe { libc::epoll_wait(h.epfd.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, timeout) };
         if h.stop.load(Ordering::Acquire) {
@@ -172,9 +187,12 @@ fn run(dev: &Arc<DevShared>) {
         if accepting {
             accepting = dev.drive_accept();
         }
+        // Visit every watched connection due within half a period: one wake-up serves them
+        // all, so a device costs one wake-up per IDLE however many connections it has.
         let now = Instant::now();
+        let horizon = now + idle() / 2;
         watch.retain(|&(t, at)| {
-            let ready = at <= now;
+            let ready = at <= horizon;
             if ready {
                 due.push(t);
             }
@@ -198,18 +216,19 @@ fn visit(h: &Helper, t: usize) -> Option<Duration> {
         (e.conn.upgrade()?, e.seen_epoch)
     };
     let epoch = conn.caller_epoch.load(Ordering::Relaxed);
-    if epoch != seen {
+    let idle = idle();
+    if epoch != seen && !idle.is_zero() {
         if let Some(Some(e)) = h.slab.lock().get_mut(t) {
             e.seen_epoch = epoch;
         }
-        return Some(IDLE);
+        return Some(idle);
     }
-    let Some(mut st) = conn.st.try_lock() else { return Some(IDLE) };
+    let Some(mut st) = conn.st.try_lock() else { return Some(idle.max(Duration::from_millis(1))) };
     conn.progress(&mut st, false);
     if !matches!(st.phase, Phase::Ready) {
         return None;
     }
     let fd = st.link.as_ref()?.fd()?;
     h.rearm(fd, t, Conn::wants_write(&st));
-    Conn::needs_timer(&st).then_some(IDLE)
+    Conn::needs_timer(&st).then_some(idle.max(Duration::from_millis(1)))
 }

@@ -77,7 +77,7 @@ use std::time::Duration;
 pub use addr::NOMINAL_SPEED_MBPS;
 pub use cq::{SoftCq, SoftSrq};
 pub use device::{SoftDevice, SoftMr};
-pub use helper::IDLE as HELPER_IDLE;
+pub use helper::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
 pub use qp::{SoftQp, silent_peer_bound};
 
 use crate::config::{Config, FabricChoice};

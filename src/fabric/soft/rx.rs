@@ -206,10 +206,7 @@ impl Conn {
         let free = &mut rx.buf[rx.end..];
         let iov = [libc::iovec { iov_base: free.as_mut_ptr().cast(), iov_len: free.len() }];
         let r = st.link.as_ref()?.readv(&iov);
-        self.after_read(st, r).map(|n| {
-            st.rx.end += n;
-            n
-        })
+        self.after_read(st, r).inspect(|&n| st.rx.end += n)
     }
 
     /// Handles a read's result: EOF and errors fail the link.
@@ -481,7 +478,7 @@ impl Conn {
             Frame::Rnr { seq, .. } => {
                 if seq_lt(seq, st.acked) || !seq_lt(seq, st.tx_done) {
                     let msg = format!("RNR {seq} outside the requests in flight [{}, {})", st.acked, st.tx_done);
-                    return self.fail(st, None, &msg);
+                    self.fail(st, None, &msg);
                 }
             }
             Frame::Hello { .. } => self.fail(st, None, "HELLO on an established connection"),

@@ -99,10 +99,15 @@ fn pair(fabric: FabricChoice, len: usize, b_access: Access) -> (End, End) {
 
 /// Polls `cq` (and steps `other`) until `n` completions came or 5 s passed.
 fn poll_n(cq: &mut SoftCq, other: &mut SoftCq, n: usize) -> Vec<Completion> {
+    poll_for(cq, other, n, Duration::from_secs(5))
+}
+
+/// Polls `cq` (and steps `other`) until `n` completions came or `limit` passed.
+fn poll_for(cq: &mut SoftCq, other: &mut SoftCq, n: usize, limit: Duration) -> Vec<Completion> {
     let mut out = Vec::new();
     let mut wc = [Completion::default(); 16];
     let t = Instant::now();
-    while out.len() < n && t.elapsed() < Duration::from_secs(5) {
+    while out.len() < n && t.elapsed() < limit {
         let k = cq.poll(&mut wc).unwrap();
         out.extend_from_slice(&wc[..k]);
         other.poll(&mut []).unwrap();
@@ -195,7 +200,8 @@ fn inproc_rnr_waits_keeps_order_and_resumes() {
     imm.imm = 77;
     let after = write(2, a.sge(64, 64), b.addr() + 64, b.key(), true);
     a.qp.post_send(&[imm, after]).unwrap();
-    assert!(poll_n(&mut a.cq, &mut b.cq, 1).is_empty(), "nothing completes while the SRQ is empty");
+    let none = poll_for(&mut a.cq, &mut b.cq, 1, Duration::from_millis(200));
+    assert!(none.is_empty(), "nothing completes while the SRQ is empty");
     assert_eq!(b.srq.rnr_events(), 1, "one RNR event, however long the wait");
     assert!(b.region()[64..128].iter().all(|x| *x == 0xAA), "the WR behind the waiting one did not run");
     b.srq.post_recv(1).unwrap();
@@ -215,7 +221,7 @@ fn order_read_and_chains(fabric: FabricChoice) {
     }
     let chain: Vec<SendWr> = (0..100).map(|i| write(i, a.sge(i as usize * 8, 8), b.addr(), b.key(), i == 99)).collect();
     a.qp.post_send(&chain).unwrap();
-    let c = poll_n(&mut a.cq, &mut b.cq, 2);
+    let c = poll_for(&mut a.cq, &mut b.cq, 2, Duration::from_millis(300));
     assert_eq!(c.len(), 1);
     assert_eq!((c[0].wr_id, c[0].status), (99, WcStatus::Success));
     assert_eq!(u64::from_le_bytes(b.region()[..8].try_into().unwrap()), 99);
