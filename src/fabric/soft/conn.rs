@@ -109,6 +109,9 @@ pub struct ConnState {
     // Liveness: an error when requests wait on a peer that moves no byte for `bound`.
     pub bound: Duration,
     pub idle_since: Option<Instant>,
+    /// The socket's token in the helper's epoll set, and whether `EPOLLOUT` is armed.
+    pub helper_token: Option<usize>,
+    pub out_armed: bool,
 }
 
 impl ConnState {
@@ -138,6 +141,8 @@ impl ConnState {
             recv_flush: false,
             bound: Duration::from_secs(30),
             idle_since: None,
+            helper_token: None,
+            out_armed: false,
         }
     }
 
@@ -240,6 +245,11 @@ impl Conn {
         if matches!(st.phase, Phase::Ready) {
             moved |= self.pump_rx(st);
             moved |= self.flush_tx(st);
+            if by_caller && !st.out_armed && Conn::wants_write(st) {
+                // The socket is full: let the helper finish sending should callers stop
+                // (once per helper visit, so a busy caller pays one epoll_ctl, not one a poll).
+                self.dev.helper_want_write(st);
+            }
             if moved {
                 st.idle_since = None;
             } else if st.waiting_on_peer() {
@@ -316,20 +326,15 @@ impl Conn {
         while st.head != st.tail {
             let seq = st.head;
             let e = st.entry(seq);
-            let status = if error {
-                match st.fail_at {
-                    Some((s, status)) if s == seq => status,
-                    _ => WcStatus::Flushed,
-                }
-            } else {
-                let done = match e.wr.opcode {
-                    WrOpcode::Read => e.read_done,
-                    _ => seq_lt(seq, st.acked),
-                };
-                if !done {
-                    break;
-                }
-                WcStatus::Success
+            let done = match e.wr.opcode {
+                WrOpcode::Read => e.read_done,
+                _ => seq_lt(seq, st.acked),
+            };
+            let status = match st.fail_at {
+                _ if done => WcStatus::Success,
+                Some((s, status)) if error && s == seq => status,
+                _ if error => WcStatus::Flushed,
+                _ => break,
             };
             if e.wr.signaled || status != WcStatus::Success {
                 let opcode = if e.wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite };

@@ -135,10 +135,23 @@ impl DevShared {
         }
     }
 
+    /// Arms `EPOLLOUT` for a connection whose socket is full.
+    pub fn helper_want_write(&self, st: &mut ConnState) {
+        if let (Some(net), Some(t), Some(fd)) = (&self.net, st.helper_token, st.link.as_ref().and_then(|l| l.fd())) {
+            net.helper.rearm(fd, t, true);
+            st.out_armed = true;
+        }
+    }
+
     /// The connection is established on `link`.
     pub fn attach(&self, conn: &Arc<Conn>, st: &mut ConnState, link: Link) {
         if let (Some(net), Some(fd)) = (&self.net, link.fd()) {
-            net.helper.add(conn, fd, false);
+            if let Link::Tcp(owned) = &link {
+                // The kernel gives up on unacknowledged data after the same bound as we do.
+                let _ = socket2::SockRef::from(owned).set_tcp_user_timeout(Some(st.bound));
+            }
+            st.helper_token = Some(net.helper.add(conn, fd, true));
+            st.out_armed = true;
         }
         st.link = Some(link);
         st.phase = Phase::Ready;

@@ -154,7 +154,7 @@ impl Helper {
         }
     }
 
-    fn rearm(&self, fd: i32, token: usize, write: bool) {
+    pub fn rearm(&self, fd: i32, token: usize, write: bool) {
         let _ = ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, interest(write), token as u64);
     }
 }
@@ -229,6 +229,7 @@ fn visit(h: &Helper, t: usize) -> Option<Duration> {
         return None;
     }
     let fd = st.link.as_ref()?.fd()?;
-    h.rearm(fd, t, Conn::wants_write(&st));
+    st.out_armed = Conn::wants_write(&st);
+    h.rearm(fd, t, st.out_armed);
     Conn::needs_timer(&st).then_some(idle.max(Duration::from_millis(1)))
 }

@@ -256,14 +256,16 @@ fn refused(fabric: FabricChoice, b_access: Access, bad: impl Fn(&End, SendWr) ->
     let (mut a, mut b) = pair(fabric, 4096, b_access);
     fill(a.region(), 9);
     let before = b.buf.clone();
+    let mut first = write(0, a.sge(0, 0), b.addr(), b.key(), true);
+    first.num_sge = 0;
     let wr = bad(&b, write(1, a.sge(0, 64), b.addr(), b.key(), false));
     let next = write(2, a.sge(0, 64), b.addr(), b.key(), false);
-    a.qp.post_send(&[wr, next]).unwrap();
-    let c = poll_n(&mut a.cq, &mut b.cq, 2);
+    a.qp.post_send(&[first, wr, next]).unwrap();
+    let c = poll_n(&mut a.cq, &mut b.cq, 3);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
-        [(1, WcStatus::RemoteAccessError), (2, WcStatus::Flushed)],
-        "unsignalled WRs complete when they fail"
+        [(0, WcStatus::Success), (1, WcStatus::RemoteAccessError), (2, WcStatus::Flushed)],
+        "what executed before the refusal succeeds; unsignalled WRs complete when they fail"
     );
     assert!(b.buf == before, "not one byte written");
     let post_after = a.qp.post_send(&[write(3, a.sge(0, 8), b.addr(), b.key(), true)]);
@@ -481,4 +483,25 @@ fn attrs_of_soft_devices() {
     let again = open_rail_pairs(&cfg(FabricChoice::Soft)).unwrap().pop().unwrap();
     assert_eq!(again.sout.attrs().guid, a.guid, "stable guid");
     assert!(p.sout.reg_dmabuf_mr(3, 0, 64, 0, Access::REMOTE_WRITE).is_err());
+}
+
+#[test]
+fn helpers_finish_a_transfer_when_neither_side_calls() {
+    let len = 16 << 20;
+    let (mut a, mut b) = pair(FabricChoice::Soft, len, Access::REMOTE_WRITE);
+    fill(a.region(), 4);
+    a.qp.post_send(&[write(1, a.sge(0, len), b.addr(), b.key(), true)]).unwrap();
+    // Nobody polls: A's helper sends what did not fit the socket (16 MiB is more than the
+    // socket buffers hold), B's places it. The final word is stored last (Release).
+    let src = a.region().to_vec();
+    let last = u64::from_ne_bytes(src[len - 8..].try_into().unwrap());
+    let word = unsafe_word(b.addr() + len as u64 - 8);
+    let t = Instant::now();
+    while word.load(std::sync::atomic::Ordering::Acquire) != last {
+        assert!(t.elapsed() < Duration::from_secs(5), "the transfer stalled without callers");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(b.region() == &src[..]);
+    let c = poll_n(&mut a.cq, &mut b.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));
 }
