@@ -3,7 +3,8 @@
 //! - the round trip of an 8-byte signalled WRITE (post → completion) when the responder
 //!   process polls its CQ, and when it makes no calls at all (only its helper serves);
 //! - 4 MiB WRITE bandwidth with a polling responder;
-//! - the CPU time and wake-ups of the helper threads while the responder polls.
+//! - the CPU time and wake-ups of the helper threads during the round trips with a polling
+//!   responder (both processes' callers busy, as NCCL's proxy threads are).
 //!
 //! `cargo run --release --example soft_progress [seconds per run, default 0.5]`
 
@@ -153,10 +154,11 @@ fn main() {
         let (cpu0, sw0) = helper_stats();
         let t = Instant::now();
         let busy_rtt = small.with_responder(true, |l| rtt(l, run));
-        let mut big = link(4 << 20);
-        let bw = big.with_responder(true, |l| bandwidth(l, run));
         let (cpu1, sw1) = helper_stats();
         let el = t.elapsed().as_secs_f64();
+        drop(small);
+        let mut big = link(4 << 20);
+        let bw = big.with_responder(true, |l| bandwidth(l, run));
         println!(
             "{idle_ms:>8} ms | {:>8.1} / {:>8.1} | {:>7.1} / {:>7.1} | {bw:>6.2} GB/s | {:>5.1}% CPU, {:>7.0}/s",
             idle_rtt.0,

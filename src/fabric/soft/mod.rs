@@ -50,7 +50,7 @@
 //! check, place, acknowledge, send, retire) before returning completions. A process that
 //! makes no calls is still served, as a NIC would serve it, by one helper thread per TCP
 //! device that sleeps in `epoll_wait` and steps in only for connections whose callers were
-//! quiet for 1 ms (see `helper.rs`). In-process mode has no sockets and no threads: both
+//! quiet for 10 ms (see `helper.rs`). In-process mode has no sockets and no threads: both
 //! ends are in this process and a call on one end also steps its peer, deterministically.
 //!
 //! # Limits
