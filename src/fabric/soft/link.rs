@@ -9,8 +9,75 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
+use super::mr::{MrTable, Pinned};
+use crate::fabric::Access;
+
 /// Most `iovec`s one call takes.
 pub const MAX_IOV: usize = 64;
+
+/// The iovecs of one vectored call; the registrations they point into stay pinned until
+/// this drops (after the call).
+pub struct IovBuf<'a> {
+    iov: [libc::iovec; MAX_IOV],
+    n: usize,
+    pins: [Option<Pinned<'a>>; MAX_IOV],
+    np: usize,
+}
+
+impl<'a> IovBuf<'a> {
+    pub fn new() -> IovBuf<'a> {
+        IovBuf {
+            iov: [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOV],
+            n: 0,
+            pins: std::array::from_fn(|_| None),
+            np: 0,
+        }
+    }
+
+    pub fn room(&self) -> usize {
+        MAX_IOV - self.n
+    }
+
+    pub fn iovs(&self) -> &[libc::iovec] {
+        &self.iov[..self.n]
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.iovs().iter().map(|v| v.iov_len).sum()
+    }
+
+    /// Adds memory this side owns (a header, an inline slot, the staging buffer).
+    pub fn push(&mut self, ptr: *const u8, len: usize) {
+        self.iov[self.n] = libc::iovec { iov_base: ptr as *mut libc::c_void, iov_len: len };
+        self.n += 1;
+    }
+
+    /// Adds bytes `[from, to)` of a payload laid out over `segs` (key, address, length),
+    /// pinning each registration touched for `need`. `false`: a registration is gone or
+    /// does not allow it (nothing of that segment was added).
+    pub fn push_segments(
+        &mut self,
+        mrs: &'a MrTable,
+        segs: impl Iterator<Item = (u32, u64, u64)>,
+        from: u64,
+        to: u64,
+        need: Access,
+    ) -> bool {
+        let mut seg_off = 0u64;
+        for (key, addr, len) in segs {
+            let (lo, hi) = (from.max(seg_off), to.min(seg_off + len));
+            if lo < hi {
+                let at = addr + (lo - seg_off);
+                let Some(pin) = mrs.pin_range(key, at, hi - lo, need) else { return false };
+                self.pins[self.np] = Some(pin);
+                self.np += 1;
+                self.push(at as *const u8, (hi - lo) as usize);
+            }
+            seg_off += len;
+        }
+        true
+    }
+}
 
 /// A byte ring of fixed capacity; `closed` once either end is dropped.
 pub struct MemRing {

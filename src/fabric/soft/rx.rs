@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use super::conn::{Conn, ConnState, MAX_RD_ATOMIC, seq_lt};
 use super::frame::{Frame, HDR_LEN, NakCode, decode};
-use super::link::MAX_IOV;
-use super::mr::Pinned;
+use super::link::IovBuf;
+use super::mr::MrTable;
 use super::tx::Ctl;
 use crate::fabric::{Access, Completion, MAX_SGE, WcOpcode, WcStatus};
 
@@ -106,37 +106,43 @@ impl Rx {
     }
 }
 
-/// Builds the iovecs of payload bytes `[from, to)` of `f`, pinning each region touched.
-fn dest_iovs<'a>(
-    conn: &'a Conn,
-    f: &mut RxFrame,
-    from: u64,
-    to: u64,
-    iov: &mut [libc::iovec; MAX_IOV],
-    n: &mut usize,
-    pins: &mut [Option<Pinned<'a>>; MAX_SGE],
-) -> Result<(), PlaceFail> {
-    let body_end = if f.tail_on { f.len - 8 } else { f.len };
-    let mut seg_off = 0u64;
-    for (i, s) in f.segs[..f.nseg].iter().enumerate() {
-        let (lo, hi) = (from.max(seg_off), to.min(body_end).min(seg_off + s.len));
-        if lo < hi {
-            let addr = s.addr + (lo - seg_off);
-            let pin = conn.dev.mrs.pin_range(s.key, addr, hi - lo, f.need).ok_or(PlaceFail::Region)?;
-            pins[i] = Some(pin);
-            iov[*n] = libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: (hi - lo) as usize };
-            *n += 1;
+impl RxFrame {
+    fn new(seq: u32, write: bool, imm: Option<u32>, len: u64, need: Access) -> RxFrame {
+        RxFrame {
+            seq,
+            write,
+            imm,
+            execute: true,
+            len,
+            done: 0,
+            step: if len == 0 { Step::Finish } else { Step::Payload },
+            segs: [Seg::default(); MAX_SGE],
+            nseg: 0,
+            need,
+            tail: [0; 8],
+            tail_on: false,
+            tail_done: false,
+            wqe: false,
+            rnr_at: None,
+            nak: None,
         }
-        seg_off += s.len;
     }
-    if f.tail_on && to > body_end {
-        let lo = from.max(body_end) - body_end;
-        let hi = to - body_end;
-        // The staging copy and readv write the held-back bytes here, not into the region.
-        iov[*n] = libc::iovec { iov_base: f.tail[lo as usize..].as_mut_ptr().cast(), iov_len: (hi - lo) as usize };
-        *n += 1;
+
+    /// Adds the destinations of payload bytes `[from, to)`, pinning each region touched;
+    /// the held-back final word goes to `tail`.
+    fn dest_iovs<'a>(&mut self, mrs: &'a MrTable, from: u64, to: u64, buf: &mut IovBuf<'a>) -> Result<(), PlaceFail> {
+        let body_end = if self.tail_on { self.len - 8 } else { self.len };
+        let segs = self.segs[..self.nseg].iter().map(|s| (s.key, s.addr, s.len));
+        if !buf.push_segments(mrs, segs, from, to.min(body_end), self.need) {
+            return Err(PlaceFail::Region);
+        }
+        if self.tail_on && to > body_end {
+            let (lo, hi) = (from.max(body_end) - body_end, to - body_end);
+            // The staging copy and readv write the held-back bytes here, not into the region.
+            buf.push(self.tail[lo as usize..].as_mut_ptr(), (hi - lo) as usize);
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 impl Conn {
@@ -259,24 +265,19 @@ impl Conn {
         let ConnState { rx, link, .. } = st;
         let cur = rx.cur.as_mut().expect("frame in progress");
         let remaining = cur.len - cur.done;
-        let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOV];
-        let mut n = 0;
-        let mut pins: [Option<Pinned<'_>>; MAX_SGE] = Default::default();
+        let mut buf = IovBuf::new();
         let (from, to) =
             if avail > 0 { (cur.done, cur.done + remaining.min(avail as u64)) } else { (cur.done, cur.len) };
-        let placed = if cur.nseg == 0 || cur.nak.is_some() {
-            Ok(())
-        } else {
-            dest_iovs(self, cur, from, to, &mut iov, &mut n, &mut pins)
-        };
+        let placed =
+            if cur.nseg == 0 || cur.nak.is_some() { Ok(()) } else { cur.dest_iovs(&self.dev.mrs, from, to, &mut buf) };
         if placed.is_err() {
-            drop(pins);
+            drop(buf);
             return Some(self.lost_region(st));
         }
         if avail > 0 {
             // Scatter the staged bytes into the iovecs (none when dropping them).
             let mut src = rx.start;
-            for v in &iov[..n] {
+            for v in buf.iovs() {
                 // SAFETY: each iovec is a pinned, bounds-checked range of a registration
                 // (or this frame's tail buffer); the source lies in the staging buffer.
                 unsafe { std::ptr::copy_nonoverlapping(rx.buf.as_ptr().add(src), v.iov_base as *mut u8, v.iov_len) };
@@ -287,23 +288,22 @@ impl Conn {
             cur.done += moved as u64;
             *budget = budget.saturating_sub(moved as u64);
         } else {
-            if n == 0 {
+            if buf.iovs().is_empty() {
                 // Dropped payload: read it into the staging buffer and skip it there.
-                drop(pins);
+                drop(buf);
                 return self.read_staging(st).map(|_| true);
             }
-            let dest: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+            let dest = buf.bytes();
             if rx.start == rx.end {
                 rx.start = 0;
                 rx.end = 0;
             }
             let free = &mut rx.buf[rx.end..];
             if !free.is_empty() {
-                iov[n] = libc::iovec { iov_base: free.as_mut_ptr().cast(), iov_len: free.len() };
-                n += 1;
+                buf.push(free.as_mut_ptr(), free.len());
             }
-            let r = link.as_ref()?.readv(&iov[..n]);
-            drop(pins);
+            let r = link.as_ref()?.readv(buf.iovs());
+            drop(buf);
             let got = self.after_read(st, r)?;
             let cur = st.rx.cur.as_mut().expect("frame in progress");
             let into_dest = got.min(dest);
@@ -360,24 +360,8 @@ impl Conn {
         match f {
             Frame::Write { seq, addr, rkey, len, imm, .. } => {
                 let len = len as u64;
-                let mut frame = RxFrame {
-                    seq,
-                    write: true,
-                    imm,
-                    execute: !st.discarding,
-                    len,
-                    done: 0,
-                    step: if len == 0 { Step::Finish } else { Step::Payload },
-                    segs: [Seg::default(); MAX_SGE],
-                    nseg: 0,
-                    need: Access::REMOTE_WRITE,
-                    tail: [0; 8],
-                    tail_on: false,
-                    tail_done: false,
-                    wqe: false,
-                    rnr_at: None,
-                    nak: None,
-                };
+                let mut frame = RxFrame::new(seq, true, imm, len, Access::REMOTE_WRITE);
+                frame.execute = !st.discarding;
                 if frame.execute {
                     // As verbs: a 0-byte WRITE checks no rkey.
                     let refused = if len > 0 && self.dev.mrs.pin_range(rkey, addr, len, Access::REMOTE_WRITE).is_none()
@@ -432,24 +416,8 @@ impl Conn {
                             let msg = format!("READ response {seq} of {len} bytes for a READ of {}", wr.bytes());
                             return self.fail(st, None, &msg);
                         }
-                        let mut frame = RxFrame {
-                            seq,
-                            write: false,
-                            imm: None,
-                            execute: true,
-                            len: len as u64,
-                            done: 0,
-                            step: if len == 0 { Step::Finish } else { Step::Payload },
-                            segs: [Seg::default(); MAX_SGE],
-                            nseg: wr.num_sge as usize,
-                            need: Access::LOCAL_WRITE,
-                            tail: [0; 8],
-                            tail_on: false,
-                            tail_done: false,
-                            wqe: false,
-                            rnr_at: None,
-                            nak: None,
-                        };
+                        let mut frame = RxFrame::new(seq, false, None, len as u64, Access::LOCAL_WRITE);
+                        frame.nseg = wr.num_sge as usize;
                         for (d, s) in frame.segs.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
                             *d = Seg { key: s.lkey, addr: s.addr, len: s.len as u64 };
                         }
@@ -466,9 +434,11 @@ impl Conn {
                 }
                 st.acked = next;
             }
+            // NAK and RNR may come while the request's payload is still being sent (the
+            // responder decides on the header): bound them by what was started, not sent.
             Frame::Nak { seq, code, .. } => {
-                if seq_lt(seq, st.acked) || !seq_lt(seq, st.tx_done) {
-                    let msg = format!("NAK {seq} outside the requests in flight [{}, {})", st.acked, st.tx_done);
+                if seq_lt(seq, st.acked) || !seq_lt(seq, st.sent) {
+                    let msg = format!("NAK {seq} outside the requests in flight [{}, {})", st.acked, st.sent);
                     return self.fail(st, None, &msg);
                 }
                 st.acked = seq;
@@ -476,8 +446,8 @@ impl Conn {
                 self.fail(st, Some((seq, Conn::nak_status(code))), &msg);
             }
             Frame::Rnr { seq, .. } => {
-                if seq_lt(seq, st.acked) || !seq_lt(seq, st.tx_done) {
-                    let msg = format!("RNR {seq} outside the requests in flight [{}, {})", st.acked, st.tx_done);
+                if seq_lt(seq, st.acked) || !seq_lt(seq, st.sent) {
+                    let msg = format!("RNR {seq} outside the requests in flight [{}, {})", st.acked, st.sent);
                     self.fail(st, None, &msg);
                 }
             }

@@ -9,8 +9,7 @@ use std::collections::VecDeque;
 
 use super::conn::{Conn, ConnState, MAX_RD_ATOMIC};
 use super::frame::{Frame, HDR_LEN, NakCode, encode};
-use super::link::MAX_IOV;
-use super::mr::Pinned;
+use super::link::IovBuf;
 use crate::fabric::{Access, MAX_SGE, WcStatus, WrOpcode};
 
 /// Frames in one transmission batch.
@@ -160,76 +159,55 @@ impl Conn {
             if st.is_error() || st.tx.frames.is_empty() {
                 return moved;
             }
-            let mut iov = [libc::iovec { iov_base: std::ptr::null_mut(), iov_len: 0 }; MAX_IOV];
-            let mut pins: [Option<Pinned<'_>>; MAX_IOV] = std::array::from_fn(|_| None);
-            let (mut n, mut np, mut bytes) = (0usize, 0usize, 0usize);
+            let mut buf = IovBuf::new();
             let mut bad: Option<usize> = None;
             let ConnState { tx, sq, inline, max_inline, .. } = &mut *st;
             let cap = sq.len() as u32;
-            'frames: for (i, f) in tx.frames.iter_mut().enumerate() {
-                if n + 1 + MAX_SGE > MAX_IOV {
+            for (i, f) in tx.frames.iter_mut().enumerate() {
+                if buf.room() < 1 + MAX_SGE {
                     break;
                 }
                 if f.off < HDR_LEN as u64 {
-                    let h = &mut f.hdr[f.off as usize..];
-                    iov[n] = libc::iovec { iov_base: h.as_mut_ptr().cast(), iov_len: h.len() };
-                    n += 1;
+                    let h = &f.hdr[f.off as usize..];
+                    buf.push(h.as_ptr(), h.len());
                 }
-                let pay_off = f.off.saturating_sub(HDR_LEN as u64);
-                let pay_len = f.total - HDR_LEN as u64;
-                match f.src {
-                    Src::None => {}
+                let (from, to) = (f.off.saturating_sub(HDR_LEN as u64), f.total - HDR_LEN as u64);
+                let ok = match f.src {
+                    Src::None => true,
                     Src::Inline(seq) => {
                         let at = (seq % cap) as usize * *max_inline;
-                        let rest = &inline[at + pay_off as usize..at + pay_len as usize];
-                        iov[n] = libc::iovec { iov_base: rest.as_ptr() as *mut libc::c_void, iov_len: rest.len() };
-                        n += 1;
+                        buf.push(inline[at + from as usize..].as_ptr(), (to - from) as usize);
+                        true
                     }
                     Src::Sges(seq) => {
                         let wr = &sq[(seq % cap) as usize].wr;
-                        let mut seg_off = 0u64;
-                        for s in &wr.sge[..wr.num_sge as usize] {
-                            let (lo, hi) = (pay_off.max(seg_off), seg_off + s.len as u64);
-                            if lo < hi {
-                                let addr = s.addr + (lo - seg_off);
-                                let Some(pin) = self.dev.mrs.pin_range(s.lkey, addr, hi - lo, Access::empty()) else {
-                                    bad = Some(i);
-                                    break 'frames;
-                                };
-                                pins[np] = Some(pin);
-                                np += 1;
-                                iov[n] =
-                                    libc::iovec { iov_base: addr as *mut libc::c_void, iov_len: (hi - lo) as usize };
-                                n += 1;
-                            }
-                            seg_off += s.len as u64;
-                        }
+                        let segs = wr.sge[..wr.num_sge as usize].iter().map(|s| (s.lkey, s.addr, s.len as u64));
+                        buf.push_segments(&self.dev.mrs, segs, from, to, Access::empty())
                     }
-                    Src::ReadResp { rkey, addr } => {
-                        let at = addr + pay_off;
-                        let Some(pin) = self.dev.mrs.pin_range(rkey, at, pay_len - pay_off, Access::REMOTE_READ) else {
-                            bad = Some(i);
-                            break 'frames;
-                        };
-                        pins[np] = Some(pin);
-                        np += 1;
-                        iov[n] =
-                            libc::iovec { iov_base: at as *mut libc::c_void, iov_len: (pay_len - pay_off) as usize };
-                        n += 1;
-                    }
+                    Src::ReadResp { rkey, addr } => buf.push_segments(
+                        &self.dev.mrs,
+                        std::iter::once((rkey, addr, to)),
+                        from,
+                        to,
+                        Access::REMOTE_READ,
+                    ),
+                };
+                if !ok {
+                    bad = Some(i);
+                    break;
                 }
-                bytes = iov[..n].iter().map(|v| v.iov_len).sum();
             }
+            let bytes = buf.bytes();
             if let Some(i) = bad {
-                drop(pins);
+                drop(buf);
                 if !self.source_lost(st, i) {
                     return true;
                 }
                 continue;
             }
             let Some(link) = st.link.as_ref() else { return moved };
-            let r = link.writev(&iov[..n]);
-            drop(pins);
+            let r = link.writev(buf.iovs());
+            drop(buf);
             match r {
                 Ok(w) => {
                     moved = true;
