@@ -7,18 +7,14 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+#[path = "common/soft_link.rs"]
+mod soft_link;
+
 use std::time::{Duration, Instant};
 
-use mpib::config::{Config, FabricChoice, RailAddr};
-use mpib::fabric::soft::{SoftDevice, open_rail_pairs};
-use mpib::fabric::{
-    Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QueuePair, SendWr, Sge, WcStatus, WrOpcode,
-};
+use soft_link::{bandwidth, link};
 
 const SIZE: usize = 4 << 20;
-const WINDOW: usize = 4;
 
 fn gbps(bytes: u64, t: Duration) -> f64 {
     bytes as f64 / t.as_secs_f64() / 1e9
@@ -57,71 +53,11 @@ fn raw_tcp(run: Duration) -> f64 {
 }
 
 fn soft(run: Duration, receiver_polls: bool) -> f64 {
-    let cfg = Config {
-        fabric: FabricChoice::Soft,
-        soft_sout_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        soft_sup_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        ..Config::default()
-    };
-    let a = open_rail_pairs(&cfg).unwrap().pop().unwrap().sout;
-    let b = open_rail_pairs(&cfg).unwrap().pop().unwrap().sout;
-    let params = ConnectParams { traffic_class: 0, service_level: 0, timeout: 20, retry_cnt: 7 };
-    let caps = QpCaps { max_send_wr: 64, max_inline: 0 };
-    let mut src = vec![7u8; SIZE];
-    let mut dst = vec![0u8; SIZE];
-    let (mut acq, mut bcq) = (a.create_cq(256, false).unwrap(), b.create_cq(256, false).unwrap());
-    let bsrq = b.create_srq(16).unwrap();
-    let mut aqp = a.create_qp(&acq, None, caps).unwrap();
-    let mut bqp = b.create_qp(&bcq, Some(&bsrq), caps).unwrap();
-    let amr = a.reg_mr(src.as_mut_ptr(), SIZE, Access::LOCAL_WRITE).unwrap();
-    let bmr = b.reg_mr(dst.as_mut_ptr(), SIZE, Access::REMOTE_WRITE | Access::LOCAL_WRITE).unwrap();
-    let (ia, ib) = (aqp.local_info(), bqp.local_info());
-    aqp.connect(&ib, &params).unwrap();
-    bqp.connect(&ia, &params).unwrap();
-    while !(aqp.is_ready().unwrap() & bqp.is_ready().unwrap()) {}
-    let stop = Arc::new(AtomicBool::new(false));
-    let stop2 = stop.clone();
-    let receiver = std::thread::spawn(move || {
-        let mut wc = [Completion::default(); 16];
-        while !stop2.load(Ordering::Relaxed) {
-            if receiver_polls {
-                bcq.poll(&mut wc).unwrap();
-            } else {
-                std::thread::sleep(Duration::from_millis(10));
-            }
-        }
-        (bcq, bqp)
-    });
-    let mut sge = [Sge::default(); 2];
-    sge[0] = Sge { addr: src.as_ptr() as u64, len: SIZE as u32, lkey: SoftDevice::mr_keys(&amr).lkey };
-    let wr = SendWr {
-        opcode: WrOpcode::Write,
-        signaled: true,
-        num_sge: 1,
-        sge,
-        remote_addr: dst.as_ptr() as u64,
-        rkey: SoftDevice::mr_keys(&bmr).rkey,
-        ..SendWr::default()
-    };
-    let mut wc = [Completion::default(); 16];
-    let (mut posted, mut done) = (0usize, 0usize);
-    let t = Instant::now();
-    while t.elapsed() < run || done < posted {
-        while posted - done < WINDOW && t.elapsed() < run {
-            aqp.post_send(&[wr]).unwrap();
-            posted += 1;
-        }
-        let n = acq.poll(&mut wc).unwrap();
-        for c in &wc[..n] {
-            assert_eq!(c.status, WcStatus::Success);
-        }
-        done += n;
-    }
-    let took = t.elapsed();
-    stop.store(true, Ordering::Relaxed);
-    let _keep = receiver.join().unwrap();
-    assert!(dst.iter().all(|b| *b == 7));
-    gbps((done * SIZE) as u64, took)
+    let mut l = link(SIZE);
+    l.src.fill(7);
+    let bw = l.with_responder(receiver_polls, |l| bandwidth(l, run));
+    assert!(l.dst.iter().all(|b| *b == 7), "the data arrived");
+    bw
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
