@@ -7,6 +7,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+step "cargo build (the cdylib the C loader tests dlopen)"
+cargo build --lib
 step "cargo test"
 cargo test
 step "fuzz the soft fabric frame decoder (bounded)"

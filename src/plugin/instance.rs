@@ -269,16 +269,13 @@ impl<D: Device> Plugin<D> {
 
     pub fn close(&self, comm: *mut c_void, kind: Kind) -> Result<()> {
         match self.objs.remove(as_u64(comm), kind)? {
-            Obj::Send(c) => {
-                log::info!("closing a send comm: {}", counters_line(&c.counters()));
-                Ok(())
-            }
-            Obj::Recv(c) => {
-                log::info!("closing a receive comm: {}", counters_line(&c.counters()));
-                Ok(())
-            }
-            _ => Ok(()),
+            Obj::Send(c) => log::info!("closing a send comm: {}", counters_line(&c.counters())),
+            Obj::Recv(c) => log::info!("closing a receive comm: {}", counters_line(&c.counters())),
+            _ => return Ok(()),
         }
+        // The closed comm's figures are folded into the totals: write them out now.
+        crate::telemetry::stats_flush_now();
+        Ok(())
     }
 
     /// Per-rail counters of a send or receive comm.

@@ -4,9 +4,6 @@
 //! Handles given to NCCL are opaque values checked on every call (see `handles.rs`), so a
 //! bad or stale handle is a clear error, never a crash.
 
-// Until a fabric provider is wired into `Active`, the dispatching calls bind nothing.
-#![allow(unused_variables, unused_imports, dead_code)]
-
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::OnceLock;
@@ -27,6 +24,7 @@ pub mod oob;
 pub mod setup;
 pub mod wire;
 
+use crate::fabric::soft::{self, SoftDevice};
 use handles::Kind;
 use instance::Plugin;
 use setup::FabricKind;
@@ -101,15 +99,18 @@ static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
 /// The plugin over the provider chosen at the first successful `init`. Devices stay open
 /// for the process lifetime (NCCL holds pointers into their properties), as net_ib's do.
-enum Active {}
+enum Active {
+    Soft(Plugin<SoftDevice>),
+}
 
 static ACTIVE: OnceLock<Active> = OnceLock::new();
 
 /// Runs `$body` with `$p` bound to the active `Plugin<D>`, whatever its provider.
 macro_rules! dispatch {
     ($p:ident => $body:expr) => {{
-        #[allow(unreachable_code, unused_variables)]
-        match *active()? {}
+        match active()? {
+            Active::Soft($p) => $body,
+        }
     }};
 }
 
@@ -144,6 +145,9 @@ pub fn init(abi: AbiVersion) -> Result<()> {
         log::info!(target: "mpib::config", "configuration: {cfg}");
         let a = open(cfg)?;
         let _ = ACTIVE.set(a);
+        if let Err(e) = crate::telemetry::start_stats_export(cfg) {
+            log::warn!("statistics file: {e}");
+        }
         log::info!(target: "mpib::abi", "initialized through ABI v{}: {} device(s)", abi as u32, device_count_of(ACTIVE.get().expect("set")));
     }
     REFS.fetch_add(1, Ordering::Relaxed);
@@ -152,16 +156,23 @@ pub fn init(abi: AbiVersion) -> Result<()> {
 
 /// Opens the configured fabric's rail pairs.
 fn open(cfg: &'static Config) -> Result<Active> {
-    let _ = (FabricKind::Soft, cfg.fabric == FabricChoice::Auto);
-    Err(Error::system(format!(
-        "no usable network device: no fabric provider is built into this version of the plugin \
-         (MPIB_FABRIC={:?}); NCCL will use its own transports",
-        cfg.fabric
-    )))
+    let soft = |kind: FabricKind| -> Result<Active> {
+        let pairs = soft::open_rail_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
+        Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
+    };
+    match cfg.fabric {
+        FabricChoice::Soft | FabricChoice::Auto => soft(FabricKind::Soft),
+        FabricChoice::Inproc => soft(FabricKind::Inproc),
+        FabricChoice::Verbs => {
+            Err(Error::system("no usable network device: MPIB_FABRIC=verbs, but this build has no verbs provider"))
+        }
+    }
 }
 
 fn device_count_of(a: &Active) -> usize {
-    match *a {}
+    match a {
+        Active::Soft(p) => p.devs.len(),
+    }
 }
 
 /// A v11/v12 context for one communicator.
@@ -188,6 +199,8 @@ pub fn finalize(ctx: *mut c_void) -> Result<()> {
         return Err(Error::invalid_argument(format!("finalize: unknown plugin context {ctx:p}")));
     }
     let _ = REFS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
+    drop(g);
+    crate::telemetry::stats_flush_now();
     Ok(())
 }
 
