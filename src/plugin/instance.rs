@@ -66,11 +66,11 @@ impl<D: Device> Plugin<D> {
         if self.kind == FabricKind::Soft {
             match &self.cfg.soft_sout_addr {
                 Some(RailAddr::Ip(ip)) => return Ok(*ip),
-                Some(RailAddr::Interface(name)) => return Ok(netif::addr_of(name)?.addr),
+                Some(RailAddr::Interface(name)) => return netif::ip_of(name),
                 None => {}
             }
         }
-        Ok(netif::default_addr(self.cfg.socket_ifname.as_deref())?.addr)
+        netif::default_ip(self.cfg.socket_ifname.as_deref())
     }
 
     fn params(&self, abi: AbiVersion, tc: Option<c_int>) -> Params {
