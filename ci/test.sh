@@ -7,8 +7,15 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+step "cargo build (the cdylib the C loader tests dlopen)"
+cargo build --lib
 step "cargo test"
 cargo test
+step "fuzz the soft fabric frame decoder (bounded)"
+# cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.
+# Measured on 2 cores: install ~45 s (once per machine), build ~90 s, run MPIB_FUZZ_SECONDS.
+command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+(cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame_decode -- -max_total_time="${MPIB_FUZZ_SECONDS:-30}")
 step "header up to date"
 git diff --exit-code -- include/ || { echo "include/mpib.h changed by the build: commit the regenerated header"; exit 1; }
 echo "ci/test.sh: all passed"

@@ -49,6 +49,14 @@ fn no_link_time_dependency_on_rdma_libraries() {
 }
 
 #[test]
+fn loader_without_a_usable_device_fails_init_clearly() {
+    // verbs is asked for, and this build/host cannot provide it: init fails, NCCL falls back.
+    let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
+    let (ok, out) = run_loader(&loader, cdylib().to_str().unwrap(), "nodev", &[("MPIB_FABRIC", "verbs")]);
+    assert!(ok, "{out}");
+}
+
+#[test]
 fn loader_with_a_bad_environment_fails_init_clearly() {
     let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
     let (ok, out) = run_loader(&loader, cdylib().to_str().unwrap(), "badenv", &[("MPIB_SPLIT", "sideways")]);

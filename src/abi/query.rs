@@ -42,7 +42,7 @@ pub unsafe extern "C" fn mpib_comm_counters(comm: *mut c_void, out_: *mut mpib_r
         // SAFETY: the caller passes NULL (rejected) or room for two entries.
         let dst = unsafe { out(out_, "out") }?;
         let c = plugin::comm_counters(comm)?;
-        let conv = |x: &crate::engine::RailCounters| mpib_rail_counters_t {
+        let conv = |x: &crate::engine::RailCounts| mpib_rail_counters_t {
             wr_posted: x.wr_posted,
             doorbells: x.doorbells,
             bytes: x.bytes,

@@ -95,26 +95,9 @@ impl Chain {
     }
 }
 
-/// Per-rail counters of one connection (exported to the statistics file and `mpib-perf`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RailCounters {
-    /// Send WRs posted (data, signalling, CTS, probes, flushes).
-    pub wr_posted: u64,
-    /// Post calls (one per chain).
-    pub doorbells: u64,
-    /// Payload bytes posted (data only).
-    pub bytes: u64,
-    /// WRITE_WITH_IMM WRs posted.
-    pub imm_sent: u64,
-    /// Completions polled.
-    pub cqe: u64,
-    /// Receiver-not-ready waits the fabric reported.
-    pub rnr: u64,
-    /// IMMs posted on a rail that carried 0 bytes of a non-empty transfer (must stay 0).
-    pub zero_byte_imm: u64,
-    /// Probe WRITEs posted.
-    pub probes: u64,
-}
+/// A snapshot of one rail's counters (the live ones are published through
+/// `telemetry::RailStats`, read by the statistics file and `mpib_comm_counters`).
+pub use crate::telemetry::RailCounts;
 
 /// What a `wr_id` says about the WR it belongs to: kind (top 4 bits), rail, slot, extra.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,6 +125,17 @@ impl WrKind {
             WrKind::Flush => 5,
         };
         k << 60 | (rail as u64) << 8 | slot as u64
+    }
+
+    /// The WR, in words, for error messages (`slot` as decoded from its `wr_id`).
+    pub(crate) fn what(self, slot: usize) -> String {
+        match self {
+            WrKind::DataSignal => format!("the WRITE_WITH_IMM of slot {slot}"),
+            WrKind::Data => format!("a data WRITE of slot {slot}"),
+            WrKind::Cts => format!("the CTS WRITE of slot {slot}"),
+            WrKind::Probe => "a probe WRITE".to_string(),
+            WrKind::Flush => format!("the READ of flush {slot}"),
+        }
     }
 
     /// Decodes a `wr_id` into (kind, rail, slot); None for an id mpib never made.

@@ -5,9 +5,10 @@
 
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
-use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounters, WrKind, completion_error};
+use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, completion_error};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
+use crate::telemetry::StatsHandle;
 
 /// What the receiver needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -93,7 +94,7 @@ struct FlushReq {
 /// The receiving side of one connection.
 pub struct RecvEngine {
     cfg: RecvConfig,
-    counters: [RailCounters; RAILS],
+    stats: [StatsHandle; RAILS],
     slots: Box<[RecvSlot; SLOTS]>,
     /// Receives posted so far; the next slot is `fifo_tail % SLOTS`.
     fifo_tail: u64,
@@ -104,10 +105,11 @@ pub struct RecvEngine {
 }
 
 impl RecvEngine {
-    pub fn new(cfg: RecvConfig) -> Self {
+    /// A receiver publishing its counters into `stats` (SOUT, SUP).
+    pub fn new(cfg: RecvConfig, stats: [StatsHandle; RAILS]) -> Self {
         RecvEngine {
             cfg,
-            counters: Default::default(),
+            stats,
             slots: Box::new([RecvSlot::default(); SLOTS]),
             fifo_tail: 0,
             outstanding: 0,
@@ -117,12 +119,14 @@ impl RecvEngine {
         }
     }
 
-    pub fn counters(&self) -> &[RailCounters; RAILS] {
-        &self.counters
+    /// The counters of both rails, now.
+    pub fn counters(&self) -> [RailCounts; RAILS] {
+        [self.stats[0].counters.load(), self.stats[1].counters.load()]
     }
 
-    pub fn counters_mut(&mut self) -> &mut [RailCounters; RAILS] {
-        &mut self.counters
+    /// `n` more receiver-not-ready waits the fabric saw on `rail`.
+    pub fn count_rnr(&self, rail: usize, n: u64) {
+        self.stats[rail].count_rnr(n);
     }
 
     pub fn error(&self) -> Option<&Error> {
@@ -221,8 +225,7 @@ impl RecvEngine {
             rkey: self.cfg.fifo_rkeys[rail],
             imm: 0,
         });
-        self.counters[rail].wr_posted += 1;
-        self.counters[rail].doorbells += 1;
+        self.stats[rail].count_post(1, 0, 0, 0);
         self.slots[slot] = s;
         self.fifo_tail += 1;
         self.outstanding += 1;
@@ -238,9 +241,15 @@ impl RecvEngine {
 
     /// A completion polled from `rail`'s CQ.
     pub fn on_completion(&mut self, _now_ns: u64, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
-        self.counters[rail].cqe += 1;
-        if c.opcode == WcOpcode::RecvRdmaWithImm {
+        self.stats[rail].count_cqes(1);
+        let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
+        if imm_recv {
+            // Every receive completion, failed or not, consumed one SRQ WQE.
             self.srq_posted[rail] = self.srq_posted[rail].saturating_sub(1);
+        }
+        // A broken connection interprets nothing more: its peer's IMMs are not trusted.
+        self.check()?;
+        if imm_recv {
             if c.status != WcStatus::Success {
                 return Err(self.fail(completion_error(rail, "receiving an IMM", c.status)));
             }
@@ -257,8 +266,7 @@ impl RecvEngine {
             ))));
         };
         if c.status != WcStatus::Success {
-            let what = if kind == WrKind::Flush { "a flush READ" } else { "a CTS WRITE" };
-            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
         }
         match kind {
             WrKind::Cts => {
@@ -274,11 +282,17 @@ impl RecvEngine {
                 }
                 Ok(())
             }
-            WrKind::Flush => {
-                let f = &mut self.flushes[slot.min(MAX_FLUSHES - 1)];
-                f.pending &= !(1 << wr_rail);
-                Ok(())
-            }
+            WrKind::Flush => match self.flushes.get_mut(slot) {
+                Some(f) if f.live && f.pending & (1 << wr_rail) != 0 => {
+                    f.pending &= !(1 << wr_rail);
+                    Ok(())
+                }
+                // Never credit another flush with it: that flush would complete early.
+                _ => Err(self.fail(Error::internal(format!(
+                    "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
+                    RAIL_NAMES[wr_rail]
+                )))),
+            },
             _ => Err(self.fail(Error::internal(format!(
                 "{} rail: unexpected {kind:?} completion on a receive connection",
                 RAIL_NAMES[wr_rail]
@@ -394,8 +408,7 @@ impl RecvEngine {
                 rkey: buf.rkeys[rail],
                 ..SendWr::default()
             });
-            self.counters[rail].wr_posted += 1;
-            self.counters[rail].doorbells += 1;
+            self.stats[rail].count_post(1, 0, 0, 0);
             pending |= 1 << rail;
         }
         self.flushes[i] = FlushReq { live: true, pending };
@@ -404,6 +417,8 @@ impl RecvEngine {
 
     /// `test`: the sizes once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+        // Every call after a failure reports it, even for a request that had completed.
+        self.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
                 return Err(Error::internal(format!("flush request {id} is not in flight")));
@@ -412,7 +427,6 @@ impl RecvEngine {
                 *f = FlushReq::default();
                 return Ok(Some(RecvDone::default()));
             }
-            self.check()?;
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
@@ -425,10 +439,7 @@ impl RecvEngine {
                 self.outstanding -= 1;
                 Ok(Some(done))
             }
-            State::Posted => {
-                self.check()?;
-                Ok(None)
-            }
+            State::Posted => Ok(None),
             State::Free => Err(Error::internal(format!("receive request {id} is not in flight (tested after done?)"))),
         }
     }

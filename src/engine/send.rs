@@ -4,7 +4,7 @@
 
 use super::imm::{Imm, MASK_SOUT, MASK_SUP, SIZEQ_SENTINEL};
 use super::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
-use super::{Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounters, SOUT, SUP, WrKind, completion_error};
+use super::{Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, completion_error};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
 use crate::split::{AnySplit, SHARE_ALIGN, SplitPolicy};
@@ -84,7 +84,6 @@ pub struct SendEngine {
     cfg: SendConfig,
     split: AnySplit,
     tel: [RailTelemetry; RAILS],
-    counters: [RailCounters; RAILS],
     reqs: Box<[SendReq]>,
     free: Vec<u16>,
     slots: Box<[PostedSlot; SLOTS]>,
@@ -93,8 +92,6 @@ pub struct SendEngine {
     cur: Option<Matching>,
     /// Round-robin data-QP cursor per rail.
     rr: [u16; RAILS],
-    /// A probe in flight per rail: its post time.
-    probe_ns: [Option<u64>; RAILS],
     /// Slots whose signalled WR on the rail has not completed.
     outstanding: [u32; RAILS],
     error: Option<Error>,
@@ -108,14 +105,12 @@ impl SendEngine {
         SendEngine {
             split,
             tel,
-            counters: Default::default(),
             reqs: vec![SendReq::default(); n].into_boxed_slice(),
             free: (0..n as u16).rev().collect(),
             slots: Box::new([PostedSlot::default(); SLOTS]),
             fifo_head: 0,
             cur: None,
             rr: [0; RAILS],
-            probe_ns: [None; RAILS],
             outstanding: [0; RAILS],
             error: None,
             truncations: 0,
@@ -123,12 +118,9 @@ impl SendEngine {
         }
     }
 
-    pub fn counters(&self) -> &[RailCounters; RAILS] {
-        &self.counters
-    }
-
-    pub fn counters_mut(&mut self) -> &mut [RailCounters; RAILS] {
-        &mut self.counters
+    /// The counters of both rails, now.
+    pub fn counters(&self) -> [RailCounts; RAILS] {
+        [self.tel[SOUT].stats().counters.load(), self.tel[SUP].stats().counters.load()]
     }
 
     pub fn telemetry(&self) -> &[RailTelemetry; RAILS] {
@@ -149,7 +141,7 @@ impl SendEngine {
     pub fn busy_rails(&self) -> u8 {
         let mut m = 0;
         for r in 0..RAILS {
-            if self.outstanding[r] > 0 || self.probe_ns[r].is_some() {
+            if self.outstanding[r] > 0 || self.tel[r].probe_outstanding() {
                 m |= 1 << r;
             }
         }
@@ -179,6 +171,13 @@ impl SendEngine {
     /// Reads the next CTS slot if the receiver has written all of it.
     fn poll_cts(&mut self, mem: &impl SendMemory) -> Result<bool> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
+        if self.slots[slot].pending != 0 {
+            // The slot's previous use still awaits completions (the receiver freed the slot
+            // when the IMMs landed; acks can come later). Completions name only (rail, slot):
+            // taking the slot now would let a late one complete the new send early and leave
+            // the old one pending forever. Not now: NCCL's test on the old sends polls them.
+            return Ok(false);
+        }
         let w0 = mem.fifo_word(slot, 0);
         if w0 >> 8 != self.fifo_head + 1 {
             return Ok(false);
@@ -208,7 +207,9 @@ impl SendEngine {
         Ok(true)
     }
 
-    /// `isend`: `Ok(None)` when the matching receive is not posted yet (NCCL retries).
+    /// `isend`: `Ok(None)` when the matching receive is not posted yet, or its CTS slot's
+    /// previous use still awaits completions (NCCL retries; polling the CQs of
+    /// [`Self::busy_rails`] frees the slot).
     /// When this send completes its slot, the slot's chains are appended to `out`.
     pub fn isend(
         &mut self,
@@ -332,14 +333,8 @@ impl SendEngine {
             if !fast {
                 c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
             }
-            let ctr = &mut self.counters[rail];
-            ctr.wr_posted += c.len as u64;
-            ctr.doorbells += 1;
-            ctr.bytes += rail_bytes;
-            ctr.imm_sent += 1;
-            if rail_bytes == 0 && total > 0 {
-                ctr.zero_byte_imm += 1;
-            }
+            // One doorbell; exactly one WRITE_WITH_IMM per active rail.
+            self.tel[rail].stats().count_post(c.len as u64, 1, rail_bytes, total);
             debug_assert!(c.len as usize <= MAX_CHAIN);
             self.tel[rail].on_post(now_ns, rail_bytes);
             self.outstanding[rail] += 1;
@@ -410,12 +405,9 @@ impl SendEngine {
             return;
         }
         for rail in 0..RAILS {
-            let t = &self.tel[rail];
-            let v = t.view();
-            if v.failed || v.inflight_bytes > 0 || self.probe_ns[rail].is_some() {
-                continue;
-            }
-            if now_ns.saturating_sub(t.last_post_ns()) < self.cfg.probe_interval_ns {
+            // Not while a signalled WR is out (an empty transfer's carries 0 bytes, so the
+            // telemetry's bytes in flight does not see it).
+            if self.outstanding[rail] > 0 || !self.tel[rail].probe_due(now_ns, self.cfg.probe_interval_ns) {
                 continue;
             }
             let c: &mut Chain = out.push(rail, QpRef::Data(0));
@@ -430,17 +422,17 @@ impl SendEngine {
                 rkey: self.cfg.scratch_rkeys[rail],
                 ..SendWr::default()
             });
-            self.probe_ns[rail] = Some(now_ns);
-            let ctr = &mut self.counters[rail];
-            ctr.wr_posted += 1;
-            ctr.doorbells += 1;
-            ctr.probes += 1;
+            // A probe is a WR and a doorbell, and counts in `probes` (not as data).
+            self.tel[rail].on_probe_post(now_ns);
+            self.tel[rail].stats().count_post(1, 0, 0, 0);
         }
     }
 
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
     pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
-        self.counters[rail].cqe += 1;
+        self.tel[rail].stats().count_cqes(1);
+        // A broken connection interprets nothing more (flushed WRs, late completions).
+        self.check()?;
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             return Err(self.fail(Error::internal(format!(
                 "{} rail: completion with an unknown wr_id {:#x}",
@@ -450,11 +442,7 @@ impl SendEngine {
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            let what = match kind {
-                WrKind::Probe => "a probe",
-                _ => "a data WRITE",
-            };
-            return Err(self.fail(completion_error(wr_rail, what, c.status)));
+            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
         }
         match kind {
             WrKind::DataSignal => {
@@ -479,9 +467,13 @@ impl SendEngine {
                 Ok(())
             }
             WrKind::Probe => {
-                if let Some(p) = self.probe_ns[wr_rail].take() {
-                    self.tel[wr_rail].on_complete(Sample { posted_ns: p, completed_ns: t, bytes: 0 });
+                if !self.tel[wr_rail].probe_outstanding() {
+                    return Err(self.fail(Error::internal(format!(
+                        "{} rail: probe completion, but no probe is in flight",
+                        RAIL_NAMES[wr_rail]
+                    ))));
                 }
+                self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
             _ => Err(self.fail(Error::internal(format!(
@@ -493,6 +485,8 @@ impl SendEngine {
 
     /// `test`: the bytes sent once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
+        // Every call after a failure reports it, even for a request that had completed.
+        self.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
             return Err(Error::internal(format!("send request {id} does not exist")));
         };
@@ -503,10 +497,7 @@ impl SendEngine {
                 self.free.push(id);
                 Ok(Some(size))
             }
-            ReqState::Pending => {
-                self.check()?;
-                Ok(None)
-            }
+            ReqState::Pending => Ok(None),
             ReqState::Free => Err(Error::internal(format!("send request {id} is not in flight (tested after done?)"))),
         }
     }

@@ -283,6 +283,13 @@ pub trait QueuePair: Send + 'static {
     /// Whether WRs posted now are carried at once (connection established).
     fn is_ready(&mut self) -> Result<bool>;
     /// Posts a chain of WRs with one doorbell. On error nothing of the chain was posted.
+    ///
+    /// Placement order every provider keeps (the CTS FIFO relies on it, as net_ib relies on
+    /// a NIC's in-order placement): for a WRITE of at least 8 bytes whose end
+    /// (`remote_addr + len`) is 8-aligned, the final 8 bytes become visible at the responder
+    /// last, so a thread there that Acquire-loads that word and sees its new value sees the
+    /// whole WRITE. The soft provider stores that word with one Release `AtomicU64` store
+    /// after every other byte.
     fn post_send(&mut self, chain: &[SendWr]) -> Result<()>;
 }
 

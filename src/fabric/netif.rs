@@ -1,63 +1,69 @@
 //! Network interfaces and the default address, chosen the way NCCL's socket transport
-//! chooses its interface: `NCCL_SOCKET_IFNAME` when set (prefix match, `^` excludes,
-//! `=` exact), else an `ib*` interface, else the first up non-loopback, non-docker one,
-//! else loopback. IPv4 is preferred within an interface.
+//! chooses its interface: `NCCL_SOCKET_IFNAME` when set (a comma list of name prefixes;
+//! `^` in front excludes them, `=` in front matches names exactly); else the first up
+//! `ib*` interface, else the first up interface that is neither `docker*` nor `lo*`, else
+//! `docker*`, else loopback. An interface's IPv4 address is preferred over its IPv6 one;
+//! IPv6 link-local addresses are skipped (they need a scope). Used by the soft fabric's
+//! rails and by the set-up listener.
 
 use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::error::{Error, Result};
 
-/// One address of an interface that is up.
+/// One address of an up interface.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IfAddr {
     pub name: String,
-    pub addr: IpAddr,
-    pub loopback: bool,
+    pub ip: IpAddr,
 }
 
-/// Every address of every interface that is up, in the kernel's order.
-pub fn list() -> Vec<IfAddr> {
+/// The addresses of every up interface, in the kernel's order.
+pub fn interfaces() -> Vec<IfAddr> {
     let mut out = Vec::new();
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
+    // SAFETY: getifaddrs fills `head` with a list we free below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
         return out;
     }
     let mut p = head;
     while !p.is_null() {
-        // SAFETY: `p` is a node of the list returned by getifaddrs, valid until freed.
+        // SAFETY: `p` is a node of the list getifaddrs returned, alive until freeifaddrs.
         let ifa = unsafe { &*p };
         p = ifa.ifa_next;
-        let flags = ifa.ifa_flags;
-        if flags & libc::IFF_UP as u32 == 0 || ifa.ifa_addr.is_null() {
+        if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
             continue;
         }
-        // SAFETY: a non-null ifa_addr points to a sockaddr whose family says its type.
-        let addr = unsafe {
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        // SAFETY: ifa_addr is non-null; its family says which sockaddr it is.
+        let ip = unsafe {
             match (*ifa.ifa_addr).sa_family as i32 {
                 libc::AF_INET => {
-                    let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                    IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+                    let a = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+                    IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr)))
                 }
                 libc::AF_INET6 => {
-                    let sin6 = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
-                    IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+                    let a = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
+                    IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr))
                 }
                 _ => continue,
             }
         };
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
-        out.push(IfAddr { name, addr, loopback: flags & libc::IFF_LOOPBACK as u32 != 0 });
+        if let IpAddr::V6(v6) = ip {
+            if v6.segments()[0] & 0xffc0 == 0xfe80 {
+                continue;
+            }
+        }
+        out.push(IfAddr { name, ip });
     }
-    // SAFETY: `head` came from getifaddrs and is freed once.
+    // SAFETY: frees the list getifaddrs allocated, once.
     unsafe { libc::freeifaddrs(head) };
     out
 }
 
-/// Whether `name` matches an `NCCL_SOCKET_IFNAME`-style list.
-pub fn matches_ifname(spec: &str, name: &str) -> bool {
+/// NCCL's interface-name matching (`NCCL_SOCKET_IFNAME` syntax).
+pub fn ifname_matches(spec: &str, name: &str) -> bool {
     let (exclude, spec) = match spec.strip_prefix('^') {
         Some(s) => (true, s),
         None => (false, spec),
@@ -68,40 +74,36 @@ pub fn matches_ifname(spec: &str, name: &str) -> bool {
     };
     let hit = spec
         .split(',')
-        .map(str::trim)
+        .map(|s| s.split(':').next().unwrap_or(""))
         .filter(|s| !s.is_empty())
         .any(|p| if exact { name == p } else { name.starts_with(p) });
     hit != exclude
 }
 
-/// Preference among one interface's addresses: IPv4, then global IPv6, then the rest.
-fn rank(a: &IpAddr) -> u8 {
-    match a {
-        IpAddr::V4(_) => 0,
-        IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) != 0xfe80 => 1,
-        IpAddr::V6(_) => 2,
+/// The first address (IPv4 preferred within an interface) whose interface matches `spec`.
+pub fn first_matching(ifs: &[IfAddr], spec: &str) -> Option<IfAddr> {
+    let mut names: Vec<&str> = Vec::new();
+    for i in ifs {
+        if ifname_matches(spec, &i.name) && !names.contains(&i.name.as_str()) {
+            names.push(&i.name);
+        }
     }
+    let name = names.first()?;
+    let of = |v4: bool| ifs.iter().find(|i| i.name == *name && i.ip.is_ipv4() == v4).cloned();
+    of(true).or_else(|| of(false))
 }
 
-/// Picks from `ifs` as NCCL would (see the module comment).
-pub fn choose(ifs: &[IfAddr], socket_ifname: Option<&str>) -> Option<IfAddr> {
-    let best = |pred: &dyn Fn(&IfAddr) -> bool| -> Option<IfAddr> {
-        let mut cands: Vec<&IfAddr> = ifs.iter().filter(|i| pred(i)).collect();
-        cands.sort_by_key(|i| rank(&i.addr)); // stable: keeps the kernel's interface order
-        cands.first().map(|i| (*i).clone())
-    };
+/// The default interface address, as NCCL's socket transport chooses it.
+pub fn default_addr(ifs: &[IfAddr], socket_ifname: Option<&str>) -> Option<IfAddr> {
     if let Some(spec) = socket_ifname {
-        return best(&|i: &IfAddr| matches_ifname(spec, &i.name));
+        return first_matching(ifs, spec);
     }
-    best(&|i: &IfAddr| !i.loopback && i.name.starts_with("ib"))
-        .or_else(|| best(&|i: &IfAddr| !i.loopback && !i.name.starts_with("docker")))
-        .or_else(|| best(&|i: &IfAddr| i.loopback))
+    ["ib", "^docker,lo", "docker", "lo"].iter().find_map(|spec| first_matching(ifs, spec))
 }
 
 /// The default local address for sockets: NCCL's choice on this host.
-pub fn default_addr(socket_ifname: Option<&str>) -> Result<IfAddr> {
-    let ifs = list();
-    choose(&ifs, socket_ifname).ok_or_else(|| {
+pub fn default_ip(socket_ifname: Option<&str>) -> Result<IpAddr> {
+    default_addr(&interfaces(), socket_ifname).map(|i| i.ip).ok_or_else(|| {
         Error::system(match socket_ifname {
             Some(s) => format!("no interface that is up matches NCCL_SOCKET_IFNAME={s}"),
             None => "no network interface is up (not even loopback)".to_string(),
@@ -110,43 +112,60 @@ pub fn default_addr(socket_ifname: Option<&str>) -> Result<IfAddr> {
 }
 
 /// The preferred address of interface `name`.
-pub fn addr_of(name: &str) -> Result<IfAddr> {
-    let ifs = list();
-    choose(&ifs, Some(&format!("={name}")))
-        .ok_or_else(|| Error::invalid_argument(format!("interface {name} does not exist or is down")))
+pub fn ip_of(name: &str) -> Result<IpAddr> {
+    first_matching(&interfaces(), &format!("={name}"))
+        .map(|i| i.ip)
+        .ok_or_else(|| Error::invalid_argument(format!("interface {name} does not exist, is down or has no address")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn ifa(name: &str, addr: &str, lo: bool) -> IfAddr {
-        IfAddr { name: name.into(), addr: addr.parse().unwrap(), loopback: lo }
+    fn ifs() -> Vec<IfAddr> {
+        let a = |n: &str, ip: &str| IfAddr { name: n.into(), ip: ip.parse().unwrap() };
+        vec![
+            a("lo", "127.0.0.1"),
+            a("docker0", "172.17.0.1"),
+            a("eth0", "2001:db8::1"),
+            a("eth0", "10.0.0.2"),
+            a("eth1", "10.0.1.2"),
+            a("ib0", "10.1.0.2"),
+        ]
     }
 
     #[test]
-    fn nccl_style_interface_choice() {
-        let ifs = vec![
-            ifa("lo", "127.0.0.1", true),
-            ifa("docker0", "172.17.0.1", false),
-            ifa("eth0", "fe80::1", false),
-            ifa("eth0", "10.0.0.5", false),
-            ifa("ib0", "192.168.1.5", false),
-        ];
-        assert_eq!(choose(&ifs, None).unwrap().name, "ib0");
-        assert_eq!(choose(&ifs[..4], None).unwrap().addr, "10.0.0.5".parse::<IpAddr>().unwrap(), "IPv4 first");
-        assert_eq!(choose(&ifs[..2], None).unwrap().name, "lo", "docker bridges are skipped by default");
-        assert_eq!(choose(&ifs[..1], None).unwrap().name, "lo");
-        assert_eq!(choose(&ifs, Some("eth")).unwrap().addr, "10.0.0.5".parse::<IpAddr>().unwrap());
-        assert_eq!(choose(&ifs, Some("^ib,eth,docker")).unwrap().name, "lo");
-        assert_eq!(choose(&ifs, Some("=eth")), None, "exact match only");
-        assert!(choose(&ifs, Some("veth")).is_none());
+    fn nccl_ifname_syntax() {
+        assert!(ifname_matches("eth", "eth0"));
+        assert!(!ifname_matches("eth", "ib0"));
+        assert!(ifname_matches("ib,eth", "eth1"));
+        assert!(!ifname_matches("^eth", "eth1"));
+        assert!(ifname_matches("^eth", "ib0"));
+        assert!(!ifname_matches("=eth", "eth0"));
+        assert!(ifname_matches("=eth0", "eth0"));
+        assert!(!ifname_matches("^=eth0", "eth0"));
+        assert!(ifname_matches("^=eth0", "eth01"));
+        assert!(ifname_matches("eth0:1234", "eth0"), "a port suffix is ignored");
     }
 
     #[test]
-    fn loopback_is_listed() {
-        assert!(list().iter().any(|i| i.loopback), "this host has an up loopback interface");
-        assert!(addr_of("lo").is_ok());
-        assert!(addr_of("no-such-if0").is_err());
+    fn default_prefers_ib_then_non_docker_non_lo() {
+        let all = ifs();
+        assert_eq!(default_addr(&all, None).unwrap().name, "ib0");
+        let no_ib: Vec<_> = all.iter().filter(|i| i.name != "ib0").cloned().collect();
+        let d = default_addr(&no_ib, None).unwrap();
+        assert_eq!((d.name.as_str(), d.ip.to_string().as_str()), ("eth0", "10.0.0.2"), "IPv4 first");
+        let only: Vec<_> = all.iter().filter(|i| i.name == "lo" || i.name == "docker0").cloned().collect();
+        assert_eq!(default_addr(&only, None).unwrap().name, "docker0");
+        assert_eq!(default_addr(&all, Some("eth1")).unwrap().name, "eth1");
+        assert_eq!(default_addr(&all, Some("^ib,eth,docker")).unwrap().name, "lo");
+        assert_eq!(default_addr(&all, Some("nosuch")), None);
+    }
+
+    #[test]
+    fn loopback_is_listed_and_resolves() {
+        assert!(interfaces().iter().any(|i| i.ip.is_loopback()));
+        assert!(ip_of("lo").is_ok());
+        assert!(ip_of("no-such-if0").is_err());
     }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::devices::DevPair;
 use super::mr::MrInfo;
 use crate::engine::layout::{CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RecvMemory, SendMemory};
-use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounters, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine};
+use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQueue};
@@ -228,8 +228,8 @@ impl<D: Device> SendComm<D> {
         self.engine.test(id)
     }
 
-    pub fn counters(&self) -> [RailCounters; RAILS] {
-        *self.engine.counters()
+    pub fn counters(&self) -> [RailCounts; RAILS] {
+        self.engine.counters()
     }
 }
 
@@ -245,6 +245,7 @@ impl<D: Device> Drop for SendComm<D> {
 pub struct RecvComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
     pub engine: RecvEngine,
+    rnr_seen: [u64; RAILS],
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
     posts: Posts,
@@ -257,6 +258,7 @@ impl<D: Device> RecvComm<D> {
         RecvComm {
             rails,
             engine,
+            rnr_seen: [0; RAILS],
             dev,
             seqs: Seqs::new(512),
             posts: Posts::default(),
@@ -354,15 +356,23 @@ impl<D: Device> RecvComm<D> {
     pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
         self.poll()?;
         self.refill()?;
+        self.count_rnr();
         self.engine.test(id)
     }
 
-    pub fn counters(&self) -> [RailCounters; RAILS] {
-        let mut c = *self.engine.counters();
-        for (rail, ctr) in c.iter_mut().enumerate() {
-            ctr.rnr = self.rails[rail].srq.as_ref().map_or(0, |s| s.rnr_events());
+    /// Publishes the receiver-not-ready waits the SRQs saw since the last call.
+    fn count_rnr(&mut self) {
+        for rail in 0..RAILS {
+            let total = self.rails[rail].srq.as_ref().map_or(0, |s| s.rnr_events());
+            if total > self.rnr_seen[rail] {
+                self.engine.count_rnr(rail, total - self.rnr_seen[rail]);
+                self.rnr_seen[rail] = total;
+            }
         }
-        c
+    }
+
+    pub fn counters(&self) -> [RailCounts; RAILS] {
+        self.engine.counters()
     }
 }
 

@@ -13,7 +13,7 @@ use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
 use super::{AbiVersion, Completed, MAX_RECVS};
 use crate::config::{Config, RailAddr};
-use crate::engine::RailCounters;
+use crate::engine::RailCounts;
 use crate::error::{Error, Result};
 use crate::fabric::{Device, RailPair, netif};
 
@@ -66,11 +66,11 @@ impl<D: Device> Plugin<D> {
         if self.kind == FabricKind::Soft {
             match &self.cfg.soft_sout_addr {
                 Some(RailAddr::Ip(ip)) => return Ok(*ip),
-                Some(RailAddr::Interface(name)) => return Ok(netif::addr_of(name)?.addr),
+                Some(RailAddr::Interface(name)) => return netif::ip_of(name),
                 None => {}
             }
         }
-        Ok(netif::default_addr(self.cfg.socket_ifname.as_deref())?.addr)
+        netif::default_ip(self.cfg.socket_ifname.as_deref())
     }
 
     fn params(&self, abi: AbiVersion, tc: Option<c_int>) -> Params {
@@ -269,20 +269,17 @@ impl<D: Device> Plugin<D> {
 
     pub fn close(&self, comm: *mut c_void, kind: Kind) -> Result<()> {
         match self.objs.remove(as_u64(comm), kind)? {
-            Obj::Send(c) => {
-                log::info!("closing a send comm: {}", counters_line(&c.counters()));
-                Ok(())
-            }
-            Obj::Recv(c) => {
-                log::info!("closing a receive comm: {}", counters_line(&c.counters()));
-                Ok(())
-            }
-            _ => Ok(()),
+            Obj::Send(c) => log::info!("closing a send comm: {}", counters_line(&c.counters())),
+            Obj::Recv(c) => log::info!("closing a receive comm: {}", counters_line(&c.counters())),
+            _ => return Ok(()),
         }
+        // The closed comm's figures are folded into the totals: write them out now.
+        crate::telemetry::stats_flush_now();
+        Ok(())
     }
 
     /// Per-rail counters of a send or receive comm.
-    pub fn counters(&self, comm: *mut c_void) -> Result<[RailCounters; 2]> {
+    pub fn counters(&self, comm: *mut c_void) -> Result<[RailCounts; 2]> {
         let (_, g) = self.objs.get_any(as_u64(comm), &[Kind::Send, Kind::Recv])?;
         match &*g {
             Obj::Send(c) => Ok(c.counters()),
@@ -292,8 +289,8 @@ impl<D: Device> Plugin<D> {
     }
 }
 
-fn counters_line(c: &[RailCounters; 2]) -> String {
-    let r = |x: &RailCounters| {
+fn counters_line(c: &[RailCounts; 2]) -> String {
+    let r = |x: &RailCounts| {
         format!(
             "wr={} doorbells={} bytes={} imm={} cqe={} rnr={}",
             x.wr_posted, x.doorbells, x.bytes, x.imm_sent, x.cqe, x.rnr

@@ -4,18 +4,15 @@
 //! Handles given to NCCL are opaque values checked on every call (see `handles.rs`), so a
 //! bad or stale handle is a clear error, never a crash.
 
-// Until a fabric provider is wired into `Active`, the dispatching calls bind nothing.
-#![allow(unused_variables, unused_imports, dead_code)]
-
 use std::collections::BTreeMap;
 use std::ffi::{CStr, c_int, c_void};
 use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
 use crate::config::{self, Config, FabricChoice};
-use crate::engine::RailCounters;
+use crate::engine::RailCounts;
 use crate::error::{Error, Result};
 
 pub mod comm;
@@ -27,6 +24,7 @@ pub mod oob;
 pub mod setup;
 pub mod wire;
 
+use crate::fabric::soft::{self, SoftDevice};
 use handles::Kind;
 use instance::Plugin;
 use setup::FabricKind;
@@ -82,10 +80,12 @@ pub struct Completed {
 }
 
 struct Global {
-    /// `init` calls not yet matched by `finalize`.
-    refs: usize,
     contexts: BTreeMap<u64, Context>,
 }
+
+/// `init` calls not yet matched by `finalize`. An atomic, not under `GLOBAL`: every data-path
+/// call reads it, and a read-only shared word costs nothing where a shared lock would.
+static REFS: AtomicUsize = AtomicUsize::new(0);
 
 /// What a v11/v12 `init(ctx, commId, config)` gives `listen`/`connect`.
 struct Context {
@@ -94,27 +94,29 @@ struct Context {
     traffic_class: Option<c_int>,
 }
 
-static GLOBAL: Mutex<Global> = Mutex::new(Global { refs: 0, contexts: BTreeMap::new() });
+static GLOBAL: Mutex<Global> = Mutex::new(Global { contexts: BTreeMap::new() });
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
 /// The plugin over the provider chosen at the first successful `init`. Devices stay open
 /// for the process lifetime (NCCL holds pointers into their properties), as net_ib's do.
-enum Active {}
+enum Active {
+    Soft(Plugin<SoftDevice>),
+}
 
 static ACTIVE: OnceLock<Active> = OnceLock::new();
 
 /// Runs `$body` with `$p` bound to the active `Plugin<D>`, whatever its provider.
 macro_rules! dispatch {
     ($p:ident => $body:expr) => {{
-        #[allow(unreachable_code, unused_variables)]
-        match *active()? {}
+        match active()? {
+            Active::Soft($p) => $body,
+        }
     }};
 }
 
 fn active() -> Result<&'static Active> {
-    let refs = GLOBAL.lock().refs;
     match ACTIVE.get() {
-        Some(a) if refs > 0 => Ok(a),
+        Some(a) if REFS.load(Ordering::Relaxed) > 0 => Ok(a),
         _ => Err(Error::invalid_usage("the plugin is not initialized (init did not succeed, or finalize was called)")),
     }
 }
@@ -135,7 +137,7 @@ pub fn init(abi: AbiVersion) -> Result<()> {
             )));
         }
     };
-    let mut g = GLOBAL.lock();
+    let _g = GLOBAL.lock(); // one init at a time opens the devices
     if ACTIVE.get().is_none() {
         if let Some(w) = cfg.unknown_warning() {
             log::warn!(target: "mpib::config", "{w}");
@@ -143,24 +145,34 @@ pub fn init(abi: AbiVersion) -> Result<()> {
         log::info!(target: "mpib::config", "configuration: {cfg}");
         let a = open(cfg)?;
         let _ = ACTIVE.set(a);
+        if let Err(e) = crate::telemetry::start_stats_export(cfg) {
+            log::warn!("statistics file: {e}");
+        }
         log::info!(target: "mpib::abi", "initialized through ABI v{}: {} device(s)", abi as u32, device_count_of(ACTIVE.get().expect("set")));
     }
-    g.refs += 1;
+    REFS.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }
 
 /// Opens the configured fabric's rail pairs.
 fn open(cfg: &'static Config) -> Result<Active> {
-    let _ = (FabricKind::Soft, cfg.fabric == FabricChoice::Auto);
-    Err(Error::system(format!(
-        "no usable network device: no fabric provider is built into this version of the plugin \
-         (MPIB_FABRIC={:?}); NCCL will use its own transports",
-        cfg.fabric
-    )))
+    let soft = |kind: FabricKind| -> Result<Active> {
+        let pairs = soft::open_rail_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
+        Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
+    };
+    match cfg.fabric {
+        FabricChoice::Soft | FabricChoice::Auto => soft(FabricKind::Soft),
+        FabricChoice::Inproc => soft(FabricKind::Inproc),
+        FabricChoice::Verbs => {
+            Err(Error::system("no usable network device: MPIB_FABRIC=verbs, but this build has no verbs provider"))
+        }
+    }
 }
 
 fn device_count_of(a: &Active) -> usize {
-    match *a {}
+    match a {
+        Active::Soft(p) => p.devs.len(),
+    }
 }
 
 /// A v11/v12 context for one communicator.
@@ -186,7 +198,9 @@ pub fn finalize(ctx: *mut c_void) -> Result<()> {
     if g.contexts.remove(&(ctx as usize as u64)).is_none() {
         return Err(Error::invalid_argument(format!("finalize: unknown plugin context {ctx:p}")));
     }
-    g.refs = g.refs.saturating_sub(1);
+    let _ = REFS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
+    drop(g);
+    crate::telemetry::stats_flush_now();
     Ok(())
 }
 
@@ -291,6 +305,6 @@ pub fn close_listen(comm: *mut c_void) -> Result<()> {
 }
 
 /// Per-rail counters of a send or receive comm (for tools and tests).
-pub fn comm_counters(comm: *mut c_void) -> Result<[RailCounters; 2]> {
+pub fn comm_counters(comm: *mut c_void) -> Result<[RailCounts; 2]> {
     dispatch!(p => p.counters(comm))
 }

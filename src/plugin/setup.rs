@@ -29,7 +29,7 @@ use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{ConnectParams, Device, QpCaps, QpInfo, QueuePair};
 use crate::split::AnySplit;
-use crate::telemetry::{RailTelemetry, TelemetryConfig};
+use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
 const HANDLE_MAGIC: [u8; 4] = *b"MPIB";
 const HANDLE_VERSION: u8 = 1;
@@ -53,13 +53,12 @@ pub struct Params {
     pub srq: (u32, u32),
     pub connect: ConnectParams,
     pub timeout: Duration,
-    pub split: crate::config::SplitMode,
-    pub telemetry: (f64, f64),
     pub probe_interval_ns: u64,
+    pub cfg: &'static Config,
 }
 
 impl Params {
-    pub fn new(cfg: &Config, kind: FabricKind, abi: AbiVersion, comm_tc: Option<i32>) -> Params {
+    pub fn new(cfg: &'static Config, kind: FabricKind, abi: AbiVersion, comm_tc: Option<i32>) -> Params {
         let tc = cfg.tc.or_else(|| comm_tc.filter(|t| (0..=255).contains(t)).map(|t| t as u8)).unwrap_or(0);
         Params {
             kind,
@@ -73,9 +72,8 @@ impl Params {
                 retry_cnt: cfg.retry_cnt,
             },
             timeout: Duration::from_millis(cfg.connect_timeout_ms),
-            split: cfg.split,
-            telemetry: (cfg.rtt_alpha, cfg.rtt_beta),
             probe_interval_ns: cfg.probe_interval_us * 1000,
+            cfg,
         }
     }
 }
@@ -209,13 +207,8 @@ fn all_ready<D: Device>(rails: &mut [Rail<D>; RAILS]) -> Result<bool> {
 }
 
 fn telemetry<D: Device>(pair: &DevPair<D>, p: &Params) -> [RailTelemetry; RAILS] {
-    let t = |i: usize| {
-        RailTelemetry::new(TelemetryConfig {
-            alpha: p.telemetry.0,
-            beta: p.telemetry.1,
-            speed_mbps: pair.rails[i].attrs().speed_mbps,
-        })
-    };
+    let t =
+        |i: usize| RailTelemetry::registered(TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps), i);
     [t(0), t(1)]
 }
 
@@ -318,7 +311,7 @@ impl<D: Device> Connecting<D> {
             max_inline,
             probe_interval_ns: self.p.probe_interval_ns,
         };
-        let engine = SendEngine::new(cfg, AnySplit::from_mode(self.p.split), telemetry(&self.pair, &self.p));
+        let engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         Ok(SendComm::new(rails, engine, self.pair.clone(), region))
@@ -426,7 +419,8 @@ impl<D: Device> Accepting<D> {
         };
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
-        Ok(RecvComm::new(rails, RecvEngine::new(cfg), self.pair.clone(), region))
+        let stats = [StatsHandle::register(0), StatsHandle::register(1)];
+        Ok(RecvComm::new(rails, RecvEngine::new(cfg, stats), self.pair.clone(), region))
     }
 }
 

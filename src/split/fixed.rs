@@ -35,9 +35,14 @@ mod tests {
         speed_mbps: 1,
         srtt_ns: 0,
         rttvar_ns: 0,
+        base_ns: 0,
+        bw_bytes_per_s: 0,
         inflight_bytes: 0,
+        drain_start_ns: 0,
+        head_chain_bytes: 0,
         samples: 0,
         congested: false,
+        congestion_events: 0,
         failed: false,
     }; 2];
 

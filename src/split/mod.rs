@@ -2,11 +2,14 @@
 //! One trait, a file per policy (as quinn-proto's congestion controllers); the plugin picks
 //! one per connection from `MPIB_SPLIT`, and the engine asks it immediately before posting.
 
-use crate::config::SplitMode;
+use crate::config::{Config, SplitMode};
 use crate::telemetry::RailView;
 
+mod auto;
 mod fixed;
+pub mod sim;
 
+pub use auto::Auto;
 pub use fixed::Fixed;
 
 /// Granularity of a share: LL/LL128 lines must not straddle rails (net_ib's
@@ -26,17 +29,23 @@ pub trait SplitPolicy {
 #[derive(Clone, Debug)]
 pub enum AnySplit {
     Fixed(Fixed),
+    Auto(Auto),
 }
 
 impl AnySplit {
-    /// The policy for `MPIB_SPLIT`.
-    pub fn from_mode(mode: SplitMode) -> Self {
+    /// The policy for `MPIB_SPLIT` and `MPIB_SPLIT_MIN_BYTES`: one per connection.
+    pub fn from_config(cfg: &Config) -> Self {
+        Self::from_mode(cfg.split, cfg.split_min_bytes)
+    }
+
+    /// The policy for `mode`; under `auto`, sends below `split_min_bytes` go whole to one
+    /// rail.
+    pub fn from_mode(mode: SplitMode, split_min_bytes: u64) -> Self {
         match mode {
             SplitMode::Sout => AnySplit::Fixed(Fixed::percent(100)),
             SplitMode::Sup => AnySplit::Fixed(Fixed::percent(0)),
             SplitMode::Percent(p) => AnySplit::Fixed(Fixed::percent(p)),
-            // Until the telemetry-driven policy lands: half and half.
-            SplitMode::Auto => AnySplit::Fixed(Fixed::percent(50)),
+            SplitMode::Auto => AnySplit::Auto(Auto::new(split_min_bytes)),
         }
     }
 }
@@ -46,7 +55,21 @@ impl SplitPolicy for AnySplit {
     fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: &[RailView; 2]) -> u64 {
         match self {
             AnySplit::Fixed(p) => p.sout_bytes(size, now_ns, rails),
+            AnySplit::Auto(p) => p.sout_bytes(size, now_ns, rails),
         }
+    }
+}
+
+/// The active-rail mask (bit 0 SOUT, bit 1 SUP) of a `size`-byte transfer with
+/// `sout_bytes` on SOUT: a rail is active only if it carries bytes (never a 0-byte IMM),
+/// and a transfer of 0 bytes uses SOUT alone.
+#[inline]
+pub fn active_mask(size: u64, sout_bytes: u64) -> u8 {
+    let sout = sout_bytes.min(size);
+    match (sout > 0, size > sout) {
+        (true, true) => 0b11,
+        (false, true) => 0b10,
+        _ => 0b01,
     }
 }
 
@@ -56,4 +79,34 @@ impl SplitPolicy for AnySplit {
 pub fn align_share(bytes: u64, size: u64) -> u64 {
     let b = (bytes.min(size) + SHARE_ALIGN / 2) / SHARE_ALIGN * SHARE_ALIGN;
     if b >= size { size } else { b }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mask_follows_the_bytes_and_empty_goes_to_sout() {
+        assert_eq!(active_mask(0, 0), 0b01);
+        assert_eq!(active_mask(1000, 1000), 0b01);
+        assert_eq!(active_mask(1000, 5000), 0b01, "clamped to the size");
+        assert_eq!(active_mask(1000, 0), 0b10);
+        assert_eq!(active_mask(1000, 512), 0b11);
+    }
+
+    #[test]
+    fn modes_pick_their_policy() {
+        let rails = [RailView { speed_mbps: 100_000, ..RailView::default() }; 2];
+        let mut cfg = Config::default();
+        assert!(matches!(AnySplit::from_config(&cfg), AnySplit::Auto(_)));
+        // Auto's threshold comes from the configuration.
+        cfg.split_min_bytes = 1 << 20;
+        let s = AnySplit::from_config(&cfg).sout_bytes(1 << 19, 0, &rails);
+        assert!(s == 0 || s == 1 << 19, "below MPIB_SPLIT_MIN_BYTES: whole, got {s}");
+        cfg.split_min_bytes = 0;
+        assert_eq!(AnySplit::from_config(&cfg).sout_bytes(1 << 19, 0, &rails), 1 << 18);
+        assert_eq!(AnySplit::from_mode(SplitMode::Sup, 0).sout_bytes(4096, 0, &rails), 0);
+        assert_eq!(AnySplit::from_mode(SplitMode::Sout, 0).sout_bytes(4096, 0, &rails), 4096);
+        assert_eq!(AnySplit::from_mode(SplitMode::Percent(25), 0).sout_bytes(4096, 0, &rails), 1024);
+    }
 }

@@ -1,33 +1,149 @@
 //! Per-rail telemetry from the data path itself (seed 000): RTT samples from post →
-//! completion of each signalled chain, RFC 6298 SRTT/RTTVAR, and the rail's bytes in flight.
+//! completion of each signalled chain (and of idle-rail probes), RFC 6298 SRTT/RTTVAR, base
+//! latency, delivery rate, bytes in flight and the congestion signal; per-rail counters and
+//! latency statistics published for the statistics file and the query function.
+//!
 //! Sans-IO: every time is an input (`now_ns` from one clock read per post/poll batch, or a
-//! device completion timestamp), so tests drive it with a fake clock.
+//! device completion timestamp), so tests drive it with a fake clock. One file per concern:
+//! `rtt` (SRTT/RTTVAR), `window_min` (base latency), `rate` (delivery rate), `histogram`
+//! (latency percentiles), `counter` + `stats` (single-writer published figures),
+//! `registry` (process-wide totals), `export` (the statistics file), `inflight` (the
+//! chains on the wire).
+//!
+//! How the engine drives it, per rail of each connection (one clock read per batch):
+//!
+//! ```text
+//! connect:   tel[r] = RailTelemetry::registered(TelemetryConfig::from_config(cfg, speed_mbps), r)
+//!            policy = AnySplit::from_config(cfg)
+//! isend:     sout = policy.sout_bytes(size, now, &[*tel[0].view(), *tel[1].view()])
+//!            mask = split::active_mask(size, sout)      // then per active rail r:
+//!            tel[r].on_post(now, bytes_r)               // estimator: bytes in flight, queue
+//!            tel[r].stats().count_post(wrs, imm_wrs, bytes_r, size)   // counters: one doorbell
+//! poll:      tel[r].stats().count_cqes(n)
+//!            data chain ok:  tel[r].on_complete(Sample { posted_ns, completed_ns: now, bytes })
+//!            probe ok:       tel[r].on_probe_complete(now)
+//!            any error:      tel[r].on_error(); tel[r].on_abandon(bytes) for each lost chain
+//! idle:      if tel[r].probe_due(now, cfg.probe_interval_us * 1000) {
+//!                post a small signalled RDMA WRITE without IMM; tel[r].on_probe_post(now) }
+//! receiver:  stats = StatsHandle::register(r); stats.count_cqes(n); stats.count_rnr(n)
+//! close:     drop the telemetry / handles (figures fold into the totals); stats_flush_now()
+//! init:      start_stats_export(cfg)    finalize: stats_flush_now()
+//! ```
+
+mod counter;
+mod export;
+mod histogram;
+mod inflight;
+mod rate;
+mod registry;
+mod rtt;
+mod stats;
+mod window_min;
+
+pub use counter::Counter;
+pub use export::{format_stats, start_stats_export, stats_flush_now, write_atomic};
+pub use histogram::{LatencyHistogram, LatencySummary};
+pub use registry::{RailTotals, StatsHandle, process_totals};
+pub use stats::{RailCounters, RailCounts, RailGauges, RailStats};
+
+use crate::config::Config;
+use inflight::{Chain, InflightChains};
+use rate::DeliveryRate;
+use rtt::RttEstimator;
+use window_min::WindowedMin;
+
+/// Base latency is the minimum over this much time: long enough to remember the
+/// uncongested path while a queue stands, short enough to follow a route change.
+pub const BASE_WINDOW_NS: u64 = 100_000_000;
+/// Time constant of the delivery-rate filter over busy time: a step in a rail's rate is
+/// followed to within 5 % after 3τ of traffic. Shorter follows faster but lets completion
+/// jitter through, and the split multiplies a rate error by the queue it drains.
+pub const BW_TAU_NS: u64 = 2_000_000;
+/// The congestion signal's floor on its 4·RTTVAR margin, as a fraction of the smoothed
+/// delay (RFC 6298's clock granularity G): on a jitter-free path RTTVAR decays to ~0 and
+/// nanoseconds of noise would otherwise read as congestion.
+const CONGESTION_MIN_MARGIN: f64 = 1.0 / 8.0;
 
 /// What the split policy sees of one rail.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RailView {
     /// Link speed from the device (Mbit/s): the prior before any sample.
     pub speed_mbps: u32,
-    /// Smoothed RTT (ns); 0 before the first sample.
+    /// Smoothed RTT (ns) of data chains and probes; 0 before the first sample.
     pub srtt_ns: u64,
     /// RTT variation (ns).
     pub rttvar_ns: u64,
+    /// Base latency (ns): the minimum over [`BASE_WINDOW_NS`] of the RTT, less its own
+    /// serialization at the estimated rate, of probes and of chains posted on an idle rail
+    /// (a queued chain's RTT includes its wait, which cannot be told apart from latency).
+    /// Kept while a busy rail gives no such sample. 0 before the first.
+    pub base_ns: u64,
+    /// Delivery-rate estimate (bytes/s); the link speed until traffic replaces it.
+    pub bw_bytes_per_s: u64,
     /// Bytes posted on the rail whose completion has not been seen.
     pub inflight_bytes: u64,
-    /// RTT samples taken so far.
+    /// The in-flight bytes are expected to have all completed at
+    /// `drain_start_ns + inflight_bytes / rate`: the last data completion while the rail
+    /// stays busy (the next chain has been on the wire since), or post time + base
+    /// latency when a chain lands on an idle rail. Lets the policy see how far the
+    /// chain in service has got instead of a staircase that drops a whole chain at a time.
+    pub drain_start_ns: u64,
+    /// Bytes of the oldest chain in flight (the one on the wire): how much progress since
+    /// `drain_start_ns` is plausible before a silent rail counts as stalled. 0 when none.
+    pub head_chain_bytes: u64,
+    /// RTT samples taken so far (data chains and probes).
     pub samples: u64,
-    /// The last sample exceeded SRTT + 4·RTTVAR.
+    /// The congestion signal of seed 000, RTT > SRTT + 4·RTTVAR, on the part of the last
+    /// RTT sample that the rail's known queue and rate do not explain (its RTT less the
+    /// wait expected when it was posted, less its own serialization), against the
+    /// SRTT/RTTVAR of those same parts before it; with RFC 6298's granularity floor G =
+    /// SRTT/8 on the 4·RTTVAR margin. So the queue the split itself builds, and chains
+    /// of different sizes, do not read as congestion; a rail that slows down or queues
+    /// someone else's traffic does.
     pub congested: bool,
+    /// Samples so far that were congested; the policy backs off once per new event.
+    pub congestion_events: u64,
     /// A completion on this rail failed: it gets no new traffic.
     pub failed: bool,
 }
 
-/// Estimator parameters (`MPIB_RTT_ALPHA`, `MPIB_RTT_BETA`).
+impl RailView {
+    /// The rail's rate (bytes/ns): the estimate, else the link speed.
+    #[inline]
+    pub fn rate_bytes_per_ns(&self) -> f64 {
+        let bps = if self.bw_bytes_per_s > 0 { self.bw_bytes_per_s } else { self.speed_mbps as u64 * 125_000 };
+        bps.max(1) as f64 * 1e-9
+    }
+
+    /// How long (ns from `now_ns`) until the rail is done with what it holds, at `rate`
+    /// bytes/ns: its in-flight bytes from `drain_start_ns`, crediting at most the oldest
+    /// chain's worth of progress since (a rail silent for longer is late, not draining),
+    /// and never less than the base latency (what an idle rail still costs).
+    #[inline]
+    pub fn drain_ns(&self, now_ns: u64, rate: f64) -> f64 {
+        let base = self.base_ns as f64;
+        if self.inflight_bytes == 0 {
+            return base;
+        }
+        let elapsed = now_ns as f64 - self.drain_start_ns as f64;
+        let credit = elapsed.min(self.head_chain_bytes as f64 / rate);
+        (self.inflight_bytes as f64 / rate - credit).max(base)
+    }
+}
+
+/// Estimator parameters (`MPIB_RTT_ALPHA`, `MPIB_RTT_BETA`) and the link speed.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TelemetryConfig {
     pub alpha: f64,
     pub beta: f64,
     pub speed_mbps: u32,
+}
+
+impl TelemetryConfig {
+    /// The gains from the configuration, for a rail whose link runs at `speed_mbps`.
+    pub fn from_config(cfg: &Config, speed_mbps: u32) -> Self {
+        TelemetryConfig { alpha: cfg.rtt_alpha, beta: cfg.rtt_beta, speed_mbps }
+    }
 }
 
 /// One RTT sample: a signalled chain posted at `posted_ns`, completed at `completed_ns`,
@@ -39,53 +155,133 @@ pub struct Sample {
     pub bytes: u64,
 }
 
-/// The telemetry of one rail of one connection. Owned by the data path: no locks.
-#[derive(Clone, Debug)]
+/// The telemetry of one rail of one connection. Owned by the data path: no locks. Not
+/// `Clone`: its statistics block has a single writer.
+#[derive(Debug)]
 pub struct RailTelemetry {
     cfg: TelemetryConfig,
     view: RailView,
     last_post_ns: u64,
+    /// Raw RTT of chains and probes: what `srtt_ns`/`rttvar_ns` report.
+    rtt: RttEstimator,
+    /// The part of each RTT that the rail's known queue and rate do not explain (RTT less
+    /// the expected wait when it was posted, less its own serialization): about the base
+    /// latency when all is well, whatever the chain size and however much the split
+    /// itself has queued on the rail. The congestion signal watches this.
+    delay: RttEstimator,
+    base: WindowedMin,
+    rate: DeliveryRate,
+    chains: InflightChains,
+    /// Post time of the outstanding probe.
+    probe_posted_ns: Option<u64>,
+    last_probe_ns: u64,
+    stats: StatsHandle,
 }
 
 impl RailTelemetry {
+    /// Telemetry whose statistics are kept but published nowhere (tests, tools).
     pub fn new(cfg: TelemetryConfig) -> Self {
-        RailTelemetry { cfg, view: RailView { speed_mbps: cfg.speed_mbps, ..RailView::default() }, last_post_ns: 0 }
+        Self::with_stats(cfg, StatsHandle::detached(0))
     }
 
-    /// `bytes` were posted on the rail at `now_ns`.
+    /// Telemetry of rail `rail` (0 = SOUT, 1 = SUP) of a new connection, its statistics
+    /// in the process registry (statistics file, `process_totals`) until it drops.
+    pub fn registered(cfg: TelemetryConfig, rail: usize) -> Self {
+        Self::with_stats(cfg, StatsHandle::register(rail))
+    }
+
+    pub fn with_stats(cfg: TelemetryConfig, stats: StatsHandle) -> Self {
+        let bw = cfg.speed_mbps as f64 * 1e6 / 8.0 / 1e9;
+        let rate = DeliveryRate::new(bw);
+        RailTelemetry {
+            cfg,
+            view: RailView { speed_mbps: cfg.speed_mbps, bw_bytes_per_s: rate.bytes_per_s(), ..RailView::default() },
+            last_post_ns: 0,
+            rtt: RttEstimator::default(),
+            delay: RttEstimator::default(),
+            base: WindowedMin::default(),
+            rate,
+            chains: InflightChains::default(),
+            probe_posted_ns: None,
+            last_probe_ns: 0,
+            stats,
+        }
+    }
+
+    /// A chain carrying `bytes` of payload was posted on the rail at `now_ns`. (Count the
+    /// post call itself with [`RailStats::count_post`] on [`stats`](Self::stats).)
+    #[inline]
     pub fn on_post(&mut self, now_ns: u64, bytes: u64) {
-        self.view.inflight_bytes += bytes;
+        let v = &mut self.view;
+        let alone = v.inflight_bytes == 0;
+        let wait = (v.drain_ns(now_ns, v.rate_bytes_per_ns()) - v.base_ns as f64).max(0.0) as u64;
+        if alone {
+            v.drain_start_ns = now_ns + v.base_ns;
+        }
+        v.inflight_bytes += bytes;
+        self.chains.push(Chain { posted_ns: now_ns, bytes, wait_ns: wait, alone });
+        v.head_chain_bytes = self.chains.oldest_bytes();
         self.last_post_ns = now_ns;
     }
 
     /// A signalled chain completed; `sample.bytes` leave the in-flight count.
+    #[inline]
     pub fn on_complete(&mut self, sample: Sample) {
-        self.view.inflight_bytes = self.view.inflight_bytes.saturating_sub(sample.bytes);
-        let rtt = sample.completed_ns.saturating_sub(sample.posted_ns);
         let v = &mut self.view;
-        if v.samples == 0 {
-            // RFC 6298 (2.2): SRTT = R, RTTVAR = R/2.
-            v.srtt_ns = rtt;
-            v.rttvar_ns = rtt / 2;
-            v.congested = false;
-        } else {
-            v.congested = rtt > v.srtt_ns + 4 * v.rttvar_ns;
-            // RFC 6298 (2.3): RTTVAR first, from the old SRTT.
-            let err = (v.srtt_ns as f64 - rtt as f64).abs();
-            v.rttvar_ns = ((1.0 - self.cfg.beta) * v.rttvar_ns as f64 + self.cfg.beta * err) as u64;
-            v.srtt_ns = ((1.0 - self.cfg.alpha) * v.srtt_ns as f64 + self.cfg.alpha * rtt as f64) as u64;
-        }
-        v.samples += 1;
+        v.inflight_bytes = v.inflight_bytes.saturating_sub(sample.bytes);
+        v.drain_start_ns = v.drain_start_ns.max(sample.completed_ns);
+        // A chain the ring could not hold (more than its capacity in flight) counts as
+        // queued with no expected wait: a late sample at worst, never a base latency.
+        let chain = self.chains.remove(sample.posted_ns, sample.bytes).unwrap_or_default();
+        v.head_chain_bytes = self.chains.oldest_bytes();
+        let rtt = sample.completed_ns.saturating_sub(sample.posted_ns);
+        self.stats.latency.record(rtt);
+        self.on_rtt(sample.completed_ns, rtt, sample.bytes, chain.wait_ns, chain.alone);
+        let base = self.base.get().unwrap_or(0);
+        self.rate.on_chain(sample.posted_ns, sample.completed_ns, sample.bytes, base, BW_TAU_NS);
+        self.view.bw_bytes_per_s = self.rate.bytes_per_s();
+        self.stats.gauges.bw_bytes_per_s.set(self.view.bw_bytes_per_s);
     }
 
-    /// A completion on this rail failed.
+    /// One RTT sample of a chain of `bytes` (0 for a probe) completed at `now_ns`, that
+    /// was expected to wait `wait_ns` for the rail; `alone`: it had the rail to itself
+    /// (a probe, or a chain posted on an idle rail).
+    #[inline]
+    fn on_rtt(&mut self, now_ns: u64, rtt: u64, bytes: u64, wait_ns: u64, alone: bool) {
+        let (alpha, beta) = (self.cfg.alpha, self.cfg.beta);
+        let own_ns = bytes as f64 / self.rate.bytes_per_ns().max(1e-9);
+        let delay = (rtt as f64 - wait_ns as f64 - own_ns).max(0.0) as u64;
+        let margin = CONGESTION_MIN_MARGIN * self.delay.srtt_ns() as f64;
+        let congested = self.delay.exceeds(delay, margin);
+        self.delay.update(delay, alpha, beta);
+        self.rtt.update(rtt, alpha, beta);
+        let base = if alone { self.base.update(now_ns, delay, BASE_WINDOW_NS) } else { self.base.get().unwrap_or(0) };
+        let v = &mut self.view;
+        v.srtt_ns = self.rtt.srtt_ns();
+        v.rttvar_ns = self.rtt.rttvar_ns();
+        v.base_ns = base;
+        v.samples += 1;
+        v.congested = congested;
+        v.congestion_events += congested as u64;
+        let s = &self.stats;
+        s.counters.rtt_samples.add(1);
+        s.counters.congestion_events.add(congested as u64);
+        s.gauges.srtt_ns.set(v.srtt_ns);
+        s.gauges.rttvar_ns.set(v.rttvar_ns);
+        s.gauges.base_ns.set(base);
+    }
+
+    /// A completion on this rail failed: no new traffic, no probes.
     pub fn on_error(&mut self) {
         self.view.failed = true;
+        self.stats.counters.errors.add(1);
     }
 
     /// Forget `bytes` in flight without a sample (e.g. a flushed chain).
     pub fn on_abandon(&mut self, bytes: u64) {
         self.view.inflight_bytes = self.view.inflight_bytes.saturating_sub(bytes);
+        self.chains.remove_bytes(bytes);
+        self.view.head_chain_bytes = self.chains.oldest_bytes();
     }
 
     /// When the rail last carried a post (ns), for probes.
@@ -93,37 +289,52 @@ impl RailTelemetry {
         self.last_post_ns
     }
 
+    /// Whether the rail should get a probe now: probes on (`interval_ns > 0`), the rail
+    /// healthy, nothing in flight, no probe outstanding, and neither data nor a probe
+    /// posted for `interval_ns`. The engine then posts one small signalled RDMA WRITE
+    /// without IMM (it never touches the peer's SRQ) into a scratch region, calls
+    /// [`on_probe_post`](Self::on_probe_post), and feeds its completion to
+    /// [`on_probe_complete`](Self::on_probe_complete).
+    #[inline]
+    pub fn probe_due(&self, now_ns: u64, interval_ns: u64) -> bool {
+        interval_ns != 0
+            && !self.view.failed
+            && self.view.inflight_bytes == 0
+            && self.probe_posted_ns.is_none()
+            && now_ns.saturating_sub(self.last_post_ns.max(self.last_probe_ns)) >= interval_ns
+    }
+
+    /// A probe was posted at `now_ns`. Probes are not data: they count in `probes`, not in
+    /// the data counters, bytes in flight or the latency statistics.
+    pub fn on_probe_post(&mut self, now_ns: u64) {
+        self.probe_posted_ns = Some(now_ns);
+        self.last_probe_ns = now_ns;
+        self.stats.counters.probes.add(1);
+    }
+
+    /// The outstanding probe completed at `completed_ns`: an RTT sample of an empty
+    /// chain (SRTT/RTTVAR, base latency, congestion signal; not the delivery rate).
+    pub fn on_probe_complete(&mut self, completed_ns: u64) {
+        if let Some(posted) = self.probe_posted_ns.take() {
+            self.on_rtt(completed_ns, completed_ns.saturating_sub(posted), 0, 0, true);
+        }
+    }
+
+    /// Whether a probe is outstanding (its completion not yet fed back).
+    pub fn probe_outstanding(&self) -> bool {
+        self.probe_posted_ns.is_some()
+    }
+
     pub fn view(&self) -> &RailView {
         &self.view
+    }
+
+    /// The published statistics block: count post calls, CQEs and RNR events here.
+    pub fn stats(&self) -> &RailStats {
+        &self.stats
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tel() -> RailTelemetry {
-        RailTelemetry::new(TelemetryConfig { alpha: 0.125, beta: 0.25, speed_mbps: 100_000 })
-    }
-
-    #[test]
-    fn first_sample_sets_srtt_and_half_rttvar() {
-        let mut t = tel();
-        t.on_post(0, 100);
-        assert_eq!(t.view().inflight_bytes, 100);
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 1000, bytes: 100 });
-        assert_eq!((t.view().srtt_ns, t.view().rttvar_ns, t.view().inflight_bytes), (1000, 500, 0));
-    }
-
-    #[test]
-    fn rfc6298_update_and_congestion_signal() {
-        let mut t = tel();
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 1000, bytes: 0 });
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 2000, bytes: 0 });
-        // RTTVAR = 0.75*500 + 0.25*|1000-2000| = 625; SRTT = 0.875*1000 + 0.125*2000 = 1125.
-        assert_eq!((t.view().srtt_ns, t.view().rttvar_ns), (1125, 625));
-        assert!(!t.view().congested, "2000 < 1000 + 4*500");
-        t.on_complete(Sample { posted_ns: 0, completed_ns: 10_000, bytes: 0 });
-        assert!(t.view().congested, "10000 > 1125 + 4*625");
-    }
-}
+#[path = "rail_tests.rs"]
+mod tests;

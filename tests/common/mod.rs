@@ -13,7 +13,7 @@ pub fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
     let lib = profile_dir.join("libmpib.so");
-    assert!(lib.exists(), "{} not built (cargo builds the cdylib with the tests)", lib.display());
+    assert!(lib.exists(), "{} is not built: run `cargo build` before `cargo test` (ci/test.sh does)", lib.display());
     lib
 }
 
@@ -52,10 +52,10 @@ pub fn run_loader(loader: &Path, lib: &str, mode: &str, env: &[(&str, &str)]) ->
     (r.status.success(), text)
 }
 
-/// How the loader test should expect devices: the mode and environment that give the
-/// plugin a usable device on this machine, or the no-device mode while no fabric exists.
+/// The mode and environment that give the plugin a usable device on any machine: the
+/// soft fabric over loopback.
 pub fn device_mode() -> (&'static str, Vec<(&'static str, &'static str)>) {
-    ("nodev", vec![])
+    ("dev", vec![("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")])
 }
 
 // ---- two-process runs through the driver (tests/conformance.rs) -------------------------

@@ -6,11 +6,12 @@
 
 use std::collections::VecDeque;
 
+use crate::engine::imm::Imm;
 use crate::engine::layout::{CTS_FIFO_BYTES, CtsEntry, RECORDS_BYTES, RecvMemory, SendMemory};
 use crate::engine::{Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine};
-use crate::fabric::{Completion, SendWr, WcOpcode, WrOpcode};
+use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::split::AnySplit;
-use crate::telemetry::{RailTelemetry, TelemetryConfig};
+use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
 /// A region base: region `i` lives at `i << 40` in the simulated address space.
 pub const fn base(i: u64) -> u64 {
@@ -124,11 +125,33 @@ pub enum Dir {
     ToSend,
 }
 
-/// One QP's send queue in flight: WRs not yet executed at the responder.
+/// One QP's send queue in flight: WRs not yet executed at the responder, each with its
+/// index in [`Pair::log`].
 #[derive(Default)]
 pub struct Wire {
-    pub q: VecDeque<SendWr>,
+    pub q: VecDeque<(usize, SendWr)>,
 }
+
+/// What became of a posted WR (parallel to [`Pair::log`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Still on its wire.
+    Queued,
+    /// Executed at the responder; `cqe`: its position in the poster's CQ if signalled.
+    Executed { cqe: Option<u64> },
+    /// Executed, its completion held back (a late acknowledgement, see [`Pair::hold_acks`]).
+    Acking,
+    /// Failed or flushed (see [`Pair::fail_head`]).
+    Failed,
+}
+
+/// A sender QP's completions held back, with their WRs' `log` indices; None: on time.
+pub type LateAcks = Option<VecDeque<(usize, Completion)>>;
+
+/// Index of the sender's CQs in [`Pair::cq_pushed`].
+pub const SEND_SIDE: usize = 0;
+/// Index of the receiver's CQs in [`Pair::cq_pushed`].
+pub const RECV_SIDE: usize = 1;
 
 pub struct Pair {
     pub s: SendEngine,
@@ -146,6 +169,25 @@ pub struct Pair {
     pub posts: Posts,
     /// Every WR posted, for shape checks: (dir, rail, qp, wr).
     pub log: Vec<(Dir, usize, QpRef, SendWr)>,
+    /// Every chain posted: `log[start..start + len]` went in one post call.
+    pub chains: Vec<ChainRec>,
+    /// What became of each WR of `log`.
+    pub fate: Vec<Fate>,
+    /// Completions ever pushed to each CQ, `[side][rail]`; those popped (from the front, by
+    /// whoever) are `cq_pushed - len`.
+    pub cq_pushed: [[u64; RAILS]; 2],
+    /// Per sender QP (`[rail][qp]`): completions held back while its acks are late.
+    pub late_acks: [Vec<LateAcks>; RAILS],
+}
+
+/// One posted chain, as a range of [`Pair::log`].
+#[derive(Clone, Copy, Debug)]
+pub struct ChainRec {
+    pub dir: Dir,
+    pub rail: usize,
+    pub qp: QpRef,
+    pub start: usize,
+    pub len: usize,
 }
 
 pub struct Opts {
@@ -155,6 +197,8 @@ pub struct Opts {
     pub max_recv: usize,
     pub srq: (u32, u32),
     pub probe_ns: u64,
+    /// Rails of the receiver's device (bit 0 SOUT, bit 1 SUP).
+    pub rails_mask: u8,
 }
 
 impl Default for Opts {
@@ -166,6 +210,7 @@ impl Default for Opts {
             max_recv: 32,
             srq: (8, 32),
             probe_ns: 0,
+            rails_mask: 0b11,
         }
     }
 }
@@ -199,19 +244,22 @@ impl Pair {
             o.split,
             [tel(), tel()],
         );
-        let r = RecvEngine::new(RecvConfig {
-            max_requests: o.max_recv,
-            rails_mask: 0b11,
-            cts_addr: CTS,
-            cts_lkeys: [41, 42],
-            fifo_addr: FIFO,
-            fifo_rkeys: [51, 52],
-            srq_low: o.srq.0,
-            srq_high: o.srq.1,
-            max_inline: 0,
-            flush_addr: 0,
-            flush_lkeys: [0, 0],
-        });
+        let r = RecvEngine::new(
+            RecvConfig {
+                max_requests: o.max_recv,
+                rails_mask: o.rails_mask,
+                cts_addr: CTS,
+                cts_lkeys: [41, 42],
+                fifo_addr: FIFO,
+                fifo_rkeys: [51, 52],
+                srq_low: o.srq.0,
+                srq_high: o.srq.1,
+                max_inline: 0,
+                flush_addr: 0,
+                flush_lkeys: [0, 0],
+            },
+            [StatsHandle::detached(0), StatsHandle::detached(1)],
+        );
         let mk = |n: u16| (0..n).map(|_| Wire::default()).collect::<Vec<_>>();
         let wires = [[mk(o.qps[0]), mk(o.qps[1])], [mk(o.qps[0]), mk(o.qps[1])]];
         Pair {
@@ -227,6 +275,10 @@ impl Pair {
             now: 1_000,
             posts: Posts::default(),
             log: Vec::new(),
+            chains: Vec::new(),
+            fate: Vec::new(),
+            cq_pushed: [[0; RAILS]; 2],
+            late_acks: [vec![None; o.qps[0] as usize], vec![None; o.qps[1] as usize]],
         }
     }
 
@@ -238,9 +290,12 @@ impl Pair {
                 QpRef::Cts => 0,
                 QpRef::Flush => panic!("no flush QP in the harness"),
             };
+            let start = self.log.len();
+            self.chains.push(ChainRec { dir, rail: c.rail as usize, qp: c.qp, start, len: c.wrs().len() });
             for wr in c.wrs() {
+                self.wires[dir as usize][c.rail as usize][qp].q.push_back((self.log.len(), *wr));
                 self.log.push((dir, c.rail as usize, c.qp, *wr));
-                self.wires[dir as usize][c.rail as usize][qp].q.push_back(*wr);
+                self.fate.push(Fate::Queued);
             }
         }
         self.posts = posts;
@@ -265,6 +320,12 @@ impl Pair {
         id
     }
 
+    /// Posts one receive into a fresh zeroed `size`-byte buffer, tag 0: (id, buffer).
+    pub fn irecv_one(&mut self, size: usize) -> (u16, u64) {
+        let ra = self.recv_buf(size);
+        (self.irecv(&[rbuf(ra, size as u64, 0)]).expect("receive id"), ra)
+    }
+
     pub fn isend(&mut self, buf: SendBuf) -> crate::Result<Option<u16>> {
         let r = self.s.isend(self.now, buf, &mut self.ss, &mut self.posts);
         self.enqueue(Dir::ToRecv);
@@ -278,7 +339,7 @@ impl Pair {
 
     /// Executes the head WR of one wire. Returns false when it cannot (empty, or RNR).
     pub fn step(&mut self, dir: Dir, rail: usize, qp: usize) -> bool {
-        let Some(wr) = self.wires[dir as usize][rail][qp].q.front().copied() else { return false };
+        let Some((idx, wr)) = self.wires[dir as usize][rail][qp].q.front().copied() else { return false };
         if wr.opcode == WrOpcode::WriteImm && dir == Dir::ToRecv {
             if self.srq[rail] == 0 {
                 self.rnr[rail] += 1;
@@ -303,32 +364,72 @@ impl Pair {
         }
         self.now += 100;
         let qp_num = (rail * 100 + qp) as u32;
+        let (local, remote) = match dir {
+            Dir::ToRecv => (SEND_SIDE, RECV_SIDE),
+            Dir::ToSend => (RECV_SIDE, SEND_SIDE),
+        };
         if wr.opcode == WrOpcode::WriteImm {
-            let remote_cq = match dir {
-                Dir::ToRecv => &mut self.cq_r[rail],
-                Dir::ToSend => &mut self.cq_s[rail],
-            };
-            remote_cq.push_back(Completion {
+            let c = Completion {
                 opcode: WcOpcode::RecvRdmaWithImm,
                 imm: wr.imm,
                 byte_len: off as u32,
                 qp_num,
                 ..Completion::default()
-            });
-        }
-        if wr.signaled {
-            let local_cq = match dir {
-                Dir::ToRecv => &mut self.cq_s[rail],
-                Dir::ToSend => &mut self.cq_r[rail],
             };
-            local_cq.push_back(Completion {
-                wr_id: wr.wr_id,
-                opcode: WcOpcode::RdmaWrite,
-                qp_num,
-                ..Completion::default()
-            });
+            self.push_cq(remote, rail, c);
         }
+        let mut cqe = None;
+        if wr.signaled {
+            let c = Completion { wr_id: wr.wr_id, opcode: WcOpcode::RdmaWrite, qp_num, ..Completion::default() };
+            if let (Dir::ToRecv, Some(late)) = (dir, &mut self.late_acks[rail][qp]) {
+                late.push_back((idx, c));
+                self.fate[idx] = Fate::Acking;
+                return true;
+            }
+            cqe = Some(self.push_cq(local, rail, c));
+        }
+        self.fate[idx] = Fate::Executed { cqe };
         true
+    }
+
+    /// From now on the sender's QP `qp` of `rail` gets its acknowledgements late: its WRs
+    /// still execute (data lands, IMMs arrive) but their completions are held back, in order,
+    /// until [`Pair::release_acks`]; the other QPs' completions go on.
+    pub fn hold_acks(&mut self, rail: usize, qp: usize) {
+        self.late_acks[rail][qp].get_or_insert_with(VecDeque::new);
+    }
+
+    /// The held completions of the sender's QP `qp` of `rail` arrive, in order.
+    pub fn release_acks(&mut self, rail: usize, qp: usize) {
+        for (idx, c) in self.late_acks[rail][qp].take().unwrap_or_default() {
+            let pos = self.push_cq(SEND_SIDE, rail, c);
+            self.fate[idx] = Fate::Executed { cqe: Some(pos) };
+        }
+    }
+
+    /// Appends `c` to `side`'s CQ of `rail`; returns its position in that CQ's history.
+    fn push_cq(&mut self, side: usize, rail: usize, c: Completion) -> u64 {
+        let cq = if side == SEND_SIDE { &mut self.cq_s[rail] } else { &mut self.cq_r[rail] };
+        cq.push_back(c);
+        self.cq_pushed[side][rail] += 1;
+        self.cq_pushed[side][rail] - 1
+    }
+
+    /// Completions popped so far from `side`'s CQ of `rail`.
+    pub fn cq_popped(&self, side: usize, rail: usize) -> u64 {
+        let len = if side == SEND_SIDE { self.cq_s[rail].len() } else { self.cq_r[rail].len() };
+        self.cq_pushed[side][rail] - len as u64
+    }
+
+    /// Whether WR `log[idx]` executed and, if signalled, its completion was polled.
+    pub fn completed(&self, idx: usize) -> bool {
+        let (dir, rail, ..) = self.log[idx];
+        let side = if dir == Dir::ToRecv { SEND_SIDE } else { RECV_SIDE };
+        match self.fate[idx] {
+            Fate::Executed { cqe: Some(pos) } => self.cq_popped(side, rail) > pos,
+            Fate::Executed { cqe: None } => true,
+            _ => false,
+        }
     }
 
     /// Executes every WR that can execute, in a fixed order.
@@ -348,6 +449,45 @@ impl Pair {
                 break;
             }
         }
+    }
+
+    /// The head WR of one wire fails with `status` instead of executing: it completes with
+    /// that status (signalled or not, as an RC QP reports a failed WR), the QP goes to the
+    /// error state and every WR behind it completes as flushed. Returns the failed WR.
+    pub fn fail_head(&mut self, dir: Dir, rail: usize, qp: usize, status: WcStatus) -> SendWr {
+        let q = &mut self.wires[dir as usize][rail][qp].q;
+        let failed: Vec<(usize, SendWr)> = q.drain(..).collect();
+        let side = if dir == Dir::ToRecv { SEND_SIDE } else { RECV_SIDE };
+        let qp_num = (rail * 100 + qp) as u32;
+        for (k, &(idx, w)) in failed.iter().enumerate() {
+            let status = if k == 0 { status } else { WcStatus::Flushed };
+            self.push_cq(side, rail, Completion { wr_id: w.wr_id, status, qp_num, ..Completion::default() });
+            self.fate[idx] = Fate::Failed;
+        }
+        failed.first().expect("a WR to fail").1
+    }
+
+    /// Whether any WR still waiting on a wire in direction `dir` matches `pred`.
+    pub fn wire_any(&self, dir: Dir, pred: impl Fn(usize, &SendWr) -> bool) -> bool {
+        self.wires[dir as usize]
+            .iter()
+            .enumerate()
+            .any(|(rail, qps)| qps.iter().any(|w| w.q.iter().any(|(_, wr)| pred(rail, wr))))
+    }
+
+    /// WRs waiting on all wires.
+    pub fn wires_len(&self) -> usize {
+        self.wires.iter().flatten().flatten().map(|w| w.q.len()).sum()
+    }
+
+    /// Hands the receiver a completion as if polled from `rail`'s CQ.
+    pub fn inject_recv(&mut self, rail: usize, c: Completion) -> crate::Result<()> {
+        self.r.on_completion(self.now, rail, &c, &self.rs)
+    }
+
+    /// Hands the sender a completion as if polled from `rail`'s CQ.
+    pub fn inject_send(&mut self, rail: usize, c: Completion) -> crate::Result<()> {
+        self.s.on_completion(self.now, rail, &c)
     }
 
     /// Polls the sender's CQs into its engine.
@@ -415,6 +555,16 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// The receive completion a WRITE_WITH_IMM carrying `byte_len` bytes produces.
+pub fn imm_cqe(imm: Imm, byte_len: u32) -> Completion {
+    Completion { opcode: WcOpcode::RecvRdmaWithImm, imm: imm.encode(), byte_len, ..Completion::default() }
+}
+
+/// A completion for the WR `wr_id` with `status`.
+pub fn wr_cqe(wr_id: u64, status: WcStatus) -> Completion {
+    Completion { wr_id, status, ..Completion::default() }
 }
 
 pub fn rbuf(addr: u64, size: u64, tag: u32) -> RecvBuf {

@@ -1,5 +1,13 @@
 //! Engine tests, sans-IO and deterministic: two engines driven against each other through
 //! the fake fabric of `harness.rs`.
 
+mod broken;
+mod failures;
 mod harness;
+mod interleavings;
+mod model;
+mod probes;
 mod protocol;
+mod slot_reuse;
+mod splits;
+mod violations;

@@ -1,1 +1,147 @@
-//! The soft fabric: a software RDMA NIC over TCP with RC verbs semantics.
+//! The soft fabric: a software RDMA NIC over TCP with RC verbs semantics. It runs the
+//! dual-rail protocol on hosts without RDMA hardware (tests, the benchmark tool, TCP-only
+//! clusters), and it can drive two TCP NICs as the two rails.
+//!
+//! # Semantics (what the engine may rely on)
+//!
+//! - **RC completions.** A signalled WRITE completes at the requester only after the
+//!   responder placed every byte and acknowledged it, so post → completion is a true round
+//!   trip. A READ completes when its data is in the local SGEs. Per QP, WRs execute at the
+//!   responder in posting order and complete at the requester in posting order. Unsignalled
+//!   WRs produce no completion unless they fail. A READ may observe a later WRITE of the
+//!   same QP to the same bytes (as verbs without `IBV_SEND_FENCE`).
+//! - **WRITE_WITH_IMM** takes exactly one SRQ WQE at the responder and produces one
+//!   `RecvRdmaWithImm` completion (`imm`, `byte_len`, the responder QP's `qp_num`, `wr_id`
+//!   0) on the responder QP's CQ, after the data is placed. With the SRQ empty the request
+//!   waits (RNR with infinite retry): `rnr_events` counts it once, nothing behind it on that
+//!   QP is executed or dropped, and it resumes when WQEs are posted. While it waits the
+//!   responder sends RNR frames, so the requester does not take it for a silent peer.
+//!   A 0-byte WRITE (with or without IMM) checks no rkey, as in verbs.
+//! - **Placement order.** For a WRITE of at least 8 bytes whose end (`remote_addr + len`)
+//!   is 8-aligned, the final 8 bytes are stored last, by one `AtomicU64` store with Release
+//!   ordering, after every other byte of that WRITE. A thread that Acquire-loads that word
+//!   and sees the new value sees the whole WRITE (what net_ib's CTS FIFO relies on from a
+//!   NIC's in-order placement). No other intra-WRITE order is promised.
+//! - **Checks.** An incoming WRITE/READ is checked against the registration before any
+//!   byte moves: unknown rkey, a range outside the region, or a missing `REMOTE_WRITE` /
+//!   `REMOTE_READ` → the requester's WR completes with `RemoteAccessError`, not one byte is
+//!   written, the requester QP goes to the error state (later WRs `Flushed`) and the
+//!   responder drops every later request of that connection. A WRITE_WITH_IMM to a QP
+//!   without an SRQ → `RemoteOpError`. Local SGEs must lie in a registration (lkey), inline
+//!   ones too (they are copied at post time); else `LocalError`.
+//! - **Faults.** A malformed frame, a frame for another QP, a request out of sequence or a
+//!   peer that closes/resets → the QP goes to the error state: the oldest WR waiting on the
+//!   peer completes with `RetryExceeded` (peer lost) and every other outstanding WR with
+//!   `Flushed`; a WQE consumed by a half-received WRITE_WITH_IMM completes `Flushed`. Other
+//!   QPs are not affected. A peer that goes silent without closing (host down, process
+//!   stopped) is detected when requests wait on it and no byte moved for
+//!   `4.096 µs × 2^timeout × (retry_cnt + 1)` (from `ConnectParams`, at least 100 ms; the
+//!   defaults `MPIB_TIMEOUT=20`, `MPIB_RETRY_CNT=7` give 34 s); `TCP_USER_TIMEOUT` is set
+//!   to the same bound.
+//! - **Deregistration.** `dereg_mr` returns only when no placement into (or send from) the
+//!   region is running; after it no byte lands there (see `mr.rs`).
+//! - **Connection set-up.** `connect` never blocks; `is_ready` finishes the TCP connect or
+//!   the accept, and fails after `MPIB_CONNECT_TIMEOUT_MS` without the peer.
+//!
+//! # Progress
+//!
+//! The NIC runs in the caller's thread: `post_send` sends what it can at once, and
+//! `CompletionQueue::poll` makes one progress step on every QP attached to that CQ (read,
+//! check, place, acknowledge, send, retire) before returning completions. A process that
+//! makes no calls is still served, as a NIC would serve it, by one helper thread per TCP
+//! device that sleeps in `epoll_wait` and steps in only for connections whose callers were
+//! quiet for 10 ms (see `helper.rs`). In-process mode has no sockets and no threads: both
+//! ends are in this process and a call on one end also steps its peer, deterministically.
+//!
+//! # Limits
+//!
+//! 65536 QPs and 1 Mi registrations per device, 32768 send WRs per QP, SRQ and CQ depth up
+//! to 1 Mi, 2 SGEs, 1024 inline bytes, 2 GiB per WR, 16 READs in flight per QP (more wait
+//! in the send queue), host memory only.
+
+mod addr;
+mod conn;
+mod cq;
+mod device;
+pub mod frame;
+mod helper;
+mod link;
+mod mr;
+mod qp;
+mod rx;
+mod tx;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use addr::NOMINAL_SPEED_MBPS;
+pub use cq::{SoftCq, SoftSrq};
+pub use device::{SoftDevice, SoftMr};
+pub use helper::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
+pub use qp::{SoftQp, silent_peer_bound};
+
+use crate::config::{Config, FabricChoice};
+use crate::error::Result;
+use crate::fabric::{Device, DeviceAttrs, LinkLayer, MemTypes, RailPair};
+
+/// Opens the soft rail pair: over TCP (`Soft`, and `Auto`/`Verbs` when the plugin falls
+/// back), or in-process (`Inproc`). One pair: SOUT on `MPIB_SOFT_SOUT_ADDR`, SUP on
+/// `MPIB_SOFT_SUP_ADDR` (defaults: see `addr.rs`); the chosen addresses are logged at INFO.
+pub fn open_rail_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
+    let timeout = Duration::from_millis(cfg.connect_timeout_ms);
+    if cfg.fabric == FabricChoice::Inproc {
+        let open = |rail: &str| SoftDevice::open(attrs(&format!("inproc-{rail}"), None, &[rail]), None, timeout);
+        let pair = RailPair { sout: Arc::new(open("sout")?), sup: Arc::new(open("sup")?) };
+        log::info!("soft fabric: in-process rails inproc-sout and inproc-sup");
+        return Ok(vec![pair]);
+    }
+    let ifname = cfg.socket_ifname.as_deref();
+    let open = |rail: &str, a: Option<&crate::config::RailAddr>, var: &str| -> Result<SoftDevice> {
+        let (ip, iface) = addr::resolve(a, ifname, var)?;
+        let bind_iface = match a {
+            Some(crate::config::RailAddr::Interface(name)) => Some(name.clone()),
+            _ => None,
+        };
+        let ip_s = ip.to_string();
+        let at = attrs(&format!("soft-{rail}"), iface.as_deref(), &[rail, &ip_s, iface.as_deref().unwrap_or("")]);
+        let d = SoftDevice::open(at, Some((ip, bind_iface)), timeout)?;
+        let a = d.attrs();
+        log::info!(
+            "soft fabric: rail {} on {} (interface {}, {} Mbit/s, listening on {})",
+            a.name,
+            ip,
+            iface.as_deref().unwrap_or("?"),
+            a.speed_mbps,
+            d.local_addr().map_or("-".to_string(), |s| s.to_string())
+        );
+        Ok(d)
+    };
+    let sout = open("sout", cfg.soft_sout_addr.as_ref(), "MPIB_SOFT_SOUT_ADDR")?;
+    let sup = open("sup", cfg.soft_sup_addr.as_ref(), "MPIB_SOFT_SUP_ADDR")?;
+    Ok(vec![RailPair { sout: Arc::new(sout), sup: Arc::new(sup) }])
+}
+
+fn attrs(name: &str, iface: Option<&str>, id: &[&str]) -> DeviceAttrs {
+    let mut a = DeviceAttrs {
+        name: name.to_string(),
+        port: 1,
+        link_layer: LinkLayer::Tcp,
+        speed_mbps: addr::speed_mbps(iface),
+        mtu: addr::mtu(iface),
+        max_qp: 0,
+        max_qp_wr: 0,
+        max_srq_wr: 0,
+        max_cqe: 0,
+        max_sge: 0,
+        max_inline: 0,
+        mem_types: MemTypes::HOST,
+        completion_timestamps: false,
+        pci_path: addr::pci_path(iface),
+        guid: addr::guid(&[&["soft"], id].concat()),
+    };
+    device::limits(&mut a);
+    a
+}
+
+#[cfg(test)]
+mod tests;

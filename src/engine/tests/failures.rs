@@ -1,0 +1,262 @@
+//! Failed completions of every kind of WR the engines post (data, signalling, CTS, probe,
+//! flush) and a flushed IMM receive: the engine reports the rail, the WR and the status as
+//! a Remote error, marks the rail failed in its telemetry (sender), breaks the connection,
+//! and never completes a request whose data did not all land. Also the flush path itself.
+
+use super::broken::*;
+use super::harness::*;
+use crate::engine::imm::Imm;
+use crate::engine::{FlushBuf, QpRef, SOUT, SUP, WrKind};
+use crate::error::ErrorKind;
+use crate::fabric::{WcOpcode, WcStatus, WrOpcode};
+use crate::split::{AnySplit, Fixed};
+
+fn opts(percent: u8) -> Opts {
+    Opts { split: AnySplit::Fixed(Fixed::percent(percent)), ..Opts::default() }
+}
+
+/// Posts one receive of `sizes` (tags 0..n) and the matching sends; delivers the CTS only.
+/// Returns (receive id, send ids).
+fn posted_transfer(p: &mut Pair, sizes: &[usize]) -> (u16, Vec<u16>) {
+    let bufs: Vec<_> = sizes.iter().enumerate().map(|(i, &s)| rbuf(p.recv_buf(s), s as u64, i as u32)).collect();
+    let rid = p.irecv(&bufs).unwrap();
+    p.deliver_all();
+    let sids = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &s)| {
+            let sa = p.send_buf(&pattern(i as u64, s));
+            p.isend(sbuf(sa, s as u64, i as u32)).unwrap().expect("CTS delivered")
+        })
+        .collect();
+    (rid, sids)
+}
+
+fn failed(p: &Pair) -> [bool; 2] {
+    [p.s.telemetry()[SOUT].view().failed, p.s.telemetry()[SUP].view().failed]
+}
+
+#[test]
+fn failed_data_write_breaks_the_sender_and_fails_its_rail() {
+    let mut p = Pair::new(opts(50));
+    let (rid, sids) = posted_transfer(&mut p, &[4096, 4096]);
+    // SOUT's chain: two data WRITEs and the signalling WR. The first WRITE fails.
+    let wr = p.fail_head(Dir::ToRecv, SOUT, 0, WcStatus::RemoteAccessError);
+    assert_eq!((wr.opcode, wr.signaled), (WrOpcode::Write, false));
+    p.deliver_all(); // SUP's chain goes through
+    let e =
+        rejected(p.poll_send(), ErrorKind::Remote, &["SOUT rail: a data WRITE of slot 0 failed: remote access error"]);
+    assert_eq!(failed(&p), [true, false], "only the rail that failed is marked");
+    assert_send_broken(&mut p, &e);
+    assert!(sids.iter().all(|&id| p.s.is_live(id)), "no send completes");
+    // The receiver got SUP's IMM only: the receive waits, it never completes half-written.
+    p.poll_recv().unwrap();
+    assert_eq!(p.r.test(rid).unwrap(), None);
+}
+
+#[test]
+fn failed_signalling_write_breaks_the_sender_and_fails_its_rail() {
+    // Multi-receive at 100 %: SOUT carries two data WRITEs, then the signalling WR.
+    let mut p = Pair::new(opts(100));
+    let (rid, _) = posted_transfer(&mut p, &[4096, 100]);
+    assert!(p.step(Dir::ToRecv, SOUT, 0) && p.step(Dir::ToRecv, SOUT, 0));
+    let wr = p.fail_head(Dir::ToRecv, SOUT, 0, WcStatus::RetryExceeded);
+    assert_eq!((wr.opcode, wr.num_sge), (WrOpcode::WriteImm, 1), "the leader's signalling WR");
+    let e = rejected(
+        p.poll_send(),
+        ErrorKind::Remote,
+        &["SOUT rail: the WRITE_WITH_IMM of slot 0 failed: transport retry counter exceeded"],
+    );
+    assert_eq!(failed(&p), [true, false]);
+    assert_send_broken(&mut p, &e);
+    // The data landed but no IMM came: the receive is not complete.
+    p.poll_recv().unwrap();
+    assert_eq!(p.r.test(rid).unwrap(), None);
+}
+
+#[test]
+fn failed_fast_path_write_on_sup_fails_sup() {
+    let mut p = Pair::new(opts(0));
+    posted_transfer(&mut p, &[8192]);
+    let wr = p.fail_head(Dir::ToRecv, SUP, 0, WcStatus::RemoteOpError);
+    assert_eq!((wr.opcode, wr.bytes()), (WrOpcode::WriteImm, 8192));
+    let e = rejected(
+        p.poll_send(),
+        ErrorKind::Remote,
+        &["SUP rail: the WRITE_WITH_IMM of slot 0 failed: remote operation error"],
+    );
+    assert_eq!(failed(&p), [false, true]);
+    assert_send_broken(&mut p, &e);
+}
+
+#[test]
+fn failed_cts_write_breaks_the_receiver() {
+    // Slot 0's CTS is signalled; slot 2's is not, yet RC reports its failure all the same.
+    for slot in [0u16, 2] {
+        let mut p = Pair::new(Opts::default());
+        for s in 0..slot {
+            p.irecv_one(64);
+            assert!(p.step(Dir::ToSend, s as usize % 2, 0));
+        }
+        assert_eq!(p.irecv_one(64).0, slot);
+        let wr = p.fail_head(Dir::ToSend, SOUT, 0, WcStatus::RemoteAccessError);
+        assert_eq!(wr.signaled, slot == 0);
+        let needle = format!("SOUT rail: the CTS WRITE of slot {slot} failed: remote access error");
+        let e = rejected(p.poll_recv(), ErrorKind::Remote, &[&needle]);
+        assert_recv_broken(&mut p, &e);
+    }
+}
+
+#[test]
+fn failed_probe_breaks_the_sender_and_fails_its_rail() {
+    let mut p = Pair::new(Opts { probe_ns: 10_000, ..Opts::default() });
+    p.now = 50_000;
+    p.probes();
+    assert_eq!(p.wires_len(), 2, "one probe per idle rail");
+    let wr = p.fail_head(Dir::ToRecv, SUP, 0, WcStatus::RetryExceeded);
+    assert_eq!(WrKind::decode(wr.wr_id).map(|k| k.0), Some(WrKind::Probe));
+    p.deliver_all();
+    // SOUT's probe completes fine; SUP's fails.
+    let e = rejected(
+        p.poll_send(),
+        ErrorKind::Remote,
+        &["SUP rail: a probe WRITE failed: transport retry counter exceeded"],
+    );
+    assert_eq!(failed(&p), [false, true]);
+    assert_send_broken(&mut p, &e);
+}
+
+#[test]
+fn flushed_imm_receive_breaks_the_receiver() {
+    let mut p = Pair::new(Opts::default());
+    let (rid, _) = p.irecv_one(64);
+    let level = p.r.srq_level(SUP);
+    let c = crate::fabric::Completion {
+        status: WcStatus::Flushed,
+        opcode: WcOpcode::RecvRdmaWithImm,
+        ..crate::fabric::Completion::default()
+    };
+    let e = rejected(
+        p.inject_recv(SUP, c),
+        ErrorKind::Remote,
+        &["SUP rail: receiving an IMM failed: work request flushed (QP in error state)"],
+    );
+    assert_eq!(p.r.srq_level(SUP), level - 1, "the flushed WQE left the SRQ");
+    assert_recv_broken(&mut p, &e);
+    assert!(p.r.is_live(rid));
+}
+
+#[test]
+fn failed_receive_with_an_undefined_opcode_breaks_the_receiver() {
+    // verbs leaves opcode undefined in an error completion: the generic SRQ WQE's wr_id
+    // (0) and the status are all there is, and the status is the cause.
+    let mut p = Pair::new(Opts::default());
+    p.irecv_one(64);
+    let e = rejected(
+        p.inject_recv(SOUT, wr_cqe(0, WcStatus::Flushed)),
+        ErrorKind::Remote,
+        &["SOUT rail: a work request failed: work request flushed"],
+    );
+    assert_recv_broken(&mut p, &e);
+}
+
+/// The receiver's flush posts, taken from `p.posts` (the harness has no flush QP).
+fn flush_posts(p: &mut Pair) -> Vec<(usize, crate::fabric::SendWr)> {
+    let v = p.posts.chains().iter().map(|c| (c.rail as usize, c.qp, c.wrs().to_vec())).collect::<Vec<_>>();
+    p.posts.clear();
+    v.into_iter()
+        .map(|(rail, qp, wrs)| {
+            assert_eq!((qp, wrs.len()), (QpRef::Flush, 1));
+            (rail, wrs[0])
+        })
+        .collect()
+}
+
+#[test]
+fn flush_reads_one_byte_per_rail_and_completes_when_all_did() {
+    for (rails, want) in [(0b11u8, vec![SOUT, SUP]), (0b10, vec![SUP])] {
+        let mut p = Pair::new(Opts { rails_mask: rails, ..Opts::default() });
+        let buf = FlushBuf { addr: 0x5000, rkeys: [81, 82] };
+        let id = p.r.iflush(buf, &mut p.posts).unwrap().unwrap();
+        let posts = flush_posts(&mut p);
+        assert_eq!(posts.iter().map(|x| x.0).collect::<Vec<_>>(), want);
+        for &(rail, wr) in &posts {
+            assert_eq!(
+                (wr.opcode, wr.signaled, wr.bytes(), wr.remote_addr, wr.rkey),
+                (WrOpcode::Read, true, 1, 0x5000, 81 + rail as u32)
+            );
+        }
+        for (k, &(rail, wr)) in posts.iter().enumerate() {
+            assert_eq!(p.r.test(id).unwrap(), None, "flush done before its READ on rail {rail}");
+            p.inject_recv(rail, wr_cqe(wr.wr_id, WcStatus::Success)).unwrap();
+            if k + 1 == posts.len() {
+                assert!(p.r.test(id).unwrap().is_some());
+                assert!(!p.r.is_live(id), "the flush request is free again");
+            }
+        }
+    }
+}
+
+#[test]
+fn duplicate_flush_completion_breaks_the_receiver() {
+    let mut p = Pair::new(Opts::default());
+    let a = p.r.iflush(FlushBuf { addr: 0x5000, rkeys: [81, 82] }, &mut p.posts).unwrap().unwrap();
+    let fa = flush_posts(&mut p);
+    let b = p.r.iflush(FlushBuf { addr: 0x6000, rkeys: [81, 82] }, &mut p.posts).unwrap().unwrap();
+    flush_posts(&mut p);
+    p.inject_recv(SOUT, wr_cqe(fa[0].1.wr_id, WcStatus::Success)).unwrap();
+    // The same completion again must not count for SUP's READ, nor for another flush.
+    let e = rejected(
+        p.inject_recv(SOUT, wr_cqe(fa[0].1.wr_id, WcStatus::Success)),
+        ErrorKind::Internal,
+        &["SOUT rail: flush completion for flush 0, which is not in flight on this rail"],
+    );
+    assert_recv_broken(&mut p, &e);
+    assert!(p.r.is_live(a) && p.r.is_live(b));
+}
+
+#[test]
+fn failed_flush_read_breaks_the_receiver() {
+    let mut p = Pair::new(Opts::default());
+    p.r.iflush(FlushBuf { addr: 0x5000, rkeys: [81, 82] }, &mut p.posts).unwrap().unwrap();
+    let posts = flush_posts(&mut p);
+    let e = rejected(
+        p.inject_recv(SUP, wr_cqe(posts[1].1.wr_id, WcStatus::LocalError)),
+        ErrorKind::Remote,
+        &["SUP rail: the READ of flush 0 failed: local length/protection error"],
+    );
+    assert_recv_broken(&mut p, &e);
+}
+
+#[test]
+fn too_many_flushes_are_refused() {
+    let mut p = Pair::new(Opts::default());
+    for _ in 0..32 {
+        p.r.iflush(FlushBuf { addr: 0x5000, rkeys: [81, 82] }, &mut p.posts).unwrap().unwrap();
+        p.posts.clear();
+    }
+    let e = p.r.iflush(FlushBuf { addr: 0x5000, rkeys: [81, 82] }, &mut p.posts);
+    rejected(e, ErrorKind::Internal, &["too many flushes in flight (at most 32)"]);
+    assert_eq!(p.posts.n, 0);
+    assert!(p.r.error().is_none());
+}
+
+#[test]
+fn an_imm_that_survives_a_failure_is_not_interpreted() {
+    // SOUT's data WRITE fails at the sender after SUP delivered; a late SOUT IMM (as a
+    // buggy or malicious peer might still send) must not complete the receive.
+    let mut p = Pair::new(opts(50));
+    let (rid, _) = posted_transfer(&mut p, &[4096]);
+    p.deliver_all();
+    let sout = p.cq_r[SOUT].pop_front().unwrap();
+    p.inject_recv(SUP, p.cq_r[SUP][0]).unwrap();
+    let e = rejected(
+        p.inject_recv(SOUT, wr_cqe(0, WcStatus::RetryExceeded)),
+        ErrorKind::Remote,
+        &["SOUT rail: a work request failed"],
+    );
+    assert_eq!(Imm::decode(sout.imm).slot, 0);
+    rejected(p.inject_recv(SOUT, sout), ErrorKind::Remote, &["connection failed earlier"]);
+    rejected(p.r.test(rid), ErrorKind::Remote, &["connection failed earlier"]);
+    assert_recv_broken(&mut p, &e);
+}

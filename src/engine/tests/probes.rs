@@ -1,0 +1,170 @@
+//! Idle-rail probes (`SendEngine::poll_probes`): a tiny signalled WRITE without IMM on a
+//! healthy rail that has carried nothing for `probe_interval_ns`, at most one per rail at a
+//! time, never while the rail has a transfer in flight; its completion is an RTT sample. At
+//! the receiver it is invisible: no SRQ WQE, no CQE, no IMM. Off when the interval is 0.
+
+use super::harness::*;
+use crate::engine::{QpRef, RAILS, RailCounts, SOUT, SUP, WrKind};
+use crate::fabric::WrOpcode;
+use crate::split::{AnySplit, Fixed};
+
+const INTERVAL: u64 = 10_000;
+
+fn probing(percent: u8) -> Pair {
+    Pair::new(Opts { probe_ns: INTERVAL, split: AnySplit::Fixed(Fixed::percent(percent)), ..Opts::default() })
+}
+
+/// Rails that got a probe from the last `probes()` call.
+fn probe_at(p: &mut Pair, now: u64) -> Vec<usize> {
+    p.now = now;
+    let before = p.chains.len();
+    p.probes();
+    p.chains[before..].iter().map(|c| c.rail).collect()
+}
+
+fn samples(p: &Pair, rail: usize) -> u64 {
+    p.s.telemetry()[rail].view().samples
+}
+
+#[test]
+fn probes_are_off_when_the_interval_is_zero() {
+    let mut p = Pair::new(Opts::default());
+    for now in [0, INTERVAL, 1 << 30, 1 << 50] {
+        assert_eq!(probe_at(&mut p, now), Vec::<usize>::new());
+    }
+    assert_eq!(p.s.counters(), [RailCounts::default(); RAILS]);
+}
+
+#[test]
+fn an_idle_rail_gets_one_tiny_signalled_write_without_imm_after_the_interval() {
+    let mut p = probing(50);
+    assert_eq!(probe_at(&mut p, INTERVAL - 1), Vec::<usize>::new(), "not before the interval");
+    assert_eq!(probe_at(&mut p, INTERVAL), vec![SOUT, SUP]);
+    for (c, rail) in p.chains.clone().iter().zip([SOUT, SUP]) {
+        assert_eq!((c.dir, c.rail, c.qp, c.len), (Dir::ToRecv, rail, QpRef::Data(0), 1));
+        let wr = p.log[c.start].3;
+        assert_eq!(WrKind::decode(wr.wr_id), Some((WrKind::Probe, rail, 0)));
+        assert_eq!((wr.opcode, wr.signaled, wr.imm), (WrOpcode::Write, true, 0));
+        assert_eq!((wr.bytes(), wr.remote_addr, wr.rkey), (8, SCRATCH, 31 + rail as u32));
+        let want = RailCounts { wr_posted: 1, doorbells: 1, probes: 1, ..RailCounts::default() };
+        assert_eq!(p.s.counters()[rail], want, "a probe is neither payload nor an IMM");
+    }
+}
+
+#[test]
+fn at_most_one_probe_per_rail_is_in_flight() {
+    let mut p = probing(50);
+    assert_eq!(probe_at(&mut p, INTERVAL).len(), 2);
+    for now in [INTERVAL + 1, 10 * INTERVAL, 1000 * INTERVAL] {
+        assert_eq!(probe_at(&mut p, now), Vec::<usize>::new(), "the first probes are not complete");
+    }
+    // SUP's completes; only SUP may be probed again (one interval after its probe).
+    assert!(p.step(Dir::ToRecv, SUP, 0));
+    p.poll_send().unwrap();
+    assert_eq!(probe_at(&mut p, 1001 * INTERVAL), vec![SUP]);
+}
+
+#[test]
+fn the_interval_counts_from_the_last_probe() {
+    let mut p = probing(50);
+    assert_eq!(probe_at(&mut p, INTERVAL).len(), 2);
+    p.deliver_all();
+    p.poll_send().unwrap();
+    // Completed, but an idle rail is probed once per interval, not on every poll.
+    for now in [p.now, p.now + 1, 2 * INTERVAL - 1] {
+        assert_eq!(probe_at(&mut p, now), Vec::<usize>::new(), "probed again at {now}");
+    }
+    assert_eq!(probe_at(&mut p, 2 * INTERVAL), vec![SOUT, SUP]);
+    assert_eq!(p.s.counters()[SOUT].probes, 2);
+}
+
+#[test]
+fn a_probe_never_touches_the_receivers_srq_or_cq() {
+    let mut p = probing(50);
+    // No receive posted: the SRQs are empty. A WRITE_WITH_IMM would wait (RNR); a probe
+    // must not.
+    assert_eq!(p.srq, [0, 0]);
+    probe_at(&mut p, INTERVAL);
+    p.deliver_all();
+    assert_eq!(p.wires_len(), 0, "both probes executed");
+    assert_eq!(p.rnr, [0, 0]);
+    assert!(p.cq_r.iter().all(|q| q.is_empty()), "no CQE at the receiver");
+    assert_eq!(p.r.counters(), [RailCounts::default(); RAILS]);
+    assert_eq!((p.r.srq_level(SOUT), p.r.srq_level(SUP)), (0, 0));
+    assert_eq!(p.cq_s.iter().map(|q| q.len()).sum::<usize>(), 2, "each probe completes at the sender");
+}
+
+#[test]
+fn a_probe_completion_is_an_rtt_sample() {
+    let mut p = probing(50);
+    probe_at(&mut p, INTERVAL);
+    p.deliver_all();
+    // SOUT's completion has no device timestamp: the poll time counts. SUP's has one.
+    let mut sup = p.cq_s[SUP].pop_front().unwrap();
+    sup.timestamp_ns = INTERVAL + 300;
+    p.now = INTERVAL + 700;
+    p.poll_send().unwrap();
+    p.inject_send(SUP, sup).unwrap();
+    let v = [*p.s.telemetry()[SOUT].view(), *p.s.telemetry()[SUP].view()];
+    assert_eq!((v[SOUT].samples, v[SOUT].srtt_ns, v[SOUT].rttvar_ns), (1, 700, 350));
+    assert_eq!((v[SUP].samples, v[SUP].srtt_ns, v[SUP].rttvar_ns), (1, 300, 150));
+    assert!(v.iter().all(|v| v.inflight_bytes == 0 && !v.failed));
+    assert_eq!(p.s.counters()[SOUT].cqe, 1);
+    assert_eq!(p.s.counters()[SUP].cqe, 1);
+}
+
+#[test]
+fn a_rail_with_a_transfer_in_flight_is_not_probed() {
+    // 100 %: a 4 KiB send keeps SOUT busy; SUP is idle.
+    let mut p = probing(100);
+    let (rid, _) = p.irecv_one(4096);
+    p.deliver_all();
+    p.now = 5 * INTERVAL;
+    let sa = p.send_buf(&[3; 4096]);
+    let sid = p.isend(sbuf(sa, 4096, 0)).unwrap().unwrap();
+    assert_eq!(probe_at(&mut p, 20 * INTERVAL), vec![SUP], "SOUT has data in flight");
+    p.deliver_all();
+    assert_eq!(probe_at(&mut p, 30 * INTERVAL), Vec::<usize>::new(), "SOUT's completion is not polled yet");
+    assert_eq!(p.test_send(sid).unwrap(), Some(4096));
+    p.test_recv(rid).unwrap().unwrap();
+    assert_eq!(probe_at(&mut p, 40 * INTERVAL), vec![SOUT, SUP]);
+}
+
+#[test]
+fn a_rail_with_an_empty_transfer_in_flight_is_not_probed() {
+    // An empty transfer carries 0 bytes on SOUT, but its WRITE_WITH_IMM is in flight.
+    let mut p = probing(50);
+    let (rid, _) = p.irecv_one(64);
+    p.deliver_all();
+    let sa = p.send_buf(&[]);
+    let sid = p.isend(sbuf(sa, 0, 0)).unwrap().unwrap();
+    assert_eq!(probe_at(&mut p, 20 * INTERVAL), vec![SUP]);
+    p.deliver_all();
+    assert_eq!(p.test_send(sid).unwrap(), Some(0));
+    assert_eq!(p.test_recv(rid).unwrap().unwrap().sizes[0], 0);
+}
+
+#[test]
+fn a_probe_and_data_on_the_same_qp_complete_independently() {
+    let mut p = probing(100);
+    assert_eq!(probe_at(&mut p, INTERVAL), vec![SOUT, SUP]);
+    let (rid, ra) = p.irecv_one(1000);
+    assert!(p.step(Dir::ToSend, SOUT, 0));
+    let data = pattern(8, 1000);
+    let sa = p.send_buf(&data);
+    let sid = p.isend(sbuf(sa, 1000, 0)).unwrap().unwrap();
+    // SOUT's QP 0 holds the probe, then the data chain.
+    assert_eq!(p.wires[Dir::ToRecv as usize][SOUT][0].q.len(), 2);
+    assert!(p.step(Dir::ToRecv, SOUT, 0));
+    p.poll_send().unwrap();
+    assert_eq!(p.s.test(sid).unwrap(), None, "the probe's completion is not the data's");
+    assert_eq!(samples(&p, SOUT), 1);
+    assert!(p.step(Dir::ToRecv, SOUT, 0));
+    assert_eq!(p.test_send(sid).unwrap(), Some(1000));
+    assert_eq!(samples(&p, SOUT), 2);
+    assert_eq!(p.test_recv(rid).unwrap().unwrap().sizes[0], 1000);
+    assert_eq!(p.rs.space.read(ra, 1000), data);
+    // Probes never show up as IMMs.
+    assert_eq!(p.s.counters()[SOUT].imm_sent, 1);
+    assert_eq!(p.s.counters()[SOUT].zero_byte_imm + p.s.counters()[SUP].zero_byte_imm, 0);
+}

@@ -1,0 +1,355 @@
+//! The soft fabric's wire format: every frame is a fixed 32-byte header, followed by
+//! `payload_len()` bytes of data for the frames that carry data (WRITE, WRITE_IMM, a
+//! successful READ_RESP). One TCP connection carries one QP pair; both directions carry
+//! requests (WRITE, WRITE_IMM, READ_REQ) and responses (ACK, NAK, READ_RESP).
+//!
+//! ```text
+//! offset size field
+//!  0     1    magic 0xB7
+//!  1     1    kind (1 WRITE, 2 WRITE_IMM, 3 READ_REQ, 4 READ_RESP, 5 ACK, 6 NAK, 7 HELLO,
+//!             8 RNR)
+//!  2     1    status (READ_RESP, NAK; 0 elsewhere)
+//!  3     1    reserved, 0
+//!  4     4    dst_qpn   the receiving QP's number (HELLO: the acceptor's)
+//!  8     4    seq       request sequence number (HELLO: the dialer's QP number)
+//! 12     4    len       bytes written/read (≤ MAX_MSG)
+//! 16     8    addr      remote address (HELLO: the acceptor's nonce)
+//! 24     4    rkey      (HELLO: low half of the dialer's nonce)
+//! 28     4    imm       big-endian immediate (HELLO: high half of the dialer's nonce)
+//! ```
+//! Integers are little-endian except `imm`, which is big-endian as on an RDMA wire.
+//! [`decode`] accepts exactly the headers [`encode`] can produce; anything else is an error,
+//! never a panic (property-tested and fuzzed).
+
+/// Size of every frame header.
+pub const HDR_LEN: usize = 32;
+/// First byte of every header.
+pub const MAGIC: u8 = 0xB7;
+/// Largest message (as verbs' usual `max_msg_sz`, 2 GiB).
+pub const MAX_MSG: u32 = 1 << 31;
+
+const K_WRITE: u8 = 1;
+const K_WRITE_IMM: u8 = 2;
+const K_READ_REQ: u8 = 3;
+const K_READ_RESP: u8 = 4;
+const K_ACK: u8 = 5;
+const K_NAK: u8 = 6;
+const K_HELLO: u8 = 7;
+const K_RNR: u8 = 8;
+
+/// Why a responder refused a request (status byte of NAK and READ_RESP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NakCode {
+    /// Unknown rkey, range outside the region, or missing access rights.
+    RemoteAccess = 1,
+    /// The request cannot be executed (WRITE_IMM on a QP without an SRQ).
+    InvalidRequest = 2,
+}
+
+impl NakCode {
+    fn from_u8(b: u8) -> Option<NakCode> {
+        match b {
+            1 => Some(NakCode::RemoteAccess),
+            2 => Some(NakCode::InvalidRequest),
+            _ => None,
+        }
+    }
+}
+
+/// A decoded header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// RDMA WRITE (`imm: None`) or WRITE_WITH_IMM; `len` payload bytes follow.
+    Write { dst_qpn: u32, seq: u32, addr: u64, rkey: u32, len: u32, imm: Option<u32> },
+    /// RDMA READ request of `len` bytes at `addr`/`rkey`.
+    ReadReq { dst_qpn: u32, seq: u32, addr: u64, rkey: u32, len: u32 },
+    /// READ response: `Ok` with `len` payload bytes, or refused (no payload).
+    ReadResp { dst_qpn: u32, seq: u32, result: Result<u32, NakCode> },
+    /// Every request up to and including `seq` was executed.
+    Ack { dst_qpn: u32, seq: u32 },
+    /// Requests before `seq` were executed; `seq` was refused; later ones were discarded.
+    Nak { dst_qpn: u32, seq: u32, code: NakCode },
+    /// Receiver not ready: request `seq` waits for an SRQ WQE (sent when the wait starts
+    /// and while it lasts, so the requester knows the peer is alive).
+    Rnr { dst_qpn: u32, seq: u32 },
+    /// First frame of a connection, from the dialer: which QP it wants and who it is.
+    Hello { dst_qpn: u32, src_qpn: u32, dst_nonce: u64, src_nonce: u64 },
+}
+
+/// A header that is not one [`encode`] produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    BadMagic(u8),
+    UnknownKind(u8),
+    /// A field that must be 0 for this kind is not.
+    NonZero(&'static str),
+    BadStatus(u8),
+    TooLong(u32),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::BadMagic(b) => write!(f, "bad magic byte {b:#04x}"),
+            DecodeError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
+            DecodeError::NonZero(field) => write!(f, "field {field} must be 0 for this frame kind"),
+            DecodeError::BadStatus(s) => write!(f, "bad status byte {s}"),
+            DecodeError::TooLong(l) => write!(f, "length {l} above the {MAX_MSG}-byte maximum"),
+        }
+    }
+}
+
+impl Frame {
+    /// Payload bytes that follow the header.
+    pub fn payload_len(&self) -> u32 {
+        match *self {
+            Frame::Write { len, .. } => len,
+            Frame::ReadResp { result: Ok(len), .. } => len,
+            _ => 0,
+        }
+    }
+
+    /// The QP the frame is addressed to.
+    pub fn dst_qpn(&self) -> u32 {
+        match *self {
+            Frame::Write { dst_qpn, .. }
+            | Frame::ReadReq { dst_qpn, .. }
+            | Frame::ReadResp { dst_qpn, .. }
+            | Frame::Ack { dst_qpn, .. }
+            | Frame::Nak { dst_qpn, .. }
+            | Frame::Rnr { dst_qpn, .. }
+            | Frame::Hello { dst_qpn, .. } => dst_qpn,
+        }
+    }
+}
+
+struct Raw {
+    kind: u8,
+    status: u8,
+    dst_qpn: u32,
+    seq: u32,
+    len: u32,
+    addr: u64,
+    rkey: u32,
+    imm: u32,
+}
+
+/// Serializes a header.
+pub fn encode(f: &Frame) -> [u8; HDR_LEN] {
+    let z = |kind| Raw { kind, status: 0, dst_qpn: f.dst_qpn(), seq: 0, len: 0, addr: 0, rkey: 0, imm: 0 };
+    let r = match *f {
+        Frame::Write { seq, addr, rkey, len, imm, .. } => {
+            Raw { seq, addr, rkey, len, imm: imm.unwrap_or(0), ..z(if imm.is_some() { K_WRITE_IMM } else { K_WRITE }) }
+        }
+        Frame::ReadReq { seq, addr, rkey, len, .. } => Raw { seq, addr, rkey, len, ..z(K_READ_REQ) },
+        Frame::ReadResp { seq, result, .. } => match result {
+            Ok(len) => Raw { seq, len, ..z(K_READ_RESP) },
+            Err(code) => Raw { seq, status: code as u8, ..z(K_READ_RESP) },
+        },
+        Frame::Ack { seq, .. } => Raw { seq, ..z(K_ACK) },
+        Frame::Nak { seq, code, .. } => Raw { seq, status: code as u8, ..z(K_NAK) },
+        Frame::Rnr { seq, .. } => Raw { seq, ..z(K_RNR) },
+        Frame::Hello { src_qpn, dst_nonce, src_nonce, .. } => {
+            Raw { seq: src_qpn, addr: dst_nonce, rkey: src_nonce as u32, imm: (src_nonce >> 32) as u32, ..z(K_HELLO) }
+        }
+    };
+    let mut b = [0u8; HDR_LEN];
+    b[0] = MAGIC;
+    b[1] = r.kind;
+    b[2] = r.status;
+    b[4..8].copy_from_slice(&r.dst_qpn.to_le_bytes());
+    b[8..12].copy_from_slice(&r.seq.to_le_bytes());
+    b[12..16].copy_from_slice(&r.len.to_le_bytes());
+    b[16..24].copy_from_slice(&r.addr.to_le_bytes());
+    b[24..28].copy_from_slice(&r.rkey.to_le_bytes());
+    b[28..32].copy_from_slice(&r.imm.to_be_bytes());
+    b
+}
+
+fn u32_at(b: &[u8; HDR_LEN], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// Parses a header; see the module doc for what is accepted.
+pub fn decode(b: &[u8; HDR_LEN]) -> Result<Frame, DecodeError> {
+    if b[0] != MAGIC {
+        return Err(DecodeError::BadMagic(b[0]));
+    }
+    if b[3] != 0 {
+        return Err(DecodeError::NonZero("reserved"));
+    }
+    let r = Raw {
+        kind: b[1],
+        status: b[2],
+        dst_qpn: u32_at(b, 4),
+        seq: u32_at(b, 8),
+        len: u32_at(b, 12),
+        addr: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
+        rkey: u32_at(b, 24),
+        imm: u32::from_be_bytes([b[28], b[29], b[30], b[31]]),
+    };
+    let zero = |v: u64, name: &'static str| if v == 0 { Ok(()) } else { Err(DecodeError::NonZero(name)) };
+    if r.len > MAX_MSG {
+        return Err(DecodeError::TooLong(r.len));
+    }
+    if r.kind != K_READ_RESP && r.kind != K_NAK {
+        zero(r.status as u64, "status")?;
+    }
+    let (dst_qpn, seq) = (r.dst_qpn, r.seq);
+    match r.kind {
+        K_WRITE | K_WRITE_IMM => {
+            let imm = if r.kind == K_WRITE_IMM {
+                Some(r.imm)
+            } else {
+                zero(r.imm as u64, "imm")?;
+                None
+            };
+            Ok(Frame::Write { dst_qpn, seq, addr: r.addr, rkey: r.rkey, len: r.len, imm })
+        }
+        K_READ_REQ => {
+            zero(r.imm as u64, "imm")?;
+            Ok(Frame::ReadReq { dst_qpn, seq, addr: r.addr, rkey: r.rkey, len: r.len })
+        }
+        K_READ_RESP => {
+            zero(r.addr | r.rkey as u64 | r.imm as u64, "addr/rkey/imm")?;
+            let result = match r.status {
+                0 => Ok(r.len),
+                s => {
+                    zero(r.len as u64, "len")?;
+                    Err(NakCode::from_u8(s).ok_or(DecodeError::BadStatus(s))?)
+                }
+            };
+            Ok(Frame::ReadResp { dst_qpn, seq, result })
+        }
+        K_ACK | K_NAK | K_RNR => {
+            zero(r.len as u64 | r.addr | r.rkey as u64 | r.imm as u64, "len/addr/rkey/imm")?;
+            if r.kind == K_ACK {
+                return Ok(Frame::Ack { dst_qpn, seq });
+            }
+            if r.kind == K_RNR {
+                return Ok(Frame::Rnr { dst_qpn, seq });
+            }
+            let code = NakCode::from_u8(r.status).ok_or(DecodeError::BadStatus(r.status))?;
+            Ok(Frame::Nak { dst_qpn, seq, code })
+        }
+        K_HELLO => {
+            zero(r.len as u64, "len")?;
+            let src_nonce = r.rkey as u64 | (r.imm as u64) << 32;
+            Ok(Frame::Hello { dst_qpn, src_qpn: seq, dst_nonce: r.addr, src_nonce })
+        }
+        k => Err(DecodeError::UnknownKind(k)),
+    }
+}
+
+/// Walks a byte stream as the receive path does (header, then its payload) and returns
+/// the frames whose headers were complete, or the first decode error. A truncated last
+/// frame is not an error (the rest would arrive later). For property tests and fuzzing.
+pub fn decode_stream(mut bytes: &[u8], out: &mut Vec<Frame>) -> Result<(), DecodeError> {
+    while let Some(hdr) = bytes.first_chunk::<HDR_LEN>() {
+        let f = decode(hdr)?;
+        out.push(f);
+        let skip = (HDR_LEN as u64 + f.payload_len() as u64).min(bytes.len() as u64) as usize;
+        bytes = &bytes[skip..];
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn any_frame() -> impl Strategy<Value = Frame> {
+        let code = prop_oneof![Just(NakCode::RemoteAccess), Just(NakCode::InvalidRequest)];
+        prop_oneof![
+            (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>(), 0..=MAX_MSG, any::<Option<u32>>())
+                .prop_map(|(dst_qpn, seq, addr, rkey, len, imm)| Frame::Write { dst_qpn, seq, addr, rkey, len, imm }),
+            (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>(), 0..=MAX_MSG)
+                .prop_map(|(dst_qpn, seq, addr, rkey, len)| Frame::ReadReq { dst_qpn, seq, addr, rkey, len }),
+            (any::<u32>(), any::<u32>(), 0..=MAX_MSG).prop_map(|(dst_qpn, seq, len)| Frame::ReadResp {
+                dst_qpn,
+                seq,
+                result: Ok(len)
+            }),
+            (any::<u32>(), any::<u32>(), code.clone()).prop_map(|(dst_qpn, seq, c)| Frame::ReadResp {
+                dst_qpn,
+                seq,
+                result: Err(c)
+            }),
+            (any::<u32>(), any::<u32>()).prop_map(|(dst_qpn, seq)| Frame::Ack { dst_qpn, seq }),
+            (any::<u32>(), any::<u32>()).prop_map(|(dst_qpn, seq)| Frame::Rnr { dst_qpn, seq }),
+            (any::<u32>(), any::<u32>(), code).prop_map(|(dst_qpn, seq, code)| Frame::Nak { dst_qpn, seq, code }),
+            (any::<u32>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
+                |(dst_qpn, src_qpn, dst_nonce, src_nonce)| { Frame::Hello { dst_qpn, src_qpn, dst_nonce, src_nonce } }
+            ),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn every_frame_round_trips(f in any_frame()) {
+            prop_assert_eq!(decode(&encode(&f)), Ok(f));
+        }
+
+        #[test]
+        fn any_header_decodes_to_a_frame_that_encodes_back_or_is_rejected(b in any::<[u8; HDR_LEN]>()) {
+            // Accepted headers are canonical: nothing the decoder accepts is lost or guessed.
+            if let Ok(f) = decode(&b) {
+                prop_assert_eq!(encode(&f), b);
+            }
+        }
+
+        #[test]
+        fn any_byte_stream_decodes_or_is_rejected(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut out = Vec::new();
+            let _ = decode_stream(&bytes, &mut out);
+            prop_assert!(out.len() <= bytes.len() / HDR_LEN);
+        }
+
+        #[test]
+        fn corrupting_a_valid_header_never_panics(f in any_frame(), at in 0..HDR_LEN, x in 1u8..=255) {
+            let mut b = encode(&f);
+            b[at] ^= x;
+            if let Ok(g) = decode(&b) {
+                prop_assert_eq!(encode(&g), b);
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_what_is_not_a_frame() {
+        let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
+        b[0] = 0;
+        assert_eq!(decode(&b), Err(DecodeError::BadMagic(0)));
+        let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
+        b[1] = 99;
+        assert_eq!(decode(&b), Err(DecodeError::UnknownKind(99)));
+        let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
+        b[12] = 1;
+        assert_eq!(decode(&b), Err(DecodeError::NonZero("len/addr/rkey/imm")));
+        let b = encode(&Frame::Write { dst_qpn: 0, seq: 0, addr: 0, rkey: 0, len: MAX_MSG, imm: None });
+        let mut c = b;
+        c[12..16].copy_from_slice(&(MAX_MSG + 1).to_le_bytes());
+        assert_eq!(decode(&c), Err(DecodeError::TooLong(MAX_MSG + 1)));
+        let mut n = encode(&Frame::Nak { dst_qpn: 0, seq: 0, code: NakCode::RemoteAccess });
+        n[2] = 7;
+        assert_eq!(decode(&n), Err(DecodeError::BadStatus(7)));
+    }
+
+    #[test]
+    fn imm_is_big_endian_on_the_wire() {
+        let b = encode(&Frame::Write { dst_qpn: 0, seq: 0, addr: 0, rkey: 0, len: 0, imm: Some(0x0102_0304) });
+        assert_eq!(&b[28..32], &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_stream_skips_payloads() {
+        let mut s = encode(&Frame::Write { dst_qpn: 3, seq: 0, addr: 0, rkey: 0, len: 5, imm: None }).to_vec();
+        s.extend_from_slice(&[0xFF; 5]);
+        s.extend_from_slice(&encode(&Frame::Ack { dst_qpn: 3, seq: 0 }));
+        let mut out = Vec::new();
+        decode_stream(&s, &mut out).unwrap();
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1], Frame::Ack { dst_qpn: 3, seq: 0 });
+    }
+}

@@ -1,0 +1,244 @@
+//! The key table of a soft device: memory registrations looked up by key without a lock,
+//! and deregistration that waits for the placements in flight.
+//!
+//! A key is `slot index << GEN_BITS | generation`; lkey and rkey are the same key. A slot's
+//! `state` holds a VALID bit and a count of *pins*. Every access to registered memory (a
+//! socket read straight into it, a copy into it, a socket write from it) happens while the
+//! slot is pinned, one system call or copy at a time:
+//!
+//! - [`MrTable::pin`] increments the count, then checks VALID and the key; on a mismatch it
+//!   decrements and fails, without reading the slot's address.
+//! - [`MrTable::dereg`] clears VALID, then waits until the count is 0. From then on no pin
+//!   succeeds, and every access made under an earlier pin has finished (Release on unpin,
+//!   Acquire in the wait): after `dereg` returns, no peer byte lands in the region.
+//!
+//! The wait is short: a pin lasts one non-blocking `readv`/`writev` or one copy.
+//! Slots live in chunks allocated on demand by `reg` (control path) and never freed before
+//! the table, so a lookup is two loads.
+
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::fabric::Access;
+
+const GEN_BITS: u32 = 12;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+const CHUNK_BITS: u32 = 10;
+const CHUNK_SLOTS: usize = 1 << CHUNK_BITS;
+const MAX_CHUNKS: usize = 1 << (32 - GEN_BITS - CHUNK_BITS);
+/// Most registrations a soft device holds at once.
+pub const MAX_MRS: usize = MAX_CHUNKS * CHUNK_SLOTS;
+const VALID: u32 = 1 << 31;
+
+#[derive(Default)]
+struct Slot {
+    state: AtomicU32,
+    key: AtomicU32,
+    addr: AtomicU64,
+    len: AtomicU64,
+    access: AtomicU32,
+}
+
+type Chunk = [Slot; CHUNK_SLOTS];
+
+struct Alloc {
+    /// Free slot indexes, with the generation each will use next.
+    free: Vec<(u32, u32)>,
+    chunks: usize,
+}
+
+/// The registrations of one device.
+pub struct MrTable {
+    chunks: Box<[AtomicPtr<Chunk>]>,
+    alloc: Mutex<Alloc>,
+}
+
+/// A registration pinned for one access: its memory stays registered until this drops.
+pub struct Pinned<'a> {
+    slot: &'a Slot,
+    pub addr: u64,
+    pub len: u64,
+    pub access: Access,
+}
+
+impl Pinned<'_> {
+    /// Whether `[addr, addr + len)` lies inside the region.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        // Release: the accesses made under this pin happen before dereg's wait sees it gone.
+        self.slot.state.fetch_sub(1, Ordering::Release);
+    }
+}
+
+impl Default for MrTable {
+    fn default() -> Self {
+        MrTable {
+            chunks: (0..MAX_CHUNKS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            alloc: Mutex::new(Alloc { free: Vec::new(), chunks: 0 }),
+        }
+    }
+}
+
+impl MrTable {
+    fn slot(&self, index: u32) -> Option<&Slot> {
+        let chunk = self.chunks.get(index as usize >> CHUNK_BITS)?.load(Ordering::Acquire);
+        if chunk.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null chunk pointer was published (Release) by `reg` from a live
+        // Box and is freed only in `Drop`, which has `&mut self`.
+        let chunk = unsafe { &*chunk };
+        Some(&chunk[index as usize & (CHUNK_SLOTS - 1)])
+    }
+
+    /// Registers `[addr, addr + len)` and returns its key (never 0).
+    pub fn reg(&self, addr: u64, len: u64, access: Access) -> Result<u32> {
+        if addr.checked_add(len).is_none() {
+            return Err(Error::invalid_argument(format!("memory region {addr:#x}+{len} wraps around")));
+        }
+        let mut a = self.alloc.lock();
+        if a.free.is_empty() {
+            if a.chunks == MAX_CHUNKS {
+                return Err(Error::system(format!("soft fabric: more than {MAX_MRS} memory registrations")));
+            }
+            let chunk: Box<Chunk> = Box::new(std::array::from_fn(|_| Slot::default()));
+            let base = (a.chunks * CHUNK_SLOTS) as u32;
+            self.chunks[a.chunks].store(Box::into_raw(chunk), Ordering::Release);
+            a.chunks += 1;
+            // Slot 0 is never used, so no key is 0. Reverse: pop takes the lowest first.
+            a.free.extend((base..base + CHUNK_SLOTS as u32).rev().filter(|i| *i != 0).map(|i| (i, 1)));
+        }
+        let (index, generation) = a.free.pop().expect("refilled above");
+        drop(a);
+        let slot = self.slot(index).expect("chunk allocated");
+        let key = index << GEN_BITS | generation;
+        slot.key.store(key, Ordering::Relaxed);
+        slot.addr.store(addr, Ordering::Relaxed);
+        slot.len.store(len, Ordering::Relaxed);
+        slot.access.store(access.bits(), Ordering::Relaxed);
+        // Release: a pin that sees VALID sees the fields above.
+        slot.state.fetch_or(VALID, Ordering::Release);
+        Ok(key)
+    }
+
+    /// Deregisters `key`; returns when no access under an earlier pin is still running.
+    pub fn dereg(&self, key: u32) -> Result<()> {
+        let index = key >> GEN_BITS;
+        let slot = self.slot(index).filter(|s| s.key.load(Ordering::Relaxed) == key);
+        let Some(slot) = slot else {
+            return Err(Error::invalid_argument(format!("soft fabric: deregistering unknown key {key:#x}")));
+        };
+        let prev = slot.state.fetch_and(!VALID, Ordering::AcqRel);
+        if prev & VALID == 0 {
+            return Err(Error::invalid_argument(format!("soft fabric: key {key:#x} deregistered twice")));
+        }
+        let mut spins = 0u32;
+        while slot.state.load(Ordering::Acquire) & !VALID != 0 {
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        slot.key.store(0, Ordering::Relaxed);
+        let next = (key & GEN_MASK) % GEN_MASK + 1;
+        self.alloc.lock().free.push((index, next));
+        Ok(())
+    }
+
+    /// Pins the registration of `key` for one access, or `None` when no such key is
+    /// registered now.
+    pub fn pin(&self, key: u32) -> Option<Pinned<'_>> {
+        let slot = self.slot(key >> GEN_BITS)?;
+        let s = slot.state.fetch_add(1, Ordering::Acquire);
+        let pinned = Pinned {
+            slot,
+            addr: slot.addr.load(Ordering::Relaxed),
+            len: slot.len.load(Ordering::Relaxed),
+            access: Access::from_bits_retain(slot.access.load(Ordering::Relaxed)),
+        };
+        // Dropping `pinned` unpins, whichever way this goes.
+        (s & VALID != 0 && slot.key.load(Ordering::Relaxed) == key).then_some(pinned)
+    }
+
+    /// Pins `key` for an access to `[addr, addr + len)` that needs `need`.
+    pub fn pin_range(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<Pinned<'_>> {
+        self.pin(key).filter(|p| p.access.contains(need) && p.contains(addr, len))
+    }
+}
+
+impl Drop for MrTable {
+    fn drop(&mut self) {
+        for c in self.chunks.iter() {
+            let p = c.load(Ordering::Acquire);
+            if !p.is_null() {
+                // SAFETY: published from Box::into_raw in `reg`, freed only here, once.
+                drop(unsafe { Box::from_raw(p) });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_check_range_access_and_generation() {
+        let t = MrTable::default();
+        let k = t.reg(0x1000, 0x100, Access::REMOTE_WRITE).unwrap();
+        assert_ne!(k, 0);
+        assert!(t.pin_range(k, 0x1000, 0x100, Access::REMOTE_WRITE).is_some());
+        assert!(t.pin_range(k, 0x10ff, 1, Access::REMOTE_WRITE).is_some());
+        assert!(t.pin_range(k, 0x10ff, 2, Access::REMOTE_WRITE).is_none());
+        assert!(t.pin_range(k, 0xfff, 1, Access::REMOTE_WRITE).is_none());
+        assert!(t.pin_range(k, u64::MAX, 2, Access::REMOTE_WRITE).is_none());
+        assert!(t.pin_range(k, 0x1000, 1, Access::REMOTE_READ).is_none());
+        assert!(t.pin(k ^ 1).is_none());
+        t.dereg(k).unwrap();
+        assert!(t.pin(k).is_none());
+        assert!(t.dereg(k).is_err());
+        let k2 = t.reg(0x2000, 8, Access::REMOTE_READ).unwrap();
+        assert_eq!(k2 >> GEN_BITS, k >> GEN_BITS, "the slot is reused");
+        assert_ne!(k2, k, "with a new generation");
+        assert!(t.pin(k).is_none());
+        assert_eq!(t.pin(k2).unwrap().addr, 0x2000);
+    }
+
+    #[test]
+    fn dereg_waits_for_pins() {
+        let t = std::sync::Arc::new(MrTable::default());
+        let k = t.reg(0, 64, Access::REMOTE_WRITE).unwrap();
+        let released = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let p = t.pin(k).unwrap();
+        let (t2, r2) = (t.clone(), released.clone());
+        let h = std::thread::spawn(move || {
+            t2.dereg(k).unwrap();
+            r2.load(Ordering::Acquire)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        released.store(true, Ordering::Release);
+        drop(p);
+        assert!(h.join().unwrap(), "dereg returned while a pin was held");
+    }
+
+    #[test]
+    fn many_registrations_grow_the_table() {
+        let t = MrTable::default();
+        let keys: Vec<u32> = (0..3000).map(|i| t.reg(i * 16, 16, Access::LOCAL_WRITE).unwrap()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(t.pin(*k).unwrap().addr, i as u64 * 16);
+        }
+        for k in keys {
+            t.dereg(k).unwrap();
+        }
+    }
+}

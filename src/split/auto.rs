@@ -1,0 +1,226 @@
+//! `MPIB_SPLIT=auto`: each send is divided so that both rails finish it at the same time.
+//!
+//! Rail i, with estimated rate `r_i` (bytes/ns), base latency `l_i` and `q_i` bytes in
+//! flight, finishes `x` more bytes at `d_i + x / r_i`, where `d_i` ≈ `max(l_i, q_i / r_i)`
+//! is when it would be done with what it already has ([`RailView::drain_ns`], which also
+//! credits the progress of the chain on the wire since the last completion). In-flight
+//! bytes include those on the wire, about `r_i·l_i` of them when the rail is busy, so
+//! `q_i / r_i` already counts the latency once; an idle rail still pays `l_i`. Equal
+//! finish times for a send of `S` bytes give SOUT
+//!
+//! ```text
+//! x = (g·(d_1 − d_0)·r_1 + S) · r_0 / (r_0 + r_1)      clamped to [0, S], 128-byte aligned
+//! ```
+//!
+//! with `g = 1` for exactly equal finish times. So when both rails are busy the split is
+//! their rate ratio, and a rail with a longer queue gets less until it catches up: queued
+//! bytes correct a wrong rate estimate before the estimate itself moves. mpib uses
+//! `g = 1/2` ([`QUEUE_GAIN`]): the queue lengths come from rate estimates with some noise,
+//! and correcting half of an imbalance per send converges as fast without swinging.
+//!
+//! - Sends below `MPIB_SPLIT_MIN_BYTES` go whole to the rail that finishes them first:
+//!   latency-bound traffic pays one rail's overhead, and a stream of small sends still
+//!   spreads over both rails as their queues grow.
+//! - Congestion: a new RTT sample above SRTT + 4·RTTVAR on a rail (see
+//!   [`RailView::congested`]) halves the rate at which it is given new bytes (at most once
+//!   per its SRTT: one congestion episode, one backoff); each clean sample adds back 1/8,
+//!   down to a floor of 1/16 so a rail is never written off. What it already holds is
+//!   still reckoned at its estimated rate.
+//! - A rail with failed completions gets nothing. Before any sample the rate estimate is
+//!   the link speed, so the first sends follow the speeds.
+//! - Cost per send: a dozen float operations and a few compares; no allocation, no lock.
+
+use super::{SplitPolicy, align_share};
+use crate::telemetry::RailView;
+
+/// Backoff factor scale: `FULL` = no backoff.
+const FULL: u32 = 1024;
+/// Multiplicative decrease on congestion (×1/2).
+const BACKOFF_SHIFT: u32 = 1;
+/// Additive increase per clean RTT sample (1/8).
+const RECOVER_STEP: u32 = FULL / 8;
+/// The lowest factor: 1/16.
+const FLOOR: u32 = FULL / 16;
+/// Part of a queue imbalance between the rails that one send corrects. The imbalance is
+/// measured through rate estimates that carry noise (a 1 % rate error on a 7 ms queue is
+/// 70 µs); correcting all of it at once makes successive sends swing around the ratio,
+/// half of it settles as fast (a few sends) without the swing.
+const QUEUE_GAIN: f64 = 0.5;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RailState {
+    /// Effective-rate factor, out of [`FULL`].
+    factor: u32,
+    seen_events: u64,
+    seen_samples: u64,
+    last_backoff_ns: Option<u64>,
+}
+
+impl Default for RailState {
+    fn default() -> Self {
+        RailState { factor: FULL, seen_events: 0, seen_samples: 0, last_backoff_ns: None }
+    }
+}
+
+impl RailState {
+    /// Applies the samples the rail took since the last send.
+    #[inline]
+    fn update(&mut self, now_ns: u64, v: &RailView) {
+        let events = v.congestion_events.saturating_sub(self.seen_events);
+        let clean = v.samples.saturating_sub(self.seen_samples).saturating_sub(events);
+        self.seen_events = v.congestion_events;
+        self.seen_samples = v.samples;
+        let episode_over = self.last_backoff_ns.is_none_or(|t| now_ns.saturating_sub(t) >= v.srtt_ns);
+        if events > 0 && episode_over {
+            self.factor = (self.factor >> BACKOFF_SHIFT).max(FLOOR);
+            self.last_backoff_ns = Some(now_ns);
+        } else if clean > 0 {
+            self.factor = (self.factor as u64 + RECOVER_STEP as u64 * clean).min(FULL as u64) as u32;
+        }
+    }
+}
+
+/// The telemetry-driven split.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Auto {
+    split_min_bytes: u64,
+    rails: [RailState; 2],
+}
+
+impl Auto {
+    /// Sends below `split_min_bytes` go whole to one rail.
+    pub fn new(split_min_bytes: u64) -> Self {
+        Auto { split_min_bytes, rails: [RailState::default(); 2] }
+    }
+
+    /// The current backoff factors of SOUT and SUP (1.0 = none), for tools and tests.
+    pub fn backoff(&self) -> [f64; 2] {
+        self.rails.map(|r| r.factor as f64 / FULL as f64)
+    }
+}
+
+impl SplitPolicy for Auto {
+    #[inline]
+    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: &[RailView; 2]) -> u64 {
+        if size == 0 {
+            return 0;
+        }
+        match (rails[0].failed, rails[1].failed) {
+            (false, true) | (true, true) => return size,
+            (true, false) => return 0,
+            (false, false) => {}
+        }
+        self.rails[0].update(now_ns, &rails[0]);
+        self.rails[1].update(now_ns, &rails[1]);
+        let (r0, r1) = (rails[0].rate_bytes_per_ns(), rails[1].rate_bytes_per_ns());
+        let (d0, d1) = (rails[0].drain_ns(now_ns, r0), rails[1].drain_ns(now_ns, r1));
+        // New bytes go at the backed-off rate; what is queued drains at the estimated one.
+        let full = FULL as f64;
+        let (e0, e1) = (r0 * self.rails[0].factor as f64 / full, r1 * self.rails[1].factor as f64 / full);
+        let s = size as f64;
+        if size < self.split_min_bytes {
+            return if d0 + s / e0 <= d1 + s / e1 { size } else { 0 };
+        }
+        let x = (QUEUE_GAIN * (d1 - d0) * e1 + s) * e0 / (e0 + e1);
+        align_share(x.clamp(0.0, s) as u64, size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A rail at `gbps` with `base_ns` latency, `inflight` bytes queued, after samples.
+    fn rail(gbps: u64, base_ns: u64, inflight: u64) -> RailView {
+        RailView {
+            speed_mbps: 100_000,
+            bw_bytes_per_s: gbps * 125_000_000,
+            base_ns,
+            inflight_bytes: inflight,
+            samples: 1,
+            srtt_ns: base_ns,
+            ..RailView::default()
+        }
+    }
+
+    #[test]
+    fn idle_rails_split_by_rate() {
+        let mut p = Auto::new(65536);
+        let s = p.sout_bytes(3 << 20, 0, &[rail(200, 5_000, 0), rail(100, 5_000, 0)]);
+        assert!((s as f64 / (3 << 20) as f64 - 2.0 / 3.0).abs() < 0.001, "{s}");
+        assert_eq!(s % 128, 0);
+    }
+
+    #[test]
+    fn queued_bytes_shift_the_split_to_the_other_rail() {
+        let mut p = Auto::new(0);
+        let even = p.sout_bytes(1 << 20, 0, &[rail(100, 2_000, 1 << 20), rail(100, 2_000, 1 << 20)]);
+        assert_eq!(even, 1 << 19);
+        // SOUT has 512 KiB more queued: equal finish times would give it 256 KiB less;
+        // the queue gain of 1/2 corrects half of that per send.
+        let s = p.sout_bytes(1 << 20, 0, &[rail(100, 2_000, 3 << 19), rail(100, 2_000, 1 << 20)]);
+        assert_eq!(s, (1 << 19) - (1 << 17));
+        // So much queued on SOUT that SUP alone finishes first.
+        assert_eq!(p.sout_bytes(1 << 20, 0, &[rail(100, 2_000, 8 << 20), rail(100, 2_000, 0)]), 0);
+    }
+
+    #[test]
+    fn before_any_sample_the_link_speeds_decide() {
+        let v = |mbps| RailView { speed_mbps: mbps, ..RailView::default() };
+        let mut p = Auto::new(65536);
+        let s = p.sout_bytes(1 << 20, 0, &[v(400_000), v(100_000)]);
+        assert_eq!(s, 838_912, "4/5 of 1 MiB, 128-byte aligned");
+    }
+
+    #[test]
+    fn small_sends_go_whole_to_the_first_finisher() {
+        let mut p = Auto::new(65536);
+        // Same rate: the lower latency wins.
+        assert_eq!(p.sout_bytes(4096, 0, &[rail(100, 9_000, 0), rail(100, 3_000, 0)]), 0);
+        assert_eq!(p.sout_bytes(4096, 0, &[rail(100, 3_000, 0), rail(100, 9_000, 0)]), 4096);
+        // 64 KiB - 1 at 400 vs 100 Gbit/s: 1.3 µs vs 5.2 µs of serialization beats 2 µs of latency.
+        assert_eq!(p.sout_bytes(65535, 0, &[rail(400, 4_000, 0), rail(100, 2_000, 0)]), 65535);
+        // At the threshold it is split.
+        let s = p.sout_bytes(65536, 0, &[rail(100, 2_000, 0), rail(100, 2_000, 0)]);
+        assert!(s > 0 && s < 65536, "{s}");
+    }
+
+    #[test]
+    fn failed_rail_gets_nothing_and_empty_sends_stay_whole() {
+        let mut p = Auto::new(0);
+        let (ok, mut bad) = (rail(100, 1_000, 0), rail(400, 1_000, 0));
+        bad.failed = true;
+        assert_eq!(p.sout_bytes(1 << 20, 0, &[bad, ok]), 0);
+        assert_eq!(p.sout_bytes(1 << 20, 0, &[ok, bad]), 1 << 20);
+        assert_eq!(p.sout_bytes(0, 0, &[ok, ok]), 0, "0 bytes: the engine puts it on SOUT alone");
+    }
+
+    #[test]
+    fn congestion_backs_off_multiplicatively_and_recovers_additively() {
+        let mut p = Auto::new(0);
+        let (mut a, b) = (rail(100, 10_000, 0), rail(100, 10_000, 0));
+        assert_eq!(p.sout_bytes(1 << 20, 0, &[a, b]), 1 << 19);
+        // One congested sample on SOUT: its rate counts half, so it gets a third.
+        (a.samples, a.congestion_events) = (2, 1);
+        let s = p.sout_bytes(1 << 20, 1_000, &[a, b]);
+        assert_eq!(p.backoff(), [0.5, 1.0]);
+        assert!((s as f64 / (1 << 20) as f64 - 1.0 / 3.0).abs() < 0.001, "{s}");
+        // Another one within the same SRTT is the same episode: no second halving.
+        (a.samples, a.congestion_events) = (3, 2);
+        p.sout_bytes(1 << 20, 5_000, &[a, b]);
+        assert_eq!(p.backoff(), [0.5, 1.0]);
+        // A later episode halves again, down to the floor at most.
+        for i in 0..10u64 {
+            (a.samples, a.congestion_events) = (4 + i, 3 + i);
+            p.sout_bytes(1 << 20, 20_000 * (i + 1), &[a, b]);
+        }
+        assert_eq!(p.backoff(), [1.0 / 16.0, 1.0]);
+        // Clean samples add back 1/8 each.
+        a.samples += 2;
+        p.sout_bytes(1 << 20, 400_000, &[a, b]);
+        assert_eq!(p.backoff(), [1.0 / 16.0 + 2.0 / 8.0, 1.0]);
+        a.samples += 100;
+        p.sout_bytes(1 << 20, 500_000, &[a, b]);
+        assert_eq!(p.backoff(), [1.0, 1.0]);
+    }
+}

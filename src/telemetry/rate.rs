@@ -1,0 +1,199 @@
+//! Delivery rate of one rail (bytes per ns), from its own completions.
+//!
+//! Each completed chain contributes the bytes it carried and the time the rail spent
+//! serving it:
+//! - *queued* behind the previous chain (posted at least one base latency before the
+//!   previous completion): the rail went straight from one to the other, so the service
+//!   time is the gap between the two completions, exact for a FIFO rail whatever the
+//!   latency;
+//! - *alone* (the rail was idle when it was posted): its RTT minus the base latency. When
+//!   that is less than half the RTT the sample is mostly latency and says little about
+//!   bandwidth, so it is skipped (it is also what keeps an overestimated base latency from
+//!   inflating the rate more than twofold).
+//!
+//! Idle time between chains is never counted, so an application that sends little does
+//! not look like a slow rail. The contributions are low-pass filtered over *busy* time:
+//! `bw ← (1 − w)·bw + bytes / max(t, τ)` with `w = min(t/τ, 1)`. For `t ≪ τ` that is a
+//! sum of bytes over a sum of time, so a burst of completions polled at one instant (all
+//! but the first with `t = 0`) counts exactly as if they had come spread out: the estimate
+//! is the same whichever way the clock batches them. A step in the true rate is followed
+//! with the error shrinking as `e^(−busy time/τ)`: within 5 % after 3τ of busy time.
+
+/// Low-pass filtered delivery rate; see the module comment.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DeliveryRate {
+    /// Bytes per ns.
+    bw: f64,
+    /// The latest data completion seen (ns), 0 before the first.
+    last_completion_ns: u64,
+    /// Rate samples taken (chains that contributed).
+    samples: u64,
+}
+
+impl DeliveryRate {
+    /// Starts from `prior_bytes_per_ns` (the link speed), which the first few τ of busy
+    /// time replace.
+    pub fn new(prior_bytes_per_ns: f64) -> Self {
+        DeliveryRate { bw: prior_bytes_per_ns, last_completion_ns: 0, samples: 0 }
+    }
+
+    /// A data chain of `bytes` posted at `posted_ns` completed at `completed_ns`;
+    /// `base_ns` is the rail's current base latency (RTT of an empty chain).
+    #[inline]
+    pub fn on_chain(&mut self, posted_ns: u64, completed_ns: u64, bytes: u64, base_ns: u64, tau_ns: u64) {
+        let prev = self.last_completion_ns;
+        self.last_completion_ns = prev.max(completed_ns);
+        if bytes == 0 {
+            return;
+        }
+        let queued = prev != 0 && posted_ns.saturating_add(base_ns) <= prev;
+        let service_ns = if queued {
+            completed_ns.saturating_sub(prev)
+        } else {
+            let rtt = completed_ns.saturating_sub(posted_ns);
+            let service = rtt.saturating_sub(base_ns);
+            if service == 0 || 2 * service < rtt {
+                return;
+            }
+            service
+        };
+        let (t, tau) = (service_ns as f64, tau_ns.max(1) as f64);
+        let w = (t / tau).min(1.0);
+        self.bw = (1.0 - w) * self.bw + bytes as f64 / t.max(tau);
+        self.samples += 1;
+    }
+
+    /// The estimate, bytes per ns.
+    pub fn bytes_per_ns(&self) -> f64 {
+        self.bw
+    }
+
+    /// The estimate, bytes per second.
+    pub fn bytes_per_s(&self) -> u64 {
+        (self.bw * 1e9) as u64
+    }
+
+    #[cfg(test)]
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TAU: u64 = 1_000_000;
+
+    /// A FIFO rail at `rate` bytes/ns with round-trip latency `lat`: returns the
+    /// completion time of a chain posted at `t`, given when the rail frees up.
+    fn serve(busy_until: &mut u64, t: u64, bytes: u64, rate: f64, lat: u64) -> u64 {
+        let start = (*busy_until).max(t);
+        *busy_until = start + (bytes as f64 / rate) as u64;
+        *busy_until + lat
+    }
+
+    fn rel_err(got: f64, want: f64) -> f64 {
+        (got - want).abs() / want
+    }
+
+    #[test]
+    fn pipelined_chains_give_the_rail_rate() {
+        // 8 chains of 256 KiB kept in flight on a 0.5 B/ns (4 Gbit/s) rail, 50 µs latency.
+        let (rate, lat, bytes) = (0.5, 50_000, 256 << 10);
+        let mut r = DeliveryRate::new(12.5);
+        let mut busy = 0;
+        let mut inflight: std::collections::VecDeque<(u64, u64)> = (0..8).map(|_| (0, 0)).collect();
+        for c in inflight.iter_mut() {
+            *c = (0, serve(&mut busy, 0, bytes, rate, lat));
+        }
+        for _ in 0..100 {
+            let (posted, done) = inflight.pop_front().unwrap();
+            r.on_chain(posted, done, bytes, lat, TAU);
+            inflight.push_back((done, serve(&mut busy, done, bytes, rate, lat)));
+        }
+        assert!(rel_err(r.bytes_per_ns(), rate) < 0.01, "{}", r.bytes_per_ns());
+    }
+
+    #[test]
+    fn completions_polled_in_bursts_give_the_same_rate() {
+        // The clock is read once per poll: every completion of a poll batch carries the
+        // batch's time, so within a batch all but the first show no service time at all.
+        let (rate, lat, bytes, poll) = (1.0, 5_000, 64 << 10, 300_000u64);
+        let mut r = DeliveryRate::new(25.0);
+        let mut busy = 0;
+        let mut t = 0;
+        let mut queue: std::collections::VecDeque<(u64, u64)> = std::collections::VecDeque::new();
+        for _ in 0..16 {
+            queue.push_back((0, serve(&mut busy, 0, bytes, rate, lat)));
+        }
+        while t < 20_000_000 {
+            t += poll;
+            let mut batch = 0;
+            while queue.front().is_some_and(|&(_, done)| done <= t) {
+                let (posted, _) = queue.pop_front().unwrap();
+                r.on_chain(posted, t, bytes, lat, TAU);
+                batch += 1;
+            }
+            for _ in 0..batch {
+                queue.push_back((t, serve(&mut busy, t, bytes, rate, lat)));
+            }
+        }
+        assert!(rel_err(r.bytes_per_ns(), rate) < 0.05, "{}", r.bytes_per_ns());
+    }
+
+    #[test]
+    fn idle_gaps_do_not_look_like_a_slow_rail() {
+        // One 1 MiB chain at a time with 2 ms of idle time in between: each is served
+        // alone, and the idle time is not counted.
+        let (rate, lat, bytes) = (2.0, 20_000, 1 << 20);
+        let mut r = DeliveryRate::new(0.1);
+        let mut busy = 0;
+        let mut t = 0;
+        for _ in 0..50 {
+            let done = serve(&mut busy, t, bytes, rate, lat);
+            r.on_chain(t, done, bytes, lat, TAU);
+            t = done + 2_000_000;
+        }
+        assert!(rel_err(r.bytes_per_ns(), rate) < 0.01, "{}", r.bytes_per_ns());
+    }
+
+    #[test]
+    fn latency_bound_chains_and_empty_chains_are_skipped() {
+        let mut r = DeliveryRate::new(3.0);
+        // 128 bytes over a 10 µs RTT: 10 ns of serialization, all latency.
+        r.on_chain(0, 10_010, 128, 10_000, TAU);
+        r.on_chain(20_000, 30_000, 0, 10_000, TAU);
+        assert_eq!((r.bytes_per_ns(), r.samples()), (3.0, 0));
+    }
+
+    #[test]
+    fn a_halved_rate_is_followed_within_three_tau_of_busy_time() {
+        let (lat, bytes) = (20_000, 128 << 10);
+        let mut rate = 1.0;
+        let mut r = DeliveryRate::new(1.0);
+        let mut busy = 0;
+        let mut q: std::collections::VecDeque<(u64, u64)> = std::collections::VecDeque::new();
+        for _ in 0..8 {
+            q.push_back((0, serve(&mut busy, 0, bytes, rate, lat)));
+        }
+        let mut change_at = None;
+        let mut within_at = None;
+        while within_at.is_none() {
+            let (posted, done) = q.pop_front().unwrap();
+            r.on_chain(posted, done, bytes, lat, TAU);
+            if done > 10_000_000 && change_at.is_none() {
+                rate = 0.5;
+                change_at = Some(done);
+            }
+            if change_at.is_some() && rel_err(r.bytes_per_ns(), 0.5) < 0.05 {
+                within_at = Some(done);
+            }
+            q.push_back((done, serve(&mut busy, done, bytes, rate, lat)));
+        }
+        let took = within_at.unwrap() - change_at.unwrap();
+        // The chains already queued at the old rate drain first (8 × 131 µs); then 3τ.
+        assert!(took <= 3 * TAU + 8 * 262_144, "{took} ns");
+        assert!(took >= TAU, "{took} ns: faster than the filter allows, so it is not filtering");
+    }
+}

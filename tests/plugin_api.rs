@@ -1,0 +1,147 @@
+//! The plugin's Rust API (the one implementation behind every ABI version) driven in one
+//! process, the way NCCL drives it: same-thread listen → connect → accept, registration,
+//! isend / irecv / test loops, bad handles, close. Each scenario runs in a child process
+//! of this test binary so that it gets its own environment (the configuration is read once
+//! per process).
+
+use std::ffi::c_void;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mpib::plugin::{self, AbiVersion};
+
+const CHILD: &str = "MPIB_PLUGIN_API_CHILD";
+
+/// Runs test `name` of this binary in a child with `env`; asserts it passed.
+fn in_child(name: &str, env: &[(&str, &str)]) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed:\n{text}");
+}
+
+fn is_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// Connects a send and a receive comm on device 0 (same thread, non-blocking calls).
+fn pair(abi: AbiVersion) -> (*mut c_void, *mut c_void) {
+    let mut handle = [0u8; 128];
+    let listen = plugin::listen(abi, 0, &mut handle).expect("listen");
+    let (mut send, mut recv): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while send.is_null() || recv.is_null() {
+        assert!(Instant::now() < deadline, "connect/accept did not finish");
+        if send.is_null() {
+            send = plugin::connect(abi, 0, &mut handle, None).expect("connect");
+        }
+        if recv.is_null() {
+            recv = plugin::accept(listen).expect("accept");
+        }
+    }
+    plugin::close_listen(listen).expect("closeListen");
+    (send, recv)
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8).collect()
+}
+
+/// Sends `sizes` one message at a time, checking every byte and the reported sizes.
+fn exchange(send: *mut c_void, recv: *mut c_void, sizes: &[usize]) {
+    let max = sizes.iter().copied().max().unwrap_or(1).max(1);
+    let mut sbuf = vec![0u8; max];
+    let mut rbuf = vec![0u8; max + 64];
+    let smr = plugin::reg_mr(send, sbuf.as_mut_ptr().cast(), sbuf.len(), 1).expect("regMr send");
+    let rmr = plugin::reg_mr(recv, rbuf.as_mut_ptr().cast(), rbuf.len(), 1).expect("regMr recv");
+    for (i, &len) in sizes.iter().enumerate() {
+        let data = pattern(i as u64, len);
+        sbuf[..len].copy_from_slice(&data);
+        rbuf.fill(0xee);
+        let rreq = plugin::irecv(recv, &[rbuf.as_mut_ptr().cast()], &[max + 64], &[3], &[rmr]).expect("irecv");
+        assert!(!rreq.is_null());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut sreq: *mut c_void = std::ptr::null_mut();
+        while sreq.is_null() {
+            assert!(Instant::now() < deadline, "isend never found the CTS");
+            sreq = plugin::isend(send, sbuf.as_mut_ptr().cast(), len, 3, smr).expect("isend");
+            if sreq.is_null() {
+                let _ = plugin::test(rreq).expect("test recv");
+            }
+        }
+        let (mut sd, mut rd) = (None, None);
+        while sd.is_none() || rd.is_none() {
+            assert!(Instant::now() < deadline, "message {i} of {len} bytes did not complete");
+            if sd.is_none() {
+                sd = plugin::test(sreq).expect("test send");
+            }
+            if rd.is_none() {
+                rd = plugin::test(rreq).expect("test recv");
+            }
+        }
+        assert_eq!(sd.unwrap().sizes[0], len, "send size");
+        assert_eq!(rd.unwrap().sizes[0], len, "received size");
+        assert_eq!(&rbuf[..len], &data[..], "payload of message {i} ({len} bytes)");
+        assert!(rbuf[len..].iter().all(|&b| b == 0xee), "bytes past message {i} untouched");
+        // The completed request handle is dead now.
+        assert!(plugin::test(sreq).is_err(), "testing a completed request is an error");
+    }
+    plugin::dereg_mr(send, smr).expect("deregMr");
+    plugin::dereg_mr(recv, rmr).expect("deregMr");
+}
+
+#[test]
+fn inproc_round_trips_every_size() {
+    if !is_child() {
+        return in_child("inproc_round_trips_every_size", &[("MPIB_FABRIC", "inproc"), ("MPIB_SPLIT", "50")]);
+    }
+    plugin::init(AbiVersion::V12).expect("init");
+    assert_eq!(plugin::device_count().unwrap(), 1);
+    let (send, recv) = pair(AbiVersion::V12);
+    exchange(send, recv, &[0, 1, 127, 128, 129, 4096, (1 << 20) + 3, 8]);
+    let c = plugin::comm_counters(send).unwrap();
+    assert_eq!(c[0].zero_byte_imm + c[1].zero_byte_imm, 0);
+    assert!(c[0].bytes > 0 && c[1].bytes > 0, "a 50 % split uses both rails: {c:?}");
+    plugin::close_send(send).unwrap();
+    plugin::close_recv(recv).unwrap();
+    assert!(plugin::close_send(send).is_err(), "a closed comm's handle is stale");
+}
+
+#[test]
+fn tcp_soft_fabric_round_trips() {
+    if !is_child() {
+        return in_child(
+            "tcp_soft_fabric_round_trips",
+            &[("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")],
+        );
+    }
+    plugin::init(AbiVersion::V8).expect("init");
+    let (send, recv) = pair(AbiVersion::V8);
+    exchange(send, recv, &[0, 1, 129, 65536, 4 << 20]);
+    plugin::close_send(send).unwrap();
+    plugin::close_recv(recv).unwrap();
+}
+
+#[test]
+fn bad_handles_are_errors_not_crashes() {
+    if !is_child() {
+        return in_child("bad_handles_are_errors_not_crashes", &[("MPIB_FABRIC", "inproc")]);
+    }
+    plugin::init(AbiVersion::V12).expect("init");
+    let junk = 0xdead_beef_usize as *mut c_void;
+    assert!(plugin::test(junk).is_err());
+    assert!(plugin::test(std::ptr::null_mut()).is_err());
+    assert!(plugin::isend(junk, junk, 8, 0, junk).is_err());
+    assert!(plugin::close_recv(junk).is_err());
+    let (send, recv) = pair(AbiVersion::V12);
+    // A receive comm is not a send comm.
+    let e = plugin::isend(recv, junk, 8, 0, junk).unwrap_err();
+    assert!(e.msg.contains("memory handle") || e.msg.contains("not a"), "{}", e.msg);
+    assert!(plugin::properties(7).is_err());
+    plugin::close_send(send).unwrap();
+    plugin::close_recv(recv).unwrap();
+}

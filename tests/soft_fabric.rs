@@ -1,0 +1,401 @@
+//! Cross-process tests of the soft fabric over loopback. The responder is a child process:
+//! this test binary re-executed with `MPIB_SOFT_CHILD` set, running the ignored test
+//! `child_agent`, which serves line commands on stdin. Between commands the child makes no
+//! fabric call, so everything it does as a responder is done by its helper thread.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mpib::config::{Config, FabricChoice, RailAddr};
+use mpib::fabric::soft::{SoftCq, SoftDevice, SoftMr, SoftQp, SoftSrq, open_rail_pairs};
+use mpib::fabric::{
+    Access, Completion, CompletionQueue, ConnectParams, Device, QP_INFO_LEN, QpCaps, QpInfo, QueuePair, SendWr, Sge,
+    SharedRecvQueue, WcStatus, WrOpcode,
+};
+
+const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 14, retry_cnt: 1 };
+const GUARD: usize = 4096;
+const FILL: u8 = 0xAA;
+
+fn cfg() -> Config {
+    Config {
+        fabric: FabricChoice::Soft,
+        soft_sout_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
+        soft_sup_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
+        connect_timeout_ms: 5000,
+        ..Config::default()
+    }
+}
+
+fn pattern(seed: u64, i: usize) -> u8 {
+    ((i as u64).wrapping_mul(131).wrapping_add(seed * 7) ^ (i as u64 >> 9)) as u8
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+}
+
+/// A process's side: device, CQ, SRQ, one QP, a registered region with guards around it.
+struct Side {
+    _dev: Arc<SoftDevice>,
+    cq: SoftCq,
+    srq: SoftSrq,
+    qp: SoftQp,
+    buf: Vec<u8>,
+    mr: SoftMr,
+}
+
+impl Side {
+    fn new(len: usize, access: Access) -> Side {
+        let dev = open_rail_pairs(&cfg()).unwrap().pop().unwrap().sout;
+        let cq = dev.create_cq(4096, false).unwrap();
+        let srq = dev.create_srq(4096).unwrap();
+        let qp = dev.create_qp(&cq, Some(&srq), QpCaps { max_send_wr: 1024, max_inline: 0 }).unwrap();
+        let mut buf = vec![FILL; len + 2 * GUARD];
+        let mr = dev.reg_mr(buf[GUARD..].as_mut_ptr(), len, access).unwrap();
+        Side { _dev: dev, cq, srq, qp, buf, mr }
+    }
+
+    fn addr(&self) -> u64 {
+        self.buf[GUARD..].as_ptr() as u64
+    }
+
+    fn key(&self) -> u32 {
+        SoftDevice::mr_keys(&self.mr).lkey
+    }
+
+    fn len(&self) -> usize {
+        self.buf.len() - 2 * GUARD
+    }
+
+    fn wait_ready(&mut self) {
+        let t = Instant::now();
+        while !self.qp.is_ready().unwrap() {
+            assert!(t.elapsed() < Duration::from_secs(10), "not connected");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn poll(&mut self, n: usize, timeout: Duration) -> Vec<Completion> {
+        let mut out = Vec::new();
+        let mut wc = [Completion::default(); 32];
+        let t = Instant::now();
+        while out.len() < n && t.elapsed() < timeout {
+            let k = self.cq.poll(&mut wc).unwrap();
+            out.extend_from_slice(&wc[..k]);
+        }
+        out
+    }
+}
+
+// ---- the child -------------------------------------------------------------------------
+
+#[test]
+#[ignore = "the responder process of the other tests; runs only when they start it"]
+fn child_agent() {
+    let Ok(len) = std::env::var("MPIB_SOFT_CHILD") else { return };
+    let access = std::env::var("MPIB_SOFT_CHILD_ACCESS").unwrap().parse::<u32>().unwrap();
+    let mut s = Side::new(len.parse().unwrap(), Access::from_bits_retain(access));
+    let out = std::io::stdout();
+    let say = |line: String| {
+        let mut o = out.lock();
+        writeln!(o, "{line}").unwrap();
+        o.flush().unwrap();
+    };
+    say(format!("info {} {} {} {}", hex(&s.qp.local_info().0), s.addr(), s.key(), s.qp.qp_num()));
+    for line in std::io::stdin().lock().lines() {
+        let line = line.unwrap();
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let num = |i: usize| w[i].parse::<u64>().unwrap();
+        let reply = match w[0] {
+            "connect" => {
+                let info = QpInfo(unhex(w[1]).try_into().unwrap());
+                s.qp.connect(&info, &PARAMS).unwrap();
+                s.wait_ready();
+                "ok".to_string()
+            }
+            "fill" => {
+                let seed = num(1);
+                let n = s.len();
+                for (i, b) in s.buf[GUARD..GUARD + n].iter_mut().enumerate() {
+                    *b = pattern(seed, i);
+                }
+                "ok".to_string()
+            }
+            "check" => {
+                // Bytes [off, off + len) must be pattern(seed) from 0; the guards and every
+                // other byte within 64 KiB of the target must still be FILL.
+                let (off, n, seed) = (num(1) as usize, num(2) as usize, num(3));
+                let (lo, hi) = (off.saturating_sub(1 << 16), (off + n + (1 << 16)).min(s.len()));
+                let window = (0..GUARD).chain(GUARD + lo..GUARD + hi).chain(GUARD + s.len()..s.buf.len());
+                let bad = window.into_iter().find_map(|i| {
+                    let in_target = i >= GUARD + off && i < GUARD + off + n;
+                    let want = if in_target { pattern(seed, i - GUARD - off) } else { FILL };
+                    (s.buf[i] != want).then(|| format!("bad {i} {} {want}", s.buf[i]))
+                });
+                bad.unwrap_or_else(|| "ok".to_string())
+            }
+            "reset" => {
+                s.buf.fill(FILL);
+                "ok".to_string()
+            }
+            "post_recv" => {
+                s.srq.post_recv(num(1) as u32).unwrap();
+                "ok".to_string()
+            }
+            "srq" => format!("srq {}", s.srq.rnr_events()),
+            "poll" => {
+                let c = s.poll(num(1) as usize, Duration::from_millis(num(2)));
+                let items: Vec<String> =
+                    c.iter().map(|c| format!("{:?}:{}:{}:{}", c.status, c.imm, c.byte_len, c.qp_num)).collect();
+                format!("cqes {}", items.join(" "))
+            }
+            "exit" => return,
+            other => panic!("unknown command {other}"),
+        };
+        say(reply);
+    }
+}
+
+// ---- the parent ------------------------------------------------------------------------
+
+struct Peer {
+    proc: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    info: QpInfo,
+    addr: u64,
+    rkey: u32,
+    qpn: u32,
+}
+
+impl Peer {
+    fn spawn(len: usize, access: Access) -> Peer {
+        let mut proc = Command::new(std::env::current_exe().unwrap())
+            .args(["child_agent", "--exact", "--ignored", "--nocapture", "--test-threads=1", "-q"])
+            .env("MPIB_SOFT_CHILD", len.to_string())
+            .env("MPIB_SOFT_CHILD_ACCESS", access.bits().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = proc.stdin.take().unwrap();
+        let mut stdout = BufReader::new(proc.stdout.take().unwrap());
+        let line = loop {
+            let mut l = String::new();
+            assert!(stdout.read_line(&mut l).unwrap() > 0, "child exited before its info line");
+            if l.starts_with("info ") {
+                break l;
+            }
+        };
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let info: [u8; QP_INFO_LEN] = unhex(w[1]).try_into().unwrap();
+        Peer {
+            proc,
+            stdin,
+            stdout,
+            info: QpInfo(info),
+            addr: w[2].parse().unwrap(),
+            rkey: w[3].parse().unwrap(),
+            qpn: w[4].parse().unwrap(),
+        }
+    }
+
+    fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut l = String::new();
+        self.stdout.read_line(&mut l).unwrap();
+        l.trim().to_string()
+    }
+
+    fn check(&mut self, off: usize, len: usize, seed: u64) {
+        assert_eq!(self.cmd(&format!("check {off} {len} {seed}")), "ok", "write of {len} bytes at {off}");
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: plain syscall on our own child's pid.
+        assert_eq!(unsafe { libc::kill(self.proc.id() as i32, sig) }, 0);
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.proc.kill();
+        let _ = self.proc.wait();
+    }
+}
+
+/// This process's side, connected to a child responder with a `len`-byte region.
+fn connected(len: usize, child_access: Access) -> (Side, Peer) {
+    let mut me = Side::new(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
+    let mut peer = Peer::spawn(len, child_access);
+    me.qp.connect(&peer.info, &PARAMS).unwrap();
+    let info = hex(&me.qp.local_info().0);
+    writeln!(peer.stdin, "connect {info}").unwrap();
+    peer.stdin.flush().unwrap();
+    me.wait_ready();
+    let mut l = String::new();
+    peer.stdout.read_line(&mut l).unwrap();
+    assert_eq!(l.trim(), "ok");
+    (me, peer)
+}
+
+fn wr(wr_id: u64, opcode: WrOpcode, local: Sge, remote_addr: u64, rkey: u32, signaled: bool) -> SendWr {
+    let mut sge = [Sge::default(); 2];
+    sge[0] = local;
+    SendWr { wr_id, opcode, signaled, num_sge: (local.len > 0) as u8, sge, remote_addr, rkey, ..SendWr::default() }
+}
+
+fn statuses(c: &[Completion]) -> Vec<(u64, WcStatus)> {
+    c.iter().map(|c| (c.wr_id, c.status)).collect()
+}
+
+const RW: Access = Access::REMOTE_WRITE.union(Access::REMOTE_READ).union(Access::LOCAL_WRITE);
+
+#[test]
+fn writes_from_0_bytes_to_64_mib_land_exactly() {
+    let len = 64 << 20;
+    let (mut me, mut peer) = connected(len + 64, RW);
+    let seed = 5;
+    for (i, b) in me.buf[GUARD..GUARD + len].iter_mut().enumerate() {
+        *b = pattern(seed, i);
+    }
+    for (k, size) in [0usize, 1, 7, 8, 13, 4096 + 5, (1 << 20) + 3, len].into_iter().enumerate() {
+        let off = k % 8;
+        let local = Sge { addr: me.addr(), len: size as u32, lkey: me.key() };
+        me.qp.post_send(&[wr(k as u64, WrOpcode::Write, local, peer.addr + off as u64, peer.rkey, true)]).unwrap();
+        let c = me.poll(1, Duration::from_secs(20));
+        assert_eq!(statuses(&c), [(k as u64, WcStatus::Success)], "write of {size} bytes");
+        peer.check(off, size, seed);
+        assert_eq!(peer.cmd("reset"), "ok");
+    }
+}
+
+#[test]
+fn write_with_imm_takes_one_wqe_waits_when_none_and_keeps_order() {
+    let (mut me, mut peer) = connected(4096, RW);
+    let seed = 9;
+    for (i, b) in me.buf[GUARD..GUARD + 4096].iter_mut().enumerate() {
+        *b = pattern(seed, i);
+    }
+    let local = Sge { addr: me.addr(), len: 100, lkey: me.key() };
+    let mut imm = wr(1, WrOpcode::WriteImm, local, peer.addr, peer.rkey, true);
+    imm.imm = 0x1234_5678;
+    let after = wr(
+        2,
+        WrOpcode::Write,
+        Sge { addr: me.addr() + 100, len: 28, lkey: me.key() },
+        peer.addr + 100,
+        peer.rkey,
+        true,
+    );
+    me.qp.post_send(&[imm, after]).unwrap();
+    // The SRQ is empty: the request waits, and so does the one behind it.
+    assert!(me.poll(1, Duration::from_millis(300)).is_empty(), "completed without a receive WQE");
+    assert_eq!(peer.cmd("srq"), "srq 1", "one RNR event");
+    assert_eq!(peer.cmd("check 0 0 0"), "ok", "nothing placed while waiting");
+    assert_eq!(peer.cmd("post_recv 2"), "ok");
+    let c = me.poll(2, Duration::from_secs(5));
+    assert_eq!(statuses(&c), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    let cqes = peer.cmd("poll 2 500");
+    assert_eq!(cqes, format!("cqes Success:{}:100:{}", 0x1234_5678u32, peer.qpn), "exactly one receive completion");
+    peer.check(0, 128, seed);
+}
+
+#[test]
+fn chain_of_100_with_only_the_last_signalled_gives_one_completion_in_order() {
+    let (mut me, peer) = connected(4096, RW);
+    for i in 0..100usize {
+        me.buf[GUARD + i * 8..][..8].copy_from_slice(&(i as u64).to_le_bytes());
+    }
+    let chain: Vec<SendWr> = (0..100)
+        .map(|i| {
+            let local = Sge { addr: me.addr() + i * 8, len: 8, lkey: me.key() };
+            wr(i, WrOpcode::Write, local, peer.addr, peer.rkey, i == 99)
+        })
+        .collect();
+    me.qp.post_send(&chain).unwrap();
+    let c = me.poll(2, Duration::from_millis(500));
+    assert_eq!(statuses(&c), [(99, WcStatus::Success)]);
+    // READ the word back: the last WRITE (99) is what executed last.
+    let dst = Sge { addr: me.addr() + 2048, len: 8, lkey: me.key() };
+    me.qp.post_send(&[wr(7, WrOpcode::Read, dst, peer.addr, peer.rkey, true)]).unwrap();
+    assert_eq!(statuses(&me.poll(1, Duration::from_secs(5))), [(7, WcStatus::Success)]);
+    assert_eq!(u64::from_le_bytes(me.buf[GUARD + 2048..][..8].try_into().unwrap()), 99);
+}
+
+#[test]
+fn read_returns_the_peers_bytes() {
+    let len = 8 << 20;
+    let (mut me, mut peer) = connected(len, RW);
+    assert_eq!(peer.cmd("fill 3"), "ok");
+    let dst = Sge { addr: me.addr(), len: len as u32, lkey: me.key() };
+    me.qp.post_send(&[wr(1, WrOpcode::Read, dst, peer.addr, peer.rkey, true)]).unwrap();
+    let c = me.poll(1, Duration::from_secs(20));
+    assert_eq!(statuses(&c), [(1, WcStatus::Success)]);
+    assert_eq!(c[0].byte_len as usize, len);
+    assert!(me.buf[GUARD..GUARD + len].iter().enumerate().all(|(i, b)| *b == pattern(3, i)));
+    assert!(me.buf[..GUARD].iter().chain(&me.buf[GUARD + len..]).all(|b| *b == FILL));
+}
+
+fn refused(child_access: Access, opcode: WrOpcode, remote: impl Fn(&Peer) -> (u64, u32)) {
+    let (mut me, mut peer) = connected(4096, child_access);
+    let (addr, rkey) = remote(&peer);
+    let local = Sge { addr: me.addr(), len: 64, lkey: me.key() };
+    let next = wr(2, WrOpcode::Write, local, peer.addr, peer.rkey, false);
+    me.qp.post_send(&[wr(1, opcode, local, addr, rkey, false), next]).unwrap();
+    let c = me.poll(2, Duration::from_secs(5));
+    assert_eq!(statuses(&c), [(1, WcStatus::RemoteAccessError), (2, WcStatus::Flushed)]);
+    // Not one byte written, inside the region or around it.
+    assert_eq!(peer.cmd("check 0 0 0"), "ok");
+}
+
+#[test]
+fn bad_rkey_is_refused_and_nothing_is_written() {
+    refused(RW, WrOpcode::Write, |p| (p.addr, p.rkey ^ 0x10));
+}
+
+#[test]
+fn out_of_bounds_is_refused_and_nothing_is_written() {
+    refused(RW, WrOpcode::Write, |p| (p.addr + 4096 - 63, p.rkey));
+    refused(RW, WrOpcode::Write, |p| (p.addr - 8, p.rkey));
+}
+
+#[test]
+fn missing_access_is_refused_and_nothing_is_written() {
+    refused(Access::REMOTE_READ, WrOpcode::Write, |p| (p.addr, p.rkey));
+    refused(Access::REMOTE_WRITE, WrOpcode::Read, |p| (p.addr, p.rkey));
+}
+
+#[test]
+fn killed_peer_fails_the_waiting_wr_and_flushes_the_rest() {
+    let (mut me, peer) = connected(4096, RW);
+    let local = Sge { addr: me.addr(), len: 8, lkey: me.key() };
+    let imm = wr(1, WrOpcode::WriteImm, local, peer.addr, peer.rkey, false); // waits: no WQE
+    me.qp.post_send(&[imm, wr(2, WrOpcode::Write, local, peer.addr, peer.rkey, true)]).unwrap();
+    assert!(me.poll(1, Duration::from_millis(100)).is_empty());
+    peer.signal(libc::SIGKILL);
+    let c = me.poll(2, Duration::from_secs(5));
+    assert_eq!(statuses(&c), [(1, WcStatus::RetryExceeded), (2, WcStatus::Flushed)]);
+}
+
+#[test]
+fn silently_vanished_peer_gives_an_error_within_the_bound() {
+    let (mut me, peer) = connected(4096, RW);
+    peer.signal(libc::SIGSTOP); // no RST, no FIN: the kernel still acknowledges TCP
+    let local = Sge { addr: me.addr(), len: 8, lkey: me.key() };
+    me.qp.post_send(&[wr(1, WrOpcode::Write, local, peer.addr, peer.rkey, true)]).unwrap();
+    let t = Instant::now();
+    let c = me.poll(1, Duration::from_secs(5));
+    let bound = mpib::fabric::soft::silent_peer_bound(&PARAMS);
+    assert_eq!(statuses(&c), [(1, WcStatus::RetryExceeded)]);
+    assert!(t.elapsed() >= bound && t.elapsed() < bound * 3, "{:?} for a bound of {bound:?}", t.elapsed());
+    peer.signal(libc::SIGKILL);
+}
