@@ -203,6 +203,18 @@ fn bidirectional_traffic() {
     }
 }
 
+#[test]
+fn a_corrupted_byte_is_caught() {
+    // Proof that the checks can fail: the sender flips one byte of send #5 after checksumming.
+    let w = workload(vec![Phase { corrupt: Some(5), ..phase(&[4 * KIB], 10, 1, 4) }]);
+    let out = run("corruption", &pair(w));
+    let e = out.check_clean().expect_err("one flipped byte must fail the run");
+    assert!(e.msg.contains("receive #5 tag 1 (4096 bytes): 1 wrong bytes, first at offset 2048"), "{e}");
+    let rx = out.ranks[0].report.as_ref().unwrap().phases[0].rx.as_ref().unwrap();
+    assert_eq!((rx.wrong_bytes, rx.wrong_sizes, rx.canary_broken), (1, 0, 0));
+    assert_ne!(rx.checksum, sent(&out, 0).checksum);
+}
+
 // ---- splits and the per-rail counters -----------------------------------------------------
 
 /// A run with `MPIB_SPLIT=split` and probes off, so the sender's counters hold data WRs only.

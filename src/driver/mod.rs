@@ -144,9 +144,13 @@ pub(crate) fn check(call: &'static str, rc: i32) -> Result<()> {
     if rc == code::SUCCESS { Ok(()) } else { Err(Error::call(call, rc)) }
 }
 
-/// The mpib library cargo built next to the running executable (tests live in
+/// The mpib library cargo built for the running executable (tests live in
 /// `target/<profile>/deps/`, examples in `target/<profile>/examples/`, tools in
 /// `target/<profile>/`), or `NCCL_NET_PLUGIN` when set, as NCCL would read it.
+///
+/// Cargo always rebuilds `target/<profile>/deps/libmpib.so` with the library, but copies it
+/// up to `target/<profile>/libmpib.so` only when the library itself was asked for (not for
+/// `cargo build --example …` or `cargo test --test …`), so the newer of the two is taken.
 pub fn default_plugin() -> String {
     if let Ok(v) = std::env::var("NCCL_NET_PLUGIN")
         && !v.is_empty()
@@ -156,8 +160,7 @@ pub fn default_plugin() -> String {
     let exe = std::env::current_exe().unwrap_or_default();
     let mut dir = exe.parent();
     while let Some(d) = dir {
-        let lib = d.join("libmpib.so");
-        if lib.exists() {
+        if let Some(lib) = newest_lib(d) {
             return lib.to_string_lossy().into_owned();
         }
         if d.file_name().is_some_and(|n| n == "target") {
@@ -166,4 +169,14 @@ pub fn default_plugin() -> String {
         dir = d.parent();
     }
     "libmpib.so".to_string()
+}
+
+/// The newer of `profile/libmpib.so` and `profile/deps/libmpib.so`, if either exists.
+pub fn newest_lib(profile: &std::path::Path) -> Option<std::path::PathBuf> {
+    let age = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    [profile.join("libmpib.so"), profile.join("deps").join("libmpib.so")]
+        .into_iter()
+        .filter_map(|p| age(&p).map(|t| (t, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
 }

@@ -165,6 +165,13 @@ impl PairOutcome {
                         return fail(format!("phase {p}, rank {who}: {}", s.first_wrong));
                     }
                 }
+                // mpib's counters, when the library has them: no rail ever sends an IMM
+                // without bytes of a non-empty transfer.
+                if let Some(c) = &tx.counters
+                    && c.iter().any(|r| r.zero_byte_imm != 0)
+                {
+                    return fail(format!("phase {p}, rank {from}: 0-byte IMMs posted: {c:?}"));
+                }
                 if (tx.messages, tx.bytes, tx.checksum) != (rx.messages, rx.bytes, rx.checksum) {
                     return fail(format!(
                         "phase {p}: rank {from} sent {} messages / {} bytes (checksum {:#x}), rank {to} received {} / {} ({:#x})",

@@ -89,11 +89,23 @@ pub struct Phase {
     /// `iflush` each completed receive with data, and test the flush request.
     pub flush: bool,
     pub kill: Option<Kill>,
+    /// Debug: the sender flips one byte in the middle of send #k (after checksumming it),
+    /// so the receiver must report exactly one wrong byte: proof that the check can fail.
+    pub corrupt: Option<u64>,
 }
 
 impl Default for Phase {
     fn default() -> Self {
-        Phase { sizes: vec![8], count: 1, nrecv: 1, recv: RecvSize::Same, inflight: 1, flush: false, kill: None }
+        Phase {
+            sizes: vec![8],
+            count: 1,
+            nrecv: 1,
+            recv: RecvSize::Same,
+            inflight: 1,
+            flush: false,
+            kill: None,
+            corrupt: None,
+        }
     }
 }
 
@@ -211,6 +223,9 @@ impl Workload {
             if let Some(k) = p.kill {
                 w.put(&format!("p{i}.kill"), format!("{}:{}", k.side.name(), k.after));
             }
+            if let Some(k) = p.corrupt {
+                w.put(&format!("p{i}.corrupt"), k);
+            }
         }
         w.finish()
     }
@@ -258,6 +273,7 @@ impl Workload {
                 inflight: f.get(&k("inflight"))?,
                 flush: f.get::<u8>(&k("flush"))? != 0,
                 kill,
+                corrupt: if f.has(&k("corrupt")) { Some(f.get(&k("corrupt"))?) } else { None },
             });
         }
         w.check()?;
@@ -280,6 +296,7 @@ mod tests {
                     recv: RecvSize::Minus(3),
                     kill: Some(Kill { side: Side::Recv, after: 4 }),
                     flush: true,
+                    corrupt: Some(7),
                     ..Phase::default()
                 },
             ],

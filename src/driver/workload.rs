@@ -174,7 +174,12 @@ impl<'c> Sender<'c> {
                         // SAFETY: the slot's previous send (k - depth) completed: fewer than
                         // `depth` are in flight and they complete in order.
                         let buf = unsafe { self.arena.bytes_mut(off, size) };
-                        pattern::fill(buf, self.at.key(g, j), p.expected(g, j) as usize)
+                        let want = p.expected(g, j) as usize;
+                        let sum = pattern::fill(buf, self.at.key(g, j), want);
+                        if p.corrupt == Some(k) && want > 0 {
+                            buf[want / 2] ^= 0x40;
+                        }
+                        sum
                     } else {
                         0
                     };

@@ -8,13 +8,15 @@ use std::process::Command;
 /// The `mpib_*` functions the library exports besides the seven tables.
 pub const EXPORTED_FUNCTIONS: &[&str] = &["mpib_comm_counters"];
 
-/// The cdylib cargo built next to this test binary (`target/<profile>/libmpib.so`).
+/// The cdylib cargo built with this test binary: the newer of `target/<profile>/libmpib.so`
+/// and `target/<profile>/deps/libmpib.so`. Cargo rebuilds the one in `deps/` with every test
+/// build but copies it up only when the library itself is a build target (`cargo build`,
+/// plain `cargo test`), not for `cargo test --test NAME`.
 pub fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-    let lib = profile_dir.join("libmpib.so");
-    assert!(lib.exists(), "{} is not built: run `cargo build` before `cargo test` (ci/test.sh does)", lib.display());
-    lib
+    mpib::driver::newest_lib(profile_dir)
+        .unwrap_or_else(|| panic!("no libmpib.so in {}: run `cargo build` first", profile_dir.display()))
 }
 
 /// A fresh scratch directory for one test.
@@ -66,20 +68,28 @@ use mpib::driver::spec::Workload;
 /// The test every conformance binary defines to be re-executed as a rank.
 pub const RANK_ENTRY: &str = "rank_child";
 
-/// The soft fabric over loopback: both rails on 127.0.0.1.
-pub fn soft_env() -> Vec<(String, String)> {
-    [("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")]
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
+/// The ranks' fabric: the soft fabric over loopback (both rails on 127.0.0.1), or what
+/// `CONFORMANCE_ENV` says, e.g. `CONFORMANCE_ENV="MPIB_FABRIC=verbs MPIB_HCA_SOUT=rxe0
+/// MPIB_HCA_SUP=rxe1"` to run the same suite on Soft-RoCE (the ranks get no other `MPIB_*`
+/// variable from the parent).
+pub fn fabric_env() -> Vec<(String, String)> {
+    let pairs = std::env::var("CONFORMANCE_ENV")
+        .unwrap_or_else(|_| "MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=127.0.0.1 MPIB_SOFT_SUP_ADDR=127.0.0.1".to_string());
+    pairs
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("CONFORMANCE_ENV: {kv:?} is not NAME=VALUE"));
+            (k.to_string(), v.to_string())
+        })
         .collect()
 }
 
-/// A run of `w` between two processes on the soft fabric, newest ABI on both.
+/// A run of `w` between two processes on [`fabric_env`], newest ABI on both.
 pub fn pair(w: Workload) -> PairSpec {
     PairSpec {
         plugin: cdylib().to_string_lossy().into_owned(),
         abi: [None, None],
-        env: soft_env(),
+        env: fabric_env(),
         workload: w,
         timeout: std::time::Duration::from_secs(180),
     }
