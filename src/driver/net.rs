@@ -401,32 +401,74 @@ fn reg_raw<'c>(net: &'c Net, comm: *mut c_void, arena: &'c Arena, off: usize, le
     Ok(Mr { net, comm, raw: mh, arena, off, len, done: false })
 }
 
-/// A connected send comm.
-pub struct SendComm<'n> {
-    net: &'n Net,
-    raw: *mut c_void,
-    closed: bool,
+/// A connected comm type and what send and receive comms share: the handle, `regMr`, the
+/// counters, `close*` (also on drop), and `from_raw` for the negative tests.
+macro_rules! comm {
+    ($(#[$doc:meta])* $name:ident, $closing:expr, $close:literal) => {
+        $(#[$doc])*
+        pub struct $name<'n> {
+            net: &'n Net,
+            raw: *mut c_void,
+            closed: bool,
+        }
+
+        impl<'n> $name<'n> {
+            pub fn raw(&self) -> *mut c_void {
+                self.raw
+            }
+
+            pub fn net(&self) -> &'n Net {
+                self.net
+            }
+
+            /// `regMr` of the whole arena.
+            pub fn reg_mr<'c>(&'c self, arena: &'c Arena) -> Result<Mr<'c>> {
+                reg_raw(self.net, self.raw, arena, 0, arena.len())
+            }
+
+            /// `regMr` of `[off, off + len)` of the arena.
+            pub fn reg_mr_range<'c>(&'c self, arena: &'c Arena, off: usize, len: usize) -> Result<Mr<'c>> {
+                reg_raw(self.net, self.raw, arena, off, len)
+            }
+
+            /// The plugin's per-rail counters of this comm (`None`: not an mpib library).
+            pub fn counters(&self) -> Result<Option<[RailCounters; 2]>> {
+                counters_raw(self.net, self.raw)
+            }
+
+            #[doc = concat!("`", $close, "`.")]
+            pub fn close(mut self) -> Result<()> {
+                self.closed = true;
+                close_raw(self.net, self.raw, $closing)
+            }
+
+            /// A comm from any handle value (negative tests).
+            ///
+            /// # Safety
+            #[doc = concat!("As [`ListenComm::from_raw`]; dropping the result calls `", $close, "`.")]
+            pub unsafe fn from_raw(net: &'n Net, raw: *mut c_void) -> $name<'n> {
+                $name { net, raw, closed: false }
+            }
+        }
+
+        impl Drop for $name<'_> {
+            fn drop(&mut self) {
+                if !self.closed {
+                    let _ = close_raw(self.net, self.raw, $closing);
+                }
+            }
+        }
+    };
 }
 
+comm!(
+    /// A connected send comm.
+    SendComm,
+    Closing::Send,
+    "closeSend"
+);
+
 impl<'n> SendComm<'n> {
-    pub fn raw(&self) -> *mut c_void {
-        self.raw
-    }
-
-    pub fn net(&self) -> &'n Net {
-        self.net
-    }
-
-    /// `regMr` of the whole arena.
-    pub fn reg_mr<'c>(&'c self, arena: &'c Arena) -> Result<Mr<'c>> {
-        reg_raw(self.net, self.raw, arena, 0, arena.len())
-    }
-
-    /// `regMr` of `[off, off + len)` of the arena.
-    pub fn reg_mr_range<'c>(&'c self, arena: &'c Arena, off: usize, len: usize) -> Result<Mr<'c>> {
-        reg_raw(self.net, self.raw, arena, off, len)
-    }
-
     /// `isend` of `len` bytes at `off` of `mr`'s memory with `tag`. `None` = the plugin
     /// cannot start it now (no matching receive yet): call again later.
     pub fn isend<'c>(&'c self, mr: &Mr<'c>, off: usize, len: usize, tag: i32) -> Result<Option<Request<'c>>> {
@@ -454,33 +496,6 @@ impl<'n> SendComm<'n> {
         check("isend", rc)?;
         Ok((!req.is_null()).then(|| Request::new(self.net, req, ReqKind::Send)))
     }
-
-    /// The plugin's per-rail counters of this comm (`None`: not an mpib library).
-    pub fn counters(&self) -> Result<Option<[RailCounters; 2]>> {
-        counters_raw(self.net, self.raw)
-    }
-
-    /// `closeSend`.
-    pub fn close(mut self) -> Result<()> {
-        self.closed = true;
-        close_raw(self.net, self.raw, Closing::Send)
-    }
-
-    /// A send comm from any handle value (negative tests).
-    ///
-    /// # Safety
-    /// As [`ListenComm::from_raw`]; dropping the result calls `closeSend`.
-    pub unsafe fn from_raw(net: &'n Net, raw: *mut c_void) -> SendComm<'n> {
-        SendComm { net, raw, closed: false }
-    }
-}
-
-impl Drop for SendComm<'_> {
-    fn drop(&mut self) {
-        if !self.closed {
-            let _ = close_raw(self.net, self.raw, Closing::Send);
-        }
-    }
 }
 
 /// One buffer of a (multi-)receive: `len` bytes at `off` of `mr`, for the send with `tag`.
@@ -492,32 +507,14 @@ pub struct RecvBuf<'a, 'c> {
     pub tag: i32,
 }
 
-/// A connected receive comm.
-pub struct RecvComm<'n> {
-    net: &'n Net,
-    raw: *mut c_void,
-    closed: bool,
-}
+comm!(
+    /// A connected receive comm.
+    RecvComm,
+    Closing::Recv,
+    "closeRecv"
+);
 
 impl<'n> RecvComm<'n> {
-    pub fn raw(&self) -> *mut c_void {
-        self.raw
-    }
-
-    pub fn net(&self) -> &'n Net {
-        self.net
-    }
-
-    /// `regMr` of the whole arena.
-    pub fn reg_mr<'c>(&'c self, arena: &'c Arena) -> Result<Mr<'c>> {
-        reg_raw(self.net, self.raw, arena, 0, arena.len())
-    }
-
-    /// `regMr` of `[off, off + len)` of the arena.
-    pub fn reg_mr_range<'c>(&'c self, arena: &'c Arena, off: usize, len: usize) -> Result<Mr<'c>> {
-        reg_raw(self.net, self.raw, arena, off, len)
-    }
-
     /// `irecv` of 1 … 8 buffers completed by one request. `None` = call again later.
     /// For v9+ `*request` is pre-set to `NCCL_NET_OPTIONAL_RECV_COMPLETION`, as NCCL does,
     /// and a plugin that leaves it there breaks the contract.
@@ -590,33 +587,6 @@ impl<'n> RecvComm<'n> {
         let rc = unsafe { f(self.raw, n as c_int, data.as_mut_ptr(), sizes.as_mut_ptr(), mhs.as_mut_ptr(), &mut req) };
         check("iflush", rc)?;
         Ok((!req.is_null()).then(|| Request::new(self.net, req, ReqKind::Flush)))
-    }
-
-    /// The plugin's per-rail counters of this comm (`None`: not an mpib library).
-    pub fn counters(&self) -> Result<Option<[RailCounters; 2]>> {
-        counters_raw(self.net, self.raw)
-    }
-
-    /// `closeRecv`.
-    pub fn close(mut self) -> Result<()> {
-        self.closed = true;
-        close_raw(self.net, self.raw, Closing::Recv)
-    }
-
-    /// A receive comm from any handle value (negative tests).
-    ///
-    /// # Safety
-    /// As [`ListenComm::from_raw`]; dropping the result calls `closeRecv`.
-    pub unsafe fn from_raw(net: &'n Net, raw: *mut c_void) -> RecvComm<'n> {
-        RecvComm { net, raw, closed: false }
-    }
-}
-
-impl Drop for RecvComm<'_> {
-    fn drop(&mut self) {
-        if !self.closed {
-            let _ = close_raw(self.net, self.raw, Closing::Recv);
-        }
     }
 }
 

@@ -78,68 +78,57 @@ impl From<&ncclNetProperties_v6_t> for Props {
     }
 }
 
+/// v7+ adds the device-offload type; v8+ `regIsGlobal`; v9+ `forceFlush`, the fused
+/// devices and the size limits.
+macro_rules! v7 {
+    ($p:expr) => {
+        Props { net_device_type: Some($p.netDeviceType), net_device_version: Some($p.netDeviceVersion), ..base!($p) }
+    };
+}
+macro_rules! v9 {
+    ($p:expr) => {
+        Props {
+            reg_is_global: Some($p.regIsGlobal != 0),
+            force_flush: Some($p.forceFlush != 0),
+            vdevs: Some(vdevs($p.vProps.ndevs, &$p.vProps.devs)),
+            max_p2p_bytes: Some($p.maxP2pBytes),
+            max_coll_bytes: Some($p.maxCollBytes),
+            ..v7!($p)
+        }
+    };
+}
+
 impl From<&ncclNetProperties_v7_t> for Props {
     fn from(p: &ncclNetProperties_v7_t) -> Props {
-        Props { net_device_type: Some(p.netDeviceType), net_device_version: Some(p.netDeviceVersion), ..base!(p) }
+        v7!(p)
     }
 }
 
 impl From<&ncclNetProperties_v8_t> for Props {
     fn from(p: &ncclNetProperties_v8_t) -> Props {
-        Props {
-            net_device_type: Some(p.netDeviceType),
-            net_device_version: Some(p.netDeviceVersion),
-            reg_is_global: Some(p.regIsGlobal != 0),
-            ..base!(p)
-        }
+        Props { reg_is_global: Some(p.regIsGlobal != 0), ..v7!(p) }
     }
 }
 
 impl From<&ncclNetProperties_v9_t> for Props {
     fn from(p: &ncclNetProperties_v9_t) -> Props {
-        Props {
-            net_device_type: Some(p.netDeviceType),
-            net_device_version: Some(p.netDeviceVersion),
-            reg_is_global: Some(p.regIsGlobal != 0),
-            force_flush: Some(p.forceFlush != 0),
-            vdevs: Some(vdevs(p.vProps.ndevs, &p.vProps.devs)),
-            max_p2p_bytes: Some(p.maxP2pBytes),
-            max_coll_bytes: Some(p.maxCollBytes),
-            ..base!(p)
-        }
+        v9!(p)
     }
 }
 
 impl From<&ncclNetProperties_v11_t> for Props {
     fn from(p: &ncclNetProperties_v11_t) -> Props {
-        Props {
-            net_device_type: Some(p.netDeviceType),
-            net_device_version: Some(p.netDeviceVersion),
-            reg_is_global: Some(p.regIsGlobal != 0),
-            force_flush: Some(p.forceFlush != 0),
-            vdevs: Some(vdevs(p.vProps.ndevs, &p.vProps.devs)),
-            max_p2p_bytes: Some(p.maxP2pBytes),
-            max_coll_bytes: Some(p.maxCollBytes),
-            max_multi_request_size: Some(p.maxMultiRequestSize),
-            ..base!(p)
-        }
+        Props { max_multi_request_size: Some(p.maxMultiRequestSize), ..v9!(p) }
     }
 }
 
 impl From<&ncclNetProperties_v12_t> for Props {
     fn from(p: &ncclNetProperties_v12_t) -> Props {
         Props {
-            net_device_type: Some(p.netDeviceType),
-            net_device_version: Some(p.netDeviceVersion),
-            reg_is_global: Some(p.regIsGlobal != 0),
-            force_flush: Some(p.forceFlush != 0),
-            vdevs: Some(vdevs(p.vProps.ndevs, &p.vProps.devs)),
-            max_p2p_bytes: Some(p.maxP2pBytes),
-            max_coll_bytes: Some(p.maxCollBytes),
             max_multi_request_size: Some(p.maxMultiRequestSize),
             rail_id: Some(p.railId),
             plane_id: Some(p.planeId),
-            ..base!(p)
+            ..v9!(p)
         }
     }
 }

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use super::mem::Arena;
-use super::net::{MAX_RECVS, Mr, RecvBuf, RecvComm, Request, SendComm};
+use super::net::{MAX_RECVS, Mr, RecvBuf, RecvComm, Request, SendComm, Sizes};
 use super::pattern::{self, CANARY};
 use super::report::{PhaseReport, SideStats, counters_delta, mono_ns};
 use super::spec::{GUARD, Kill, Phase, Side, Workload, tag};
@@ -47,28 +47,6 @@ fn send_order(seed: u64, phase: usize, g: u64, n: usize) -> [u8; MAX_RECVS] {
     o
 }
 
-/// Post-to-completion latencies and the phase's first post and last completion.
-struct Timing {
-    lat: Vec<u64>,
-    first_post: Option<u64>,
-    last_done: u64,
-}
-
-impl Timing {
-    fn new(n: u64) -> Timing {
-        Timing { lat: Vec::with_capacity(n.min(1 << 24) as usize), first_post: None, last_done: 0 }
-    }
-
-    fn finish(mut self, s: &mut SideStats) {
-        s.elapsed_ns = self.last_done.saturating_sub(self.first_post.unwrap_or(self.last_done));
-        self.lat.sort_unstable();
-        if let Some(&max) = self.lat.last() {
-            let at = |q: usize| self.lat[(self.lat.len() * q / 100).min(self.lat.len() - 1)];
-            (s.lat_p50_ns, s.lat_p99_ns, s.lat_max_ns) = (at(50), at(99), max);
-        }
-    }
-}
-
 /// Kills this process the way a crashed or killed rank dies: SIGKILL, nothing cleaned up.
 /// The line before it gives the parent the moment of death.
 fn die(side: Side, after: u64) -> ! {
@@ -96,49 +74,124 @@ struct InFlight<'c> {
     sum: u64,
 }
 
+/// What both directions keep: the requests in flight (oldest first, as NCCL's proxy), the
+/// statistics, post-to-completion latencies, and the kill, if this side is the victim.
+struct Window<'c> {
+    side: Side,
+    cap: usize,
+    inflight: VecDeque<InFlight<'c>>,
+    stats: SideStats,
+    lat: Vec<u64>,
+    first_post: Option<u64>,
+    last_done: u64,
+    kill: Option<Kill>,
+    /// Handle of the last completed request (for the stale-handle probe).
+    last_req: Option<*mut std::ffi::c_void>,
+}
+
+impl<'c> Window<'c> {
+    fn new(side: Side, cap: usize, completions: u64, kill: Option<Kill>) -> Self {
+        Window {
+            side,
+            cap,
+            inflight: VecDeque::with_capacity(cap),
+            stats: SideStats::default(),
+            lat: Vec::with_capacity(completions.min(1 << 24) as usize),
+            first_post: None,
+            last_done: 0,
+            kill: kill.filter(|k| k.side == side),
+            last_req: None,
+        }
+    }
+
+    fn has_room(&self) -> bool {
+        self.inflight.len() < self.cap
+    }
+
+    /// Records what `isend`/`irecv` answered; whether a request was posted.
+    fn posted(&mut self, r: Option<Request<'c>>, id: u64, buf: usize, sum: u64) -> bool {
+        let Some(req) = r else {
+            self.stats.null_requests += 1;
+            return false;
+        };
+        let now = mono_ns();
+        self.first_post.get_or_insert(now);
+        self.inflight.push_back(InFlight { req, id, buf, posted_ns: now, sum });
+        true
+    }
+
+    /// One `test` of the oldest request; the request and its sizes once done.
+    fn test_oldest(&mut self, index: usize) -> Result<Option<(InFlight<'c>, Sizes)>> {
+        let Some(f) = self.inflight.front_mut() else { return Ok(None) };
+        self.stats.test_calls += 1;
+        let what = |e| ctx(e, format!("phase {index} test of {} #{}", self.side.name(), f.id));
+        let Some(sizes) = f.req.test().map_err(what)? else { return Ok(None) };
+        let f = self.inflight.pop_front().expect("front");
+        let now = mono_ns();
+        self.lat.push(now - f.posted_ns);
+        self.last_done = now;
+        self.last_req = Some(f.req.raw());
+        Ok(Some((f, sizes)))
+    }
+
+    /// Counts a completed request; dies here if this side is the victim.
+    fn completed(&mut self) {
+        self.stats.requests += 1;
+        if let Some(k) = self.kill
+            && self.stats.requests == k.after
+        {
+            die(self.side, k.after);
+        }
+    }
+
+    fn note(&mut self, what: impl FnOnce() -> String) {
+        if self.stats.first_wrong.is_empty() {
+            self.stats.first_wrong = what();
+        }
+    }
+
+    fn describe(&self, posted: u64, total: u64) -> String {
+        let (who, what) = if self.side == Side::Send { ("sender", "send") } else { ("receiver", "receive") };
+        format!(
+            "{who} posted {posted}/{total} {what}s, {} in flight{}",
+            self.inflight.len(),
+            self.inflight.front().map(|f| format!(" (oldest: {what} #{})", f.id)).unwrap_or_default()
+        )
+    }
+
+    fn finish(mut self) -> SideStats {
+        let mut s = self.stats;
+        s.elapsed_ns = self.last_done.saturating_sub(self.first_post.unwrap_or(self.last_done));
+        self.lat.sort_unstable();
+        if let Some(&max) = self.lat.last() {
+            let at = |q: usize| self.lat[(self.lat.len() * q / 100).min(self.lat.len() - 1)];
+            (s.lat_p50_ns, s.lat_p99_ns, s.lat_max_ns) = (at(50), at(99), max);
+        }
+        s
+    }
+}
+
 /// The sending side of one phase.
 pub struct Sender<'c> {
     at: At<'c>,
     comm: &'c SendComm<'c>,
     mr: &'c Mr<'c>,
-    arena: &'c Arena,
     slot: usize,
-    depth: usize,
     total: u64,
     next: u64,
-    /// The send whose buffer is filled (it may be posted after NULL answers).
+    /// The send whose buffer is filled (it may be posted after NULL answers), its checksum.
     prepared: Option<(u64, u64)>,
     order: [u8; MAX_RECVS],
-    inflight: VecDeque<InFlight<'c>>,
-    stats: SideStats,
-    timing: Timing,
-    kill: Option<Kill>,
-    /// Handle of the last completed request (for the stale-handle probe).
-    pub last_done: Option<*mut std::ffi::c_void>,
+    win: Window<'c>,
 }
 
 impl<'c> Sender<'c> {
-    /// The arena must hold [`Sender::arena_bytes`].
+    /// `mr`'s arena must hold [`Sender::arena_bytes`].
     pub fn new(at: At<'c>, comm: &'c SendComm<'c>, mr: &'c Mr<'c>) -> Sender<'c> {
         let p = at.phase();
         let total = p.count * p.nrecv as u64;
-        Sender {
-            at,
-            comm,
-            mr,
-            arena: mr.arena(),
-            slot: p.slot_bytes(),
-            depth: p.window() * p.nrecv,
-            total,
-            next: 0,
-            prepared: None,
-            order: [0; MAX_RECVS],
-            inflight: VecDeque::with_capacity(p.window() * p.nrecv),
-            stats: SideStats::default(),
-            timing: Timing::new(total),
-            kill: p.kill.filter(|k| k.side == Side::Send),
-            last_done: None,
-        }
+        let win = Window::new(Side::Send, p.window() * p.nrecv, total, p.kill);
+        Sender { at, comm, mr, slot: p.slot_bytes(), total, next: 0, prepared: None, order: [0; MAX_RECVS], win }
     }
 
     pub fn arena_bytes(p: &Phase) -> usize {
@@ -146,7 +199,7 @@ impl<'c> Sender<'c> {
     }
 
     pub fn finished(&self) -> bool {
-        self.next == self.total && self.inflight.is_empty()
+        self.next == self.total && self.win.inflight.is_empty()
     }
 
     fn buffer_of(&mut self, k: u64) -> (u64, usize) {
@@ -158,101 +211,80 @@ impl<'c> Sender<'c> {
         (g, self.order[pos] as usize)
     }
 
-    /// One progress step; whether anything happened.
+    /// Fills send `k`'s buffer (once, however often NULL answers make it wait); its checksum.
+    fn prepare(&mut self, k: u64, off: usize, g: u64, j: usize) -> u64 {
+        if let Some((pk, sum)) = self.prepared
+            && pk == k
+        {
+            return sum;
+        }
+        let p = self.at.phase();
+        let mut sum = 0;
+        if self.at.w.check {
+            // SAFETY: the slot's previous send (k - window) completed: fewer than `window`
+            // are in flight and they complete in order.
+            let buf = unsafe { self.mr.arena().bytes_mut(off, p.send_size(g, j) as usize) };
+            let want = p.expected(g, j) as usize;
+            sum = pattern::fill(buf, self.at.key(g, j), want);
+            if p.corrupt == Some(k) && want > 0 {
+                buf[want / 2] ^= 0x40;
+            }
+        }
+        self.prepared = Some((k, sum));
+        sum
+    }
+
+    /// One progress step: post until the window is full or the plugin says "later", then
+    /// test the oldest send. Whether anything happened.
     pub fn step(&mut self) -> Result<bool> {
         let p = self.at.phase();
         let mut progressed = false;
-        while self.next < self.total && self.inflight.len() < self.depth {
+        while self.next < self.total && self.win.has_room() {
             let k = self.next;
-            let off = (k % self.depth as u64) as usize * self.slot;
+            let off = (k % self.win.cap as u64) as usize * self.slot;
             let (g, j) = self.buffer_of(k);
+            let sum = self.prepare(k, off, g, j);
             let size = p.send_size(g, j) as usize;
-            let sum = match self.prepared {
-                Some((pk, sum)) if pk == k => sum,
-                _ => {
-                    let sum = if self.at.w.check {
-                        // SAFETY: the slot's previous send (k - depth) completed: fewer than
-                        // `depth` are in flight and they complete in order.
-                        let buf = unsafe { self.arena.bytes_mut(off, size) };
-                        let want = p.expected(g, j) as usize;
-                        let sum = pattern::fill(buf, self.at.key(g, j), want);
-                        if p.corrupt == Some(k) && want > 0 {
-                            buf[want / 2] ^= 0x40;
-                        }
-                        sum
-                    } else {
-                        0
-                    };
-                    self.prepared = Some((k, sum));
-                    sum
-                }
-            };
-            let what = || format!("phase {} send #{k} (group {g}, tag {}, {size} bytes)", self.at.index, tag(j));
-            match self.comm.isend(self.mr, off, size, tag(j)).map_err(|e| ctx(e, what()))? {
-                None => {
-                    self.stats.null_requests += 1;
-                    break;
-                }
-                Some(req) => {
-                    let now = mono_ns();
-                    self.timing.first_post.get_or_insert(now);
-                    self.inflight.push_back(InFlight { req, id: k, buf: j, posted_ns: now, sum });
-                    self.next += 1;
-                    progressed = true;
-                }
+            let what =
+                |e| ctx(e, format!("phase {} send #{k} (group {g}, tag {}, {size} bytes)", self.at.index, tag(j)));
+            let r = self.comm.isend(self.mr, off, size, tag(j)).map_err(what)?;
+            if !self.win.posted(r, k, j, sum) {
+                break;
             }
+            self.next += 1;
+            progressed = true;
         }
-        if let Some(f) = self.inflight.front_mut() {
-            self.stats.test_calls += 1;
-            let k = f.id;
-            let r = f.req.test().map_err(|e| ctx(e, format!("phase {} test of send #{k}", self.at.index)))?;
-            if let Some(sizes) = r {
-                let f = self.inflight.pop_front().expect("front");
-                let now = mono_ns();
-                let (g, j) = (k / p.nrecv as u64, f.buf);
-                let want = p.expected(g, j);
-                if sizes.sizes[0] as u64 != want {
-                    self.stats.wrong_sizes += 1;
-                    if self.stats.first_wrong.is_empty() {
-                        self.stats.first_wrong = format!(
-                            "send #{k} (group {g}, tag {}): test reported {} bytes, expected {want}",
-                            tag(j),
-                            sizes.sizes[0]
-                        );
-                    }
-                }
-                self.last_done = Some(f.req.raw());
-                self.stats.checksum = self.stats.checksum.wrapping_add(f.sum);
-                self.stats.bytes += want;
-                self.stats.messages += 1;
-                self.stats.requests += 1;
-                self.timing.lat.push(now - f.posted_ns);
-                self.timing.last_done = now;
-                progressed = true;
-                if let Some(kill) = self.kill
-                    && self.stats.requests == kill.after
-                {
-                    die(Side::Send, kill.after);
-                }
+        if let Some((f, sizes)) = self.win.test_oldest(self.at.index)? {
+            let (k, j) = (f.id, f.buf);
+            let g = k / p.nrecv as u64;
+            let want = p.expected(g, j);
+            if sizes.sizes[0] as u64 != want {
+                self.win.stats.wrong_sizes += 1;
+                let got = sizes.sizes[0];
+                self.win.note(|| {
+                    format!("send #{k} (group {g}, tag {}): test reported {got} bytes, expected {want}", tag(j))
+                });
             }
+            let s = &mut self.win.stats;
+            s.checksum = s.checksum.wrapping_add(f.sum);
+            s.bytes += want;
+            s.messages += 1;
+            self.win.completed();
+            progressed = true;
         }
         Ok(progressed)
     }
 
     pub fn describe(&self) -> String {
-        format!(
-            "sender posted {}/{} sends, {} in flight{}",
-            self.next,
-            self.total,
-            self.inflight.len(),
-            self.inflight.front().map(|f| format!(" (oldest: send #{})", f.id)).unwrap_or_default()
-        )
+        self.win.describe(self.next, self.total)
+    }
+
+    pub fn last_done(&self) -> Option<*mut std::ffi::c_void> {
+        self.win.last_req
     }
 
     pub fn finish(self) -> SideStats {
-        let mut s = self.stats;
-        self.timing.finish(&mut s);
-        s
+        self.win.finish()
     }
 }
 
@@ -261,37 +293,19 @@ pub struct Receiver<'c> {
     at: At<'c>,
     comm: &'c RecvComm<'c>,
     mr: &'c Mr<'c>,
-    arena: &'c Arena,
     slot: usize,
-    window: usize,
     next: u64,
     /// The group whose canaries are in place (it may be posted after NULL answers).
     prepared: Option<u64>,
-    inflight: VecDeque<InFlight<'c>>,
-    stats: SideStats,
-    timing: Timing,
-    kill: Option<Kill>,
-    pub last_done: Option<*mut std::ffi::c_void>,
+    win: Window<'c>,
 }
 
 impl<'c> Receiver<'c> {
+    /// `mr`'s arena must hold [`Receiver::arena_bytes`].
     pub fn new(at: At<'c>, comm: &'c RecvComm<'c>, mr: &'c Mr<'c>) -> Receiver<'c> {
         let p = at.phase();
-        Receiver {
-            at,
-            comm,
-            mr,
-            arena: mr.arena(),
-            slot: p.slot_bytes(),
-            window: p.window(),
-            next: 0,
-            prepared: None,
-            inflight: VecDeque::with_capacity(p.window()),
-            stats: SideStats::default(),
-            timing: Timing::new(p.count),
-            kill: p.kill.filter(|k| k.side == Side::Recv),
-            last_done: None,
-        }
+        let win = Window::new(Side::Recv, p.window(), p.count, p.kill);
+        Receiver { at, comm, mr, slot: p.slot_bytes(), next: 0, prepared: None, win }
     }
 
     pub fn arena_bytes(p: &Phase) -> usize {
@@ -299,17 +313,19 @@ impl<'c> Receiver<'c> {
     }
 
     pub fn finished(&self) -> bool {
-        self.next == self.at.phase().count && self.inflight.is_empty()
+        self.next == self.at.phase().count && self.win.inflight.is_empty()
     }
 
     fn off(&self, g: u64, j: usize) -> usize {
-        ((g % self.window as u64) as usize * self.at.phase().nrecv + j) * self.slot
+        ((g % self.win.cap as u64) as usize * self.at.phase().nrecv + j) * self.slot
     }
 
+    /// One progress step: post receives until the window is full or the plugin says
+    /// "later", then test the oldest one. Whether anything happened.
     pub fn step(&mut self) -> Result<bool> {
         let p = self.at.phase();
         let mut progressed = false;
-        while self.next < p.count && self.inflight.len() < self.window {
+        while self.next < p.count && self.win.has_room() {
             let g = self.next;
             let mut bufs = [RecvBuf { mr: self.mr, off: 0, len: 0, tag: 0 }; MAX_RECVS];
             for (j, b) in bufs.iter_mut().enumerate().take(p.nrecv) {
@@ -317,78 +333,51 @@ impl<'c> Receiver<'c> {
                 if self.prepared != Some(g) && self.at.w.check {
                     // SAFETY: the slot's previous group completed (fewer than `window` in
                     // flight, completed in order); the range ends inside the slot.
-                    unsafe { self.arena.bytes_mut(off + want, posted - want + GUARD) }.fill(CANARY);
+                    unsafe { self.mr.arena().bytes_mut(off + want, posted - want + GUARD) }.fill(CANARY);
                 }
                 *b = RecvBuf { mr: self.mr, off, len: posted, tag: tag(j) };
             }
             self.prepared = Some(g);
-            let what = || format!("phase {} receive #{g} ({} buffers)", self.at.index, p.nrecv);
-            match self.comm.irecv(&bufs[..p.nrecv]).map_err(|e| ctx(e, what()))? {
-                None => {
-                    self.stats.null_requests += 1;
-                    break;
-                }
-                Some(req) => {
-                    let now = mono_ns();
-                    self.timing.first_post.get_or_insert(now);
-                    self.inflight.push_back(InFlight { req, id: g, buf: 0, posted_ns: now, sum: 0 });
-                    self.next += 1;
-                    progressed = true;
-                }
+            let what = |e| ctx(e, format!("phase {} receive #{g} ({} buffers)", self.at.index, p.nrecv));
+            let r = self.comm.irecv(&bufs[..p.nrecv]).map_err(what)?;
+            if !self.win.posted(r, g, 0, 0) {
+                break;
             }
+            self.next += 1;
+            progressed = true;
         }
-        if let Some(f) = self.inflight.front_mut() {
-            self.stats.test_calls += 1;
-            let g = f.id;
-            let r = f.req.test().map_err(|e| ctx(e, format!("phase {} test of receive #{g}", self.at.index)))?;
-            if let Some(sizes) = r {
-                let f = self.inflight.pop_front().expect("front");
-                let now = mono_ns();
-                self.last_done = Some(f.req.raw());
-                self.complete(g, sizes.as_slice())?;
-                self.timing.lat.push(now - f.posted_ns);
-                self.timing.last_done = now;
-                progressed = true;
-                if let Some(kill) = self.kill
-                    && self.stats.requests == kill.after
-                {
-                    die(Side::Recv, kill.after);
-                }
-            }
+        if let Some((f, sizes)) = self.win.test_oldest(self.at.index)? {
+            self.check(f.id, sizes.as_slice())?;
+            self.win.completed();
+            progressed = true;
         }
         Ok(progressed)
     }
 
-    fn note(&mut self, what: impl FnOnce() -> String) {
-        if self.stats.first_wrong.is_empty() {
-            self.stats.first_wrong = what();
-        }
-    }
-
     /// Checks a completed group: sizes, bytes, canaries; then the optional flush.
-    fn complete(&mut self, g: u64, sizes: &[i32]) -> Result<()> {
+    fn check(&mut self, g: u64, sizes: &[i32]) -> Result<()> {
         let p = self.at.phase();
         let mut total = 0u64;
         for (j, &got) in sizes.iter().enumerate() {
             let (off, posted, want) = (self.off(g, j), p.recv_size(g, j) as usize, p.expected(g, j) as usize);
             if got as usize != want {
-                self.stats.wrong_sizes += 1;
-                self.note(|| format!("receive #{g} tag {}: test reported {got} bytes, expected {want}", tag(j)));
+                self.win.stats.wrong_sizes += 1;
+                self.win.note(|| format!("receive #{g} tag {}: test reported {got} bytes, expected {want}", tag(j)));
             }
             total += got as u64;
-            self.stats.bytes += want as u64;
-            self.stats.messages += 1;
+            self.win.stats.bytes += want as u64;
+            self.win.stats.messages += 1;
             if !self.at.w.check {
                 continue;
             }
             // SAFETY: the request completed: the plugin no longer writes this slot.
-            let data = unsafe { self.arena.bytes(off, want) };
+            let data = unsafe { self.mr.arena().bytes(off, want) };
             let c = pattern::verify(data, self.at.key(g, j));
-            self.stats.checksum = self.stats.checksum.wrapping_add(c.sum);
+            self.win.stats.checksum = self.win.stats.checksum.wrapping_add(c.sum);
             if c.wrong > 0 {
-                self.stats.wrong_bytes += c.wrong;
+                self.win.stats.wrong_bytes += c.wrong;
                 let first = c.first_wrong.unwrap_or(0);
-                self.note(|| {
+                self.win.note(|| {
                     format!(
                         "receive #{g} tag {} ({want} bytes): {} wrong bytes, first at offset {first}",
                         tag(j),
@@ -397,10 +386,10 @@ impl<'c> Receiver<'c> {
                 });
             }
             // SAFETY: as above; the canary range ends inside the slot.
-            let tail = unsafe { self.arena.bytes(off + want, posted - want + GUARD) };
+            let tail = unsafe { self.mr.arena().bytes(off + want, posted - want + GUARD) };
             if let Some(at) = pattern::canary_broken(tail) {
-                self.stats.canary_broken += 1;
-                self.note(|| {
+                self.win.stats.canary_broken += 1;
+                self.win.note(|| {
                     format!(
                         "receive #{g} tag {}: byte {} written (expected {want} bytes in a {posted}-byte buffer)",
                         tag(j),
@@ -409,7 +398,6 @@ impl<'c> Receiver<'c> {
                 });
             }
         }
-        self.stats.requests += 1;
         if p.flush && total > 0 {
             self.flush(g, sizes)?;
         }
@@ -424,7 +412,7 @@ impl<'c> Receiver<'c> {
         }
         let what = |e| ctx(e, format!("phase {} flush of receive #{g}", self.at.index));
         let Some(mut req) = self.comm.iflush(&bufs[..sizes.len()]).map_err(what)? else { return Ok(()) };
-        self.stats.flushes += 1;
+        self.win.stats.flushes += 1;
         let end = mono_ns() + self.at.w.stall_ms * 1_000_000;
         while req.test().map_err(what)?.is_none() {
             if mono_ns() > end {
@@ -436,19 +424,15 @@ impl<'c> Receiver<'c> {
     }
 
     pub fn describe(&self) -> String {
-        format!(
-            "receiver posted {}/{} receives, {} in flight{}",
-            self.next,
-            self.at.phase().count,
-            self.inflight.len(),
-            self.inflight.front().map(|f| format!(" (oldest: receive #{})", f.id)).unwrap_or_default()
-        )
+        self.win.describe(self.next, self.at.phase().count)
+    }
+
+    pub fn last_done(&self) -> Option<*mut std::ffi::c_void> {
+        self.win.last_req
     }
 
     pub fn finish(self) -> SideStats {
-        let mut s = self.stats;
-        self.timing.finish(&mut s);
-        s
+        self.win.finish()
     }
 }
 
@@ -520,7 +504,7 @@ pub fn run_phase(at: At<'_>, tx: Option<&SendComm<'_>>, rx: Option<&RecvComm<'_>
     let mut left = Leftovers::default();
     let mut report = PhaseReport::default();
     if let Some(s) = s {
-        left.send_req = s.last_done;
+        left.send_req = s.last_done();
         let mut st = s.finish();
         if let (Some(b), Some(a)) = (tx_before, tx.map(|c| c.counters()).transpose()?.flatten()) {
             st.counters = Some(counters_delta(&a, &b));
@@ -528,7 +512,7 @@ pub fn run_phase(at: At<'_>, tx: Option<&SendComm<'_>>, rx: Option<&RecvComm<'_>
         report.tx = Some(st);
     }
     if let Some(r) = r {
-        left.recv_req = r.last_done;
+        left.recv_req = r.last_done();
         let mut st = r.finish();
         if let (Some(b), Some(a)) = (rx_before, rx.map(|c| c.counters()).transpose()?.flatten()) {
             st.counters = Some(counters_delta(&a, &b));
