@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! ffi       dlopen / dlsym, the seven function tables         (unsafe, FFI)
-//! net       Plugin, Net, comms, Mr, Request: one safe API over v6 … v12
+//! net/      Plugin, Net, listen/connect (mod.rs); comms, Mr, Request (comm.rs): one
+//!           safe API over v6 … v12
 //! props     getProperties of every version as one struct
 //! mem       Arena: page-aligned memory that plugins read and write behind Rust's back
 //! pattern   the deterministic per-message byte pattern and checksum
