@@ -330,10 +330,13 @@ fn bad_handles_give_error_codes_not_crashes() {
 /// The longest a survivor may take to report a dead peer.
 const DEAD_PEER_BOUND_MS: u64 = 10_000;
 
-fn peer_killed(victim: Side) {
+/// `victim` SIGKILLs itself after its 3rd completed request, with `inflight` requests of
+/// `size` bytes allowed in flight; the survivor must get an error code from the plugin
+/// within [`DEAD_PEER_BOUND_MS`] and exit normally.
+fn peer_killed(victim: Side, size: u64, inflight: usize) {
     let kill = Some(Kill { side: victim, after: 3 });
-    let w =
-        Workload { stall_ms: 3 * DEAD_PEER_BOUND_MS, ..workload(vec![Phase { kill, ..phase(&[4 * MIB], 400, 1, 8) }]) };
+    let p = Phase { kill, ..phase(&[size], 400, 1, inflight) };
+    let w = Workload { stall_ms: 3 * DEAD_PEER_BOUND_MS, ..workload(vec![p]) };
     let out = run(&format!("{} killed", victim.name()), &pair(w));
     let (v, s) = if victim == Side::Send { (1, 0) } else { (0, 1) };
     assert!(out.ranks[v].was_killed(), "the victim should have died of SIGKILL\n{}", out.describe());
@@ -346,12 +349,31 @@ fn peer_killed(victim: Side) {
     assert!(out.ranks[s].status.is_some_and(|st| st.success()), "{}", out.describe());
 }
 
+// 64 MiB messages, two in flight: when the victim dies the next message is on the wire
+// (the soft fabric moves only a socket buffer's worth without the sender's progress calls).
+
 #[test]
 fn a_sender_killed_mid_transfer_fails_the_receiver_in_bounded_time() {
-    peer_killed(Side::Send);
+    peer_killed(Side::Send, 64 * MIB, 2);
 }
 
 #[test]
 fn a_receiver_killed_mid_transfer_fails_the_sender_in_bounded_time() {
-    peer_killed(Side::Recv);
+    peer_killed(Side::Recv, 64 * MIB, 2);
+}
+
+// One request in flight: the victim dies between two messages, with nothing of the next one
+// on the wire, so only a plugin that notices the dead connection by itself reports it. The
+// sender does, through its idle-rail probes (with MPIB_PROBE_INTERVAL_US=0 it too waits
+// forever); the receiver does not. Run with `cargo test --test conformance -- --ignored`.
+
+#[test]
+#[ignore = "plugin bug: a receiver whose sender dies between messages never gets an error (hangs)"]
+fn a_sender_killed_between_messages_fails_the_receiver_in_bounded_time() {
+    peer_killed(Side::Send, 4 * KIB, 1);
+}
+
+#[test]
+fn a_receiver_killed_between_messages_fails_the_sender_in_bounded_time() {
+    peer_killed(Side::Recv, 4 * KIB, 1);
 }
