@@ -283,11 +283,15 @@ impl<D: Device> Connecting<D> {
                     self.stage = ConnStage::Flushing;
                 }
                 ConnStage::Flushing => {
-                    self.conn.poll()?;
-                    if !self.conn.flushed() {
-                        return Ok(None);
+                    // Once Ready is handed to the kernel the set-up channel has done its job,
+                    // and the acceptor closes it as soon as it has read Ready: an EOF seen by
+                    // the read half of this poll is that close, not a failure.
+                    let r = self.conn.poll();
+                    if self.conn.flushed() {
+                        return self.finish().map(Some);
                     }
-                    return self.finish().map(Some);
+                    r?;
+                    return Ok(None);
                 }
             }
         }
