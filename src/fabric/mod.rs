@@ -22,6 +22,7 @@ use bitflags::bitflags;
 use crate::error::Result;
 
 pub mod soft;
+pub mod verbs;
 
 bitflags! {
     /// Access rights of a memory registration (as `ibv_access_flags`).
