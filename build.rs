@@ -6,6 +6,10 @@ fn main() {
     // The whole source tree, not just lib.rs, or the header goes stale.
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
+    // Every symbol of the plugin must resolve at link time: rdma-mummy-sys declares all of
+    // libibverbs but its dlopen stub defines only the verbs it wraps, and an unwrapped one
+    // would otherwise give a plugin that fails to dlopen ("undefined symbol: ibv_...").
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,defs");
     let cfg = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
     // Only the ABI files: what NCCL (and C tests) see, nothing internal.
     let mut builder = cbindgen::Builder::new().with_config(cfg);
