@@ -12,9 +12,14 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &["mpib_comm_counters"];
 pub fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-    let lib = profile_dir.join("libmpib.so");
-    assert!(lib.exists(), "{} is not built: run `cargo build` before `cargo test` (ci/test.sh does)", lib.display());
-    lib
+    // `cargo test` refreshes deps/libmpib.so; `cargo build` the copy one level up. Take
+    // the newer, so a test never loads a stale library.
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    let candidates = [profile_dir.join("libmpib.so"), profile_dir.join("deps").join("libmpib.so")];
+    let lib = candidates.iter().filter(|p| p.exists()).max_by_key(|p| mtime(p)).cloned();
+    lib.unwrap_or_else(|| {
+        panic!("{} is not built: run `cargo build --lib` first (ci/test.sh does)", candidates[0].display())
+    })
 }
 
 /// A fresh scratch directory for one test.
