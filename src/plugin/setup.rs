@@ -389,7 +389,12 @@ impl<D: Device> Accepting<D> {
                         got = true;
                     }
                     self.stage = AcceptStage::AwaitReady { got_ready: got };
-                    if !got || !all_ready(self.rails.as_mut().expect("rails"))? {
+                    // Drive the QPs on every call, not only once Ready arrived: a fabric may
+                    // finish its connection set-up inside `is_ready` on both ends (the soft
+                    // fabric's dialing QP sends its HELLO from there), and the peer only
+                    // says Ready when its own QPs are up.
+                    let ready = all_ready(self.rails.as_mut().expect("rails"))?;
+                    if !got || !ready {
                         return Ok(None);
                     }
                     return self.finish().map(Some);
