@@ -6,6 +6,16 @@ fn main() {
     // The whole source tree, not just lib.rs, or the header goes stale.
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
+    // Every symbol of the plugin must resolve at link time: rdma-mummy-sys declares all of
+    // libibverbs but its dlopen stub defines only the verbs it wraps, and an unwrapped one
+    // would otherwise give a plugin that fails to dlopen ("undefined symbol: ibv_...").
+    // Not under sanitizer builds (cargo fuzz): their runtime symbols are only resolved in
+    // the final fuzz executable, never in the cdylib.
+    let sanitized = std::env::var("CARGO_ENCODED_RUSTFLAGS").is_ok_and(|f| f.contains("sanitizer"))
+        || std::env::var_os("CARGO_CFG_FUZZING").is_some();
+    if !sanitized {
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-z,defs");
+    }
     let cfg = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
     // Only the ABI files: what NCCL (and C tests) see, nothing internal.
     let mut builder = cbindgen::Builder::new().with_config(cfg);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs the build and test prerequisites on Debian 12 (idempotent). README "Set-up".
 set -euo pipefail
-pkgs=(build-essential pkg-config binutils)
+# cmake + libclang-dev: rdma-mummy-sys builds its libibverbs dlopen stub with cmake and
+# runs bindgen (libclang) on its vendored rdma-core headers. No rdma-core -dev package needed.
+pkgs=(build-essential pkg-config binutils cmake libclang-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

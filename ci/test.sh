@@ -16,6 +16,8 @@ step "fuzz the soft fabric frame decoder (bounded)"
 # Measured on 2 cores: install ~45 s (once per machine), build ~90 s, run MPIB_FUZZ_SECONDS.
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run frame_decode -- -max_total_time="${MPIB_FUZZ_SECONDS:-30}")
+step "CPU tests of the NCCL proof scripts (python3 -m unittest discover -s ci/tests)"
+PYTHONDONTWRITEBYTECODE=1 python3 -m unittest discover -s ci/tests
 step "header up to date"
 git diff --exit-code -- include/ || { echo "include/mpib.h changed by the build: commit the regenerated header"; exit 1; }
 echo "ci/test.sh: all passed"

@@ -57,6 +57,21 @@ fn loader_without_a_usable_device_fails_init_clearly() {
 }
 
 #[test]
+fn verbs_are_resolved_at_run_time_not_link_time() {
+    // rdma-mummy-sys's stub dlopens libibverbs: no undefined ibv_* symbol may reach ld.so.
+    let out = Command::new("nm").args(["-D", "--undefined-only"]).arg(cdylib()).output().expect("run nm");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    let ibv: Vec<&str> = text.lines().filter(|l| l.contains("ibv_") || l.contains("rdma_")).collect();
+    assert!(ibv.is_empty(), "undefined RDMA symbols: {ibv:?}");
+    let defined = Command::new("nm").arg(cdylib()).output().expect("run nm");
+    assert!(
+        String::from_utf8_lossy(&defined.stdout).contains("ibv_get_device_list"),
+        "the verbs provider is linked in (its stub defines ibv_get_device_list locally)"
+    );
+}
+
+#[test]
 fn loader_with_a_bad_environment_fails_init_clearly() {
     let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
     let (ok, out) = run_loader(&loader, cdylib().to_str().unwrap(), "badenv", &[("MPIB_SPLIT", "sideways")]);

@@ -222,6 +222,23 @@ impl Peer {
     fn signal(&self, sig: i32) {
         // SAFETY: plain syscall on our own child's pid.
         assert_eq!(unsafe { libc::kill(self.proc.id() as i32, sig) }, 0);
+        if sig == libc::SIGSTOP {
+            // kill() returns before the child is stopped: wait until every thread is (state
+            // T), or a WRITE posted next may still be served and the test races.
+            let deadline = Instant::now() + Duration::from_secs(5);
+            let task_dir = format!("/proc/{}/task", self.proc.id());
+            loop {
+                let all_stopped = std::fs::read_dir(&task_dir).unwrap().all(|t| {
+                    let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
+                    stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('T'))
+                });
+                if all_stopped {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "the peer did not stop");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
     }
 }
 

@@ -24,6 +24,7 @@ use crate::error::Result;
 pub mod mem;
 pub mod netif;
 pub mod soft;
+pub mod verbs;
 
 bitflags! {
     /// Access rights of a memory registration (as `ibv_access_flags`).

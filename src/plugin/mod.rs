@@ -25,6 +25,7 @@ pub mod setup;
 pub mod wire;
 
 use crate::fabric::soft::{self, SoftDevice};
+use crate::fabric::verbs::{self, VerbsDevice};
 use handles::Kind;
 use instance::Plugin;
 use setup::FabricKind;
@@ -101,6 +102,7 @@ static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 /// for the process lifetime (NCCL holds pointers into their properties), as net_ib's do.
 enum Active {
     Soft(Plugin<SoftDevice>),
+    Verbs(Plugin<VerbsDevice>),
 }
 
 static ACTIVE: OnceLock<Active> = OnceLock::new();
@@ -110,6 +112,7 @@ macro_rules! dispatch {
     ($p:ident => $body:expr) => {{
         match active()? {
             Active::Soft($p) => $body,
+            Active::Verbs($p) => $body,
         }
     }};
 }
@@ -160,18 +163,29 @@ fn open(cfg: &'static Config) -> Result<Active> {
         let pairs = soft::open_rail_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
         Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
     };
+    let verbs = || -> Result<Active> {
+        let pairs =
+            verbs::open_rail_pairs(cfg).map_err(|e| e.context("no usable network device (MPIB_FABRIC=verbs)"))?;
+        Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg)))
+    };
     match cfg.fabric {
-        FabricChoice::Soft | FabricChoice::Auto => soft(FabricKind::Soft),
+        FabricChoice::Soft => soft(FabricKind::Soft),
         FabricChoice::Inproc => soft(FabricKind::Inproc),
-        FabricChoice::Verbs => {
-            Err(Error::system("no usable network device: MPIB_FABRIC=verbs, but this build has no verbs provider"))
-        }
+        FabricChoice::Verbs => verbs(),
+        FabricChoice::Auto => match verbs::unavailable_reason() {
+            None => verbs(),
+            Some(why) => {
+                log::info!(target: "mpib::abi", "RDMA verbs unavailable ({why}); using the soft fabric (TCP)");
+                soft(FabricKind::Soft)
+            }
+        },
     }
 }
 
 fn device_count_of(a: &Active) -> usize {
     match a {
         Active::Soft(p) => p.devs.len(),
+        Active::Verbs(p) => p.devs.len(),
     }
 }
 

@@ -15,8 +15,9 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &["mpib_comm_counters"];
 pub fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-    mpib::driver::newest_lib(profile_dir)
-        .unwrap_or_else(|| panic!("no libmpib.so in {}: run `cargo build` first", profile_dir.display()))
+    mpib::driver::newest_lib(profile_dir).unwrap_or_else(|| {
+        panic!("no libmpib.so in {}: run `cargo build --lib` first (ci/test.sh does)", profile_dir.display())
+    })
 }
 
 /// A fresh scratch directory for one test.

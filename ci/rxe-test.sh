@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# ci/rxe-test.sh — real verbs on Soft-RoCE: boots a Debian kernel under qemu with two rxe
+# devices (rxe0, rxe1: two rails; see ci/rxe-vm/README.md) and runs the suites below in it.
+#
+#   ci/rxe-test.sh [SUITE...]     (default: all suites, in the order listed below)
+#
+# On a fresh machine it first installs the host packages and unpacks the kernel and the
+# initramfs into the cache ($RXE_VM_CACHE, default ~/.cache/mpib-rxe-vm); later runs reuse
+# them. It builds the test binaries on the host (cargo, debug profile: shared with
+# ci/test.sh), shares them into the guest, runs every suite there under a time limit, and
+# exits non-zero when anything failed. The last line it prints is `N passed, N failed`
+# (libtest suites count their tests; other suites count as one test).
+#
+# Env: RXE_TEST_SUITE_TIMEOUT (s per suite, 600), RXE_TEST_VM_TIMEOUT (s for the VM, 1500),
+#      and ci/rxe-vm/run-in-rxe-vm.sh's variables (RXE_VM_CACHE, RXE_VM_MEM, RXE_VM_SMP, ...).
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$PWD
+export RXE_VM_CACHE=${RXE_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpib-rxe-vm}
+SUITE_TIMEOUT=${RXE_TEST_SUITE_TIMEOUT:-600}
+VM_TIMEOUT=${RXE_TEST_VM_TIMEOUT:-1500}
+log() { echo "[rxe-test] $*" >&2; }
+
+# ---- suites ------------------------------------------------------------------------------
+# A suite is a name, a host step `build_<name> DIR` that puts what it needs into DIR (the
+# guest sees DIR as its working directory), and a guest command (busybox sh, root; the
+# guest's variables RXE_DEV0/1, RXE_GID_IDX0/1, RXE_NETDEV0/1, RXE_IP0/1 are set).
+# Suites run in this order; one that breaks the guest's network for good must come last.
+SUITES=()
+declare -A SUITE_CMD
+suite() { SUITES+=("$1"); SUITE_CMD[$1]=$2; }
+
+# Copies the executable of cargo test target $1 into DIR $2 as $1.
+cargo_test_binary() {
+  local exe
+  exe=$(cargo test --test "$1" --no-run --message-format=json 2>/dev/null |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)
+  [[ -n $exe && -x $exe ]] || { cargo test --test "$1" --no-run >&2; log "cannot build test target $1"; return 1; }
+  cp "$exe" "$2/$1"
+}
+
+# The rig itself: both ports active, and rdma-core's own RC ping-pong from rxe1 to rxe0
+# over the virtual wire. If this fails, the failures below are the rig's, not mpib's.
+build_rig() { :; }
+suite rig 'for d in $RXE_DEV0 $RXE_DEV1; do grep -q ACTIVE /sys/class/infiniband/$d/ports/1/state || { echo "$d not ACTIVE"; exit 1; }; done
+ibv_rc_pingpong -d $RXE_DEV0 -g $RXE_GID_IDX0 -n 200 > /tmp/pp-server.log 2>&1 &
+sleep 1
+ibv_rc_pingpong -d $RXE_DEV1 -g $RXE_GID_IDX1 -n 200 $RXE_IP0; rc=$?
+wait $! || rc=1
+cat /tmp/pp-server.log; exit $rc'
+
+# The verbs provider's device tests (tests/verbs_device.rs), rxe0 and rxe1 as the two ports.
+build_verbs-device() { cargo_test_binary verbs_device "$1"; }
+suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child --skip port_down_is_seen_and_skipped'
+
+# Takes rxe1's link down and up again: keep it last.
+build_verbs-port-down() { cargo_test_binary verbs_device "$1"; }
+suite verbs-port-down 'MPIB_TEST_LINK_TOGGLE=1 ./verbs_device --ignored --exact port_down_is_seen_and_skipped --test-threads=1'
+
+# ---- run ---------------------------------------------------------------------------------
+selected=("$@")
+((${#selected[@]})) || selected=("${SUITES[@]}")
+for s in "${selected[@]}"; do
+  [[ -n ${SUITE_CMD[$s]+x} ]] || { log "unknown suite $s (suites: ${SUITES[*]})"; echo "0 passed, 1 failed"; exit 2; }
+done
+
+t0=$(date +%s)
+ci/rxe-vm/setup-host.sh || { log "host set-up failed"; echo "0 passed, ${#selected[@]} failed"; exit 1; }
+log "host set-up: $(($(date +%s) - t0))s"
+
+DIR=$(mktemp -d /tmp/mpib-rxe-test.XXXXXX)
+trap 'rm -rf "$DIR"' EXIT
+t1=$(date +%s)
+for s in "${selected[@]}"; do
+  "build_$s" "$DIR" || { log "building suite $s failed"; echo "0 passed, ${#selected[@]} failed"; exit 1; }
+done
+log "host build: $(($(date +%s) - t1))s"
+
+for s in "${selected[@]}"; do printf '%s\n' "${SUITE_CMD[$s]}" > "$DIR/suite-$s.sh"; done
+# The guest script: runs each suite, prints its output, and records
+# `name status passed failed seconds` lines in results.txt.
+{
+  echo 'cd /mnt/host; : > results.txt'
+  echo 'now() { cut -d" " -f1 /proc/uptime; }'
+  for s in "${selected[@]}"; do
+    cat <<EOS
+echo "===== suite $s"
+t=\$(now)
+timeout $SUITE_TIMEOUT sh suite-$s.sh > suite-$s.log 2>&1; rc=\$?
+cat suite-$s.log
+p=\$(sed -n 's/^test result: .* \([0-9][0-9]*\) passed; \([0-9][0-9]*\) failed.*/\1/p' suite-$s.log | awk '{s+=\$1} END {print s+0}')
+f=\$(sed -n 's/^test result: .* \([0-9][0-9]*\) passed; \([0-9][0-9]*\) failed.*/\2/p' suite-$s.log | awk '{s+=\$1} END {print s+0}')
+if ! grep -q '^test result:' suite-$s.log; then if [ \$rc = 0 ]; then p=1; else f=1; fi
+elif [ \$rc != 0 ] && [ \$f = 0 ]; then f=1; fi
+[ \$rc = 124 ] && echo "suite $s: TIMEOUT after ${SUITE_TIMEOUT}s"
+st=PASS; [ \$rc != 0 ] && st=FAIL
+echo "$s \$st \$p \$f \$(awk "BEGIN{printf \"%.1f\", \$(now) - \$t}")" >> results.txt
+EOS
+  done
+} > "$DIR/run-suites.sh"
+
+t2=$(date +%s)
+ci/rxe-vm/run-in-rxe-vm.sh -t "$VM_TIMEOUT" "$DIR" 'sh run-suites.sh'
+vm_rc=$?
+log "VM run: $(($(date +%s) - t2))s (exit code $vm_rc)"
+
+passed=0 failed=0
+echo "===== summary"
+for s in "${selected[@]}"; do
+  line=$(grep "^$s " "$DIR/results.txt" 2>/dev/null | tail -n1)
+  if [[ -z $line ]]; then
+    echo "SUITE $s FAIL (did not run: VM exit code $vm_rc)"
+    failed=$((failed + 1))
+    continue
+  fi
+  read -r _ st p f secs <<< "$line"
+  echo "SUITE $s $st: $p passed, $f failed (${secs}s)"
+  passed=$((passed + p)) failed=$((failed + f))
+done
+log "total: $(($(date +%s) - t0))s"
+echo "$passed passed, $failed failed"
+((failed == 0 && passed > 0))

@@ -1,0 +1,404 @@
+//! An opened verbs port: its context, the one protection domain all comms share, what it
+//! can do (probed once), memory registration, and the factories of CQs, SRQs and QPs.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use rdma_mummy_sys as ibv;
+
+use super::cq::{TsClock, VerbsCq};
+use super::events::{EventThread, Health};
+use super::gid;
+use super::props;
+use super::qp::{self, VerbsQp};
+use super::qp_info::PortInfo;
+use super::srq::VerbsSrq;
+use super::sys::{self, DeviceList, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, OpenContext, PORT_ACTIVE};
+use crate::error::{Error, Result};
+use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, QpCaps};
+
+/// The opened context and its PD, shared (Arc) by the device and every object made on it,
+/// so that it is closed only after the last of them is gone.
+pub struct Ctx {
+    pub(super) raw: *mut ibv::ibv_context,
+    pub(super) pd: *mut ibv::ibv_pd,
+    name: String,
+    port: u8,
+    pub(super) health: Arc<Health>,
+    events: Option<EventThread>,
+}
+
+// SAFETY: libibverbs contexts and PDs may be used from any thread (the verbs used here are
+// thread-safe); the raw pointers have no thread affinity.
+unsafe impl Send for Ctx {}
+// SAFETY: as above; nothing here is mutated through a shared reference.
+unsafe impl Sync for Ctx {}
+
+impl Ctx {
+    /// `device:port`, for messages.
+    pub fn label(&self) -> String {
+        format!("{}:{}", self.name, self.port)
+    }
+
+    /// The error for a failed verbs call on this port.
+    pub fn failed(&self, call: &str, code: i32) -> Error {
+        sys::call_failed(call, &self.name, self.port, code)
+    }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // The event thread uses the context: stop it first.
+        drop(self.events.take());
+        // SAFETY: every MR, CQ, SRQ and QP holds an Arc of this object, so none is left;
+        // the PD and the context are released once.
+        unsafe {
+            let ret = ibv::ibv_dealloc_pd(self.pd);
+            if ret != 0 {
+                log::warn!("ibv_dealloc_pd on {}: {}", self.label(), sys::strerror(sys::ret_errno(ret)));
+            }
+            ibv::ibv_close_device(self.raw);
+        }
+    }
+}
+
+/// A registered memory region; deregistered by [`Device::dereg_mr`] or when dropped.
+pub struct VerbsMr {
+    mr: *mut ibv::ibv_mr,
+    keys: MrKeys,
+    ctx: Arc<Ctx>,
+}
+
+// SAFETY: an MR handle is plain data to the holder; ibv_dereg_mr is thread-safe.
+unsafe impl Send for VerbsMr {}
+// SAFETY: shared references only read the cached keys.
+unsafe impl Sync for VerbsMr {}
+
+impl Drop for VerbsMr {
+    fn drop(&mut self) {
+        if self.mr.is_null() {
+            return;
+        }
+        // SAFETY: a live MR of ctx's PD, deregistered once.
+        let ret = unsafe { ibv::ibv_dereg_mr(self.mr) };
+        if ret != 0 {
+            log::warn!("ibv_dereg_mr on {}: {}", self.ctx.label(), sys::strerror(sys::ret_errno(ret)));
+        }
+    }
+}
+
+/// An opened verbs port (see [`crate::fabric::Device`]).
+pub struct VerbsDevice {
+    ctx: Arc<Ctx>,
+    attrs: DeviceAttrs,
+    port: PortInfo,
+    clock: TsClock,
+}
+
+/// `ibv_access_flags` for an [`Access`]. Verbs refuses REMOTE_WRITE without LOCAL_WRITE,
+/// so LOCAL_WRITE is added to it.
+fn access_flags(access: Access) -> u32 {
+    use ibv::ibv_access_flags as a;
+    let mut f = 0;
+    if access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE) {
+        f |= a::IBV_ACCESS_LOCAL_WRITE.0;
+    }
+    if access.contains(Access::REMOTE_WRITE) {
+        f |= a::IBV_ACCESS_REMOTE_WRITE.0;
+    }
+    if access.contains(Access::REMOTE_READ) {
+        f |= a::IBV_ACCESS_REMOTE_READ.0;
+    }
+    f
+}
+
+impl VerbsDevice {
+    /// Opens `name`, port `port` (default: its first active port), with the RoCE GID at
+    /// `gid_index` (default: chosen automatically, see [`gid`]).
+    pub fn open(name: &str, port: Option<u8>, gid_index: Option<u8>) -> Result<VerbsDevice> {
+        let list = DeviceList::get().map_err(Error::system)?;
+        let i = (0..list.len()).find(|&i| list.name(i) == name).ok_or_else(|| {
+            Error::invalid_argument(format!("RDMA device {name} not found (devices: {})", list.names().join(", ")))
+        })?;
+        let oc = OpenContext::open(list.device(i), name)?;
+        let dattr = sys::query_device(oc.0, name)?;
+        let nports = dattr.orig_attr.phys_port_cnt;
+        let port = match port {
+            Some(p) if p == 0 || p > nports => {
+                return Err(Error::invalid_argument(format!("{name} has no port {p} (ports 1-{nports})")));
+            }
+            Some(p) => p,
+            None => (1..=nports)
+                .find(|&p| sys::query_port(oc.0, name, p).is_ok_and(|a| a.state == PORT_ACTIVE))
+                .ok_or_else(|| Error::system(format!("{name} has no active port")))?,
+        };
+        let pattr = sys::query_port(oc.0, name, port)?;
+        if pattr.state != PORT_ACTIVE {
+            return Err(Error::system(format!("{name}:{port} is {}, not ACTIVE", sys::port_state_str(pattr.state))));
+        }
+        let roce = pattr.link_layer == LINK_LAYER_ETHERNET;
+        let (gid_index, gid) = if roce {
+            let table = gid::read_table(oc.0, name, port, pattr.gid_tbl_len.max(0) as usize);
+            let idx = gid::select(&table, gid_index, name, port)?;
+            let gid = table.iter().find(|e| e.index == idx).map(|e| e.gid).unwrap_or_default();
+            (idx, gid)
+        } else {
+            let idx = gid_index.unwrap_or(0);
+            (idx, gid::query_gid(oc.0, name, port, idx).unwrap_or_default())
+        };
+        // SAFETY: oc.0 is an open context.
+        let pd = unsafe { ibv::ibv_alloc_pd(oc.0) };
+        if pd.is_null() {
+            return Err(sys::call_failed("ibv_alloc_pd", name, port, sys::errno()));
+        }
+        let raw = oc.into_raw();
+        let health = Arc::new(Health::new());
+        let events = EventThread::start(raw, format!("{name}:{port}"), port, health.clone())
+            .map_err(|e| {
+                log::warn!("{name}:{port}: no async event thread ({e}); port and QP errors show only in completions")
+            })
+            .ok();
+        let ctx = Arc::new(Ctx { raw, pd, name: name.to_string(), port, health, events });
+
+        let clock = probe_clock(&ctx, dattr.hca_core_clock);
+        let mut mem_types = MemTypes::HOST;
+        if props::peer_memory_loaded() {
+            mem_types |= MemTypes::CUDA;
+        }
+        if probe_dmabuf(&ctx) {
+            mem_types |= MemTypes::DMABUF;
+        }
+        let d = &dattr.orig_attr;
+        let attrs = DeviceAttrs {
+            name: name.to_string(),
+            port,
+            link_layer: if roce { LinkLayer::Ethernet } else { LinkLayer::InfiniBand },
+            speed_mbps: props::speed_mbps(pattr.active_width, pattr.active_speed, pattr.active_speed_ex),
+            mtu: props::mtu_bytes(pattr.active_mtu),
+            max_qp: d.max_qp.max(0) as u32,
+            max_qp_wr: d.max_qp_wr.max(0) as u32,
+            max_srq_wr: d.max_srq_wr.max(0) as u32,
+            max_cqe: d.max_cqe.max(0) as u32,
+            max_sge: d.max_sge.max(0) as u32,
+            max_inline: probe_inline(&ctx),
+            mem_types,
+            completion_timestamps: clock != TsClock::None,
+            pci_path: props::pci_path(name),
+            guid: u64::from_be(d.sys_image_guid),
+        };
+        let port_info = PortInfo {
+            link_layer: if roce { LINK_LAYER_ETHERNET } else { LINK_LAYER_INFINIBAND },
+            port,
+            lid: pattr.lid,
+            mtu: pattr.active_mtu as u8,
+            gid,
+            gid_index,
+            rd_atomic_responder: d.max_qp_rd_atom.clamp(1, 16) as u8,
+            rd_atomic_initiator: d.max_qp_init_rd_atom.clamp(1, 16) as u8,
+        };
+        let addr = if roce {
+            format!("RoCE, GID index {gid_index} ({})", gid::format_gid(&gid))
+        } else {
+            format!("InfiniBand, LID {:#x}", pattr.lid)
+        };
+        log::info!(
+            "verbs device {name}:{port}: {addr}, MTU {}, {} Mbit/s, memory {:?}, max inline {}, completion timestamps: {}",
+            attrs.mtu,
+            attrs.speed_mbps,
+            attrs.mem_types,
+            attrs.max_inline,
+            clock.describe()
+        );
+        Ok(VerbsDevice { ctx, attrs, port: port_info, clock })
+    }
+
+    /// The GID index QPs use as source (RoCE: the chosen one; IB: for GRH only).
+    pub fn gid_index(&self) -> u8 {
+        self.port.gid_index
+    }
+
+    /// The port's GID at [`Self::gid_index`] (network order).
+    pub fn gid(&self) -> [u8; 16] {
+        self.port.gid
+    }
+
+    /// The port's LID (InfiniBand; 0 on RoCE).
+    pub fn lid(&self) -> u16 {
+        self.port.lid
+    }
+
+    /// How completion timestamps are taken on this device.
+    pub fn clock(&self) -> TsClock {
+        self.clock
+    }
+
+    /// False after an async PORT_ERR event on this port (until PORT_ACTIVE).
+    pub fn port_active(&self) -> bool {
+        self.ctx.health.port_active.load(Ordering::Acquire)
+    }
+
+    /// Async events read on this device so far (all kinds).
+    pub fn async_events(&self) -> u64 {
+        self.ctx.health.events.load(Ordering::Relaxed)
+    }
+
+    /// An extended CQ (`ibv_create_cq_ex`), with timestamps when the device has them; for
+    /// tests of the extended poll path on devices without timestamps.
+    pub fn create_cq_extended(&self, depth: u32) -> Result<VerbsCq> {
+        VerbsCq::create_ex(&self.ctx, depth, self.clock)
+    }
+}
+
+impl Device for VerbsDevice {
+    type Mr = VerbsMr;
+    type Cq = VerbsCq;
+    type Srq = VerbsSrq;
+    type Qp = VerbsQp;
+
+    fn attrs(&self) -> &DeviceAttrs {
+        &self.attrs
+    }
+
+    fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<VerbsMr> {
+        let flags = access_flags(access);
+        let ro = ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+        // SAFETY: the caller owns [addr, addr+len) for the registration's lifetime (the
+        // trait's contract); the PD is live.
+        let mut mr = unsafe {
+            if access.contains(Access::RELAXED_ORDERING) {
+                ibv::ibv_reg_mr_iova2(self.ctx.pd, addr.cast(), len, addr as u64, flags | ro)
+            } else {
+                ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, flags as i32)
+            }
+        };
+        if mr.is_null() && access.contains(Access::RELAXED_ORDERING) && sys::errno() == libc::EOPNOTSUPP {
+            // libibverbs older than ibv_reg_mr_iova2 (rdma-core 29): no relaxed ordering.
+            // SAFETY: as above.
+            mr = unsafe { ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, flags as i32) };
+        }
+        if mr.is_null() {
+            return Err(self
+                .ctx
+                .failed(&format!("ibv_reg_mr({len} bytes at {addr:p}, access {access:?})"), sys::errno()));
+        }
+        Ok(self.wrap_mr(mr))
+    }
+
+    fn reg_dmabuf_mr(&self, fd: i32, offset: u64, len: usize, iova: u64, access: Access) -> Result<VerbsMr> {
+        let mut flags = access_flags(access);
+        if access.contains(Access::RELAXED_ORDERING) {
+            flags |= ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+        }
+        // SAFETY: the PD is live; the kernel validates the fd and the range.
+        let mr = unsafe { ibv::ibv_reg_dmabuf_mr(self.ctx.pd, offset, len, iova, fd, flags as i32) };
+        if mr.is_null() {
+            return Err(self
+                .ctx
+                .failed(&format!("ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes)"), sys::errno()));
+        }
+        Ok(self.wrap_mr(mr))
+    }
+
+    fn mr_keys(mr: &VerbsMr) -> MrKeys {
+        mr.keys
+    }
+
+    fn dereg_mr(&self, mut mr: VerbsMr) -> Result<()> {
+        let p = std::mem::replace(&mut mr.mr, std::ptr::null_mut());
+        // SAFETY: a live MR, deregistered once (Drop sees NULL afterwards).
+        let ret = unsafe { ibv::ibv_dereg_mr(p) };
+        if ret != 0 {
+            return Err(self.ctx.failed("ibv_dereg_mr", sys::ret_errno(ret)));
+        }
+        Ok(())
+    }
+
+    fn create_cq(&self, depth: u32, timestamps: bool) -> Result<VerbsCq> {
+        if timestamps && self.clock != TsClock::None {
+            VerbsCq::create_ex(&self.ctx, depth, self.clock)
+        } else {
+            VerbsCq::create_plain(&self.ctx, depth)
+        }
+    }
+
+    fn create_srq(&self, depth: u32) -> Result<VerbsSrq> {
+        VerbsSrq::create(&self.ctx, depth)
+    }
+
+    fn create_qp(&self, cq: &VerbsCq, srq: Option<&VerbsSrq>, caps: QpCaps) -> Result<VerbsQp> {
+        VerbsQp::create(&self.ctx, self.port, cq, srq, caps)
+    }
+}
+
+impl VerbsDevice {
+    fn wrap_mr(&self, mr: *mut ibv::ibv_mr) -> VerbsMr {
+        // SAFETY: a live MR just returned by libibverbs.
+        let keys = unsafe { MrKeys { lkey: (*mr).lkey, rkey: (*mr).rkey } };
+        VerbsMr { mr, keys, ctx: self.ctx.clone() }
+    }
+}
+
+impl std::fmt::Debug for VerbsDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "VerbsDevice({}, gid index {})", self.ctx.label(), self.port.gid_index)
+    }
+}
+
+/// Which timestamp clock the device's extended CQs can give: wallclock ns first, else the
+/// raw device clock when its frequency is known, else none.
+fn probe_clock(ctx: &Arc<Ctx>, hca_core_clock_khz: u64) -> TsClock {
+    if VerbsCq::create_ex(ctx, 4, TsClock::Wallclock).is_ok() {
+        return TsClock::Wallclock;
+    }
+    if hca_core_clock_khz > 0 {
+        let raw = TsClock::raw(hca_core_clock_khz);
+        if VerbsCq::create_ex(ctx, 4, raw).is_ok() {
+            return raw;
+        }
+    }
+    TsClock::None
+}
+
+/// DMA-BUF registration works when `ibv_reg_dmabuf_mr(fd = -1)` fails for the fd, not for
+/// lack of support (net_ib's probe).
+fn probe_dmabuf(ctx: &Ctx) -> bool {
+    // SAFETY: a live PD; fd -1 is never a valid DMA-BUF, so nothing gets registered.
+    let mr = unsafe { ibv::ibv_reg_dmabuf_mr(ctx.pd, 0, 0, 0, -1, 0) };
+    if !mr.is_null() {
+        // SAFETY: deregistering what was (unexpectedly) registered.
+        unsafe { ibv::ibv_dereg_mr(mr) };
+        return true;
+    }
+    props::dmabuf_supported_from_errno(sys::errno())
+}
+
+/// The largest inline payload an RC QP accepts, among a few sizes (0 when none).
+fn probe_inline(ctx: &Arc<Ctx>) -> u32 {
+    let Ok(cq) = VerbsCq::create_plain(ctx, 4) else { return 0 };
+    for size in [512, 256, 128, 64, 32] {
+        if let Ok(q) = qp::create_raw(ctx, cq.inner.cq, std::ptr::null_mut(), 4, size) {
+            // SAFETY: a QP just created here, destroyed once.
+            unsafe { ibv::ibv_destroy_qp(q) };
+            return size;
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ibv::ibv_access_flags as a;
+
+    #[test]
+    fn access_mapping_adds_local_write_to_remote_write() {
+        assert_eq!(access_flags(Access::REMOTE_WRITE), a::IBV_ACCESS_LOCAL_WRITE.0 | a::IBV_ACCESS_REMOTE_WRITE.0);
+        assert_eq!(access_flags(Access::REMOTE_READ), a::IBV_ACCESS_REMOTE_READ.0);
+        assert_eq!(access_flags(Access::LOCAL_WRITE), a::IBV_ACCESS_LOCAL_WRITE.0);
+        assert_eq!(
+            access_flags(Access::all()),
+            (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE | a::IBV_ACCESS_REMOTE_READ).0,
+            "relaxed ordering is added by reg_mr itself, through ibv_reg_mr_iova2"
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! Device tests of the verbs provider: real traffic through libibverbs between two active
+//! ports. They are `#[ignore]`d because they need RDMA ports; CI runs them in a Soft-RoCE
+//! guest (`ci/rxe-test.sh`, suite `verbs-device`). On any RDMA host:
+//!
+//! ```text
+//! MPIB_TEST_DEV0=mlx5_0 MPIB_TEST_DEV1=mlx5_1 cargo test --test verbs_device -- --ignored --test-threads=1
+//! ```
+//! Ports: `MPIB_TEST_DEV0/1` (`device[:port]`), else the guest's `RXE_DEV0/1`. The expected
+//! automatic GID indices `MPIB_TEST_GID_IDX0/1` (else `RXE_GID_IDX0/1`) are optional.
+//! `port_down_is_seen_and_skipped` takes a link down and up again and runs only where
+//! `MPIB_TEST_LINK_TOGGLE=1` names a throw-away machine (the guest).
+
+mod fabric_checks;
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fabric_checks as checks;
+use mpib::config::Config;
+use mpib::fabric::verbs::{self, VerbsDevice};
+use mpib::fabric::{ConnectParams, Device, LinkLayer, MemTypes, QueuePair, WcOpcode, WcStatus, WrOpcode};
+
+fn env_any(names: &[String]) -> Option<String> {
+    names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
+}
+
+/// (device, port) of test port `i` (0 or 1).
+fn port_spec(i: usize) -> (String, Option<u8>) {
+    let v = env_any(&[format!("MPIB_TEST_DEV{i}"), format!("RXE_DEV{i}")]).unwrap_or_else(|| {
+        panic!("set MPIB_TEST_DEV{i}=device[:port] (or run in the Soft-RoCE guest: ci/rxe-test.sh)")
+    });
+    match v.split_once(':') {
+        Some((d, p)) => (d.to_string(), Some(p.parse().expect("port number"))),
+        None => (v, None),
+    }
+}
+
+fn expected_gid_index(i: usize) -> Option<u8> {
+    env_any(&[format!("MPIB_TEST_GID_IDX{i}"), format!("RXE_GID_IDX{i}")]).map(|v| v.parse().expect("GID index"))
+}
+
+fn open(i: usize) -> Arc<VerbsDevice> {
+    mpib::abi::logger::install();
+    let (d, p) = port_spec(i);
+    Arc::new(VerbsDevice::open(&d, p, None).unwrap_or_else(|e| panic!("open {d}: {e}")))
+}
+
+fn config(vars: &[(&str, &str)]) -> Config {
+    Config::from_vars(vars.iter().copied()).expect("valid test configuration")
+}
+
+// ---- no device needed -------------------------------------------------------------------
+
+#[test]
+fn unavailable_reason_agrees_with_open_rail_pairs() {
+    match verbs::unavailable_reason() {
+        Some(why) => {
+            let e = verbs::open_rail_pairs(&Config::default()).err().expect("unavailable, yet pairs opened");
+            assert!(e.msg.contains(&why), "{e} does not say {why}");
+        }
+        None => assert!(!verbs::open_rail_pairs(&Config::default()).expect("usable, yet no pairs").is_empty()),
+    }
+}
+
+// ---- device tests -----------------------------------------------------------------------
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn write_then_read() {
+    checks::write_then_read(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn write_imm_through_srq() {
+    checks::write_imm_through_srq(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn write_imm_through_srq_with_extended_cqs() {
+    let (d0, d1) = (open(0), open(1));
+    let (ca, cb) = (d0.create_cq_extended(1024).expect("cq_ex"), d1.create_cq_extended(1024).expect("cq_ex"));
+    assert!(ca.is_extended() && cb.is_extended());
+    let (mut a, mut b) = (checks::End::with_cq(&d0, ca, false, 1 << 16), checks::End::with_cq(&d1, cb, true, 1 << 16));
+    checks::write_imm_on(&mut a, &mut b);
+    // Many completions, polled as they trickle in: every one exactly once, then nothing.
+    let (rk, raddr) = (b.keys().rkey, b.addr(0));
+    for i in 0..64 {
+        a.qp.post_send(&[checks::wr(WrOpcode::Write, 100 + i, Some(a.sge(0, 256)), raddr, rk, 0, true)]).unwrap();
+    }
+    let got = checks::poll_until(&mut [&mut a.cq, &mut b.cq], &[64, 0]);
+    assert_eq!(got[0].iter().map(|c| c.wr_id).collect::<Vec<_>>(), (100..164).collect::<Vec<u64>>());
+    assert!(got[0].iter().all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::RdmaWrite));
+    checks::assert_quiet(&mut [&mut a.cq, &mut b.cq], Duration::from_millis(200), "after the last completion");
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn many_in_flight() {
+    checks::many_in_flight(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn bad_rkey_is_a_remote_access_error() {
+    checks::bad_rkey_is_a_remote_access_error(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn rnr_with_empty_srq_recovers() {
+    checks::rnr_with_empty_srq_recovers(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn loopback_qp() {
+    checks::loopback_qp(&open(0));
+    checks::loopback_qp(&open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn peer_killed_mid_transfer() {
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child
+        .args(["--ignored", "--exact", "peer_child", "--nocapture", "--test-threads=1"])
+        .env("MPIB_TEST_PEER_CHILD", "1");
+    // 4.096 µs × 2^12 ≈ 17 ms ACK timeout, 2 retries: the error is due well under a second.
+    let conn = ConnectParams { traffic_class: 0, service_level: 0, timeout: 12, retry_cnt: 2 };
+    checks::peer_killed_mid_transfer(&open(0), child, conn, Duration::from_secs(20));
+}
+
+/// The second process of `peer_killed_mid_transfer` (does nothing when run on its own).
+#[test]
+#[ignore = "helper process of peer_killed_mid_transfer"]
+fn peer_child() {
+    if std::env::var("MPIB_TEST_PEER_CHILD").is_ok() {
+        checks::peer_child(&open(1));
+    }
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn attributes_and_completion_timestamps() {
+    let d = open(0);
+    let a = d.attrs();
+    assert!(a.mtu >= 256 && a.speed_mbps >= 2500 && a.max_qp > 0 && a.max_srq_wr > 0 && a.max_sge >= 2, "{a:?}");
+    assert!(a.mem_types.contains(MemTypes::HOST), "{a:?}");
+    if a.name.starts_with("rxe") {
+        assert_eq!(a.link_layer, LinkLayer::Ethernet);
+        assert_eq!(a.pci_path, None, "a virtual device has no PCI path");
+        assert!(!a.mem_types.contains(MemTypes::DMABUF), "rxe has no DMA-BUF: {a:?}");
+    }
+    if let Some(p) = &a.pci_path {
+        assert!(p.starts_with("/sys/devices/"), "{p}");
+    }
+    // Timestamps when the device has them; otherwise create_cq(.., true) still works.
+    let (mut x, mut y) = (
+        checks::End::with_cq(&d, d.create_cq(64, true).expect("cq"), false, 1 << 16),
+        checks::End::with_cq(&d, d.create_cq(64, true).expect("cq"), false, 1 << 16),
+    );
+    checks::connect(&mut x, &mut y);
+    let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+    for i in 0..2 {
+        let w = checks::wr(WrOpcode::Write, i, Some(x.sge(0, 64)), y.addr(0), y.keys().rkey, 0, true);
+        x.qp.post_send(&[w]).unwrap();
+    }
+    let got = checks::poll_until(&mut [&mut x.cq], &[2]);
+    let ts: Vec<u64> = got[0].iter().map(|c| c.timestamp_ns).collect();
+    println!("{}: completion timestamps {:?} (clock {})", a.name, ts, d.clock().describe());
+    if a.completion_timestamps {
+        assert!(ts[0] > 0 && ts[1] >= ts[0], "{ts:?}");
+        if d.clock() == verbs::TsClock::Wallclock {
+            assert!(ts[0] >= t0, "wallclock ns, not before the post: {ts:?} < {t0}");
+        }
+    } else {
+        assert_eq!(ts, [0, 0], "no timestamps without device support");
+    }
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn automatic_gid_choice() {
+    for i in 0..2 {
+        let d = open(i);
+        if d.attrs().link_layer != LinkLayer::Ethernet {
+            continue;
+        }
+        let g = d.gid();
+        assert!(g[0] != 0xfe, "automatic choice is never link-local: {g:?}");
+        if let Some(want) = expected_gid_index(i) {
+            assert_eq!(d.gid_index(), want, "{}: the RoCE v2 IPv4-mapped GID", d.attrs().name);
+            assert_eq!(&g[..12], &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff], "IPv4-mapped");
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn gid_index_override_through_config() {
+    let (d0, d1) = (port_spec(0).0, port_spec(1).0);
+    let auto = open(0).gid_index();
+    let idx = auto.to_string();
+    let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1), ("MPIB_GID_INDEX", &idx)]);
+    let pairs = verbs::open_rail_pairs(&cfg).expect("open_rail_pairs");
+    assert_eq!(pairs.len(), 1);
+    assert_eq!((pairs[0].sout.attrs().name.as_str(), pairs[0].sup.attrs().name.as_str()), (d0.as_str(), d1.as_str()));
+    assert_eq!(pairs[0].sout.gid_index(), auto);
+    assert_eq!(pairs[0].sup.gid_index(), auto);
+    checks::write_imm_through_srq(&pairs[0].sout, &pairs[0].sup);
+    if open(0).attrs().link_layer == LinkLayer::Ethernet {
+        // Index 0 holds the link-local GID, never chosen automatically: the override wins.
+        let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d0), ("MPIB_GID_INDEX", "0")]);
+        let pairs = verbs::open_rail_pairs(&cfg).expect("MPIB_GID_INDEX=0");
+        assert_eq!(pairs[0].sout.gid_index(), 0);
+        assert!(Arc::ptr_eq(&pairs[0].sout, &pairs[0].sup), "one port in both rails is opened once");
+        let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1), ("MPIB_GID_INDEX", "200")]);
+        let e = verbs::open_rail_pairs(&cfg).err().expect("an empty GID slot must be refused");
+        assert!(e.msg.contains("MPIB_GID_INDEX=200") && e.msg.contains("no GID at index 200"), "{e}");
+    }
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn pairing_through_config() {
+    let (d0, d1) = (port_spec(0).0, port_spec(1).0);
+    let pairs = verbs::open_rail_pairs(&Config::default()).expect("automatic pairing");
+    assert!(!pairs.is_empty());
+    if d0.starts_with("rxe") && d1.starts_with("rxe") {
+        let names: Vec<(String, String)> =
+            pairs.iter().map(|p| (p.sout.attrs().name.clone(), p.sup.attrs().name.clone())).collect();
+        assert_eq!(names, [(d0.clone(), d1.clone())], "the guest's two rxe ports pair by name");
+    }
+    let e = verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", "nosuchdev"), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
+    assert!(
+        e.msg.contains("MPIB_HCA_SOUT entry 0 (nosuchdev): device nosuchdev not found") && e.msg.contains(&d0),
+        "{e}"
+    );
+    let e =
+        verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &format!("{d1}:9"))])).err().unwrap();
+    assert!(e.msg.contains("has no port 9"), "{e}");
+}
+
+#[test]
+#[ignore = "takes a link down: only on a throw-away machine with MPIB_TEST_LINK_TOGGLE=1 (the guest)"]
+fn port_down_is_seen_and_skipped() {
+    if std::env::var("MPIB_TEST_LINK_TOGGLE").as_deref() != Ok("1") {
+        eprintln!("MPIB_TEST_LINK_TOGGLE is not 1: skipped");
+        return;
+    }
+    let netdev = std::env::var("RXE_NETDEV1").expect("RXE_NETDEV1");
+    let (d0, d1) = (port_spec(0).0, port_spec(1).0);
+    let dev1 = open(1);
+    let ip = |state: &str| {
+        let ok = Command::new("/usr/bin/ip").args(["link", "set", &netdev, state]).status().unwrap().success();
+        assert!(ok, "ip link set {netdev} {state}");
+    };
+    let wait_for = |what: &str, f: &dyn Fn() -> bool| {
+        let t0 = Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < checks::WAIT, "{what}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    ip("down");
+    wait_for("no PORT_ERR async event after the link went down", &|| !dev1.port_active());
+    assert!(dev1.async_events() >= 1);
+    let pairs = verbs::open_rail_pairs(&Config::default()).expect("the other port still pairs");
+    let names: Vec<(String, String)> =
+        pairs.iter().map(|p| (p.sout.attrs().name.clone(), p.sup.attrs().name.clone())).collect();
+    assert_eq!(names, [(d0.clone(), d0.clone())], "the down port is skipped, the odd one rails with itself");
+    let e = verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
+    assert!(e.msg.contains("no usable rail pair"), "{e}");
+    ip("up");
+    wait_for("no PORT_ACTIVE async event after the link came back", &|| dev1.port_active());
+}
