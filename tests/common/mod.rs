@@ -27,10 +27,18 @@ pub fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
-/// Compiles C sources (paths relative to the crate root) into an executable.
+/// Compiles C sources (paths relative to the crate root) into an executable, once per test
+/// process: tests run in parallel, and a second `cc` writing the same file while another
+/// test executes it made that exec fail with ETXTBSY ("Text file busy").
 pub fn compile_c(name: &str, sources: &[&str], libs: &[&str]) -> PathBuf {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let key = format!("{name} {sources:?} {libs:?}");
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, p)) = built.iter().find(|(k, _)| *k == key) {
+        return p.clone();
+    }
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = tmpdir(name).join(name);
+    let out = tmpdir(name).join(format!("{name}-{}", built.len()));
     let mut cmd = Command::new("cc");
     cmd.args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&out);
     cmd.arg(format!("-I{root}/include"));
@@ -40,6 +48,7 @@ pub fn compile_c(name: &str, sources: &[&str], libs: &[&str]) -> PathBuf {
     cmd.args(libs);
     let r = cmd.output().expect("run cc");
     assert!(r.status.success(), "cc {sources:?} failed:\n{}", String::from_utf8_lossy(&r.stderr));
+    built.push((key, out.clone()));
     out
 }
 
