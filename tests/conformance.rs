@@ -5,11 +5,13 @@
 //! sender's checksum of what it delivered against the receiver's. See `mpib::driver`.
 //!
 //! Run alone: `cargo test --test conformance`. A failing seeded test prints its seed;
-//! `CONFORMANCE_SEED=<seed>` repeats it.
+//! `CONFORMANCE_SEED=<seed>` repeats it. Elsewhere (a Soft-RoCE VM): copy the test binary
+//! and the library, then `NCCL_NET_PLUGIN=/path/libmpib.so CONFORMANCE_ENV="MPIB_FABRIC=verbs
+//! MPIB_HCA_SOUT=rxe0 MPIB_HCA_SUP=rxe1" ./conformance --test-threads=1`.
 
 mod common;
 
-use common::{cdylib, pair, run, seed};
+use common::{pair, plugin_path, run, seed};
 use mpib::driver::net::{Plugin, RailCounters};
 use mpib::driver::pair::{PairOutcome, child_main};
 use mpib::driver::report::SideStats;
@@ -53,17 +55,17 @@ fn counters(out: &PairOutcome, p: usize) -> [RailCounters; 2] {
 
 #[test]
 fn loads_the_newest_version_or_the_one_asked_for() {
-    let lib = cdylib();
-    let p = Plugin::open(lib.to_str().unwrap(), None).unwrap();
+    let lib = plugin_path();
+    let p = Plugin::open(&lib, None).unwrap();
     assert_eq!((p.version(), p.name(), p.max_requests()), (12, "MPIB".to_string(), 32));
     assert_eq!(p.exported_versions(), vec![12, 11, 10, 9, 8, 7, 6]);
     assert!(p.has_counters());
     for v in 6..=12 {
-        let p = Plugin::open(lib.to_str().unwrap(), Some(v)).unwrap();
+        let p = Plugin::open(&lib, Some(v)).unwrap();
         assert_eq!(p.version(), v);
         assert_eq!(p.max_requests(), if v == 6 { 8 } else { 32 });
     }
-    let e = Plugin::open(lib.to_str().unwrap(), Some(5)).err().unwrap();
+    let e = Plugin::open(&lib, Some(5)).err().unwrap();
     assert_eq!(e.kind, ErrorKind::Usage, "{e}");
 }
 
@@ -104,7 +106,7 @@ fn the_plugin_is_found_by_its_nccl_name() {
     let dir = common::tmpdir("nccl-name");
     let link = dir.join("libnccl-net-mpibconf.so");
     let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(cdylib(), &link).unwrap();
+    std::os::unix::fs::symlink(plugin_path(), &link).unwrap();
     let mut spec = pair(workload(vec![phase(&[8], 1, 1, 1)]));
     spec.plugin = "mpibconf".into();
     spec.env.push(("LD_LIBRARY_PATH".into(), dir.to_string_lossy().into_owned()));

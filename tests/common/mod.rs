@@ -94,10 +94,19 @@ pub fn fabric_env() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The library the conformance suite drives: `NCCL_NET_PLUGIN` when set (a test binary
+/// copied into a VM, away from `target/`), else [`cdylib`].
+pub fn plugin_path() -> String {
+    match std::env::var("NCCL_NET_PLUGIN") {
+        Ok(p) if !p.is_empty() => p,
+        _ => cdylib().to_string_lossy().into_owned(),
+    }
+}
+
 /// A run of `w` between two processes on [`fabric_env`], newest ABI on both.
 pub fn pair(w: Workload) -> PairSpec {
     PairSpec {
-        plugin: cdylib().to_string_lossy().into_owned(),
+        plugin: plugin_path(),
         abi: [None, None],
         env: fabric_env(),
         workload: w,
