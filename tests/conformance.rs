@@ -319,6 +319,7 @@ fn bad_handles_give_error_codes_not_crashes() {
         let rep = r.report.as_ref().unwrap();
         assert!(rep.bad_handles.len() >= 12, "{:?}", rep.bad_handles);
         for (what, c) in &rep.bad_handles {
+            eprintln!("rank {}: {what} -> {c}", rep.rank);
             assert!(
                 (2..=6).contains(c),
                 "rank {}: {what} returned {c}, expected an error code\n{}",
