@@ -16,19 +16,34 @@ use super::report::{PhaseReport, SideStats, counters_delta, mono_ns};
 use super::spec::{GUARD, Kill, Phase, Side, Workload, tag};
 use super::{Error, Result};
 
-/// Where a phase is: which workload, which phase.
+/// Where a phase is: which workload, which phase, and the phase as run.
 #[derive(Clone, Copy)]
 pub struct At<'w> {
     pub w: &'w Workload,
     pub index: usize,
+    /// `w.phases[index]`, its warm-up, or it with the count a time budget chose.
+    pub phase: &'w Phase,
+    /// The warm-up of phase `index`: patterns of its own, so that no warm-up byte can pass
+    /// for one of the phase's.
+    pub warmup: bool,
+    /// [`mono_ns`] when the phase started: the zero of its timeline.
+    pub start_ns: u64,
 }
 
+/// Mixed into the pattern seed of warm-ups.
+const WARMUP_SEED: u64 = 0x7761_726d_7570;
+
 impl<'w> At<'w> {
+    /// Phase `index` as the workload writes it, starting now.
+    pub fn of(w: &'w Workload, index: usize) -> At<'w> {
+        At { w, index, phase: &w.phases[index], warmup: false, start_ns: mono_ns() }
+    }
     fn phase(&self) -> &'w Phase {
-        &self.w.phases[self.index]
+        self.phase
     }
     fn key(&self, g: u64, j: usize) -> u64 {
-        pattern::key(self.w.seed, self.index as u32, g, j as u32)
+        let seed = if self.warmup { self.w.seed ^ WARMUP_SEED } else { self.w.seed };
+        pattern::key(seed, self.index as u32, g, j as u32)
     }
 }
 
@@ -171,6 +186,15 @@ impl<'c> Window<'c> {
     }
 }
 
+/// The sender's samples of its comm's per-rail byte counters ([`Phase::timeline_us`]).
+struct Timeline {
+    every_ns: u64,
+    next_ns: u64,
+    /// The counters when sampling started.
+    base: Option<[u64; 2]>,
+    samples: Vec<[u64; 3]>,
+}
+
 /// The sending side of one phase.
 pub struct Sender<'c> {
     at: At<'c>,
@@ -183,6 +207,7 @@ pub struct Sender<'c> {
     prepared: Option<(u64, u64)>,
     order: [u8; MAX_RECVS],
     win: Window<'c>,
+    timeline: Option<Timeline>,
 }
 
 impl<'c> Sender<'c> {
@@ -191,7 +216,36 @@ impl<'c> Sender<'c> {
         let p = at.phase();
         let total = p.count * p.nrecv as u64;
         let win = Window::new(Side::Send, p.window() * p.nrecv, total, p.kill);
-        Sender { at, comm, mr, slot: p.slot_bytes(), total, next: 0, prepared: None, order: [0; MAX_RECVS], win }
+        let timeline = (p.timeline_us > 0).then(|| {
+            let every_ns = p.timeline_us * 1000;
+            let expected = p.budget_ms.max(1000) * 1_000_000 / every_ns;
+            Timeline { every_ns, next_ns: 0, base: None, samples: Vec::with_capacity(expected.min(1 << 20) as usize) }
+        });
+        let order = [0; MAX_RECVS];
+        Sender { at, comm, mr, slot: p.slot_bytes(), total, next: 0, prepared: None, order, win, timeline }
+    }
+
+    /// Samples the comm's per-rail bytes when an interval has passed (or `now` when
+    /// `force`). One clock read per call; the counters only once per interval.
+    fn sample(&mut self, force: bool) -> Result<()> {
+        let Some(tl) = self.timeline.as_mut() else { return Ok(()) };
+        let now = mono_ns();
+        if !force && now < tl.next_ns {
+            return Ok(());
+        }
+        let Some(c) = self.comm.counters()? else {
+            self.timeline = None; // not an mpib library: nothing to sample
+            return Ok(());
+        };
+        let b = [c[0].bytes, c[1].bytes];
+        let base = *tl.base.get_or_insert(b);
+        tl.samples.push([now.saturating_sub(self.at.start_ns), b[0] - base[0], b[1] - base[1]]);
+        tl.next_ns = if tl.next_ns == 0 || now >= tl.next_ns + tl.every_ns {
+            now + tl.every_ns
+        } else {
+            tl.next_ns + tl.every_ns
+        };
+        Ok(())
     }
 
     pub fn arena_bytes(p: &Phase) -> usize {
@@ -239,6 +293,7 @@ impl<'c> Sender<'c> {
     pub fn step(&mut self) -> Result<bool> {
         let p = self.at.phase();
         let mut progressed = false;
+        self.sample(false)?;
         while self.next < self.total && self.win.has_room() {
             let k = self.next;
             let off = (k % self.win.cap as u64) as usize * self.slot;
@@ -271,6 +326,9 @@ impl<'c> Sender<'c> {
             s.messages += 1;
             self.win.completed();
             progressed = true;
+            if self.finished() {
+                self.sample(true)?;
+            }
         }
         Ok(progressed)
     }
@@ -284,7 +342,9 @@ impl<'c> Sender<'c> {
     }
 
     pub fn finish(self) -> SideStats {
-        self.win.finish()
+        let mut s = self.win.finish();
+        s.timeline = self.timeline.map(|t| t.samples).unwrap_or_default();
+        s
     }
 }
 
