@@ -284,7 +284,7 @@ impl SendEngine {
             } else {
                 let s = self.split.sout_bytes(size, now_ns, &views).min(size);
                 // A policy must answer in 128-byte units; repair anything else.
-                if s != size && s % SHARE_ALIGN != 0 { crate::split::align_share(s, size) } else { s }
+                if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
             };
             sizes[i] = size;
             sout[i] = s;
@@ -416,7 +416,8 @@ impl SendEngine {
             }
             let t = &self.tel[rail];
             let probe = self.cfg.probe_interval_ns > 0 && t.probe_due(now_ns, self.cfg.probe_interval_ns);
-            if !probe && !(waiting && t.probe_due(now_ns, super::KEEPALIVE_NS)) {
+            let keepalive = waiting && t.probe_due(now_ns, super::KEEPALIVE_NS);
+            if !(probe || keepalive) {
                 continue;
             }
             let c: &mut Chain = out.push(rail, QpRef::Data(0));
