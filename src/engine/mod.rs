@@ -27,6 +27,13 @@ pub const SOUT: usize = 0;
 pub const SUP: usize = 1;
 /// Rail names, by index.
 pub const RAIL_NAMES: [&str; RAILS] = ["SOUT", "SUP"];
+/// A connection whose caller is waiting (a receive outstanding, a send without its CTS)
+/// and that has seen no completion for this long posts a keepalive: a tiny signalled WRITE
+/// to the peer's scratch word. RC silently waits for a dead peer that is never written to;
+/// the keepalive fails (peer gone, connection reset, retry budget spent) and the error
+/// reaches the caller within this interval plus the fabric's own detection time.
+pub const KEEPALIVE_NS: u64 = 100_000_000;
+
 /// Most WRs in one chain: one data WRITE per receive plus the signalling WR.
 pub const MAX_CHAIN: usize = layout::MAX_RECVS + 1;
 

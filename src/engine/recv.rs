@@ -28,9 +28,13 @@ pub struct RecvConfig {
     pub srq_high: u32,
     /// Payloads up to this many bytes are posted inline.
     pub max_inline: u32,
-    /// Local host word the flush READs land in: address and lkey per rail.
+    /// Local host word the flush READs land in: address and lkey per rail. Also the
+    /// source of keepalive WRITEs.
     pub flush_addr: u64,
     pub flush_lkeys: [u32; RAILS],
+    /// The sender's scratch word, target of keepalive WRITEs: address and rkey per rail.
+    pub scratch_addr: u64,
+    pub scratch_rkeys: [u32; RAILS],
 }
 
 /// One receive buffer as NCCL gave it.
@@ -102,6 +106,12 @@ pub struct RecvEngine {
     srq_posted: [u32; RAILS],
     flushes: [FlushReq; MAX_FLUSHES],
     error: Option<Error>,
+    /// Last completion or post (ns), for keepalives.
+    last_activity_ns: u64,
+    /// The rail a keepalive is in flight on, if any.
+    keepalive: Option<usize>,
+    /// Keepalives sent so far (they alternate rails).
+    keepalives: u64,
 }
 
 impl RecvEngine {
@@ -116,6 +126,9 @@ impl RecvEngine {
             srq_posted: [0; RAILS],
             flushes: [FlushReq::default(); MAX_FLUSHES],
             error: None,
+            last_activity_ns: 0,
+            keepalive: None,
+            keepalives: 0,
         }
     }
 
@@ -178,7 +191,7 @@ impl RecvEngine {
     /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
     pub fn irecv(
         &mut self,
-        _now_ns: u64,
+        now_ns: u64,
         bufs: &[RecvBuf],
         mem: &mut impl RecvMemory,
         out: &mut Posts,
@@ -229,6 +242,7 @@ impl RecvEngine {
         self.slots[slot] = s;
         self.fifo_tail += 1;
         self.outstanding += 1;
+        self.last_activity_ns = now_ns;
         Ok(Some(slot as u16))
     }
 
@@ -240,8 +254,9 @@ impl RecvEngine {
     }
 
     /// A completion polled from `rail`'s CQ.
-    pub fn on_completion(&mut self, _now_ns: u64, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
+    pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
         self.stats[rail].count_cqes(1);
+        self.last_activity_ns = now_ns;
         let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
         if imm_recv {
             // Every receive completion, failed or not, consumed one SRQ WQE.
@@ -293,6 +308,10 @@ impl RecvEngine {
                     RAIL_NAMES[wr_rail]
                 )))),
             },
+            WrKind::Probe if self.keepalive == Some(wr_rail) => {
+                self.keepalive = None;
+                Ok(())
+            }
             _ => Err(self.fail(Error::internal(format!(
                 "{} rail: unexpected {kind:?} completion on a receive connection",
                 RAIL_NAMES[wr_rail]
@@ -442,6 +461,40 @@ impl RecvEngine {
             State::Posted => Ok(None),
             State::Free => Err(Error::internal(format!("receive request {id} is not in flight (tested after done?)"))),
         }
+    }
+
+    /// While receives wait and nothing has completed for [`KEEPALIVE_NS`](super::KEEPALIVE_NS),
+    /// a tiny signalled WRITE to the sender's scratch word (alternating rails, one at a time):
+    /// RC gives a receiver whose sender died no completion at all, the keepalive fails.
+    pub fn poll_keepalive(&mut self, now_ns: u64, out: &mut Posts) {
+        if self.error.is_some() || self.outstanding == 0 || self.keepalive.is_some() {
+            return;
+        }
+        if now_ns.saturating_sub(self.last_activity_ns) < super::KEEPALIVE_NS {
+            return;
+        }
+        let rail = if self.cfg.rails_mask == 0b11 {
+            (self.keepalives % RAILS as u64) as usize
+        } else {
+            self.cfg.rails_mask.trailing_zeros() as usize
+        };
+        let c = out.push(rail, QpRef::Cts);
+        c.push(SendWr {
+            wr_id: WrKind::Probe.id(rail, 0),
+            opcode: WrOpcode::Write,
+            signaled: true,
+            inline: self.cfg.max_inline >= 8,
+            num_sge: 1,
+            sge: [Sge { addr: self.cfg.flush_addr, len: 8, lkey: self.cfg.flush_lkeys[rail] }, Sge::default()],
+            remote_addr: self.cfg.scratch_addr,
+            rkey: self.cfg.scratch_rkeys[rail],
+            imm: 0,
+        });
+        self.stats[rail].count_post(1, 0, 0, 0);
+        self.stats[rail].counters.probes.add(1);
+        self.keepalive = Some(rail);
+        self.keepalives += 1;
+        self.last_activity_ns = now_ns;
     }
 
     /// Whether request `id` is in flight.

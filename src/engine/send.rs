@@ -284,7 +284,7 @@ impl SendEngine {
             } else {
                 let s = self.split.sout_bytes(size, now_ns, &views).min(size);
                 // A policy must answer in 128-byte units; repair anything else.
-                if s != size && s % SHARE_ALIGN != 0 { crate::split::align_share(s, size) } else { s }
+                if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
             };
             sizes[i] = size;
             sout[i] = s;
@@ -400,14 +400,24 @@ impl SendEngine {
     }
 
     /// Emits a probe on each healthy rail idle for the probe interval.
-    pub fn poll_probes(&mut self, now_ns: u64, out: &mut Posts) {
-        if self.cfg.probe_interval_ns == 0 || self.error.is_some() {
+    ///
+    /// `waiting`: the caller waits on this connection (a send without its CTS, or not yet
+    /// complete), so even with probes off an idle rail gets a keepalive every
+    /// [`KEEPALIVE_NS`](super::KEEPALIVE_NS): a dead receiver is then noticed.
+    pub fn poll_probes(&mut self, now_ns: u64, waiting: bool, out: &mut Posts) {
+        if self.error.is_some() {
             return;
         }
         for rail in 0..RAILS {
             // Not while a signalled WR is out (an empty transfer's carries 0 bytes, so the
             // telemetry's bytes in flight does not see it).
-            if self.outstanding[rail] > 0 || !self.tel[rail].probe_due(now_ns, self.cfg.probe_interval_ns) {
+            if self.outstanding[rail] > 0 {
+                continue;
+            }
+            let t = &self.tel[rail];
+            let probe = self.cfg.probe_interval_ns > 0 && t.probe_due(now_ns, self.cfg.probe_interval_ns);
+            let keepalive = waiting && t.probe_due(now_ns, super::KEEPALIVE_NS);
+            if !(probe || keepalive) {
                 continue;
             }
             let c: &mut Chain = out.push(rail, QpRef::Data(0));

@@ -51,7 +51,7 @@ impl HostRegion {
     }
 
     fn word(&self, off: usize) -> &AtomicU64 {
-        assert!(off % 8 == 0 && off + 8 <= self.len, "word offset {off} outside a {}-byte region", self.len);
+        assert!(off.is_multiple_of(8) && off + 8 <= self.len, "word offset {off} outside a {}-byte region", self.len);
         // SAFETY: in bounds and 8-aligned (the base is page-aligned); the memory lives as
         // long as `self`, and all concurrent accesses to it are atomic or by the NIC.
         unsafe { AtomicU64::from_ptr(self.ptr.add(off).cast::<u64>()) }

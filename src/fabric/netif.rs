@@ -50,10 +50,10 @@ pub fn interfaces() -> Vec<IfAddr> {
                 _ => continue,
             }
         };
-        if let IpAddr::V6(v6) = ip {
-            if v6.segments()[0] & 0xffc0 == 0xfe80 {
-                continue;
-            }
+        if let IpAddr::V6(v6) = ip
+            && v6.segments()[0] & 0xffc0 == 0xfe80
+        {
+            continue;
         }
         out.push(IfAddr { name, ip });
     }

@@ -15,8 +15,10 @@ use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQu
 /// Completions polled per CQ call.
 const POLL_BATCH: usize = 16;
 
-/// Offsets inside a send comm's control region: the FIFO, then the sizes source.
+/// Offsets inside a send comm's control region: the FIFO, then the sizes source, then a
+/// scratch page (the receiver's keepalives land there).
 pub const SEND_SIZES_OFF: usize = CTS_FIFO_BYTES;
+pub const SEND_SCRATCH_OFF: usize = SEND_SIZES_OFF + crate::engine::layout::RECORDS_BYTES;
 /// Offsets inside a receive comm's control region: CTS source, records, scratch page.
 pub const RECV_RECORDS_OFF: usize = CTS_FIFO_BYTES;
 pub const RECV_SCRATCH_OFF: usize = RECV_RECORDS_OFF + crate::engine::layout::RECORDS_BYTES;
@@ -176,6 +178,10 @@ impl<D: Device> SendComm<D> {
             // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
             self.poll(0b11)?;
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
+            if r.is_none() {
+                // Still no CTS: keep the idle rails probed, so a dead receiver is noticed.
+                self.engine.poll_probes(now, true, &mut self.posts);
+            }
         }
         self.post()?;
         Ok(r)
@@ -222,10 +228,11 @@ impl<D: Device> SendComm<D> {
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
         // Both rails: one may carry only the CTS traffic the soft NIC must answer.
         self.poll(0b11)?;
+        let done = self.engine.test(id)?;
         self.posts.clear();
-        self.engine.poll_probes(now_ns(), &mut self.posts);
+        self.engine.poll_probes(now_ns(), done.is_none(), &mut self.posts);
         self.post()?;
-        self.engine.test(id)
+        Ok(done)
     }
 
     pub fn counters(&self) -> [RailCounts; RAILS] {
@@ -357,7 +364,16 @@ impl<D: Device> RecvComm<D> {
         self.poll()?;
         self.refill()?;
         self.count_rnr();
-        self.engine.test(id)
+        let done = self.engine.test(id)?;
+        if done.is_none() {
+            self.posts.clear();
+            self.engine.poll_keepalive(now_ns(), &mut self.posts);
+            if let Err(e) = post_all(&mut self.rails, &self.posts) {
+                self.engine.set_error(e.clone());
+                return Err(e);
+            }
+        }
+        Ok(done)
     }
 
     /// Publishes the receiver-not-ready waits the SRQs saw since the last call.

@@ -16,14 +16,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SIZES_OFF, SendComm};
+use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm};
 use super::devices::DevPair;
 use super::mr::ACCESS;
 use super::oob::{OobAddr, OobConn, OobListener};
 use super::wire::{Hello, READY, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::layout::{CTS_FIFO_BYTES, RECORDS_BYTES};
 use crate::engine::{RAILS, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
@@ -232,7 +231,7 @@ pub struct Connecting<D: Device> {
 
 impl<D: Device> Connecting<D> {
     pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr) -> Result<Self> {
-        let region = HostRegion::new(CTS_FIFO_BYTES + RECORDS_BYTES)?;
+        let region = HostRegion::new(SEND_SCRATCH_OFF + 4096)?;
         let rails = build_rails(&pair, p.qps, None, false, send_caps(), &region)?;
         let (_, rkeys) = region_keys(&rails);
         let mut conn = OobConn::connect(addr)?;
@@ -241,6 +240,7 @@ impl<D: Device> Connecting<D> {
             qps: p.qps,
             fifo_addr: region.addr(),
             fifo_rkeys: rkeys,
+            scratch_addr: region.addr() + SEND_SCRATCH_OFF as u64,
             qps_info: qp_infos(&rails),
         };
         conn.send(&hello.encode());
@@ -425,6 +425,8 @@ impl<D: Device> Accepting<D> {
             max_inline,
             flush_addr: region.addr() + RECV_FLUSH_OFF as u64,
             flush_lkeys: lkeys,
+            scratch_addr: hello.scratch_addr,
+            scratch_rkeys: hello.fifo_rkeys,
         };
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);

@@ -21,6 +21,8 @@ pub struct Hello {
     pub qps: [u16; RAILS],
     pub fifo_addr: u64,
     pub fifo_rkeys: [u32; RAILS],
+    /// The connector's scratch word (same registration as the FIFO): keepalive target.
+    pub scratch_addr: u64,
     pub qps_info: Vec<QpInfo>,
 }
 
@@ -110,6 +112,7 @@ impl Hello {
         for k in self.fifo_rkeys {
             o.extend_from_slice(&k.to_le_bytes());
         }
+        o.extend_from_slice(&self.scratch_addr.to_le_bytes());
         put_infos(&mut o, &self.qps_info);
         o
     }
@@ -127,8 +130,9 @@ impl Hello {
         let qps = r.qps()?;
         let fifo_addr = r.u64()?;
         let fifo_rkeys = [r.u32()?, r.u32()?];
+        let scratch_addr = r.u64()?;
         let qps_info = r.infos(qps)?;
-        Ok(Hello { kind, qps, fifo_addr, fifo_rkeys, qps_info })
+        Ok(Hello { kind, qps, fifo_addr, fifo_rkeys, scratch_addr, qps_info })
     }
 }
 
@@ -184,6 +188,7 @@ mod tests {
             qps: [2, 1],
             fifo_addr: 0x1000,
             fifo_rkeys: [5, 6],
+            scratch_addr: 0x9000,
             qps_info: vec![info(1), info(2), info(3)],
         };
         assert_eq!(Hello::decode(&h.encode(), 1).unwrap(), h);
@@ -200,7 +205,14 @@ mod tests {
 
     #[test]
     fn malformed_messages_are_errors() {
-        let h = Hello { kind: 1, qps: [1, 1], fifo_addr: 0, fifo_rkeys: [0, 0], qps_info: vec![info(1), info(2)] };
+        let h = Hello {
+            kind: 1,
+            qps: [1, 1],
+            fifo_addr: 0,
+            fifo_rkeys: [0, 0],
+            scratch_addr: 0,
+            qps_info: vec![info(1), info(2)],
+        };
         let good = h.encode();
         for n in 0..good.len() {
             assert!(Hello::decode(&good[..n], 1).is_err(), "truncated to {n}");

@@ -51,7 +51,7 @@ pub fn assert_send_broken(p: &mut Pair, first: &Error) {
         assert_eq!((e.kind, e.msg.as_ref()), (first.kind, want.as_str()));
     }
     p.now += 1 << 40;
-    p.s.poll_probes(p.now, &mut p.posts);
+    p.s.poll_probes(p.now, false, &mut p.posts);
     assert_eq!(p.posts.n, 0, "a broken connection posts nothing, probes included");
     assert_eq!(p.s.error(), Some(first));
 }

@@ -76,6 +76,8 @@ pub const SIZES: u64 = base(1);
 pub const CTS: u64 = base(0);
 pub const RECORDS: u64 = base(1);
 pub const SCRATCH: u64 = base(2);
+/// The sender's scratch word (target of the receiver's keepalives).
+pub const SEND_SCRATCH: u64 = base(2);
 
 pub struct SendSide {
     pub space: Space,
@@ -224,6 +226,7 @@ impl Pair {
         let mut ss = SendSide { space: Space::default() };
         assert_eq!(ss.space.add(CTS_FIFO_BYTES), FIFO);
         assert_eq!(ss.space.add(4096 * 4), SIZES);
+        assert_eq!(ss.space.add(64), SEND_SCRATCH);
         let mut rs = RecvSide { space: Space::default() };
         assert_eq!(rs.space.add(CTS_FIFO_BYTES), CTS);
         assert_eq!(rs.space.add(RECORDS_BYTES), RECORDS);
@@ -257,6 +260,8 @@ impl Pair {
                 max_inline: 0,
                 flush_addr: 0,
                 flush_lkeys: [0, 0],
+                scratch_addr: SEND_SCRATCH,
+                scratch_rkeys: [81, 82],
             },
             [StatsHandle::detached(0), StatsHandle::detached(1)],
         );
@@ -333,8 +338,19 @@ impl Pair {
     }
 
     pub fn probes(&mut self) {
-        self.s.poll_probes(self.now, &mut self.posts);
+        self.probes_waiting(false);
+    }
+
+    /// Probes, with the caller waiting on the connection (keepalives even with probes off).
+    pub fn probes_waiting(&mut self, waiting: bool) {
+        self.s.poll_probes(self.now, waiting, &mut self.posts);
         self.enqueue(Dir::ToRecv);
+    }
+
+    /// The receiver's keepalive check.
+    pub fn keepalive(&mut self) {
+        self.r.poll_keepalive(self.now, &mut self.posts);
+        self.enqueue(Dir::ToSend);
     }
 
     /// Executes the head WR of one wire. Returns false when it cannot (empty, or RNR).

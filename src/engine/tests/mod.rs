@@ -5,6 +5,7 @@ mod broken;
 mod failures;
 mod harness;
 mod interleavings;
+mod keepalive;
 mod model;
 mod probes;
 mod protocol;

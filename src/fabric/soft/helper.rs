@@ -120,10 +120,10 @@ impl Helper {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our eventfd.
         unsafe { libc::write(self.evfd.as_raw_fd(), (&one as *const u64).cast(), 8) };
-        if let Some(t) = self.thread.lock().take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+        if let Some(t) = self.thread.lock().take()
+            && t.thread().id() != std::thread::current().id()
+        {
+            let _ = t.join();
         }
     }
 

@@ -123,10 +123,10 @@ impl SoftQp {
         s.set_nonblocking(true).map_err(what)?;
         s.set_tcp_nodelay(true).map_err(what)?;
         s.set_tcp_user_timeout(Some(bound)).map_err(what)?;
-        if let Some(iface) = &net.bind_iface {
-            if let Err(e) = s.bind_device(Some(iface.as_bytes())) {
-                log::debug!("soft fabric: SO_BINDTODEVICE {iface}: {e} (source address binding only)");
-            }
+        if let Some(iface) = &net.bind_iface
+            && let Err(e) = s.bind_device(Some(iface.as_bytes()))
+        {
+            log::debug!("soft fabric: SO_BINDTODEVICE {iface}: {e} (source address binding only)");
         }
         s.bind(&SockAddr::from(SocketAddr::new(net.local.ip(), 0))).map_err(what)?;
         match s.connect(&SockAddr::from(to)) {
@@ -312,10 +312,10 @@ impl Drop for SoftQp {
     fn drop(&mut self) {
         self.conn.cq.detach(&self.conn);
         self.conn.dev.forget_qp(self.conn.qp_num);
-        if self.conn.dev.net.is_none() {
-            if let Some(m) = INPROC.lock().as_mut() {
-                m.remove(&self.conn.nonce);
-            }
+        if self.conn.dev.net.is_none()
+            && let Some(m) = INPROC.lock().as_mut()
+        {
+            m.remove(&self.conn.nonce);
         }
         let mut st = self.conn.st.lock();
         st.phase = Phase::Error;

@@ -379,7 +379,7 @@ impl Conn {
                     } else {
                         frame.segs[0] = Seg { key: rkey, addr, len };
                         frame.nseg = (len > 0) as usize;
-                        frame.tail_on = len >= 8 && (addr + len) % 8 == 0;
+                        frame.tail_on = len >= 8 && (addr + len).is_multiple_of(8);
                         if imm.is_some() {
                             frame.step = Step::WaitWqe;
                         }

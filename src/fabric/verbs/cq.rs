@@ -102,10 +102,10 @@ pub fn status_code(status: WcStatus) -> u32 {
 
 /// libibverbs' text for a completion status (`ibv_wc_status_str`), for error logs.
 pub fn wc_status_str(status: WcStatus) -> &'static str {
-    if let WcStatus::Other(c) = status {
-        if c & UNEXPECTED_OPCODE != 0 {
-            return "unexpected completion opcode (not an operation mpib posts: protocol violation by the peer)";
-        }
+    if let WcStatus::Other(c) = status
+        && c & UNEXPECTED_OPCODE != 0
+    {
+        return "unexpected completion opcode (not an operation mpib posts: protocol violation by the peer)";
     }
     // SAFETY: ibv_wc_status_str returns NULL (library missing) or a static string, for any code.
     unsafe { sys::c_str(ibv::ibv_wc_status_str(status_code(status)), "unknown completion status") }
