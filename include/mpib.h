@@ -89,41 +89,13 @@ typedef struct {
  */
 typedef struct {
   /**
-   * Work requests posted.
+   * The counters `mpib_comm_counters` gives per comm, summed over the process.
    */
-  uint64_t wr_posted;
-  /**
-   * Post calls (one per chain).
-   */
-  uint64_t doorbells;
-  /**
-   * Payload bytes posted.
-   */
-  uint64_t bytes;
-  /**
-   * WRITE_WITH_IMM work requests posted.
-   */
-  uint64_t imm_sent;
-  /**
-   * Completions polled.
-   */
-  uint64_t cqe;
-  /**
-   * Receiver-not-ready events.
-   */
-  uint64_t rnr;
-  /**
-   * IMMs on a rail that carried no byte of a non-empty transfer (always 0).
-   */
-  uint64_t zero_byte_imm;
+  mpib_rail_counters_t counters;
   /**
    * Completions with an error status.
    */
   uint64_t errors;
-  /**
-   * Idle-rail probes posted.
-   */
-  uint64_t probes;
   /**
    * RTT samples (data chains and probes).
    */

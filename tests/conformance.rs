@@ -243,7 +243,7 @@ fn a_time_budget_sizes_the_phase_from_its_warmup_and_the_sender_samples_a_timeli
     let last = tl.last().unwrap();
     assert_eq!(last[1] + last[2], tx.bytes, "the last sample is taken when the last send completed");
     let rails = report.rails.expect("mpib exports mpib_rail_stats");
-    assert!(rails[0].bytes + rails[1].bytes >= tx.bytes + 16 * 64 * KIB, "{rails:?}");
+    assert!(rails[0].counters.bytes + rails[1].counters.bytes >= tx.bytes + 16 * 64 * KIB, "{rails:?}");
     assert!(rails.iter().any(|r| r.latency_samples > 0 && r.srtt_ns > 0), "{rails:?}");
 }
 

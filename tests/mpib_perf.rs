@@ -140,30 +140,27 @@ fn a_corrupted_byte_is_reported_as_wrong_and_fails_the_run() {
     assert_eq!(wrong, vec![0, 1]);
 }
 
+/// Runs the tool with `args` and `env`; it must exit 1; its stderr.
+fn fails(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = cmd(args).envs(env.iter().copied()).output().unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    stderr
+}
+
 #[test]
 fn errors_a_user_can_act_on_are_one_line_and_exit_1() {
-    let cases: [(&[&str], &[(&str, &str)], &str); 3] = [
-        (
-            &["--plugin", "/nonexistent/libmpib.so"],
-            &[],
-            "mpib-perf: plugin library not found: cannot load /nonexistent/libmpib.so",
-        ),
-        (&["--plugin", "libm.so.6"], &[], "mpib-perf: libm.so.6 exports no ncclNetPlugin_v6"),
-        (
-            &["--sizes", "8", "--iters", "1"],
-            &[("MPIB_SPLIT", "sideways")],
-            "mpib-perf: the plugin's init failed on rank",
-        ),
-    ];
-    for (args, env, want) in cases {
-        let out = cmd(args).envs(env.iter().copied()).output().unwrap();
-        let (_, stderr) = text(&out);
-        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
-        assert!(stderr.lines().next().unwrap_or("").starts_with(want), "{args:?}: {stderr}");
-    }
-    // init's failure comes with the plugin's own WARN line naming the variable.
-    let out = cmd(&["--sizes", "8", "--iters", "1"]).env("MPIB_SPLIT", "sideways").output().unwrap();
-    assert!(text(&out).1.contains("MPIB_SPLIT=\"sideways\" is not valid"), "{}", text(&out).1);
+    let first = |s: String| s.lines().next().unwrap_or("").to_string();
+    let e = first(fails(&["--plugin", "/nonexistent/libmpib.so"], &[]));
+    assert!(e.starts_with("mpib-perf: plugin library not found: cannot load /nonexistent/libmpib.so"), "{e}");
+    let e = first(fails(&["--plugin", "libm.so.6"], &[]));
+    assert!(e.starts_with("mpib-perf: libm.so.6 exports no ncclNetPlugin_v6"), "{e}");
+    let e = first(fails(&["--abi", "v6", "--inflight", "16"], &[]));
+    assert!(e.starts_with("mpib-perf: --inflight 16: with ABI v6 NCCL keeps at most 8"), "{e}");
+    // init's failure, then the plugin's own WARN line naming the variable.
+    let e = fails(&["--sizes", "8", "--iters", "1"], &[("MPIB_SPLIT", "sideways")]);
+    assert!(e.starts_with("mpib-perf: the plugin's init failed on rank"), "{e}");
+    assert!(e.contains("MPIB_SPLIT=\"sideways\" is not valid"), "{e}");
 }
 
 /// Starts the tool in the background with its stdout piped.

@@ -5,6 +5,7 @@
 use std::mem::size_of;
 
 use super::guard::run;
+use super::query::mpib_rail_counters_t;
 use super::types::ncclResult_t;
 use crate::error::Error;
 use crate::telemetry::{RailTotals, process_totals};
@@ -16,24 +17,10 @@ use crate::telemetry::{RailTotals, process_totals};
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct mpib_rail_stats_t {
-    /// Work requests posted.
-    pub wr_posted: u64,
-    /// Post calls (one per chain).
-    pub doorbells: u64,
-    /// Payload bytes posted.
-    pub bytes: u64,
-    /// WRITE_WITH_IMM work requests posted.
-    pub imm_sent: u64,
-    /// Completions polled.
-    pub cqe: u64,
-    /// Receiver-not-ready events.
-    pub rnr: u64,
-    /// IMMs on a rail that carried no byte of a non-empty transfer (always 0).
-    pub zero_byte_imm: u64,
+    /// The counters `mpib_comm_counters` gives per comm, summed over the process.
+    pub counters: mpib_rail_counters_t,
     /// Completions with an error status.
     pub errors: u64,
-    /// Idle-rail probes posted.
-    pub probes: u64,
     /// RTT samples (data chains and probes).
     pub rtt_samples: u64,
     /// Samples that marked the rail congested.
@@ -63,15 +50,8 @@ impl From<&RailTotals> for mpib_rail_stats_t {
     fn from(t: &RailTotals) -> Self {
         let (c, l) = (&t.counts, &t.latency);
         mpib_rail_stats_t {
-            wr_posted: c.wr_posted,
-            doorbells: c.doorbells,
-            bytes: c.bytes,
-            imm_sent: c.imm_sent,
-            cqe: c.cqe,
-            rnr: c.rnr,
-            zero_byte_imm: c.zero_byte_imm,
+            counters: c.into(),
             errors: c.errors,
-            probes: c.probes,
             rtt_samples: c.rtt_samples,
             congestion_events: c.congestion_events,
             latency_samples: l.samples,
@@ -143,11 +123,12 @@ mod tests {
         // SAFETY: room for two full entries.
         assert_eq!(unsafe { mpib_rail_stats(out.as_mut_ptr(), size_of::<mpib_rail_stats_t>()) }, result::SUCCESS);
         // Other tests of this process may add to the totals too: at least what we posted.
-        assert!(out[1].bytes >= 4096 && out[1].imm_sent >= 1 && out[1].doorbells >= 1, "{:?}", out[1]);
+        let c = &out[1].counters;
+        assert!(c.bytes >= 4096 && c.imm_sent >= 1 && c.doorbells >= 1, "{:?}", out[1]);
         assert!(out[1].latency_samples >= 1 && out[1].live_connections >= 1, "{:?}", out[1]);
         assert!((0.0..=1.0).contains(&out[1].share));
 
-        // A caller that knows only the first three fields: a stride of 24 bytes, nothing
+        // A caller that knows only the first three counters: a stride of 24 bytes, nothing
         // written past each entry's 24.
         let mut short = [u64::MAX; 7];
         // SAFETY: 2 × 24 writable bytes (and a sentinel word after them).

@@ -78,9 +78,7 @@ impl SideStats {
             .put(&format!("{p}.flushes"), self.flushes);
         if let Some(c) = &self.counters {
             for (r, c) in c.iter().enumerate() {
-                for (name, v) in counter_fields(c) {
-                    w.put(&format!("{p}.rail{r}.{name}"), v);
-                }
+                put_counters(w, &format!("{p}.rail{r}"), c);
             }
         }
         if !self.timeline.is_empty() {
@@ -92,21 +90,7 @@ impl SideStats {
     fn get(f: &Fields, p: &str) -> Result<SideStats> {
         let g = |n: &str| f.get::<u64>(&format!("{p}.{n}"));
         let counters = if f.has(&format!("{p}.rail0.wr_posted")) {
-            let mut c = [RailCounters::default(); 2];
-            for (r, c) in c.iter_mut().enumerate() {
-                let v = |n: &str| f.get::<u64>(&format!("{p}.rail{r}.{n}"));
-                *c = RailCounters {
-                    wr_posted: v("wr_posted")?,
-                    doorbells: v("doorbells")?,
-                    bytes: v("bytes")?,
-                    imm_sent: v("imm_sent")?,
-                    cqe: v("cqe")?,
-                    rnr: v("rnr")?,
-                    zero_byte_imm: v("zero_byte_imm")?,
-                    probes: v("probes")?,
-                };
-            }
-            Some(c)
+            Some([get_counters(f, &format!("{p}.rail0"))?, get_counters(f, &format!("{p}.rail1"))?])
         } else {
             None
         };
@@ -144,30 +128,48 @@ fn timeline(text: &str) -> Result<Vec<[u64; 3]>> {
         .collect()
 }
 
-/// Declares the `mpib_rail_stats_t` fields the report carries, once for writing and reading.
+fn put_counters(w: &mut Writer, p: &str, c: &RailCounters) {
+    for (name, v) in counter_fields(c) {
+        w.put(&format!("{p}.{name}"), v);
+    }
+}
+
+fn get_counters(f: &Fields, p: &str) -> Result<RailCounters> {
+    let v = |n: &str| f.get::<u64>(&format!("{p}.{n}"));
+    Ok(RailCounters {
+        wr_posted: v("wr_posted")?,
+        doorbells: v("doorbells")?,
+        bytes: v("bytes")?,
+        imm_sent: v("imm_sent")?,
+        cqe: v("cqe")?,
+        rnr: v("rnr")?,
+        zero_byte_imm: v("zero_byte_imm")?,
+        probes: v("probes")?,
+    })
+}
+
+/// Declares the `mpib_rail_stats_t` figures besides its counters that the report carries,
+/// once for writing and reading.
 macro_rules! rail_stats_fields {
     ($($f:ident),* $(,)?) => {
         fn put_rail_stats(w: &mut Writer, p: &str, s: &RailStats) {
+            put_counters(w, p, &s.counters);
             $(w.put(&format!("{p}.{}", stringify!($f)), s.$f);)*
             w.put(&format!("{p}.share"), s.share);
         }
 
         fn get_rail_stats(f: &Fields, p: &str) -> Result<RailStats> {
-            Ok(RailStats { $($f: f.get(&format!("{p}.{}", stringify!($f)))?,)* share: f.get(&format!("{p}.share"))? })
+            Ok(RailStats {
+                counters: get_counters(f, p)?,
+                $($f: f.get(&format!("{p}.{}", stringify!($f)))?,)*
+                share: f.get(&format!("{p}.share"))?,
+            })
         }
     };
 }
 
 rail_stats_fields!(
-    wr_posted,
-    doorbells,
-    bytes,
-    imm_sent,
-    cqe,
-    rnr,
-    zero_byte_imm,
     errors,
-    probes,
     rtt_samples,
     congestion_events,
     latency_samples,
@@ -414,7 +416,7 @@ mod tests {
             ..SideStats::default()
         };
         let warm = PhaseReport { tx: Some(SideStats { requests: 2, ..SideStats::default() }), ..Default::default() };
-        let rails = RailStats { bytes: 77, latency_p99_ns: 12_345, share: 0.625, ..RailStats::default() };
+        let rails = RailStats { counters: c, latency_p99_ns: 12_345, share: 0.625, ..RailStats::default() };
         let r = RankReport {
             rank: 1,
             abi: 12,

@@ -50,7 +50,7 @@ fn wrongs(s: &SideStats) -> u64 {
 }
 
 /// Every side of phase `i` of both ranks, warm-ups included, with "(warm-up)" for those.
-fn sides<'r>(reps: [&'r RankReport; 2], i: usize) -> Vec<(&'static str, &'r SideStats)> {
+fn sides(reps: [&RankReport; 2], i: usize) -> Vec<(&'static str, &SideStats)> {
     let mut out = Vec::new();
     for r in reps {
         for (k, p) in r.phases[i].with_warmup().enumerate() {
@@ -159,16 +159,17 @@ pub fn table(plan: &Plan, s: &Summary) -> String {
     match &s.rails {
         Some(rails) => {
             for (name, r) in ["SOUT", "SUP"].iter().zip(rails) {
+                let c = &r.counters;
                 let _ = writeln!(
                     t,
                     "# {name:<4} WRs {} doorbells {} IMMs {} CQEs {} RNR {} 0-byte IMMs {} bytes {} | RTT samples {} median {:.1} us p99 {:.1} us srtt {:.1} us",
-                    r.wr_posted,
-                    r.doorbells,
-                    r.imm_sent,
-                    r.cqe,
-                    r.rnr,
-                    r.zero_byte_imm,
-                    r.bytes,
+                    c.wr_posted,
+                    c.doorbells,
+                    c.imm_sent,
+                    c.cqe,
+                    c.rnr,
+                    c.zero_byte_imm,
+                    c.bytes,
                     r.latency_samples,
                     r.latency_median_ns as f64 / 1e3,
                     r.latency_p99_ns as f64 / 1e3,
@@ -201,9 +202,10 @@ pub fn json(s: &Summary) -> Value {
         .flatten()
         .zip(["SOUT", "SUP"])
         .map(|(r, name)| {
+            let c = &r.counters;
             json!({
-                "name": name, "wr_posted": r.wr_posted, "doorbells": r.doorbells, "bytes": r.bytes,
-                "imm_sent": r.imm_sent, "cqe": r.cqe, "rnr": r.rnr, "zero_byte_imm": r.zero_byte_imm,
+                "name": name, "wr_posted": c.wr_posted, "doorbells": c.doorbells, "bytes": c.bytes,
+                "imm_sent": c.imm_sent, "cqe": c.cqe, "rnr": c.rnr, "zero_byte_imm": c.zero_byte_imm,
                 "latency_samples": r.latency_samples, "latency_median_ns": r.latency_median_ns,
                 "latency_p99_ns": r.latency_p99_ns, "srtt_ns": r.srtt_ns,
             })
