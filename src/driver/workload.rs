@@ -14,6 +14,7 @@ use super::net::{MAX_RECVS, Mr, RecvBuf, RecvComm, Request, SendComm, Sizes};
 use super::pattern::{self, CANARY};
 use super::report::{PhaseReport, SideStats, counters_delta, mono_ns};
 use super::spec::{GUARD, Kill, Phase, Side, Workload, tag};
+use super::timeline::Timeline;
 use super::{Error, Result};
 
 /// Where a phase is: which workload, which phase, and the phase as run.
@@ -186,15 +187,6 @@ impl<'c> Window<'c> {
     }
 }
 
-/// The sender's samples of its comm's per-rail byte counters ([`Phase::timeline_us`]).
-struct Timeline {
-    every_ns: u64,
-    next_ns: u64,
-    /// The counters when sampling started.
-    base: Option<[u64; 2]>,
-    samples: Vec<[u64; 3]>,
-}
-
 /// The sending side of one phase.
 pub struct Sender<'c> {
     at: At<'c>,
@@ -216,35 +208,18 @@ impl<'c> Sender<'c> {
         let p = at.phase();
         let total = p.count * p.nrecv as u64;
         let win = Window::new(Side::Send, p.window() * p.nrecv, total, p.kill);
-        let timeline = (p.timeline_us > 0).then(|| {
-            let every_ns = p.timeline_us * 1000;
-            let expected = p.budget_ms.max(1000) * 1_000_000 / every_ns;
-            Timeline { every_ns, next_ns: 0, base: None, samples: Vec::with_capacity(expected.min(1 << 20) as usize) }
-        });
+        let timeline = Timeline::for_phase(p, at.start_ns);
         let order = [0; MAX_RECVS];
         Sender { at, comm, mr, slot: p.slot_bytes(), total, next: 0, prepared: None, order, win, timeline }
     }
 
-    /// Samples the comm's per-rail bytes when an interval has passed (or `now` when
-    /// `force`). One clock read per call; the counters only once per interval.
+    /// Samples the comm's per-rail bytes if the timeline is due (or now, when `force`).
     fn sample(&mut self, force: bool) -> Result<()> {
-        let Some(tl) = self.timeline.as_mut() else { return Ok(()) };
-        let now = mono_ns();
-        if !force && now < tl.next_ns {
-            return Ok(());
-        }
-        let Some(c) = self.comm.counters()? else {
+        if let Some(tl) = self.timeline.as_mut()
+            && !tl.sample(self.comm, force)?
+        {
             self.timeline = None; // not an mpib library: nothing to sample
-            return Ok(());
-        };
-        let b = [c[0].bytes, c[1].bytes];
-        let base = *tl.base.get_or_insert(b);
-        tl.samples.push([now.saturating_sub(self.at.start_ns), b[0] - base[0], b[1] - base[1]]);
-        tl.next_ns = if tl.next_ns == 0 || now >= tl.next_ns + tl.every_ns {
-            now + tl.every_ns
-        } else {
-            tl.next_ns + tl.every_ns
-        };
+        }
         Ok(())
     }
 
@@ -343,7 +318,7 @@ impl<'c> Sender<'c> {
 
     pub fn finish(self) -> SideStats {
         let mut s = self.win.finish();
-        s.timeline = self.timeline.map(|t| t.samples).unwrap_or_default();
+        s.timeline = self.timeline.map(Timeline::into_samples).unwrap_or_default();
         s
     }
 }

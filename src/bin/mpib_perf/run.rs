@@ -80,8 +80,13 @@ pub fn local(plan: &Plan, lib: &str, progress: &mut Progress) -> Result<Outcome,
     };
     let spec =
         PairSpec { plugin: lib.to_string(), abi: [plan.opts.abi; 2], env, workload: plan.workload.clone(), timeout };
-    let out = run_pair_observed(&spec, &Launcher::this_program(&[]), &mut |r, p| progress.phase(r == 1, p))
-        .map_err(|e| Fail::new(e.msg))?;
+    let out = run_pair_observed(&spec, &Launcher::this_program(&[]), &mut |r, p| {
+        // Both ranks tell; the sender's notes carry the stream's start.
+        if r == 1 {
+            progress.phase(true, p)
+        }
+    })
+    .map_err(|e| Fail::new(e.msg))?;
     let mut o = Outcome { timed_out: out.timed_out, ..Outcome::default() };
     for (i, r) in out.ranks.into_iter().enumerate() {
         if r.report.is_none() {
