@@ -1,0 +1,262 @@
+#!/usr/bin/env bash
+# Proof of the auto split on emulated rails (README "Proof on emulated rails").
+#
+# Two network namespaces (receiver, sender) joined by two veth pairs, one per rail, with
+# addresses in 198.18.0.0/15 (the benchmarking range, RFC 2544) that exist only inside them.
+# Each rail is shaped in both directions with tc: netem delay + rate where the kernel has
+# sch_netem, else tbf rate alone (said so in the output). mpib-perf runs a receiver (rank 0)
+# and a sender (rank 1) through the plugin on the soft fabric, each rail bound to its veth
+# address, and measures: each rail alone (--split sout / sup), auto, static 50/50, in
+# --rounds interleaved rounds (median); then an auto --timeline run during which one rail's
+# rate is halved. examples/netem_report prints the figures, draws the timeline (SVG) and ends
+# with the line `auto_vs_sum: <ratio> static_vs_sum: <ratio> settle_ms: <ms>`, which is also
+# this script's last line.
+#
+# Exit status: 0 when every run delivered its bytes intact and the report was made (a missed
+# goal is printed, not fatal, unless --strict: then 3); 1 on any error; 2 on bad options.
+# The namespaces are removed on every exit, including Ctrl-C and SIGTERM.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+usage() {
+  cat <<'EOF'
+Usage: ci/netem-rails.sh [options]    (as root; needs ip, tc, python3)
+
+  --sout-rate RATE     SOUT rate, tc syntax (kbit/mbit/gbit)          [4gbit]
+  --sup-rate RATE      SUP rate                                       [2gbit]
+  --sout-delay TIME    SOUT one-way delay (netem only)                [50us]
+  --sup-delay TIME     SUP one-way delay (netem only)                 [20us]
+  --change RAIL        rail whose rate is halved mid-run: sout|sup    [sout]
+  --size SIZE          message size of every run (mpib-perf --sizes)  [256K]
+  --duration SECS      each throughput run                            [2]
+  --rounds N           interleaved rounds of the four throughput runs [3]
+  --timeline SECS      the timeline run                               [3]
+  --change-at SECS     when the rate changes, after TIMELINE-START    [1.5]
+  --out DIR            results, timeline JSON, picture, logs          [target/netem]
+  --no-build           use the existing release build
+  --strict             exit 3 when a goal (auto >= 0.95 x sum, settle <= 10 ms) is missed
+  -h, --help           this text
+
+Prints each mode's throughput per round and its median, the ratios, the timeline's shares
+and settling time, the picture's path, and last: auto_vs_sum: R static_vs_sum: R settle_ms: MS
+EOF
+}
+
+sout_rate=4gbit sup_rate=2gbit sout_delay=50us sup_delay=20us change=sout size=256K
+duration=2 rounds=3 tl_secs=3 change_at=1.5 out=target/netem build=1 strict=()
+while (($#)); do
+  case $1 in
+    --sout-rate) sout_rate=$2; shift ;;
+    --sup-rate) sup_rate=$2; shift ;;
+    --sout-delay) sout_delay=$2; shift ;;
+    --sup-delay) sup_delay=$2; shift ;;
+    --change) change=$2; shift ;;
+    --size) size=$2; shift ;;
+    --duration) duration=$2; shift ;;
+    --rounds) rounds=$2; shift ;;
+    --timeline) tl_secs=$2; shift ;;
+    --change-at) change_at=$2; shift ;;
+    --out) out=$2; shift ;;
+    --no-build) build=0 ;;
+    --strict) strict=(--strict) ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "netem-rails: unknown option $1" >&2; usage >&2; exit 2 ;;
+  esac
+  shift
+done
+die() { echo "netem-rails: $*" >&2; exit 1; }
+[[ $change == sout || $change == sup ]] || { echo "netem-rails: --change sout|sup" >&2; exit 2; }
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "netem-rails: --rounds N (N >= 1)" >&2; exit 2; }
+
+# A tc rate as kbit/s (integer): 4gbit -> 4000000.
+kbit() {
+  local n=${1%%[a-zA-Z]*} u=${1##*[0-9.]}
+  case $u in
+    gbit) awk -v n="$n" 'BEGIN { printf "%d", n * 1000000 }' ;;
+    mbit) awk -v n="$n" 'BEGIN { printf "%d", n * 1000 }' ;;
+    kbit) awk -v n="$n" 'BEGIN { printf "%d", n }' ;;
+    *) echo "netem-rails: rate $1: use kbit, mbit or gbit" >&2; exit 2 ;;
+  esac
+}
+gbps() { awk -v k="$1" 'BEGIN { printf "%g", k / 1e6 }'; }
+sout_kbit=$(kbit "$sout_rate") sup_kbit=$(kbit "$sup_rate")
+
+[[ $(id -u) == 0 ]] || die "needs root (network namespaces, tc)"
+for c in ip tc python3 timeout; do command -v "$c" >/dev/null || die "needs $c"; done
+
+if ((build)); then
+  cargo build --release --bin mpib-perf --lib
+  cargo build --example netem_report
+fi
+perf=target/release/mpib-perf report=target/debug/examples/netem_report
+[[ -x $perf && -x $report ]] || die "build first: cargo build --release --bin mpib-perf --lib && cargo build --example netem_report"
+mkdir -p "$out"
+rm -f "$out"/*.json "$out"/*.log "$out"/stats-*.txt
+
+# --- namespaces: rx (rank 0, receives) and tx (rank 1, sends) ---------------------------
+tag=mpibnetem$$
+rx=$tag-rx tx=$tag-tx
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local ns p
+  # Only processes inside our own namespaces: the mpib-perf ranks this script started.
+  for ns in "$rx" "$tx"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$p" 2>/dev/null || true; done
+  done
+  for _ in 1 2 3 4 5 6 7 8 9 10; do
+    [[ -z $(ip netns pids "$rx" 2>/dev/null; ip netns pids "$tx" 2>/dev/null) ]] && break
+    sleep 0.2
+  done
+  for ns in "$rx" "$tx"; do
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null || true; done
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+ip netns add "$rx"
+ip netns add "$tx"
+ip -n "$rx" link set lo up
+ip -n "$tx" link set lo up
+# Rail SOUT: sout0 (rx) 198.18.0.1 <-> sout1 (tx) 198.18.0.2; rail SUP: 198.18.1.1 <-> .2.
+ip link add name sout0 netns "$rx" type veth peer name sout1 netns "$tx"
+ip link add name sup0 netns "$rx" type veth peer name sup1 netns "$tx"
+ip -n "$rx" addr add 198.18.0.1/30 dev sout0
+ip -n "$tx" addr add 198.18.0.2/30 dev sout1
+ip -n "$rx" addr add 198.18.1.1/30 dev sup0
+ip -n "$tx" addr add 198.18.1.2/30 dev sup1
+cpus=$(printf '%x' $(((1 << $(nproc | awk '{ print ($1 > 30 ? 30 : $1) }')) - 1)))
+for ns in "$rx" "$tx"; do
+  for d in sout sup; do
+    dev=$d$([[ $ns == "$rx" ]] && echo 0 || echo 1)
+    ip -n "$ns" link set "$dev" up
+    # veth queues each packet on the backlog of the CPU that hands it over; with the qdisc
+    # dequeued from both CPUs (the sender's thread, tbf's timer), one TCP flow's packets land
+    # on two backlogs and arrive out of order: thousands of spurious fast retransmits per run
+    # and occasional 200 ms stalls. RPS keeps each flow on one CPU's backlog, in order.
+    ip netns exec "$ns" sh -c "echo $cpus > /sys/class/net/$dev/queues/rx-0/rps_cpus"
+  done
+done
+
+# --- shaping: both directions of each rail ----------------------------------------------
+qdisc=netem
+if ! tc -n "$tx" qdisc add dev sout1 root netem delay "$sout_delay" rate "$sout_rate" 2>/dev/null; then
+  qdisc=tbf
+  echo "# sch_netem is not in this kernel: rates shaped with tbf, no added delay"
+fi
+# qdisc ARGS for rail $1 at $2 kbit/s.
+shape_args() {
+  local delay=$sout_delay
+  [[ $1 == sup ]] && delay=$sup_delay
+  if [[ $qdisc == netem ]]; then
+    echo "netem delay $delay rate ${2}kbit limit 10000"
+  else
+    # burst: ~0.25 ms at 4 Gbit/s and above one 64 KiB GSO packet; limit: far above what TCP
+    # small queues let a socket keep in a qdisc, so nothing is dropped.
+    echo "tbf rate ${2}kbit burst 128k limit 8m"
+  fi
+}
+for ns in "$rx" "$tx"; do
+  for d in sout sup; do
+    dev=$d$([[ $ns == "$rx" ]] && echo 0 || echo 1)
+    k=$sout_kbit
+    [[ $d == sup ]] && k=$sup_kbit
+    # shellcheck disable=SC2046
+    tc -n "$ns" qdisc replace dev "$dev" root $(shape_args $d "$k")
+  done
+done
+echo "# rails: SOUT $(gbps "$sout_kbit") Gbit/s, SUP $(gbps "$sup_kbit") Gbit/s ($qdisc$([[ $qdisc == netem ]] && echo ", delay SOUT $sout_delay SUP $sup_delay")), each direction; $size sends, 8 in flight; $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# --- runs ---------------------------------------------------------------------------------
+port=7400
+env_rx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.1 MPIB_SOFT_SUP_ADDR=198.18.1.1)
+env_tx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.2 MPIB_SOFT_SUP_ADDR=198.18.1.2)
+# pair NAME SECS [mpib-perf options…]: starts both ranks in the background; sets rx_pid, tx_pid.
+pair() {
+  local name=$1 secs=$2
+  shift 2
+  port=$((port + 1))
+  local common=(--rendezvous "198.18.0.1:$port" --timeout 20 --sizes "$size" --duration "$secs" --quiet "$@")
+  ip netns exec "$rx" env "${env_rx[@]}" MPIB_STATS_FILE="$out/stats-$name-rx.txt" \
+    timeout -k 5 $((secs * 4 + 40)) "$perf" --rank 0 "${common[@]}" >"$out/$name-rx.log" 2>&1 &
+  rx_pid=$!
+  ip netns exec "$tx" env "${env_tx[@]}" MPIB_STATS_FILE="$out/stats-$name-tx.txt" \
+    timeout -k 5 $((secs * 4 + 40)) "$perf" --rank 1 "${common[@]}" >"$out/$name-tx.log" 2>&1 &
+  tx_pid=$!
+}
+# finish NAME: waits for both ranks; on failure shows their output and stops.
+finish() {
+  local rc=0
+  wait "$tx_pid" || rc=$?
+  wait "$rx_pid" || rc=$((rc ? rc : $?))
+  if ((rc)); then
+    tail -n 20 "$out/$1-tx.log" "$out/$1-rx.log" >&2 || true
+    die "run $1 failed (exit $rc; logs in $out)"
+  fi
+}
+
+declare -A files=([sout]= [sup]= [auto]= [static]=)
+split_of() { case $1 in static) echo 50 ;; *) echo "$1" ;; esac; }
+for ((r = 1; r <= rounds; r++)); do
+  for m in sout sup auto static; do
+    name=$m-$r
+    pair "$name" "$duration" --split "$(split_of $m)" --json "$out/$name.json"
+    finish "$name"
+    files[$m]+=${files[$m]:+,}$out/$name.json
+    echo "# round $r $m: $(sed -n 's/.*"gbps": *\([0-9.e-]*\).*/\1/p' "$out/$name.json" | head -1 | awk '{ printf "%.2f Gbit/s", $1 * 8 }')"
+  done
+done
+
+# The timeline: auto, one rail halved $change_at s after the stream starts.
+dev_tx=${change}1 dev_rx=${change}0
+k=$sout_kbit
+[[ $change == sup ]] && k=$sup_kbit
+half=$((k / 2))
+pair timeline "$tl_secs" --timeline "$out/timeline.json"
+for _ in $(seq 1 400); do
+  grep -q '^TIMELINE-START' "$out/timeline-tx.log" && break
+  kill -0 "$tx_pid" 2>/dev/null || break
+  sleep 0.05
+done
+grep -q '^TIMELINE-START' "$out/timeline-tx.log" || { finish timeline; die "the sender never printed TIMELINE-START"; }
+# CLOCK_MONOTONIC just before and just after the data direction's qdisc changes (the sender's
+# egress): tc is started beforehand and reads the change from stdin, so the two times
+# bracket only the netlink request (well under 1 ms), not a fork and exec. The reverse
+# direction (acknowledgements only) follows, untimed.
+read -r t_change t_changed < <(python3 -c '
+import subprocess, sys, time
+tc = subprocess.Popen(["tc", "-n", sys.argv[1], "-batch", "-"], stdin=subprocess.PIPE, text=True)
+time.sleep(float(sys.argv[2]))
+a = time.monotonic_ns()
+tc.stdin.write(sys.argv[3] + "\n")
+tc.stdin.close()
+if tc.wait() != 0:
+    sys.exit("tc failed: " + sys.argv[3])
+print(a, time.monotonic_ns())' "$tx" "$change_at" "qdisc change dev $dev_tx root $(shape_args "$change" "$half")") || true
+[[ -n ${t_changed:-} ]] || { finish timeline; die "the rate change failed"; }
+# shellcheck disable=SC2046
+tc -n "$rx" qdisc change dev "$dev_rx" root $(shape_args "$change" "$half")
+finish timeline
+[[ -s $out/timeline.json ]] || die "no timeline written"
+echo "# $change halved: $(gbps "$k") -> $(gbps "$half") Gbit/s at CLOCK_MONOTONIC $t_change ns"
+# The sender's statistics file of the timeline run (MPIB_STATS_FILE): per rail.
+if [[ -s $out/stats-timeline-tx.txt ]]; then
+  for r in 0 1; do
+    awk -v r="rail$r" -F': ' 'index($1, r "_") == 1 { k = substr($1, length(r) + 2); v[k] = $2 }
+      END { printf "# stats %s: share %s bw %.2f Gbit/s srtt %d us base %d us congestion_events %s probes %s\n",
+            r, v["share"], v["bw_bytes_per_s"] * 8 / 1e9, v["srtt_ns"] / 1000, v["base_latency_ns"] / 1000,
+            v["congestion_events"], v["probes"] }' "$out/stats-timeline-tx.txt"
+  done
+fi
+
+"$report" --tput "sout=${files[sout]}" --tput "sup=${files[sup]}" --tput "auto=${files[auto]}" \
+  --tput "static=${files[static]}" --timeline "$out/timeline.json" \
+  --change-ns "$t_change" --change-end-ns "$t_changed" \
+  --what "${change^^} $(gbps "$k") -> $(gbps "$half") Gbit/s" \
+  --shaped-gbps "$(gbps "$sout_kbit"),$(gbps "$sup_kbit")" --svg "$out/timeline.svg" "${strict[@]}" \
+  | tee "$out/report.txt"
+exit "${PIPESTATUS[0]}"
