@@ -7,7 +7,7 @@
 //! `seq == n` (wrapping `u32`), so `head ≤ tx_done ≤ sent ≤ tail` are all request numbers
 //! and `acked` says every request below it was executed by the peer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -74,8 +74,14 @@ pub struct Conn {
     /// Bumped by every progress step a caller (not the helper) makes on this connection:
     /// the helper steps in only when it stops moving.
     pub caller_epoch: AtomicU64,
-    /// In-process mode: the peer's connection, driven from this side's calls.
-    pub inproc_peer: OnceLock<Weak<Conn>>,
+    /// In-process mode (no stream: WRs execute directly, see `direct.rs`).
+    pub inproc: bool,
+    /// In-process mode: set while WRs wait to execute or retire, or once the peer closed;
+    /// a poll steps only connections (and peers) with this set.
+    pub work: Arc<AtomicBool>,
+    /// In-process mode: the peer's connection and its `work` flag, stepped from this side's
+    /// polls (its WRs may wait on this side's SRQ or CQ).
+    pub inproc_peer: OnceLock<(Weak<Conn>, Arc<AtomicBool>)>,
 }
 
 pub struct ConnState {
@@ -112,6 +118,8 @@ pub struct ConnState {
     /// The socket's token in the helper's epoll set, and whether `EPOLLOUT` is armed.
     pub helper_token: Option<usize>,
     pub out_armed: bool,
+    /// In-process mode: the WR whose receiver-not-ready wait was counted.
+    pub direct_rnr: Option<u32>,
 }
 
 impl ConnState {
@@ -143,6 +151,7 @@ impl ConnState {
             idle_since: None,
             helper_token: None,
             out_armed: false,
+            direct_rnr: None,
         }
     }
 
@@ -238,6 +247,9 @@ impl Conn {
     /// One progress step: read and execute what arrived, send what is queued, retire what
     /// completed. Returns whether anything moved.
     pub fn progress(&self, st: &mut ConnState, by_caller: bool) -> bool {
+        if self.inproc {
+            return self.direct_progress(st);
+        }
         if by_caller {
             self.caller_epoch.fetch_add(1, Ordering::Relaxed);
         }

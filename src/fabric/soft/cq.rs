@@ -1,8 +1,8 @@
 //! Completion queue and shared receive queue of the soft fabric.
 //!
 //! A CQ is a fixed ring of completions plus the list of QPs attached to it: `poll` is where
-//! the soft NIC runs, making one progress step on every attached connection (and, in
-//! in-process mode, on each one's peer) before it hands out completions. Connections that
+//! the soft NIC runs, making one progress step on every attached connection (in-process
+//! mode: on each one and its peer that has work) before it hands out completions. Connections that
 //! find the ring full stop producing completions (they stop reading) until it drains, so a
 //! CQ never overflows. The ring's lock is shared only with the device's helper thread.
 //!
@@ -25,6 +25,11 @@ pub struct CqRing {
 }
 
 impl CqRing {
+    #[inline]
+    pub fn full(&self) -> bool {
+        self.q.len() == self.cap
+    }
+
     /// Appends `c`; `false` when the ring is full.
     pub fn push(&mut self, c: Completion) -> bool {
         if self.q.len() == self.cap {
@@ -77,22 +82,25 @@ impl SoftCq {
     }
 }
 
-/// One progress step on `c` from a caller; in-process mode also steps its peer, which has
-/// no NIC of its own, until neither side moves.
+/// One progress step on TCP connection `c` from a caller (skipped while the helper or
+/// another caller holds it: they make the same progress).
 pub fn step_conn(c: &Conn) {
-    let peer = c.inproc_peer.get().and_then(|w| w.upgrade());
-    for _ in 0..1024 {
-        let mut moved = match c.st.try_lock() {
-            Some(mut st) => c.progress(&mut st, true),
-            None => false,
-        };
-        let Some(p) = peer.as_ref() else { return };
-        if let Some(mut ps) = p.st.try_lock() {
-            moved |= p.progress(&mut ps, false);
-        }
-        if !moved {
-            return;
-        }
+    if let Some(mut st) = c.st.try_lock() {
+        c.progress(&mut st, true);
+    }
+}
+
+/// In-process mode: steps `c` and its peer, each only if it has work (WRs waiting on this
+/// side's SRQ or CQ, completions not yet retired, a closed peer).
+fn step_direct(c: &Conn) {
+    if c.work.load(Ordering::Acquire) {
+        c.direct_progress(&mut c.st.lock());
+    }
+    if let Some((peer, work)) = c.inproc_peer.get()
+        && work.load(Ordering::Acquire)
+        && let Some(p) = peer.upgrade()
+    {
+        p.direct_progress(&mut p.st.lock());
     }
 }
 
@@ -104,7 +112,7 @@ impl CompletionQueue for SoftCq {
             self.seen_generation = generation;
         }
         for c in &self.conns {
-            step_conn(c);
+            if c.inproc { step_direct(c) } else { step_conn(c) }
         }
         let mut ring = self.shared.ring.lock();
         let n = out.len().min(ring.q.len());

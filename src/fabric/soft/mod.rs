@@ -50,8 +50,12 @@
 //! check, place, acknowledge, send, retire) before returning completions. A process that
 //! makes no calls is still served, as a NIC would serve it, by one helper thread per TCP
 //! device that sleeps in `epoll_wait` and steps in only for connections whose callers were
-//! quiet for 10 ms (see `helper.rs`). In-process mode has no sockets and no threads: both
-//! ends are in this process and a call on one end also steps its peer, deterministically.
+//! quiet for 10 ms (see `helper.rs`).
+//!
+//! In-process mode has no sockets, no threads and no stream: both ends are in this process,
+//! so `post_send` executes each WR at once against the peer's registration, with the same
+//! checks, placement order and completion semantics (see `direct.rs`); a WR that must wait
+//! (empty SRQ, full CQ) is retried when either end polls a CQ of the connection.
 //!
 //! # Limits
 //!
@@ -63,6 +67,7 @@ mod addr;
 mod conn;
 mod cq;
 mod device;
+mod direct;
 pub mod frame;
 mod helper;
 mod link;

@@ -15,6 +15,8 @@ use crate::fabric::{
     SharedRecvQueue, WcOpcode, WcStatus, WrOpcode,
 };
 
+mod direct;
+
 const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 14, retry_cnt: 1 };
 const GUARD: usize = 64;
 

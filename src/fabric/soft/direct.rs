@@ -1,0 +1,296 @@
+//! In-process mode's direct path. Both ends of an in-process connection live in this
+//! process, so a posted WR needs no stream: it is executed at once against the peer's
+//! registration, with the checks and the ordering the TCP path gives:
+//!
+//! - local SGEs are checked first (inline ones were checked and copied at post time), then
+//!   the rkey, bounds and rights at the responder, then (WRITE_WITH_IMM) the responder's SRQ;
+//!   a refusal fails the WR with the status the TCP path reports and puts the QP in the
+//!   error state (later WRs `Flushed`);
+//! - a WRITE of at least 8 bytes whose end is 8-aligned stores its final 8 bytes last, with
+//!   one Release `AtomicU64` store;
+//! - a WRITE_WITH_IMM takes one SRQ WQE and pushes one `RecvRdmaWithImm` completion to the
+//!   responder's CQ after placement. With the SRQ empty (counted once in `rnr_events`) or
+//!   the responder's CQ full, the WR waits with everything behind it, and is retried when
+//!   either side polls a CQ of the connection;
+//! - WRs complete in order, signalled ones (and failed ones) with a completion queued for
+//!   the requester's next `poll`.
+//!
+//! The two ends share a [`DirectLink`]: when either end goes away or fails, the other sees
+//! it at its next step as the TCP path sees EOF (the oldest WR waiting on the peer fails
+//! with `RetryExceeded`, the rest flush). Each connection has a `work` flag, set while it has
+//! WRs not yet retired (or the peer closed): polls step only connections that have work, so
+//! an idle poll costs a few loads and the CQ lock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::conn::{Conn, ConnState, Phase};
+use super::cq::{CqShared, SrqShared};
+use super::device::DevShared;
+use super::link::Link;
+use super::mr::Pinned;
+use crate::fabric::{Access, Completion, MAX_SGE, SendWr, WcOpcode, WcStatus, WrOpcode};
+
+/// What both ends of one in-process connection share.
+#[derive(Default)]
+struct DirectLink {
+    /// An end went away (dropped, or its QP went to the error state).
+    closed: AtomicBool,
+    /// Both ends are connected: WRs may execute.
+    ready: AtomicBool,
+}
+
+/// One end's view of an in-process connection: what it needs of its peer (the responder
+/// of its WRs) to execute them.
+pub struct DirectEnd {
+    link: Arc<DirectLink>,
+    peer_dev: Arc<DevShared>,
+    peer_cq: Arc<CqShared>,
+    peer_srq: Option<Arc<SrqShared>>,
+    peer_qpn: u32,
+    /// Both `work` flags, this end's first: closing or becoming ready wakes both.
+    work: [Arc<AtomicBool>; 2],
+}
+
+impl DirectEnd {
+    /// The two ends of a connection between `a` and `b` (`a`'s first).
+    pub fn pair(a: &Conn, b: &Conn) -> (DirectEnd, DirectEnd) {
+        let link = Arc::new(DirectLink::default());
+        let end = |me: &Conn, peer: &Conn| DirectEnd {
+            link: link.clone(),
+            peer_dev: peer.dev.clone(),
+            peer_cq: peer.cq.clone(),
+            peer_srq: peer.srq.clone(),
+            peer_qpn: peer.qp_num,
+            work: [me.work.clone(), peer.work.clone()],
+        };
+        (end(a, b), end(b, a))
+    }
+
+    /// Both ends are connected: queued WRs run at the next step of either side.
+    pub fn set_ready(&self) {
+        self.link.ready.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    /// This end is gone: the peer fails at its next step.
+    pub fn close(&self) {
+        self.link.closed.store(true, Ordering::Release);
+        self.wake();
+    }
+
+    fn wake(&self) {
+        for w in &self.work {
+            w.store(true, Ordering::Release);
+        }
+    }
+}
+
+impl Drop for DirectEnd {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Why a WR failed: its status and the reason logged with the QP's error state.
+struct Refused(WcStatus, String);
+
+enum Exec {
+    Done,
+    /// Receiver not ready or its CQ full: retry at a later step.
+    Wait,
+}
+
+/// The bytes a WR moves on this side: up to `MAX_SGE` pieces, pinned while they are used.
+struct Pieces<'a> {
+    at: [(u64, u64); MAX_SGE],
+    n: usize,
+    _pins: [Option<Pinned<'a>>; MAX_SGE],
+}
+
+impl<'a> Pieces<'a> {
+    fn one(addr: u64, len: u64) -> Pieces<'a> {
+        Pieces { at: [(addr, len), (0, 0)], n: (len > 0) as usize, _pins: [None, None] }
+    }
+
+    /// The WR's SGEs, each pinned in `dev`'s table for `need`; `None` if one is not there.
+    fn sges(dev: &'a DevShared, wr: &SendWr, need: Access) -> Option<Pieces<'a>> {
+        let mut p = Pieces { at: [(0, 0); MAX_SGE], n: 0, _pins: [None, None] };
+        for s in &wr.sge[..wr.num_sge as usize] {
+            if s.len == 0 {
+                continue;
+            }
+            p._pins[p.n] = Some(dev.mrs.pin_range(s.lkey, s.addr, s.len as u64, need)?);
+            p.at[p.n] = (s.addr, s.len as u64);
+            p.n += 1;
+        }
+        Some(p)
+    }
+
+    /// Copies bytes `[from, to)` of the pieces, laid end to end, to `dst` (or from `dst`
+    /// into them when `into` is set).
+    ///
+    /// # Safety
+    /// Every piece and `[dst, dst + to - from)` must be valid for the copy (pinned
+    /// registrations or this QP's inline slot); they may overlap.
+    unsafe fn copy(&self, from: u64, to: u64, dst: *mut u8, into: bool) {
+        let mut off = 0u64;
+        for &(addr, len) in &self.at[..self.n] {
+            let (lo, hi) = (from.max(off), to.min(off + len));
+            if lo < hi {
+                let p = (addr + (lo - off)) as *mut u8;
+                // SAFETY: both ranges lie in memory the caller guarantees; `ptr::copy`
+                // allows overlap (a loopback QP may move bytes within one region).
+                unsafe {
+                    let d = dst.add((lo - from) as usize);
+                    if into {
+                        std::ptr::copy(d, p, (hi - lo) as usize)
+                    } else {
+                        std::ptr::copy(p, d, (hi - lo) as usize)
+                    }
+                }
+            }
+            off += len;
+        }
+    }
+}
+
+impl Conn {
+    /// One step of an in-process connection: notice a closed peer, execute what is posted,
+    /// retire what completed. Returns whether anything moved.
+    pub(super) fn direct_progress(&self, st: &mut ConnState) -> bool {
+        let mut moved = false;
+        if matches!(st.phase, Phase::Ready)
+            && let Some(Link::Direct(end)) = &st.link
+        {
+            let (closed, ready) = (end.link.closed.load(Ordering::Acquire), end.link.ready.load(Ordering::Acquire));
+            if closed {
+                self.fail_link(st, "the peer closed the connection");
+                moved = true;
+            } else if ready {
+                moved |= self.execute(st);
+            }
+        }
+        moved |= self.retire(st);
+        self.work.store(st.head != st.tail || st.recv_flush, Ordering::Release);
+        moved
+    }
+
+    /// Executes posted WRs in order until one must wait or fails.
+    fn execute(&self, st: &mut ConnState) -> bool {
+        let mut moved = false;
+        while st.acked != st.tail {
+            let seq = st.acked;
+            match self.execute_one(st, seq) {
+                Ok(Exec::Done) => {
+                    let next = seq.wrapping_add(1);
+                    (st.acked, st.sent, st.tx_done) = (next, next, next);
+                    moved = true;
+                }
+                Ok(Exec::Wait) => break,
+                Err(Refused(status, why)) => {
+                    self.fail(st, Some((seq, status)), &why);
+                    return true;
+                }
+            }
+        }
+        moved
+    }
+
+    fn execute_one(&self, st: &mut ConnState, seq: u32) -> Result<Exec, Refused> {
+        let ConnState { sq, inline, max_inline, link, direct_rnr, .. } = st;
+        let Some(Link::Direct(end)) = link.as_ref() else { return Ok(Exec::Wait) };
+        let i = (seq % sq.len() as u32) as usize;
+        let e = &mut sq[i];
+        let wr = e.wr;
+        let len = wr.bytes();
+        let peer_mrs = &end.peer_dev.mrs;
+        if wr.opcode == WrOpcode::Read {
+            let remote =
+                if len > 0 { peer_mrs.pin_range(wr.rkey, wr.remote_addr, len, Access::REMOTE_READ) } else { None };
+            if len > 0 && remote.is_none() {
+                return Err(Refused(WcStatus::RemoteAccessError, format!("peer refused READ {seq}: RemoteAccess")));
+            }
+            let local = Pieces::sges(&self.dev, &wr, Access::LOCAL_WRITE).ok_or_else(|| {
+                Refused(WcStatus::LocalError, "READ response: local SGE not registered with LOCAL_WRITE".into())
+            })?;
+            // SAFETY: the local SGEs and the remote range are pinned registrations.
+            unsafe { local.copy(0, len, wr.remote_addr as *mut u8, true) };
+            e.read_done = true;
+            return Ok(Exec::Done);
+        }
+        let local = if wr.inline {
+            if e.bad_local {
+                return Err(Refused(WcStatus::LocalError, "inline SGE outside any registration".into()));
+            }
+            Some(Pieces::one(inline.as_ptr() as u64 + (i * *max_inline) as u64, len))
+        } else {
+            Pieces::sges(&self.dev, &wr, Access::empty())
+        };
+        let local = local.ok_or_else(|| {
+            Refused(WcStatus::LocalError, "local memory of a WR deregistered or out of bounds".into())
+        })?;
+        // As verbs: a 0-byte WRITE checks no rkey.
+        let remote =
+            if len > 0 { peer_mrs.pin_range(wr.rkey, wr.remote_addr, len, Access::REMOTE_WRITE) } else { None };
+        if len > 0 && remote.is_none() {
+            return Err(Refused(WcStatus::RemoteAccessError, format!("peer refused request {seq}: RemoteAccess")));
+        }
+        if wr.opcode == WrOpcode::Write {
+            // SAFETY: `local` and the remote range are pinned (or the inline slot).
+            unsafe { place(&local, wr.remote_addr, len) };
+            return Ok(Exec::Done);
+        }
+        let Some(srq) = end.peer_srq.as_ref() else {
+            return Err(Refused(WcStatus::RemoteOpError, format!("peer refused request {seq}: InvalidRequest")));
+        };
+        // The CQ stays locked from the room check to the push: nothing else fills it between.
+        let mut ring = end.peer_cq.ring.lock();
+        if ring.full() {
+            return Ok(Exec::Wait);
+        }
+        if !srq.take() {
+            if *direct_rnr != Some(seq) {
+                *direct_rnr = Some(seq);
+                srq.rnr.fetch_add(1, Ordering::Relaxed);
+            }
+            return Ok(Exec::Wait);
+        }
+        // SAFETY: as above.
+        unsafe { place(&local, wr.remote_addr, len) };
+        ring.push(Completion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::RecvRdmaWithImm,
+            byte_len: len as u32,
+            imm: wr.imm,
+            qp_num: end.peer_qpn,
+            timestamp_ns: 0,
+        });
+        Ok(Exec::Done)
+    }
+}
+
+/// Places a WRITE's `len` bytes from `src` at `dst`: the final 8 bytes last, as one Release
+/// store, when the WRITE has at least 8 bytes and ends 8-aligned.
+///
+/// # Safety
+/// `src` and `[dst, dst + len)` must be valid for the copy (pinned registrations).
+unsafe fn place(src: &Pieces<'_>, dst: u64, len: u64) {
+    let tail = len >= 8 && (dst + len).is_multiple_of(8);
+    let body = if tail { len - 8 } else { len };
+    let mut w = [0u8; 8];
+    if tail {
+        // Read before the body is written: a loopback WRITE may overlap its source.
+        // SAFETY: `w` is 8 writable bytes; the source pieces are valid (caller).
+        unsafe { src.copy(body, len, w.as_mut_ptr(), false) };
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { src.copy(0, body, dst as *mut u8, false) };
+    if tail {
+        // SAFETY: `dst + body` is 8-aligned and lies in the pinned destination; the region
+        // is memory handed to the NIC, read by others only atomically or after a completion.
+        let word = unsafe { AtomicU64::from_ptr((dst + body) as *mut u64) };
+        word.store(u64::from_ne_bytes(w), Ordering::Release);
+    }
+}
