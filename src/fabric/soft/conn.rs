@@ -185,6 +185,14 @@ impl ConnState {
 impl Conn {
     /// Validates and queues a chain; nothing is queued when it fails.
     pub fn post(&self, st: &mut ConnState, chain: &[SendWr]) -> Result<()> {
+        self.check_chain(st, chain)?;
+        self.enqueue(st, chain);
+        Ok(())
+    }
+
+    /// What `post_send` refuses: before `connect`, a full send queue, a malformed WR.
+    #[inline]
+    pub fn check_chain(&self, st: &ConnState, chain: &[SendWr]) -> Result<()> {
         if matches!(st.phase, Phase::Created) {
             return Err(Error::invalid_usage(format!("QP {}: post_send before connect", self.qp_num)));
         }
@@ -201,10 +209,11 @@ impl Conn {
             if wr.num_sge as usize > crate::fabric::MAX_SGE {
                 return Err(Error::invalid_argument(format!("QP {}: WR with {} SGEs", self.qp_num, wr.num_sge)));
             }
-            if wr.bytes() > MAX_MSG as u64 {
-                return Err(Error::invalid_argument(format!("QP {}: WR of {} bytes", self.qp_num, wr.bytes())));
+            let bytes = wr.bytes();
+            if bytes > MAX_MSG as u64 {
+                return Err(Error::invalid_argument(format!("QP {}: WR of {bytes} bytes", self.qp_num)));
             }
-            if wr.inline && (wr.bytes() as usize > st.max_inline || wr.opcode == WrOpcode::Read) {
+            if wr.inline && (bytes as usize > st.max_inline || wr.opcode == WrOpcode::Read) {
                 return Err(Error::invalid_argument(format!(
                     "QP {}: inline {:?} of {} bytes (max_inline {})",
                     self.qp_num,
@@ -214,6 +223,11 @@ impl Conn {
                 )));
             }
         }
+        Ok(())
+    }
+
+    /// Queues a checked chain (inline payloads are copied now).
+    pub fn enqueue(&self, st: &mut ConnState, chain: &[SendWr]) {
         for wr in chain {
             let seq = st.tail;
             let mut bad_local = false;
@@ -241,7 +255,6 @@ impl Conn {
             *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local, read_done: false };
             st.tail = seq.wrapping_add(1);
         }
-        Ok(())
     }
 
     /// One progress step: read and execute what arrived, send what is queued, retire what

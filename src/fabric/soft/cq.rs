@@ -8,7 +8,6 @@
 //!
 //! An SRQ is a counter of generic WQEs: posting adds, a WRITE_WITH_IMM takes one.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -20,23 +19,45 @@ use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
 /// A bounded ring of completions.
 pub struct CqRing {
-    q: VecDeque<Completion>,
-    cap: usize,
+    q: Box<[Completion]>,
+    head: usize,
+    len: usize,
 }
 
 impl CqRing {
+    fn new(cap: usize) -> CqRing {
+        CqRing { q: vec![Completion::default(); cap].into_boxed_slice(), head: 0, len: 0 }
+    }
+
     #[inline]
     pub fn full(&self) -> bool {
-        self.q.len() == self.cap
+        self.len == self.q.len()
     }
 
     /// Appends `c`; `false` when the ring is full.
+    #[inline]
     pub fn push(&mut self, c: Completion) -> bool {
-        if self.q.len() == self.cap {
+        if self.full() {
             return false;
         }
-        self.q.push_back(c);
+        let cap = self.q.len();
+        let at = if self.head + self.len >= cap { self.head + self.len - cap } else { self.head + self.len };
+        self.q[at] = c;
+        self.len += 1;
         true
+    }
+
+    /// Moves the oldest completions into `out`; returns how many.
+    #[inline]
+    fn pop_into(&mut self, out: &mut [Completion]) -> usize {
+        let n = out.len().min(self.len);
+        let cap = self.q.len();
+        for o in &mut out[..n] {
+            *o = self.q[self.head];
+            self.head = if self.head + 1 == cap { 0 } else { self.head + 1 };
+        }
+        self.len -= n;
+        n
     }
 }
 
@@ -51,7 +72,7 @@ impl CqShared {
     pub fn new(depth: u32) -> Arc<CqShared> {
         let cap = depth.max(1) as usize;
         Arc::new(CqShared {
-            ring: Mutex::new(CqRing { q: VecDeque::with_capacity(cap), cap }),
+            ring: Mutex::new(CqRing::new(cap)),
             conns: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         })
@@ -114,12 +135,7 @@ impl CompletionQueue for SoftCq {
         for c in &self.conns {
             if c.inproc { step_direct(c) } else { step_conn(c) }
         }
-        let mut ring = self.shared.ring.lock();
-        let n = out.len().min(ring.q.len());
-        for (o, c) in out.iter_mut().zip(ring.q.drain(..n)) {
-            *o = c;
-        }
-        Ok(n)
+        Ok(self.shared.ring.lock().pop_into(out))
     }
 }
 

@@ -24,7 +24,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::conn::{Conn, ConnState, Phase};
+use super::conn::{Conn, ConnState, Phase, SqEntry};
 use super::cq::{CqShared, SrqShared};
 use super::device::DevShared;
 use super::link::Link;
@@ -109,22 +109,34 @@ struct Pieces<'a> {
 }
 
 impl<'a> Pieces<'a> {
-    fn one(addr: u64, len: u64) -> Pieces<'a> {
-        Pieces { at: [(addr, len), (0, 0)], n: (len > 0) as usize, _pins: [None, None] }
+    #[inline]
+    fn new() -> Pieces<'a> {
+        Pieces { at: [(0, 0); MAX_SGE], n: 0, _pins: [None, None] }
     }
 
-    /// The WR's SGEs, each pinned in `dev`'s table for `need`; `None` if one is not there.
-    fn sges(dev: &'a DevShared, wr: &SendWr, need: Access) -> Option<Pieces<'a>> {
-        let mut p = Pieces { at: [(0, 0); MAX_SGE], n: 0, _pins: [None, None] };
+    /// Adds `len` bytes at `addr` this QP owns (its inline slot).
+    #[inline]
+    fn add_own(&mut self, addr: u64, len: u64) {
+        if len > 0 {
+            self.at[self.n] = (addr, len);
+            self.n += 1;
+        }
+    }
+
+    /// Adds the WR's SGEs, each pinned in `dev`'s table for `need`; `false` if one is not
+    /// registered so.
+    #[inline]
+    fn add_sges(&mut self, dev: &'a DevShared, wr: &SendWr, need: Access) -> bool {
         for s in &wr.sge[..wr.num_sge as usize] {
             if s.len == 0 {
                 continue;
             }
-            p._pins[p.n] = Some(dev.mrs.pin_range(s.lkey, s.addr, s.len as u64, need)?);
-            p.at[p.n] = (s.addr, s.len as u64);
-            p.n += 1;
+            let Some(pin) = dev.mrs.pin_range(s.lkey, s.addr, s.len as u64, need) else { return false };
+            self._pins[self.n] = Some(pin);
+            self.at[self.n] = (s.addr, s.len as u64);
+            self.n += 1;
         }
-        Some(p)
+        true
     }
 
     /// Copies bytes `[from, to)` of the pieces, laid end to end, to `dst` (or from `dst`
@@ -155,8 +167,76 @@ impl<'a> Pieces<'a> {
     }
 }
 
+/// Where a WRITE's payload comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    /// The WR's SGEs, checked now (a WR executed as it is posted).
+    Sges,
+    /// The WR's inline slot (copied at post time) at this address.
+    Inline(u64),
+    /// The inline SGEs were outside any registration at post time.
+    BadLocal,
+}
+
 impl Conn {
-    /// One step of an in-process connection: notice a closed peer, execute what is posted,
+    /// `post_send` in in-process mode: a connection with nothing queued executes the chain
+    /// as it is, with no copy into the send queue; whatever must wait, fails, or cannot
+    /// complete into a full CQ is queued (from that WR on) and goes the queued way.
+    pub(super) fn direct_post(&self, st: &mut ConnState, chain: &[SendWr]) -> crate::error::Result<()> {
+        self.check_chain(st, chain)?;
+        let mut k = 0;
+        if self.direct_idle(st) {
+            while k < chain.len() && st.head == st.tail && self.run_now(st, &chain[k]) {
+                k += 1;
+            }
+        }
+        if k < chain.len() {
+            self.enqueue(st, &chain[k..]);
+        }
+        if st.head != st.tail {
+            self.direct_progress(st);
+        }
+        Ok(())
+    }
+
+    /// Nothing queued, nothing to flush, the peer there and connected.
+    #[inline]
+    fn direct_idle(&self, st: &ConnState) -> bool {
+        st.head == st.tail
+            && !st.recv_flush
+            && matches!(st.phase, Phase::Ready)
+            && matches!(&st.link, Some(Link::Direct(e))
+                if e.link.ready.load(Ordering::Acquire) && !e.link.closed.load(Ordering::Acquire))
+    }
+
+    /// Executes `wr` of a chain being posted and completes it. `false`: it was not executed
+    /// (it waits or fails: the queued way decides, with its checks and messages).
+    #[inline]
+    fn run_now(&self, st: &mut ConnState, wr: &SendWr) -> bool {
+        let Some(Link::Direct(end)) = &st.link else { return false };
+        if !matches!(self.run_wr(end, wr, Src::Sges, None), Ok(Exec::Done)) {
+            return false;
+        }
+        if wr.signaled {
+            let c = Completion {
+                wr_id: wr.wr_id,
+                opcode: if wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite },
+                byte_len: wr.bytes() as u32,
+                qp_num: self.qp_num,
+                ..Completion::default()
+            };
+            if !self.cq.ring.lock().push(c) {
+                // Executed, its completion waits for CQ room: it retires the queued way.
+                let seq = st.tail;
+                *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local: false, read_done: true };
+                let next = seq.wrapping_add(1);
+                (st.tail, st.acked, st.sent, st.tx_done) = (next, next, next, next);
+            }
+        }
+        true
+    }
+
+    /// One step of an in-process connection: notice a closed peer, execute what is queued,
     /// retire what completed. Returns whether anything moved.
     pub(super) fn direct_progress(&self, st: &mut ConnState) -> bool {
         let mut moved = false;
@@ -176,13 +256,23 @@ impl Conn {
         moved
     }
 
-    /// Executes posted WRs in order until one must wait or fails.
+    /// Executes queued WRs in order until one must wait or fails.
     fn execute(&self, st: &mut ConnState) -> bool {
         let mut moved = false;
         while st.acked != st.tail {
             let seq = st.acked;
-            match self.execute_one(st, seq) {
+            let ConnState { sq, inline, max_inline, link, direct_rnr, .. } = &mut *st;
+            let Some(Link::Direct(end)) = link.as_ref() else { break };
+            let i = (seq % sq.len() as u32) as usize;
+            let e = &mut sq[i];
+            let src = match (e.wr.inline, e.bad_local) {
+                (false, _) => Src::Sges,
+                (true, false) => Src::Inline(inline.as_ptr() as u64 + (i * *max_inline) as u64),
+                (true, true) => Src::BadLocal,
+            };
+            match self.run_wr(end, &e.wr, src, Some((direct_rnr, seq))) {
                 Ok(Exec::Done) => {
+                    e.read_done = e.wr.opcode == WrOpcode::Read;
                     let next = seq.wrapping_add(1);
                     (st.acked, st.sent, st.tx_done) = (next, next, next);
                     moved = true;
@@ -197,12 +287,16 @@ impl Conn {
         moved
     }
 
-    fn execute_one(&self, st: &mut ConnState, seq: u32) -> Result<Exec, Refused> {
-        let ConnState { sq, inline, max_inline, link, direct_rnr, .. } = st;
-        let Some(Link::Direct(end)) = link.as_ref() else { return Ok(Exec::Wait) };
-        let i = (seq % sq.len() as u32) as usize;
-        let e = &mut sq[i];
-        let wr = e.wr;
+    /// Executes one WR against the peer. `rnr`: where the queued way remembers which WR's
+    /// receiver-not-ready wait was counted, and this WR's sequence number.
+    fn run_wr(
+        &self,
+        end: &DirectEnd,
+        wr: &SendWr,
+        src: Src,
+        rnr: Option<(&mut Option<u32>, u32)>,
+    ) -> Result<Exec, Refused> {
+        let seq = rnr.as_ref().map_or(0, |r| r.1);
         let len = wr.bytes();
         let peer_mrs = &end.peer_dev.mrs;
         if wr.opcode == WrOpcode::Read {
@@ -211,25 +305,27 @@ impl Conn {
             if len > 0 && remote.is_none() {
                 return Err(Refused(WcStatus::RemoteAccessError, format!("peer refused READ {seq}: RemoteAccess")));
             }
-            let local = Pieces::sges(&self.dev, &wr, Access::LOCAL_WRITE).ok_or_else(|| {
-                Refused(WcStatus::LocalError, "READ response: local SGE not registered with LOCAL_WRITE".into())
-            })?;
+            let mut local = Pieces::new();
+            if !local.add_sges(&self.dev, wr, Access::LOCAL_WRITE) {
+                let why = "READ response: local SGE not registered with LOCAL_WRITE";
+                return Err(Refused(WcStatus::LocalError, why.into()));
+            }
             // SAFETY: the local SGEs and the remote range are pinned registrations.
             unsafe { local.copy(0, len, wr.remote_addr as *mut u8, true) };
-            e.read_done = true;
             return Ok(Exec::Done);
         }
-        let local = if wr.inline {
-            if e.bad_local {
+        let mut local = Pieces::new();
+        match src {
+            Src::Sges if !local.add_sges(&self.dev, wr, Access::empty()) => {
+                let why = "local memory of a WR deregistered or out of bounds";
+                return Err(Refused(WcStatus::LocalError, why.into()));
+            }
+            Src::Sges => {}
+            Src::Inline(at) => local.add_own(at, len),
+            Src::BadLocal => {
                 return Err(Refused(WcStatus::LocalError, "inline SGE outside any registration".into()));
             }
-            Some(Pieces::one(inline.as_ptr() as u64 + (i * *max_inline) as u64, len))
-        } else {
-            Pieces::sges(&self.dev, &wr, Access::empty())
-        };
-        let local = local.ok_or_else(|| {
-            Refused(WcStatus::LocalError, "local memory of a WR deregistered or out of bounds".into())
-        })?;
+        }
         // As verbs: a 0-byte WRITE checks no rkey.
         let remote =
             if len > 0 { peer_mrs.pin_range(wr.rkey, wr.remote_addr, len, Access::REMOTE_WRITE) } else { None };
@@ -250,8 +346,10 @@ impl Conn {
             return Ok(Exec::Wait);
         }
         if !srq.take() {
-            if *direct_rnr != Some(seq) {
-                *direct_rnr = Some(seq);
+            if let Some((counted, seq)) = rnr
+                && *counted != Some(seq)
+            {
+                *counted = Some(seq);
                 srq.rnr.fetch_add(1, Ordering::Relaxed);
             }
             return Ok(Exec::Wait);
@@ -278,6 +376,21 @@ impl Conn {
 /// `src` and `[dst, dst + len)` must be valid for the copy (pinned registrations).
 unsafe fn place(src: &Pieces<'_>, dst: u64, len: u64) {
     let tail = len >= 8 && (dst + len).is_multiple_of(8);
+    if tail && src.n == 1 {
+        // One piece (the usual case): the final word read first (a loopback WRITE may
+        // overlap its source), the body copied, the word stored.
+        let from = src.at[0].0;
+        // SAFETY: the piece holds `len` valid bytes (caller); unaligned read of 8 of them.
+        let w = unsafe { std::ptr::read_unaligned((from + len - 8) as *const u64) };
+        if len > 8 {
+            // SAFETY: forwarded from the caller; `ptr::copy` allows overlap.
+            unsafe { std::ptr::copy(from as *const u8, dst as *mut u8, (len - 8) as usize) };
+        }
+        // SAFETY: as below.
+        let word = unsafe { AtomicU64::from_ptr((dst + len - 8) as *mut u64) };
+        word.store(w, Ordering::Release);
+        return;
+    }
     let body = if tail { len - 8 } else { len };
     let mut w = [0u8; 8];
     if tail {

@@ -295,8 +295,12 @@ impl QueuePair for SoftQp {
 
     fn post_send(&mut self, chain: &[SendWr]) -> Result<()> {
         let mut st = self.conn.st.lock();
+        if self.conn.inproc {
+            // Executed at once (see `direct.rs`).
+            return self.conn.direct_post(&mut st, chain);
+        }
         self.conn.post(&mut st, chain)?;
-        // TCP: send what fits now; in-process: execute at once (see `direct.rs`).
+        // Send what fits now.
         step_locked(&self.conn, &mut st);
         Ok(())
     }
