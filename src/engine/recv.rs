@@ -38,7 +38,7 @@ pub struct RecvConfig {
 }
 
 /// One receive buffer as NCCL gave it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvBuf {
     pub addr: u64,
     pub size: u64,
@@ -214,16 +214,17 @@ impl RecvEngine {
             )));
         }
         let word = CtsEntry::word_for(self.fifo_tail, n);
-        let mut entries = [CtsEntry::default(); MAX_RECVS];
-        let mut s = RecvSlot { state: State::Posted, n: n as u8, ..RecvSlot::default() };
-        for (i, b) in bufs.iter().enumerate() {
-            entries[i] = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
-            s.posted[i] = b.size;
-        }
-        mem.write_cts(slot, &entries[..n]);
         let rail = self.cts_rail(slot);
         let signaled = slot == rail;
-        s.cts_pending = signaled;
+        // Filled in place (only what this receive uses: `sizes` is written when it completes).
+        let s = &mut self.slots[slot];
+        (s.state, s.n, s.expected, s.seen, s.size_q, s.byte_sum) = (State::Posted, n as u8, 0, 0, 0, 0);
+        (s.cts_pending, s.data_done) = (signaled, false);
+        for (i, b) in bufs.iter().enumerate() {
+            let e = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
+            mem.write_cts(slot, i, &e);
+            s.posted[i] = b.size;
+        }
         let len = (n * 64) as u32;
         let off = (slot * CTS_SLOT_BYTES) as u64;
         let c = out.push(rail, QpRef::Cts);
@@ -239,7 +240,6 @@ impl RecvEngine {
             imm: 0,
         });
         self.stats[rail].count_post(1, 0, 0, 0);
-        self.slots[slot] = s;
         self.fifo_tail += 1;
         self.outstanding += 1;
         self.last_activity_ns = now_ns;
@@ -336,24 +336,27 @@ impl RecvEngine {
                 self.violation(rail, format!("IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name"))
             );
         }
-        let s = self.slots[slot];
-        if s.state != State::Posted || s.data_done {
+        let s = &self.slots[slot];
+        let s = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
+        let (state, data_done, expected, seen, prev_q, n) = s;
+        if state != State::Posted || data_done {
             return Err(self.violation(rail, format!("IMM for slot {slot}, which has no receive waiting for data")));
         }
-        if s.expected != 0 && s.expected != mask {
+        if expected != 0 && expected != mask {
             return Err(self.violation(
                 rail,
-                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {:#b}", s.expected),
+                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {expected:#b}"),
             ));
         }
-        if s.seen & (1 << rail) != 0 {
+        if seen & (1 << rail) != 0 {
             return Err(self.violation(rail, format!("a second IMM for slot {slot} from the same rail")));
         }
-        if s.expected != 0 && s.size_q != size_q {
-            return Err(self
-                .violation(rail, format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {}", s.size_q)));
+        if expected != 0 && prev_q != size_q {
+            return Err(
+                self.violation(rail, format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {prev_q}"))
+            );
         }
-        let n = s.n as usize;
+        let n = n as usize;
         if size_q != SIZEQ_SENTINEL && n != 1 {
             return Err(self.violation(rail, format!("IMM encodes a size for slot {slot}, a multi-receive of {n}")));
         }
@@ -366,29 +369,29 @@ impl RecvEngine {
             return Ok(());
         }
         // Every active rail delivered: the data is in place. Sizes, exactly.
-        let s = *s;
+        let (byte_sum, posted) = (s.byte_sum, s.posted);
         let mut sizes = [0u64; MAX_RECVS];
         if size_q != SIZEQ_SENTINEL {
             // Fast path: each rail's WRITE_WITH_IMM carried its share; byte_len sums them.
-            if s.byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || s.byte_sum > s.posted[0] {
+            if byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || byte_sum > posted[0] {
                 return Err(self.violation(
                     rail,
                     format!(
-                        "slot {slot}: {} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {}-byte receive",
-                        s.byte_sum, s.posted[0]
+                        "slot {slot}: {byte_sum} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {}-byte receive",
+                        posted[0]
                     ),
                 ));
             }
-            sizes[0] = s.byte_sum;
+            sizes[0] = byte_sum;
         } else {
             for (i, size) in sizes.iter_mut().enumerate().take(n) {
                 *size = mem.record(slot, i);
-                if *size > s.posted[i] {
+                if *size > posted[i] {
                     return Err(self.violation(
                         rail,
                         format!(
                             "slot {slot}: completion record {i} claims {} bytes for a {}-byte receive",
-                            *size, s.posted[i]
+                            *size, posted[i]
                         ),
                     ));
                 }
@@ -454,7 +457,8 @@ impl RecvEngine {
         match s.state {
             State::Done => {
                 let done = RecvDone { n: s.n as usize, sizes: s.sizes };
-                *s = RecvSlot::default();
+                // The next irecv of this slot sets every field it reads.
+                s.state = State::Free;
                 self.outstanding -= 1;
                 Ok(Some(done))
             }

@@ -89,7 +89,9 @@ pub struct SendEngine {
     slots: Box<[PostedSlot; SLOTS]>,
     /// CTS slots consumed so far; the next slot is `fifo_head % SLOTS`.
     fifo_head: u64,
-    cur: Option<Matching>,
+    /// The slot being matched, when `matching` (kept in place: no copies per send).
+    cur: Matching,
+    matching: bool,
     /// Round-robin data-QP cursor per rail.
     rr: [u16; RAILS],
     /// Slots whose signalled WR on the rail has not completed.
@@ -109,7 +111,8 @@ impl SendEngine {
             free: (0..n as u16).rev().collect(),
             slots: Box::new([PostedSlot::default(); SLOTS]),
             fifo_head: 0,
-            cur: None,
+            cur: Matching::default(),
+            matching: false,
             rr: [0; RAILS],
             outstanding: [0; RAILS],
             error: None,
@@ -192,7 +195,6 @@ impl SendEngine {
         if mem.fifo_word(slot, n - 1) != w0 {
             return Ok(false);
         }
-        let mut m = Matching { n, ..Matching::default() };
         for i in 0..n {
             let e = mem.fifo_entry(slot, i);
             if e.word != w0 || e.nreqs as usize != n {
@@ -201,9 +203,12 @@ impl SendEngine {
                     e.word, e.nreqs
                 ))));
             }
-            m.entries[i] = e;
+            self.cur.entries[i] = e;
         }
-        self.cur = Some(m);
+        let m = &mut self.cur;
+        (m.n, m.matched) = (n, 0);
+        m.reqs[..n].fill(None);
+        self.matching = true;
         Ok(true)
     }
 
@@ -219,10 +224,10 @@ impl SendEngine {
         out: &mut Posts,
     ) -> Result<Option<u16>> {
         self.check()?;
-        if self.cur.is_none() && !self.poll_cts(mem)? {
+        if !self.matching && !self.poll_cts(mem)? {
             return Ok(None);
         }
-        let m = self.cur.as_ref().expect("matching slot");
+        let m = &self.cur;
         // Tags select the buffer within the slot, first unmatched one first.
         let Some(i) = (0..m.n).find(|&i| m.reqs[i].is_none() && m.entries[i].tag == buf.tag) else {
             // Not for this slot: net_ib also answers "not now"; NCCL matches in order.
@@ -246,12 +251,13 @@ impl SendEngine {
             );
         }
         self.reqs[id as usize] = SendReq { state: ReqState::Pending, buf: Some(buf), size, entry };
-        let m = self.cur.as_mut().expect("matching slot");
+        let m = &mut self.cur;
         m.reqs[i] = Some(id);
         m.matched += 1;
         if m.matched == m.n {
-            let m = self.cur.take().expect("matching slot");
-            self.post_slot(now_ns, &m, mem, out)?;
+            self.matching = false;
+            let (n, reqs) = (m.n, m.reqs);
+            self.post_slot(now_ns, n, &reqs, mem, out)?;
         }
         Ok(Some(id))
     }
@@ -261,9 +267,15 @@ impl SendEngine {
     }
 
     /// Splits and posts a fully matched slot: one chain per active rail.
-    fn post_slot(&mut self, now_ns: u64, m: &Matching, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
+    fn post_slot(
+        &mut self,
+        now_ns: u64,
+        n: usize,
+        reqs: &[Option<u16>; MAX_RECVS],
+        mem: &mut impl SendMemory,
+        out: &mut Posts,
+    ) -> Result<()> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
-        let n = m.n;
         let views = self.views();
         let failed = [views[SOUT].failed, views[SUP].failed];
         if failed[SOUT] && failed[SUP] {
@@ -275,7 +287,7 @@ impl SendEngine {
         let mut mask = 0u8;
         let mut total = 0u64;
         for i in 0..n {
-            let r = &self.reqs[m.reqs[i].expect("matched") as usize];
+            let r = &self.reqs[reqs[i].expect("matched") as usize];
             let size = r.size;
             let s = if failed[SUP] {
                 size
@@ -308,8 +320,8 @@ impl SendEngine {
             mem.write_sizes(slot, &sizes[..n]);
         }
         let mut ps = PostedSlot { n: n as u8, pending: mask, ..PostedSlot::default() };
-        for i in 0..n {
-            ps.reqs[i] = m.reqs[i].expect("matched");
+        for (p, r) in ps.reqs.iter_mut().zip(&reqs[..n]) {
+            *p = r.expect("matched");
         }
         for rail in [SOUT, SUP] {
             if mask & (1 << rail) == 0 {

@@ -25,11 +25,12 @@ pub const RECV_SCRATCH_OFF: usize = RECV_RECORDS_OFF + crate::engine::layout::RE
 /// The flush READs land here (inside the scratch page, away from the probe word).
 pub const RECV_FLUSH_OFF: usize = RECV_SCRATCH_OFF + 64;
 
-/// Monotonic nanoseconds since the first call (one clock read per post/poll batch).
+/// Monotonic nanoseconds since the first call, never 0 (one clock read per ncclNet call).
 #[inline]
 pub fn now_ns() -> u64 {
     static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    BASE.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1
+    let d = BASE.get_or_init(std::time::Instant::now).elapsed();
+    d.as_secs() * 1_000_000_000 + d.subsec_nanos() as u64 + 1
 }
 
 /// One rail of a connection. Field order is drop order: QPs before the queues they use.
@@ -105,12 +106,10 @@ struct RecvMem<'a>(&'a HostRegion);
 
 impl RecvMemory for RecvMem<'_> {
     #[inline]
-    fn write_cts(&mut self, slot: usize, entries: &[CtsEntry]) {
-        for (i, e) in entries.iter().enumerate() {
-            let base = slot * CTS_SLOT_BYTES + i * 64;
-            for (k, w) in e.to_words().into_iter().enumerate() {
-                self.0.store(base + 8 * k, w);
-            }
+    fn write_cts(&mut self, slot: usize, i: usize, e: &CtsEntry) {
+        let base = slot * CTS_SLOT_BYTES + i * 64;
+        for (k, w) in e.to_words().into_iter().enumerate() {
+            self.0.store(base + 8 * k, w);
         }
     }
     #[inline]
@@ -176,7 +175,7 @@ impl<D: Device> SendComm<D> {
         let mut r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
         if r.is_none() {
             // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
-            self.poll(0b11)?;
+            self.poll(0b11, now)?;
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
             if r.is_none() {
                 // Still no CTS: keep the idle rails probed, so a dead receiver is noticed.
@@ -195,8 +194,8 @@ impl<D: Device> SendComm<D> {
         Ok(())
     }
 
-    /// Polls the CQs of the rails in `mask` and feeds the engine.
-    fn poll(&mut self, mask: u8) -> Result<()> {
+    /// Polls the CQs of the rails in `mask` and feeds the engine (`now`: this call's clock).
+    fn poll(&mut self, mask: u8, now: u64) -> Result<()> {
         for rail in 0..RAILS {
             if mask & (1 << rail) == 0 {
                 continue;
@@ -212,7 +211,6 @@ impl<D: Device> SendComm<D> {
                 if n == 0 {
                     break;
                 }
-                let now = now_ns();
                 for c in &self.wc[..n] {
                     self.engine.on_completion(now, rail, c)?;
                 }
@@ -227,10 +225,11 @@ impl<D: Device> SendComm<D> {
     /// `test` of request `id`: polls, probes idle rails, returns the bytes sent when done.
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
         // Both rails: one may carry only the CTS traffic the soft NIC must answer.
-        self.poll(0b11)?;
+        let now = now_ns();
+        self.poll(0b11, now)?;
         let done = self.engine.test(id)?;
         self.posts.clear();
-        self.engine.poll_probes(now_ns(), done.is_none(), &mut self.posts);
+        self.engine.poll_probes(now, done.is_none(), &mut self.posts);
         self.post()?;
         Ok(done)
     }
@@ -292,26 +291,11 @@ impl<D: Device> RecvComm<D> {
         Ok(())
     }
 
-    /// `irecv` of `bufs` (addresses, sizes, tags, memory handles).
-    pub fn irecv(&mut self, bufs: &[(u64, u64, u32, Option<MrInfo>)]) -> Result<Option<u16>> {
-        let mut rb = [RecvBuf { addr: 0, size: 0, tag: 0, rkeys: [0; RAILS] }; crate::engine::layout::MAX_RECVS];
-        for (i, &(addr, size, tag, mh)) in bufs.iter().enumerate() {
-            let rkeys = match mh {
-                Some(mh) if mh.covers(addr, size) => [mh.keys[0].rkey, mh.keys[1].rkey],
-                Some(mh) => {
-                    return Err(Error::invalid_argument(format!(
-                        "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
-                        mh.addr, mh.len
-                    )));
-                }
-                None if size == 0 => [0; RAILS],
-                None => return Err(Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))),
-            };
-            rb[i] = RecvBuf { addr, size, tag, rkeys };
-        }
+    /// `irecv` of `bufs` (checked against their registrations by the caller).
+    pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
         self.refill()?;
         self.posts.clear();
-        let r = self.engine.irecv(now_ns(), &rb[..bufs.len()], &mut RecvMem(&self.region), &mut self.posts)?;
+        let r = self.engine.irecv(now_ns(), bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         if let Err(e) = post_all(&mut self.rails, &self.posts) {
             self.engine.set_error(e.clone());
             return Err(e);

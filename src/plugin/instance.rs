@@ -13,7 +13,7 @@ use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
 use super::{AbiVersion, Completed, MAX_RECVS};
 use crate::config::{Config, RailAddr};
-use crate::engine::RailCounts;
+use crate::engine::{RAILS, RailCounts, RecvBuf};
 use crate::error::{Error, Result};
 use crate::fabric::{Device, RailPair, netif};
 
@@ -204,10 +204,25 @@ impl<D: Device> Plugin<D> {
         mhs: &[*mut c_void],
     ) -> Result<u64> {
         let n = data.len();
-        let mut bufs: [(u64, u64, u32, Option<MrInfo>); MAX_RECVS] = [(0, 0, 0, None); MAX_RECVS];
+        let mut bufs = [RecvBuf::default(); MAX_RECVS];
         for i in 0..n {
-            let info = if mhs[i].is_null() { None } else { Some(self.mr_info(mhs[i])?) };
-            bufs[i] = (as_u64(data[i]), size_ok(sizes[i])?, tags[i] as u32, info);
+            let (addr, size) = (as_u64(data[i]), size_ok(sizes[i])?);
+            let rkeys = if mhs[i].is_null() {
+                if size > 0 {
+                    return Err(Error::invalid_argument(format!("irecv buffer {i} has no memory handle")));
+                }
+                [0; RAILS]
+            } else {
+                let mh = self.mr_info(mhs[i])?;
+                if !mh.covers(addr, size) {
+                    return Err(Error::invalid_argument(format!(
+                        "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
+                        mh.addr, mh.len
+                    )));
+                }
+                [mh.keys[0].rkey, mh.keys[1].rkey]
+            };
+            bufs[i] = RecvBuf { addr, size, tag: tags[i] as u32, rkeys };
         }
         let (h, mut g) = self.objs.get(as_u64(comm), Kind::Recv)?;
         let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
@@ -234,11 +249,10 @@ impl<D: Device> Plugin<D> {
 
     pub fn test(&self, request: *mut c_void) -> Result<Option<Completed>> {
         let v = as_u64(request);
-        let h = Handle::decode(v)
-            .filter(|h| matches!(h.kind, Kind::SendReq | Kind::RecvReq))
-            .ok_or_else(|| Error::invalid_argument(format!("{v:#x} is not a request handle")))?;
-        let (comm, id, seq) = h.request_parts();
-        let (_, mut g) = self.objs.get(comm.encode(), comm.kind)?;
+        let Some((comm, kind, id, seq)) = Handle::split_request(v) else {
+            return Err(Error::invalid_argument(format!("{v:#x} is not a request handle")));
+        };
+        let (_, mut g) = self.objs.get(comm, kind)?;
         let stale = || Error::invalid_argument(format!("request {v:#x} is not in flight (already completed?)"));
         match &mut *g {
             Obj::Send(c) => {
