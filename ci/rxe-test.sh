@@ -53,6 +53,29 @@ cat /tmp/pp-server.log; exit $rc'
 build_verbs-device() { cargo_test_binary verbs_device "$1"; }
 suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child --skip port_down_is_seen_and_skipped'
 
+# The protocol conformance suite (tests/conformance.rs: two processes driving the built
+# library through the C ABI) on real verbs: rxe0 = SOUT, rxe1 = SUP, RoCE v2 GID chosen
+# automatically. Sizes 0 B .. >512 MiB, n = 1..8, 32 in flight, forced and auto splits,
+# checksums, counters (1 WR per active rail, nothing on an inactive one), every ABI version,
+# bad handles, killed peers. A killed peer is only noticed by RC's retry budget (the kernel
+# drops packets for a destroyed QP without a NAK), and rxe reads retry_cnt 7 as "retry
+# forever" (rxe_comp.c; real NICs retry 7 times): MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6 bound it
+# at 4.096 us * 2^16 * 7 = 1.9 s, inside the suite's 30 s no-progress limit. Under qemu the
+# 512 MiB message takes ~30 s with no completion before its end: CONFORMANCE_STALL_MS.
+build_conformance() {
+  cargo build --lib -q || return 1
+  cargo_test_binary conformance "$1" || return 1
+  # The newer of cargo's two copies (cargo test refreshes deps/, cargo build the other).
+  cp "$(ls -t target/debug/libmpib.so target/debug/deps/libmpib.so 2>/dev/null | head -n1)" "$1/libmpib.so"
+}
+VERBS_ENV='MPIB_FABRIC=verbs MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6'
+suite conformance "CONFORMANCE_STALL_MS=120000 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./conformance --test-threads=1"
+
+# The same protocol with the GID given explicitly (MPIB_GID_INDEX), on a subset.
+build_conformance-gid() { build_conformance "$1"; }
+suite conformance-gid '[ "$RXE_GID_IDX0" = "$RXE_GID_IDX1" ] || { echo "rxe0 and rxe1 have different RoCE v2 GID indexes"; exit 1; }
+NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$RXE_GID_IDX0" ./conformance --test-threads=1 sizes_from split_50 multi_receives'
+
 # Takes rxe1's link down and up again: keep it last.
 build_verbs-port-down() { cargo_test_binary verbs_device "$1"; }
 suite verbs-port-down 'MPIB_TEST_LINK_TOGGLE=1 ./verbs_device --ignored --exact port_down_is_seen_and_skipped --test-threads=1'

@@ -3,7 +3,7 @@
 set -euo pipefail
 # cmake + libclang-dev: rdma-mummy-sys builds its libibverbs dlopen stub with cmake and
 # runs bindgen (libclang) on its vendored rdma-core headers. No rdma-core -dev package needed.
-pkgs=(build-essential pkg-config binutils cmake libclang-dev)
+pkgs=(build-essential pkg-config binutils valgrind cmake libclang-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

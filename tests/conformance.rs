@@ -32,8 +32,14 @@ fn phase(sizes: &[u64], count: u64, nrecv: usize, inflight: usize) -> Phase {
     Phase { sizes: sizes.to_vec(), count, nrecv, inflight, ..Phase::default() }
 }
 
+/// `CONFORMANCE_STALL_MS` raises the no-progress limit on slow fabrics (Soft-RoCE under
+/// qemu moves a 512 MiB message in ~30 s, with no completion before its end).
 fn workload(phases: Vec<Phase>) -> Workload {
-    Workload { seed: 0x6d70_6962, phases, ..Workload::default() }
+    let mut w = Workload { seed: 0x6d70_6962, phases, ..Workload::default() };
+    if let Some(ms) = std::env::var("CONFORMANCE_STALL_MS").ok().and_then(|v| v.parse().ok()) {
+        w.stall_ms = ms;
+    }
+    w
 }
 
 fn assert_clean(out: &PairOutcome) {

@@ -168,7 +168,11 @@ impl<D: Device> Plugin<D> {
     }
 
     pub fn dereg_mr(&self, comm: *mut c_void, mh: *mut c_void) -> Result<()> {
-        self.comm_pair(comm)?;
+        // The registration belongs to its handle, not to the comm: it can be released after
+        // the comm was closed (the comm handle must still be one NCCL got from us).
+        if !Handle::decode(as_u64(comm)).is_some_and(|h| matches!(h.kind, Kind::Send | Kind::Recv)) {
+            return Err(Error::invalid_argument(format!("deregMr: {comm:p} is not a send or receive comm handle")));
+        }
         match self.objs.remove(as_u64(mh), Kind::Mr)? {
             Obj::Mr(m) => m.release(),
             _ => Err(Error::internal("memory handle entry holds something else")),
