@@ -266,6 +266,23 @@ impl SendEngine {
         [*self.tel[SOUT].view(), *self.tel[SUP].view()]
     }
 
+    /// The policy's bytes on SOUT for a `size`-byte send, both rails healthy.
+    #[inline]
+    fn sout_share(&mut self, size: u64, now_ns: u64) -> u64 {
+        match &mut self.split {
+            AnySplit::Fixed(f) => f.sout_bytes(size, now_ns, &[*self.tel[SOUT].view(), *self.tel[SUP].view()]),
+            AnySplit::Auto(_) => self.auto_share(size, now_ns),
+        }
+    }
+
+    /// Out of line: inlined, the compiler computes its rail arithmetic ahead of the policy
+    /// check, for fixed splits too.
+    #[inline(never)]
+    fn auto_share(&mut self, size: u64, now_ns: u64) -> u64 {
+        let views = self.views();
+        self.split.sout_bytes(size, now_ns, &views)
+    }
+
     /// Splits and posts a fully matched slot: one chain per active rail.
     fn post_slot(
         &mut self,
@@ -276,8 +293,7 @@ impl SendEngine {
         out: &mut Posts,
     ) -> Result<()> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
-        let views = self.views();
-        let failed = [views[SOUT].failed, views[SUP].failed];
+        let failed = [self.tel[SOUT].view().failed, self.tel[SUP].view().failed];
         if failed[SOUT] && failed[SUP] {
             return Err(self.fail(Error::remote("both rails have failed")));
         }
@@ -294,7 +310,7 @@ impl SendEngine {
             } else if failed[SOUT] {
                 0
             } else {
-                let s = self.split.sout_bytes(size, now_ns, &views).min(size);
+                let s = self.sout_share(size, now_ns).min(size);
                 // A policy must answer in 128-byte units; repair anything else.
                 if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
             };
