@@ -142,6 +142,20 @@ fn bad_handles_are_errors_not_crashes() {
     let e = plugin::isend(recv, junk, 8, 0, junk).unwrap_err();
     assert!(e.msg.contains("memory handle") || e.msg.contains("not a"), "{}", e.msg);
     assert!(plugin::properties(7).is_err());
+    // A released registration is an error at once, even right after calls that used it (a
+    // comm's memo of its last registration must not outlive the release).
+    let mut buf = vec![0u8; 4096];
+    let data: *mut c_void = buf.as_mut_ptr().cast();
+    let host = mpib::abi::types::consts::NCCL_PTR_HOST;
+    let (smh, rmh) = (plugin::reg_mr(send, data, 4096, host).unwrap(), plugin::reg_mr(recv, data, 4096, host).unwrap());
+    assert!(plugin::isend(send, data, 8, 0, smh).is_ok());
+    assert!(plugin::irecv(recv, &[data], &[8], &[0], &[rmh]).is_ok());
+    plugin::dereg_mr(send, smh).unwrap();
+    plugin::dereg_mr(recv, rmh).unwrap();
+    let e = plugin::isend(send, data, 8, 0, smh).unwrap_err();
+    assert!(e.msg.contains("stale"), "{}", e.msg);
+    let e = plugin::irecv(recv, &[data], &[8], &[0], &[rmh]).unwrap_err();
+    assert!(e.msg.contains("stale"), "{}", e.msg);
     plugin::close_send(send).unwrap();
     plugin::close_recv(recv).unwrap();
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::devices::DevPair;
-use super::mr::MrInfo;
+use super::mr::{MrInfo, MrMemo};
 use crate::engine::layout::{CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RecvMemory, SendMemory};
 use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine};
 use crate::error::{Error, Result};
@@ -143,6 +143,7 @@ pub struct SendComm<D: Device> {
     pub engine: SendEngine,
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
+    pub mr_memo: MrMemo,
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
@@ -155,6 +156,7 @@ impl<D: Device> SendComm<D> {
             engine,
             dev,
             seqs: Seqs::new(512),
+            mr_memo: MrMemo::default(),
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
@@ -254,6 +256,7 @@ pub struct RecvComm<D: Device> {
     rnr_seen: [u64; RAILS],
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
+    pub mr_memo: MrMemo,
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
@@ -267,6 +270,7 @@ impl<D: Device> RecvComm<D> {
             rnr_seen: [0; RAILS],
             dev,
             seqs: Seqs::new(512),
+            mr_memo: MrMemo::default(),
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
