@@ -193,37 +193,50 @@ impl Conn {
     /// What `post_send` refuses: before `connect`, a full send queue, a malformed WR.
     #[inline]
     pub fn check_chain(&self, st: &ConnState, chain: &[SendWr]) -> Result<()> {
+        let free = st.cap() - st.tail.wrapping_sub(st.head);
+        let mut ok = !matches!(st.phase, Phase::Created) && chain.len() as u64 <= free as u64;
+        for wr in chain {
+            let n = wr.num_sge as usize;
+            // SGE lengths are u32: two of them never overflow a u64.
+            let bytes = wr.sge[0].len as u64 * (n > 0) as u64 + wr.sge[1].len as u64 * (n > 1) as u64;
+            ok &= n <= crate::fabric::MAX_SGE
+                && bytes <= MAX_MSG as u64
+                && (!wr.inline || (bytes as usize <= st.max_inline && wr.opcode != WrOpcode::Read));
+        }
+        if ok { Ok(()) } else { Err(self.chain_error(st, chain)) }
+    }
+
+    /// Why [`Self::check_chain`] refused `chain`: the first problem, precisely.
+    #[cold]
+    fn chain_error(&self, st: &ConnState, chain: &[SendWr]) -> Error {
         if matches!(st.phase, Phase::Created) {
-            return Err(Error::invalid_usage(format!("QP {}: post_send before connect", self.qp_num)));
+            return Error::invalid_usage(format!("QP {}: post_send before connect", self.qp_num));
         }
         let free = st.cap() - st.tail.wrapping_sub(st.head);
         if chain.len() as u64 > free as u64 {
-            return Err(Error::invalid_usage(format!(
+            return Error::invalid_usage(format!(
                 "QP {}: send queue full ({} WRs posted, room for {free} of the chain of {})",
                 self.qp_num,
                 st.cap() - free,
                 chain.len()
-            )));
+            ));
         }
         for wr in chain {
             if wr.num_sge as usize > crate::fabric::MAX_SGE {
-                return Err(Error::invalid_argument(format!("QP {}: WR with {} SGEs", self.qp_num, wr.num_sge)));
+                return Error::invalid_argument(format!("QP {}: WR with {} SGEs", self.qp_num, wr.num_sge));
             }
             let bytes = wr.bytes();
             if bytes > MAX_MSG as u64 {
-                return Err(Error::invalid_argument(format!("QP {}: WR of {bytes} bytes", self.qp_num)));
+                return Error::invalid_argument(format!("QP {}: WR of {bytes} bytes", self.qp_num));
             }
             if wr.inline && (bytes as usize > st.max_inline || wr.opcode == WrOpcode::Read) {
-                return Err(Error::invalid_argument(format!(
+                return Error::invalid_argument(format!(
                     "QP {}: inline {:?} of {} bytes (max_inline {})",
-                    self.qp_num,
-                    wr.opcode,
-                    wr.bytes(),
-                    st.max_inline
-                )));
+                    self.qp_num, wr.opcode, bytes, st.max_inline
+                ));
             }
         }
-        Ok(())
+        Error::internal(format!("QP {}: chain refused for no reason found", self.qp_num))
     }
 
     /// Queues a checked chain (inline payloads are copied now).

@@ -101,10 +101,18 @@ impl SoftCq {
     pub(super) fn new(depth: u32) -> SoftCq {
         SoftCq { shared: CqShared::new(depth), conns: Vec::new(), seen_generation: u64::MAX }
     }
+
+    /// Takes a fresh copy of the attached QPs (control path: QPs come and go).
+    #[cold]
+    fn refresh(&mut self, generation: u64) {
+        self.conns = self.shared.conns.lock().clone();
+        self.seen_generation = generation;
+    }
 }
 
 /// One progress step on TCP connection `c` from a caller (skipped while the helper or
 /// another caller holds it: they make the same progress).
+#[inline(never)]
 pub fn step_conn(c: &Conn) {
     if let Some(mut st) = c.st.try_lock() {
         c.progress(&mut st, true);
@@ -113,24 +121,30 @@ pub fn step_conn(c: &Conn) {
 
 /// In-process mode: steps `c` and its peer, each only if it has work (WRs waiting on this
 /// side's SRQ or CQ, completions not yet retired, a closed peer).
+#[inline]
 fn step_direct(c: &Conn) {
     if c.work.load(Ordering::Acquire) {
-        c.direct_progress(&mut c.st.lock());
+        direct_step(c);
     }
     if let Some((peer, work)) = c.inproc_peer.get()
         && work.load(Ordering::Acquire)
         && let Some(p) = peer.upgrade()
     {
-        p.direct_progress(&mut p.st.lock());
+        direct_step(&p);
     }
+}
+
+/// Out of line: the common poll finds no work and should not pay for its registers.
+#[inline(never)]
+fn direct_step(c: &Conn) {
+    c.direct_progress(&mut c.st.lock());
 }
 
 impl CompletionQueue for SoftCq {
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         let generation = self.shared.generation.load(Ordering::Acquire);
         if generation != self.seen_generation {
-            self.conns = self.shared.conns.lock().clone();
-            self.seen_generation = generation;
+            self.refresh(generation);
         }
         for c in &self.conns {
             if c.inproc { step_direct(c) } else { step_conn(c) }
