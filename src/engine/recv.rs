@@ -5,7 +5,7 @@
 
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
-use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, completion_error};
+use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, cold, completion_error, failed_earlier};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::telemetry::StatsHandle;
@@ -149,7 +149,7 @@ impl RecvEngine {
     fn check(&self) -> Result<()> {
         match &self.error {
             None => Ok(()),
-            Some(e) => Err(Error::new(e.kind, format!("connection failed earlier: {}", e.msg))),
+            Some(e) => Err(failed_earlier(e)),
         }
     }
 
@@ -166,8 +166,8 @@ impl RecvEngine {
         self.fail(e);
     }
 
-    fn violation(&mut self, rail: usize, msg: String) -> Error {
-        self.fail(Error::remote(format!("protocol violation on the {} rail: {msg}", RAIL_NAMES[rail])))
+    fn violation(&mut self, rail: usize, msg: impl FnOnce() -> String) -> Error {
+        self.fail(cold(|| Error::remote(format!("protocol violation on the {} rail: {}", RAIL_NAMES[rail], msg()))))
     }
 
     /// SRQ WQEs to post on `rail` now: up to the high watermark once below the low one.
@@ -199,19 +199,25 @@ impl RecvEngine {
         self.check()?;
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
-            return Err(Error::invalid_argument(format!("{n} receives in one irecv (1..{MAX_RECVS} allowed)")));
+            return Err(cold(|| {
+                Error::invalid_argument(format!("{n} receives in one irecv (1..{MAX_RECVS} allowed)"))
+            }));
         }
         if self.outstanding >= self.cfg.max_requests {
-            return Err(Error::internal(format!(
-                "too many receives in flight (at most {}): NCCL must test and complete earlier ones",
-                self.cfg.max_requests
-            )));
+            return Err(cold(|| {
+                Error::internal(format!(
+                    "too many receives in flight (at most {}): NCCL must test and complete earlier ones",
+                    self.cfg.max_requests
+                ))
+            }));
         }
         let slot = (self.fifo_tail % SLOTS as u64) as usize;
         if self.slots[slot].state != State::Free {
-            return Err(Error::internal(format!(
-                "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
-            )));
+            return Err(cold(|| {
+                Error::internal(format!(
+                    "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
+                ))
+            }));
         }
         let word = CtsEntry::word_for(self.fifo_tail, n);
         let rail = self.cts_rail(slot);
@@ -266,30 +272,28 @@ impl RecvEngine {
         self.check()?;
         if imm_recv {
             if c.status != WcStatus::Success {
-                return Err(self.fail(completion_error(rail, "receiving an IMM", c.status)));
+                return Err(self.fail(cold(|| completion_error(rail, "receiving an IMM", c.status))));
             }
             return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
         }
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             if c.status != WcStatus::Success {
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
-                return Err(self.fail(completion_error(rail, "a work request", c.status)));
+                return Err(self.fail(cold(|| completion_error(rail, "a work request", c.status))));
             }
-            return Err(self.fail(Error::internal(format!(
-                "{} rail: completion with an unknown wr_id {:#x}",
-                RAIL_NAMES[rail], c.wr_id
-            ))));
+            return Err(self.fail(cold(|| {
+                Error::internal(format!("{} rail: completion with an unknown wr_id {:#x}", RAIL_NAMES[rail], c.wr_id))
+            })));
         };
         if c.status != WcStatus::Success {
-            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
+            return Err(self.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
         }
         match kind {
             WrKind::Cts => {
                 let s = &mut self.slots[slot];
                 if s.state != State::Posted || !s.cts_pending {
-                    return Err(
-                        self.fail(Error::internal(format!("CTS completion for slot {slot}, which awaits none")))
-                    );
+                    return Err(self
+                        .fail(cold(|| Error::internal(format!("CTS completion for slot {slot}, which awaits none")))));
                 }
                 s.cts_pending = false;
                 if s.data_done {
@@ -303,62 +307,61 @@ impl RecvEngine {
                     Ok(())
                 }
                 // Never credit another flush with it: that flush would complete early.
-                _ => Err(self.fail(Error::internal(format!(
-                    "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
-                    RAIL_NAMES[wr_rail]
-                )))),
+                _ => Err(self.fail(cold(|| {
+                    Error::internal(format!(
+                        "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
+                        RAIL_NAMES[wr_rail]
+                    ))
+                }))),
             },
             WrKind::Probe if self.keepalive == Some(wr_rail) => {
                 self.keepalive = None;
                 Ok(())
             }
-            _ => Err(self.fail(Error::internal(format!(
-                "{} rail: unexpected {kind:?} completion on a receive connection",
-                RAIL_NAMES[wr_rail]
-            )))),
+            _ => Err(self.fail(cold(|| {
+                Error::internal(format!(
+                    "{} rail: unexpected {kind:?} completion on a receive connection",
+                    RAIL_NAMES[wr_rail]
+                ))
+            }))),
         }
     }
 
     fn on_imm(&mut self, rail: usize, imm: u32, byte_len: u64, mem: &impl RecvMemory) -> Result<()> {
         let Imm { slot, mask, size_q } = Imm::decode(imm);
         let slot = slot as usize;
-        if mask == 0 || mask & !self.cfg.rails_mask != 0 {
-            return Err(self.violation(
-                rail,
-                format!(
-                    "IMM {imm:#010x} for slot {slot} has rail mask {mask:#b}; this device's rails are {:#b}",
-                    self.cfg.rails_mask
-                ),
-            ));
+        let rails = self.cfg.rails_mask;
+        if mask == 0 || mask & !rails != 0 {
+            return Err(self.violation(rail, || {
+                format!("IMM {imm:#010x} for slot {slot} has rail mask {mask:#b}; this device's rails are {rails:#b}")
+            }));
         }
         if mask & (1 << rail) == 0 {
-            return Err(
-                self.violation(rail, format!("IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name"))
-            );
+            return Err(self.violation(rail, || {
+                format!("IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name")
+            }));
         }
         let s = &self.slots[slot];
         let s = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
         let (state, data_done, expected, seen, prev_q, n) = s;
         if state != State::Posted || data_done {
-            return Err(self.violation(rail, format!("IMM for slot {slot}, which has no receive waiting for data")));
+            return Err(self.violation(rail, || format!("IMM for slot {slot}, which has no receive waiting for data")));
         }
         if expected != 0 && expected != mask {
-            return Err(self.violation(
-                rail,
-                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {expected:#b}"),
-            ));
+            return Err(self.violation(rail, || {
+                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {expected:#b}")
+            }));
         }
         if seen & (1 << rail) != 0 {
-            return Err(self.violation(rail, format!("a second IMM for slot {slot} from the same rail")));
+            return Err(self.violation(rail, || format!("a second IMM for slot {slot} from the same rail")));
         }
         if expected != 0 && prev_q != size_q {
-            return Err(
-                self.violation(rail, format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {prev_q}"))
-            );
+            return Err(self
+                .violation(rail, || format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {prev_q}")));
         }
         let n = n as usize;
         if size_q != SIZEQ_SENTINEL && n != 1 {
-            return Err(self.violation(rail, format!("IMM encodes a size for slot {slot}, a multi-receive of {n}")));
+            return Err(self.violation(rail, || format!("IMM encodes a size for slot {slot}, a multi-receive of {n}")));
         }
         let s = &mut self.slots[slot];
         s.expected = mask;
@@ -376,7 +379,7 @@ impl RecvEngine {
             if byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || byte_sum > posted[0] {
                 return Err(self.violation(
                     rail,
-                    format!(
+                    || format!(
                         "slot {slot}: {byte_sum} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {}-byte receive",
                         posted[0]
                     ),
@@ -387,13 +390,13 @@ impl RecvEngine {
             for (i, size) in sizes.iter_mut().enumerate().take(n) {
                 *size = mem.record(slot, i);
                 if *size > posted[i] {
-                    return Err(self.violation(
-                        rail,
+                    let got = *size;
+                    return Err(self.violation(rail, || {
                         format!(
-                            "slot {slot}: completion record {i} claims {} bytes for a {}-byte receive",
-                            *size, posted[i]
-                        ),
-                    ));
+                            "slot {slot}: completion record {i} claims {got} bytes for a {}-byte receive",
+                            posted[i]
+                        )
+                    }));
                 }
             }
         }
@@ -412,7 +415,7 @@ impl RecvEngine {
     pub fn iflush(&mut self, buf: FlushBuf, out: &mut Posts) -> Result<Option<u16>> {
         self.check()?;
         let Some(i) = self.flushes.iter().position(|f| !f.live) else {
-            return Err(Error::internal(format!("too many flushes in flight (at most {MAX_FLUSHES})")));
+            return Err(cold(|| Error::internal(format!("too many flushes in flight (at most {MAX_FLUSHES})"))));
         };
         let mut pending = 0;
         for rail in 0..RAILS {
@@ -443,7 +446,7 @@ impl RecvEngine {
         self.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
-                return Err(Error::internal(format!("flush request {id} is not in flight")));
+                return Err(cold(|| Error::internal(format!("flush request {id} is not in flight"))));
             };
             if f.pending == 0 {
                 *f = FlushReq::default();
@@ -452,7 +455,7 @@ impl RecvEngine {
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
-            return Err(Error::internal(format!("receive request {id} does not exist")));
+            return Err(cold(|| Error::internal(format!("receive request {id} does not exist"))));
         };
         match s.state {
             State::Done => {
@@ -463,7 +466,9 @@ impl RecvEngine {
                 Ok(Some(done))
             }
             State::Posted => Ok(None),
-            State::Free => Err(Error::internal(format!("receive request {id} is not in flight (tested after done?)"))),
+            State::Free => {
+                Err(cold(|| Error::internal(format!("receive request {id} is not in flight (tested after done?)"))))
+            }
         }
     }
 

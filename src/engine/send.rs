@@ -4,7 +4,10 @@
 
 use super::imm::{Imm, MASK_SOUT, MASK_SUP, SIZEQ_SENTINEL};
 use super::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
-use super::{Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, completion_error};
+use super::{
+    Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, cold, completion_error,
+    failed_earlier,
+};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
 use crate::split::{AnySplit, SHARE_ALIGN, SplitPolicy};
@@ -154,7 +157,7 @@ impl SendEngine {
     fn check(&self) -> Result<()> {
         match &self.error {
             None => Ok(()),
-            Some(e) => Err(Error::new(e.kind, format!("connection failed earlier: {}", e.msg))),
+            Some(e) => Err(failed_earlier(e)),
         }
     }
 
@@ -187,9 +190,11 @@ impl SendEngine {
         }
         let n = (w0 & 0xff) as usize;
         if n == 0 || n > MAX_RECVS {
-            return Err(self.fail(Error::remote(format!(
-                "protocol violation: CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)"
-            ))));
+            return Err(self.fail(cold(|| {
+                Error::remote(format!(
+                    "protocol violation: CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)"
+                ))
+            })));
         }
         // The last word of the slot's WRITE is placed last: when it is fresh, all is.
         if mem.fifo_word(slot, n - 1) != w0 {
@@ -198,10 +203,10 @@ impl SendEngine {
         for i in 0..n {
             let e = mem.fifo_entry(slot, i);
             if e.word != w0 || e.nreqs as usize != n {
-                return Err(self.fail(Error::remote(format!(
+                return Err(self.fail(cold(|| Error::remote(format!(
                     "protocol violation: CTS slot {slot} entry {i} is inconsistent (word {:#x}, nreqs {}, expected {w0:#x}, {n})",
                     e.word, e.nreqs
-                ))));
+                )))));
             }
             self.cur.entries[i] = e;
         }
@@ -235,10 +240,12 @@ impl SendEngine {
         };
         let entry = m.entries[i];
         let Some(id) = self.free.pop() else {
-            return Err(Error::internal(format!(
-                "too many send requests in flight (at most {}): NCCL must test and complete earlier ones",
-                self.reqs.len()
-            )));
+            return Err(cold(|| {
+                Error::internal(format!(
+                    "too many send requests in flight (at most {}): NCCL must test and complete earlier ones",
+                    self.reqs.len()
+                ))
+            }));
         };
         let size = buf.size.min(entry.size);
         if size < buf.size {
@@ -472,24 +479,25 @@ impl SendEngine {
         // A broken connection interprets nothing more (flushed WRs, late completions).
         self.check()?;
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
-            return Err(self.fail(Error::internal(format!(
-                "{} rail: completion with an unknown wr_id {:#x}",
-                RAIL_NAMES[rail], c.wr_id
-            ))));
+            return Err(self.fail(cold(|| {
+                Error::internal(format!("{} rail: completion with an unknown wr_id {:#x}", RAIL_NAMES[rail], c.wr_id))
+            })));
         };
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
+            return Err(self.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
         }
         match kind {
             WrKind::DataSignal => {
                 let s = &mut self.slots[slot];
                 if s.pending & (1 << wr_rail) == 0 {
-                    return Err(self.fail(Error::internal(format!(
-                        "{} rail: completion for slot {slot}, which has none outstanding",
-                        RAIL_NAMES[wr_rail]
-                    ))));
+                    return Err(self.fail(cold(|| {
+                        Error::internal(format!(
+                            "{} rail: completion for slot {slot}, which has none outstanding",
+                            RAIL_NAMES[wr_rail]
+                        ))
+                    })));
                 }
                 s.pending &= !(1 << wr_rail);
                 self.outstanding[wr_rail] -= 1;
@@ -506,18 +514,22 @@ impl SendEngine {
             }
             WrKind::Probe => {
                 if !self.tel[wr_rail].probe_outstanding() {
-                    return Err(self.fail(Error::internal(format!(
-                        "{} rail: probe completion, but no probe is in flight",
-                        RAIL_NAMES[wr_rail]
-                    ))));
+                    return Err(self.fail(cold(|| {
+                        Error::internal(format!(
+                            "{} rail: probe completion, but no probe is in flight",
+                            RAIL_NAMES[wr_rail]
+                        ))
+                    })));
                 }
                 self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
-            _ => Err(self.fail(Error::internal(format!(
-                "{} rail: unexpected {kind:?} completion on a send connection",
-                RAIL_NAMES[wr_rail]
-            )))),
+            _ => Err(self.fail(cold(|| {
+                Error::internal(format!(
+                    "{} rail: unexpected {kind:?} completion on a send connection",
+                    RAIL_NAMES[wr_rail]
+                ))
+            }))),
         }
     }
 
@@ -526,7 +538,7 @@ impl SendEngine {
         // Every call after a failure reports it, even for a request that had completed.
         self.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
-            return Err(Error::internal(format!("send request {id} does not exist")));
+            return Err(cold(|| Error::internal(format!("send request {id} does not exist"))));
         };
         match r.state {
             ReqState::Done => {
@@ -536,7 +548,9 @@ impl SendEngine {
                 Ok(Some(size))
             }
             ReqState::Pending => Ok(None),
-            ReqState::Free => Err(Error::internal(format!("send request {id} is not in flight (tested after done?)"))),
+            ReqState::Free => {
+                Err(cold(|| Error::internal(format!("send request {id} is not in flight (tested after done?)"))))
+            }
         }
     }
 

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use super::devices::DevPair;
 use super::mr::{MrInfo, MrMemo};
 use crate::engine::layout::{CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RecvMemory, SendMemory};
-use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine};
+use crate::engine::{
+    FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine, cold,
+};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQueue};
@@ -52,7 +54,7 @@ impl<D: Device> Rail<D> {
             QpRef::Data(i) => self.qps.get_mut(i as usize),
             QpRef::Flush => self.flush_qp.as_mut(),
         };
-        qp.ok_or_else(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have")))
+        qp.ok_or_else(|| cold(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have"))))
     }
 
     /// Tears the rail down in the order the hardware needs: QPs, then the region's
@@ -172,10 +174,12 @@ impl<D: Device> SendComm<D> {
     /// `isend`: `Ok(None)` until the receiver's CTS is there.
     pub fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MrInfo) -> Result<Option<u16>> {
         if !mh.covers(addr, size) {
-            return Err(Error::invalid_argument(format!(
-                "isend of {size} bytes at {addr:#x} lies outside its registration [{:#x}, +{})",
-                mh.addr, mh.len
-            )));
+            return Err(cold(|| {
+                Error::invalid_argument(format!(
+                    "isend of {size} bytes at {addr:#x} lies outside its registration [{:#x}, +{})",
+                    mh.addr, mh.len
+                ))
+            }));
         }
         let buf = SendBuf { addr, size, tag, lkeys: [mh.keys[0].lkey, mh.keys[1].lkey] };
         let now = now_ns();

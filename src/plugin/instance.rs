@@ -14,7 +14,7 @@ use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
 use super::{AbiVersion, Completed, MAX_RECVS};
 use crate::config::{Config, RailAddr};
-use crate::engine::{RAILS, RailCounts, RecvBuf};
+use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
 use crate::error::{Error, Result};
 use crate::fabric::{Device, RailPair, netif};
 
@@ -44,10 +44,12 @@ fn as_u64(p: *mut c_void) -> u64 {
 
 fn size_ok(size: usize) -> Result<u64> {
     if size > i32::MAX as usize {
-        return Err(Error::invalid_argument(format!(
-            "a transfer of {size} bytes: at most {} (NCCL's test reports sizes as int)",
-            i32::MAX
-        )));
+        return Err(cold(|| {
+            Error::invalid_argument(format!(
+                "a transfer of {size} bytes: at most {} (NCCL's test reports sizes as int)",
+                i32::MAX
+            ))
+        }));
     }
     Ok(size as u64)
 }
@@ -235,16 +237,18 @@ impl<D: Device> Plugin<D> {
             let (addr, size) = (as_u64(data[i]), size_ok(sizes[i])?);
             let rkeys = if mhs[i].is_null() {
                 if size > 0 {
-                    return Err(Error::invalid_argument(format!("irecv buffer {i} has no memory handle")));
+                    return Err(cold(|| Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))));
                 }
                 [0; RAILS]
             } else {
                 let mh = self.mr_memo(&mut c.mr_memo, mhs[i])?;
                 if !mh.covers(addr, size) {
-                    return Err(Error::invalid_argument(format!(
-                        "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
-                        mh.addr, mh.len
-                    )));
+                    return Err(cold(|| {
+                        Error::invalid_argument(format!(
+                            "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
+                            mh.addr, mh.len
+                        ))
+                    }));
                 }
                 [mh.keys[0].rkey, mh.keys[1].rkey]
             };
@@ -274,10 +278,11 @@ impl<D: Device> Plugin<D> {
     pub fn test(&self, request: *mut c_void) -> Result<Option<Completed>> {
         let v = as_u64(request);
         let Some((comm, kind, id, seq)) = Handle::split_request(v) else {
-            return Err(Error::invalid_argument(format!("{v:#x} is not a request handle")));
+            return Err(cold(|| Error::invalid_argument(format!("{v:#x} is not a request handle"))));
         };
         let (_, mut g) = self.objs.get(comm, kind)?;
-        let stale = || Error::invalid_argument(format!("request {v:#x} is not in flight (already completed?)"));
+        let stale =
+            || cold(|| Error::invalid_argument(format!("request {v:#x} is not in flight (already completed?)")));
         match &mut *g {
             Obj::Send(c) => {
                 if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {

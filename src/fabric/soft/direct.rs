@@ -95,6 +95,13 @@ impl Drop for DirectEnd {
 /// Why a WR failed: its status and the reason logged with the QP's error state.
 struct Refused(WcStatus, String);
 
+/// A [`Refused`], built out of the hot path (`why` runs only on failure).
+#[cold]
+#[inline(never)]
+fn refused(status: WcStatus, why: impl FnOnce() -> String) -> Refused {
+    Refused(status, why())
+}
+
 enum Exec {
     Done,
     /// Receiver not ready or its CQ full: retry at a later step.
@@ -303,12 +310,12 @@ impl Conn {
             let remote =
                 if len > 0 { peer_mrs.pin_range(wr.rkey, wr.remote_addr, len, Access::REMOTE_READ) } else { None };
             if len > 0 && remote.is_none() {
-                return Err(Refused(WcStatus::RemoteAccessError, format!("peer refused READ {seq}: RemoteAccess")));
+                return Err(refused(WcStatus::RemoteAccessError, || format!("peer refused READ {seq}: RemoteAccess")));
             }
             let mut local = Pieces::new();
             if !local.add_sges(&self.dev, wr, Access::LOCAL_WRITE) {
                 let why = "READ response: local SGE not registered with LOCAL_WRITE";
-                return Err(Refused(WcStatus::LocalError, why.into()));
+                return Err(refused(WcStatus::LocalError, || why.into()));
             }
             // SAFETY: the local SGEs and the remote range are pinned registrations.
             unsafe { local.copy(0, len, wr.remote_addr as *mut u8, true) };
@@ -318,19 +325,19 @@ impl Conn {
         match src {
             Src::Sges if !local.add_sges(&self.dev, wr, Access::empty()) => {
                 let why = "local memory of a WR deregistered or out of bounds";
-                return Err(Refused(WcStatus::LocalError, why.into()));
+                return Err(refused(WcStatus::LocalError, || why.into()));
             }
             Src::Sges => {}
             Src::Inline(at) => local.add_own(at, len),
             Src::BadLocal => {
-                return Err(Refused(WcStatus::LocalError, "inline SGE outside any registration".into()));
+                return Err(refused(WcStatus::LocalError, || "inline SGE outside any registration".into()));
             }
         }
         // As verbs: a 0-byte WRITE checks no rkey.
         let remote =
             if len > 0 { peer_mrs.pin_range(wr.rkey, wr.remote_addr, len, Access::REMOTE_WRITE) } else { None };
         if len > 0 && remote.is_none() {
-            return Err(Refused(WcStatus::RemoteAccessError, format!("peer refused request {seq}: RemoteAccess")));
+            return Err(refused(WcStatus::RemoteAccessError, || format!("peer refused request {seq}: RemoteAccess")));
         }
         if wr.opcode == WrOpcode::Write {
             // SAFETY: `local` and the remote range are pinned (or the inline slot).
@@ -338,7 +345,7 @@ impl Conn {
             return Ok(Exec::Done);
         }
         let Some(srq) = end.peer_srq.as_ref() else {
-            return Err(Refused(WcStatus::RemoteOpError, format!("peer refused request {seq}: InvalidRequest")));
+            return Err(refused(WcStatus::RemoteOpError, || format!("peer refused request {seq}: InvalidRequest")));
         };
         // The CQ stays locked from the room check to the push: nothing else fills it between.
         let mut ring = end.peer_cq.ring.lock();
