@@ -148,6 +148,9 @@ impl Seqs {
 /// A connected send comm.
 pub struct SendComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
+    /// `test` polls the CQs of idle rails too (a fabric that makes progress in `poll`);
+    /// otherwise only those of rails with signalled WRs or a probe in flight.
+    poll_idle: bool,
     pub engine: SendEngine,
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
@@ -158,9 +161,16 @@ pub struct SendComm<D: Device> {
 }
 
 impl<D: Device> SendComm<D> {
-    pub fn new(rails: [Rail<D>; RAILS], engine: SendEngine, dev: Arc<DevPair<D>>, region: HostRegion) -> Self {
+    pub fn new(
+        rails: [Rail<D>; RAILS],
+        engine: SendEngine,
+        dev: Arc<DevPair<D>>,
+        region: HostRegion,
+        poll_idle: bool,
+    ) -> Self {
         SendComm {
             rails,
+            poll_idle,
             engine,
             dev,
             seqs: Seqs::new(512),
@@ -236,9 +246,11 @@ impl<D: Device> SendComm<D> {
 
     /// `test` of request `id`: polls, probes idle rails, returns the bytes sent when done.
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
-        // Both rails: one may carry only the CTS traffic the soft NIC must answer.
+        // The rails with something to complete; all of them where polling is also what
+        // answers the peer (the TCP soft NIC: a rail may carry only CTS traffic).
         let now = now_ns();
-        self.poll(0b11, now)?;
+        let rails = if self.poll_idle { 0b11 } else { self.engine.busy_rails() };
+        self.poll(rails, now)?;
         let done = self.engine.test(id)?;
         self.posts.clear();
         self.engine.poll_probes(now, done.is_none(), &mut self.posts);
