@@ -19,9 +19,14 @@ fn main() {
     let cfg = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
     // Only the ABI files: what NCCL (and C tests) see, nothing internal.
     let mut builder = cbindgen::Builder::new().with_config(cfg);
-    for f in
-        ["src/abi/types.rs", "src/abi/tables.rs", "src/abi/tables_v9.rs", "src/abi/versions.rs", "src/abi/query.rs"]
-    {
+    for f in [
+        "src/abi/types.rs",
+        "src/abi/tables.rs",
+        "src/abi/tables_v9.rs",
+        "src/abi/versions.rs",
+        "src/abi/query.rs",
+        "src/abi/stats.rs",
+    ] {
         builder = builder.with_src(dir.join(f));
     }
     match builder.generate() {

@@ -82,6 +82,62 @@ typedef struct {
 } mpib_rail_counters_t;
 
 /**
+ * One rail's figures over the whole process: every connection, live or closed, both
+ * directions. Counters are sums; latencies are of data chains (post → signalled
+ * completion); the estimates are the mean over live connections (else the last closed
+ * one's). All 0 where nothing happened.
+ */
+typedef struct {
+  /**
+   * The counters `mpib_comm_counters` gives per comm, summed over the process.
+   */
+  mpib_rail_counters_t counters;
+  /**
+   * Completions with an error status.
+   */
+  uint64_t errors;
+  /**
+   * RTT samples (data chains and probes).
+   */
+  uint64_t rtt_samples;
+  /**
+   * Samples that marked the rail congested.
+   */
+  uint64_t congestion_events;
+  /**
+   * Data chains whose completion was timed, and their latency statistics (ns).
+   */
+  uint64_t latency_samples;
+  uint64_t latency_min_ns;
+  uint64_t latency_avg_ns;
+  uint64_t latency_median_ns;
+  uint64_t latency_p95_ns;
+  uint64_t latency_p99_ns;
+  uint64_t latency_max_ns;
+  /**
+   * RFC 6298 smoothed RTT and its variation (ns).
+   */
+  uint64_t srtt_ns;
+  uint64_t rttvar_ns;
+  /**
+   * RTT of an empty chain on an idle rail (ns).
+   */
+  uint64_t base_latency_ns;
+  /**
+   * Delivery-rate estimate.
+   */
+  uint64_t bw_bytes_per_s;
+  /**
+   * Connections open now with statistics on this rail.
+   */
+  uint64_t live_connections;
+  /**
+   * This rail's part of the payload bytes of both rails (0 … 1).
+   */
+  double share;
+} mpib_rail_stats_t;
+
+/**
  * `ncclDebugLogger_t`: NCCL's variadic logger.
  */
 typedef void (*ncclDebugLogger_t)(int level, unsigned long flags, const char *file, int line, const char *fmt, ...);
@@ -517,6 +573,19 @@ extern const ncclNet_v12_t ncclNetPlugin_v12;
  * `out` must be NULL or point to two writable `mpib_rail_counters_t`.
  */
 ncclResult_t mpib_comm_counters(void *comm, mpib_rail_counters_t *out_);
+
+/**
+ * Writes the process's statistics of SOUT to `out[0]` and of SUP to `out[1]`.
+ *
+ * `size` is `sizeof(mpib_rail_stats_t)` as the caller was compiled: it is the stride of
+ * `out`, and only the first `size` bytes of each entry are written, so a caller built
+ * against an older (shorter) header stays safe with a newer library. Returns ncclSuccess,
+ * or ncclInvalidArgument for a NULL `out` or a `size` below 8.
+ *
+ * # Safety
+ * `out` must be NULL or point to `2 * size` writable bytes.
+ */
+ncclResult_t mpib_rail_stats(mpib_rail_stats_t *out, size_t size);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -223,6 +223,31 @@ fn a_corrupted_byte_is_caught() {
     assert_ne!(rx.checksum, sent(&out, 0).checksum);
 }
 
+#[test]
+fn a_time_budget_sizes_the_phase_from_its_warmup_and_the_sender_samples_a_timeline() {
+    // What mpib-perf runs: a warm-up (checked, reported apart), after which rank 0 picks
+    // the count that fills the budget and tells rank 1; the sender samples its counters.
+    let p = Phase { warmup: 16, budget_ms: 300, timeline_us: 500, ..phase(&[64 * KIB], 1_000_000, 1, 8) };
+    let out = run("budget", &pair(workload(vec![p])));
+    assert_clean(&out);
+    let (tx, report) = (sent(&out, 0), out.ranks[1].report.as_ref().unwrap());
+    let rx = out.ranks[0].report.as_ref().unwrap().phases[0].rx.as_ref().unwrap();
+    // The count depends on the fabric's speed (tens under qemu's Soft-RoCE): not 1,000,000.
+    assert!(tx.messages >= 1 && tx.messages < 1_000_000 && rx.messages == tx.messages, "{}", tx.messages);
+    assert!(tx.elapsed_ns < 10_000_000_000, "a 300 ms budget took {} ms", tx.elapsed_ns / 1_000_000);
+    let warm = report.phases[0].warmup.as_ref().expect("the warm-up's report");
+    assert_eq!(warm.tx.as_ref().unwrap().messages, 16);
+    assert!(report.phases[0].start_ns > 0);
+    let tl = &tx.timeline;
+    assert!(tl.len() > 10, "{tl:?}");
+    assert!(tl.windows(2).all(|w| w[1][0] > w[0][0] && w[1][1] >= w[0][1] && w[1][2] >= w[0][2]), "{tl:?}");
+    let last = tl.last().unwrap();
+    assert_eq!(last[1] + last[2], tx.bytes, "the last sample is taken when the last send completed");
+    let rails = report.rails.expect("mpib exports mpib_rail_stats");
+    assert!(rails[0].counters.bytes + rails[1].counters.bytes >= tx.bytes + 16 * 64 * KIB, "{rails:?}");
+    assert!(rails.iter().any(|r| r.latency_samples > 0 && r.srtt_ns > 0), "{rails:?}");
+}
+
 // ---- splits and the per-rail counters -----------------------------------------------------
 
 /// A run with `MPIB_SPLIT=split` and probes off, so the sender's counters hold data WRs only.

@@ -6,6 +6,7 @@ mod common;
 mod guard;
 pub mod logger;
 pub mod query;
+pub mod stats;
 pub mod tables;
 pub mod tables_v9;
 pub mod types;

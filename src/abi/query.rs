@@ -30,6 +30,21 @@ pub struct mpib_rail_counters_t {
     pub probes: u64,
 }
 
+impl From<&crate::engine::RailCounts> for mpib_rail_counters_t {
+    fn from(x: &crate::engine::RailCounts) -> Self {
+        mpib_rail_counters_t {
+            wr_posted: x.wr_posted,
+            doorbells: x.doorbells,
+            bytes: x.bytes,
+            imm_sent: x.imm_sent,
+            cqe: x.cqe,
+            rnr: x.rnr,
+            zero_byte_imm: x.zero_byte_imm,
+            probes: x.probes,
+        }
+    }
+}
+
 /// Copies the counters of send or receive comm `comm` into `out[0]` (SOUT) and `out[1]`
 /// (SUP). Returns ncclSuccess, or ncclInvalidArgument for a bad handle or NULL `out`.
 ///
@@ -42,19 +57,9 @@ pub unsafe extern "C" fn mpib_comm_counters(comm: *mut c_void, out_: *mut mpib_r
         // SAFETY: the caller passes NULL (rejected) or room for two entries.
         let dst = unsafe { out(out_, "out") }?;
         let c = plugin::comm_counters(comm)?;
-        let conv = |x: &crate::engine::RailCounts| mpib_rail_counters_t {
-            wr_posted: x.wr_posted,
-            doorbells: x.doorbells,
-            bytes: x.bytes,
-            imm_sent: x.imm_sent,
-            cqe: x.cqe,
-            rnr: x.rnr,
-            zero_byte_imm: x.zero_byte_imm,
-            probes: x.probes,
-        };
-        *dst = conv(&c[0]);
+        *dst = (&c[0]).into();
         // SAFETY: the caller's array has two entries.
-        unsafe { *out_.add(1) = conv(&c[1]) };
+        unsafe { *out_.add(1) = (&c[1]).into() };
         Ok(())
     })
 }

@@ -70,6 +70,33 @@ impl Link {
         }
     }
 
+    /// Connects to the first of `addrs` that answers, trying each in turn (the peer may not
+    /// listen yet, and only some of its addresses may be reachable from here) for up to
+    /// `timeout`.
+    pub fn connect_any(addrs: &[SocketAddr], timeout: Duration) -> Result<Link> {
+        if addrs.is_empty() {
+            return Err(Error::usage("control channel: no address to connect to"));
+        }
+        let end = Instant::now() + timeout;
+        loop {
+            let mut errors = Vec::new();
+            for a in addrs {
+                let left = end.saturating_duration_since(Instant::now());
+                match TcpStream::connect_timeout(a, left.clamp(Duration::from_millis(10), Duration::from_secs(1))) {
+                    Ok(s) => return Link::new(s),
+                    Err(e) => errors.push(format!("{a}: {e}")),
+                }
+            }
+            if Instant::now() >= end {
+                return Err(Error::io(format!(
+                    "no address of the peer answered within {timeout:?} ({})",
+                    errors.join("; ")
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn new(stream: TcpStream) -> Result<Link> {
         stream.set_nonblocking(false).map_err(|e| io("set_nonblocking", e))?;
         stream.set_nodelay(true).map_err(|e| io("set_nodelay", e))?;
@@ -152,5 +179,18 @@ mod tests {
         t.join().unwrap();
         let e = s.recv(Duration::from_secs(5)).unwrap_err();
         assert!(e.msg.contains("closed"), "{e}");
+    }
+
+    #[test]
+    fn connect_any_skips_dead_addresses_and_names_them_when_none_answers() {
+        let (l, good) = bind("127.0.0.1:0").unwrap();
+        // A port that was just free: nothing listens there.
+        let dead = bind("127.0.0.1:0").unwrap().1;
+        let t = std::thread::spawn(move || Link::accept(&l, Duration::from_secs(5)).map(|_| ()));
+        Link::connect_any(&[dead, good], Duration::from_secs(5)).unwrap();
+        t.join().unwrap().unwrap();
+        let e = Link::connect_any(&[dead], Duration::from_millis(100)).err().unwrap();
+        assert!(e.msg.contains(&dead.to_string()), "{e}");
+        assert!(Link::connect_any(&[], Duration::from_millis(100)).is_err());
     }
 }

@@ -11,8 +11,10 @@
 //! pattern   the deterministic per-message byte pattern and checksum
 //! spec      Workload (phases of messages) and its one-line text form
 //! workload  the proxy-like sender and receiver loops that run one phase
+//! timeline  the sender's samples of its per-rail byte counters during a phase
 //! link      the control channel between two ranks (TCP, framed)
-//! rank      one rank: open, init, connect, run the workload, report
+//! rank      one rank: open, init, connect, run the workload (warm-ups, time budgets),
+//!           report
 //! report    what a rank measured, as one line
 //! pair      the two-process mode: spawn two ranks, collect their reports
 //! ```
@@ -35,6 +37,7 @@ pub mod props;
 pub mod rank;
 pub mod report;
 pub mod spec;
+mod timeline;
 pub mod workload;
 
 pub use ffi::{Library, VERSIONS};

@@ -20,9 +20,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use super::kv::{Fields, Writer};
 use super::link::{self, Link};
 use super::net::Plugin;
-use super::rank;
+use super::rank::{self, PhaseStart};
 use super::report::{Failure, RankReport, mono_ns};
 use super::spec::Workload;
 use super::{Error, Result};
@@ -35,6 +36,7 @@ const ENV_ABI: &str = "NCCLNET_DRIVER_ABI";
 const LINK_LINE: &str = "NCCLNET-DRIVER-LINK ";
 const REPORT_LINE: &str = "NCCLNET-DRIVER-REPORT ";
 const KILLED_LINE: &str = "NCCLNET-DRIVER-KILLED ";
+const PHASE_LINE: &str = "NCCLNET-DRIVER-PHASE ";
 
 /// How to start a rank: a program and its arguments.
 #[derive(Clone, Debug)]
@@ -133,8 +135,7 @@ impl PairOutcome {
     }
 
     /// Checks a run that should have worked: no timeout, both ranks exited 0 with a report
-    /// and no error, every phase complete with nothing wrong, and what the senders
-    /// delivered (messages, bytes, checksum) is what the receivers got.
+    /// and no error, and [`check_reports`].
     pub fn check_clean(&self) -> Result<()> {
         let fail = |m: String| Err(Error::data(format!("{m}\n{}", self.describe())));
         if self.timed_out {
@@ -151,18 +152,30 @@ impl PairOutcome {
             }
             reps.push(rep);
         }
-        let phases = reps[0].phases.len();
-        if reps[1].phases.len() != phases {
-            return fail("the ranks ran different numbers of phases".into());
-        }
-        for p in 0..phases {
-            for (from, to) in [(1usize, 0usize), (0, 1)] {
-                let (Some(tx), Some(rx)) = (&reps[from].phases[p].tx, &reps[to].phases[p].rx) else {
+        check_reports([reps[0], reps[1]]).or_else(|e| fail(e.msg))
+    }
+}
+
+/// Checks the reports of two ranks that ran without error: every phase (and warm-up)
+/// complete with nothing wrong, no 0-byte IMM, and what the senders delivered (messages,
+/// bytes, checksum) is what the receivers got.
+pub fn check_reports(reps: [&RankReport; 2]) -> Result<()> {
+    let fail = |m: String| Err(Error::data(m));
+    let phases = reps[0].phases.len();
+    if reps[1].phases.len() != phases {
+        return fail("the ranks ran different numbers of phases".into());
+    }
+    for p in 0..phases {
+        for (from, to) in [(1usize, 0usize), (0, 1)] {
+            let (sent, got) = (&reps[from].phases[p], &reps[to].phases[p]);
+            let runs = [("", Some(sent), Some(got)), (" (warm-up)", sent.warmup.as_deref(), got.warmup.as_deref())];
+            for (what, sent, got) in runs {
+                let (Some(tx), Some(rx)) = (sent.and_then(|s| s.tx.as_ref()), got.and_then(|g| g.rx.as_ref())) else {
                     continue;
                 };
                 for (who, s) in [(from, tx), (to, rx)] {
                     if s.wrong_bytes + s.wrong_sizes + s.canary_broken > 0 {
-                        return fail(format!("phase {p}, rank {who}: {}", s.first_wrong));
+                        return fail(format!("phase {p}{what}, rank {who}: {}", s.first_wrong));
                     }
                 }
                 // mpib's counters, when the library has them: no rail ever sends an IMM
@@ -170,18 +183,18 @@ impl PairOutcome {
                 if let Some(c) = &tx.counters
                     && c.iter().any(|r| r.zero_byte_imm != 0)
                 {
-                    return fail(format!("phase {p}, rank {from}: 0-byte IMMs posted: {c:?}"));
+                    return fail(format!("phase {p}{what}, rank {from}: 0-byte IMMs posted: {c:?}"));
                 }
                 if (tx.messages, tx.bytes, tx.checksum) != (rx.messages, rx.bytes, rx.checksum) {
                     return fail(format!(
-                        "phase {p}: rank {from} sent {} messages / {} bytes (checksum {:#x}), rank {to} received {} / {} ({:#x})",
+                        "phase {p}{what}: rank {from} sent {} messages / {} bytes (checksum {:#x}), rank {to} received {} / {} ({:#x})",
                         tx.messages, tx.bytes, tx.checksum, rx.messages, rx.bytes, rx.checksum
                     ));
                 }
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 enum Event {
@@ -235,6 +248,32 @@ fn spawn(l: &Launcher, spec: &PairSpec, rank: usize, link: &str, tx: &mpsc::Send
 /// Runs `spec` as two processes started by `launcher`; returns when both exited (or were
 /// killed at the timeout).
 pub fn run_pair(spec: &PairSpec, launcher: &Launcher) -> Result<PairOutcome> {
+    run_pair_observed(spec, launcher, &mut |_, _| {})
+}
+
+fn phase_line(p: &PhaseStart) -> String {
+    let mut w = Writer::new();
+    w.put("index", p.index).put("warmup", p.warmup as u8).put("count", p.count).put("at_ns", p.at_ns);
+    w.finish()
+}
+
+fn parse_phase_line(line: &str) -> Result<PhaseStart> {
+    let f = Fields::parse(line)?;
+    Ok(PhaseStart {
+        index: f.get("index")?,
+        warmup: f.get::<u8>("warmup")? != 0,
+        count: f.get("count")?,
+        at_ns: f.get("at_ns")?,
+    })
+}
+
+/// [`run_pair`], telling `obs` (rank, phase) as each rank starts each phase, while the
+/// ranks run.
+pub fn run_pair_observed(
+    spec: &PairSpec,
+    launcher: &Launcher,
+    obs: &mut dyn FnMut(usize, &PhaseStart),
+) -> Result<PairOutcome> {
     spec.workload.check()?;
     let start = Instant::now();
     let end = start + spec.timeout;
@@ -259,6 +298,8 @@ pub fn run_pair(spec: &PairSpec, launcher: &Launcher) -> Result<PairOutcome> {
                 {
                     children[1] = Some(spawn(launcher, spec, 1, &format!("connect:{addr}"), &tx)?);
                     open_streams += 2;
+                } else if let Some(p) = l.strip_prefix(PHASE_LINE) {
+                    obs(r, &parse_phase_line(p)?);
                 } else if let Some(rep) = l.strip_prefix(REPORT_LINE) {
                     out.ranks[r].report = Some(RankReport::from_line(rep)?);
                 } else if let Some(k) = l.strip_prefix(KILLED_LINE) {
@@ -323,8 +364,13 @@ fn run_child(rank: &str) -> Result<()> {
         Some(("connect", addr)) => Link::connect(addr, wait)?,
         _ => return Err(Error::usage(format!("{ENV_LINK}={link_spec:?}: listen:ADDR or connect:ADDR"))),
     };
+    let mut tell = |p: &PhaseStart| {
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "{PHASE_LINE}{}", phase_line(p));
+        let _ = o.flush();
+    };
     let report = match Plugin::open(&env(ENV_PLUGIN)?, abi) {
-        Ok(p) => rank::run(&p, &mut link, rank, &workload).0,
+        Ok(p) => rank::run_observed(&p, &mut link, rank, &workload, &mut tell).0,
         Err(error) => RankReport { rank, failure: Some(Failure { error, at_ns: mono_ns() }), ..RankReport::default() },
     };
     let mut o = std::io::stdout().lock();

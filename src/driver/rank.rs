@@ -9,38 +9,109 @@ use std::time::Duration;
 use super::link::Link;
 use super::mem::Arena;
 use super::net::{HANDLE_BYTES, ListenComm, Mr, Net, Plugin, RecvBuf, RecvComm, ReqKind, Request, SendComm};
-use super::report::{Failure, RankReport, mono_ns};
-use super::spec::Workload;
+use super::report::{Failure, PhaseReport, RankReport, mono_ns};
+use super::spec::{Phase, Workload};
 use super::workload::{At, Leftovers, run_phase};
 use super::{Error, ErrorKind, Result};
+
+/// A rank's progress, for tools that show it: phase `index` (its warm-up when `warmup`)
+/// starts at `at_ns` ([`mono_ns`]) with `count` groups.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PhaseStart {
+    pub index: usize,
+    pub warmup: bool,
+    pub count: u64,
+    pub at_ns: u64,
+}
+
+/// What a rank set up before [`run_on`]: mpib-perf's `--listen` creates its listen comm
+/// first and hands the handle to the peer in its token.
+#[derive(Default)]
+pub struct Preset<'n> {
+    /// This rank's listen comm; its handle already reached the peer (not sent again).
+    pub listen: Option<ListenComm<'n>>,
+    /// The peer's listen handle, received out of band (not expected on the link).
+    pub peer_handle: Option<[u8; HANDLE_BYTES]>,
+}
 
 /// Runs this rank; returns its report (with the first error, if any) and, when the run got
 /// as far as the final barrier, the peer's report.
 pub fn run(plugin: &Plugin, link: &mut Link, rank: u32, w: &Workload) -> (RankReport, Option<RankReport>) {
-    let mut rep = RankReport { rank, abi: plugin.version(), plugin: plugin.name(), ..RankReport::default() };
-    let peer = match run_inner(plugin, link, rank, w, &mut rep) {
-        Ok(p) => Some(p),
-        Err(error) => {
-            rep.failure = Some(Failure { error, at_ns: mono_ns() });
-            None
-        }
-    };
-    (rep, peer)
+    run_observed(plugin, link, rank, w, &mut |_| {})
 }
 
-fn run_inner(plugin: &Plugin, link: &mut Link, rank: u32, w: &Workload, rep: &mut RankReport) -> Result<RankReport> {
-    let t0 = mono_ns();
-    let wait = Duration::from_millis(w.stall_ms);
+/// [`run`], telling `obs` when each phase starts.
+pub fn run_observed(
+    plugin: &Plugin,
+    link: &mut Link,
+    rank: u32,
+    w: &Workload,
+    obs: &mut dyn FnMut(&PhaseStart),
+) -> (RankReport, Option<RankReport>) {
+    let mut rep = RankReport { rank, abi: plugin.version(), plugin: plugin.name(), ..RankReport::default() };
+    let r = (|| {
+        agree(link, w)?;
+        let net = plugin.init()?;
+        let peer = session(&net, Preset::default(), link, rank, w, &mut rep, obs)?;
+        net.finalize()?;
+        Ok(peer)
+    })();
+    finish(rep, r)
+}
+
+/// [`run_observed`] on a plugin this rank already initialised (and perhaps listened on);
+/// the caller finalizes `net` afterwards.
+pub fn run_on<'n>(
+    net: &'n Net,
+    preset: Preset<'n>,
+    link: &mut Link,
+    rank: u32,
+    w: &Workload,
+    obs: &mut dyn FnMut(&PhaseStart),
+) -> (RankReport, Option<RankReport>) {
+    let plugin = net.plugin();
+    let mut rep = RankReport { rank, abi: plugin.version(), plugin: plugin.name(), ..RankReport::default() };
+    let r = agree(link, w).and_then(|()| session(net, preset, link, rank, w, &mut rep, obs));
+    finish(rep, r)
+}
+
+fn finish(mut rep: RankReport, r: Result<RankReport>) -> (RankReport, Option<RankReport>) {
+    match r {
+        Ok(peer) => (rep, Some(peer)),
+        Err(error) => {
+            rep.failure = Some(Failure { error, at_ns: mono_ns() });
+            (rep, None)
+        }
+    }
+}
+
+/// Both ranks must run the same workload.
+fn agree(link: &mut Link, w: &Workload) -> Result<()> {
     let ours = w.to_line();
     link.send("workload", ours.as_bytes())?;
-    let theirs = String::from_utf8_lossy(&link.expect("workload", wait)?).into_owned();
+    let theirs = String::from_utf8_lossy(&link.expect("workload", Duration::from_millis(w.stall_ms))?).into_owned();
     if theirs != ours {
         return Err(Error::usage(format!(
             "the two ranks' workloads differ:\n  this rank: {ours}\n  peer:      {theirs}"
         )));
     }
-    w.check()?;
-    let net = plugin.init()?;
+    w.check()
+}
+
+/// Everything after `init`: connect, the phases, the barrier (which carries the reports),
+/// close. Returns the peer's report.
+fn session<'n>(
+    net: &'n Net,
+    preset: Preset<'n>,
+    link: &mut Link,
+    rank: u32,
+    w: &Workload,
+    rep: &mut RankReport,
+    obs: &mut dyn FnMut(&PhaseStart),
+) -> Result<RankReport> {
+    let t0 = mono_ns();
+    let wait = Duration::from_millis(w.stall_ms);
+    let plugin = net.plugin();
     let ndev = net.devices()?;
     if w.dev < 0 || w.dev >= ndev {
         return Err(Error::usage(format!("device {} does not exist ({} devices)", w.dev, ndev)));
@@ -63,20 +134,21 @@ fn run_inner(plugin: &Plugin, link: &mut Link, rank: u32, w: &Workload, rep: &mu
             )));
         }
     }
-    let (tx, rx) = connect(&net, link, rank, w)?;
+    let (tx, rx) = connect(net, preset, link, rank, w)?;
     rep.setup_ns = mono_ns() - t0;
     if w.bad_handles {
-        probe_bad_handles(&net, w.dev, tx.as_ref(), rx.as_ref(), &mut rep.bad_handles);
+        probe_bad_handles(net, w.dev, tx.as_ref(), rx.as_ref(), &mut rep.bad_handles);
     }
     let mut left = Leftovers::default();
     for index in 0..w.phases.len() {
-        let (pr, l) = run_phase(At { w, index }, tx.as_ref(), rx.as_ref())?;
+        let (pr, l) = run_one(At::of(w, index), link, rank, tx.as_ref(), rx.as_ref(), obs)?;
         rep.phases.push(pr);
         left = l;
     }
     if w.bad_handles {
-        probe_stale_requests(&net, &left, &mut rep.bad_handles);
+        probe_stale_requests(net, &left, &mut rep.bad_handles);
     }
+    rep.rails = plugin.rail_stats()?;
     // Nobody closes while the peer may still need the connection (NCCL destroys
     // communicators after a barrier too); the barrier carries the reports so far.
     link.send("done", rep.to_line().as_bytes())?;
@@ -89,22 +161,70 @@ fn run_inner(plugin: &Plugin, link: &mut Link, rank: u32, w: &Workload, rep: &mu
         // SAFETY: deliberately closed handles; mpib checks every handle it is given.
         unsafe {
             if let Some(h) = stale[0] {
-                probe(&mut rep.bad_handles, "closeSend(closed comm)", SendComm::from_raw(&net, h).close());
+                probe(&mut rep.bad_handles, "closeSend(closed comm)", SendComm::from_raw(net, h).close());
             }
             if let Some(h) = stale[1] {
-                probe(&mut rep.bad_handles, "closeRecv(closed comm)", RecvComm::from_raw(&net, h).close());
+                probe(&mut rep.bad_handles, "closeRecv(closed comm)", RecvComm::from_raw(net, h).close());
             }
         }
     }
-    net.finalize()?;
     Ok(peer)
+}
+
+/// One phase: its warm-up first if it has one (after which, with a time budget, rank 0
+/// picks the phase's count), then the phase.
+fn run_one(
+    at: At<'_>,
+    link: &mut Link,
+    rank: u32,
+    tx: Option<&SendComm<'_>>,
+    rx: Option<&RecvComm<'_>>,
+    obs: &mut dyn FnMut(&PhaseStart),
+) -> Result<(PhaseReport, Leftovers)> {
+    let (p, index) = (at.phase, at.index);
+    let mut count = p.count;
+    let mut warm_report = None;
+    if p.warmup > 0 {
+        let warm = p.warmup_phase();
+        let at = At { phase: &warm, warmup: true, start_ns: mono_ns(), ..at };
+        obs(&PhaseStart { index, warmup: true, count: warm.count, at_ns: at.start_ns });
+        let (r, _) = run_phase(at, tx, rx)?;
+        if p.budget_ms > 0 {
+            count = budget_count(link, rank, p, &r, Duration::from_millis(at.w.stall_ms))?;
+        }
+        warm_report = Some(Box::new(r));
+    }
+    let phase = p.with_count(count);
+    let at = At { phase: &phase, start_ns: mono_ns(), ..at };
+    obs(&PhaseStart { index, warmup: false, count, at_ns: at.start_ns });
+    let (mut r, left) = run_phase(at, tx, rx)?;
+    r.start_ns = at.start_ns;
+    r.warmup = warm_report;
+    Ok((r, left))
+}
+
+/// The count that makes `p` last about `p.budget_ms` (at most `p.count`), from the time
+/// per group of its warm-up `warm`: rank 0 decides and tells rank 1, so both run the same.
+fn budget_count(link: &mut Link, rank: u32, p: &Phase, warm: &PhaseReport, wait: Duration) -> Result<u64> {
+    if rank != 0 {
+        let body = link.expect("count", wait)?;
+        let text = String::from_utf8_lossy(&body);
+        return text.parse().map_err(|_| Error::io(format!("control channel: count {text:?} is not a number")));
+    }
+    let elapsed = warm.tx.iter().chain(warm.rx.iter()).map(|s| s.elapsed_ns).max().unwrap_or(0);
+    let per_group = (elapsed / p.warmup.max(1)).max(1);
+    let count = (p.budget_ms * 1_000_000 / per_group).clamp(1, p.count.max(1));
+    link.send("count", count.to_string().as_bytes())?;
+    Ok(count)
 }
 
 /// Listen (if this rank receives), exchange handles, then call `connect` and `accept`
 /// alternately until both comms exist, as NCCL's proxy does; the listen comm is closed
-/// right after `accept` succeeds.
+/// right after `accept` succeeds. A [`Preset`] listen comm's handle and the peer's
+/// handle it carries do not cross the link.
 fn connect<'n>(
     net: &'n Net,
+    preset: Preset<'n>,
     link: &mut Link,
     rank: u32,
     w: &Workload,
@@ -112,17 +232,25 @@ fn connect<'n>(
     let wait = Duration::from_millis(w.stall_ms);
     let receives = w.bidir || rank == 0;
     let sends = w.bidir || rank == 1;
-    let mut listen = if receives { Some(net.listen(w.dev)?) } else { None };
-    if let Some(l) = &listen {
+    let preset_listen = preset.listen.is_some();
+    let mut listen = match preset.listen {
+        Some(l) if receives => Some(l),
+        Some(_) => return Err(Error::usage(format!("rank {rank} only sends: it has no use for a listen comm"))),
+        None if receives => Some(net.listen(w.dev)?),
+        None => None,
+    };
+    if let Some(l) = listen.as_ref().filter(|_| !preset_listen) {
         link.send("handle", l.handle())?;
     }
-    let mut conn = if sends {
-        let h = link.expect("handle", wait)?;
-        let h: [u8; HANDLE_BYTES] =
-            h.try_into().map_err(|h: Vec<u8>| Error::io(format!("the peer's handle has {} bytes", h.len())))?;
-        Some(net.connector(w.dev, &h))
-    } else {
-        None
+    let mut conn = match (sends, preset.peer_handle) {
+        (false, _) => None,
+        (true, Some(h)) => Some(net.connector(w.dev, &h)),
+        (true, None) => {
+            let h = link.expect("handle", wait)?;
+            let h: [u8; HANDLE_BYTES] =
+                h.try_into().map_err(|h: Vec<u8>| Error::io(format!("the peer's handle has {} bytes", h.len())))?;
+            Some(net.connector(w.dev, &h))
+        }
     };
     let (mut tx, mut rx) = (None, None);
     let end = mono_ns() + wait.as_nanos() as u64;

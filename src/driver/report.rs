@@ -4,7 +4,7 @@
 //! was seen, to time a dead peer's detection) and the answers to bad handles.
 
 use super::kv::{Fields, Writer};
-use super::net::RailCounters;
+use super::net::{RailCounters, RailStats};
 use super::{Error, ErrorKind, Result};
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of a host, so a killed
@@ -48,6 +48,10 @@ pub struct SideStats {
     pub flushes: u64,
     /// The plugin's counters over the phase (after minus before), when it has them.
     pub counters: Option<[RailCounters; 2]>,
+    /// Sender with [`super::spec::Phase::timeline_us`]: `[ns since the phase started,
+    /// bytes posted on SOUT, on SUP]` since the phase started, one entry per interval and
+    /// one at the end.
+    pub timeline: Vec<[u64; 3]>,
 }
 
 impl SideStats {
@@ -74,31 +78,19 @@ impl SideStats {
             .put(&format!("{p}.flushes"), self.flushes);
         if let Some(c) = &self.counters {
             for (r, c) in c.iter().enumerate() {
-                for (name, v) in counter_fields(c) {
-                    w.put(&format!("{p}.rail{r}.{name}"), v);
-                }
+                put_counters(w, &format!("{p}.rail{r}"), c);
             }
+        }
+        if !self.timeline.is_empty() {
+            let t: Vec<String> = self.timeline.iter().map(|[t, a, b]| format!("{t}:{a}:{b}")).collect();
+            w.put(&format!("{p}.timeline"), t.join(","));
         }
     }
 
     fn get(f: &Fields, p: &str) -> Result<SideStats> {
         let g = |n: &str| f.get::<u64>(&format!("{p}.{n}"));
         let counters = if f.has(&format!("{p}.rail0.wr_posted")) {
-            let mut c = [RailCounters::default(); 2];
-            for (r, c) in c.iter_mut().enumerate() {
-                let v = |n: &str| f.get::<u64>(&format!("{p}.rail{r}.{n}"));
-                *c = RailCounters {
-                    wr_posted: v("wr_posted")?,
-                    doorbells: v("doorbells")?,
-                    bytes: v("bytes")?,
-                    imm_sent: v("imm_sent")?,
-                    cqe: v("cqe")?,
-                    rnr: v("rnr")?,
-                    zero_byte_imm: v("zero_byte_imm")?,
-                    probes: v("probes")?,
-                };
-            }
-            Some(c)
+            Some([get_counters(f, &format!("{p}.rail0"))?, get_counters(f, &format!("{p}.rail1"))?])
         } else {
             None
         };
@@ -119,9 +111,80 @@ impl SideStats {
             test_calls: g("test_calls")?,
             flushes: g("flushes")?,
             counters,
+            timeline: timeline(f.get_or(&format!("{p}.timeline"), String::new())?.as_str())?,
         })
     }
 }
+
+fn timeline(text: &str) -> Result<Vec<[u64; 3]>> {
+    let entry = |e: &str| -> Option<[u64; 3]> {
+        let mut it = e.split(':').map(|v| v.parse::<u64>().ok());
+        let v = [it.next()??, it.next()??, it.next()??];
+        it.next().is_none().then_some(v)
+    };
+    text.split(',')
+        .filter(|e| !e.is_empty())
+        .map(|e| entry(e).ok_or_else(|| Error::usage(format!("timeline entry {e:?} is not t:sout:sup"))))
+        .collect()
+}
+
+fn put_counters(w: &mut Writer, p: &str, c: &RailCounters) {
+    for (name, v) in counter_fields(c) {
+        w.put(&format!("{p}.{name}"), v);
+    }
+}
+
+fn get_counters(f: &Fields, p: &str) -> Result<RailCounters> {
+    let v = |n: &str| f.get::<u64>(&format!("{p}.{n}"));
+    Ok(RailCounters {
+        wr_posted: v("wr_posted")?,
+        doorbells: v("doorbells")?,
+        bytes: v("bytes")?,
+        imm_sent: v("imm_sent")?,
+        cqe: v("cqe")?,
+        rnr: v("rnr")?,
+        zero_byte_imm: v("zero_byte_imm")?,
+        probes: v("probes")?,
+    })
+}
+
+/// Declares the `mpib_rail_stats_t` figures besides its counters that the report carries,
+/// once for writing and reading.
+macro_rules! rail_stats_fields {
+    ($($f:ident),* $(,)?) => {
+        fn put_rail_stats(w: &mut Writer, p: &str, s: &RailStats) {
+            put_counters(w, p, &s.counters);
+            $(w.put(&format!("{p}.{}", stringify!($f)), s.$f);)*
+            w.put(&format!("{p}.share"), s.share);
+        }
+
+        fn get_rail_stats(f: &Fields, p: &str) -> Result<RailStats> {
+            Ok(RailStats {
+                counters: get_counters(f, p)?,
+                $($f: f.get(&format!("{p}.{}", stringify!($f)))?,)*
+                share: f.get(&format!("{p}.share"))?,
+            })
+        }
+    };
+}
+
+rail_stats_fields!(
+    errors,
+    rtt_samples,
+    congestion_events,
+    latency_samples,
+    latency_min_ns,
+    latency_avg_ns,
+    latency_median_ns,
+    latency_p95_ns,
+    latency_p99_ns,
+    latency_max_ns,
+    srtt_ns,
+    rttvar_ns,
+    base_latency_ns,
+    bw_bytes_per_s,
+    live_connections,
+);
 
 /// The counters' fields by name, in the order of `mpib_rail_counters_t`.
 pub fn counter_fields(c: &RailCounters) -> [(&'static str, u64); 8] {
@@ -157,6 +220,40 @@ pub fn counters_delta(after: &[RailCounters; 2], before: &[RailCounters; 2]) -> 
 pub struct PhaseReport {
     pub tx: Option<SideStats>,
     pub rx: Option<SideStats>,
+    /// [`mono_ns`] when this rank started the phase (after its warm-up).
+    pub start_ns: u64,
+    /// The phase's warm-up ([`super::spec::Phase::warmup`]), if it had one.
+    pub warmup: Option<Box<PhaseReport>>,
+}
+
+impl PhaseReport {
+    /// This phase and its warm-up: everything that must have been delivered intact.
+    pub fn with_warmup(&self) -> impl Iterator<Item = &PhaseReport> {
+        std::iter::once(self).chain(self.warmup.as_deref())
+    }
+
+    fn put(&self, w: &mut Writer, p: &str) {
+        w.put(&format!("{p}.start_ns"), self.start_ns);
+        if let Some(s) = &self.tx {
+            s.put(w, &format!("{p}.tx"));
+        }
+        if let Some(s) = &self.rx {
+            s.put(w, &format!("{p}.rx"));
+        }
+        if let Some(wu) = &self.warmup {
+            wu.put(w, &format!("{p}.w"));
+        }
+    }
+
+    fn get(f: &Fields, p: &str) -> Result<PhaseReport> {
+        let side = |s: &str| -> Result<Option<SideStats>> {
+            let p = format!("{p}.{s}");
+            if f.has(&format!("{p}.requests")) { SideStats::get(f, &p).map(Some) } else { Ok(None) }
+        };
+        let w = format!("{p}.w");
+        let warmup = if f.has(&format!("{w}.start_ns")) { Some(Box::new(PhaseReport::get(f, &w)?)) } else { None };
+        Ok(PhaseReport { tx: side("tx")?, rx: side("rx")?, start_ns: f.get_or(&format!("{p}.start_ns"), 0)?, warmup })
+    }
 }
 
 /// The first error a rank hit.
@@ -181,6 +278,9 @@ pub struct RankReport {
     pub phases: Vec<PhaseReport>,
     /// Bad-handle probes: (what, `ncclResult_t` returned).
     pub bad_handles: Vec<(String, i32)>,
+    /// The plugin's per-rail statistics of this process after the last phase
+    /// (`mpib_rail_stats`), when the library has them.
+    pub rails: Option<[RailStats; 2]>,
     pub failure: Option<Failure>,
 }
 
@@ -228,6 +328,7 @@ const CALLS: &[&str] = &[
     "closeListen",
     "finalize",
     "mpib_comm_counters",
+    "mpib_rail_stats",
 ];
 
 impl RankReport {
@@ -245,15 +346,15 @@ impl RankReport {
             .put("phases", self.phases.len())
             .put("bad_handles", self.bad_handles.len());
         for (i, p) in self.phases.iter().enumerate() {
-            if let Some(s) = &p.tx {
-                s.put(&mut w, &format!("p{i}.tx"));
-            }
-            if let Some(s) = &p.rx {
-                s.put(&mut w, &format!("p{i}.rx"));
-            }
+            p.put(&mut w, &format!("p{i}"));
         }
         for (i, (what, code)) in self.bad_handles.iter().enumerate() {
             w.put(&format!("bad{i}.what"), what).put(&format!("bad{i}.code"), code);
+        }
+        if let Some(r) = &self.rails {
+            for (n, s) in r.iter().enumerate() {
+                put_rail_stats(&mut w, &format!("rails.r{n}"), s);
+            }
         }
         if let Some(f) = &self.failure {
             w.put("error.kind", kind_name(&f.error.kind))
@@ -276,14 +377,13 @@ impl RankReport {
             ..RankReport::default()
         };
         for i in 0..f.get::<usize>("phases")? {
-            let side = |s: &str| -> Result<Option<SideStats>> {
-                let p = format!("p{i}.{s}");
-                if f.has(&format!("{p}.requests")) { SideStats::get(&f, &p).map(Some) } else { Ok(None) }
-            };
-            r.phases.push(PhaseReport { tx: side("tx")?, rx: side("rx")? });
+            r.phases.push(PhaseReport::get(&f, &format!("p{i}"))?);
         }
         for i in 0..f.get::<usize>("bad_handles")? {
             r.bad_handles.push((f.str(&format!("bad{i}.what"))?.to_string(), f.get(&format!("bad{i}.code"))?));
+        }
+        if f.has("rails.r0.wr_posted") {
+            r.rails = Some([get_rail_stats(&f, "rails.r0")?, get_rail_stats(&f, "rails.r1")?]);
         }
         if f.has("error.kind") {
             let call = f.str("error.call")?;
@@ -312,19 +412,28 @@ mod tests {
             bytes: 1 << 30,
             first_wrong: "group 3 buffer 1: size 5, expected 6".into(),
             counters: Some([c, RailCounters::default()]),
+            timeline: vec![[1_000_000, 5, 7], [2_000_123, 4096, 0]],
             ..SideStats::default()
         };
+        let warm = PhaseReport { tx: Some(SideStats { requests: 2, ..SideStats::default() }), ..Default::default() };
+        let rails = RailStats { counters: c, latency_p99_ns: 12_345, share: 0.625, ..RailStats::default() };
         let r = RankReport {
             rank: 1,
             abi: 12,
             plugin: "MPIB".into(),
             device: "soft0+soft1".into(),
-            phases: vec![PhaseReport { tx: Some(s.clone()), rx: None }, PhaseReport { tx: None, rx: Some(s) }],
+            phases: vec![
+                PhaseReport { tx: Some(s.clone()), rx: None, start_ns: 5, warmup: Some(Box::new(warm)) },
+                PhaseReport { tx: None, rx: Some(s), ..PhaseReport::default() },
+            ],
             bad_handles: vec![("test(garbage)".into(), 4)],
+            rails: Some([rails, RailStats { share: 0.375, ..rails }]),
             failure: Some(Failure { error: Error::call("test", 6), at_ns: 12345 }),
             ..RankReport::default()
         };
         assert_eq!(RankReport::from_line(&r.to_line()).unwrap(), r);
         assert!(mono_ns() > 0);
+        assert_eq!(r.phases[0].with_warmup().count(), 2);
+        assert!(timeline("1:2").is_err() && timeline("1:2:3:4").is_err() && timeline("a:2:3").is_err());
     }
 }

@@ -92,6 +92,16 @@ pub struct Phase {
     /// Debug: the sender flips one byte in the middle of send #k (after checksumming it),
     /// so the receiver must report exactly one wrong byte: proof that the check can fail.
     pub corrupt: Option<u64>,
+    /// Groups run (and checked, with their own patterns) before the phase, reported apart
+    /// ([`super::report::PhaseReport::warmup`]): connection and page warm-up, and the
+    /// measurement `budget_ms` sizes the phase from.
+    pub warmup: u64,
+    /// 0: the phase runs `count` groups. Else `count` is a maximum: after the warm-up,
+    /// rank 0 picks the count that makes the phase last about this long and tells rank 1.
+    pub budget_ms: u64,
+    /// 0: off. Else the sender samples its comm's per-rail byte counters every this many
+    /// µs during the phase ([`super::report::SideStats::timeline`]).
+    pub timeline_us: u64,
 }
 
 impl Default for Phase {
@@ -105,6 +115,9 @@ impl Default for Phase {
             flush: false,
             kill: None,
             corrupt: None,
+            warmup: 0,
+            budget_ms: 0,
+            timeline_us: 0,
         }
     }
 }
@@ -142,6 +155,16 @@ impl Phase {
         (self.inflight as u64).min(self.count.max(1)) as usize
     }
 
+    /// The warm-up run before the phase: `warmup` groups, nothing injected, not sampled.
+    pub fn warmup_phase(&self) -> Phase {
+        Phase { count: self.warmup, kill: None, corrupt: None, warmup: 0, budget_ms: 0, timeline_us: 0, ..self.clone() }
+    }
+
+    /// The phase as run with `count` groups (the budget decided it).
+    pub fn with_count(&self, count: u64) -> Phase {
+        Phase { count, ..self.clone() }
+    }
+
     fn check(&self, i: usize) -> Result<()> {
         let bad = |m: String| Err(Error::usage(format!("phase {i}: {m}")));
         if self.sizes.is_empty() {
@@ -155,6 +178,9 @@ impl Phase {
         }
         if let Some(&s) = self.sizes.iter().find(|&&s| s.max(self.recv.of(s)) > i32::MAX as u64) {
             return bad(format!("size {s}: test reports sizes as int"));
+        }
+        if self.budget_ms > 0 && self.warmup == 0 {
+            return bad("a time budget needs a warm-up to measure".into());
         }
         Ok(())
     }
@@ -226,6 +252,11 @@ impl Workload {
             if let Some(k) = p.corrupt {
                 w.put(&format!("p{i}.corrupt"), k);
             }
+            for (name, v) in [("warmup", p.warmup), ("budget_ms", p.budget_ms), ("timeline_us", p.timeline_us)] {
+                if v > 0 {
+                    w.put(&format!("p{i}.{name}"), v);
+                }
+            }
         }
         w.finish()
     }
@@ -274,6 +305,9 @@ impl Workload {
                 flush: f.get::<u8>(&k("flush"))? != 0,
                 kill,
                 corrupt: if f.has(&k("corrupt")) { Some(f.get(&k("corrupt"))?) } else { None },
+                warmup: f.get_or(&k("warmup"), 0)?,
+                budget_ms: f.get_or(&k("budget_ms"), 0)?,
+                timeline_us: f.get_or(&k("timeline_us"), 0)?,
             });
         }
         w.check()?;
@@ -297,6 +331,9 @@ mod tests {
                     kill: Some(Kill { side: Side::Recv, after: 4 }),
                     flush: true,
                     corrupt: Some(7),
+                    warmup: 3,
+                    budget_ms: 250,
+                    timeline_us: 1000,
                     ..Phase::default()
                 },
             ],
@@ -307,6 +344,17 @@ mod tests {
         assert!(Workload::from_line(&format!("{line} bogus=1")).is_err());
         assert!(Workload::from_line(&line.replace("p0.nrecv=3", "p0.nrecv=9")).is_err());
         assert!(Workload::from_line(&line.replace("p1.recv=minus:3", "p1.recv=less")).is_err());
+        assert!(Workload::from_line(&line.replace("p1.warmup=3", "p1.warmup=0")).is_err(), "budget without warm-up");
+    }
+
+    #[test]
+    fn warmup_and_budgeted_phases_derive_from_the_phase() {
+        let p =
+            Phase { count: 1000, corrupt: Some(0), warmup: 5, budget_ms: 100, timeline_us: 1000, ..Phase::default() };
+        let w = p.warmup_phase();
+        assert_eq!((w.count, w.corrupt, w.warmup, w.budget_ms, w.timeline_us), (5, None, 0, 0, 0));
+        let m = p.with_count(42);
+        assert_eq!((m.count, m.corrupt, m.budget_ms, m.timeline_us, m.warmup), (42, Some(0), 100, 1000, 5));
     }
 
     #[test]

@@ -14,21 +14,37 @@ use super::net::{MAX_RECVS, Mr, RecvBuf, RecvComm, Request, SendComm, Sizes};
 use super::pattern::{self, CANARY};
 use super::report::{PhaseReport, SideStats, counters_delta, mono_ns};
 use super::spec::{GUARD, Kill, Phase, Side, Workload, tag};
+use super::timeline::Timeline;
 use super::{Error, Result};
 
-/// Where a phase is: which workload, which phase.
+/// Where a phase is: which workload, which phase, and the phase as run.
 #[derive(Clone, Copy)]
 pub struct At<'w> {
     pub w: &'w Workload,
     pub index: usize,
+    /// `w.phases[index]`, its warm-up, or it with the count a time budget chose.
+    pub phase: &'w Phase,
+    /// The warm-up of phase `index`: patterns of its own, so that no warm-up byte can pass
+    /// for one of the phase's.
+    pub warmup: bool,
+    /// [`mono_ns`] when the phase started: the zero of its timeline.
+    pub start_ns: u64,
 }
 
+/// Mixed into the pattern seed of warm-ups.
+const WARMUP_SEED: u64 = 0x7761_726d_7570;
+
 impl<'w> At<'w> {
+    /// Phase `index` as the workload writes it, starting now.
+    pub fn of(w: &'w Workload, index: usize) -> At<'w> {
+        At { w, index, phase: &w.phases[index], warmup: false, start_ns: mono_ns() }
+    }
     fn phase(&self) -> &'w Phase {
-        &self.w.phases[self.index]
+        self.phase
     }
     fn key(&self, g: u64, j: usize) -> u64 {
-        pattern::key(self.w.seed, self.index as u32, g, j as u32)
+        let seed = if self.warmup { self.w.seed ^ WARMUP_SEED } else { self.w.seed };
+        pattern::key(seed, self.index as u32, g, j as u32)
     }
 }
 
@@ -183,6 +199,7 @@ pub struct Sender<'c> {
     prepared: Option<(u64, u64)>,
     order: [u8; MAX_RECVS],
     win: Window<'c>,
+    timeline: Option<Timeline>,
 }
 
 impl<'c> Sender<'c> {
@@ -191,7 +208,19 @@ impl<'c> Sender<'c> {
         let p = at.phase();
         let total = p.count * p.nrecv as u64;
         let win = Window::new(Side::Send, p.window() * p.nrecv, total, p.kill);
-        Sender { at, comm, mr, slot: p.slot_bytes(), total, next: 0, prepared: None, order: [0; MAX_RECVS], win }
+        let timeline = Timeline::for_phase(p, at.start_ns);
+        let order = [0; MAX_RECVS];
+        Sender { at, comm, mr, slot: p.slot_bytes(), total, next: 0, prepared: None, order, win, timeline }
+    }
+
+    /// Samples the comm's per-rail bytes if the timeline is due (or now, when `force`).
+    fn sample(&mut self, force: bool) -> Result<()> {
+        if let Some(tl) = self.timeline.as_mut()
+            && !tl.sample(self.comm, force)?
+        {
+            self.timeline = None; // not an mpib library: nothing to sample
+        }
+        Ok(())
     }
 
     pub fn arena_bytes(p: &Phase) -> usize {
@@ -239,6 +268,7 @@ impl<'c> Sender<'c> {
     pub fn step(&mut self) -> Result<bool> {
         let p = self.at.phase();
         let mut progressed = false;
+        self.sample(false)?;
         while self.next < self.total && self.win.has_room() {
             let k = self.next;
             let off = (k % self.win.cap as u64) as usize * self.slot;
@@ -271,6 +301,9 @@ impl<'c> Sender<'c> {
             s.messages += 1;
             self.win.completed();
             progressed = true;
+            if self.finished() {
+                self.sample(true)?;
+            }
         }
         Ok(progressed)
     }
@@ -284,7 +317,9 @@ impl<'c> Sender<'c> {
     }
 
     pub fn finish(self) -> SideStats {
-        self.win.finish()
+        let mut s = self.win.finish();
+        s.timeline = self.timeline.map(Timeline::into_samples).unwrap_or_default();
+        s
     }
 }
 

@@ -26,3 +26,11 @@ const void* mpib_header_check_tables[] = {
   &ncclNetPlugin_v6, &ncclNetPlugin_v7, &ncclNetPlugin_v8, &ncclNetPlugin_v9,
   &ncclNetPlugin_v10, &ncclNetPlugin_v11, &ncclNetPlugin_v12,
 };
+
+/* mpib's own query functions, as tools declare them. */
+_Static_assert(sizeof(mpib_rail_counters_t) == 64, "rail counters");
+_Static_assert(sizeof(mpib_rail_stats_t) == 192, "rail stats: the counters, 15 more figures, share");
+_Static_assert(offsetof(mpib_rail_stats_t, errors) == 64, "rail stats after the counters");
+_Static_assert(offsetof(mpib_rail_stats_t, share) == 184, "rail stats share");
+ncclResult_t (*const mpib_header_check_counters)(void*, mpib_rail_counters_t*) = mpib_comm_counters;
+ncclResult_t (*const mpib_header_check_stats)(mpib_rail_stats_t*, size_t) = mpib_rail_stats;

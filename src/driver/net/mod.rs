@@ -14,6 +14,7 @@ use super::ffi::{Library, Table, VERSIONS, table_field};
 use super::props::Props;
 use super::{Error, Result, check};
 use crate::abi::query::mpib_rail_counters_t;
+use crate::abi::stats::mpib_rail_stats_t;
 use crate::abi::types::*;
 
 mod comm;
@@ -33,9 +34,12 @@ pub(super) const SIZE_UNSET: c_int = i32::MIN + 0x5a5a;
 pub(super) const OPTIONAL_RECV: *mut c_void = consts::NCCL_NET_OPTIONAL_RECV_COMPLETION as *mut c_void;
 
 type CountersFn = unsafe extern "C" fn(*mut c_void, *mut mpib_rail_counters_t) -> c_int;
+type StatsFn = unsafe extern "C" fn(*mut mpib_rail_stats_t, usize) -> c_int;
 
 /// Per-rail counters of a comm (`mpib_comm_counters`): index 0 SOUT, 1 SUP.
 pub type RailCounters = mpib_rail_counters_t;
+/// Per-rail statistics of the whole process (`mpib_rail_stats`): index 0 SOUT, 1 SUP.
+pub type RailStats = mpib_rail_stats_t;
 
 /// A plugin library and the table of the ABI version chosen.
 #[derive(Clone)]
@@ -43,6 +47,7 @@ pub struct Plugin {
     lib: Arc<Library>,
     table: Table,
     counters: Option<CountersFn>,
+    stats: Option<StatsFn>,
 }
 
 impl Plugin {
@@ -73,7 +78,11 @@ impl Plugin {
             // include/mpib.h; a symbol of that name in another library is assumed to match.
             unsafe { std::mem::transmute::<*mut c_void, CountersFn>(p) }
         });
-        Ok(Plugin { lib: Arc::new(lib), table, counters })
+        let stats = lib.symbol(c"mpib_rail_stats").map(|p| {
+            // SAFETY: as above, `mpib_rail_stats` as include/mpib.h declares it.
+            unsafe { std::mem::transmute::<*mut c_void, StatsFn>(p) }
+        });
+        Ok(Plugin { lib: Arc::new(lib), table, counters, stats })
     }
 
     /// The ABI version in use (6 … 12).
@@ -105,6 +114,17 @@ impl Plugin {
     /// Whether the library exports `mpib_comm_counters`.
     pub fn has_counters(&self) -> bool {
         self.counters.is_some()
+    }
+
+    /// The process's per-rail statistics (`mpib_rail_stats`; `None`: the library does not
+    /// export it). Process-wide: every connection of every `Net`, live or closed.
+    pub fn rail_stats(&self) -> Result<Option<[RailStats; 2]>> {
+        let Some(f) = self.stats else { return Ok(None) };
+        let mut out = [RailStats::default(); 2];
+        // SAFETY: two entries of the size we pass, as include/mpib.h asks.
+        let rc = unsafe { f(out.as_mut_ptr(), std::mem::size_of::<RailStats>()) };
+        check("mpib_rail_stats", rc)?;
+        Ok(Some(out))
     }
 
     /// `init`: once per communicator for v11/v12 (a new context each time); the other

@@ -1,0 +1,150 @@
+//! `mpib_rail_stats`: the process's per-rail statistics (what the statistics file shows,
+//! `telemetry::process_totals`) for tools such as `mpib-perf`, without a file.
+#![allow(non_camel_case_types)]
+
+use std::mem::size_of;
+
+use super::guard::run;
+use super::query::mpib_rail_counters_t;
+use super::types::ncclResult_t;
+use crate::error::Error;
+use crate::telemetry::{RailTotals, process_totals};
+
+/// One rail's figures over the whole process: every connection, live or closed, both
+/// directions. Counters are sums; latencies are of data chains (post → signalled
+/// completion); the estimates are the mean over live connections (else the last closed
+/// one's). All 0 where nothing happened.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct mpib_rail_stats_t {
+    /// The counters `mpib_comm_counters` gives per comm, summed over the process.
+    pub counters: mpib_rail_counters_t,
+    /// Completions with an error status.
+    pub errors: u64,
+    /// RTT samples (data chains and probes).
+    pub rtt_samples: u64,
+    /// Samples that marked the rail congested.
+    pub congestion_events: u64,
+    /// Data chains whose completion was timed, and their latency statistics (ns).
+    pub latency_samples: u64,
+    pub latency_min_ns: u64,
+    pub latency_avg_ns: u64,
+    pub latency_median_ns: u64,
+    pub latency_p95_ns: u64,
+    pub latency_p99_ns: u64,
+    pub latency_max_ns: u64,
+    /// RFC 6298 smoothed RTT and its variation (ns).
+    pub srtt_ns: u64,
+    pub rttvar_ns: u64,
+    /// RTT of an empty chain on an idle rail (ns).
+    pub base_latency_ns: u64,
+    /// Delivery-rate estimate.
+    pub bw_bytes_per_s: u64,
+    /// Connections open now with statistics on this rail.
+    pub live_connections: u64,
+    /// This rail's part of the payload bytes of both rails (0 … 1).
+    pub share: f64,
+}
+
+impl From<&RailTotals> for mpib_rail_stats_t {
+    fn from(t: &RailTotals) -> Self {
+        let (c, l) = (&t.counts, &t.latency);
+        mpib_rail_stats_t {
+            counters: c.into(),
+            errors: c.errors,
+            rtt_samples: c.rtt_samples,
+            congestion_events: c.congestion_events,
+            latency_samples: l.samples,
+            latency_min_ns: l.min_ns,
+            latency_avg_ns: l.avg_ns,
+            latency_median_ns: l.median_ns,
+            latency_p95_ns: l.p95_ns,
+            latency_p99_ns: l.p99_ns,
+            latency_max_ns: l.max_ns,
+            srtt_ns: t.srtt_ns,
+            rttvar_ns: t.rttvar_ns,
+            base_latency_ns: t.base_ns,
+            bw_bytes_per_s: t.bw_bytes_per_s,
+            live_connections: t.live,
+            share: t.share,
+        }
+    }
+}
+
+/// Writes the process's statistics of SOUT to `out[0]` and of SUP to `out[1]`.
+///
+/// `size` is `sizeof(mpib_rail_stats_t)` as the caller was compiled: it is the stride of
+/// `out`, and only the first `size` bytes of each entry are written, so a caller built
+/// against an older (shorter) header stays safe with a newer library. Returns ncclSuccess,
+/// or ncclInvalidArgument for a NULL `out` or a `size` below 8.
+///
+/// # Safety
+/// `out` must be NULL or point to `2 * size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mpib_rail_stats(out: *mut mpib_rail_stats_t, size: usize) -> ncclResult_t {
+    super::logger::install();
+    run("mpib_rail_stats", || {
+        if out.is_null() {
+            return Err(Error::invalid_argument("out is NULL"));
+        }
+        if size < size_of::<u64>() {
+            return Err(Error::invalid_argument(format!("size {size}: at least 8 (sizeof(mpib_rail_stats_t))")));
+        }
+        let n = size.min(size_of::<mpib_rail_stats_t>());
+        for (i, t) in process_totals().iter().enumerate() {
+            let s = mpib_rail_stats_t::from(t);
+            // SAFETY: `s` is a plain struct of `n` or more bytes; the caller gives 2 × `size`
+            // writable bytes at `out`, so `[i·size, i·size + n)` lies inside them; byte
+            // copies need no alignment.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    (&s as *const mpib_rail_stats_t).cast::<u8>(),
+                    out.cast::<u8>().add(i * size),
+                    n,
+                )
+            };
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::guard::result;
+    use crate::telemetry::StatsHandle;
+
+    #[test]
+    fn copies_the_process_totals_and_honours_the_callers_size() {
+        let h = StatsHandle::register(1);
+        h.count_post(2, 1, 4096, 4096);
+        h.latency.record(5000);
+        let mut out = [mpib_rail_stats_t::default(); 2];
+        // SAFETY: room for two full entries.
+        assert_eq!(unsafe { mpib_rail_stats(out.as_mut_ptr(), size_of::<mpib_rail_stats_t>()) }, result::SUCCESS);
+        // Other tests of this process may add to the totals too: at least what we posted.
+        let c = &out[1].counters;
+        assert!(c.bytes >= 4096 && c.imm_sent >= 1 && c.doorbells >= 1, "{:?}", out[1]);
+        assert!(out[1].latency_samples >= 1 && out[1].live_connections >= 1, "{:?}", out[1]);
+        assert!((0.0..=1.0).contains(&out[1].share));
+
+        // A caller that knows only the first three counters: a stride of 24 bytes, nothing
+        // written past each entry's 24.
+        let mut short = [u64::MAX; 7];
+        // SAFETY: 2 × 24 writable bytes (and a sentinel word after them).
+        assert_eq!(unsafe { mpib_rail_stats(short.as_mut_ptr().cast(), 24) }, result::SUCCESS);
+        assert!(short[3 + 2] >= 4096, "SUP bytes at the second entry's third word: {short:?}");
+        assert_eq!(short[6], u64::MAX, "the sentinel after 2 × 24 bytes is untouched");
+    }
+
+    #[test]
+    fn null_or_tiny_buffers_are_invalid_arguments() {
+        // SAFETY: NULL is rejected before any write; a size of 4 is rejected likewise.
+        unsafe {
+            assert_eq!(mpib_rail_stats(std::ptr::null_mut(), 64), result::INVALID_ARGUMENT);
+            let mut one = mpib_rail_stats_t::default();
+            assert_eq!(mpib_rail_stats(&mut one, 4), result::INVALID_ARGUMENT);
+            assert_eq!(one, mpib_rail_stats_t::default());
+        }
+    }
+}

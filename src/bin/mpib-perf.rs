@@ -1,0 +1,22 @@
+//! `mpib-perf`: the benchmark and diagnostic tool users run first. It loads the plugin
+//! library with `dlopen` exactly as NCCL does and drives it between two ranks through the
+//! `ncclNet` C ABI (`mpib::driver`): no GPU, no NCCL, no MPI.
+//!
+//! ```text
+//! mpib-perf                          two local ranks, soft fabric over loopback, 8 B … 64 MiB
+//! mpib-perf --listen                 (host A) prints `mpib-perf --connect TOKEN`
+//! mpib-perf --connect TOKEN          (host B) runs the test against A
+//! mpib-perf --rendezvous A:PORT      on both hosts: whoever can bind A:PORT listens
+//! mpib-perf --json out.json          also the results as JSON
+//! mpib-perf --timeline t.json        one size streamed for --duration, bytes per rail per ms
+//! ```
+//! `mpib-perf --help` lists every option. Exit codes: 0 all good; 1 an error the run found
+//! (one line saying what: library, init, peer, options, data); 2 bad options.
+
+mod mpib_perf;
+
+fn main() -> std::process::ExitCode {
+    // When started as a rank of the local two-process mode: run it and exit.
+    mpib::driver::pair::child_main();
+    mpib_perf::main()
+}

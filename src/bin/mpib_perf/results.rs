@@ -1,0 +1,278 @@
+//! From the two ranks' reports to what the user sees: the table (one row per size), the
+//! rails' counters and RTT statistics, the `--json` file and the `--timeline` file.
+//!
+//! The figures are the sending rank's (rank 1): its time per message, its post-to-
+//! completion latencies, its comm's counters per size and its process's rail statistics.
+//! `#wrong` counts every wrong byte, wrong size and overwritten canary either rank saw in
+//! the size's phase and its warm-up.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use mpib::driver::net::RailStats;
+use mpib::driver::report::{PhaseReport, RankReport, SideStats};
+use serde_json::{Value, json};
+
+use super::opts::{Fabric, Plan, TIMELINE_BIN_NS};
+
+/// One size.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Row {
+    pub size: u64,
+    /// Messages measured (warm-up not included).
+    pub count: u64,
+    pub us_per_msg: f64,
+    pub gbps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// SOUT's part of the bytes the plugin posted (None: no bytes).
+    pub sout_share: Option<f64>,
+    pub wrong: u64,
+}
+
+/// The whole run.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub abi: u32,
+    pub fabric: String,
+    pub device: String,
+    pub rows: Vec<Row>,
+    /// Messages the sending rank sent, warm-ups included (what its counters count).
+    pub messages: u64,
+    /// The sending rank's process statistics per rail (None: not an mpib library).
+    pub rails: Option<[RailStats; 2]>,
+    /// The first thing that was wrong, with its size.
+    pub first_wrong: Option<String>,
+}
+
+fn wrongs(s: &SideStats) -> u64 {
+    s.wrong_bytes + s.wrong_sizes + s.canary_broken
+}
+
+/// Every side of phase `i` of both ranks, warm-ups included, with "(warm-up)" for those.
+fn sides(reps: [&RankReport; 2], i: usize) -> Vec<(&'static str, &SideStats)> {
+    let mut out = Vec::new();
+    for r in reps {
+        for (k, p) in r.phases[i].with_warmup().enumerate() {
+            let what = if k == 0 { "" } else { " (warm-up)" };
+            out.extend(p.tx.iter().chain(p.rx.iter()).map(|s| (what, s)));
+        }
+    }
+    out
+}
+
+fn fabric_name(plan: &Plan, device: &str) -> String {
+    match plan.fabric {
+        Fabric::Auto if device.starts_with("soft-") => "soft".into(),
+        Fabric::Auto if device.starts_with("inproc-") => "inproc".into(),
+        Fabric::Auto => "verbs".into(),
+        f => f.name().into(),
+    }
+}
+
+/// The summary of two ranks' reports (`reps[0]` received, `reps[1]` sent; both with
+/// `--bidir`), which must have one phase per size.
+pub fn summarize(plan: &Plan, reps: [&RankReport; 2]) -> Summary {
+    let (r0, r1) = (reps[0], reps[1]);
+    let mut rows = Vec::new();
+    let mut first_wrong = None;
+    let mut messages = 0;
+    let empty = SideStats::default();
+    for (i, &size) in plan.sizes.iter().enumerate() {
+        let tx = r1.phases.get(i).and_then(|p| p.tx.as_ref()).unwrap_or(&empty);
+        let back = r0.phases.get(i).and_then(|p| p.tx.as_ref());
+        let both = r0.phases.len() > i && r1.phases.len() > i;
+        let wrong: u64 = if both { sides(reps, i).iter().map(|(_, s)| wrongs(s)).sum() } else { 0 };
+        if first_wrong.is_none() && wrong > 0 {
+            let (what, s) = sides(reps, i).into_iter().find(|(_, s)| wrongs(s) > 0).expect("a side with wrongs");
+            first_wrong = Some(format!("size {size}{what}: {}", s.first_wrong));
+        }
+        messages +=
+            r1.phases.get(i).map_or(0, |p| p.with_warmup().filter_map(|q| q.tx.as_ref()).map(|s| s.messages).sum());
+        let elapsed = tx.elapsed_ns.max(back.map_or(0, |b| b.elapsed_ns)).max(1) as f64;
+        let bytes = tx.bytes + back.map_or(0, |b| b.bytes);
+        let sout_share = tx.counters.and_then(|c| {
+            let all = c[0].bytes + c[1].bytes;
+            (all > 0).then(|| c[0].bytes as f64 / all as f64)
+        });
+        rows.push(Row {
+            size,
+            count: tx.messages,
+            us_per_msg: tx.elapsed_ns as f64 / 1e3 / tx.messages.max(1) as f64,
+            gbps: bytes as f64 / elapsed,
+            p50_us: tx.lat_p50_ns as f64 / 1e3,
+            p99_us: tx.lat_p99_ns as f64 / 1e3,
+            sout_share,
+            wrong,
+        });
+    }
+    Summary {
+        abi: r1.abi,
+        fabric: fabric_name(plan, &r1.device),
+        device: r1.device.clone(),
+        rows,
+        messages,
+        rails: r1.rails,
+        first_wrong,
+    }
+}
+
+fn share_text(s: Option<f64>) -> String {
+    s.map_or("-".into(), |s| format!("{:.1}", s * 100.0))
+}
+
+/// The table and the rail lines, as printed.
+pub fn table(plan: &Plan, s: &Summary) -> String {
+    let mut t = String::new();
+    let o = &plan.opts;
+    let how = if plan.opts.bidir { "both directions" } else { "rank 1 sends, rank 0 receives" };
+    let _ = writeln!(
+        t,
+        "# mpib-perf: ncclNetPlugin_v{}, device {} ({} fabric), {how}, inflight {}, nrecv {}, split {}, check {}",
+        s.abi,
+        s.device,
+        s.fabric,
+        o.inflight,
+        o.nrecv,
+        o.split.as_deref().unwrap_or("auto"),
+        if plan.workload.check { "every byte" } else { "sizes only" },
+    );
+    let _ = writeln!(
+        t,
+        "# {:>10} {:>9} {:>10} {:>8} {:>9} {:>9} {:>6} {:>7}",
+        "size", "count", "us/msg", "GB/s", "p50 us", "p99 us", "SOUT%", "#wrong"
+    );
+    for r in &s.rows {
+        let _ = writeln!(
+            t,
+            "  {:>10} {:>9} {:>10.2} {:>8.3} {:>9.1} {:>9.1} {:>6} {:>7}",
+            r.size,
+            r.count,
+            r.us_per_msg,
+            r.gbps,
+            r.p50_us,
+            r.p99_us,
+            share_text(r.sout_share),
+            r.wrong
+        );
+    }
+    match &s.rails {
+        Some(rails) => {
+            for (name, r) in ["SOUT", "SUP"].iter().zip(rails) {
+                let c = &r.counters;
+                let _ = writeln!(
+                    t,
+                    "# {name:<4} WRs {} doorbells {} IMMs {} CQEs {} RNR {} 0-byte IMMs {} bytes {} | RTT samples {} median {:.1} us p99 {:.1} us srtt {:.1} us",
+                    c.wr_posted,
+                    c.doorbells,
+                    c.imm_sent,
+                    c.cqe,
+                    c.rnr,
+                    c.zero_byte_imm,
+                    c.bytes,
+                    r.latency_samples,
+                    r.latency_median_ns as f64 / 1e3,
+                    r.latency_p99_ns as f64 / 1e3,
+                    r.srtt_ns as f64 / 1e3,
+                );
+            }
+        }
+        None => t.push_str("# rails: the library does not export mpib_rail_stats\n"),
+    }
+    let wrong: u64 = s.rows.iter().map(|r| r.wrong).sum();
+    let _ = writeln!(t, "# {} sizes, {} messages sent (warm-ups included), {wrong} wrong", s.rows.len(), s.messages);
+    t
+}
+
+/// The `--json` document (its schema is stable: other tools read it).
+pub fn json(s: &Summary) -> Value {
+    let rows: Vec<Value> = s
+        .rows
+        .iter()
+        .map(|r| {
+            json!({
+                "size": r.size, "count": r.count, "us_per_msg": r.us_per_msg, "gbps": r.gbps,
+                "p50_us": r.p50_us, "p99_us": r.p99_us, "sout_share": r.sout_share, "wrong": r.wrong,
+            })
+        })
+        .collect();
+    let rails: Vec<Value> = s
+        .rails
+        .iter()
+        .flatten()
+        .zip(["SOUT", "SUP"])
+        .map(|(r, name)| {
+            let c = &r.counters;
+            json!({
+                "name": name, "wr_posted": c.wr_posted, "doorbells": c.doorbells, "bytes": c.bytes,
+                "imm_sent": c.imm_sent, "cqe": c.cqe, "rnr": c.rnr, "zero_byte_imm": c.zero_byte_imm,
+                "latency_samples": r.latency_samples, "latency_median_ns": r.latency_median_ns,
+                "latency_p99_ns": r.latency_p99_ns, "srtt_ns": r.srtt_ns,
+            })
+        })
+        .collect();
+    json!({ "abi": format!("v{}", s.abi), "fabric": s.fabric, "rows": rows, "messages": s.messages, "rails": rails })
+}
+
+/// Bytes the sender posted on (SOUT, SUP) in each millisecond ([`TIMELINE_BIN_NS`]) of the stream, from its
+/// samples (`[ns since start, SOUT bytes, SUP bytes]`, cumulative): what was posted between
+/// two samples counts in the millisecond of the later one (the sender posts and samples in
+/// the same loop, so posts happen at its steps, not spread over a gap between samples).
+pub fn per_ms(samples: &[[u64; 3]]) -> Vec<[u64; 2]> {
+    let Some(last) = samples.last() else { return Vec::new() };
+    let mut slots = vec![[0u64; 2]; (last[0] / TIMELINE_BIN_NS + 1) as usize];
+    for w in samples.windows(2) {
+        let ([_, a0, b0], [t, a1, b1]) = (w[0], w[1]);
+        let slot = &mut slots[(t / TIMELINE_BIN_NS) as usize];
+        slot[0] += a1 - a0;
+        slot[1] += b1 - b0;
+    }
+    slots
+}
+
+/// The `--timeline` document: the sender's bytes posted per rail in each millisecond
+/// `[t_ms, t_ms + 1)` of the measured stream, counted from `start_mono_ns` (the sender's
+/// CLOCK_MONOTONIC when the stream began, as `TIMELINE-START` printed it).
+pub fn timeline(plan: &Plan, s: &Summary, sender: &PhaseReport) -> Value {
+    let tx = sender.tx.clone().unwrap_or_default();
+    let samples: Vec<Value> = per_ms(&tx.timeline)
+        .into_iter()
+        .enumerate()
+        .map(|(ms, [sout, sup])| {
+            let share = (sout + sup > 0).then(|| sout as f64 / (sout + sup) as f64);
+            json!({ "t_ms": ms, "sout_bytes": sout, "sup_bytes": sup, "sout_share": share })
+        })
+        .collect();
+    let row = s.rows.first();
+    json!({
+        "size": plan.sizes[0],
+        "interval_ms": TIMELINE_BIN_NS / 1_000_000,
+        "start_mono_ns": sender.start_ns,
+        "duration_ms": tx.elapsed_ns as f64 / 1e6,
+        "messages": tx.messages,
+        "split": plan.opts.split.as_deref().unwrap_or("auto"),
+        "gbps": row.map(|r| r.gbps),
+        "sout_share": row.and_then(|r| r.sout_share),
+        "samples": samples,
+    })
+}
+
+/// Writes `v` to `path` (pretty, atomically: a reader sees the old file or the new one).
+pub fn write_json(path: &str, v: &Value) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| format!("{path}: {e}"))? + "\n";
+    mpib::telemetry::write_atomic(Path::new(path), &text).map_err(|e| format!("cannot write {path}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_ms_puts_each_interval_in_the_millisecond_it_ended() {
+        let ms = 1_000_000;
+        let s = [[10, 0, 0], [ms - 1, 100, 0], [ms + 5, 150, 40], [4 * ms + 2, 150, 90]];
+        assert_eq!(per_ms(&s), vec![[100, 0], [50, 40], [0, 0], [0, 0], [0, 50]]);
+        assert!(per_ms(&[]).is_empty());
+        assert_eq!(per_ms(&[[0, 0, 0]]), vec![[0, 0]]);
+    }
+}

@@ -1,0 +1,282 @@
+//! `mpib-perf` from the outside, as users and scripts run it: the default sweep (with small
+//! limits) and its `--json` file, usage errors (exit code 2), errors a user can act on
+//! (exit code 1 and one line), a corrupted byte that must be caught, the two-host flows on
+//! loopback (`--listen` / `--connect`, `--rendezvous`), the in-process fabric and the
+//! `--timeline` file.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Instant;
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_mpib-perf");
+
+/// The tool with `args`, none of this process's `MPIB_*` variables, and both soft rails on
+/// loopback (the two-host tests run both "hosts" here).
+fn cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("MPIB_") {
+            c.env_remove(k);
+        }
+    }
+    c.env("MPIB_SOFT_SOUT_ADDR", "127.0.0.1").env("MPIB_SOFT_SUP_ADDR", "127.0.0.1").args(args);
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    let t = Instant::now();
+    let out = cmd(args).output().expect("run mpib-perf");
+    eprintln!("mpib-perf {}: {:.1} s, {}", args.join(" "), t.elapsed().as_secs_f64(), out.status);
+    out
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn json(path: &PathBuf) -> Value {
+    let s = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&s).unwrap_or_else(|e| panic!("{}: {e}\n{s}", path.display()))
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+/// Checks a `--json` document of a clean one-way run of `sizes`: the schema, every row
+/// measured and clean, the rails' counters consistent with the messages sent.
+fn check_results(doc: &Value, sizes: &[u64]) {
+    assert_eq!(doc["abi"], "v12", "{doc}");
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.iter().map(|r| u(&r["size"])).collect::<Vec<_>>(), sizes, "{doc}");
+    for r in rows {
+        for k in ["size", "count", "us_per_msg", "gbps", "p50_us", "p99_us", "sout_share", "wrong"] {
+            assert!(r.get(k).is_some(), "row without {k}: {r}");
+        }
+        assert_eq!(u(&r["wrong"]), 0, "{r}");
+        assert!(u(&r["count"]) >= 1 && r["us_per_msg"].as_f64().unwrap() > 0.0, "{r}");
+        assert!(r["p99_us"].as_f64().unwrap() >= r["p50_us"].as_f64().unwrap(), "{r}");
+        let share = r["sout_share"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&share), "{r}");
+    }
+    let messages = u(&doc["messages"]);
+    let measured: u64 = rows.iter().map(|r| u(&r["count"])).sum();
+    assert!(messages > measured, "warm-ups are sent too: {messages} vs {measured}");
+    let rails = doc["rails"].as_array().expect("rails");
+    assert_eq!(rails.iter().map(|r| r["name"].as_str().unwrap()).collect::<Vec<_>>(), ["SOUT", "SUP"]);
+    let sum = |k: &str| rails.iter().map(|r| u(&r[k])).sum::<u64>();
+    // One WRITE_WITH_IMM per active rail per message (no other traffic of the sender uses
+    // one), each rail's chain rung once: at least one IMM per message, at most two.
+    let imms = sum("imm_sent");
+    assert!((messages..=2 * messages).contains(&imms), "{imms} IMMs for {messages} messages: {doc}");
+    let measured_bytes: u64 = rows.iter().map(|r| u(&r["size"]) * u(&r["count"])).sum();
+    assert!(sum("bytes") > measured_bytes, "rails carried {} bytes, the rows {measured_bytes}", sum("bytes"));
+    for r in rails {
+        assert_eq!(u(&r["zero_byte_imm"]), 0, "{r}");
+        assert!(u(&r["wr_posted"]) >= u(&r["doorbells"]) && u(&r["doorbells"]) >= u(&r["imm_sent"]), "{r}");
+        assert!(u(&r["cqe"]) <= u(&r["wr_posted"]), "{r}");
+        if u(&r["bytes"]) > 0 {
+            assert!(u(&r["latency_samples"]) > 0 && u(&r["latency_median_ns"]) > 0, "{r}");
+            assert!(u(&r["latency_p99_ns"]) >= u(&r["latency_median_ns"]) && u(&r["srtt_ns"]) > 0, "{r}");
+        }
+    }
+}
+
+#[test]
+fn the_default_sweep_with_small_limits_prints_the_table_and_writes_json() {
+    let dir = common::tmpdir("perf-sweep");
+    let file = dir.join("out.json");
+    let out = run(&["--sizes", "8:128K", "--duration", "2", "--json", file.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("#wrong") && stdout.contains("soft fabric"), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("# SOUT ") && l.contains("0-byte IMMs 0")), "{stdout}");
+    assert!(stdout.lines().any(|l| l.starts_with("# SUP ") && l.contains("RTT samples")), "{stdout}");
+    assert!(!stdout.contains('\r'), "no progress line when stdout is not a terminal");
+    let doc = json(&file);
+    assert_eq!(doc["fabric"], "soft");
+    check_results(&doc, &[8, 32, 128, 512, 2048, 8192, 32768, 131072]);
+    assert_eq!(stdout.lines().filter(|l| !l.starts_with('#')).count(), 8, "{stdout}");
+}
+
+#[test]
+fn bad_options_exit_2_with_a_usage_line() {
+    for args in [
+        &["--bogus"][..],
+        &["--sizes", "64K:8"],
+        &["--inflight", "33"],
+        &["--nrecv", "0"],
+        &["--iters", "5", "--duration", "1"],
+        &["--split", "sideways"],
+        &["--abi", "v5"],
+        &["--listen", "--connect", "x"],
+        &["--rank", "1"],
+        &["--timeline", "t.json", "--sizes", "8:64"],
+    ] {
+        let out = run(args);
+        let (_, stderr) = text(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.starts_with("error:") && stderr.contains("--help"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn a_corrupted_byte_is_reported_as_wrong_and_fails_the_run() {
+    let file = common::tmpdir("perf-corrupt").join("out.json");
+    let out = run(&["--sizes", "4K:16K", "--iters", "20", "--inject-corruption", "--json", file.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let line = stderr.lines().find(|l| l.starts_with("mpib-perf: ")).expect("an error line");
+    assert_eq!(
+        line,
+        "mpib-perf: data mismatch at size 16384: receive #0 tag 1 (16384 bytes): 1 wrong bytes, first at offset 8192"
+    );
+    let wrong: Vec<u64> = json(&file)["rows"].as_array().unwrap().iter().map(|r| u(&r["wrong"])).collect();
+    assert_eq!(wrong, vec![0, 1]);
+}
+
+/// Runs the tool with `args` and `env`; it must exit 1; its stderr.
+fn fails(args: &[&str], env: &[(&str, &str)]) -> String {
+    let out = cmd(args).envs(env.iter().copied()).output().unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+    stderr
+}
+
+#[test]
+fn errors_a_user_can_act_on_are_one_line_and_exit_1() {
+    let first = |s: String| s.lines().next().unwrap_or("").to_string();
+    let e = first(fails(&["--plugin", "/nonexistent/libmpib.so"], &[]));
+    assert!(e.starts_with("mpib-perf: plugin library not found: cannot load /nonexistent/libmpib.so"), "{e}");
+    let e = first(fails(&["--plugin", "libm.so.6"], &[]));
+    assert!(e.starts_with("mpib-perf: libm.so.6 exports no ncclNetPlugin_v6"), "{e}");
+    let e = first(fails(&["--abi", "v6", "--inflight", "16"], &[]));
+    assert!(e.starts_with("mpib-perf: --inflight 16: with ABI v6 NCCL keeps at most 8"), "{e}");
+    // init's failure, then the plugin's own WARN line naming the variable.
+    let e = fails(&["--sizes", "8", "--iters", "1"], &[("MPIB_SPLIT", "sideways")]);
+    assert!(e.starts_with("mpib-perf: the plugin's init failed on rank"), "{e}");
+    assert!(e.contains("MPIB_SPLIT=\"sideways\" is not valid"), "{e}");
+}
+
+/// Starts the tool in the background with its stdout piped.
+fn spawn(args: &[&str]) -> Child {
+    cmd(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn mpib-perf")
+}
+
+/// Waits for `child`; its status and stdout + stderr (the first `lines` of stdout were
+/// already read).
+fn finish(mut child: Child, mut lines: Vec<String>) -> (bool, String) {
+    if let Some(s) = child.stdout.take() {
+        lines.extend(BufReader::new(s).lines().map_while(Result::ok));
+    }
+    let o = child.wait_with_output().expect("wait");
+    (o.status.success(), format!("{}\n{}", lines.join("\n"), String::from_utf8_lossy(&o.stderr)))
+}
+
+#[test]
+fn listen_prints_a_token_and_connect_runs_the_test_against_it() {
+    let args = ["--fabric", "soft", "--sizes", "8:4K", "--iters", "50"];
+    let mut listener = spawn(&[&["--listen", "127.0.0.1"][..], &args].concat());
+    let mut seen = Vec::new();
+    let mut lines = BufReader::new(listener.stdout.take().unwrap()).lines();
+    let token = loop {
+        let l = lines.next().expect("the listener printed its token").unwrap();
+        seen.push(l.clone());
+        if let Some(t) = l.strip_prefix("mpib-perf --connect ") {
+            break t.to_string();
+        }
+    };
+    assert!(!token.contains(' ') && token.len() > 20, "{token}");
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    let file = common::tmpdir("perf-connect").join("out.json");
+    let out = run(&[&["--connect", &token, "--json", file.to_str().unwrap()][..], &args].concat());
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    check_results(&json(&file), &[8, 32, 128, 512, 2048, 4096]);
+    seen.extend(rest.join().unwrap());
+    let (ok, all) = finish(listener, seen);
+    assert!(ok && all.contains("#wrong"), "the listener prints the table too:\n{all}");
+    // A token is good for one run: nobody listens there any more.
+    let out = run(&[&["--connect", &token, "--timeout", "0.3"][..], &args].concat());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out).1.starts_with("mpib-perf: peer unreachable"), "{}", text(&out).1);
+    assert_eq!(run(&["--connect", "not-a-token"]).status.code(), Some(1));
+}
+
+/// A free port on 127.0.0.1 (bound and released).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn rendezvous_picks_the_ranks_and_checks_that_the_options_agree() {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let args = ["--rendezvous", &addr, "--fabric", "soft", "--sizes", "8:1K", "--iters", "30"];
+    let a = spawn(&args);
+    let b = spawn(&args);
+    let (ok_a, out_a) = finish(a, Vec::new());
+    let (ok_b, out_b) = finish(b, Vec::new());
+    assert!(ok_a && ok_b, "{out_a}\n----\n{out_b}");
+    assert!(out_a.contains("#wrong") && out_b.contains("#wrong"));
+
+    let addr = format!("127.0.0.1:{}", free_port());
+    let a = spawn(&["--rendezvous", &addr, "--sizes", "8:1K", "--iters", "30", "--bidir"]);
+    let b = spawn(&["--rendezvous", &addr, "--sizes", "8:2K", "--iters", "30"]);
+    for (ok, out) in [finish(a, Vec::new()), finish(b, Vec::new())] {
+        assert!(!ok, "{out}");
+        let line = out.lines().find(|l| l.starts_with("mpib-perf: ")).unwrap_or_else(|| panic!("{out}"));
+        assert!(line.starts_with("mpib-perf: options differ from the peer's: --bidir (here "), "{line}");
+        assert!(line.contains("--sizes (here 8,32,128,512,"), "{line}");
+    }
+}
+
+#[test]
+fn the_in_process_fabric_runs_both_ranks_as_threads() {
+    let file = common::tmpdir("perf-inproc").join("out.json");
+    let out = run(&["--fabric", "inproc", "--sizes", "8:8K", "--iters", "200", "--json", file.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let doc = json(&file);
+    assert_eq!(doc["fabric"], "inproc");
+    assert!(doc["rows"].as_array().unwrap().iter().all(|r| u(&r["count"]) == 200 && u(&r["wrong"]) == 0), "{doc}");
+}
+
+#[test]
+fn the_timeline_has_one_entry_per_millisecond_and_adds_up_to_what_was_sent() {
+    let file = common::tmpdir("perf-timeline").join("tl.json");
+    let size = 64 * 1024;
+    let out = run(&["--timeline", file.to_str().unwrap(), "--sizes", "64K", "--duration", "1", "--quiet"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let start: u64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("TIMELINE-START "))
+        .unwrap_or_else(|| panic!("no TIMELINE-START line: {stdout}"))
+        .parse()
+        .unwrap();
+    let doc = json(&file);
+    assert_eq!((u(&doc["size"]), u(&doc["interval_ms"]), u(&doc["start_mono_ns"])), (size, 1, start), "{doc}");
+    let samples = doc["samples"].as_array().unwrap();
+    let duration = doc["duration_ms"].as_f64().unwrap();
+    assert!(samples.len() as f64 >= duration.floor(), "{} entries for {duration} ms", samples.len());
+    for (i, s) in samples.iter().enumerate() {
+        assert_eq!(u(&s["t_ms"]), i as u64);
+        let (a, b) = (u(&s["sout_bytes"]), u(&s["sup_bytes"]));
+        match s["sout_share"].as_f64() {
+            Some(x) => assert!((x - a as f64 / (a + b) as f64).abs() < 1e-9, "{s}"),
+            None => assert_eq!(a + b, 0, "{s}"),
+        }
+    }
+    let posted: u64 = samples.iter().map(|s| u(&s["sout_bytes"]) + u(&s["sup_bytes"])).sum();
+    assert_eq!(posted, u(&doc["messages"]) * size, "every byte of the stream is in one millisecond");
+    // A steady stream posts in most milliseconds (loosely: CI machines are loaded).
+    let busy = samples.iter().filter(|s| !s["sout_share"].is_null()).count();
+    assert!(busy * 4 > samples.len(), "{busy} of {} milliseconds with posts", samples.len());
+    // The count came from the 1 s budget, not the maximum (2,000,000 messages).
+    assert!(duration < 10_000.0 && u(&doc["messages"]) < 2_000_000, "{duration} ms");
+}
