@@ -60,7 +60,7 @@
 //! # Limits
 //!
 //! 65536 QPs and 1 Mi registrations per device, 32768 send WRs per QP, SRQ and CQ depth up
-//! to 1 Mi, 2 SGEs, 1024 inline bytes, 2 GiB per WR, 16 READs in flight per QP (more wait
+//! to 1 Mi, 2 SGEs, 1024 inline bytes, 2 GiB per WR, 16 READs in flight per TCP QP (more wait
 //! in the send queue), host memory only.
 
 mod addr;

@@ -21,6 +21,16 @@ fn inproc_devices() -> RailPair<SoftDevice> {
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
 
+/// Two connected in-process ends of 4 KiB: requester `a` (every right, CQ of 64, an SRQ)
+/// and responder `b` as given.
+fn connected(a_access: Access, b_access: Access, b_cq_depth: u32, b_srq: bool) -> (End, End) {
+    let p = inproc_devices();
+    let mut a = end_with(&p.sout, 4096, a_access, 64, true);
+    let mut b = end_with(&p.sup, 4096, b_access, b_cq_depth, b_srq);
+    connect(&mut a, &mut b);
+    (a, b)
+}
+
 fn statuses(c: &[Completion]) -> Vec<(u64, WcStatus)> {
     c.iter().map(|c| (c.wr_id, c.status)).collect()
 }
@@ -39,10 +49,7 @@ fn a_write_is_placed_before_post_send_returns() {
 
 #[test]
 fn write_imm_waits_for_room_in_the_responders_cq_and_keeps_order() {
-    let p = inproc_devices();
-    let mut a = end_with(&p.sout, 4096, ALL, 64, true);
-    let mut b = end_with(&p.sup, 4096, Access::REMOTE_WRITE, 2, true);
-    connect(&mut a, &mut b);
+    let (mut a, mut b) = connected(ALL, Access::REMOTE_WRITE, 2, true);
     b.srq.post_recv(8).unwrap();
     fill(a.region(), 3);
     let imm = |i: u64| {
@@ -69,10 +76,7 @@ fn write_imm_waits_for_room_in_the_responders_cq_and_keeps_order() {
 
 #[test]
 fn write_imm_to_a_qp_without_srq_is_refused_and_the_peer_fails_too() {
-    let p = inproc_devices();
-    let mut a = end_with(&p.sout, 4096, ALL, 64, true);
-    let mut b = end_with(&p.sup, 4096, ALL, 64, false);
-    connect(&mut a, &mut b);
+    let (mut a, mut b) = connected(ALL, ALL, 64, false);
     let before = b.buf.clone();
     let mut wr = write(1, a.sge(0, 64), b.addr(), b.key(), true);
     wr.opcode = WrOpcode::WriteImm;
@@ -90,10 +94,7 @@ fn write_imm_to_a_qp_without_srq_is_refused_and_the_peer_fails_too() {
 
 #[test]
 fn a_request_waiting_when_the_peer_fails_is_retry_exceeded() {
-    let p = inproc_devices();
-    let mut a = end_with(&p.sout, 4096, ALL, 64, true);
-    let mut b = end_with(&p.sup, 4096, ALL, 64, true);
-    connect(&mut a, &mut b);
+    let (mut a, mut b) = connected(ALL, ALL, 64, true);
     // B's WRITE_WITH_IMM waits for A's empty SRQ; A then fails on a refused WRITE.
     let mut waiting = write(5, b.sge(0, 8), a.addr(), a.key(), true);
     waiting.opcode = WrOpcode::WriteImm;
@@ -109,7 +110,6 @@ fn a_request_waiting_when_the_peer_fails_is_retry_exceeded() {
 
 #[test]
 fn local_memory_errors_fail_the_wr_before_anything_moves() {
-    let p = inproc_devices();
     // (a's access, WR made bad) → LocalError, nothing written at b.
     type Bad = fn(&End, &End) -> SendWr;
     let cases: [(Access, Bad); 3] = [
@@ -130,9 +130,7 @@ fn local_memory_errors_fail_the_wr_before_anything_moves() {
         }),
     ];
     for (i, (access, bad)) in cases.into_iter().enumerate() {
-        let mut a = end_with(&p.sout, 4096, access, 64, true);
-        let mut b = end_with(&p.sup, 4096, ALL, 64, true);
-        connect(&mut a, &mut b);
+        let (mut a, mut b) = connected(access, ALL, 64, true);
         fill(b.region(), 2);
         let (b_before, a_before) = (b.buf.clone(), a.buf.clone());
         let ok = write(0, a.sge(0, 8), b.addr() + 1024, b.key(), true);
@@ -215,26 +213,6 @@ fn loopback_writes_within_one_region_and_gathers_land_exactly() {
 
 #[test]
 fn final_word_is_stored_last_with_release_in_process() {
-    let len = 1 << 20;
-    let (mut a, mut b) = pair(FabricChoice::Inproc, len, Access::REMOTE_WRITE);
-    let (addr, key) = (b.addr(), b.key());
-    let word = unsafe_word(addr + len as u64 - 8);
-    for round in 1..=20u8 {
-        fill(a.region(), round);
-        let expect_last = u64::from_ne_bytes(a.region()[len - 8..].try_into().unwrap());
-        let expect = a.region().to_vec();
-        // The placement runs in the posting thread while this one spins on the word.
-        let t = std::thread::spawn(move || {
-            a.qp.post_send(&[write(round as u64, a.sge(0, len), addr, key, true)]).unwrap();
-            a
-        });
-        let start = Instant::now();
-        while word.load(std::sync::atomic::Ordering::Acquire) != expect_last {
-            assert!(start.elapsed() < Duration::from_secs(5));
-            std::hint::spin_loop();
-        }
-        assert!(b.region() == &expect[..], "round {round}: the final word was visible before the rest");
-        a = t.join().unwrap();
-        poll_n(&mut a.cq, &mut b.cq, 1);
-    }
+    // The placement runs in the posting thread while this one spins on the word.
+    final_word_is_stored_last(FabricChoice::Inproc);
 }
