@@ -104,6 +104,13 @@ pub struct SendEngine {
 }
 
 impl SendEngine {
+    /// The connection came up at `now_ns` (idle rails are probed, and kept alive, from then on).
+    pub fn start(&mut self, now_ns: u64) {
+        for t in &mut self.tel {
+            t.start(now_ns);
+        }
+    }
+
     pub fn new(cfg: SendConfig, split: AnySplit, tel: [RailTelemetry; RAILS]) -> Self {
         assert!(cfg.qps.iter().all(|&q| q >= 1), "each rail needs at least one QP");
         let n = cfg.max_requests.clamp(1, SLOTS);

@@ -27,12 +27,10 @@ pub const RECV_SCRATCH_OFF: usize = RECV_RECORDS_OFF + crate::engine::layout::RE
 /// The flush READs land here (inside the scratch page, away from the probe word).
 pub const RECV_FLUSH_OFF: usize = RECV_SCRATCH_OFF + 64;
 
-/// Monotonic nanoseconds since the first call, never 0 (one clock read per ncclNet call).
+/// `CLOCK_MONOTONIC` nanoseconds (one clock read per ncclNet call).
 #[inline]
 pub fn now_ns() -> u64 {
-    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    let d = BASE.get_or_init(std::time::Instant::now).elapsed();
-    d.as_secs() * 1_000_000_000 + d.subsec_nanos() as u64 + 1
+    crate::fabric::clock::monotonic_ns()
 }
 
 /// One rail of a connection. Field order is drop order: QPs before the queues they use.
@@ -168,6 +166,8 @@ impl<D: Device> SendComm<D> {
         region: HostRegion,
         poll_idle: bool,
     ) -> Self {
+        let mut engine = engine;
+        engine.start(now_ns());
         SendComm {
             rails,
             poll_idle,

@@ -303,6 +303,11 @@ impl RailTelemetry {
         self.view.head_chain_bytes = self.chains.oldest_bytes();
     }
 
+    /// The connection came up at `now_ns`: idle time (probes, keepalives) counts from here.
+    pub fn start(&mut self, now_ns: u64) {
+        self.last_post_ns = self.last_post_ns.max(now_ns);
+    }
+
     /// When the rail last carried a post (ns), for probes.
     pub fn last_post_ns(&self) -> u64 {
         self.last_post_ns
