@@ -136,43 +136,50 @@ fn run(n: u64, window: usize) -> Result<()> {
     let dp = DataPath::of(plugin.library())?;
     let (sc, rc, smh, rmh) = (send.raw(), recv.raw(), smr.raw(), rmr.raw());
     // Messages [done, sent) have both requests, [sent, posted) only their receive; each
-    // message's requests live in its slot of the window.
+    // message's requests and buffers live in its slot of the window. The slots' addresses
+    // are computed once and the slot cursors wrap (no division): the loop's own work stays
+    // a few dozen instructions next to the plugin's.
+    let (sbuf, rbuf): (Vec<*mut u64>, Vec<*mut u64>) =
+        (0..window).map(|k| (sa.addr(8 * k).cast(), ra.addr(8 * k).cast())).unzip();
     let (mut rreq, mut sreq) = (vec![null_mut(); window], vec![null_mut(); window]);
     let (mut posted, mut sent, mut done, mut wrong) = (0u64, 0u64, 0u64, 0u64);
-    let slot = |i: u64| i as usize % window;
+    let (mut kp, mut ks, mut kd) = (0usize, 0usize, 0usize);
+    let next = |k: usize| if k + 1 == window { 0 } else { k + 1 };
     let start = Instant::now();
     while done < n {
         // Post: the receive, then the sends in order (a NULL request means "retry later").
         if posted < n && posted - done < window as u64 {
-            let k = slot(posted);
             // SAFETY: this slot's previous message completed (fewer than `window` in flight).
-            unsafe { sa.addr(8 * k).cast::<u64>().write_unaligned(payload(posted)) };
-            rreq[k] = dp.irecv(rc, ra.addr(8 * k).cast(), rmh)?;
-            posted += u64::from(!rreq[k].is_null());
+            unsafe { sbuf[kp].write_unaligned(payload(posted)) };
+            rreq[kp] = dp.irecv(rc, rbuf[kp].cast(), rmh)?;
+            if !rreq[kp].is_null() {
+                posted += 1;
+                kp = next(kp);
+            }
         }
         while sent < posted {
-            let k = slot(sent);
-            sreq[k] = dp.isend(sc, sa.addr(8 * k).cast(), smh)?;
-            if sreq[k].is_null() {
+            sreq[ks] = dp.isend(sc, sbuf[ks].cast(), smh)?;
+            if sreq[ks].is_null() {
                 break;
             }
             sent += 1;
+            ks = next(ks);
         }
         // Test the oldest message: its send (NCCL tests one request per step; so does
         // this), then its receive.
-        let k = slot(done);
-        if done == sent || dp.test(sreq[k])?.is_none() {
+        if done == sent || dp.test(sreq[kd])?.is_none() {
             continue;
         }
         let size = loop {
-            if let Some(size) = dp.test(rreq[k])? {
+            if let Some(size) = dp.test(rreq[kd])? {
                 break size;
             }
         };
         // SAFETY: the receive completed: the plugin no longer writes this slot.
-        let got = unsafe { ra.addr(8 * k).cast::<u64>().read_unaligned() };
+        let got = unsafe { rbuf[kd].read_unaligned() };
         wrong += u64::from(size != 8 || got != payload(done));
         done += 1;
+        kd = next(kd);
     }
     let ns = start.elapsed().as_nanos() as f64 / n.max(1) as f64;
     let c = send.counters()?;

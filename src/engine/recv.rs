@@ -442,6 +442,14 @@ impl RecvEngine {
 
     /// `test`: the sizes once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+        let mut sizes = [0; MAX_RECVS];
+        Ok(self.test_into(id, &mut sizes)?.map(|n| RecvDone { n, sizes }))
+    }
+
+    /// [`Self::test`] writing the sizes into `sizes` (the first `n`), returning `n`: no
+    /// copy of the whole result on the data path.
+    #[inline]
+    pub fn test_into(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         // Every call after a failure reports it, even for a request that had completed.
         self.check()?;
         if id >= FLUSH_ID_BASE {
@@ -450,7 +458,7 @@ impl RecvEngine {
             };
             if f.pending == 0 {
                 *f = FlushReq::default();
-                return Ok(Some(RecvDone::default()));
+                return Ok(Some(0));
             }
             return Ok(None);
         }
@@ -459,11 +467,12 @@ impl RecvEngine {
         };
         match s.state {
             State::Done => {
-                let done = RecvDone { n: s.n as usize, sizes: s.sizes };
+                let n = s.n as usize;
+                sizes[..n].copy_from_slice(&s.sizes[..n]);
                 // The next irecv of this slot sets every field it reads.
                 s.state = State::Free;
                 self.outstanding -= 1;
-                Ok(Some(done))
+                Ok(Some(n))
             }
             State::Posted => Ok(None),
             State::Free => {

@@ -36,7 +36,7 @@ pub struct SendConfig {
 }
 
 /// One send as NCCL gave it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendBuf {
     pub addr: u64,
     pub size: u64,
@@ -56,10 +56,8 @@ enum ReqState {
 #[derive(Clone, Copy, Debug, Default)]
 struct SendReq {
     state: ReqState,
-    buf: Option<SendBuf>,
     /// Bytes actually sent (clamped to the posted receive).
     size: u64,
-    entry: CtsEntry,
 }
 
 /// A slot whose chains are posted and not yet complete.
@@ -73,13 +71,15 @@ struct PostedSlot {
     bytes: [u64; RAILS],
 }
 
-/// The slot being matched: its CTS entries and which request took each.
+/// The slot being matched: its CTS entries and which send took each (its request and
+/// buffer, kept here until the slot is posted).
 #[derive(Clone, Copy, Debug, Default)]
 struct Matching {
     n: usize,
     matched: usize,
     entries: [CtsEntry; MAX_RECVS],
     reqs: [Option<u16>; MAX_RECVS],
+    bufs: [SendBuf; MAX_RECVS],
 }
 
 /// The sending side of one connection.
@@ -204,7 +204,7 @@ impl SendEngine {
             })));
         }
         // The last word of the slot's WRITE is placed last: when it is fresh, all is.
-        if mem.fifo_word(slot, n - 1) != w0 {
+        if n > 1 && mem.fifo_word(slot, n - 1) != w0 {
             return Ok(false);
         }
         for i in 0..n {
@@ -219,7 +219,7 @@ impl SendEngine {
         }
         let m = &mut self.cur;
         (m.n, m.matched) = (n, 0);
-        m.reqs[..n].fill(None);
+        m.reqs = [None; MAX_RECVS];
         self.matching = true;
         Ok(true)
     }
@@ -245,7 +245,7 @@ impl SendEngine {
             // Not for this slot: net_ib also answers "not now"; NCCL matches in order.
             return Ok(None);
         };
-        let entry = m.entries[i];
+        let posted = m.entries[i].size;
         let Some(id) = self.free.pop() else {
             return Err(cold(|| {
                 Error::internal(format!(
@@ -254,26 +254,32 @@ impl SendEngine {
                 ))
             }));
         };
-        let size = buf.size.min(entry.size);
+        let size = buf.size.min(posted);
         if size < buf.size {
-            self.truncations += 1;
-            log::warn!(
-                "isend of {} bytes (tag {}) truncated to the posted receive of {} bytes, as net_ib does",
-                buf.size,
-                buf.tag,
-                entry.size
-            );
+            self.truncated(&buf, posted);
         }
-        self.reqs[id as usize] = SendReq { state: ReqState::Pending, buf: Some(buf), size, entry };
+        self.reqs[id as usize] = SendReq { state: ReqState::Pending, size };
         let m = &mut self.cur;
         m.reqs[i] = Some(id);
+        m.bufs[i] = buf;
         m.matched += 1;
         if m.matched == m.n {
             self.matching = false;
-            let (n, reqs) = (m.n, m.reqs);
-            self.post_slot(now_ns, n, &reqs, mem, out)?;
+            self.post_slot(now_ns, mem, out)?;
         }
         Ok(Some(id))
+    }
+
+    /// A send larger than its posted receive: clamped, as net_ib does.
+    #[cold]
+    #[inline(never)]
+    fn truncated(&mut self, buf: &SendBuf, posted: u64) {
+        self.truncations += 1;
+        log::warn!(
+            "isend of {} bytes (tag {}) truncated to the posted receive of {posted} bytes, as net_ib does",
+            buf.size,
+            buf.tag,
+        );
     }
 
     fn views(&self) -> [RailView; RAILS] {
@@ -297,37 +303,68 @@ impl SendEngine {
         self.split.sout_bytes(size, now_ns, &views)
     }
 
-    /// Splits and posts a fully matched slot: one chain per active rail.
-    fn post_slot(
-        &mut self,
-        now_ns: u64,
-        n: usize,
-        reqs: &[Option<u16>; MAX_RECVS],
-        mem: &mut impl SendMemory,
-        out: &mut Posts,
-    ) -> Result<()> {
+    /// The bytes of a `size`-byte send that go on SOUT (the rest go on SUP), given which
+    /// rails have failed.
+    #[inline]
+    fn sout_part(&mut self, size: u64, now_ns: u64, failed: [bool; RAILS]) -> u64 {
+        if failed[SUP] {
+            size
+        } else if failed[SOUT] {
+            0
+        } else {
+            let s = self.sout_share(size, now_ns).min(size);
+            // A policy must answer in 128-byte units; repair anything else.
+            if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
+        }
+    }
+
+    /// The next data QP of `rail` (round robin).
+    #[inline]
+    fn next_qp(&mut self, rail: usize) -> QpRef {
+        let qp = self.rr[rail];
+        // Kept below the QP count: no division per post.
+        self.rr[rail] = if qp + 1 >= self.cfg.qps[rail] { 0 } else { qp + 1 };
+        QpRef::Data(qp)
+    }
+
+    /// Book-keeping of a chain posted on `rail` for `slot`: counters, telemetry, in flight.
+    #[inline]
+    fn posted(&mut self, now_ns: u64, rail: usize, slot: usize, wrs: u64, rail_bytes: u64, total: u64) {
+        // One doorbell; exactly one WRITE_WITH_IMM per active rail.
+        self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
+        self.tel[rail].on_post(now_ns, rail_bytes);
+        self.outstanding[rail] += 1;
+        let ps = &mut self.slots[slot];
+        ps.posted_ns[rail] = now_ns;
+        ps.bytes[rail] = rail_bytes;
+    }
+
+    /// Splits and posts the fully matched slot `cur`: one chain per active rail.
+    fn post_slot(&mut self, now_ns: u64, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
         let failed = [self.tel[SOUT].view().failed, self.tel[SUP].view().failed];
         if failed[SOUT] && failed[SUP] {
             return Err(self.fail(Error::remote("both rails have failed")));
         }
+        let n = self.cur.n;
+        if n == 1 {
+            let id = self.cur.reqs[0].expect("matched");
+            let size = self.reqs[id as usize].size;
+            if Imm::size_q_for(size) != SIZEQ_SENTINEL {
+                self.post_single(now_ns, slot, id, size, failed, out);
+                return Ok(());
+            }
+        }
         // Per send: bytes on SOUT (the first part of the buffer), the rest on SUP.
         let mut sout = [0u64; MAX_RECVS];
         let mut sizes = [0u64; MAX_RECVS];
+        let mut ids = [0u16; MAX_RECVS];
         let mut mask = 0u8;
         let mut total = 0u64;
         for i in 0..n {
-            let r = &self.reqs[reqs[i].expect("matched") as usize];
-            let size = r.size;
-            let s = if failed[SUP] {
-                size
-            } else if failed[SOUT] {
-                0
-            } else {
-                let s = self.sout_share(size, now_ns).min(size);
-                // A policy must answer in 128-byte units; repair anything else.
-                if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
-            };
+            ids[i] = self.cur.reqs[i].expect("matched");
+            let size = self.reqs[ids[i] as usize].size;
+            let s = self.sout_part(size, now_ns, failed);
             sizes[i] = size;
             sout[i] = s;
             total += size;
@@ -342,50 +379,65 @@ impl SendEngine {
             // All sizes are 0: SOUT alone carries the (empty) transfer.
             mask = if failed[SOUT] { MASK_SUP } else { MASK_SOUT };
         }
-        let fast = n == 1 && Imm::size_q_for(sizes[0]) != SIZEQ_SENTINEL;
-        let size_q = if fast { Imm::size_q_for(sizes[0]) } else { SIZEQ_SENTINEL };
-        let imm = Imm { slot: slot as u8, mask, size_q }.encode();
+        let imm = Imm { slot: slot as u8, mask, size_q: SIZEQ_SENTINEL }.encode();
         let leader = if mask & MASK_SOUT != 0 { SOUT } else { SUP };
-        if !fast {
-            mem.write_sizes(slot, &sizes[..n]);
-        }
-        let mut ps = PostedSlot { n: n as u8, pending: mask, ..PostedSlot::default() };
-        for (p, r) in ps.reqs.iter_mut().zip(&reqs[..n]) {
-            *p = r.expect("matched");
-        }
+        mem.write_sizes(slot, &sizes[..n]);
+        self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, ..PostedSlot::default() };
         for rail in [SOUT, SUP] {
             if mask & (1 << rail) == 0 {
                 continue; // an inactive rail sends nothing at all
             }
-            let qp = self.rr[rail] % self.cfg.qps[rail];
-            self.rr[rail] = self.rr[rail].wrapping_add(1);
-            let c = out.push(rail, QpRef::Data(qp));
+            let qp = self.next_qp(rail);
+            let c = out.push(rail, qp);
             let mut rail_bytes = 0u64;
             for i in 0..n {
-                let r = &self.reqs[ps.reqs[i] as usize];
-                let buf = r.buf.expect("matched send");
                 let (off, len) = if rail == SOUT { (0, sout[i]) } else { (sout[i], sizes[i] - sout[i]) };
                 rail_bytes += len;
-                if fast {
-                    c.push(self.data_wr(rail, slot, &buf, &r.entry, off, len, true, imm));
-                } else if len > 0 {
-                    c.push(self.data_wr(rail, slot, &buf, &r.entry, off, len, false, 0));
+                if len > 0 {
+                    c.push(self.data_wr(rail, slot, &self.cur.bufs[i], &self.cur.entries[i], off, len, false, 0));
                 }
             }
-            if !fast {
-                c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
-            }
-            // One doorbell; exactly one WRITE_WITH_IMM per active rail.
-            self.tel[rail].stats().count_post(c.len as u64, 1, rail_bytes, total);
+            c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
             debug_assert!(c.len as usize <= MAX_CHAIN);
-            self.tel[rail].on_post(now_ns, rail_bytes);
-            self.outstanding[rail] += 1;
-            ps.posted_ns[rail] = now_ns;
-            ps.bytes[rail] = rail_bytes;
+            let wrs = c.len as u64;
+            self.posted(now_ns, rail, slot, wrs, rail_bytes, total);
         }
-        self.slots[slot] = ps;
         self.fifo_head += 1;
         Ok(())
+    }
+
+    /// The fast path of a single receive whose size `size_q` encodes: one WRITE_WITH_IMM
+    /// per active rail carries its share of the data and the IMM.
+    #[inline]
+    fn post_single(&mut self, now_ns: u64, slot: usize, id: u16, size: u64, failed: [bool; RAILS], out: &mut Posts) {
+        let s = self.sout_part(size, now_ns, failed);
+        let mut mask = if s > 0 { MASK_SOUT } else { 0 } | if size > s { MASK_SUP } else { 0 };
+        if mask == 0 {
+            // An empty send: SOUT alone carries it.
+            mask = if failed[SOUT] { MASK_SUP } else { MASK_SOUT };
+        }
+        let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
+        let ps = &mut self.slots[slot];
+        (ps.n, ps.reqs[0], ps.pending) = (1, id, mask);
+        for rail in [SOUT, SUP] {
+            if mask & (1 << rail) == 0 {
+                continue; // an inactive rail sends nothing at all
+            }
+            let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
+            let qp = self.next_qp(rail);
+            out.push(rail, qp).push(self.data_wr(
+                rail,
+                slot,
+                &self.cur.bufs[0],
+                &self.cur.entries[0],
+                off,
+                len,
+                true,
+                imm,
+            ));
+            self.posted(now_ns, rail, slot, 1, len, size);
+        }
+        self.fifo_head += 1;
     }
 
     #[allow(clippy::too_many_arguments)]

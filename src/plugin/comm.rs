@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use super::devices::DevPair;
 use super::mr::{MrInfo, MrMemo};
-use crate::engine::layout::{CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RecvMemory, SendMemory};
-use crate::engine::{
-    FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine, cold,
+use crate::engine::layout::{
+    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS, RecvMemory, SendMemory,
 };
+use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvEngine, SendBuf, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQueue};
@@ -369,12 +369,13 @@ impl<D: Device> RecvComm<D> {
         Ok(())
     }
 
-    /// `test` of request `id`: polls both rails, refills the SRQs, returns the sizes.
-    pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+    /// `test` of request `id`: polls both rails, refills the SRQs; once done, the sizes are
+    /// in `sizes` and their number is returned.
+    pub fn test(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         self.poll()?;
         self.refill()?;
         self.count_rnr();
-        let done = self.engine.test(id)?;
+        let done = self.engine.test_into(id, sizes)?;
         if done.is_none() {
             self.posts.clear();
             self.engine.poll_keepalive(now_ns(), &mut self.posts);

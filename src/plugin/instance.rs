@@ -12,7 +12,7 @@ use super::handles::{Handle, Kind, Table};
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
-use super::{AbiVersion, Completed, MAX_RECVS};
+use super::{AbiVersion, MAX_RECVS};
 use crate::config::{Config, RailAddr};
 use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
 use crate::error::{Error, Result};
@@ -275,7 +275,9 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    pub fn test(&self, request: *mut c_void) -> Result<Option<Completed>> {
+    /// `test`: once the request is done, its sizes are in `sizes` and their number is
+    /// returned (0 for a flush).
+    pub fn test(&self, request: *mut c_void, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         let v = as_u64(request);
         let Some((comm, kind, id, seq)) = Handle::split_request(v) else {
             return Err(cold(|| Error::invalid_argument(format!("{v:#x} is not a request handle"))));
@@ -289,22 +291,15 @@ impl<D: Device> Plugin<D> {
                     return Err(stale());
                 }
                 Ok(c.test(id)?.map(|size| {
-                    let mut d = Completed { n: 1, ..Completed::default() };
-                    d.sizes[0] = size as usize;
-                    d
+                    sizes[0] = size;
+                    1
                 }))
             }
             Obj::Recv(c) => {
                 if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
                     return Err(stale());
                 }
-                Ok(c.test(id)?.map(|r| {
-                    let mut d = Completed { n: r.n, ..Completed::default() };
-                    for k in 0..r.n {
-                        d.sizes[k] = r.sizes[k] as usize;
-                    }
-                    d
-                }))
+                c.test(id, sizes)
             }
             _ => Err(Error::internal("request's comm entry holds something else")),
         }

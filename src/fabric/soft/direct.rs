@@ -221,7 +221,12 @@ impl Conn {
     #[inline]
     fn run_now(&self, st: &mut ConnState, wr: &SendWr) -> bool {
         let Some(Link::Direct(end)) = &st.link else { return false };
-        if !matches!(self.run_wr(end, wr, Src::Sges, None), Ok(Exec::Done)) {
+        let done = if wr.opcode != WrOpcode::Read && wr.num_sge <= 1 {
+            self.write_now(end, wr)
+        } else {
+            matches!(self.run_wr(end, wr, Src::Sges, None), Ok(Exec::Done))
+        };
+        if !done {
             return false;
         }
         if wr.signaled {
@@ -240,6 +245,50 @@ impl Conn {
                 (st.tail, st.acked, st.sent, st.tx_done) = (next, next, next, next);
             }
         }
+        true
+    }
+
+    /// The usual WR executed as it is posted: a WRITE or WRITE_WITH_IMM of at most one SGE
+    /// (all the protocol posts), with [`Self::run_wr`]'s checks and placement but none of its
+    /// general machinery. `false` (nothing happened): it must wait or it fails; the queued
+    /// way runs it again and decides, with the precise status and message.
+    #[inline]
+    fn write_now(&self, end: &DirectEnd, wr: &SendWr) -> bool {
+        let s = &wr.sge[0];
+        let len = if wr.num_sge == 1 { s.len as u64 } else { 0 };
+        // As verbs: a 0-byte WRITE checks neither memory nor rkey. The pins last until the
+        // placement is done (end of this function).
+        let _pins = if len > 0 {
+            let Some(local) = self.dev.mrs.pin_range(s.lkey, s.addr, len, Access::empty()) else { return false };
+            let Some(remote) = end.peer_dev.mrs.pin_range(wr.rkey, wr.remote_addr, len, Access::REMOTE_WRITE) else {
+                return false;
+            };
+            Some((local, remote))
+        } else {
+            None
+        };
+        if wr.opcode == WrOpcode::Write {
+            // SAFETY: both ranges are pinned registrations (or empty).
+            unsafe { place_one(s.addr, wr.remote_addr, len) };
+            return true;
+        }
+        let Some(srq) = end.peer_srq.as_ref() else { return false };
+        // The CQ stays locked from the room check to the push: nothing else fills it between.
+        let mut ring = end.peer_cq.ring.lock();
+        if ring.full() || !srq.take() {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe { place_one(s.addr, wr.remote_addr, len) };
+        ring.push(Completion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::RecvRdmaWithImm,
+            byte_len: len as u32,
+            imm: wr.imm,
+            qp_num: end.peer_qpn,
+            timestamp_ns: 0,
+        });
         true
     }
 
@@ -384,18 +433,8 @@ impl Conn {
 unsafe fn place(src: &Pieces<'_>, dst: u64, len: u64) {
     let tail = len >= 8 && (dst + len).is_multiple_of(8);
     if tail && src.n == 1 {
-        // One piece (the usual case): the final word read first (a loopback WRITE may
-        // overlap its source), the body copied, the word stored.
-        let from = src.at[0].0;
-        // SAFETY: the piece holds `len` valid bytes (caller); unaligned read of 8 of them.
-        let w = unsafe { std::ptr::read_unaligned((from + len - 8) as *const u64) };
-        if len > 8 {
-            // SAFETY: forwarded from the caller; `ptr::copy` allows overlap.
-            unsafe { std::ptr::copy(from as *const u8, dst as *mut u8, (len - 8) as usize) };
-        }
-        // SAFETY: as below.
-        let word = unsafe { AtomicU64::from_ptr((dst + len - 8) as *mut u64) };
-        word.store(w, Ordering::Release);
+        // SAFETY: forwarded from the caller (one piece of `len` bytes).
+        unsafe { place_one(src.at[0].0, dst, len) };
         return;
     }
     let body = if tail { len - 8 } else { len };
@@ -413,4 +452,29 @@ unsafe fn place(src: &Pieces<'_>, dst: u64, len: u64) {
         let word = unsafe { AtomicU64::from_ptr((dst + body) as *mut u64) };
         word.store(u64::from_ne_bytes(w), Ordering::Release);
     }
+}
+
+/// [`place`] from one contiguous source at `src` (the usual case): the final word read
+/// first (a loopback WRITE may overlap its source), the body copied, the word stored last.
+///
+/// # Safety
+/// `[src, src + len)` and `[dst, dst + len)` must be valid for the copy (pinned
+/// registrations); they may overlap.
+#[inline]
+unsafe fn place_one(src: u64, dst: u64, len: u64) {
+    if len < 8 || !(dst + len).is_multiple_of(8) {
+        // SAFETY: forwarded from the caller; `ptr::copy` allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
+        return;
+    }
+    // SAFETY: the source holds `len >= 8` valid bytes (caller); unaligned read of 8 of them.
+    let w = unsafe { std::ptr::read_unaligned((src + len - 8) as *const u64) };
+    if len > 8 {
+        // SAFETY: forwarded from the caller; `ptr::copy` allows overlap.
+        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, (len - 8) as usize) };
+    }
+    // SAFETY: `dst + len - 8` is 8-aligned and lies in the pinned destination; the region
+    // is memory handed to the NIC, read by others only atomically or after a completion.
+    let word = unsafe { AtomicU64::from_ptr((dst + len - 8) as *mut u64) };
+    word.store(w, Ordering::Release);
 }
