@@ -76,6 +76,15 @@ build_conformance-gid() { build_conformance "$1"; }
 suite conformance-gid '[ "$RXE_GID_IDX0" = "$RXE_GID_IDX1" ] || { echo "rxe0 and rxe1 have different RoCE v2 GID indexes"; exit 1; }
 NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$RXE_GID_IDX0" ./conformance --test-threads=1 sizes_from split_50 multi_receives'
 
+# mpib-perf on real verbs: the table users run first (every byte checked; exits non-zero
+# on a wrong byte or an error).
+build_perf() {
+  cargo build --lib --bin mpib-perf -q || return 1
+  cp target/debug/mpib-perf "$1/"
+  cp "$(ls -t target/debug/libmpib.so target/debug/deps/libmpib.so 2>/dev/null | head -n1)" "$1/libmpib.so"
+}
+suite perf 'MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 ./mpib-perf --fabric verbs --plugin $PWD/libmpib.so --sizes 8:1M --duration 5'
+
 # Takes rxe1's link down and up again: keep it last.
 build_verbs-port-down() { cargo_test_binary verbs_device "$1"; }
 suite verbs-port-down 'MPIB_TEST_LINK_TOGGLE=1 ./verbs_device --ignored --exact port_down_is_seen_and_skipped --test-threads=1'

@@ -1,9 +1,10 @@
 //! Cost per message through the C ABI: N 8-byte messages between a send comm and a receive
 //! comm in ONE process on the in-process fabric (`MPIB_FABRIC=inproc`: no threads, no
-//! sockets), each checked on arrival. The plugin is `dlopen`ed and driven through
-//! `ncclNetPlugin_v12` exactly as NCCL would (same-thread listen → connect → accept, then
-//! irecv / isend / test), so the figure is the plugin's own cost per isend + irecv + test
-//! round, both sides together, plus a thin driver.
+//! sockets), each checked on arrival. The plugin is `dlopen`ed and set up through the
+//! driver (same-thread listen → connect → accept, `regMr`, as NCCL's GDR check does); the
+//! message loop then calls `ncclNetPlugin_v12`'s `irecv` / `isend` / `test` function
+//! pointers directly, as NCCL's proxy does, so the figure is the plugin's own cost per
+//! isend + irecv + test round, both sides together, plus a loop of a few dozen instructions.
 //!
 //! ```text
 //! cargo run --release --example inproc_msgs -- [N=200000] [WINDOW=1]
@@ -16,12 +17,14 @@
 //! # (Ir of cg.40k - Ir of cg.20k) / 20000, Ir from the "summary:" line of each file
 //! ```
 
-use std::collections::VecDeque;
+use std::ffi::{c_int, c_void};
 use std::process::ExitCode;
+use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use mpib::driver::net::{RecvBuf, Request};
-use mpib::driver::{Arena, Plugin, Result, default_plugin};
+use mpib::abi::types::ncclResult_t;
+use mpib::driver::ffi::{Library, Table};
+use mpib::driver::{Arena, Error, Plugin, Result, default_plugin};
 
 /// The 8 bytes of message `i`.
 #[inline]
@@ -29,8 +32,83 @@ fn payload(i: u64) -> u64 {
     (i ^ 0x6d70_6962_0000_0000).wrapping_mul(0x9e37_79b9_7f4a_7c15)
 }
 
+type IsendFn = unsafe extern "C" fn(
+    *mut c_void,
+    *mut c_void,
+    usize,
+    c_int,
+    *mut c_void,
+    *mut c_void,
+    *mut *mut c_void,
+) -> ncclResult_t;
+type IrecvFn = unsafe extern "C" fn(
+    *mut c_void,
+    c_int,
+    *mut *mut c_void,
+    *mut usize,
+    *mut c_int,
+    *mut *mut c_void,
+    *mut *mut c_void,
+    *mut *mut c_void,
+) -> ncclResult_t;
+type TestFn = unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> ncclResult_t;
+
+/// The data-path entries of the v12 table, as NCCL's proxy calls them.
+struct DataPath {
+    isend: IsendFn,
+    irecv: IrecvFn,
+    test: TestFn,
+}
+
+fn ok(call: &'static str, rc: ncclResult_t) -> Result<()> {
+    if rc == 0 { Ok(()) } else { Err(Error::call(call, rc)) }
+}
+
+impl DataPath {
+    fn of(lib: &str) -> Result<DataPath> {
+        let lib = Library::open_nccl_style(lib)?;
+        let Some(Table::V12(t)) = Table::find(&lib, 12) else {
+            return Err(Error::load(format!("{lib:?} exports no ncclNetPlugin_v12")));
+        };
+        let missing = |f: &str| Error::contract("table", format!("NULL {f} in ncclNetPlugin_v12"));
+        Ok(DataPath {
+            isend: t.isend.ok_or_else(|| missing("isend"))?,
+            irecv: t.irecv.ok_or_else(|| missing("irecv"))?,
+            test: t.test.ok_or_else(|| missing("test"))?,
+        })
+    }
+
+    /// `irecv` of 8 bytes at `data` with tag 1; NULL = retry later.
+    #[inline]
+    fn irecv(&self, comm: *mut c_void, mut data: *mut c_void, mut mh: *mut c_void) -> Result<*mut c_void> {
+        let (mut size, mut tag, mut ph, mut req) = (8usize, 1 as c_int, null_mut(), null_mut());
+        // SAFETY: one receive: arrays of one element each, a live comm and registration
+        // covering `data`, a valid out-pointer.
+        let rc = unsafe { (self.irecv)(comm, 1, &mut data, &mut size, &mut tag, &mut mh, &mut ph, &mut req) };
+        ok("irecv", rc).map(|()| req)
+    }
+
+    /// `isend` of 8 bytes at `data` with tag 1; NULL = retry later.
+    #[inline]
+    fn isend(&self, comm: *mut c_void, data: *mut c_void, mh: *mut c_void) -> Result<*mut c_void> {
+        let mut req = null_mut();
+        // SAFETY: a live comm and registration covering `data`, a valid out-pointer.
+        let rc = unsafe { (self.isend)(comm, data, 8, 1, mh, null_mut(), &mut req) };
+        ok("isend", rc).map(|()| req)
+    }
+
+    /// `test`: the size once done.
+    #[inline]
+    fn test(&self, req: *mut c_void) -> Result<Option<c_int>> {
+        let (mut done, mut size) = (0 as c_int, -1 as c_int);
+        // SAFETY: a request in flight, valid out-pointers (one size: one buffer).
+        let rc = unsafe { (self.test)(req, &mut done, &mut size) };
+        ok("test", rc).map(|()| (done != 0).then_some(size))
+    }
+}
+
 fn run(n: u64, window: usize) -> Result<()> {
-    let plugin = Plugin::open(&default_plugin(), None)?;
+    let plugin = Plugin::open(&default_plugin(), Some(12))?;
     let net = plugin.init()?;
     eprintln!("{} through ncclNetPlugin_v{}, device {:?}", plugin.library(), plugin.version(), net.properties(0)?.name);
 
@@ -47,7 +125,7 @@ fn run(n: u64, window: usize) -> Result<()> {
             recv = listen.accept()?;
         }
         if Instant::now() > end {
-            return Err(mpib::driver::Error::timeout("in-process connect/accept did not finish in 10 s"));
+            return Err(Error::timeout("in-process connect/accept did not finish in 10 s"));
         }
     }
     listen.close()?;
@@ -55,47 +133,55 @@ fn run(n: u64, window: usize) -> Result<()> {
 
     let (sa, ra) = (Arena::new(8 * window)?, Arena::new(8 * window)?);
     let (smr, rmr) = (send.reg_mr(&sa)?, recv.reg_mr(&ra)?);
-    let mut inflight: VecDeque<(u64, Request<'_>, Option<Request<'_>>)> = VecDeque::with_capacity(window);
-    let (mut posted, mut wrong) = (0u64, 0u64);
+    let dp = DataPath::of(plugin.library())?;
+    let (sc, rc, smh, rmh) = (send.raw(), recv.raw(), smr.raw(), rmr.raw());
+    // Messages [done, sent) have both requests, [sent, posted) only their receive; each
+    // message's requests and buffers live in its slot of the window. The slots' addresses
+    // are computed once and the slot cursors wrap (no division): the loop's own work stays
+    // a few dozen instructions next to the plugin's.
+    let (sbuf, rbuf): (Vec<*mut u64>, Vec<*mut u64>) =
+        (0..window).map(|k| (sa.addr(8 * k).cast(), ra.addr(8 * k).cast())).unzip();
+    let (mut rreq, mut sreq) = (vec![null_mut(); window], vec![null_mut(); window]);
+    let (mut posted, mut sent, mut done, mut wrong) = (0u64, 0u64, 0u64, 0u64);
+    let (mut kp, mut ks, mut kd) = (0usize, 0usize, 0usize);
+    let next = |k: usize| if k + 1 == window { 0 } else { k + 1 };
     let start = Instant::now();
-    while posted < n || !inflight.is_empty() {
-        // Post: the receive, then its send (a NULL request means "retry later").
-        if posted < n && inflight.len() < window {
-            let off = (posted as usize % window) * 8;
+    while done < n {
+        // Post: the receive, then the sends in order (a NULL request means "retry later").
+        if posted < n && posted - done < window as u64 {
             // SAFETY: this slot's previous message completed (fewer than `window` in flight).
-            unsafe { sa.bytes_mut(off, 8) }.copy_from_slice(&payload(posted).to_le_bytes());
-            if let Some(r) = recv.irecv(&[RecvBuf { mr: &rmr, off, len: 8, tag: 1 }])? {
-                inflight.push_back((posted, r, None));
+            unsafe { sbuf[kp].write_unaligned(payload(posted)) };
+            rreq[kp] = dp.irecv(rc, rbuf[kp].cast(), rmh)?;
+            if !rreq[kp].is_null() {
                 posted += 1;
+                kp = next(kp);
             }
         }
-        for (i, _, s) in inflight.iter_mut().filter(|(_, _, s)| s.is_none()) {
-            *s = send.isend(&smr, (*i as usize % window) * 8, 8, 1)?;
-            if s.is_none() {
+        while sent < posted {
+            sreq[ks] = dp.isend(sc, sbuf[ks].cast(), smh)?;
+            if sreq[ks].is_null() {
                 break;
             }
+            sent += 1;
+            ks = next(ks);
         }
-        // Test the oldest message: its send, then its receive.
-        let Some((i, r, s)) = inflight.front_mut() else { continue };
-        let Some(sreq) = s.as_mut() else { continue };
-        if sreq.test()?.is_none() {
-            // NCCL tests one request per step; so does this.
+        // Test the oldest message: its send (NCCL tests one request per step; so does
+        // this), then its receive.
+        if done == sent || dp.test(sreq[kd])?.is_none() {
             continue;
         }
-        let i = *i;
-        let done = loop {
-            if let Some(sizes) = r.test()? {
-                break sizes;
+        let size = loop {
+            if let Some(size) = dp.test(rreq[kd])? {
+                break size;
             }
         };
-        let off = (i as usize % window) * 8;
         // SAFETY: the receive completed: the plugin no longer writes this slot.
-        let got = u64::from_le_bytes(unsafe { ra.bytes(off, 8) }.try_into().expect("8 bytes"));
-        wrong += u64::from(done.sizes[0] != 8 || got != payload(i));
-        inflight.pop_front();
+        let got = unsafe { rbuf[kd].read_unaligned() };
+        wrong += u64::from(size != 8 || got != payload(done));
+        done += 1;
+        kd = next(kd);
     }
     let ns = start.elapsed().as_nanos() as f64 / n.max(1) as f64;
-    drop(inflight);
     let c = send.counters()?;
     smr.dereg()?;
     rmr.dereg()?;
@@ -111,7 +197,7 @@ fn run(n: u64, window: usize) -> Result<()> {
     println!("messages: {n}  window: {window}  wrong: {wrong}");
     println!("ns_per_msg: {ns:.1}");
     if wrong > 0 {
-        return Err(mpib::driver::Error::data(format!("{wrong} of {n} messages arrived wrong")));
+        return Err(Error::data(format!("{wrong} of {n} messages arrived wrong")));
     }
     Ok(())
 }

@@ -51,8 +51,8 @@ fn main() {
             let (mut sd, mut rd) = (false, false);
             while !(sd && rd) {
                 assert!(Instant::now() < deadline, "no completion");
-                sd = sd || plugin::test(s).expect("test").is_some();
-                rd = rd || plugin::test(r).expect("test").is_some();
+                sd = sd || plugin::test(s, &mut [0; 8]).expect("test").is_some();
+                rd = rd || plugin::test(r, &mut [0; 8]).expect("test").is_some();
             }
         }
         // Requests left outstanding on purpose: receives without sends.

@@ -232,7 +232,8 @@ fn a_time_budget_sizes_the_phase_from_its_warmup_and_the_sender_samples_a_timeli
     assert_clean(&out);
     let (tx, report) = (sent(&out, 0), out.ranks[1].report.as_ref().unwrap());
     let rx = out.ranks[0].report.as_ref().unwrap().phases[0].rx.as_ref().unwrap();
-    assert!(tx.messages > 16 && tx.messages < 1_000_000 && rx.messages == tx.messages, "{}", tx.messages);
+    // The count depends on the fabric's speed (tens under qemu's Soft-RoCE): not 1,000,000.
+    assert!(tx.messages >= 1 && tx.messages < 1_000_000 && rx.messages == tx.messages, "{}", tx.messages);
     assert!(tx.elapsed_ns < 10_000_000_000, "a 300 ms budget took {} ms", tx.elapsed_ns / 1_000_000);
     let warm = report.phases[0].warmup.as_ref().expect("the warm-up's report");
     assert_eq!(warm.tx.as_ref().unwrap().messages, 16);
@@ -249,7 +250,8 @@ fn a_time_budget_sizes_the_phase_from_its_warmup_and_the_sender_samples_a_timeli
 
 // ---- splits and the per-rail counters -----------------------------------------------------
 
-/// A run with `MPIB_SPLIT=split` and probes off, so the sender's counters hold data WRs only.
+/// A run with `MPIB_SPLIT=split` and probes off, so the sender's counters hold data WRs and
+/// keepalives only.
 fn split_run(split: &str, sizes: &[u64]) -> (PairOutcome, [RailCounters; 2], u64, u64) {
     let mut spec = pair(workload(vec![phase(sizes, 10 * sizes.len() as u64, 1, 8)]));
     spec.env.push(("MPIB_SPLIT".into(), split.into()));
@@ -260,22 +262,41 @@ fn split_run(split: &str, sizes: &[u64]) -> (PairOutcome, [RailCounters; 2], u64
     let (msgs, bytes) = (sent(&out, 0).messages, sent(&out, 0).bytes);
     // n = 1 is the fast path: exactly one WRITE_WITH_IMM per active rail and message, one
     // post each; no rail ever sends an IMM without bytes.
+    // Probes are off, but a sender waiting on an idle rail still sends a keepalive every
+    // 100 ms (slow fabrics, e.g. Soft-RoCE under qemu, see a few): at most one per 100 ms.
+    let keepalives = keepalive_bound(&out);
     for (r, x) in c.iter().enumerate() {
-        assert_eq!((x.wr_posted, x.doorbells), (x.imm_sent, x.imm_sent), "rail {r}: {x:?}");
-        assert_eq!((x.zero_byte_imm, x.probes), (0, 0), "rail {r}: {x:?}");
+        let data = x.wr_posted - x.probes;
+        assert_eq!((data, x.doorbells - x.probes), (x.imm_sent, x.imm_sent), "rail {r}: {x:?}");
+        assert_eq!(x.zero_byte_imm, 0, "rail {r}: {x:?}");
+        assert!(x.probes <= keepalives, "rail {r}: more than one keepalive per 100 ms: {x:?}");
     }
     assert_eq!(c[0].bytes + c[1].bytes, bytes, "{c:?}");
     assert!((msgs..=2 * msgs).contains(&(c[0].imm_sent + c[1].imm_sent)), "{c:?}");
     (out, c, msgs, bytes)
 }
 
+/// The most keepalives one rail may send in a run: one per 100 ms of its wall time, plus one.
+fn keepalive_bound(out: &PairOutcome) -> u64 {
+    out.elapsed.as_millis() as u64 / 100 + 1
+}
+
 const SPLIT_SIZES: [u64; 5] = [0, 1, 128, 4 * KIB, MIB + 3];
 
 #[test]
 fn split_sout_sends_nothing_on_sup() {
-    let (_, c, msgs, bytes) = split_run("sout", &SPLIT_SIZES);
+    let (out, c, msgs, bytes) = split_run("sout", &SPLIT_SIZES);
     assert_eq!((c[0].imm_sent, c[0].bytes), (msgs, bytes));
-    assert_eq!(c[1], RailCounters::default(), "an inactive rail posts nothing at all");
+    // An inactive rail carries nothing: no bytes, no IMM; at most a keepalive on a slow fabric.
+    let idle = RailCounters {
+        wr_posted: c[1].probes,
+        doorbells: c[1].probes,
+        cqe: c[1].cqe,
+        probes: c[1].probes,
+        ..RailCounters::default()
+    };
+    assert_eq!(c[1], idle, "an inactive rail posts no data");
+    assert!(c[1].probes <= keepalive_bound(&out) && c[1].cqe <= c[1].probes, "{:?}", c[1]);
 }
 
 #[test]
@@ -302,7 +323,7 @@ fn split_random_percentage() {
     let (_, c, _, bytes) = split_run(&p.to_string(), &SPLIT_SIZES);
     match p {
         0 => assert_eq!(c[0].bytes, 0, "{c:?}"),
-        100 => assert_eq!(c[1], RailCounters::default(), "{c:?}"),
+        100 => assert_eq!((c[1].bytes, c[1].imm_sent, c[1].wr_posted), (0, 0, c[1].probes), "{c:?}"),
         _ => {
             let want = bytes as f64 * p as f64 / 100.0;
             assert!((c[0].bytes as f64 - want).abs() <= 128.0 * 50.0, "{p}%: {c:?}");

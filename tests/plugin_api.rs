@@ -70,25 +70,26 @@ fn exchange(send: *mut c_void, recv: *mut c_void, sizes: &[usize]) {
             assert!(Instant::now() < deadline, "isend never found the CTS");
             sreq = plugin::isend(send, sbuf.as_mut_ptr().cast(), len, 3, smr).expect("isend");
             if sreq.is_null() {
-                let _ = plugin::test(rreq).expect("test recv");
+                let _ = plugin::test(rreq, &mut [0; 8]).expect("test recv");
             }
         }
         let (mut sd, mut rd) = (None, None);
+        let (mut ssz, mut rsz) = ([u64::MAX; 8], [u64::MAX; 8]);
         while sd.is_none() || rd.is_none() {
             assert!(Instant::now() < deadline, "message {i} of {len} bytes did not complete");
             if sd.is_none() {
-                sd = plugin::test(sreq).expect("test send");
+                sd = plugin::test(sreq, &mut ssz).expect("test send");
             }
             if rd.is_none() {
-                rd = plugin::test(rreq).expect("test recv");
+                rd = plugin::test(rreq, &mut rsz).expect("test recv");
             }
         }
-        assert_eq!(sd.unwrap().sizes[0], len, "send size");
-        assert_eq!(rd.unwrap().sizes[0], len, "received size");
+        assert_eq!((sd, ssz[0]), (Some(1), len as u64), "send size");
+        assert_eq!((rd, rsz[0]), (Some(1), len as u64), "received size");
         assert_eq!(&rbuf[..len], &data[..], "payload of message {i} ({len} bytes)");
         assert!(rbuf[len..].iter().all(|&b| b == 0xee), "bytes past message {i} untouched");
         // The completed request handle is dead now.
-        assert!(plugin::test(sreq).is_err(), "testing a completed request is an error");
+        assert!(plugin::test(sreq, &mut ssz).is_err(), "testing a completed request is an error");
     }
     plugin::dereg_mr(send, smr).expect("deregMr");
     plugin::dereg_mr(recv, rmr).expect("deregMr");
@@ -133,8 +134,8 @@ fn bad_handles_are_errors_not_crashes() {
     }
     plugin::init(AbiVersion::V12).expect("init");
     let junk = 0xdead_beef_usize as *mut c_void;
-    assert!(plugin::test(junk).is_err());
-    assert!(plugin::test(std::ptr::null_mut()).is_err());
+    assert!(plugin::test(junk, &mut [0; 8]).is_err());
+    assert!(plugin::test(std::ptr::null_mut(), &mut [0; 8]).is_err());
     assert!(plugin::isend(junk, junk, 8, 0, junk).is_err());
     assert!(plugin::close_recv(junk).is_err());
     let (send, recv) = pair(AbiVersion::V12);
@@ -142,6 +143,20 @@ fn bad_handles_are_errors_not_crashes() {
     let e = plugin::isend(recv, junk, 8, 0, junk).unwrap_err();
     assert!(e.msg.contains("memory handle") || e.msg.contains("not a"), "{}", e.msg);
     assert!(plugin::properties(7).is_err());
+    // A released registration is an error at once, even right after calls that used it (a
+    // comm's memo of its last registration must not outlive the release).
+    let mut buf = vec![0u8; 4096];
+    let data: *mut c_void = buf.as_mut_ptr().cast();
+    let host = mpib::abi::types::consts::NCCL_PTR_HOST;
+    let (smh, rmh) = (plugin::reg_mr(send, data, 4096, host).unwrap(), plugin::reg_mr(recv, data, 4096, host).unwrap());
+    assert!(plugin::isend(send, data, 8, 0, smh).is_ok());
+    assert!(plugin::irecv(recv, &[data], &[8], &[0], &[rmh]).is_ok());
+    plugin::dereg_mr(send, smh).unwrap();
+    plugin::dereg_mr(recv, rmh).unwrap();
+    let e = plugin::isend(send, data, 8, 0, smh).unwrap_err();
+    assert!(e.msg.contains("stale"), "{}", e.msg);
+    let e = plugin::irecv(recv, &[data], &[8], &[0], &[rmh]).unwrap_err();
+    assert!(e.msg.contains("stale"), "{}", e.msg);
     plugin::close_send(send).unwrap();
     plugin::close_recv(recv).unwrap();
 }

@@ -305,9 +305,10 @@ pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mu
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
         let done = unsafe { out(done, "done") }?;
         *done = 0;
-        if let Some(sz) = plugin::test(request)? {
+        let mut sz = [0u64; plugin::MAX_RECVS];
+        if let Some(n) = plugin::test(request, &mut sz)? {
             if !sizes.is_null() {
-                for (i, &s) in sz.sizes[..sz.n].iter().enumerate() {
+                for (i, &s) in sz[..n].iter().enumerate() {
                     let v = c_int::try_from(s)
                         .map_err(|_| Error::internal(format!("completed size {s} does not fit NCCL's int")))?;
                     // SAFETY: NCCL's array holds one int per buffer of the request (`n`).

@@ -30,8 +30,19 @@ pub fn code(kind: ErrorKind) -> ncclResult_t {
 
 /// Runs `body` for the entry point `call`: `Ok` → `ncclSuccess`; `Err` → one WARN line
 /// `call: message` and the error's code; a panic → one WARN line and `ncclInternalError`.
+#[inline]
 pub fn run(call: &str, body: impl FnOnce() -> Result<(), Error>) -> ncclResult_t {
     match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => result::SUCCESS,
+        other => failed(call, other),
+    }
+}
+
+/// The log line and code of a failed or panicked call (out of the callers' way).
+#[cold]
+#[inline(never)]
+fn failed(call: &str, outcome: std::thread::Result<Result<(), Error>>) -> ncclResult_t {
+    match outcome {
         Ok(Ok(())) => result::SUCCESS,
         Ok(Err(e)) => {
             log::warn!("{call}: {e}");

@@ -97,8 +97,8 @@ pub trait SendMemory {
 
 /// The receiver's view of its regions.
 pub trait RecvMemory {
-    /// Writes a slot's CTS entries into the local source of the CTS write.
-    fn write_cts(&mut self, slot: usize, entries: &[CtsEntry]);
+    /// Writes entry `i` of a slot's CTS entries into the local source of the CTS write.
+    fn write_cts(&mut self, slot: usize, i: usize, entry: &CtsEntry);
     /// Size `i` of the completion records of `slot`; called after the slot's IMMs.
     fn record(&self, slot: usize, i: usize) -> u64;
 }

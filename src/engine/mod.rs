@@ -164,6 +164,21 @@ impl WrKind {
     }
 }
 
+/// Builds an error out of the hot path: `make` (its `format!`) runs only on failure, in a
+/// function of its own, so the callers' common path carries none of it.
+#[cold]
+#[inline(never)]
+pub fn cold(make: impl FnOnce() -> crate::Error) -> crate::Error {
+    make()
+}
+
+/// The error every call reports once the connection failed with `e`.
+#[cold]
+#[inline(never)]
+pub(crate) fn failed_earlier(e: &crate::Error) -> crate::Error {
+    crate::Error::new(e.kind, format!("connection failed earlier: {}", e.msg))
+}
+
 /// A failed completion as an error message.
 pub(crate) fn completion_error(rail: usize, what: &str, status: WcStatus) -> crate::Error {
     crate::Error::remote(format!("{} rail: {what} failed: {status}", RAIL_NAMES[rail]))

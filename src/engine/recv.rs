@@ -5,7 +5,7 @@
 
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
-use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, completion_error};
+use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, cold, completion_error, failed_earlier};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::telemetry::StatsHandle;
@@ -38,7 +38,7 @@ pub struct RecvConfig {
 }
 
 /// One receive buffer as NCCL gave it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvBuf {
     pub addr: u64,
     pub size: u64,
@@ -149,7 +149,7 @@ impl RecvEngine {
     fn check(&self) -> Result<()> {
         match &self.error {
             None => Ok(()),
-            Some(e) => Err(Error::new(e.kind, format!("connection failed earlier: {}", e.msg))),
+            Some(e) => Err(failed_earlier(e)),
         }
     }
 
@@ -166,8 +166,8 @@ impl RecvEngine {
         self.fail(e);
     }
 
-    fn violation(&mut self, rail: usize, msg: String) -> Error {
-        self.fail(Error::remote(format!("protocol violation on the {} rail: {msg}", RAIL_NAMES[rail])))
+    fn violation(&mut self, rail: usize, msg: impl FnOnce() -> String) -> Error {
+        self.fail(cold(|| Error::remote(format!("protocol violation on the {} rail: {}", RAIL_NAMES[rail], msg()))))
     }
 
     /// SRQ WQEs to post on `rail` now: up to the high watermark once below the low one.
@@ -199,31 +199,38 @@ impl RecvEngine {
         self.check()?;
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
-            return Err(Error::invalid_argument(format!("{n} receives in one irecv (1..{MAX_RECVS} allowed)")));
+            return Err(cold(|| {
+                Error::invalid_argument(format!("{n} receives in one irecv (1..{MAX_RECVS} allowed)"))
+            }));
         }
         if self.outstanding >= self.cfg.max_requests {
-            return Err(Error::internal(format!(
-                "too many receives in flight (at most {}): NCCL must test and complete earlier ones",
-                self.cfg.max_requests
-            )));
+            return Err(cold(|| {
+                Error::internal(format!(
+                    "too many receives in flight (at most {}): NCCL must test and complete earlier ones",
+                    self.cfg.max_requests
+                ))
+            }));
         }
         let slot = (self.fifo_tail % SLOTS as u64) as usize;
         if self.slots[slot].state != State::Free {
-            return Err(Error::internal(format!(
-                "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
-            )));
+            return Err(cold(|| {
+                Error::internal(format!(
+                    "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
+                ))
+            }));
         }
         let word = CtsEntry::word_for(self.fifo_tail, n);
-        let mut entries = [CtsEntry::default(); MAX_RECVS];
-        let mut s = RecvSlot { state: State::Posted, n: n as u8, ..RecvSlot::default() };
-        for (i, b) in bufs.iter().enumerate() {
-            entries[i] = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
-            s.posted[i] = b.size;
-        }
-        mem.write_cts(slot, &entries[..n]);
         let rail = self.cts_rail(slot);
         let signaled = slot == rail;
-        s.cts_pending = signaled;
+        // Filled in place (only what this receive uses: `sizes` is written when it completes).
+        let s = &mut self.slots[slot];
+        (s.state, s.n, s.expected, s.seen, s.size_q, s.byte_sum) = (State::Posted, n as u8, 0, 0, 0, 0);
+        (s.cts_pending, s.data_done) = (signaled, false);
+        for (i, b) in bufs.iter().enumerate() {
+            let e = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
+            mem.write_cts(slot, i, &e);
+            s.posted[i] = b.size;
+        }
         let len = (n * 64) as u32;
         let off = (slot * CTS_SLOT_BYTES) as u64;
         let c = out.push(rail, QpRef::Cts);
@@ -239,7 +246,6 @@ impl RecvEngine {
             imm: 0,
         });
         self.stats[rail].count_post(1, 0, 0, 0);
-        self.slots[slot] = s;
         self.fifo_tail += 1;
         self.outstanding += 1;
         self.last_activity_ns = now_ns;
@@ -266,30 +272,28 @@ impl RecvEngine {
         self.check()?;
         if imm_recv {
             if c.status != WcStatus::Success {
-                return Err(self.fail(completion_error(rail, "receiving an IMM", c.status)));
+                return Err(self.fail(cold(|| completion_error(rail, "receiving an IMM", c.status))));
             }
             return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
         }
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             if c.status != WcStatus::Success {
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
-                return Err(self.fail(completion_error(rail, "a work request", c.status)));
+                return Err(self.fail(cold(|| completion_error(rail, "a work request", c.status))));
             }
-            return Err(self.fail(Error::internal(format!(
-                "{} rail: completion with an unknown wr_id {:#x}",
-                RAIL_NAMES[rail], c.wr_id
-            ))));
+            return Err(self.fail(cold(|| {
+                Error::internal(format!("{} rail: completion with an unknown wr_id {:#x}", RAIL_NAMES[rail], c.wr_id))
+            })));
         };
         if c.status != WcStatus::Success {
-            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
+            return Err(self.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
         }
         match kind {
             WrKind::Cts => {
                 let s = &mut self.slots[slot];
                 if s.state != State::Posted || !s.cts_pending {
-                    return Err(
-                        self.fail(Error::internal(format!("CTS completion for slot {slot}, which awaits none")))
-                    );
+                    return Err(self
+                        .fail(cold(|| Error::internal(format!("CTS completion for slot {slot}, which awaits none")))));
                 }
                 s.cts_pending = false;
                 if s.data_done {
@@ -303,59 +307,61 @@ impl RecvEngine {
                     Ok(())
                 }
                 // Never credit another flush with it: that flush would complete early.
-                _ => Err(self.fail(Error::internal(format!(
-                    "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
-                    RAIL_NAMES[wr_rail]
-                )))),
+                _ => Err(self.fail(cold(|| {
+                    Error::internal(format!(
+                        "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
+                        RAIL_NAMES[wr_rail]
+                    ))
+                }))),
             },
             WrKind::Probe if self.keepalive == Some(wr_rail) => {
                 self.keepalive = None;
                 Ok(())
             }
-            _ => Err(self.fail(Error::internal(format!(
-                "{} rail: unexpected {kind:?} completion on a receive connection",
-                RAIL_NAMES[wr_rail]
-            )))),
+            _ => Err(self.fail(cold(|| {
+                Error::internal(format!(
+                    "{} rail: unexpected {kind:?} completion on a receive connection",
+                    RAIL_NAMES[wr_rail]
+                ))
+            }))),
         }
     }
 
     fn on_imm(&mut self, rail: usize, imm: u32, byte_len: u64, mem: &impl RecvMemory) -> Result<()> {
         let Imm { slot, mask, size_q } = Imm::decode(imm);
         let slot = slot as usize;
-        if mask == 0 || mask & !self.cfg.rails_mask != 0 {
-            return Err(self.violation(
-                rail,
-                format!(
-                    "IMM {imm:#010x} for slot {slot} has rail mask {mask:#b}; this device's rails are {:#b}",
-                    self.cfg.rails_mask
-                ),
-            ));
+        let rails = self.cfg.rails_mask;
+        if mask == 0 || mask & !rails != 0 {
+            return Err(self.violation(rail, || {
+                format!("IMM {imm:#010x} for slot {slot} has rail mask {mask:#b}; this device's rails are {rails:#b}")
+            }));
         }
         if mask & (1 << rail) == 0 {
-            return Err(
-                self.violation(rail, format!("IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name"))
-            );
+            return Err(self.violation(rail, || {
+                format!("IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name")
+            }));
         }
-        let s = self.slots[slot];
-        if s.state != State::Posted || s.data_done {
-            return Err(self.violation(rail, format!("IMM for slot {slot}, which has no receive waiting for data")));
+        let s = &self.slots[slot];
+        let s = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
+        let (state, data_done, expected, seen, prev_q, n) = s;
+        if state != State::Posted || data_done {
+            return Err(self.violation(rail, || format!("IMM for slot {slot}, which has no receive waiting for data")));
         }
-        if s.expected != 0 && s.expected != mask {
-            return Err(self.violation(
-                rail,
-                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {:#b}", s.expected),
-            ));
+        if expected != 0 && expected != mask {
+            return Err(self.violation(rail, || {
+                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {expected:#b}")
+            }));
         }
-        if s.seen & (1 << rail) != 0 {
-            return Err(self.violation(rail, format!("a second IMM for slot {slot} from the same rail")));
+        if seen & (1 << rail) != 0 {
+            return Err(self.violation(rail, || format!("a second IMM for slot {slot} from the same rail")));
         }
-        if s.expected != 0 && s.size_q != size_q {
+        if expected != 0 && prev_q != size_q {
             return Err(self
-                .violation(rail, format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {}", s.size_q)));
+                .violation(rail, || format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {prev_q}")));
         }
-        let n = s.n as usize;
+        let n = n as usize;
         if size_q != SIZEQ_SENTINEL && n != 1 {
-            return Err(self.violation(rail, format!("IMM encodes a size for slot {slot}, a multi-receive of {n}")));
+            return Err(self.violation(rail, || format!("IMM encodes a size for slot {slot}, a multi-receive of {n}")));
         }
         let s = &mut self.slots[slot];
         s.expected = mask;
@@ -366,31 +372,31 @@ impl RecvEngine {
             return Ok(());
         }
         // Every active rail delivered: the data is in place. Sizes, exactly.
-        let s = *s;
+        let (byte_sum, posted) = (s.byte_sum, s.posted);
         let mut sizes = [0u64; MAX_RECVS];
         if size_q != SIZEQ_SENTINEL {
             // Fast path: each rail's WRITE_WITH_IMM carried its share; byte_len sums them.
-            if s.byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || s.byte_sum > s.posted[0] {
+            if byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || byte_sum > posted[0] {
                 return Err(self.violation(
                     rail,
-                    format!(
-                        "slot {slot}: {} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {}-byte receive",
-                        s.byte_sum, s.posted[0]
+                    || format!(
+                        "slot {slot}: {byte_sum} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {}-byte receive",
+                        posted[0]
                     ),
                 ));
             }
-            sizes[0] = s.byte_sum;
+            sizes[0] = byte_sum;
         } else {
             for (i, size) in sizes.iter_mut().enumerate().take(n) {
                 *size = mem.record(slot, i);
-                if *size > s.posted[i] {
-                    return Err(self.violation(
-                        rail,
+                if *size > posted[i] {
+                    let got = *size;
+                    return Err(self.violation(rail, || {
                         format!(
-                            "slot {slot}: completion record {i} claims {} bytes for a {}-byte receive",
-                            *size, s.posted[i]
-                        ),
-                    ));
+                            "slot {slot}: completion record {i} claims {got} bytes for a {}-byte receive",
+                            posted[i]
+                        )
+                    }));
                 }
             }
         }
@@ -409,7 +415,7 @@ impl RecvEngine {
     pub fn iflush(&mut self, buf: FlushBuf, out: &mut Posts) -> Result<Option<u16>> {
         self.check()?;
         let Some(i) = self.flushes.iter().position(|f| !f.live) else {
-            return Err(Error::internal(format!("too many flushes in flight (at most {MAX_FLUSHES})")));
+            return Err(cold(|| Error::internal(format!("too many flushes in flight (at most {MAX_FLUSHES})"))));
         };
         let mut pending = 0;
         for rail in 0..RAILS {
@@ -436,30 +442,42 @@ impl RecvEngine {
 
     /// `test`: the sizes once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+        let mut sizes = [0; MAX_RECVS];
+        Ok(self.test_into(id, &mut sizes)?.map(|n| RecvDone { n, sizes }))
+    }
+
+    /// [`Self::test`] writing the sizes into `sizes` (the first `n`), returning `n`: no
+    /// copy of the whole result on the data path.
+    #[inline]
+    pub fn test_into(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         // Every call after a failure reports it, even for a request that had completed.
         self.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
-                return Err(Error::internal(format!("flush request {id} is not in flight")));
+                return Err(cold(|| Error::internal(format!("flush request {id} is not in flight"))));
             };
             if f.pending == 0 {
                 *f = FlushReq::default();
-                return Ok(Some(RecvDone::default()));
+                return Ok(Some(0));
             }
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
-            return Err(Error::internal(format!("receive request {id} does not exist")));
+            return Err(cold(|| Error::internal(format!("receive request {id} does not exist"))));
         };
         match s.state {
             State::Done => {
-                let done = RecvDone { n: s.n as usize, sizes: s.sizes };
-                *s = RecvSlot::default();
+                let n = s.n as usize;
+                sizes[..n].copy_from_slice(&s.sizes[..n]);
+                // The next irecv of this slot sets every field it reads.
+                s.state = State::Free;
                 self.outstanding -= 1;
-                Ok(Some(done))
+                Ok(Some(n))
             }
             State::Posted => Ok(None),
-            State::Free => Err(Error::internal(format!("receive request {id} is not in flight (tested after done?)"))),
+            State::Free => {
+                Err(cold(|| Error::internal(format!("receive request {id} is not in flight (tested after done?)"))))
+            }
         }
     }
 

@@ -4,7 +4,10 @@
 
 use super::imm::{Imm, MASK_SOUT, MASK_SUP, SIZEQ_SENTINEL};
 use super::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
-use super::{Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, completion_error};
+use super::{
+    Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, cold, completion_error,
+    failed_earlier,
+};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
 use crate::split::{AnySplit, SHARE_ALIGN, SplitPolicy};
@@ -33,7 +36,7 @@ pub struct SendConfig {
 }
 
 /// One send as NCCL gave it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendBuf {
     pub addr: u64,
     pub size: u64,
@@ -53,10 +56,8 @@ enum ReqState {
 #[derive(Clone, Copy, Debug, Default)]
 struct SendReq {
     state: ReqState,
-    buf: Option<SendBuf>,
     /// Bytes actually sent (clamped to the posted receive).
     size: u64,
-    entry: CtsEntry,
 }
 
 /// A slot whose chains are posted and not yet complete.
@@ -70,13 +71,15 @@ struct PostedSlot {
     bytes: [u64; RAILS],
 }
 
-/// The slot being matched: its CTS entries and which request took each.
+/// The slot being matched: its CTS entries and which send took each (its request and
+/// buffer, kept here until the slot is posted).
 #[derive(Clone, Copy, Debug, Default)]
 struct Matching {
     n: usize,
     matched: usize,
     entries: [CtsEntry; MAX_RECVS],
     reqs: [Option<u16>; MAX_RECVS],
+    bufs: [SendBuf; MAX_RECVS],
 }
 
 /// The sending side of one connection.
@@ -89,7 +92,9 @@ pub struct SendEngine {
     slots: Box<[PostedSlot; SLOTS]>,
     /// CTS slots consumed so far; the next slot is `fifo_head % SLOTS`.
     fifo_head: u64,
-    cur: Option<Matching>,
+    /// The slot being matched, when `matching` (kept in place: no copies per send).
+    cur: Matching,
+    matching: bool,
     /// Round-robin data-QP cursor per rail.
     rr: [u16; RAILS],
     /// Slots whose signalled WR on the rail has not completed.
@@ -99,6 +104,13 @@ pub struct SendEngine {
 }
 
 impl SendEngine {
+    /// The connection came up at `now_ns` (idle rails are probed, and kept alive, from then on).
+    pub fn start(&mut self, now_ns: u64) {
+        for t in &mut self.tel {
+            t.start(now_ns);
+        }
+    }
+
     pub fn new(cfg: SendConfig, split: AnySplit, tel: [RailTelemetry; RAILS]) -> Self {
         assert!(cfg.qps.iter().all(|&q| q >= 1), "each rail needs at least one QP");
         let n = cfg.max_requests.clamp(1, SLOTS);
@@ -109,7 +121,8 @@ impl SendEngine {
             free: (0..n as u16).rev().collect(),
             slots: Box::new([PostedSlot::default(); SLOTS]),
             fifo_head: 0,
-            cur: None,
+            cur: Matching::default(),
+            matching: false,
             rr: [0; RAILS],
             outstanding: [0; RAILS],
             error: None,
@@ -151,7 +164,7 @@ impl SendEngine {
     fn check(&self) -> Result<()> {
         match &self.error {
             None => Ok(()),
-            Some(e) => Err(Error::new(e.kind, format!("connection failed earlier: {}", e.msg))),
+            Some(e) => Err(failed_earlier(e)),
         }
     }
 
@@ -184,26 +197,30 @@ impl SendEngine {
         }
         let n = (w0 & 0xff) as usize;
         if n == 0 || n > MAX_RECVS {
-            return Err(self.fail(Error::remote(format!(
-                "protocol violation: CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)"
-            ))));
+            return Err(self.fail(cold(|| {
+                Error::remote(format!(
+                    "protocol violation: CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)"
+                ))
+            })));
         }
         // The last word of the slot's WRITE is placed last: when it is fresh, all is.
-        if mem.fifo_word(slot, n - 1) != w0 {
+        if n > 1 && mem.fifo_word(slot, n - 1) != w0 {
             return Ok(false);
         }
-        let mut m = Matching { n, ..Matching::default() };
         for i in 0..n {
             let e = mem.fifo_entry(slot, i);
             if e.word != w0 || e.nreqs as usize != n {
-                return Err(self.fail(Error::remote(format!(
+                return Err(self.fail(cold(|| Error::remote(format!(
                     "protocol violation: CTS slot {slot} entry {i} is inconsistent (word {:#x}, nreqs {}, expected {w0:#x}, {n})",
                     e.word, e.nreqs
-                ))));
+                )))));
             }
-            m.entries[i] = e;
+            self.cur.entries[i] = e;
         }
-        self.cur = Some(m);
+        let m = &mut self.cur;
+        (m.n, m.matched) = (n, 0);
+        m.reqs = [None; MAX_RECVS];
+        self.matching = true;
         Ok(true)
     }
 
@@ -219,73 +236,135 @@ impl SendEngine {
         out: &mut Posts,
     ) -> Result<Option<u16>> {
         self.check()?;
-        if self.cur.is_none() && !self.poll_cts(mem)? {
+        if !self.matching && !self.poll_cts(mem)? {
             return Ok(None);
         }
-        let m = self.cur.as_ref().expect("matching slot");
+        let m = &self.cur;
         // Tags select the buffer within the slot, first unmatched one first.
         let Some(i) = (0..m.n).find(|&i| m.reqs[i].is_none() && m.entries[i].tag == buf.tag) else {
             // Not for this slot: net_ib also answers "not now"; NCCL matches in order.
             return Ok(None);
         };
-        let entry = m.entries[i];
+        let posted = m.entries[i].size;
         let Some(id) = self.free.pop() else {
-            return Err(Error::internal(format!(
-                "too many send requests in flight (at most {}): NCCL must test and complete earlier ones",
-                self.reqs.len()
-            )));
+            return Err(cold(|| {
+                Error::internal(format!(
+                    "too many send requests in flight (at most {}): NCCL must test and complete earlier ones",
+                    self.reqs.len()
+                ))
+            }));
         };
-        let size = buf.size.min(entry.size);
+        let size = buf.size.min(posted);
         if size < buf.size {
-            self.truncations += 1;
-            log::warn!(
-                "isend of {} bytes (tag {}) truncated to the posted receive of {} bytes, as net_ib does",
-                buf.size,
-                buf.tag,
-                entry.size
-            );
+            self.truncated(&buf, posted);
         }
-        self.reqs[id as usize] = SendReq { state: ReqState::Pending, buf: Some(buf), size, entry };
-        let m = self.cur.as_mut().expect("matching slot");
+        self.reqs[id as usize] = SendReq { state: ReqState::Pending, size };
+        let m = &mut self.cur;
         m.reqs[i] = Some(id);
+        m.bufs[i] = buf;
         m.matched += 1;
         if m.matched == m.n {
-            let m = self.cur.take().expect("matching slot");
-            self.post_slot(now_ns, &m, mem, out)?;
+            self.matching = false;
+            self.post_slot(now_ns, mem, out)?;
         }
         Ok(Some(id))
+    }
+
+    /// A send larger than its posted receive: clamped, as net_ib does.
+    #[cold]
+    #[inline(never)]
+    fn truncated(&mut self, buf: &SendBuf, posted: u64) {
+        self.truncations += 1;
+        log::warn!(
+            "isend of {} bytes (tag {}) truncated to the posted receive of {posted} bytes, as net_ib does",
+            buf.size,
+            buf.tag,
+        );
     }
 
     fn views(&self) -> [RailView; RAILS] {
         [*self.tel[SOUT].view(), *self.tel[SUP].view()]
     }
 
-    /// Splits and posts a fully matched slot: one chain per active rail.
-    fn post_slot(&mut self, now_ns: u64, m: &Matching, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
-        let slot = (self.fifo_head % SLOTS as u64) as usize;
-        let n = m.n;
+    /// The policy's bytes on SOUT for a `size`-byte send, both rails healthy.
+    #[inline]
+    fn sout_share(&mut self, size: u64, now_ns: u64) -> u64 {
+        match &mut self.split {
+            AnySplit::Fixed(f) => f.sout_bytes(size, now_ns, &[*self.tel[SOUT].view(), *self.tel[SUP].view()]),
+            AnySplit::Auto(_) => self.auto_share(size, now_ns),
+        }
+    }
+
+    /// Out of line: inlined, the compiler computes its rail arithmetic ahead of the policy
+    /// check, for fixed splits too.
+    #[inline(never)]
+    fn auto_share(&mut self, size: u64, now_ns: u64) -> u64 {
         let views = self.views();
-        let failed = [views[SOUT].failed, views[SUP].failed];
+        self.split.sout_bytes(size, now_ns, &views)
+    }
+
+    /// The bytes of a `size`-byte send that go on SOUT (the rest go on SUP), given which
+    /// rails have failed.
+    #[inline]
+    fn sout_part(&mut self, size: u64, now_ns: u64, failed: [bool; RAILS]) -> u64 {
+        if failed[SUP] {
+            size
+        } else if failed[SOUT] {
+            0
+        } else {
+            let s = self.sout_share(size, now_ns).min(size);
+            // A policy must answer in 128-byte units; repair anything else.
+            if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
+        }
+    }
+
+    /// The next data QP of `rail` (round robin).
+    #[inline]
+    fn next_qp(&mut self, rail: usize) -> QpRef {
+        let qp = self.rr[rail];
+        // Kept below the QP count: no division per post.
+        self.rr[rail] = if qp + 1 >= self.cfg.qps[rail] { 0 } else { qp + 1 };
+        QpRef::Data(qp)
+    }
+
+    /// Book-keeping of a chain posted on `rail` for `slot`: counters, telemetry, in flight.
+    #[inline]
+    fn posted(&mut self, now_ns: u64, rail: usize, slot: usize, wrs: u64, rail_bytes: u64, total: u64) {
+        // One doorbell; exactly one WRITE_WITH_IMM per active rail.
+        self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
+        self.tel[rail].on_post(now_ns, rail_bytes);
+        self.outstanding[rail] += 1;
+        let ps = &mut self.slots[slot];
+        ps.posted_ns[rail] = now_ns;
+        ps.bytes[rail] = rail_bytes;
+    }
+
+    /// Splits and posts the fully matched slot `cur`: one chain per active rail.
+    fn post_slot(&mut self, now_ns: u64, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
+        let slot = (self.fifo_head % SLOTS as u64) as usize;
+        let failed = [self.tel[SOUT].view().failed, self.tel[SUP].view().failed];
         if failed[SOUT] && failed[SUP] {
             return Err(self.fail(Error::remote("both rails have failed")));
+        }
+        let n = self.cur.n;
+        if n == 1 {
+            let id = self.cur.reqs[0].expect("matched");
+            let size = self.reqs[id as usize].size;
+            if Imm::size_q_for(size) != SIZEQ_SENTINEL {
+                self.post_single(now_ns, slot, id, size, failed, out);
+                return Ok(());
+            }
         }
         // Per send: bytes on SOUT (the first part of the buffer), the rest on SUP.
         let mut sout = [0u64; MAX_RECVS];
         let mut sizes = [0u64; MAX_RECVS];
+        let mut ids = [0u16; MAX_RECVS];
         let mut mask = 0u8;
         let mut total = 0u64;
         for i in 0..n {
-            let r = &self.reqs[m.reqs[i].expect("matched") as usize];
-            let size = r.size;
-            let s = if failed[SUP] {
-                size
-            } else if failed[SOUT] {
-                0
-            } else {
-                let s = self.split.sout_bytes(size, now_ns, &views).min(size);
-                // A policy must answer in 128-byte units; repair anything else.
-                if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
-            };
+            ids[i] = self.cur.reqs[i].expect("matched");
+            let size = self.reqs[ids[i] as usize].size;
+            let s = self.sout_part(size, now_ns, failed);
             sizes[i] = size;
             sout[i] = s;
             total += size;
@@ -300,50 +379,65 @@ impl SendEngine {
             // All sizes are 0: SOUT alone carries the (empty) transfer.
             mask = if failed[SOUT] { MASK_SUP } else { MASK_SOUT };
         }
-        let fast = n == 1 && Imm::size_q_for(sizes[0]) != SIZEQ_SENTINEL;
-        let size_q = if fast { Imm::size_q_for(sizes[0]) } else { SIZEQ_SENTINEL };
-        let imm = Imm { slot: slot as u8, mask, size_q }.encode();
+        let imm = Imm { slot: slot as u8, mask, size_q: SIZEQ_SENTINEL }.encode();
         let leader = if mask & MASK_SOUT != 0 { SOUT } else { SUP };
-        if !fast {
-            mem.write_sizes(slot, &sizes[..n]);
-        }
-        let mut ps = PostedSlot { n: n as u8, pending: mask, ..PostedSlot::default() };
-        for i in 0..n {
-            ps.reqs[i] = m.reqs[i].expect("matched");
-        }
+        mem.write_sizes(slot, &sizes[..n]);
+        self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, ..PostedSlot::default() };
         for rail in [SOUT, SUP] {
             if mask & (1 << rail) == 0 {
                 continue; // an inactive rail sends nothing at all
             }
-            let qp = self.rr[rail] % self.cfg.qps[rail];
-            self.rr[rail] = self.rr[rail].wrapping_add(1);
-            let c = out.push(rail, QpRef::Data(qp));
+            let qp = self.next_qp(rail);
+            let c = out.push(rail, qp);
             let mut rail_bytes = 0u64;
             for i in 0..n {
-                let r = &self.reqs[ps.reqs[i] as usize];
-                let buf = r.buf.expect("matched send");
                 let (off, len) = if rail == SOUT { (0, sout[i]) } else { (sout[i], sizes[i] - sout[i]) };
                 rail_bytes += len;
-                if fast {
-                    c.push(self.data_wr(rail, slot, &buf, &r.entry, off, len, true, imm));
-                } else if len > 0 {
-                    c.push(self.data_wr(rail, slot, &buf, &r.entry, off, len, false, 0));
+                if len > 0 {
+                    c.push(self.data_wr(rail, slot, &self.cur.bufs[i], &self.cur.entries[i], off, len, false, 0));
                 }
             }
-            if !fast {
-                c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
-            }
-            // One doorbell; exactly one WRITE_WITH_IMM per active rail.
-            self.tel[rail].stats().count_post(c.len as u64, 1, rail_bytes, total);
+            c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
             debug_assert!(c.len as usize <= MAX_CHAIN);
-            self.tel[rail].on_post(now_ns, rail_bytes);
-            self.outstanding[rail] += 1;
-            ps.posted_ns[rail] = now_ns;
-            ps.bytes[rail] = rail_bytes;
+            let wrs = c.len as u64;
+            self.posted(now_ns, rail, slot, wrs, rail_bytes, total);
         }
-        self.slots[slot] = ps;
         self.fifo_head += 1;
         Ok(())
+    }
+
+    /// The fast path of a single receive whose size `size_q` encodes: one WRITE_WITH_IMM
+    /// per active rail carries its share of the data and the IMM.
+    #[inline]
+    fn post_single(&mut self, now_ns: u64, slot: usize, id: u16, size: u64, failed: [bool; RAILS], out: &mut Posts) {
+        let s = self.sout_part(size, now_ns, failed);
+        let mut mask = if s > 0 { MASK_SOUT } else { 0 } | if size > s { MASK_SUP } else { 0 };
+        if mask == 0 {
+            // An empty send: SOUT alone carries it.
+            mask = if failed[SOUT] { MASK_SUP } else { MASK_SOUT };
+        }
+        let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
+        let ps = &mut self.slots[slot];
+        (ps.n, ps.reqs[0], ps.pending) = (1, id, mask);
+        for rail in [SOUT, SUP] {
+            if mask & (1 << rail) == 0 {
+                continue; // an inactive rail sends nothing at all
+            }
+            let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
+            let qp = self.next_qp(rail);
+            out.push(rail, qp).push(self.data_wr(
+                rail,
+                slot,
+                &self.cur.bufs[0],
+                &self.cur.entries[0],
+                off,
+                len,
+                true,
+                imm,
+            ));
+            self.posted(now_ns, rail, slot, 1, len, size);
+        }
+        self.fifo_head += 1;
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -444,24 +538,25 @@ impl SendEngine {
         // A broken connection interprets nothing more (flushed WRs, late completions).
         self.check()?;
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
-            return Err(self.fail(Error::internal(format!(
-                "{} rail: completion with an unknown wr_id {:#x}",
-                RAIL_NAMES[rail], c.wr_id
-            ))));
+            return Err(self.fail(cold(|| {
+                Error::internal(format!("{} rail: completion with an unknown wr_id {:#x}", RAIL_NAMES[rail], c.wr_id))
+            })));
         };
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            return Err(self.fail(completion_error(wr_rail, &kind.what(slot), c.status)));
+            return Err(self.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
         }
         match kind {
             WrKind::DataSignal => {
                 let s = &mut self.slots[slot];
                 if s.pending & (1 << wr_rail) == 0 {
-                    return Err(self.fail(Error::internal(format!(
-                        "{} rail: completion for slot {slot}, which has none outstanding",
-                        RAIL_NAMES[wr_rail]
-                    ))));
+                    return Err(self.fail(cold(|| {
+                        Error::internal(format!(
+                            "{} rail: completion for slot {slot}, which has none outstanding",
+                            RAIL_NAMES[wr_rail]
+                        ))
+                    })));
                 }
                 s.pending &= !(1 << wr_rail);
                 self.outstanding[wr_rail] -= 1;
@@ -478,18 +573,22 @@ impl SendEngine {
             }
             WrKind::Probe => {
                 if !self.tel[wr_rail].probe_outstanding() {
-                    return Err(self.fail(Error::internal(format!(
-                        "{} rail: probe completion, but no probe is in flight",
-                        RAIL_NAMES[wr_rail]
-                    ))));
+                    return Err(self.fail(cold(|| {
+                        Error::internal(format!(
+                            "{} rail: probe completion, but no probe is in flight",
+                            RAIL_NAMES[wr_rail]
+                        ))
+                    })));
                 }
                 self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
-            _ => Err(self.fail(Error::internal(format!(
-                "{} rail: unexpected {kind:?} completion on a send connection",
-                RAIL_NAMES[wr_rail]
-            )))),
+            _ => Err(self.fail(cold(|| {
+                Error::internal(format!(
+                    "{} rail: unexpected {kind:?} completion on a send connection",
+                    RAIL_NAMES[wr_rail]
+                ))
+            }))),
         }
     }
 
@@ -498,7 +597,7 @@ impl SendEngine {
         // Every call after a failure reports it, even for a request that had completed.
         self.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
-            return Err(Error::internal(format!("send request {id} does not exist")));
+            return Err(cold(|| Error::internal(format!("send request {id} does not exist"))));
         };
         match r.state {
             ReqState::Done => {
@@ -508,7 +607,9 @@ impl SendEngine {
                 Ok(Some(size))
             }
             ReqState::Pending => Ok(None),
-            ReqState::Free => Err(Error::internal(format!("send request {id} is not in flight (tested after done?)"))),
+            ReqState::Free => {
+                Err(cold(|| Error::internal(format!("send request {id} is not in flight (tested after done?)"))))
+            }
         }
     }
 

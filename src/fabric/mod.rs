@@ -21,6 +21,7 @@ use bitflags::bitflags;
 
 use crate::error::Result;
 
+pub mod clock;
 pub mod mem;
 pub mod netif;
 pub mod soft;

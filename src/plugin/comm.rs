@@ -5,9 +5,11 @@
 use std::sync::Arc;
 
 use super::devices::DevPair;
-use super::mr::MrInfo;
-use crate::engine::layout::{CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RecvMemory, SendMemory};
-use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvDone, RecvEngine, SendBuf, SendEngine};
+use super::mr::{MrInfo, MrMemo};
+use crate::engine::layout::{
+    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS, RecvMemory, SendMemory,
+};
+use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvEngine, SendBuf, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQueue};
@@ -25,11 +27,10 @@ pub const RECV_SCRATCH_OFF: usize = RECV_RECORDS_OFF + crate::engine::layout::RE
 /// The flush READs land here (inside the scratch page, away from the probe word).
 pub const RECV_FLUSH_OFF: usize = RECV_SCRATCH_OFF + 64;
 
-/// Monotonic nanoseconds since the first call (one clock read per post/poll batch).
+/// `CLOCK_MONOTONIC` nanoseconds (one clock read per ncclNet call).
 #[inline]
 pub fn now_ns() -> u64 {
-    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    BASE.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64 + 1
+    crate::fabric::clock::monotonic_ns()
 }
 
 /// One rail of a connection. Field order is drop order: QPs before the queues they use.
@@ -51,7 +52,7 @@ impl<D: Device> Rail<D> {
             QpRef::Data(i) => self.qps.get_mut(i as usize),
             QpRef::Flush => self.flush_qp.as_mut(),
         };
-        qp.ok_or_else(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have")))
+        qp.ok_or_else(|| cold(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have"))))
     }
 
     /// Tears the rail down in the order the hardware needs: QPs, then the region's
@@ -68,7 +69,15 @@ impl<D: Device> Rail<D> {
 }
 
 /// Posts every chain of `posts` on its rail's QP (one call each).
+#[inline]
 fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result<()> {
+    if posts.n == 0 {
+        return Ok(()); // most tests post nothing: no call
+    }
+    post_chains(rails, posts)
+}
+
+fn post_chains<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result<()> {
     for c in posts.chains() {
         rails[c.rail as usize].qp(c.qp)?.post_send(c.wrs())?;
     }
@@ -86,11 +95,9 @@ impl SendMemory for SendMem<'_> {
     #[inline]
     fn fifo_entry(&self, slot: usize, i: usize) -> CtsEntry {
         let base = slot * CTS_SLOT_BYTES + i * 64;
-        let mut w = [0u64; 8];
-        for (k, x) in w.iter_mut().enumerate() {
-            *x = self.0.load(base + 8 * k);
-        }
-        CtsEntry::from_words(&w)
+        // Words 4..7 are padding (see `CtsEntry::to_words`): not read.
+        let w = |k: usize| self.0.load(base + 8 * k);
+        CtsEntry::from_words(&[w(0), w(1), w(2), w(3), 0, 0, 0, w(7)])
     }
     #[inline]
     fn write_sizes(&mut self, slot: usize, sizes: &[u64]) {
@@ -105,12 +112,10 @@ struct RecvMem<'a>(&'a HostRegion);
 
 impl RecvMemory for RecvMem<'_> {
     #[inline]
-    fn write_cts(&mut self, slot: usize, entries: &[CtsEntry]) {
-        for (i, e) in entries.iter().enumerate() {
-            let base = slot * CTS_SLOT_BYTES + i * 64;
-            for (k, w) in e.to_words().into_iter().enumerate() {
-                self.0.store(base + 8 * k, w);
-            }
+    fn write_cts(&mut self, slot: usize, i: usize, e: &CtsEntry) {
+        let base = slot * CTS_SLOT_BYTES + i * 64;
+        for (k, w) in e.to_words().into_iter().enumerate() {
+            self.0.store(base + 8 * k, w);
         }
     }
     #[inline]
@@ -141,21 +146,35 @@ impl Seqs {
 /// A connected send comm.
 pub struct SendComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
+    /// `test` polls the CQs of idle rails too (a fabric that makes progress in `poll`);
+    /// otherwise only those of rails with signalled WRs or a probe in flight.
+    poll_idle: bool,
     pub engine: SendEngine,
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
+    pub mr_memo: MrMemo,
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
 }
 
 impl<D: Device> SendComm<D> {
-    pub fn new(rails: [Rail<D>; RAILS], engine: SendEngine, dev: Arc<DevPair<D>>, region: HostRegion) -> Self {
+    pub fn new(
+        rails: [Rail<D>; RAILS],
+        engine: SendEngine,
+        dev: Arc<DevPair<D>>,
+        region: HostRegion,
+        poll_idle: bool,
+    ) -> Self {
+        let mut engine = engine;
+        engine.start(now_ns());
         SendComm {
             rails,
+            poll_idle,
             engine,
             dev,
             seqs: Seqs::new(512),
+            mr_memo: MrMemo::default(),
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
@@ -165,10 +184,12 @@ impl<D: Device> SendComm<D> {
     /// `isend`: `Ok(None)` until the receiver's CTS is there.
     pub fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MrInfo) -> Result<Option<u16>> {
         if !mh.covers(addr, size) {
-            return Err(Error::invalid_argument(format!(
-                "isend of {size} bytes at {addr:#x} lies outside its registration [{:#x}, +{})",
-                mh.addr, mh.len
-            )));
+            return Err(cold(|| {
+                Error::invalid_argument(format!(
+                    "isend of {size} bytes at {addr:#x} lies outside its registration [{:#x}, +{})",
+                    mh.addr, mh.len
+                ))
+            }));
         }
         let buf = SendBuf { addr, size, tag, lkeys: [mh.keys[0].lkey, mh.keys[1].lkey] };
         let now = now_ns();
@@ -176,7 +197,7 @@ impl<D: Device> SendComm<D> {
         let mut r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
         if r.is_none() {
             // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
-            self.poll(0b11)?;
+            self.poll(0b11, now)?;
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
             if r.is_none() {
                 // Still no CTS: keep the idle rails probed, so a dead receiver is noticed.
@@ -195,8 +216,8 @@ impl<D: Device> SendComm<D> {
         Ok(())
     }
 
-    /// Polls the CQs of the rails in `mask` and feeds the engine.
-    fn poll(&mut self, mask: u8) -> Result<()> {
+    /// Polls the CQs of the rails in `mask` and feeds the engine (`now`: this call's clock).
+    fn poll(&mut self, mask: u8, now: u64) -> Result<()> {
         for rail in 0..RAILS {
             if mask & (1 << rail) == 0 {
                 continue;
@@ -212,7 +233,6 @@ impl<D: Device> SendComm<D> {
                 if n == 0 {
                     break;
                 }
-                let now = now_ns();
                 for c in &self.wc[..n] {
                     self.engine.on_completion(now, rail, c)?;
                 }
@@ -226,11 +246,14 @@ impl<D: Device> SendComm<D> {
 
     /// `test` of request `id`: polls, probes idle rails, returns the bytes sent when done.
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
-        // Both rails: one may carry only the CTS traffic the soft NIC must answer.
-        self.poll(0b11)?;
+        // The rails with something to complete; all of them where polling is also what
+        // answers the peer (the TCP soft NIC: a rail may carry only CTS traffic).
+        let now = now_ns();
+        let rails = if self.poll_idle { 0b11 } else { self.engine.busy_rails() };
+        self.poll(rails, now)?;
         let done = self.engine.test(id)?;
         self.posts.clear();
-        self.engine.poll_probes(now_ns(), done.is_none(), &mut self.posts);
+        self.engine.poll_probes(now, done.is_none(), &mut self.posts);
         self.post()?;
         Ok(done)
     }
@@ -255,6 +278,7 @@ pub struct RecvComm<D: Device> {
     rnr_seen: [u64; RAILS],
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
+    pub mr_memo: MrMemo,
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
@@ -268,6 +292,7 @@ impl<D: Device> RecvComm<D> {
             rnr_seen: [0; RAILS],
             dev,
             seqs: Seqs::new(512),
+            mr_memo: MrMemo::default(),
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
@@ -292,26 +317,11 @@ impl<D: Device> RecvComm<D> {
         Ok(())
     }
 
-    /// `irecv` of `bufs` (addresses, sizes, tags, memory handles).
-    pub fn irecv(&mut self, bufs: &[(u64, u64, u32, Option<MrInfo>)]) -> Result<Option<u16>> {
-        let mut rb = [RecvBuf { addr: 0, size: 0, tag: 0, rkeys: [0; RAILS] }; crate::engine::layout::MAX_RECVS];
-        for (i, &(addr, size, tag, mh)) in bufs.iter().enumerate() {
-            let rkeys = match mh {
-                Some(mh) if mh.covers(addr, size) => [mh.keys[0].rkey, mh.keys[1].rkey],
-                Some(mh) => {
-                    return Err(Error::invalid_argument(format!(
-                        "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
-                        mh.addr, mh.len
-                    )));
-                }
-                None if size == 0 => [0; RAILS],
-                None => return Err(Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))),
-            };
-            rb[i] = RecvBuf { addr, size, tag, rkeys };
-        }
+    /// `irecv` of `bufs` (checked against their registrations by the caller).
+    pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
         self.refill()?;
         self.posts.clear();
-        let r = self.engine.irecv(now_ns(), &rb[..bufs.len()], &mut RecvMem(&self.region), &mut self.posts)?;
+        let r = self.engine.irecv(now_ns(), bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         if let Err(e) = post_all(&mut self.rails, &self.posts) {
             self.engine.set_error(e.clone());
             return Err(e);
@@ -359,12 +369,13 @@ impl<D: Device> RecvComm<D> {
         Ok(())
     }
 
-    /// `test` of request `id`: polls both rails, refills the SRQs, returns the sizes.
-    pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
+    /// `test` of request `id`: polls both rails, refills the SRQs; once done, the sizes are
+    /// in `sizes` and their number is returned.
+    pub fn test(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         self.poll()?;
         self.refill()?;
         self.count_rnr();
-        let done = self.engine.test(id)?;
+        let done = self.engine.test_into(id, sizes)?;
         if done.is_none() {
             self.posts.clear();
             self.engine.poll_keepalive(now_ns(), &mut self.posts);

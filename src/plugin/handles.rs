@@ -96,16 +96,26 @@ impl Handle {
         Handle { kind, sub: (id & 0x1ff) | ((seq as u16 & 0x7f) << 9), ..self }.encode()
     }
 
-    /// The comm a request handle belongs to, and its request id and sequence.
-    pub fn request_parts(self) -> (Handle, u16, u8) {
-        let kind = if self.kind == Kind::SendReq { Kind::Send } else { Kind::Recv };
-        (Handle { kind, sub: 0, ..self }, self.sub & 0x1ff, (self.sub >> 9) as u8)
+    /// A request handle value split into its comm's handle value and kind, the request id
+    /// and its sequence, without a full decode; `None` if `v` is not a request's kind (the
+    /// comm lookup checks the rest).
+    #[inline]
+    pub fn split_request(v: u64) -> Option<(u64, Kind, u16, u8)> {
+        let kind = match v >> 60 {
+            5 => Kind::Send,
+            6 => Kind::Recv,
+            _ => return None,
+        };
+        let comm = (v & !(0xf << 60) & TAG_MASK) | (kind as u64) << 60;
+        Some((comm, kind, (v & 0x1ff) as u16, ((v >> 9) & 0x7f) as u8))
     }
 }
 
 struct Slot<T> {
+    /// The handle of the live object without its request bits (kind | generation | index);
+    /// 0 while the entry is free. One compare checks kind, generation and liveness.
+    tag: u64,
     generation: u32,
-    kind: Option<Kind>,
     obj: Option<T>,
 }
 
@@ -130,12 +140,14 @@ pub struct Guard<'a, T> {
 
 impl<T> std::ops::Deref for Guard<'_, T> {
     type Target = T;
+    #[inline]
     fn deref(&self) -> &T {
         self.g.obj.as_ref().expect("live entry")
     }
 }
 
 impl<T> std::ops::DerefMut for Guard<'_, T> {
+    #[inline]
     fn deref_mut(&mut self) -> &mut T {
         self.g.obj.as_mut().expect("live entry")
     }
@@ -147,6 +159,9 @@ impl<T> Default for Table<T> {
     }
 }
 
+/// The bits of a handle its entry's `tag` holds (all but the request bits).
+const TAG_MASK: u64 = !0xffff;
+
 impl<T> Table<T> {
     pub fn new() -> Self {
         Table {
@@ -155,6 +170,7 @@ impl<T> Table<T> {
         }
     }
 
+    #[inline]
     fn slot(&self, index: u32) -> Option<&Mutex<Slot<T>>> {
         let chunk = self.chunks.get(index as usize / CHUNK)?.get()?;
         chunk.get(index as usize % CHUNK)
@@ -177,58 +193,64 @@ impl<T> Table<T> {
             }
         };
         let chunk = self.chunks[index as usize / CHUNK]
-            .get_or_init(|| (0..CHUNK).map(|_| Mutex::new(Slot { generation: 0, kind: None, obj: None })).collect());
+            .get_or_init(|| (0..CHUNK).map(|_| Mutex::new(Slot { tag: 0, generation: 0, obj: None })).collect());
         let mut s = chunk[index as usize % CHUNK].lock();
         s.generation = (s.generation % GEN_MASK) + 1;
-        s.kind = Some(kind);
+        let v = Handle { kind, generation: s.generation, index, sub: 0 }.encode();
+        s.tag = v;
         s.obj = Some(obj);
-        Ok(Handle { kind, generation: s.generation, index, sub: 0 }.encode())
+        Ok(v)
     }
 
-    fn check(&self, v: u64, want: &[Kind]) -> Result<(Handle, &Mutex<Slot<T>>)> {
-        let what = want[0].name();
-        let h =
-            Handle::decode(v).ok_or_else(|| Error::invalid_argument(format!("{v:#x} is not a valid {what} handle")))?;
-        if !want.contains(&h.kind) {
-            return Err(Error::invalid_argument(format!("handle {v:#x} is a {}, not a {what}", h.kind.name())));
-        }
-        let slot = self
-            .slot(h.index)
-            .ok_or_else(|| Error::invalid_argument(format!("{what} handle {v:#x} was never issued")))?;
-        Ok((h, slot))
-    }
-
-    /// Locks the object of handle `v`, which must be of kind `kind`.
+    /// Locks the object of handle `v`, which must be of kind `kind`. The hot path: one
+    /// compare against the entry's tag; every failure is explained by [`Self::lookup_error`].
+    #[inline]
     pub fn get(&self, v: u64, kind: Kind) -> Result<(Handle, Guard<'_, T>)> {
-        self.get_any(v, &[kind])
+        let index = ((v >> 16) & 0xff_ffff) as u32;
+        if v >> 60 == kind as u64
+            && let Some(slot) = self.slot(index)
+        {
+            let g = slot.lock();
+            if g.tag == v & TAG_MASK && g.obj.is_some() {
+                let h = Handle { kind, generation: ((v >> 40) as u32) & GEN_MASK, index, sub: v as u16 };
+                return Ok((h, Guard { g }));
+            }
+        }
+        Err(self.lookup_error(v, &[kind]))
     }
 
     /// Locks the object of handle `v`, which must be of one of `kinds`.
     pub fn get_any(&self, v: u64, kinds: &[Kind]) -> Result<(Handle, Guard<'_, T>)> {
-        let (h, slot) = self.check(v, kinds)?;
-        let g = slot.lock();
-        if g.generation != h.generation || g.kind != Some(h.kind) || g.obj.is_none() {
-            return Err(Error::invalid_argument(format!("{} handle {v:#x} is stale (already closed)", h.kind.name())));
+        match kinds.iter().find(|k| v >> 60 == **k as u64) {
+            Some(&k) => self.get(v, k),
+            None => Err(self.lookup_error(v, kinds)),
         }
-        Ok((h, Guard { g }))
     }
 
     /// Removes and returns the object of handle `v`.
     pub fn remove(&self, v: u64, kind: Kind) -> Result<T> {
-        let (h, slot) = self.check(v, &[kind])?;
-        let obj = {
-            let mut g = slot.lock();
-            if g.generation != h.generation || g.kind != Some(kind) || g.obj.is_none() {
-                return Err(Error::invalid_argument(format!(
-                    "{} handle {v:#x} is stale (already closed)",
-                    kind.name()
-                )));
-            }
-            g.kind = None;
-            g.obj.take().expect("live entry")
-        };
+        let (h, mut g) = self.get(v, kind)?;
+        g.g.tag = 0;
+        let obj = g.g.obj.take().expect("live entry");
+        drop(g);
         self.free.lock().free.push(h.index);
         Ok(obj)
+    }
+
+    /// Why handle `v` names no live object of one of `want`.
+    #[cold]
+    fn lookup_error(&self, v: u64, want: &[Kind]) -> Error {
+        let what = want[0].name();
+        let Some(h) = Handle::decode(v) else {
+            return Error::invalid_argument(format!("{v:#x} is not a valid {what} handle"));
+        };
+        if !want.contains(&h.kind) {
+            return Error::invalid_argument(format!("handle {v:#x} is a {}, not a {what}", h.kind.name()));
+        }
+        if self.slot(h.index).is_none() {
+            return Error::invalid_argument(format!("{what} handle {v:#x} was never issued"));
+        }
+        Error::invalid_argument(format!("{} handle {v:#x} is stale (already closed)", h.kind.name()))
     }
 }
 
@@ -241,8 +263,8 @@ mod tests {
         let h = Handle { kind: Kind::Recv, generation: 5, index: 77, sub: 0 };
         assert_eq!(Handle::decode(h.encode()), Some(h));
         let r = h.request(300, 100);
-        let (c, id, seq) = Handle::decode(r).unwrap().request_parts();
-        assert_eq!((c, id, seq), (h, 300, 100));
+        assert_eq!(Handle::split_request(r), Some((h.encode(), Kind::Recv, 300, 100)));
+        assert_eq!(Handle::split_request(h.encode()), None, "a comm is not a request");
         assert!(h.encode() > 1, "never NULL nor NCCL_NET_OPTIONAL_RECV_COMPLETION");
         assert_eq!(Handle::decode(0), None);
         assert_eq!(Handle::decode(1), None);

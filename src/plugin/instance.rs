@@ -4,16 +4,17 @@
 use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::comm::{RecvComm, SendComm};
 use super::devices::DevPair;
 use super::handles::{Handle, Kind, Table};
-use super::mr::{MrHandle, MrInfo};
+use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
-use super::{AbiVersion, Completed, MAX_RECVS};
+use super::{AbiVersion, MAX_RECVS};
 use crate::config::{Config, RailAddr};
-use crate::engine::RailCounts;
+use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
 use crate::error::{Error, Result};
 use crate::fabric::{Device, RailPair, netif};
 
@@ -32,6 +33,9 @@ pub struct Plugin<D: Device> {
     pub devs: Vec<Arc<DevPair<D>>>,
     cfg: &'static Config,
     objs: Table<Obj<D>>,
+    /// Bumped whenever a registration is released: comms' [`MrMemo`]s older than it are
+    /// looked up again.
+    mr_epoch: AtomicU64,
 }
 
 fn as_u64(p: *mut c_void) -> u64 {
@@ -40,10 +44,12 @@ fn as_u64(p: *mut c_void) -> u64 {
 
 fn size_ok(size: usize) -> Result<u64> {
     if size > i32::MAX as usize {
-        return Err(Error::invalid_argument(format!(
-            "a transfer of {size} bytes: at most {} (NCCL's test reports sizes as int)",
-            i32::MAX
-        )));
+        return Err(cold(|| {
+            Error::invalid_argument(format!(
+                "a transfer of {size} bytes: at most {} (NCCL's test reports sizes as int)",
+                i32::MAX
+            ))
+        }));
     }
     Ok(size as u64)
 }
@@ -51,7 +57,7 @@ fn size_ok(size: usize) -> Result<u64> {
 impl<D: Device> Plugin<D> {
     pub fn new(kind: FabricKind, pairs: Vec<RailPair<D>>, cfg: &'static Config) -> Self {
         let devs = pairs.into_iter().enumerate().map(|(i, p)| Arc::new(DevPair::new(i, p))).collect();
-        Plugin { kind, devs, cfg, objs: Table::new() }
+        Plugin { kind, devs, cfg, objs: Table::new(), mr_epoch: AtomicU64::new(1) }
     }
 
     fn pair(&self, dev: c_int) -> Result<&Arc<DevPair<D>>> {
@@ -173,13 +179,17 @@ impl<D: Device> Plugin<D> {
         if !Handle::decode(as_u64(comm)).is_some_and(|h| matches!(h.kind, Kind::Send | Kind::Recv)) {
             return Err(Error::invalid_argument(format!("deregMr: {comm:p} is not a send or receive comm handle")));
         }
-        match self.objs.remove(as_u64(mh), Kind::Mr)? {
+        let obj = self.objs.remove(as_u64(mh), Kind::Mr)?;
+        // After the removal: a memo taken before this sees the new epoch and looks again.
+        self.mr_epoch.fetch_add(1, Ordering::Release);
+        match obj {
             Obj::Mr(m) => m.release(),
             _ => Err(Error::internal("memory handle entry holds something else")),
         }
     }
 
-    /// A memory handle's data, copied out so that no two handle locks are held at once.
+    /// A memory handle's data, copied out. Called with the comm's entry locked: locks are
+    /// only ever taken comm first, registration second.
     fn mr_info(&self, mh: *mut c_void) -> Result<MrInfo> {
         let (_, g) = self.objs.get(as_u64(mh), Kind::Mr)?;
         match &*g {
@@ -188,11 +198,23 @@ impl<D: Device> Plugin<D> {
         }
     }
 
+    /// [`Self::mr_info`] through the comm's memo of the registration it used last.
+    #[inline]
+    fn mr_memo(&self, memo: &mut MrMemo, mh: *mut c_void) -> Result<MrInfo> {
+        let (v, epoch) = (as_u64(mh), self.mr_epoch.load(Ordering::Acquire));
+        if let Some(info) = memo.get(v, epoch) {
+            return Ok(info);
+        }
+        let info = self.mr_info(mh)?;
+        memo.set(v, epoch, info);
+        Ok(info)
+    }
+
     pub fn isend(&self, comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<u64> {
         let size = size_ok(size)?;
-        let info = self.mr_info(mh)?;
         let (h, mut g) = self.objs.get(as_u64(comm), Kind::Send)?;
         let Obj::Send(c) = &mut *g else { return Err(Error::internal("send entry holds something else")) };
+        let info = self.mr_memo(&mut c.mr_memo, mh)?;
         match c.isend(as_u64(data), size, tag as u32, &info)? {
             None => Ok(0),
             Some(id) => Ok(h.request(id, c.seqs.bump(id))),
@@ -208,13 +230,30 @@ impl<D: Device> Plugin<D> {
         mhs: &[*mut c_void],
     ) -> Result<u64> {
         let n = data.len();
-        let mut bufs: [(u64, u64, u32, Option<MrInfo>); MAX_RECVS] = [(0, 0, 0, None); MAX_RECVS];
-        for i in 0..n {
-            let info = if mhs[i].is_null() { None } else { Some(self.mr_info(mhs[i])?) };
-            bufs[i] = (as_u64(data[i]), size_ok(sizes[i])?, tags[i] as u32, info);
-        }
         let (h, mut g) = self.objs.get(as_u64(comm), Kind::Recv)?;
         let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
+        let mut bufs = [RecvBuf::default(); MAX_RECVS];
+        for i in 0..n {
+            let (addr, size) = (as_u64(data[i]), size_ok(sizes[i])?);
+            let rkeys = if mhs[i].is_null() {
+                if size > 0 {
+                    return Err(cold(|| Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))));
+                }
+                [0; RAILS]
+            } else {
+                let mh = self.mr_memo(&mut c.mr_memo, mhs[i])?;
+                if !mh.covers(addr, size) {
+                    return Err(cold(|| {
+                        Error::invalid_argument(format!(
+                            "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
+                            mh.addr, mh.len
+                        ))
+                    }));
+                }
+                [mh.keys[0].rkey, mh.keys[1].rkey]
+            };
+            bufs[i] = RecvBuf { addr, size, tag: tags[i] as u32, rkeys };
+        }
         match c.irecv(&bufs[..n])? {
             None => Ok(0),
             Some(id) => Ok(h.request(id, c.seqs.bump(id))),
@@ -236,36 +275,31 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    pub fn test(&self, request: *mut c_void) -> Result<Option<Completed>> {
+    /// `test`: once the request is done, its sizes are in `sizes` and their number is
+    /// returned (0 for a flush).
+    pub fn test(&self, request: *mut c_void, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         let v = as_u64(request);
-        let h = Handle::decode(v)
-            .filter(|h| matches!(h.kind, Kind::SendReq | Kind::RecvReq))
-            .ok_or_else(|| Error::invalid_argument(format!("{v:#x} is not a request handle")))?;
-        let (comm, id, seq) = h.request_parts();
-        let (_, mut g) = self.objs.get(comm.encode(), comm.kind)?;
-        let stale = || Error::invalid_argument(format!("request {v:#x} is not in flight (already completed?)"));
+        let Some((comm, kind, id, seq)) = Handle::split_request(v) else {
+            return Err(cold(|| Error::invalid_argument(format!("{v:#x} is not a request handle"))));
+        };
+        let (_, mut g) = self.objs.get(comm, kind)?;
+        let stale =
+            || cold(|| Error::invalid_argument(format!("request {v:#x} is not in flight (already completed?)")));
         match &mut *g {
             Obj::Send(c) => {
                 if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
                     return Err(stale());
                 }
                 Ok(c.test(id)?.map(|size| {
-                    let mut d = Completed { n: 1, ..Completed::default() };
-                    d.sizes[0] = size as usize;
-                    d
+                    sizes[0] = size;
+                    1
                 }))
             }
             Obj::Recv(c) => {
                 if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
                     return Err(stale());
                 }
-                Ok(c.test(id)?.map(|r| {
-                    let mut d = Completed { n: r.n, ..Completed::default() };
-                    for k in 0..r.n {
-                        d.sizes[k] = r.sizes[k] as usize;
-                    }
-                    d
-                }))
+                c.test(id, sizes)
             }
             _ => Err(Error::internal("request's comm entry holds something else")),
         }

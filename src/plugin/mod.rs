@@ -73,13 +73,6 @@ pub struct Properties {
     pub max_multi_request_size: c_int,
 }
 
-/// Sizes reported by a completed `test`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Completed {
-    pub n: usize,
-    pub sizes: [usize; MAX_RECVS],
-}
-
 struct Global {
     contexts: BTreeMap<u64, Context>,
 }
@@ -302,8 +295,9 @@ pub fn iflush(
     dispatch!(p => p.iflush(comm, data, sizes, mhandles).map(ptr))
 }
 
-pub fn test(request: *mut c_void) -> Result<Option<Completed>> {
-    dispatch!(p => p.test(request))
+/// `test`: once the request is done, its sizes are in `sizes` and their number is returned.
+pub fn test(request: *mut c_void, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
+    dispatch!(p => p.test(request, sizes))
 }
 
 pub fn close_send(comm: *mut c_void) -> Result<()> {

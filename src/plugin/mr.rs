@@ -86,7 +86,7 @@ impl<D: Device> MrCache<D> {
 }
 
 /// What the data path needs of a registration: plain data, copied out of the handle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct MrInfo {
     pub addr: u64,
     pub len: u64,
@@ -100,6 +100,29 @@ impl MrInfo {
     #[inline]
     pub fn covers(&self, addr: u64, len: u64) -> bool {
         len == 0 || (addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.addr + self.len))
+    }
+}
+
+/// The registration a comm used last, valid while no registration has been released since
+/// (the plugin's release `epoch` is unchanged): the data path then neither looks the
+/// handle up nor locks its entry, which comms sharing a registration would all take.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MrMemo {
+    handle: u64,
+    epoch: u64,
+    info: MrInfo,
+}
+
+impl MrMemo {
+    /// The remembered registration of `handle`, if still valid at `epoch`.
+    #[inline]
+    pub fn get(&self, handle: u64, epoch: u64) -> Option<MrInfo> {
+        (self.handle == handle && self.epoch == epoch && handle != 0).then_some(self.info)
+    }
+
+    #[inline]
+    pub fn set(&mut self, handle: u64, epoch: u64, info: MrInfo) {
+        *self = MrMemo { handle, epoch, info };
     }
 }
 

@@ -64,6 +64,23 @@ pub const BW_TAU_NS: u64 = 2_000_000;
 /// nanoseconds of noise would otherwise read as congestion.
 const CONGESTION_MIN_MARGIN: f64 = 1.0 / 8.0;
 
+/// `x as f64` through the signed conversion: one instruction where the unsigned one is a
+/// dozen, and the same value for every `x` below 2^63, which times (ns) and byte counts
+/// always are (2^63 ns is 292 years).
+#[inline(always)]
+pub(crate) fn f64_of(x: u64) -> f64 {
+    debug_assert!(x < 1 << 63, "{x} ns or bytes");
+    x as i64 as f64
+}
+
+/// `f as u64` through the signed conversion: the same value for every `f` in [0, 2^63) and
+/// for NaN (0); callers pass non-negative times and rates, far below 2^63.
+#[inline(always)]
+pub(crate) fn u64_of(f: f64) -> u64 {
+    debug_assert!(f >= 0.0 || f.is_nan(), "{f}");
+    f as i64 as u64
+}
+
 /// What the split policy sees of one rail.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RailView {
@@ -112,7 +129,7 @@ impl RailView {
     #[inline]
     pub fn rate_bytes_per_ns(&self) -> f64 {
         let bps = if self.bw_bytes_per_s > 0 { self.bw_bytes_per_s } else { self.speed_mbps as u64 * 125_000 };
-        bps.max(1) as f64 * 1e-9
+        f64_of(bps.max(1)) * 1e-9
     }
 
     /// How long (ns from `now_ns`) until the rail is done with what it holds, at `rate`
@@ -121,13 +138,13 @@ impl RailView {
     /// and never less than the base latency (what an idle rail still costs).
     #[inline]
     pub fn drain_ns(&self, now_ns: u64, rate: f64) -> f64 {
-        let base = self.base_ns as f64;
+        let base = f64_of(self.base_ns);
         if self.inflight_bytes == 0 {
             return base;
         }
-        let elapsed = now_ns as f64 - self.drain_start_ns as f64;
-        let credit = elapsed.min(self.head_chain_bytes as f64 / rate);
-        (self.inflight_bytes as f64 / rate - credit).max(base)
+        let elapsed = f64_of(now_ns) - f64_of(self.drain_start_ns);
+        let credit = elapsed.min(f64_of(self.head_chain_bytes) / rate);
+        (f64_of(self.inflight_bytes) / rate - credit).max(base)
     }
 }
 
@@ -214,7 +231,9 @@ impl RailTelemetry {
     pub fn on_post(&mut self, now_ns: u64, bytes: u64) {
         let v = &mut self.view;
         let alone = v.inflight_bytes == 0;
-        let wait = (v.drain_ns(now_ns, v.rate_bytes_per_ns()) - v.base_ns as f64).max(0.0) as u64;
+        // On an idle rail the drain time is the base latency: no wait (and no arithmetic).
+        let wait =
+            if alone { 0 } else { u64_of((v.drain_ns(now_ns, v.rate_bytes_per_ns()) - f64_of(v.base_ns)).max(0.0)) };
         if alone {
             v.drain_start_ns = now_ns + v.base_ns;
         }
@@ -249,9 +268,9 @@ impl RailTelemetry {
     #[inline]
     fn on_rtt(&mut self, now_ns: u64, rtt: u64, bytes: u64, wait_ns: u64, alone: bool) {
         let (alpha, beta) = (self.cfg.alpha, self.cfg.beta);
-        let own_ns = bytes as f64 / self.rate.bytes_per_ns().max(1e-9);
-        let delay = (rtt as f64 - wait_ns as f64 - own_ns).max(0.0) as u64;
-        let margin = CONGESTION_MIN_MARGIN * self.delay.srtt_ns() as f64;
+        let own_ns = f64_of(bytes) / self.rate.bytes_per_ns().max(1e-9);
+        let delay = u64_of((f64_of(rtt) - f64_of(wait_ns) - own_ns).max(0.0));
+        let margin = CONGESTION_MIN_MARGIN * f64_of(self.delay.srtt_ns());
         let congested = self.delay.exceeds(delay, margin);
         self.delay.update(delay, alpha, beta);
         self.rtt.update(rtt, alpha, beta);
@@ -282,6 +301,11 @@ impl RailTelemetry {
         self.view.inflight_bytes = self.view.inflight_bytes.saturating_sub(bytes);
         self.chains.remove_bytes(bytes);
         self.view.head_chain_bytes = self.chains.oldest_bytes();
+    }
+
+    /// The connection came up at `now_ns`: idle time (probes, keepalives) counts from here.
+    pub fn start(&mut self, now_ns: u64) {
+        self.last_post_ns = self.last_post_ns.max(now_ns);
     }
 
     /// When the rail last carried a post (ns), for probes.

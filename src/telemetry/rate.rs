@@ -19,6 +19,8 @@
 //! is the same whichever way the clock batches them. A step in the true rate is followed
 //! with the error shrinking as `e^(−busy time/τ)`: within 5 % after 3τ of busy time.
 
+use super::{f64_of, u64_of};
+
 /// Low-pass filtered delivery rate; see the module comment.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DeliveryRate {
@@ -57,9 +59,9 @@ impl DeliveryRate {
             }
             service
         };
-        let (t, tau) = (service_ns as f64, tau_ns.max(1) as f64);
+        let (t, tau) = (f64_of(service_ns), f64_of(tau_ns.max(1)));
         let w = (t / tau).min(1.0);
-        self.bw = (1.0 - w) * self.bw + bytes as f64 / t.max(tau);
+        self.bw = (1.0 - w) * self.bw + f64_of(bytes) / t.max(tau);
         self.samples += 1;
     }
 
@@ -70,7 +72,7 @@ impl DeliveryRate {
 
     /// The estimate, bytes per second.
     pub fn bytes_per_s(&self) -> u64 {
-        (self.bw * 1e9) as u64
+        u64_of(self.bw * 1e9)
     }
 
     #[cfg(test)]

@@ -1,6 +1,8 @@
 //! RFC 6298 smoothed RTT and RTT variation, and the congestion signal built on them
 //! (seed 000: a sample above SRTT + 4·RTTVAR means the path is queueing).
 
+use super::{f64_of, u64_of};
+
 /// SRTT / RTTVAR of one stream of samples (ns). Kept in `f64` so that small gains
 /// (α = 1/8 on a 2 µs RTT) do not lose their fraction to truncation on every update.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -17,13 +19,13 @@ impl RttEstimator {
     /// has not yet moved.
     #[inline]
     pub fn exceeds(&self, sample_ns: u64, g_ns: f64) -> bool {
-        self.samples > 0 && sample_ns as f64 > self.srtt + g_ns.max(4.0 * self.rttvar)
+        self.samples > 0 && f64_of(sample_ns) > self.srtt + g_ns.max(4.0 * self.rttvar)
     }
 
     /// Feeds one sample with gains `alpha` (SRTT) and `beta` (RTTVAR).
     #[inline]
     pub fn update(&mut self, sample_ns: u64, alpha: f64, beta: f64) {
-        let r = sample_ns as f64;
+        let r = f64_of(sample_ns);
         if self.samples == 0 {
             // RFC 6298 (2.2): SRTT = R, RTTVAR = R/2.
             self.srtt = r;
@@ -37,11 +39,11 @@ impl RttEstimator {
     }
 
     pub fn srtt_ns(&self) -> u64 {
-        self.srtt as u64
+        u64_of(self.srtt)
     }
 
     pub fn rttvar_ns(&self) -> u64 {
-        self.rttvar as u64
+        u64_of(self.rttvar)
     }
 
     #[cfg(test)]

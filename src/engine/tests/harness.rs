@@ -106,11 +106,9 @@ pub struct RecvSide {
     pub space: Space,
 }
 impl RecvMemory for RecvSide {
-    fn write_cts(&mut self, slot: usize, entries: &[CtsEntry]) {
-        for (i, e) in entries.iter().enumerate() {
-            let bytes: Vec<u8> = e.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
-            self.space.write(CTS + (slot * 512 + i * 64) as u64, &bytes);
-        }
+    fn write_cts(&mut self, slot: usize, i: usize, e: &CtsEntry) {
+        let bytes: Vec<u8> = e.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+        self.space.write(CTS + (slot * 512 + i * 64) as u64, &bytes);
     }
     fn record(&self, slot: usize, i: usize) -> u64 {
         let off = slot * 64 + i * 8;

@@ -7,7 +7,7 @@
 //! `seq == n` (wrapping `u32`), so `head ≤ tx_done ≤ sent ≤ tail` are all request numbers
 //! and `acked` says every request below it was executed by the peer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -74,8 +74,14 @@ pub struct Conn {
     /// Bumped by every progress step a caller (not the helper) makes on this connection:
     /// the helper steps in only when it stops moving.
     pub caller_epoch: AtomicU64,
-    /// In-process mode: the peer's connection, driven from this side's calls.
-    pub inproc_peer: OnceLock<Weak<Conn>>,
+    /// In-process mode (no stream: WRs execute directly, see `direct.rs`).
+    pub inproc: bool,
+    /// In-process mode: set while WRs wait to execute or retire, or once the peer closed;
+    /// a poll steps only connections (and peers) with this set.
+    pub work: Arc<AtomicBool>,
+    /// In-process mode: the peer's connection and its `work` flag, stepped from this side's
+    /// polls (its WRs may wait on this side's SRQ or CQ).
+    pub inproc_peer: OnceLock<(Weak<Conn>, Arc<AtomicBool>)>,
 }
 
 pub struct ConnState {
@@ -112,6 +118,8 @@ pub struct ConnState {
     /// The socket's token in the helper's epoll set, and whether `EPOLLOUT` is armed.
     pub helper_token: Option<usize>,
     pub out_armed: bool,
+    /// In-process mode: the WR whose receiver-not-ready wait was counted.
+    pub direct_rnr: Option<u32>,
 }
 
 impl ConnState {
@@ -143,6 +151,7 @@ impl ConnState {
             idle_since: None,
             helper_token: None,
             out_armed: false,
+            direct_rnr: None,
         }
     }
 
@@ -176,35 +185,62 @@ impl ConnState {
 impl Conn {
     /// Validates and queues a chain; nothing is queued when it fails.
     pub fn post(&self, st: &mut ConnState, chain: &[SendWr]) -> Result<()> {
+        self.check_chain(st, chain)?;
+        self.enqueue(st, chain);
+        Ok(())
+    }
+
+    /// What `post_send` refuses: before `connect`, a full send queue, a malformed WR.
+    #[inline]
+    pub fn check_chain(&self, st: &ConnState, chain: &[SendWr]) -> Result<()> {
+        let free = st.cap() - st.tail.wrapping_sub(st.head);
+        let mut ok = !matches!(st.phase, Phase::Created) && chain.len() as u64 <= free as u64;
+        for wr in chain {
+            let n = wr.num_sge as usize;
+            // SGE lengths are u32: two of them never overflow a u64.
+            let bytes = wr.sge[0].len as u64 * (n > 0) as u64 + wr.sge[1].len as u64 * (n > 1) as u64;
+            ok &= n <= crate::fabric::MAX_SGE
+                && bytes <= MAX_MSG as u64
+                && (!wr.inline || (bytes as usize <= st.max_inline && wr.opcode != WrOpcode::Read));
+        }
+        if ok { Ok(()) } else { Err(self.chain_error(st, chain)) }
+    }
+
+    /// Why [`Self::check_chain`] refused `chain`: the first problem, precisely.
+    #[cold]
+    fn chain_error(&self, st: &ConnState, chain: &[SendWr]) -> Error {
         if matches!(st.phase, Phase::Created) {
-            return Err(Error::invalid_usage(format!("QP {}: post_send before connect", self.qp_num)));
+            return Error::invalid_usage(format!("QP {}: post_send before connect", self.qp_num));
         }
         let free = st.cap() - st.tail.wrapping_sub(st.head);
         if chain.len() as u64 > free as u64 {
-            return Err(Error::invalid_usage(format!(
+            return Error::invalid_usage(format!(
                 "QP {}: send queue full ({} WRs posted, room for {free} of the chain of {})",
                 self.qp_num,
                 st.cap() - free,
                 chain.len()
-            )));
+            ));
         }
         for wr in chain {
             if wr.num_sge as usize > crate::fabric::MAX_SGE {
-                return Err(Error::invalid_argument(format!("QP {}: WR with {} SGEs", self.qp_num, wr.num_sge)));
+                return Error::invalid_argument(format!("QP {}: WR with {} SGEs", self.qp_num, wr.num_sge));
             }
-            if wr.bytes() > MAX_MSG as u64 {
-                return Err(Error::invalid_argument(format!("QP {}: WR of {} bytes", self.qp_num, wr.bytes())));
+            let bytes = wr.bytes();
+            if bytes > MAX_MSG as u64 {
+                return Error::invalid_argument(format!("QP {}: WR of {bytes} bytes", self.qp_num));
             }
-            if wr.inline && (wr.bytes() as usize > st.max_inline || wr.opcode == WrOpcode::Read) {
-                return Err(Error::invalid_argument(format!(
+            if wr.inline && (bytes as usize > st.max_inline || wr.opcode == WrOpcode::Read) {
+                return Error::invalid_argument(format!(
                     "QP {}: inline {:?} of {} bytes (max_inline {})",
-                    self.qp_num,
-                    wr.opcode,
-                    wr.bytes(),
-                    st.max_inline
-                )));
+                    self.qp_num, wr.opcode, bytes, st.max_inline
+                ));
             }
         }
+        Error::internal(format!("QP {}: chain refused for no reason found", self.qp_num))
+    }
+
+    /// Queues a checked chain (inline payloads are copied now).
+    pub fn enqueue(&self, st: &mut ConnState, chain: &[SendWr]) {
         for wr in chain {
             let seq = st.tail;
             let mut bad_local = false;
@@ -232,12 +268,14 @@ impl Conn {
             *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local, read_done: false };
             st.tail = seq.wrapping_add(1);
         }
-        Ok(())
     }
 
     /// One progress step: read and execute what arrived, send what is queued, retire what
     /// completed. Returns whether anything moved.
     pub fn progress(&self, st: &mut ConnState, by_caller: bool) -> bool {
+        if self.inproc {
+            return self.direct_progress(st);
+        }
         if by_caller {
             self.caller_epoch.fetch_add(1, Ordering::Relaxed);
         }

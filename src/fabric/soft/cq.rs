@@ -1,14 +1,13 @@
 //! Completion queue and shared receive queue of the soft fabric.
 //!
 //! A CQ is a fixed ring of completions plus the list of QPs attached to it: `poll` is where
-//! the soft NIC runs, making one progress step on every attached connection (and, in
-//! in-process mode, on each one's peer) before it hands out completions. Connections that
+//! the soft NIC runs, making one progress step on every attached connection (in-process
+//! mode: on each one and its peer that has work) before it hands out completions. Connections that
 //! find the ring full stop producing completions (they stop reading) until it drains, so a
 //! CQ never overflows. The ring's lock is shared only with the device's helper thread.
 //!
 //! An SRQ is a counter of generic WQEs: posting adds, a WRITE_WITH_IMM takes one.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
@@ -20,18 +19,45 @@ use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
 /// A bounded ring of completions.
 pub struct CqRing {
-    q: VecDeque<Completion>,
-    cap: usize,
+    q: Box<[Completion]>,
+    head: usize,
+    len: usize,
 }
 
 impl CqRing {
+    fn new(cap: usize) -> CqRing {
+        CqRing { q: vec![Completion::default(); cap].into_boxed_slice(), head: 0, len: 0 }
+    }
+
+    #[inline]
+    pub fn full(&self) -> bool {
+        self.len == self.q.len()
+    }
+
     /// Appends `c`; `false` when the ring is full.
+    #[inline]
     pub fn push(&mut self, c: Completion) -> bool {
-        if self.q.len() == self.cap {
+        if self.full() {
             return false;
         }
-        self.q.push_back(c);
+        let cap = self.q.len();
+        let at = if self.head + self.len >= cap { self.head + self.len - cap } else { self.head + self.len };
+        self.q[at] = c;
+        self.len += 1;
         true
+    }
+
+    /// Moves the oldest completions into `out`; returns how many.
+    #[inline]
+    fn pop_into(&mut self, out: &mut [Completion]) -> usize {
+        let n = out.len().min(self.len);
+        let cap = self.q.len();
+        for o in &mut out[..n] {
+            *o = self.q[self.head];
+            self.head = if self.head + 1 == cap { 0 } else { self.head + 1 };
+        }
+        self.len -= n;
+        n
     }
 }
 
@@ -46,7 +72,7 @@ impl CqShared {
     pub fn new(depth: u32) -> Arc<CqShared> {
         let cap = depth.max(1) as usize;
         Arc::new(CqShared {
-            ring: Mutex::new(CqRing { q: VecDeque::with_capacity(cap), cap }),
+            ring: Mutex::new(CqRing::new(cap)),
             conns: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         })
@@ -75,43 +101,55 @@ impl SoftCq {
     pub(super) fn new(depth: u32) -> SoftCq {
         SoftCq { shared: CqShared::new(depth), conns: Vec::new(), seen_generation: u64::MAX }
     }
+
+    /// Takes a fresh copy of the attached QPs (control path: QPs come and go).
+    #[cold]
+    fn refresh(&mut self, generation: u64) {
+        self.conns = self.shared.conns.lock().clone();
+        self.seen_generation = generation;
+    }
 }
 
-/// One progress step on `c` from a caller; in-process mode also steps its peer, which has
-/// no NIC of its own, until neither side moves.
+/// One progress step on TCP connection `c` from a caller (skipped while the helper or
+/// another caller holds it: they make the same progress).
+#[inline(never)]
 pub fn step_conn(c: &Conn) {
-    let peer = c.inproc_peer.get().and_then(|w| w.upgrade());
-    for _ in 0..1024 {
-        let mut moved = match c.st.try_lock() {
-            Some(mut st) => c.progress(&mut st, true),
-            None => false,
-        };
-        let Some(p) = peer.as_ref() else { return };
-        if let Some(mut ps) = p.st.try_lock() {
-            moved |= p.progress(&mut ps, false);
-        }
-        if !moved {
-            return;
-        }
+    if let Some(mut st) = c.st.try_lock() {
+        c.progress(&mut st, true);
     }
+}
+
+/// In-process mode: steps `c` and its peer, each only if it has work (WRs waiting on this
+/// side's SRQ or CQ, completions not yet retired, a closed peer).
+#[inline]
+fn step_direct(c: &Conn) {
+    if c.work.load(Ordering::Acquire) {
+        direct_step(c);
+    }
+    if let Some((peer, work)) = c.inproc_peer.get()
+        && work.load(Ordering::Acquire)
+        && let Some(p) = peer.upgrade()
+    {
+        direct_step(&p);
+    }
+}
+
+/// Out of line: the common poll finds no work and should not pay for its registers.
+#[inline(never)]
+fn direct_step(c: &Conn) {
+    c.direct_progress(&mut c.st.lock());
 }
 
 impl CompletionQueue for SoftCq {
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         let generation = self.shared.generation.load(Ordering::Acquire);
         if generation != self.seen_generation {
-            self.conns = self.shared.conns.lock().clone();
-            self.seen_generation = generation;
+            self.refresh(generation);
         }
         for c in &self.conns {
-            step_conn(c);
+            if c.inproc { step_direct(c) } else { step_conn(c) }
         }
-        let mut ring = self.shared.ring.lock();
-        let n = out.len().min(ring.q.len());
-        for (o, c) in out.iter_mut().zip(ring.q.drain(..n)) {
-            *o = c;
-        }
-        Ok(n)
+        Ok(self.shared.ring.lock().pop_into(out))
     }
 }
 

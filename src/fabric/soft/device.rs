@@ -153,6 +153,9 @@ impl DevShared {
             st.helper_token = Some(net.helper.add(conn, fd, true));
             st.out_armed = true;
         }
+        if let Link::Direct(end) = &link {
+            end.set_ready();
+        }
         st.link = Some(link);
         st.phase = Phase::Ready;
     }
@@ -295,6 +298,8 @@ impl Device for SoftDevice {
             srq: srq.map(|s| s.shared.clone()),
             st: Mutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
             caller_epoch: Default::default(),
+            inproc: self.shared.net.is_none(),
+            work: Default::default(),
             inproc_peer: OnceLock::new(),
         });
         self.shared.qps.lock().insert(qp_num, Arc::downgrade(&conn));

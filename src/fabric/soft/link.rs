@@ -1,14 +1,12 @@
-//! The byte stream under one QP connection: a non-blocking TCP socket, or (in-process
-//! mode) a pair of bounded in-memory rings. Both move bytes with vectored calls on raw
-//! `iovec`s, so the TCP path reads and writes registered memory directly (the only copy is
-//! the kernel's), and the stream never holds a Rust reference to memory a peer may write.
+//! The byte stream under one QP connection: a non-blocking TCP socket, moved with vectored
+//! calls on raw `iovec`s, so the TCP path reads and writes registered memory directly (the
+//! only copy is the kernel's) and never holds a Rust reference to memory a peer may write.
+//! In-process connections have no stream: their link is a [`DirectEnd`].
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Arc;
 
-use parking_lot::Mutex;
-
+use super::direct::DirectEnd;
 use super::mr::{MrTable, Pinned};
 use crate::fabric::Access;
 
@@ -79,59 +77,16 @@ impl<'a> IovBuf<'a> {
     }
 }
 
-/// A byte ring of fixed capacity; `closed` once either end is dropped.
-pub struct MemRing {
-    inner: Mutex<RingBuf>,
-}
-
-struct RingBuf {
-    buf: Box<[u8]>,
-    head: usize,
-    len: usize,
-    closed: bool,
-}
-
-impl MemRing {
-    pub fn new(capacity: usize) -> Arc<MemRing> {
-        Arc::new(MemRing {
-            inner: Mutex::new(RingBuf { buf: vec![0; capacity].into_boxed_slice(), head: 0, len: 0, closed: false }),
-        })
-    }
-
-    fn close(&self) {
-        self.inner.lock().closed = true;
-    }
-}
-
-/// One end of an in-process connection.
-pub struct MemEnd {
-    pub rx: Arc<MemRing>,
-    pub tx: Arc<MemRing>,
-}
-
-impl MemEnd {
-    /// Two connected ends, each direction buffering `capacity` bytes.
-    pub fn pair(capacity: usize) -> (MemEnd, MemEnd) {
-        let (a, b) = (MemRing::new(capacity), MemRing::new(capacity));
-        (MemEnd { rx: a.clone(), tx: b.clone() }, MemEnd { rx: b, tx: a })
-    }
-}
-
-impl Drop for MemEnd {
-    fn drop(&mut self) {
-        self.rx.close();
-        self.tx.close();
-    }
-}
-
 /// The stream of one connection.
 pub enum Link {
     Tcp(OwnedFd),
-    Mem(MemEnd),
+    /// In-process mode: no stream, WRs execute directly (see `direct.rs`).
+    Direct(DirectEnd),
 }
 
-fn would_block() -> io::Error {
-    io::Error::from(io::ErrorKind::WouldBlock)
+/// A direct link moves no bytes through `readv`/`writev`: its WRs never reach a stream.
+fn no_stream() -> io::Error {
+    io::Error::from(io::ErrorKind::Unsupported)
 }
 
 impl Link {
@@ -146,37 +101,7 @@ impl Link {
                 let n = unsafe { libc::readv(fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
                 if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
             }
-            Link::Mem(end) => {
-                let mut r = end.rx.inner.lock();
-                if r.len == 0 {
-                    return if r.closed { Ok(0) } else { Err(would_block()) };
-                }
-                let mut done = 0;
-                for v in iov {
-                    let mut off = 0;
-                    while off < v.iov_len && r.len > 0 {
-                        let cap = r.buf.len();
-                        let run = (cap - r.head).min(r.len).min(v.iov_len - off);
-                        // SAFETY: the caller guarantees `v` is writable for `iov_len` bytes;
-                        // the source run lies inside the ring buffer.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                r.buf.as_ptr().add(r.head),
-                                (v.iov_base as *mut u8).add(off),
-                                run,
-                            )
-                        };
-                        r.head = (r.head + run) % cap;
-                        r.len -= run;
-                        off += run;
-                        done += run;
-                    }
-                    if r.len == 0 {
-                        break;
-                    }
-                }
-                Ok(done)
-            }
+            Link::Direct(_) => Err(no_stream()),
         }
     }
 
@@ -201,40 +126,7 @@ impl Link {
                 let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
                 if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
             }
-            Link::Mem(end) => {
-                let mut w = end.tx.inner.lock();
-                if w.closed {
-                    return Err(io::Error::from(io::ErrorKind::BrokenPipe));
-                }
-                let cap = w.buf.len();
-                if w.len == cap {
-                    return Err(would_block());
-                }
-                let mut done = 0;
-                for v in iov {
-                    let mut off = 0;
-                    while off < v.iov_len && w.len < cap {
-                        let tail = (w.head + w.len) % cap;
-                        let run = (cap - tail).min(cap - w.len).min(v.iov_len - off);
-                        // SAFETY: the caller guarantees `v` is readable for `iov_len` bytes;
-                        // the destination run lies inside the ring buffer.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                (v.iov_base as *const u8).add(off),
-                                w.buf.as_mut_ptr().add(tail),
-                                run,
-                            )
-                        };
-                        w.len += run;
-                        off += run;
-                        done += run;
-                    }
-                    if w.len == cap {
-                        break;
-                    }
-                }
-                Ok(done)
-            }
+            Link::Direct(_) => Err(no_stream()),
         }
     }
 
@@ -245,10 +137,7 @@ impl Link {
                 // SAFETY: plain syscall on a descriptor this Link owns.
                 unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
             }
-            Link::Mem(end) => {
-                end.rx.close();
-                end.tx.close();
-            }
+            Link::Direct(end) => end.close(),
         }
     }
 
@@ -256,37 +145,7 @@ impl Link {
     pub fn fd(&self) -> Option<i32> {
         match self {
             Link::Tcp(fd) => Some(fd.as_raw_fd()),
-            Link::Mem(_) => None,
+            Link::Direct(_) => None,
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn iov(b: &mut [u8]) -> libc::iovec {
-        libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }
-    }
-
-    #[test]
-    fn mem_link_wraps_blocks_and_closes() {
-        let (a, b) = MemEnd::pair(8);
-        let (a, b) = (Link::Mem(a), Link::Mem(b));
-        let mut src = *b"0123456789";
-        assert_eq!(a.writev(&[iov(&mut src[..6])]).unwrap(), 6);
-        let mut dst = [0u8; 4];
-        assert_eq!(b.readv(&[iov(&mut dst)]).unwrap(), 4);
-        assert_eq!(&dst, b"0123");
-        assert_eq!(a.writev(&[iov(&mut src[6..]), iov(&mut src[..4])]).unwrap(), 6, "only 6 bytes of room");
-        assert_eq!(a.writev(&[iov(&mut src)]).unwrap_err().kind(), io::ErrorKind::WouldBlock);
-        let (mut x, mut y) = ([0u8; 3], [0u8; 9]);
-        assert_eq!(b.readv(&[iov(&mut x), iov(&mut y)]).unwrap(), 8);
-        assert_eq!(&x, b"456");
-        assert_eq!(&y[..5], b"78901");
-        assert_eq!(b.readv(&[iov(&mut x)]).unwrap_err().kind(), io::ErrorKind::WouldBlock);
-        drop(a);
-        assert_eq!(b.readv(&[iov(&mut x)]).unwrap(), 0);
-        assert_eq!(b.writev(&[iov(&mut x)]).unwrap_err().kind(), io::ErrorKind::BrokenPipe);
     }
 }

@@ -50,19 +50,24 @@
 //! check, place, acknowledge, send, retire) before returning completions. A process that
 //! makes no calls is still served, as a NIC would serve it, by one helper thread per TCP
 //! device that sleeps in `epoll_wait` and steps in only for connections whose callers were
-//! quiet for 10 ms (see `helper.rs`). In-process mode has no sockets and no threads: both
-//! ends are in this process and a call on one end also steps its peer, deterministically.
+//! quiet for 10 ms (see `helper.rs`).
+//!
+//! In-process mode has no sockets, no threads and no stream: both ends are in this process,
+//! so `post_send` executes each WR at once against the peer's registration, with the same
+//! checks, placement order and completion semantics (see `direct.rs`); a WR that must wait
+//! (empty SRQ, full CQ) is retried when either end polls a CQ of the connection.
 //!
 //! # Limits
 //!
 //! 65536 QPs and 1 Mi registrations per device, 32768 send WRs per QP, SRQ and CQ depth up
-//! to 1 Mi, 2 SGEs, 1024 inline bytes, 2 GiB per WR, 16 READs in flight per QP (more wait
+//! to 1 Mi, 2 SGEs, 1024 inline bytes, 2 GiB per WR, 16 READs in flight per TCP QP (more wait
 //! in the send queue), host memory only.
 
 mod addr;
 mod conn;
 mod cq;
 mod device;
+mod direct;
 pub mod frame;
 mod helper;
 mod link;

@@ -19,17 +19,15 @@ use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::conn::{Conn, ConnState, Phase, Remote};
-use super::cq::step_conn;
+use super::direct::DirectEnd;
 use super::frame::Frame;
-use super::link::{Link, MemEnd};
+use super::link::Link;
 use super::tx::Ctl;
 use crate::error::{Error, Result};
 use crate::fabric::{ConnectParams, QP_INFO_LEN, QpInfo, QueuePair, SendWr};
 
 const VERSION: u8 = 1;
 const MODE_INPROC: u8 = 0;
-/// Bytes buffered per direction of an in-process connection.
-const INPROC_RING: usize = 1 << 20;
 /// Shortest time a silent peer is given (TCP round trips are far above verbs' µs).
 const MIN_BOUND: Duration = Duration::from_millis(100);
 
@@ -202,22 +200,23 @@ impl SoftQp {
         let peer = inproc_find(remote.nonce).ok_or_else(|| {
             Error::invalid_argument(format!("soft fabric (in-process): no QP {} in this process", remote.qpn))
         })?;
-        let (mine, theirs) = MemEnd::pair(INPROC_RING);
+        let (mine, theirs) = DirectEnd::pair(&self.conn, &peer);
         {
             let mut ps = peer.st.lock();
             let me = Some(Remote { qpn: self.conn.qp_num, nonce: self.conn.nonce, addr: None });
             match ps.phase {
-                Phase::Created => ps.parked = Some((Link::Mem(theirs), self.conn.qp_num, self.conn.nonce)),
+                Phase::Created => ps.parked = Some((Link::Direct(theirs), self.conn.qp_num, self.conn.nonce)),
                 Phase::Waiting { .. } if ps.remote == me => {
-                    ps.link = Some(Link::Mem(theirs));
+                    theirs.set_ready();
+                    ps.link = Some(Link::Direct(theirs));
                     ps.phase = Phase::Ready;
                 }
                 _ => crate::bail!(InvalidUsage, "soft fabric (in-process): QP {} is connected elsewhere", remote.qpn),
             }
         }
-        let _ = peer.inproc_peer.set(Arc::downgrade(&self.conn));
-        let _ = self.conn.inproc_peer.set(Arc::downgrade(&peer));
-        st.link = Some(Link::Mem(mine));
+        let _ = peer.inproc_peer.set((Arc::downgrade(&self.conn), self.conn.work.clone()));
+        let _ = self.conn.inproc_peer.set((Arc::downgrade(&peer), peer.work.clone()));
+        st.link = Some(Link::Direct(mine));
         st.phase = Phase::Ready;
         Ok(())
     }
@@ -295,15 +294,14 @@ impl QueuePair for SoftQp {
     }
 
     fn post_send(&mut self, chain: &[SendWr]) -> Result<()> {
-        {
-            let mut st = self.conn.st.lock();
-            self.conn.post(&mut st, chain)?;
-            if self.conn.inproc_peer.get().is_none() {
-                step_locked(&self.conn, &mut st);
-                return Ok(());
-            }
+        let mut st = self.conn.st.lock();
+        if self.conn.inproc {
+            // Executed at once (see `direct.rs`).
+            return self.conn.direct_post(&mut st, chain);
         }
-        step_conn(&self.conn);
+        self.conn.post(&mut st, chain)?;
+        // Send what fits now.
+        step_locked(&self.conn, &mut st);
         Ok(())
     }
 }

@@ -15,6 +15,8 @@ use crate::fabric::{
     SharedRecvQueue, WcOpcode, WcStatus, WrOpcode,
 };
 
+mod direct;
+
 const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 14, retry_cnt: 1 };
 const GUARD: usize = 64;
 
@@ -343,23 +345,33 @@ fn dereg_waits_for_placement_and_nothing_lands_after() {
 
 #[test]
 fn final_word_is_stored_last_with_release() {
+    // The responder's helper thread places while this thread spins on the word.
+    final_word_is_stored_last(FabricChoice::Soft);
+}
+
+/// 1 MiB WRITEs, each posted from another thread while this one spins on the WRITE's final
+/// word as the engine spins on a CTS entry: once it is there, so is every other byte.
+fn final_word_is_stored_last(fabric: FabricChoice) {
     let len = 1 << 20;
-    let (mut a, mut b) = pair(FabricChoice::Soft, len, Access::REMOTE_WRITE);
+    let (mut a, mut b) = pair(fabric, len, Access::REMOTE_WRITE);
     let (addr, key) = (b.addr(), b.key());
     let word = unsafe_word(addr + len as u64 - 8);
     for round in 1..=20u8 {
         fill(a.region(), round);
         let expect_last = u64::from_ne_bytes(a.region()[len - 8..].try_into().unwrap());
         let expect = a.region().to_vec();
-        a.qp.post_send(&[write(round as u64, a.sge(0, len), addr, key, true)]).unwrap();
-        // Spin on the word as the engine spins on a CTS entry; the helper thread places.
+        let poster = std::thread::spawn(move || {
+            a.qp.post_send(&[write(round as u64, a.sge(0, len), addr, key, true)]).unwrap();
+            a
+        });
         let t = Instant::now();
         while word.load(std::sync::atomic::Ordering::Acquire) != expect_last {
-            a.cq.poll(&mut []).unwrap();
             assert!(t.elapsed() < Duration::from_secs(5));
+            std::hint::spin_loop();
         }
         // SAFETY-free check through the Vec: every other byte is already there.
         assert!(b.region() == &expect[..], "round {round}: the final word was visible before the rest");
+        a = poster.join().unwrap();
         poll_n(&mut a.cq, &mut b.cq, 1);
     }
 }
