@@ -3,7 +3,8 @@
 set -euo pipefail
 # cmake + libclang-dev: rdma-mummy-sys builds its libibverbs dlopen stub with cmake and
 # runs bindgen (libclang) on its vendored rdma-core headers. No rdma-core -dev package needed.
-pkgs=(build-essential pkg-config binutils valgrind cmake libclang-dev)
+# iproute2 (ip, tc) + python3: ci/netem-rails.sh's namespaces, veth rails and shaping.
+pkgs=(build-essential pkg-config binutils valgrind cmake libclang-dev iproute2 python3)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

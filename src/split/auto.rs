@@ -26,6 +26,13 @@
 //!   per its SRTT: one congestion episode, one backoff); each clean sample adds back 1/8,
 //!   down to a floor of 1/16 so a rail is never written off. What it already holds is
 //!   still reckoned at its estimated rate.
+//! - A healthy rail never starves: a rail whose delivery rate nothing has measured for
+//!   [`STALE_NS`] is reckoned at least as fast as the other for new bytes. Its estimate may
+//!   be stuck low (one bad sample taken while both rails shared a busy CPU; a rail given
+//!   nothing, or only chains too small to tell bandwidth from latency, is never measured
+//!   again), so it gets a real part until its own completions measure it; a rail that
+//!   really is slower then falls back to its share. On loopback, where both rails share the
+//!   host's CPU, SUP otherwise got 0 % of 32 KiB–2 MiB sends for good.
 //! - A rail with failed completions gets nothing. Before any sample the rate estimate is
 //!   the link speed, so the first sends follow the speeds.
 //! - Cost per send: a dozen float operations and a few compares; no allocation, no lock.
@@ -46,6 +53,15 @@ const FLOOR: u32 = FULL / 16;
 /// 70 µs); correcting all of it at once makes successive sends swing around the ratio,
 /// half of it settles as fast (a few sends) without the swing.
 const QUEUE_GAIN: f64 = 0.5;
+/// A rail whose delivery rate nothing has measured for this long is reckoned at least as
+/// fast as the other for new bytes (see the module documentation).
+pub const STALE_NS: u64 = 10_000_000;
+
+/// No delivery-rate sample for [`STALE_NS`].
+#[inline]
+fn stale(v: &RailView, now_ns: u64) -> bool {
+    now_ns.saturating_sub(v.rate_sample_ns) >= STALE_NS
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct RailState {
@@ -115,8 +131,13 @@ impl SplitPolicy for Auto {
         let (r0, r1) = (rails[0].rate_bytes_per_ns(), rails[1].rate_bytes_per_ns());
         let (d0, d1) = (rails[0].drain_ns(now_ns, r0), rails[1].drain_ns(now_ns, r1));
         // New bytes go at the backed-off rate; what is queued drains at the estimated one.
+        // A stale rail is reckoned at least as fast as the other (never starved).
+        let (n0, n1) = (
+            if stale(&rails[0], now_ns) { r0.max(r1) } else { r0 },
+            if stale(&rails[1], now_ns) { r1.max(r0) } else { r1 },
+        );
         let full = FULL as f64;
-        let (e0, e1) = (r0 * self.rails[0].factor as f64 / full, r1 * self.rails[1].factor as f64 / full);
+        let (e0, e1) = (n0 * self.rails[0].factor as f64 / full, n1 * self.rails[1].factor as f64 / full);
         let s = size as f64;
         if size < self.split_min_bytes {
             return if d0 + s / e0 <= d1 + s / e1 { size } else { 0 };
@@ -149,6 +170,30 @@ mod tests {
         let s = p.sout_bytes(3 << 20, 0, &[rail(200, 5_000, 0), rail(100, 5_000, 0)]);
         assert!((s as f64 / (3 << 20) as f64 - 2.0 / 3.0).abs() < 0.001, "{s}");
         assert_eq!(s % 128, 0);
+    }
+
+    #[test]
+    fn a_rail_whose_rate_nothing_measured_for_a_while_is_tried_again() {
+        let mut p = Auto::new(65536);
+        let now = 50 * STALE_NS;
+        // SUP's estimate says 1 Gbit/s (one bad sample) against SOUT's 100.
+        let (mut sout, mut sup) = (rail(100, 2_000, 0), rail(1, 2_000, 0));
+        sout.rate_sample_ns = now - 1_000;
+        sup.rate_sample_ns = now - STALE_NS + 1;
+        let size = 1 << 20;
+        let fresh = p.sout_bytes(size, now, &[sout, sup]);
+        assert!(fresh > size * 98 / 100, "a freshly measured slow rail gets its small share: {fresh}");
+        // No sample for STALE_NS: SUP counts as fast as SOUT for the new bytes (an even split).
+        sup.rate_sample_ns = now - STALE_NS;
+        assert_eq!(p.sout_bytes(size, now, &[sout, sup]), size / 2);
+        // Never measured at all: likewise; and a stale SOUT is tried the same way.
+        sup.rate_sample_ns = 0;
+        assert_eq!(p.sout_bytes(size, now, &[sout, sup]), size / 2);
+        let (mut slow_sout, mut fast_sup) = (rail(1, 2_000, 0), rail(100, 2_000, 0));
+        (slow_sout.rate_sample_ns, fast_sup.rate_sample_ns) = (0, now);
+        assert_eq!(p.sout_bytes(size, now, &[slow_sout, fast_sup]), size / 2);
+        // Small sends too: the stale rail finishes them as early as the other.
+        assert_eq!(p.sout_bytes(4096, now, &[slow_sout, fast_sup]), 4096, "ties go to SOUT");
     }
 
     #[test]

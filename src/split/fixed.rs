@@ -40,6 +40,7 @@ mod tests {
         inflight_bytes: 0,
         drain_start_ns: 0,
         head_chain_bytes: 0,
+        rate_sample_ns: 0,
         samples: 0,
         congested: false,
         congestion_events: 0,

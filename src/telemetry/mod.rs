@@ -108,6 +108,10 @@ pub struct RailView {
     /// Bytes of the oldest chain in flight (the one on the wire): how much progress since
     /// `drain_start_ns` is plausible before a silent rail counts as stalled. 0 when none.
     pub head_chain_bytes: u64,
+    /// When a completion last gave the delivery rate a sample (ns; 0: never). Chains alone
+    /// on an idle rail that are mostly latency give none, so a rail that only ever gets
+    /// those, or nothing, has no measured rate: the split does not trust it for long.
+    pub rate_sample_ns: u64,
     /// RTT samples taken so far (data chains and probes).
     pub samples: u64,
     /// The congestion signal of seed 000, RTT > SRTT + 4·RTTVAR, on the part of the last
@@ -257,7 +261,11 @@ impl RailTelemetry {
         self.stats.latency.record(rtt);
         self.on_rtt(sample.completed_ns, rtt, sample.bytes, chain.wait_ns, chain.alone);
         let base = self.base.get().unwrap_or(0);
+        let sampled = self.rate.samples();
         self.rate.on_chain(sample.posted_ns, sample.completed_ns, sample.bytes, base, BW_TAU_NS);
+        if self.rate.samples() > sampled {
+            self.view.rate_sample_ns = sample.completed_ns;
+        }
         self.view.bw_bytes_per_s = self.rate.bytes_per_s();
         self.stats.gauges.bw_bytes_per_s.set(self.view.bw_bytes_per_s);
     }

@@ -75,7 +75,8 @@ impl DeliveryRate {
         u64_of(self.bw * 1e9)
     }
 
-    #[cfg(test)]
+    /// Chains that contributed a sample.
+    #[inline]
     pub fn samples(&self) -> u64 {
         self.samples
     }
