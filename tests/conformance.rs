@@ -262,8 +262,8 @@ fn split_run(split: &str, sizes: &[u64]) -> (PairOutcome, [RailCounters; 2], u64
     let (msgs, bytes) = (sent(&out, 0).messages, sent(&out, 0).bytes);
     // n = 1 is the fast path: exactly one WRITE_WITH_IMM per active rail and message, one
     // post each; no rail ever sends an IMM without bytes.
-    // Probes are off, but a sender waiting on an idle rail still sends a keepalive every
-    // 100 ms (slow fabrics, e.g. Soft-RoCE under qemu, see a few): at most one per 100 ms.
+    // Probes are off, but a sender waiting on an idle rail that carries its transfers still
+    // sends a keepalive every 100 ms (slow fabrics, e.g. Soft-RoCE under qemu, see a few).
     let keepalives = keepalive_bound(&out);
     for (r, x) in c.iter().enumerate() {
         let data = x.wr_posted - x.probes;
@@ -285,18 +285,9 @@ const SPLIT_SIZES: [u64; 5] = [0, 1, 128, 4 * KIB, MIB + 3];
 
 #[test]
 fn split_sout_sends_nothing_on_sup() {
-    let (out, c, msgs, bytes) = split_run("sout", &SPLIT_SIZES);
+    let (_, c, msgs, bytes) = split_run("sout", &SPLIT_SIZES);
     assert_eq!((c[0].imm_sent, c[0].bytes), (msgs, bytes));
-    // An inactive rail carries nothing: no bytes, no IMM; at most a keepalive on a slow fabric.
-    let idle = RailCounters {
-        wr_posted: c[1].probes,
-        doorbells: c[1].probes,
-        cqe: c[1].cqe,
-        probes: c[1].probes,
-        ..RailCounters::default()
-    };
-    assert_eq!(c[1], idle, "an inactive rail posts no data");
-    assert!(c[1].probes <= keepalive_bound(&out) && c[1].cqe <= c[1].probes, "{:?}", c[1]);
+    assert_eq!(c[1], RailCounters::default(), "an inactive rail posts nothing at all, not even a keepalive");
 }
 
 #[test]
@@ -323,7 +314,7 @@ fn split_random_percentage() {
     let (_, c, _, bytes) = split_run(&p.to_string(), &SPLIT_SIZES);
     match p {
         0 => assert_eq!(c[0].bytes, 0, "{c:?}"),
-        100 => assert_eq!((c[1].bytes, c[1].imm_sent, c[1].wr_posted), (0, 0, c[1].probes), "{c:?}"),
+        100 => assert_eq!(c[1], RailCounters::default(), "{c:?}"),
         _ => {
             let want = bytes as f64 * p as f64 / 100.0;
             assert!((c[0].bytes as f64 - want).abs() <= 128.0 * 50.0, "{p}%: {c:?}");

@@ -99,6 +99,8 @@ pub struct SendEngine {
     rr: [u16; RAILS],
     /// Slots whose signalled WR on the rail has not completed.
     outstanding: [u32; RAILS],
+    /// The rail has carried a transfer of this connection (keepalives go only there).
+    carried: [bool; RAILS],
     error: Option<Error>,
     truncations: u64,
 }
@@ -125,6 +127,7 @@ impl SendEngine {
             matching: false,
             rr: [0; RAILS],
             outstanding: [0; RAILS],
+            carried: [false; RAILS],
             error: None,
             truncations: 0,
             cfg,
@@ -334,6 +337,7 @@ impl SendEngine {
         self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
         self.tel[rail].on_post(now_ns, rail_bytes);
         self.outstanding[rail] += 1;
+        self.carried[rail] = true;
         let ps = &mut self.slots[slot];
         ps.posted_ns[rail] = now_ns;
         ps.bytes[rail] = rail_bytes;
@@ -510,7 +514,11 @@ impl SendEngine {
             }
             let t = &self.tel[rail];
             let probe = self.cfg.probe_interval_ns > 0 && t.probe_due(now_ns, self.cfg.probe_interval_ns);
-            let keepalive = waiting && t.probe_due(now_ns, super::KEEPALIVE_NS);
+            // A keepalive goes on a rail that carries this connection's transfers (SOUT
+            // before any): one live rail tells a dead receiver, and a rail that carries no
+            // bytes sends nothing at all (MPIB_SPLIT=sout leaves SUP silent).
+            let carries = self.carried[rail] || (rail == SOUT && !self.carried.contains(&true));
+            let keepalive = waiting && carries && t.probe_due(now_ns, super::KEEPALIVE_NS);
             if !(probe || keepalive) {
                 continue;
             }

@@ -6,20 +6,50 @@ use super::harness::*;
 use crate::engine::{KEEPALIVE_NS, QpRef, SOUT, SUP, WrKind};
 use crate::fabric::{Completion, WcOpcode, WcStatus, WrOpcode};
 
+/// One transfer of `size` bytes, tag 0, from the receive's posting to both sides' completion.
+fn transfer(p: &mut Pair, size: usize) {
+    let (rid, _) = p.irecv_one(size);
+    p.deliver_all();
+    let sa = p.send_buf(&vec![7; size]);
+    let sid = p.isend(sbuf(sa, size as u64, 0)).unwrap().expect("CTS delivered");
+    p.deliver_all();
+    p.poll_send().unwrap();
+    p.poll_recv().unwrap();
+    assert!(p.test_send(sid).unwrap().is_some() && p.test_recv(rid).unwrap().is_some());
+}
+
+/// The rails of the keepalives a waiting sender writes at `p.now` (probes off).
+fn keepalive_rails(p: &mut Pair) -> Vec<usize> {
+    let before = p.chains.len();
+    p.probes_waiting(true);
+    let rails = p.chains[before..].iter().map(|c| c.rail).collect();
+    p.deliver_all();
+    p.poll_send().unwrap();
+    rails
+}
+
 #[test]
-fn a_waiting_sender_keeps_idle_rails_alive_even_with_probes_off() {
-    let mut p = Pair::new(Opts::default()); // probes off
+fn a_waiting_sender_keeps_its_rails_alive_even_with_probes_off() {
+    let mut p = Pair::new(Opts::default()); // probes off, 50/50
     p.now = 5 * KEEPALIVE_NS;
     let before = p.chains.len();
     p.probes_waiting(false);
     assert_eq!(p.chains.len(), before, "not waiting, probes off: nothing");
-    p.probes_waiting(true);
-    let rails: Vec<usize> = p.chains[before..].iter().map(|c| c.rail).collect();
-    assert_eq!(rails, vec![SOUT, SUP], "waiting: one keepalive per idle rail");
-    let mid = p.chains.len();
+    assert_eq!(keepalive_rails(&mut p), vec![SOUT], "before any transfer: SOUT alone");
     p.now += KEEPALIVE_NS / 2;
-    p.probes_waiting(true);
-    assert_eq!(p.chains.len(), mid, "one at a time, and not before the interval");
+    assert_eq!(keepalive_rails(&mut p), vec![], "not before the interval");
+    transfer(&mut p, 4096);
+    p.now += KEEPALIVE_NS;
+    assert_eq!(keepalive_rails(&mut p), vec![SOUT, SUP], "each rail that carried bytes");
+}
+
+#[test]
+fn a_rail_that_carries_no_bytes_gets_no_keepalive() {
+    let sup_only = crate::split::AnySplit::Fixed(crate::split::Fixed::percent(0));
+    let mut p = Pair::new(Opts { split: sup_only, ..Opts::default() });
+    transfer(&mut p, 4096);
+    p.now += 5 * KEEPALIVE_NS;
+    assert_eq!(keepalive_rails(&mut p), vec![SUP], "SOUT carried nothing: it stays silent");
 }
 
 #[test]
