@@ -7,6 +7,7 @@
 //! - [`RecvEngine`]: posts CTS entries, tracks SRQ credits, decodes IMMs, learns the active
 //!   mask, completes receives, and rejects every protocol violation with a precise error.
 
+mod error_state;
 pub mod imm;
 pub mod layout;
 mod recv;
@@ -18,6 +19,7 @@ pub use recv::{FLUSH_ID_BASE, FlushBuf, RecvBuf, RecvConfig, RecvDone, RecvEngin
 pub use send::{SendBuf, SendConfig, SendEngine};
 
 use crate::fabric::{SendWr, WcStatus};
+use error_state::ErrorState;
 
 /// Rails per device: SOUT and SUP.
 pub const RAILS: usize = 2;
@@ -170,13 +172,6 @@ impl WrKind {
 #[inline(never)]
 pub fn cold(make: impl FnOnce() -> crate::Error) -> crate::Error {
     make()
-}
-
-/// The error every call reports once the connection failed with `e`.
-#[cold]
-#[inline(never)]
-pub(crate) fn failed_earlier(e: &crate::Error) -> crate::Error {
-    crate::Error::new(e.kind, format!("connection failed earlier: {}", e.msg))
 }
 
 /// A failed completion as an error message.

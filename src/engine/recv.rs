@@ -5,7 +5,7 @@
 
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
-use super::{Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, cold, completion_error, failed_earlier};
+use super::{ErrorState, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, cold, completion_error};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::telemetry::StatsHandle;
@@ -105,7 +105,7 @@ pub struct RecvEngine {
     outstanding: usize,
     srq_posted: [u32; RAILS],
     flushes: [FlushReq; MAX_FLUSHES],
-    error: Option<Error>,
+    error: ErrorState,
     /// Last completion or post (ns), for keepalives.
     last_activity_ns: u64,
     /// The rail a keepalive is in flight on, if any.
@@ -125,7 +125,7 @@ impl RecvEngine {
             outstanding: 0,
             srq_posted: [0; RAILS],
             flushes: [FlushReq::default(); MAX_FLUSHES],
-            error: None,
+            error: ErrorState::default(),
             last_activity_ns: 0,
             keepalive: None,
             keepalives: 0,
@@ -143,31 +143,18 @@ impl RecvEngine {
     }
 
     pub fn error(&self) -> Option<&Error> {
-        self.error.as_ref()
-    }
-
-    fn check(&self) -> Result<()> {
-        match &self.error {
-            None => Ok(()),
-            Some(e) => Err(failed_earlier(e)),
-        }
-    }
-
-    fn fail(&mut self, e: Error) -> Error {
-        if self.error.is_none() {
-            self.error = Some(e.clone());
-        }
-        e
+        self.error.get()
     }
 
     /// Puts the connection in the error state for a failure outside the engine (a post
     /// or poll the fabric refused); every later call reports it.
     pub fn set_error(&mut self, e: Error) {
-        self.fail(e);
+        self.error.fail(e);
     }
 
     fn violation(&mut self, rail: usize, msg: impl FnOnce() -> String) -> Error {
-        self.fail(cold(|| Error::remote(format!("protocol violation on the {} rail: {}", RAIL_NAMES[rail], msg()))))
+        self.error
+            .fail(cold(|| Error::remote(format!("protocol violation on the {} rail: {}", RAIL_NAMES[rail], msg()))))
     }
 
     /// SRQ WQEs to post on `rail` now: up to the high watermark once below the low one.
@@ -196,7 +183,7 @@ impl RecvEngine {
         mem: &mut impl RecvMemory,
         out: &mut Posts,
     ) -> Result<Option<u16>> {
-        self.check()?;
+        self.error.check()?;
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
             return Err(cold(|| {
@@ -269,30 +256,29 @@ impl RecvEngine {
             self.srq_posted[rail] = self.srq_posted[rail].saturating_sub(1);
         }
         // A broken connection interprets nothing more: its peer's IMMs are not trusted.
-        self.check()?;
+        self.error.check()?;
         if imm_recv {
             if c.status != WcStatus::Success {
-                return Err(self.fail(cold(|| completion_error(rail, "receiving an IMM", c.status))));
+                return Err(self.error.fail(cold(|| completion_error(rail, "receiving an IMM", c.status))));
             }
             return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
         }
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             if c.status != WcStatus::Success {
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
-                return Err(self.fail(cold(|| completion_error(rail, "a work request", c.status))));
+                return Err(self.error.fail(cold(|| completion_error(rail, "a work request", c.status))));
             }
-            return Err(self.fail(cold(|| {
-                Error::internal(format!("{} rail: completion with an unknown wr_id {:#x}", RAIL_NAMES[rail], c.wr_id))
-            })));
+            return Err(self.error.unknown_wr_id(rail, c.wr_id));
         };
         if c.status != WcStatus::Success {
-            return Err(self.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
+            return Err(self.error.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
         }
         match kind {
             WrKind::Cts => {
                 let s = &mut self.slots[slot];
                 if s.state != State::Posted || !s.cts_pending {
                     return Err(self
+                        .error
                         .fail(cold(|| Error::internal(format!("CTS completion for slot {slot}, which awaits none")))));
                 }
                 s.cts_pending = false;
@@ -307,7 +293,7 @@ impl RecvEngine {
                     Ok(())
                 }
                 // Never credit another flush with it: that flush would complete early.
-                _ => Err(self.fail(cold(|| {
+                _ => Err(self.error.fail(cold(|| {
                     Error::internal(format!(
                         "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
                         RAIL_NAMES[wr_rail]
@@ -318,7 +304,7 @@ impl RecvEngine {
                 self.keepalive = None;
                 Ok(())
             }
-            _ => Err(self.fail(cold(|| {
+            _ => Err(self.error.fail(cold(|| {
                 Error::internal(format!(
                     "{} rail: unexpected {kind:?} completion on a receive connection",
                     RAIL_NAMES[wr_rail]
@@ -413,7 +399,7 @@ impl RecvEngine {
     /// (the READ cannot pass the NIC's earlier writes, so when it completes the GPU sees
     /// the data; net_ib does the same). Returns the flush request.
     pub fn iflush(&mut self, buf: FlushBuf, out: &mut Posts) -> Result<Option<u16>> {
-        self.check()?;
+        self.error.check()?;
         let Some(i) = self.flushes.iter().position(|f| !f.live) else {
             return Err(cold(|| Error::internal(format!("too many flushes in flight (at most {MAX_FLUSHES})"))));
         };
@@ -451,7 +437,7 @@ impl RecvEngine {
     #[inline]
     pub fn test_into(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         // Every call after a failure reports it, even for a request that had completed.
-        self.check()?;
+        self.error.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
                 return Err(cold(|| Error::internal(format!("flush request {id} is not in flight"))));
@@ -485,7 +471,7 @@ impl RecvEngine {
     /// a tiny signalled WRITE to the sender's scratch word (alternating rails, one at a time):
     /// RC gives a receiver whose sender died no completion at all, the keepalive fails.
     pub fn poll_keepalive(&mut self, now_ns: u64, out: &mut Posts) {
-        if self.error.is_some() || self.outstanding == 0 || self.keepalive.is_some() {
+        if self.error.is_set() || self.outstanding == 0 || self.keepalive.is_some() {
             return;
         }
         if now_ns.saturating_sub(self.last_activity_ns) < super::KEEPALIVE_NS {

@@ -5,8 +5,8 @@
 use super::imm::{Imm, MASK_SOUT, MASK_SUP, SIZEQ_SENTINEL};
 use super::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
 use super::{
-    Chain, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, cold, completion_error,
-    failed_earlier,
+    Chain, ErrorState, MAX_CHAIN, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, cold,
+    completion_error,
 };
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
@@ -101,7 +101,7 @@ pub struct SendEngine {
     outstanding: [u32; RAILS],
     /// The rail has carried a transfer of this connection (keepalives go only there).
     carried: [bool; RAILS],
-    error: Option<Error>,
+    error: ErrorState,
     truncations: u64,
 }
 
@@ -128,7 +128,7 @@ impl SendEngine {
             rr: [0; RAILS],
             outstanding: [0; RAILS],
             carried: [false; RAILS],
-            error: None,
+            error: ErrorState::default(),
             truncations: 0,
             cfg,
         }
@@ -150,7 +150,7 @@ impl SendEngine {
 
     /// The error that broke this connection, if any.
     pub fn error(&self) -> Option<&Error> {
-        self.error.as_ref()
+        self.error.get()
     }
 
     /// Rails with signalled WRs in flight (the CQs worth polling).
@@ -164,24 +164,10 @@ impl SendEngine {
         m
     }
 
-    fn check(&self) -> Result<()> {
-        match &self.error {
-            None => Ok(()),
-            Some(e) => Err(failed_earlier(e)),
-        }
-    }
-
-    fn fail(&mut self, e: Error) -> Error {
-        if self.error.is_none() {
-            self.error = Some(e.clone());
-        }
-        e
-    }
-
     /// Puts the connection in the error state for a failure outside the engine (a post
     /// or poll the fabric refused); every later call reports it.
     pub fn set_error(&mut self, e: Error) {
-        self.fail(e);
+        self.error.fail(e);
     }
 
     /// Reads the next CTS slot if the receiver has written all of it.
@@ -200,7 +186,7 @@ impl SendEngine {
         }
         let n = (w0 & 0xff) as usize;
         if n == 0 || n > MAX_RECVS {
-            return Err(self.fail(cold(|| {
+            return Err(self.error.fail(cold(|| {
                 Error::remote(format!(
                     "protocol violation: CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)"
                 ))
@@ -213,7 +199,7 @@ impl SendEngine {
         for i in 0..n {
             let e = mem.fifo_entry(slot, i);
             if e.word != w0 || e.nreqs as usize != n {
-                return Err(self.fail(cold(|| Error::remote(format!(
+                return Err(self.error.fail(cold(|| Error::remote(format!(
                     "protocol violation: CTS slot {slot} entry {i} is inconsistent (word {:#x}, nreqs {}, expected {w0:#x}, {n})",
                     e.word, e.nreqs
                 )))));
@@ -238,7 +224,7 @@ impl SendEngine {
         mem: &mut impl SendMemory,
         out: &mut Posts,
     ) -> Result<Option<u16>> {
-        self.check()?;
+        self.error.check()?;
         if !self.matching && !self.poll_cts(mem)? {
             return Ok(None);
         }
@@ -348,7 +334,7 @@ impl SendEngine {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
         let failed = [self.tel[SOUT].view().failed, self.tel[SUP].view().failed];
         if failed[SOUT] && failed[SUP] {
-            return Err(self.fail(Error::remote("both rails have failed")));
+            return Err(self.error.fail(Error::remote("both rails have failed")));
         }
         let n = self.cur.n;
         if n == 1 {
@@ -503,7 +489,7 @@ impl SendEngine {
     /// complete), so even with probes off an idle rail gets a keepalive every
     /// [`KEEPALIVE_NS`](super::KEEPALIVE_NS): a dead receiver is then noticed.
     pub fn poll_probes(&mut self, now_ns: u64, waiting: bool, out: &mut Posts) {
-        if self.error.is_some() {
+        if self.error.is_set() {
             return;
         }
         for rail in 0..RAILS {
@@ -544,22 +530,20 @@ impl SendEngine {
     pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
         self.tel[rail].stats().count_cqes(1);
         // A broken connection interprets nothing more (flushed WRs, late completions).
-        self.check()?;
+        self.error.check()?;
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
-            return Err(self.fail(cold(|| {
-                Error::internal(format!("{} rail: completion with an unknown wr_id {:#x}", RAIL_NAMES[rail], c.wr_id))
-            })));
+            return Err(self.error.unknown_wr_id(rail, c.wr_id));
         };
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            return Err(self.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
+            return Err(self.error.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
         }
         match kind {
             WrKind::DataSignal => {
                 let s = &mut self.slots[slot];
                 if s.pending & (1 << wr_rail) == 0 {
-                    return Err(self.fail(cold(|| {
+                    return Err(self.error.fail(cold(|| {
                         Error::internal(format!(
                             "{} rail: completion for slot {slot}, which has none outstanding",
                             RAIL_NAMES[wr_rail]
@@ -581,7 +565,7 @@ impl SendEngine {
             }
             WrKind::Probe => {
                 if !self.tel[wr_rail].probe_outstanding() {
-                    return Err(self.fail(cold(|| {
+                    return Err(self.error.fail(cold(|| {
                         Error::internal(format!(
                             "{} rail: probe completion, but no probe is in flight",
                             RAIL_NAMES[wr_rail]
@@ -591,7 +575,7 @@ impl SendEngine {
                 self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
-            _ => Err(self.fail(cold(|| {
+            _ => Err(self.error.fail(cold(|| {
                 Error::internal(format!(
                     "{} rail: unexpected {kind:?} completion on a send connection",
                     RAIL_NAMES[wr_rail]
@@ -603,7 +587,7 @@ impl SendEngine {
     /// `test`: the bytes sent once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
         // Every call after a failure reports it, even for a request that had completed.
-        self.check()?;
+        self.error.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
             return Err(cold(|| Error::internal(format!("send request {id} does not exist"))));
         };

@@ -68,13 +68,69 @@ impl<D: Device> Rail<D> {
     }
 }
 
+/// What the comms' shared fabric helpers need of an engine.
+trait Engine {
+    /// A fabric call failed: the connection is broken, every later call reports it.
+    fn set_error(&mut self, e: Error);
+}
+
+impl Engine for SendEngine {
+    fn set_error(&mut self, e: Error) {
+        SendEngine::set_error(self, e);
+    }
+}
+
+impl Engine for RecvEngine {
+    fn set_error(&mut self, e: Error) {
+        RecvEngine::set_error(self, e);
+    }
+}
+
+/// The result of a fabric call (post, poll); a failure is recorded in `engine` first.
+#[inline]
+fn fabric<T>(engine: &mut impl Engine, r: Result<T>) -> Result<T> {
+    // The failure out of line: inlined, its clone made callers too big to inline this.
+    match r {
+        Ok(v) => Ok(v),
+        Err(e) => Err(broken(engine, e)),
+    }
+}
+
+/// Records `e` as what broke the connection and returns it.
+#[cold]
+#[inline(never)]
+fn broken(engine: &mut impl Engine, e: Error) -> Error {
+    engine.set_error(e.clone());
+    e
+}
+
 /// Posts every chain of `posts` on its rail's QP (one call each).
 #[inline]
-fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result<()> {
+fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts, engine: &mut impl Engine) -> Result<()> {
     if posts.n == 0 {
         return Ok(()); // most tests post nothing: no call
     }
-    post_chains(rails, posts)
+    fabric(engine, post_chains(rails, posts))
+}
+
+/// Drains `cq`, `POLL_BATCH` completions a call, handing each batch to `on_batch`.
+#[inline]
+fn drain_cq<C: CompletionQueue, E: Engine>(
+    cq: &mut C,
+    wc: &mut [Completion; POLL_BATCH],
+    engine: &mut E,
+    mut on_batch: impl FnMut(&mut E, &[Completion]) -> Result<()>,
+) -> Result<()> {
+    loop {
+        let n = fabric(engine, cq.poll(wc))?;
+        if n == 0 {
+            return Ok(());
+        }
+        on_batch(engine, &wc[..n])?;
+        if n < POLL_BATCH {
+            return Ok(());
+        }
+    }
 }
 
 fn post_chains<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result<()> {
@@ -204,16 +260,8 @@ impl<D: Device> SendComm<D> {
                 self.engine.poll_probes(now, true, &mut self.posts);
             }
         }
-        self.post()?;
+        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
-    }
-
-    fn post(&mut self) -> Result<()> {
-        if let Err(e) = post_all(&mut self.rails, &self.posts) {
-            self.engine.set_error(e.clone());
-            return Err(e);
-        }
-        Ok(())
     }
 
     /// Polls the CQs of the rails in `mask` and feeds the engine (`now`: this call's clock).
@@ -222,24 +270,12 @@ impl<D: Device> SendComm<D> {
             if mask & (1 << rail) == 0 {
                 continue;
             }
-            loop {
-                let n = match self.rails[rail].cq.poll(&mut self.wc) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        self.engine.set_error(e.clone());
-                        return Err(e);
-                    }
-                };
-                if n == 0 {
-                    break;
+            drain_cq(&mut self.rails[rail].cq, &mut self.wc, &mut self.engine, |engine, batch| {
+                for c in batch {
+                    engine.on_completion(now, rail, c)?;
                 }
-                for c in &self.wc[..n] {
-                    self.engine.on_completion(now, rail, c)?;
-                }
-                if n < POLL_BATCH {
-                    break;
-                }
-            }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -254,7 +290,7 @@ impl<D: Device> SendComm<D> {
         let done = self.engine.test(id)?;
         self.posts.clear();
         self.engine.poll_probes(now, done.is_none(), &mut self.posts);
-        self.post()?;
+        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(done)
     }
 
@@ -308,10 +344,7 @@ impl<D: Device> RecvComm<D> {
                 continue;
             }
             let Some(srq) = self.rails[rail].srq.as_mut() else { continue };
-            if let Err(e) = srq.post_recv(n) {
-                self.engine.set_error(e.clone());
-                return Err(e);
-            }
+            fabric(&mut self.engine, srq.post_recv(n))?;
             self.engine.srq_posted(rail, n);
         }
         Ok(())
@@ -322,10 +355,7 @@ impl<D: Device> RecvComm<D> {
         self.refill()?;
         self.posts.clear();
         let r = self.engine.irecv(now_ns(), bufs, &mut RecvMem(&self.region), &mut self.posts)?;
-        if let Err(e) = post_all(&mut self.rails, &self.posts) {
-            self.engine.set_error(e.clone());
-            return Err(e);
-        }
+        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
     }
 
@@ -337,34 +367,20 @@ impl<D: Device> RecvComm<D> {
         }
         self.posts.clear();
         let r = self.engine.iflush(FlushBuf { addr, rkeys: [mh.keys[0].rkey, mh.keys[1].rkey] }, &mut self.posts)?;
-        if let Err(e) = post_all(&mut self.rails, &self.posts) {
-            self.engine.set_error(e.clone());
-            return Err(e);
-        }
+        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
     }
 
     fn poll(&mut self) -> Result<()> {
         for rail in 0..RAILS {
-            loop {
-                let n = match self.rails[rail].cq.poll(&mut self.wc) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        self.engine.set_error(e.clone());
-                        return Err(e);
-                    }
-                };
-                if n == 0 {
-                    break;
-                }
+            let mem = RecvMem(&self.region);
+            drain_cq(&mut self.rails[rail].cq, &mut self.wc, &mut self.engine, |engine, batch| {
                 let now = now_ns();
-                for c in &self.wc[..n] {
-                    self.engine.on_completion(now, rail, c, &RecvMem(&self.region))?;
+                for c in batch {
+                    engine.on_completion(now, rail, c, &mem)?;
                 }
-                if n < POLL_BATCH {
-                    break;
-                }
-            }
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -379,10 +395,7 @@ impl<D: Device> RecvComm<D> {
         if done.is_none() {
             self.posts.clear();
             self.engine.poll_keepalive(now_ns(), &mut self.posts);
-            if let Err(e) = post_all(&mut self.rails, &self.posts) {
-                self.engine.set_error(e.clone());
-                return Err(e);
-            }
+            post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         }
         Ok(done)
     }

@@ -280,15 +280,7 @@ impl Conn {
         }
         // SAFETY: as above.
         unsafe { place_one(s.addr, wr.remote_addr, len) };
-        ring.push(Completion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::RecvRdmaWithImm,
-            byte_len: len as u32,
-            imm: wr.imm,
-            qp_num: end.peer_qpn,
-            timestamp_ns: 0,
-        });
+        ring.push(imm_completion(end, wr, len));
         true
     }
 
@@ -412,16 +404,23 @@ impl Conn {
         }
         // SAFETY: as above.
         unsafe { place(&local, wr.remote_addr, len) };
-        ring.push(Completion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::RecvRdmaWithImm,
-            byte_len: len as u32,
-            imm: wr.imm,
-            qp_num: end.peer_qpn,
-            timestamp_ns: 0,
-        });
+        ring.push(imm_completion(end, wr, len));
         Ok(Exec::Done)
+    }
+}
+
+/// The completion the peer's CQ gets for a WRITE_WITH_IMM of `len` bytes that consumed one
+/// of its SRQ WQEs.
+#[inline]
+fn imm_completion(end: &DirectEnd, wr: &SendWr, len: u64) -> Completion {
+    Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::RecvRdmaWithImm,
+        byte_len: len as u32,
+        imm: wr.imm,
+        qp_num: end.peer_qpn,
+        timestamp_ns: 0,
     }
 }
 

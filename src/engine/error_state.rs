@@ -1,0 +1,53 @@
+//! A connection's error state, shared by the send and receive engines: clear until the
+//! first failure, then that failure for good (RC gives no way back: every later call
+//! reports it, even for a request that had completed).
+
+use super::RAIL_NAMES;
+use crate::error::{Error, Result};
+
+/// The first failure of a connection, if any.
+#[derive(Debug, Default)]
+pub(crate) struct ErrorState(Option<Error>);
+
+impl ErrorState {
+    /// The error that broke the connection, if any.
+    pub(crate) fn get(&self) -> Option<&Error> {
+        self.0.as_ref()
+    }
+
+    /// Whether the connection has failed.
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// `Ok` while the connection is healthy; afterwards, the error that broke it.
+    pub(crate) fn check(&self) -> Result<()> {
+        match &self.0 {
+            None => Ok(()),
+            Some(e) => Err(failed_earlier(e)),
+        }
+    }
+
+    /// Records `e` as the connection's failure unless an earlier one is recorded; returns
+    /// `e` for the caller to report.
+    pub(crate) fn fail(&mut self, e: Error) -> Error {
+        if self.0.is_none() {
+            self.0 = Some(e.clone());
+        }
+        e
+    }
+
+    /// Records and returns the error for a completion whose `wr_id` mpib never made.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn unknown_wr_id(&mut self, rail: usize, wr_id: u64) -> Error {
+        self.fail(Error::internal(format!("{} rail: completion with an unknown wr_id {wr_id:#x}", RAIL_NAMES[rail])))
+    }
+}
+
+/// The error every call reports once the connection failed with `e`.
+#[cold]
+#[inline(never)]
+fn failed_earlier(e: &Error) -> Error {
+    Error::new(e.kind, format!("connection failed earlier: {}", e.msg))
+}
