@@ -33,7 +33,10 @@ suite() { SUITES+=("$1"); SUITE_CMD[$1]=$2; }
 # Copies the executable of cargo test target $1 into DIR $2 as $1.
 cargo_test_binary() {
   local exe
+  # The test target's own artifact: cargo also builds the package's binaries for an
+  # integration test (mpib-perf), and the order of the artifacts is whichever finished last.
   exe=$(cargo test --test "$1" --no-run --message-format=json 2>/dev/null |
+    grep -F '"kind":["test"]' | grep -F "\"name\":\"$1\"" |
     sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)
   [[ -n $exe && -x $exe ]] || { cargo test --test "$1" --no-run >&2; log "cannot build test target $1"; return 1; }
   cp "$exe" "$2/$1"
