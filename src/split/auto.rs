@@ -22,9 +22,9 @@
 //!   latency-bound traffic pays one rail's overhead, and a stream of small sends still
 //!   spreads over both rails as their queues grow.
 //! - Congestion: a new RTT sample above SRTT + 4·RTTVAR on a rail (see
-//!   [`RailView::congested`]) halves the rate at which it is given new bytes (at most once
-//!   per its SRTT: one congestion episode, one backoff); each clean sample adds back 1/8,
-//!   down to a floor of 1/16 so a rail is never written off. What it already holds is
+//!   [`RailView::congested`]) cuts the rate at which it is given new bytes by a quarter
+//!   (at most once per its SRTT: one congestion episode, one backoff); each clean sample
+//!   adds back 1/8; the floor is 1/16 so a rail is never written off. What it already holds is
 //!   still reckoned at its estimated rate.
 //! - A healthy rail never starves: a rail whose delivery rate nothing has measured for
 //!   [`STALE_NS`] is reckoned at least as fast as the other for new bytes. Its estimate may
@@ -42,8 +42,11 @@ use crate::telemetry::RailView;
 
 /// Backoff factor scale: `FULL` = no backoff.
 const FULL: u32 = 1024;
-/// Multiplicative decrease on congestion (×1/2).
-const BACKOFF_SHIFT: u32 = 1;
+/// Multiplicative decrease on congestion: ×(1 − 2^−BACKOFF_SHIFT) = ×3/4. The delivery
+/// rate follows a real slowdown within a few ms anyway; halving on top made the split
+/// undershoot and swing back (ci/netem-rails.sh, SOUT 4 -> 2 Gbit/s: settle_ms 3.4, 15.3,
+/// 18.3, 31.0 with halving; 1.0, 5.1, 6.0, 8.2, 11.7 with ×3/4).
+const BACKOFF_SHIFT: u32 = 2;
 /// Additive increase per clean RTT sample (1/8).
 const RECOVER_STEP: u32 = FULL / 8;
 /// The lowest factor: 1/16.
@@ -88,7 +91,7 @@ impl RailState {
         self.seen_samples = v.samples;
         let episode_over = self.last_backoff_ns.is_none_or(|t| now_ns.saturating_sub(t) >= v.srtt_ns);
         if events > 0 && episode_over {
-            self.factor = (self.factor >> BACKOFF_SHIFT).max(FLOOR);
+            self.factor = (self.factor - (self.factor >> BACKOFF_SHIFT)).max(FLOOR);
             self.last_backoff_ns = Some(now_ns);
         } else if clean > 0 {
             self.factor = (self.factor as u64 + RECOVER_STEP as u64 * clean).min(FULL as u64) as u32;
@@ -245,16 +248,16 @@ mod tests {
         let mut p = Auto::new(0);
         let (mut a, b) = (rail(100, 10_000, 0), rail(100, 10_000, 0));
         assert_eq!(p.sout_bytes(1 << 20, 0, &[a, b]), 1 << 19);
-        // One congested sample on SOUT: its rate counts half, so it gets a third.
+        // One congested sample on SOUT: its rate counts 3/4, so it gets 3/7.
         (a.samples, a.congestion_events) = (2, 1);
         let s = p.sout_bytes(1 << 20, 1_000, &[a, b]);
-        assert_eq!(p.backoff(), [0.5, 1.0]);
-        assert!((s as f64 / (1 << 20) as f64 - 1.0 / 3.0).abs() < 0.001, "{s}");
-        // Another one within the same SRTT is the same episode: no second halving.
+        assert_eq!(p.backoff(), [0.75, 1.0]);
+        assert!((s as f64 / (1 << 20) as f64 - 3.0 / 7.0).abs() < 0.001, "{s}");
+        // Another one within the same SRTT is the same episode: no second backoff.
         (a.samples, a.congestion_events) = (3, 2);
         p.sout_bytes(1 << 20, 5_000, &[a, b]);
-        assert_eq!(p.backoff(), [0.5, 1.0]);
-        // A later episode halves again, down to the floor at most.
+        assert_eq!(p.backoff(), [0.75, 1.0]);
+        // A later episode backs off again, down to the floor at most.
         for i in 0..10u64 {
             (a.samples, a.congestion_events) = (4 + i, 3 + i);
             p.sout_bytes(1 << 20, 20_000 * (i + 1), &[a, b]);
