@@ -144,6 +144,7 @@ pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> nc
 }
 
 /// Shared body of every `isend`. Always writes `*request` (NULL = retry later).
+#[inline(always)]
 pub fn isend_impl(
     comm: *mut c_void,
     data: *mut c_void,
@@ -193,6 +194,7 @@ pub enum RecvSizes {
 /// Shared body of every `irecv`. Always overwrites `*request`: NULL (retry later) or the
 /// request, never NCCL's `NCCL_NET_OPTIONAL_RECV_COMPLETION` marker.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub fn irecv_impl(
     comm: *mut c_void,
     n: c_int,
