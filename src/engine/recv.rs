@@ -430,7 +430,7 @@ impl RecvEngine {
 
     /// [`Self::test`] writing the sizes into `sizes` (the first `n`), returning `n`: no
     /// copy of the whole result on the data path.
-    #[inline]
+    #[inline(always)]
     pub fn test_into(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         // Every call after a failure reports it, even for a request that had completed.
         self.error.check()?;

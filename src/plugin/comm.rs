@@ -333,7 +333,7 @@ impl<D: Device> RecvComm<D> {
     }
 
     /// Tops the shared receive queues up between their watermarks (one post per rail).
-    #[inline]
+    #[inline(always)]
     fn refill(&mut self) -> Result<()> {
         for rail in 0..RAILS {
             let n = self.engine.srq_refill(rail);
@@ -368,6 +368,7 @@ impl<D: Device> RecvComm<D> {
         Ok(r)
     }
 
+    #[inline(always)]
     fn poll(&mut self) -> Result<()> {
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);
