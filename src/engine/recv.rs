@@ -176,6 +176,7 @@ impl RecvEngine {
     }
 
     /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
+    #[inline(always)]
     pub fn irecv(
         &mut self,
         now_ns: u64,
