@@ -176,6 +176,7 @@ impl RecvEngine {
     }
 
     /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
+    /// Inlined into the comm's `irecv`, its one caller (saves a frame on every receive).
     #[inline(always)]
     pub fn irecv(
         &mut self,
@@ -430,7 +431,7 @@ impl RecvEngine {
     }
 
     /// [`Self::test`] writing the sizes into `sizes` (the first `n`), returning `n`: no
-    /// copy of the whole result on the data path.
+    /// copy of the whole result on the data path. Inlined into the comm's `test`.
     #[inline(always)]
     pub fn test_into(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         // Every call after a failure reports it, even for a request that had completed.

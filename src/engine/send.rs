@@ -586,6 +586,7 @@ impl SendEngine {
     }
 
     /// `test`: the bytes sent once request `id` is complete (then `id` is free again).
+    /// Inlined into the comm's `test`, its one caller.
     #[inline(always)]
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
         // Every call after a failure reports it, even for a request that had completed.

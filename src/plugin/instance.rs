@@ -210,6 +210,7 @@ impl<D: Device> Plugin<D> {
         Ok(info)
     }
 
+    /// Data path (as `irecv` and `test`): inlined into the ABI shim, its one caller.
     #[inline(always)]
     pub fn isend(&self, comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<u64> {
         let size = size_ok(size)?;

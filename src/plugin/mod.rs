@@ -272,6 +272,7 @@ pub fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
     dispatch!(p => p.dereg_mr(comm, mhandle))
 }
 
+// The data-path calls below are inlined into the ABI shims (one frame per NCCL call).
 #[inline(always)]
 pub fn isend(comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<*mut c_void> {
     dispatch!(p => p.isend(comm, data, size, tag, mh).map(ptr))
