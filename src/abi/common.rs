@@ -143,7 +143,9 @@ pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> nc
     run("deregMr", || plugin::dereg_mr(comm, mhandle))
 }
 
-/// Shared body of every `isend`. Always writes `*request` (NULL = retry later).
+/// Shared body of every `isend`. Always writes `*request` (NULL = retry later). Inlined
+/// into each version's shim, as is the plugin call below it: one frame per NCCL call.
+#[inline(always)]
 pub fn isend_impl(
     comm: *mut c_void,
     data: *mut c_void,
@@ -191,8 +193,10 @@ pub enum RecvSizes {
 }
 
 /// Shared body of every `irecv`. Always overwrites `*request`: NULL (retry later) or the
-/// request, never NCCL's `NCCL_NET_OPTIONAL_RECV_COMPLETION` marker.
+/// request, never NCCL's `NCCL_NET_OPTIONAL_RECV_COMPLETION` marker. Inlined into each
+/// version's shim: the `RecvSizes` kind then folds away.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub fn irecv_impl(
     comm: *mut c_void,
     n: c_int,

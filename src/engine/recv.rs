@@ -176,6 +176,8 @@ impl RecvEngine {
     }
 
     /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
+    /// Inlined into the comm's `irecv`, its one caller (saves a frame on every receive).
+    #[inline(always)]
     pub fn irecv(
         &mut self,
         now_ns: u64,
@@ -357,37 +359,33 @@ impl RecvEngine {
         if s.seen != s.expected {
             return Ok(());
         }
-        // Every active rail delivered: the data is in place. Sizes, exactly.
-        let (byte_sum, posted) = (s.byte_sum, s.posted);
-        let mut sizes = [0u64; MAX_RECVS];
+        // Every active rail delivered: the data is in place. Sizes, exactly: the first `n`
+        // of `sizes` (all `test` reads), written in place. A violation fails the connection
+        // before the slot is done, so a size written before it is never reported.
         if size_q != SIZEQ_SENTINEL {
             // Fast path: each rail's WRITE_WITH_IMM carried its share; byte_len sums them.
-            if byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || byte_sum > posted[0] {
+            let (byte_sum, posted) = (s.byte_sum, s.posted[0]);
+            if byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || byte_sum > posted {
                 return Err(self.violation(
                     rail,
                     || format!(
-                        "slot {slot}: {byte_sum} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {}-byte receive",
-                        posted[0]
+                        "slot {slot}: {byte_sum} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {posted}-byte receive"
                     ),
                 ));
             }
-            sizes[0] = byte_sum;
+            s.sizes[0] = byte_sum;
         } else {
-            for (i, size) in sizes.iter_mut().enumerate().take(n) {
-                *size = mem.record(slot, i);
-                if *size > posted[i] {
-                    let got = *size;
+            for i in 0..n {
+                let (got, posted) = (mem.record(slot, i), self.slots[slot].posted[i]);
+                if got > posted {
                     return Err(self.violation(rail, || {
-                        format!(
-                            "slot {slot}: completion record {i} claims {got} bytes for a {}-byte receive",
-                            posted[i]
-                        )
+                        format!("slot {slot}: completion record {i} claims {got} bytes for a {posted}-byte receive")
                     }));
                 }
+                self.slots[slot].sizes[i] = got;
             }
         }
         let st = &mut self.slots[slot];
-        st.sizes = sizes;
         st.data_done = true;
         if !st.cts_pending {
             st.state = State::Done;
@@ -433,8 +431,8 @@ impl RecvEngine {
     }
 
     /// [`Self::test`] writing the sizes into `sizes` (the first `n`), returning `n`: no
-    /// copy of the whole result on the data path.
-    #[inline]
+    /// copy of the whole result on the data path. Inlined into the comm's `test`.
+    #[inline(always)]
     pub fn test_into(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         // Every call after a failure reports it, even for a request that had completed.
         self.error.check()?;

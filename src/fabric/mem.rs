@@ -59,6 +59,33 @@ impl HostRegion {
 
     /// Acquire load of the word at `off`: pairs with the placement of a peer's WRITE
     /// whose last word this is (the fabric stores it last, with Release).
+    /// The `N` words from byte `off` on, bounds-checked once (a CTS entry is eight).
+    #[inline]
+    fn words<const N: usize>(&self, off: usize) -> &[AtomicU64; N] {
+        assert!(
+            off.is_multiple_of(8) && off <= self.len && self.len - off >= 8 * N,
+            "{N} words at offset {off} outside a {}-byte region",
+            self.len
+        );
+        // SAFETY: in bounds and 8-aligned (the base is page-aligned); the memory lives as
+        // long as `self`, and all concurrent accesses to it are atomic or by the NIC.
+        unsafe { &*self.ptr.add(off).cast::<[AtomicU64; N]>() }
+    }
+
+    /// Relaxed loads of the `N` words from byte `off` on.
+    #[inline]
+    pub fn load_words<const N: usize>(&self, off: usize) -> [u64; N] {
+        self.words::<N>(off).each_ref().map(|w| w.load(Ordering::Relaxed))
+    }
+
+    /// Relaxed stores of `v` into the words from byte `off` on, in order.
+    #[inline]
+    pub fn store_words<const N: usize>(&self, off: usize, v: &[u64; N]) {
+        for (w, &x) in self.words::<N>(off).iter().zip(v) {
+            w.store(x, Ordering::Relaxed);
+        }
+    }
+
     #[inline]
     pub fn load_acquire(&self, off: usize) -> u64 {
         self.word(off).load(Ordering::Acquire)
@@ -96,6 +123,17 @@ mod tests {
         assert_eq!(r.load(0), 0);
         r.store(4088, 7);
         assert_eq!(r.load_acquire(4088), 7);
+    }
+
+    #[test]
+    fn words_round_trip_and_are_checked_as_a_whole() {
+        let r = HostRegion::new(100).unwrap();
+        r.store_words(4096 - 64, &[1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(r.load_words::<8>(4096 - 64), [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(r.load(4088), 8);
+        let past_end = std::panic::catch_unwind(|| r.load_words::<8>(4096 - 56));
+        assert!(past_end.is_err(), "the last word lies past the region");
+        assert!(std::panic::catch_unwind(|| r.load_words::<2>(4)).is_err(), "unaligned");
     }
 
     #[test]

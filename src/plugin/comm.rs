@@ -151,9 +151,9 @@ impl SendMemory for SendMem<'_> {
     #[inline]
     fn fifo_entry(&self, slot: usize, i: usize) -> CtsEntry {
         let base = slot * CTS_SLOT_BYTES + i * 64;
-        // Words 4..7 are padding (see `CtsEntry::to_words`): not read.
-        let w = |k: usize| self.0.load(base + 8 * k);
-        CtsEntry::from_words(&[w(0), w(1), w(2), w(3), 0, 0, 0, w(7)])
+        // Words 4..6 are padding (see `CtsEntry::to_words`): not read.
+        let [w0, w1, w2, w3] = self.0.load_words::<4>(base);
+        CtsEntry::from_words(&[w0, w1, w2, w3, 0, 0, 0, self.0.load(base + 56)])
     }
     #[inline]
     fn write_sizes(&mut self, slot: usize, sizes: &[u64]) {
@@ -169,10 +169,7 @@ struct RecvMem<'a>(&'a HostRegion);
 impl RecvMemory for RecvMem<'_> {
     #[inline]
     fn write_cts(&mut self, slot: usize, i: usize, e: &CtsEntry) {
-        let base = slot * CTS_SLOT_BYTES + i * 64;
-        for (k, w) in e.to_words().into_iter().enumerate() {
-            self.0.store(base + 8 * k, w);
-        }
+        self.0.store_words(slot * CTS_SLOT_BYTES + i * 64, &e.to_words());
     }
     #[inline]
     fn record(&self, slot: usize, i: usize) -> u64 {
@@ -336,7 +333,8 @@ impl<D: Device> RecvComm<D> {
     }
 
     /// Tops the shared receive queues up between their watermarks (one post per rail).
-    #[inline]
+    /// Inlined into `irecv` and `test`: no frame on either.
+    #[inline(always)]
     fn refill(&mut self) -> Result<()> {
         for rail in 0..RAILS {
             let n = self.engine.srq_refill(rail);
@@ -371,6 +369,8 @@ impl<D: Device> RecvComm<D> {
         Ok(r)
     }
 
+    /// Drains both rails' CQs into the engine. Inlined into `test`, its one caller.
+    #[inline(always)]
     fn poll(&mut self) -> Result<()> {
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);

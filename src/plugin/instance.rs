@@ -210,6 +210,8 @@ impl<D: Device> Plugin<D> {
         Ok(info)
     }
 
+    /// Data path (as `irecv` and `test`): inlined into the ABI shim, its one caller.
+    #[inline(always)]
     pub fn isend(&self, comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<u64> {
         let size = size_ok(size)?;
         let (h, mut g) = self.objs.get(as_u64(comm), Kind::Send)?;
@@ -221,6 +223,7 @@ impl<D: Device> Plugin<D> {
         }
     }
 
+    #[inline(always)]
     pub fn irecv(
         &self,
         comm: *mut c_void,
@@ -277,6 +280,7 @@ impl<D: Device> Plugin<D> {
 
     /// `test`: once the request is done, its sizes are in `sizes` and their number is
     /// returned (0 for a flush).
+    #[inline(always)]
     pub fn test(&self, request: *mut c_void, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         let v = as_u64(request);
         let Some((comm, kind, id, seq)) = Handle::split_request(v) else {

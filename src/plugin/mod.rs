@@ -272,10 +272,13 @@ pub fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
     dispatch!(p => p.dereg_mr(comm, mhandle))
 }
 
+// The data-path calls below are inlined into the ABI shims (one frame per NCCL call).
+#[inline(always)]
 pub fn isend(comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<*mut c_void> {
     dispatch!(p => p.isend(comm, data, size, tag, mh).map(ptr))
 }
 
+#[inline(always)]
 pub fn irecv(
     comm: *mut c_void,
     data: &[*mut c_void],
@@ -296,6 +299,7 @@ pub fn iflush(
 }
 
 /// `test`: once the request is done, its sizes are in `sizes` and their number is returned.
+#[inline(always)]
 pub fn test(request: *mut c_void, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
     dispatch!(p => p.test(request, sizes))
 }

@@ -347,7 +347,7 @@ impl Conn {
         if st.head == st.tail && !st.recv_flush {
             return false;
         }
-        let mut ring = self.cq.ring.lock();
+        let mut ring = self.cq.lock();
         let mut moved = false;
         if st.recv_flush {
             let c = Completion {

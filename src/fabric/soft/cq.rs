@@ -7,11 +7,16 @@
 //! CQ never overflows. The ring's lock is shared only with the device's helper thread.
 //!
 //! An SRQ is a counter of generic WQEs: posting adds, a WRITE_WITH_IMM takes one.
+//!
+//! The common poll is cheap: the number of queued completions is mirrored in an atomic
+//! (an empty CQ is not locked), and connections are stepped only when the CQ's `work` flag
+//! says one may need it (a TCP connection attached, or an in-process connection, or its
+//! peer, with WRs waiting or a closed peer: see `direct.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::conn::Conn;
 use crate::error::{Error, Result};
@@ -62,10 +67,44 @@ impl CqRing {
 }
 
 pub struct CqShared {
-    pub ring: Mutex<CqRing>,
+    ring: Mutex<CqRing>,
+    /// Completions in `ring`, stored under its lock: a poll that reads 0 takes no lock.
+    queued: AtomicUsize,
+    /// A poll must step the attached connections (see the module documentation): raised
+    /// whenever one may have work, cleared by the poll that steps them.
+    work: AtomicBool,
     /// QPs attached to this CQ; `generation` changes whenever the list does.
     conns: Mutex<Vec<Arc<Conn>>>,
     generation: AtomicU64,
+}
+
+/// The locked ring of a CQ; its completion count is published when the lock is released.
+pub struct RingGuard<'a> {
+    ring: MutexGuard<'a, CqRing>,
+    queued: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for RingGuard<'_> {
+    type Target = CqRing;
+    #[inline]
+    fn deref(&self) -> &CqRing {
+        &self.ring
+    }
+}
+
+impl std::ops::DerefMut for RingGuard<'_> {
+    #[inline]
+    fn deref_mut(&mut self) -> &mut CqRing {
+        &mut self.ring
+    }
+}
+
+impl Drop for RingGuard<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        // Release: a poll that reads the count sees the completions (it locks to take them).
+        self.queued.store(self.ring.len, Ordering::Release);
+    }
 }
 
 impl CqShared {
@@ -73,19 +112,37 @@ impl CqShared {
         let cap = depth.max(1) as usize;
         Arc::new(CqShared {
             ring: Mutex::new(CqRing::new(cap)),
+            queued: AtomicUsize::new(0),
+            work: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         })
     }
 
+    /// Locks the ring of completions.
+    #[inline]
+    pub fn lock(&self) -> RingGuard<'_> {
+        RingGuard { ring: self.ring.lock(), queued: &self.queued }
+    }
+
+    /// The next poll steps the attached connections (a connection attached here, or the
+    /// peer of one, may have work). Store it after the work itself is visible.
+    #[inline]
+    pub fn raise_work(&self) {
+        self.work.store(true, Ordering::Release);
+    }
+
     pub fn attach(&self, c: Arc<Conn>) {
         self.conns.lock().push(c);
         self.generation.fetch_add(1, Ordering::Release);
+        self.raise_work();
     }
 
     pub fn detach(&self, c: &Arc<Conn>) {
         self.conns.lock().retain(|x| !Arc::ptr_eq(x, c));
         self.generation.fetch_add(1, Ordering::Release);
+        // The next poll refreshes its copy (and lets go of `c`).
+        self.raise_work();
     }
 }
 
@@ -95,11 +152,13 @@ pub struct SoftCq {
     /// This poller's copy of the attached QPs, refreshed when `generation` moves (control path).
     conns: Vec<Arc<Conn>>,
     seen_generation: u64,
+    /// A TCP connection is attached: every poll steps (the NIC answers its peer when polled).
+    any_tcp: bool,
 }
 
 impl SoftCq {
     pub(super) fn new(depth: u32) -> SoftCq {
-        SoftCq { shared: CqShared::new(depth), conns: Vec::new(), seen_generation: u64::MAX }
+        SoftCq { shared: CqShared::new(depth), conns: Vec::new(), seen_generation: u64::MAX, any_tcp: false }
     }
 
     /// Takes a fresh copy of the attached QPs (control path: QPs come and go).
@@ -107,6 +166,23 @@ impl SoftCq {
     fn refresh(&mut self, generation: u64) {
         self.conns = self.shared.conns.lock().clone();
         self.seen_generation = generation;
+        self.any_tcp = self.conns.iter().any(|c| !c.inproc);
+    }
+
+    /// One progress step on the attached connections that may need one.
+    #[inline(never)]
+    fn step(&mut self) {
+        // Cleared first (a swap reads the latest raise: none is lost): work raised from now
+        // on is seen by the next poll. Acquire: the attachments and the work that raised
+        // the flag are visible below.
+        self.shared.work.swap(false, Ordering::AcqRel);
+        let generation = self.shared.generation.load(Ordering::Acquire);
+        if generation != self.seen_generation {
+            self.refresh(generation);
+        }
+        for c in &self.conns {
+            if c.inproc { step_direct(c) } else { step_conn(c) }
+        }
     }
 }
 
@@ -121,7 +197,6 @@ pub fn step_conn(c: &Conn) {
 
 /// In-process mode: steps `c` and its peer, each only if it has work (WRs waiting on this
 /// side's SRQ or CQ, completions not yet retired, a closed peer).
-#[inline]
 fn step_direct(c: &Conn) {
     if c.work.load(Ordering::Acquire) {
         direct_step(c);
@@ -141,15 +216,16 @@ fn direct_step(c: &Conn) {
 }
 
 impl CompletionQueue for SoftCq {
+    /// Always inlined into the few drain loops: the common poll is a few loads.
+    #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        let generation = self.shared.generation.load(Ordering::Acquire);
-        if generation != self.seen_generation {
-            self.refresh(generation);
+        if self.any_tcp || self.shared.work.load(Ordering::Relaxed) {
+            self.step();
         }
-        for c in &self.conns {
-            if c.inproc { step_direct(c) } else { step_conn(c) }
+        if self.shared.queued.load(Ordering::Acquire) == 0 {
+            return Ok(0);
         }
-        Ok(self.shared.ring.lock().pop_into(out))
+        Ok(self.shared.lock().pop_into(out))
     }
 }
 

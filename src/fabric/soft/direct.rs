@@ -50,6 +50,8 @@ pub struct DirectEnd {
     peer_qpn: u32,
     /// Both `work` flags, this end's first: closing or becoming ready wakes both.
     work: [Arc<AtomicBool>; 2],
+    /// Both ends' CQs, whose polls step the two connections.
+    cqs: [Arc<CqShared>; 2],
 }
 
 impl DirectEnd {
@@ -63,6 +65,7 @@ impl DirectEnd {
             peer_srq: peer.srq.clone(),
             peer_qpn: peer.qp_num,
             work: [me.work.clone(), peer.work.clone()],
+            cqs: [me.cq.clone(), peer.cq.clone()],
         };
         (end(a, b), end(b, a))
     }
@@ -82,6 +85,9 @@ impl DirectEnd {
     fn wake(&self) {
         for w in &self.work {
             w.store(true, Ordering::Release);
+        }
+        for cq in &self.cqs {
+            cq.raise_work();
         }
     }
 }
@@ -237,7 +243,7 @@ impl Conn {
                 qp_num: self.qp_num,
                 ..Completion::default()
             };
-            if !self.cq.ring.lock().push(c) {
+            if !self.cq.lock().push(c) {
                 // Executed, its completion waits for CQ room: it retires the queued way.
                 let seq = st.tail;
                 *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local: false, read_done: true };
@@ -274,7 +280,7 @@ impl Conn {
         }
         let Some(srq) = end.peer_srq.as_ref() else { return false };
         // The CQ stays locked from the room check to the push: nothing else fills it between.
-        let mut ring = end.peer_cq.ring.lock();
+        let mut ring = end.peer_cq.lock();
         if ring.full() || !srq.take() {
             return false;
         }
@@ -300,7 +306,15 @@ impl Conn {
             }
         }
         moved |= self.retire(st);
-        self.work.store(st.head != st.tail || st.recv_flush, Ordering::Release);
+        let work = st.head != st.tail || st.recv_flush;
+        self.work.store(work, Ordering::Release);
+        if work {
+            // Polls of this side's CQ and of the peer's step this connection again.
+            self.cq.raise_work();
+            if let Some(Link::Direct(end)) = &st.link {
+                end.peer_cq.raise_work();
+            }
+        }
         moved
     }
 
@@ -389,7 +403,7 @@ impl Conn {
             return Err(refused(WcStatus::RemoteOpError, || format!("peer refused request {seq}: InvalidRequest")));
         };
         // The CQ stays locked from the room check to the push: nothing else fills it between.
-        let mut ring = end.peer_cq.ring.lock();
+        let mut ring = end.peer_cq.lock();
         if ring.full() {
             return Ok(Exec::Wait);
         }

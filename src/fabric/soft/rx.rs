@@ -510,7 +510,7 @@ impl Conn {
                 qp_num: self.qp_num,
                 timestamp_ns: 0,
             };
-            if !self.cq.ring.lock().push(c) {
+            if !self.cq.lock().push(c) {
                 st.rx.stalled = true;
                 return false;
             }
