@@ -1,0 +1,236 @@
+//! Posting a matched slot: the split of each send, decided immediately before it is posted,
+//! and the chains it becomes — one per active rail, nothing on an inactive one. A single
+//! receive whose size fits the IMM takes the fast path (one WRITE_WITH_IMM per rail); any
+//! other slot writes its data and then a signalling WRITE_WITH_IMM, the leader rail's
+//! carrying the sizes into the receiver's completion records.
+
+use super::{PostedSlot, SendBuf, SendEngine};
+use crate::engine::imm::{Imm, MASK_SOUT, MASK_SUP, SIZEQ_SENTINEL};
+use crate::engine::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
+use crate::engine::{MAX_CHAIN, Posts, QpRef, RAILS, SOUT, SUP, WrKind};
+use crate::error::{Error, Result};
+use crate::fabric::{SendWr, Sge, WrOpcode};
+use crate::split::{AnySplit, SHARE_ALIGN, SplitPolicy};
+use crate::telemetry::RailView;
+
+/// The rails that carry bytes of a `size`-byte send with `sout` bytes on SOUT.
+#[inline]
+fn rails_carrying(sout: u64, size: u64) -> u8 {
+    (if sout > 0 { MASK_SOUT } else { 0 }) | if size > sout { MASK_SUP } else { 0 }
+}
+
+/// The active rails of a slot whose sends carry bytes on `mask`'s rails. A slot of empty
+/// sends carries none, yet its IMM must go: on SOUT alone (SUP when SOUT has failed).
+#[inline]
+fn or_empty_rail(mask: u8, failed: [bool; RAILS]) -> u8 {
+    if mask != 0 {
+        mask
+    } else if failed[SOUT] {
+        MASK_SUP
+    } else {
+        MASK_SOUT
+    }
+}
+
+impl SendEngine {
+    fn views(&self) -> [RailView; RAILS] {
+        [*self.tel[SOUT].view(), *self.tel[SUP].view()]
+    }
+
+    /// The policy's bytes on SOUT for a `size`-byte send, both rails healthy.
+    #[inline]
+    fn sout_share(&mut self, size: u64, now_ns: u64) -> u64 {
+        match &mut self.split {
+            AnySplit::Fixed(f) => f.sout_bytes(size, now_ns, &[*self.tel[SOUT].view(), *self.tel[SUP].view()]),
+            AnySplit::Auto(_) => self.auto_share(size, now_ns),
+        }
+    }
+
+    /// Out of line: inlined, the compiler computes its rail arithmetic ahead of the policy
+    /// check, for fixed splits too.
+    #[inline(never)]
+    fn auto_share(&mut self, size: u64, now_ns: u64) -> u64 {
+        let views = self.views();
+        self.split.sout_bytes(size, now_ns, &views)
+    }
+
+    /// The bytes of a `size`-byte send that go on SOUT (the rest go on SUP), given which
+    /// rails have failed.
+    #[inline]
+    fn sout_part(&mut self, size: u64, now_ns: u64, failed: [bool; RAILS]) -> u64 {
+        if failed[SUP] {
+            size
+        } else if failed[SOUT] {
+            0
+        } else {
+            let s = self.sout_share(size, now_ns).min(size);
+            // A policy must answer in 128-byte units; repair anything else.
+            if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
+        }
+    }
+
+    /// The next data QP of `rail` (round robin).
+    #[inline]
+    fn next_qp(&mut self, rail: usize) -> QpRef {
+        let qp = self.rr[rail];
+        // Kept below the QP count: no division per post.
+        self.rr[rail] = if qp + 1 >= self.cfg.qps[rail] { 0 } else { qp + 1 };
+        QpRef::Data(qp)
+    }
+
+    /// Book-keeping of a chain posted on `rail` for `slot`: counters, telemetry, in flight.
+    /// Always inlined: as a call (one a send) its arguments and frame cost a fifth of it.
+    #[inline(always)]
+    fn posted(&mut self, now_ns: u64, rail: usize, slot: usize, wrs: u64, rail_bytes: u64, total: u64) {
+        // One doorbell; exactly one WRITE_WITH_IMM per active rail.
+        self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
+        self.tel[rail].on_post(now_ns, rail_bytes);
+        self.outstanding[rail] += 1;
+        self.carried[rail] = true;
+        let ps = &mut self.slots[slot];
+        ps.posted_ns[rail] = now_ns;
+        ps.bytes[rail] = rail_bytes;
+    }
+
+    /// Splits and posts the fully matched slot `cur`: one chain per active rail.
+    pub(super) fn post_slot(&mut self, now_ns: u64, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
+        let slot = (self.fifo_head % SLOTS as u64) as usize;
+        let failed = [self.tel[SOUT].view().failed, self.tel[SUP].view().failed];
+        if failed[SOUT] && failed[SUP] {
+            return Err(self.error.fail(Error::remote("both rails have failed")));
+        }
+        let n = self.cur.n;
+        if n == 1 {
+            let id = self.cur.reqs[0].expect("matched");
+            let size = self.reqs[id as usize].size;
+            if Imm::size_q_for(size) != SIZEQ_SENTINEL {
+                self.post_single(now_ns, slot, id, size, failed, out);
+                return Ok(());
+            }
+        }
+        // Per send: bytes on SOUT (the first part of the buffer), the rest on SUP.
+        let mut sout = [0u64; MAX_RECVS];
+        let mut sizes = [0u64; MAX_RECVS];
+        let mut ids = [0u16; MAX_RECVS];
+        let mut mask = 0u8;
+        let mut total = 0u64;
+        for i in 0..n {
+            ids[i] = self.cur.reqs[i].expect("matched");
+            let size = self.reqs[ids[i] as usize].size;
+            let s = self.sout_part(size, now_ns, failed);
+            sizes[i] = size;
+            sout[i] = s;
+            total += size;
+            mask |= rails_carrying(s, size);
+        }
+        let mask = or_empty_rail(mask, failed);
+        let imm = Imm { slot: slot as u8, mask, size_q: SIZEQ_SENTINEL }.encode();
+        let leader = if mask & MASK_SOUT != 0 { SOUT } else { SUP };
+        mem.write_sizes(slot, &sizes[..n]);
+        self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, ..PostedSlot::default() };
+        for rail in [SOUT, SUP] {
+            if mask & (1 << rail) == 0 {
+                continue; // an inactive rail sends nothing at all
+            }
+            let qp = self.next_qp(rail);
+            let c = out.push(rail, qp);
+            let mut rail_bytes = 0u64;
+            for i in 0..n {
+                let (off, len) = if rail == SOUT { (0, sout[i]) } else { (sout[i], sizes[i] - sout[i]) };
+                rail_bytes += len;
+                if len > 0 {
+                    c.push(self.data_wr(rail, slot, &self.cur.bufs[i], &self.cur.entries[i], off, len, false, 0));
+                }
+            }
+            c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
+            debug_assert!(c.len as usize <= MAX_CHAIN);
+            let wrs = c.len as u64;
+            self.posted(now_ns, rail, slot, wrs, rail_bytes, total);
+        }
+        self.fifo_head += 1;
+        Ok(())
+    }
+
+    /// The fast path of a single receive whose size `size_q` encodes: one WRITE_WITH_IMM
+    /// per active rail carries its share of the data and the IMM.
+    #[inline]
+    fn post_single(&mut self, now_ns: u64, slot: usize, id: u16, size: u64, failed: [bool; RAILS], out: &mut Posts) {
+        let s = self.sout_part(size, now_ns, failed);
+        let mask = or_empty_rail(rails_carrying(s, size), failed);
+        let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
+        let ps = &mut self.slots[slot];
+        (ps.n, ps.reqs[0], ps.pending) = (1, id, mask);
+        for rail in [SOUT, SUP] {
+            if mask & (1 << rail) == 0 {
+                continue; // an inactive rail sends nothing at all
+            }
+            let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
+            let qp = self.next_qp(rail);
+            out.push(rail, qp).push(self.data_wr(
+                rail,
+                slot,
+                &self.cur.bufs[0],
+                &self.cur.entries[0],
+                off,
+                len,
+                true,
+                imm,
+            ));
+            self.posted(now_ns, rail, slot, 1, len, size);
+        }
+        self.fifo_head += 1;
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn data_wr(
+        &self,
+        rail: usize,
+        slot: usize,
+        buf: &SendBuf,
+        entry: &CtsEntry,
+        off: u64,
+        len: u64,
+        with_imm: bool,
+        imm: u32,
+    ) -> SendWr {
+        let mut wr = SendWr {
+            wr_id: if with_imm { WrKind::DataSignal.id(rail, slot) } else { WrKind::Data.id(rail, slot) },
+            opcode: if with_imm { WrOpcode::WriteImm } else { WrOpcode::Write },
+            signaled: with_imm,
+            inline: len > 0 && len <= self.cfg.max_inline as u64,
+            remote_addr: entry.addr + off,
+            rkey: entry.rkeys[rail],
+            imm,
+            ..SendWr::default()
+        };
+        if len > 0 {
+            wr.num_sge = 1;
+            wr.sge[0] = Sge { addr: buf.addr + off, len: len as u32, lkey: buf.lkeys[rail] };
+        }
+        wr
+    }
+
+    /// The signalling WRITE_WITH_IMM of a multi-receive (or oversized) slot: the leader
+    /// rail also writes the sizes into the receiver's completion records.
+    #[inline]
+    fn signal_wr(&self, rail: usize, slot: usize, n: usize, leader: bool, imm: u32) -> SendWr {
+        let off = (slot * RECORD_SLOT_BYTES) as u64;
+        let mut wr = SendWr {
+            wr_id: WrKind::DataSignal.id(rail, slot),
+            opcode: WrOpcode::WriteImm,
+            signaled: true,
+            remote_addr: self.cfg.records_addr + off,
+            rkey: self.cfg.records_rkeys[rail],
+            imm,
+            ..SendWr::default()
+        };
+        if leader {
+            let len = (n * 8) as u32;
+            wr.num_sge = 1;
+            wr.inline = len <= self.cfg.max_inline;
+            wr.sge[0] = Sge { addr: self.cfg.sizes_addr + off, len, lkey: self.cfg.sizes_lkeys[rail] };
+        }
+        wr
+    }
+}
