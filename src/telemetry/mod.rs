@@ -316,6 +316,13 @@ impl RailTelemetry {
         self.last_post_ns = self.last_post_ns.max(now_ns);
     }
 
+    /// Since when the rail has carried neither data nor a probe (ns): its next probe or
+    /// keepalive is due an interval after this.
+    #[inline]
+    pub fn idle_since_ns(&self) -> u64 {
+        self.last_post_ns.max(self.last_probe_ns)
+    }
+
     /// When the rail last carried a post (ns), for probes.
     pub fn last_post_ns(&self) -> u64 {
         self.last_post_ns
@@ -333,7 +340,7 @@ impl RailTelemetry {
             && !self.view.failed
             && self.view.inflight_bytes == 0
             && self.probe_posted_ns.is_none()
-            && now_ns.saturating_sub(self.last_post_ns.max(self.last_probe_ns)) >= interval_ns
+            && now_ns.saturating_sub(self.idle_since_ns()) >= interval_ns
     }
 
     /// A probe was posted at `now_ns`. Probes are not data: they count in `probes`, not in

@@ -103,6 +103,10 @@ pub struct SendEngine {
     carried: [bool; RAILS],
     error: ErrorState,
     truncations: u64,
+    /// No probe or keepalive can be due before this time (ns): the earliest end of a rail's
+    /// idle interval seen by the last full check. Posts only move those ends later, so it
+    /// is a lower bound, and `test` skips the check with one compare until then.
+    probe_check_ns: u64,
 }
 
 impl SendEngine {
@@ -130,6 +134,7 @@ impl SendEngine {
             carried: [false; RAILS],
             error: ErrorState::default(),
             truncations: 0,
+            probe_check_ns: 0,
             cfg,
         }
     }
@@ -277,7 +282,7 @@ impl SendEngine {
     /// complete), so even with probes off an idle rail gets a keepalive every
     /// [`KEEPALIVE_NS`](super::KEEPALIVE_NS): a dead receiver is then noticed.
     pub fn poll_probes(&mut self, now_ns: u64, waiting: bool, out: &mut Posts) {
-        if self.error.is_set() {
+        if now_ns < self.probe_check_ns || self.error.is_set() {
             return;
         }
         for rail in 0..RAILS {
@@ -291,8 +296,7 @@ impl SendEngine {
             // A keepalive goes on a rail that carries this connection's transfers (SOUT
             // before any): one live rail tells a dead receiver, and a rail that carries no
             // bytes sends nothing at all (MPIB_SPLIT=sout leaves SUP silent).
-            let carries = self.carried[rail] || (rail == SOUT && !self.carried.contains(&true));
-            let keepalive = waiting && carries && t.probe_due(now_ns, super::KEEPALIVE_NS);
+            let keepalive = waiting && self.carries(rail) && t.probe_due(now_ns, super::KEEPALIVE_NS);
             if !(probe || keepalive) {
                 continue;
             }
@@ -312,6 +316,23 @@ impl SendEngine {
             self.tel[rail].on_probe_post(now_ns);
             self.tel[rail].stats().count_post(1, 0, 0, 0);
         }
+        // The next check: the earliest time a rail can owe a probe or a keepalive. A rail
+        // that gets neither (probes off, and it carries nothing) sets no time; a rail that
+        // starts to carry resets the check (`post.rs`).
+        let probe_ns = if self.cfg.probe_interval_ns > 0 { self.cfg.probe_interval_ns } else { u64::MAX };
+        self.probe_check_ns = (0..RAILS)
+            .map(|rail| {
+                let keepalive_ns = if self.carries(rail) { super::KEEPALIVE_NS } else { u64::MAX };
+                self.tel[rail].idle_since_ns().saturating_add(probe_ns.min(keepalive_ns))
+            })
+            .min()
+            .unwrap_or(0);
+    }
+
+    /// Whether `rail` carries this connection's transfers (SOUT before any).
+    #[inline]
+    fn carries(&self, rail: usize) -> bool {
+        self.carried[rail] || (rail == SOUT && !self.carried.contains(&true))
     }
 
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.

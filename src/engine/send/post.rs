@@ -86,7 +86,10 @@ impl SendEngine {
         self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
         self.tel[rail].on_post(now_ns, rail_bytes);
         self.outstanding[rail] += 1;
-        self.carried[rail] = true;
+        if !self.carried[rail] {
+            // Keepalives may now be owed on this rail: check at the next `test`.
+            (self.carried[rail], self.probe_check_ns) = (true, 0);
+        }
         let ps = &mut self.slots[slot];
         ps.posted_ns[rail] = now_ns;
         ps.bytes[rail] = rail_bytes;
