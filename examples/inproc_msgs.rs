@@ -60,8 +60,15 @@ struct DataPath {
     test: TestFn,
 }
 
-fn ok(call: &'static str, rc: ncclResult_t) -> Result<()> {
-    if rc == 0 { Ok(()) } else { Err(Error::call(call, rc)) }
+/// A call's outcome as the loop sees it: the value, or the `ncclResult_t` it failed with.
+/// Two registers wide, so the loop's own cost stays a few dozen instructions per message
+/// next to the plugin's; the driver's error is built only on failure.
+type Rc<T> = std::result::Result<T, ncclResult_t>;
+
+#[cold]
+#[inline(never)]
+fn failed(call: &'static str) -> impl FnOnce(ncclResult_t) -> Error {
+    move |rc| Error::call(call, rc)
 }
 
 impl DataPath {
@@ -80,30 +87,30 @@ impl DataPath {
 
     /// `irecv` of 8 bytes at `data` with tag 1; NULL = retry later.
     #[inline]
-    fn irecv(&self, comm: *mut c_void, mut data: *mut c_void, mut mh: *mut c_void) -> Result<*mut c_void> {
+    fn irecv(&self, comm: *mut c_void, mut data: *mut c_void, mut mh: *mut c_void) -> Rc<*mut c_void> {
         let (mut size, mut tag, mut ph, mut req) = (8usize, 1 as c_int, null_mut(), null_mut());
         // SAFETY: one receive: arrays of one element each, a live comm and registration
         // covering `data`, a valid out-pointer.
         let rc = unsafe { (self.irecv)(comm, 1, &mut data, &mut size, &mut tag, &mut mh, &mut ph, &mut req) };
-        ok("irecv", rc).map(|()| req)
+        if rc == 0 { Ok(req) } else { Err(rc) }
     }
 
     /// `isend` of 8 bytes at `data` with tag 1; NULL = retry later.
     #[inline]
-    fn isend(&self, comm: *mut c_void, data: *mut c_void, mh: *mut c_void) -> Result<*mut c_void> {
+    fn isend(&self, comm: *mut c_void, data: *mut c_void, mh: *mut c_void) -> Rc<*mut c_void> {
         let mut req = null_mut();
         // SAFETY: a live comm and registration covering `data`, a valid out-pointer.
         let rc = unsafe { (self.isend)(comm, data, 8, 1, mh, null_mut(), &mut req) };
-        ok("isend", rc).map(|()| req)
+        if rc == 0 { Ok(req) } else { Err(rc) }
     }
 
     /// `test`: the size once done.
     #[inline]
-    fn test(&self, req: *mut c_void) -> Result<Option<c_int>> {
+    fn test(&self, req: *mut c_void) -> Rc<Option<c_int>> {
         let (mut done, mut size) = (0 as c_int, -1 as c_int);
         // SAFETY: a request in flight, valid out-pointers (one size: one buffer).
         let rc = unsafe { (self.test)(req, &mut done, &mut size) };
-        ok("test", rc).map(|()| (done != 0).then_some(size))
+        if rc == 0 { Ok((done != 0).then_some(size)) } else { Err(rc) }
     }
 }
 
@@ -151,14 +158,14 @@ fn run(n: u64, window: usize) -> Result<()> {
         if posted < n && posted - done < window as u64 {
             // SAFETY: this slot's previous message completed (fewer than `window` in flight).
             unsafe { sbuf[kp].write_unaligned(payload(posted)) };
-            rreq[kp] = dp.irecv(rc, rbuf[kp].cast(), rmh)?;
+            rreq[kp] = dp.irecv(rc, rbuf[kp].cast(), rmh).map_err(failed("irecv"))?;
             if !rreq[kp].is_null() {
                 posted += 1;
                 kp = next(kp);
             }
         }
         while sent < posted {
-            sreq[ks] = dp.isend(sc, sbuf[ks].cast(), smh)?;
+            sreq[ks] = dp.isend(sc, sbuf[ks].cast(), smh).map_err(failed("isend"))?;
             if sreq[ks].is_null() {
                 break;
             }
@@ -167,11 +174,11 @@ fn run(n: u64, window: usize) -> Result<()> {
         }
         // Test the oldest message: its send (NCCL tests one request per step; so does
         // this), then its receive.
-        if done == sent || dp.test(sreq[kd])?.is_none() {
+        if done == sent || dp.test(sreq[kd]).map_err(failed("test"))?.is_none() {
             continue;
         }
         let size = loop {
-            if let Some(size) = dp.test(rreq[kd])? {
+            if let Some(size) = dp.test(rreq[kd]).map_err(failed("test"))? {
                 break size;
             }
         };
