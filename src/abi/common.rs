@@ -340,20 +340,40 @@ pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> ncclResult_t {
     run("closeListen", || plugin::close_listen(comm))
 }
 
+/// The argument checks below run on every data-path call: inlined, with their messages
+/// built out of line only on failure.
+#[inline(always)]
 fn non_null<T>(p: *const T, what: &str) -> Result<*const T> {
-    if p.is_null() { Err(Error::invalid_argument(format!("{what} is NULL"))) } else { Ok(p) }
+    if p.is_null() { Err(null_argument(what)) } else { Ok(p) }
 }
 
+#[cold]
+#[inline(never)]
+pub(crate) fn null_argument(what: &str) -> Error {
+    Error::invalid_argument(format!("{what} is NULL"))
+}
+
+#[inline(always)]
 fn recv_count(n: c_int) -> Result<usize> {
     if n < 1 || n as usize > plugin::MAX_RECVS {
-        return Err(Error::invalid_argument(format!(
-            "n = {n} receives in one irecv/iflush; accepted 1 to {} (maxRecvs)",
-            plugin::MAX_RECVS
-        )));
+        return Err(bad_recv_count(n));
     }
     Ok(n as usize)
 }
 
+#[cold]
+#[inline(never)]
+fn bad_recv_count(n: c_int) -> Error {
+    Error::invalid_argument(format!("n = {n} receives in one irecv/iflush; accepted 1 to {} (maxRecvs)", plugin::MAX_RECVS))
+}
+
+#[inline(always)]
 fn int_size(size: c_int, what: &str) -> Result<usize> {
-    usize::try_from(size).map_err(|_| Error::invalid_argument(format!("{what} = {size} is negative")))
+    if size >= 0 { Ok(size as usize) } else { Err(negative_size(size, what)) }
+}
+
+#[cold]
+#[inline(never)]
+fn negative_size(size: c_int, what: &str) -> Error {
+    Error::invalid_argument(format!("{what} = {size} is negative"))
 }

@@ -64,9 +64,13 @@ fn failed(call: &str, outcome: std::thread::Result<Result<(), Error>>) -> ncclRe
 ///
 /// # Safety
 /// A non-null `ptr` must point to a valid, writable `T` for the call's duration.
+#[inline(always)]
 pub unsafe fn out<'a, T>(ptr: *mut T, what: &str) -> Result<&'a mut T, Error> {
     // SAFETY: the caller guarantees a non-null pointer is valid and writable.
-    unsafe { ptr.as_mut() }.ok_or_else(|| Error::invalid_argument(format!("{what} is NULL")))
+    match unsafe { ptr.as_mut() } {
+        Some(r) => Ok(r),
+        None => Err(super::common::null_argument(what)),
+    }
 }
 
 #[cfg(test)]

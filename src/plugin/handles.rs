@@ -170,7 +170,7 @@ impl<T> Table<T> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn slot(&self, index: u32) -> Option<&Mutex<Slot<T>>> {
         let chunk = self.chunks.get(index as usize / CHUNK)?.get()?;
         chunk.get(index as usize % CHUNK)
@@ -204,7 +204,7 @@ impl<T> Table<T> {
 
     /// Locks the object of handle `v`, which must be of kind `kind`. The hot path: one
     /// compare against the entry's tag; every failure is explained by [`Self::lookup_error`].
-    #[inline]
+    #[inline(always)]
     pub fn get(&self, v: u64, kind: Kind) -> Result<(Handle, Guard<'_, T>)> {
         let index = ((v >> 16) & 0xff_ffff) as u32;
         if v >> 60 == kind as u64
