@@ -22,46 +22,52 @@ use super::conn::Conn;
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
-/// A bounded ring of completions.
+/// A bounded ring of completions: `tail - head` (wrapping counts of pushes and pops) are
+/// queued, at `count & mask` in a power-of-two array, at most `cap` (the depth asked for).
 pub struct CqRing {
     q: Box<[Completion]>,
+    mask: usize,
+    cap: usize,
     head: usize,
-    len: usize,
+    tail: usize,
 }
 
 impl CqRing {
     fn new(cap: usize) -> CqRing {
-        CqRing { q: vec![Completion::default(); cap].into_boxed_slice(), head: 0, len: 0 }
+        let slots = cap.next_power_of_two();
+        CqRing { q: vec![Completion::default(); slots].into_boxed_slice(), mask: slots - 1, cap, head: 0, tail: 0 }
+    }
+
+    /// Completions queued.
+    #[inline]
+    fn len(&self) -> usize {
+        self.tail.wrapping_sub(self.head)
     }
 
     #[inline]
     pub fn full(&self) -> bool {
-        self.len == self.q.len()
+        self.len() == self.cap
     }
 
     /// Appends `c`; `false` when the ring is full.
-    #[inline]
+    #[inline(always)]
     pub fn push(&mut self, c: Completion) -> bool {
         if self.full() {
             return false;
         }
-        let cap = self.q.len();
-        let at = if self.head + self.len >= cap { self.head + self.len - cap } else { self.head + self.len };
-        self.q[at] = c;
-        self.len += 1;
+        self.q[self.tail & self.mask] = c;
+        self.tail = self.tail.wrapping_add(1);
         true
     }
 
     /// Moves the oldest completions into `out`; returns how many.
     #[inline]
     fn pop_into(&mut self, out: &mut [Completion]) -> usize {
-        let n = out.len().min(self.len);
-        let cap = self.q.len();
+        let n = out.len().min(self.len());
         for o in &mut out[..n] {
-            *o = self.q[self.head];
-            self.head = if self.head + 1 == cap { 0 } else { self.head + 1 };
+            *o = self.q[self.head & self.mask];
+            self.head = self.head.wrapping_add(1);
         }
-        self.len -= n;
         n
     }
 }
@@ -103,7 +109,7 @@ impl Drop for RingGuard<'_> {
     #[inline]
     fn drop(&mut self) {
         // Release: a poll that reads the count sees the completions (it locks to take them).
-        self.queued.store(self.ring.len, Ordering::Release);
+        self.queued.store(self.ring.len(), Ordering::Release);
     }
 }
 
@@ -275,5 +281,44 @@ impl SharedRecvQueue for SoftSrq {
 
     fn rnr_events(&self) -> u64 {
         self.shared.rnr.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(wr_id: u64) -> Completion {
+        Completion { wr_id, ..Completion::default() }
+    }
+
+    /// A depth that is not a power of two is full at that depth (the array is larger), and
+    /// completions come out in order across many wrap-arounds of the array.
+    #[test]
+    fn ring_is_full_at_its_depth_and_keeps_order_across_wraps() {
+        let mut r = CqRing::new(3);
+        let mut out = [Completion::default(); 2];
+        let (mut pushed, mut popped) = (0u64, 0u64);
+        for round in 0..50 {
+            while r.push(c(pushed)) {
+                pushed += 1;
+            }
+            assert_eq!(r.len(), 3, "round {round}: full at the depth asked for");
+            assert!(r.full());
+            let n = r.pop_into(&mut out[..1 + round % 2]);
+            for o in &out[..n] {
+                assert_eq!(o.wr_id, popped);
+                popped += 1;
+            }
+        }
+        while r.len() > 0 {
+            let n = r.pop_into(&mut out);
+            for o in &out[..n] {
+                assert_eq!(o.wr_id, popped);
+                popped += 1;
+            }
+        }
+        assert_eq!(popped, pushed);
+        assert_eq!(r.pop_into(&mut out), 0);
     }
 }
