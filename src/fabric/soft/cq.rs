@@ -64,10 +64,12 @@ impl CqRing {
     #[inline]
     fn pop_into(&mut self, out: &mut [Completion]) -> usize {
         let n = out.len().min(self.len());
+        let mut head = self.head;
         for o in &mut out[..n] {
-            *o = self.q[self.head & self.mask];
-            self.head = self.head.wrapping_add(1);
+            *o = self.q[head & self.mask];
+            head = head.wrapping_add(1);
         }
+        self.head = head;
         n
     }
 }
@@ -84,7 +86,8 @@ pub struct CqShared {
     generation: AtomicU64,
 }
 
-/// The locked ring of a CQ; its completion count is published when the lock is released.
+/// The locked ring of a CQ. Every change publishes the completion count (Release: a poll
+/// that reads it sees the completions; it locks to take them).
 pub struct RingGuard<'a> {
     ring: MutexGuard<'a, CqRing>,
     queued: &'a AtomicUsize,
@@ -98,18 +101,31 @@ impl std::ops::Deref for RingGuard<'_> {
     }
 }
 
-impl std::ops::DerefMut for RingGuard<'_> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut CqRing {
-        &mut self.ring
-    }
-}
-
-impl Drop for RingGuard<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        // Release: a poll that reads the count sees the completions (it locks to take them).
+impl RingGuard<'_> {
+    /// Appends `c`; `false` when the ring is full.
+    #[inline(always)]
+    pub fn push(&mut self, c: Completion) -> bool {
+        let pushed = self.ring.push(c);
         self.queued.store(self.ring.len(), Ordering::Release);
+        pushed
+    }
+
+    /// Appends `c` to a ring found not [`CqRing::full`] under this same lock.
+    #[inline(always)]
+    pub fn push_room(&mut self, c: Completion) {
+        debug_assert!(!self.ring.full());
+        let ring = &mut *self.ring;
+        ring.q[ring.tail & ring.mask] = c;
+        ring.tail = ring.tail.wrapping_add(1);
+        self.queued.store(ring.len(), Ordering::Release);
+    }
+
+    /// Moves the oldest completions into `out`; returns how many.
+    #[inline]
+    fn pop_into(&mut self, out: &mut [Completion]) -> usize {
+        let n = self.ring.pop_into(out);
+        self.queued.store(self.ring.len(), Ordering::Release);
+        n
     }
 }
 
@@ -158,7 +174,8 @@ pub struct SoftCq {
     /// This poller's copy of the attached QPs, refreshed when `generation` moves (control path).
     conns: Vec<Arc<Conn>>,
     seen_generation: u64,
-    /// A TCP connection is attached: every poll steps (the NIC answers its peer when polled).
+    /// A TCP connection is attached: every poll steps (the NIC answers its peer when polled),
+    /// so each step raises `work` again for the next.
     any_tcp: bool,
 }
 
@@ -185,6 +202,9 @@ impl SoftCq {
         let generation = self.shared.generation.load(Ordering::Acquire);
         if generation != self.seen_generation {
             self.refresh(generation);
+        }
+        if self.any_tcp {
+            self.shared.raise_work();
         }
         for c in &self.conns {
             if c.inproc { step_direct(c) } else { step_conn(c) }
@@ -225,7 +245,7 @@ impl CompletionQueue for SoftCq {
     /// Always inlined into the few drain loops: the common poll is a few loads.
     #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        if self.any_tcp || self.shared.work.load(Ordering::Relaxed) {
+        if self.shared.work.load(Ordering::Relaxed) {
             self.step();
         }
         if self.shared.queued.load(Ordering::Acquire) == 0 {

@@ -325,7 +325,7 @@ impl Conn {
         }
         // SAFETY: as above.
         unsafe { place_one(s.addr, wr.remote_addr, len) };
-        ring.push(imm_completion(end, wr, len));
+        ring.push_room(imm_completion(end, wr, len));
         true
     }
 
@@ -346,7 +346,11 @@ impl Conn {
         }
         moved |= self.retire(st);
         let work = st.head != st.tail || st.recv_flush;
-        self.work.store(work, Ordering::Release);
+        // Stored only when it changes: the flag is read by both sides' polls, and a WR
+        // that waits is stepped at every poll.
+        if self.work.load(Ordering::Relaxed) != work {
+            self.work.store(work, Ordering::Release);
+        }
         if work {
             // Polls of this side's CQ and of the peer's step this connection again.
             self.cq.raise_work();
@@ -457,7 +461,7 @@ impl Conn {
         }
         // SAFETY: as above.
         unsafe { place(&local, wr.remote_addr, len) };
-        ring.push(imm_completion(end, wr, len));
+        ring.push_room(imm_completion(end, wr, len));
         Ok(Exec::Done)
     }
 }
