@@ -209,14 +209,14 @@ impl Conn {
             && let Some(len) = lean_len(wr, st.max_inline)
         {
             if self.write_now(end, wr, len) {
-                self.retire_now(st, wr, len);
+                if self.retire_now(st, wr, len) {
+                    return Ok(());
+                }
             } else {
                 // It waits or fails: the queued way decides, with its checks and messages.
                 self.enqueue(st, chain);
             }
-            if st.head != st.tail {
-                self.direct_progress(st);
-            }
+            self.direct_progress(st);
             return Ok(());
         }
         self.direct_post_chain(st, chain)
@@ -265,18 +265,18 @@ impl Conn {
         let Some(Link::Direct(end)) = &st.link else { return false };
         let done = matches!(self.run_wr(end, wr, Src::Sges, None), Ok(Exec::Done));
         if done {
-            self.retire_now(st, wr, wr.bytes());
+            let _ = self.retire_now(st, wr, wr.bytes());
         }
         done
     }
 
     /// Completes `wr`, executed as it was posted: its completion (if signalled) goes to
     /// this side's CQ, or, with the CQ full, the WR is queued as executed and retires the
-    /// queued way.
+    /// queued way (then `false`).
     #[inline(always)]
-    fn retire_now(&self, st: &mut ConnState, wr: &SendWr, len: u64) {
+    fn retire_now(&self, st: &mut ConnState, wr: &SendWr, len: u64) -> bool {
         if !wr.signaled {
-            return;
+            return true;
         }
         let c = Completion {
             wr_id: wr.wr_id,
@@ -290,7 +290,9 @@ impl Conn {
             *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local: false, read_done: true };
             let next = seq.wrapping_add(1);
             (st.tail, st.acked, st.sent, st.tx_done) = (next, next, next, next);
+            return false;
         }
+        true
     }
 
     /// The usual WR executed as it is posted: a WRITE or WRITE_WITH_IMM of at most one SGE
