@@ -1,83 +1,30 @@
 //! Completion queue and shared receive queue of the soft fabric.
 //!
-//! A CQ is a fixed ring of completions plus the list of QPs attached to it: `poll` is where
-//! the soft NIC runs, making one progress step on every attached connection (in-process
-//! mode: on each one and its peer that has work) before it hands out completions. Connections that
-//! find the ring full stop producing completions (they stop reading) until it drains, so a
-//! CQ never overflows. The ring's lock is shared only with the device's helper thread.
+//! A CQ is a fixed ring of completions (`ring.rs`) plus the list of QPs attached to it:
+//! `poll` is where the soft NIC runs, making one progress step on every attached connection
+//! (in-process mode: on each one and its peer that has work) before it hands out
+//! completions. Connections that find the ring full stop producing completions (they stop
+//! reading) until it drains, so a CQ never overflows. Producers (the attached QPs, the
+//! device's helper thread, in-process peers) take the ring's lock; the poller takes none.
 //!
 //! An SRQ is a counter of generic WQEs: posting adds, a WRITE_WITH_IMM takes one.
 //!
-//! The common poll is cheap: the number of queued completions is mirrored in an atomic
-//! (an empty CQ is not locked), and connections are stepped only when the CQ's `work` flag
-//! says one may need it (a TCP connection attached, or an in-process connection, or its
-//! peer, with WRs waiting or a closed peer: see `direct.rs`).
+//! The common poll is cheap: an empty ring is two loads, and connections are stepped only
+//! when the CQ's `work` flag says one may need it (a TCP connection attached, or an
+//! in-process connection, or its peer, with WRs waiting or a closed peer: see `direct.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use super::conn::Conn;
+use super::ring::{CqRing, Producer};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
-/// A bounded ring of completions: `tail - head` (wrapping counts of pushes and pops) are
-/// queued, at `count & mask` in a power-of-two array, at most `cap` (the depth asked for).
-pub struct CqRing {
-    q: Box<[Completion]>,
-    mask: usize,
-    cap: usize,
-    head: usize,
-    tail: usize,
-}
-
-impl CqRing {
-    fn new(cap: usize) -> CqRing {
-        let slots = cap.next_power_of_two();
-        CqRing { q: vec![Completion::default(); slots].into_boxed_slice(), mask: slots - 1, cap, head: 0, tail: 0 }
-    }
-
-    /// Completions queued.
-    #[inline]
-    fn len(&self) -> usize {
-        self.tail.wrapping_sub(self.head)
-    }
-
-    #[inline]
-    pub fn full(&self) -> bool {
-        self.len() == self.cap
-    }
-
-    /// Appends `c`; `false` when the ring is full.
-    #[inline(always)]
-    pub fn push(&mut self, c: Completion) -> bool {
-        if self.full() {
-            return false;
-        }
-        self.q[self.tail & self.mask] = c;
-        self.tail = self.tail.wrapping_add(1);
-        true
-    }
-
-    /// Moves the oldest completions into `out`; returns how many.
-    #[inline]
-    fn pop_into(&mut self, out: &mut [Completion]) -> usize {
-        let n = out.len().min(self.len());
-        let mut head = self.head;
-        for o in &mut out[..n] {
-            *o = self.q[head & self.mask];
-            head = head.wrapping_add(1);
-        }
-        self.head = head;
-        n
-    }
-}
-
 pub struct CqShared {
-    ring: Mutex<CqRing>,
-    /// Completions in `ring`, stored under its lock: a poll that reads 0 takes no lock.
-    queued: AtomicUsize,
+    ring: CqRing,
     /// A poll must step the attached connections (see the module documentation): raised
     /// whenever one may have work, cleared by the poll that steps them.
     work: AtomicBool,
@@ -86,65 +33,20 @@ pub struct CqShared {
     generation: AtomicU64,
 }
 
-/// The locked ring of a CQ. Every change publishes the completion count (Release: a poll
-/// that reads it sees the completions; it locks to take them).
-pub struct RingGuard<'a> {
-    ring: MutexGuard<'a, CqRing>,
-    queued: &'a AtomicUsize,
-}
-
-impl std::ops::Deref for RingGuard<'_> {
-    type Target = CqRing;
-    #[inline]
-    fn deref(&self) -> &CqRing {
-        &self.ring
-    }
-}
-
-impl RingGuard<'_> {
-    /// Appends `c`; `false` when the ring is full.
-    #[inline(always)]
-    pub fn push(&mut self, c: Completion) -> bool {
-        let pushed = self.ring.push(c);
-        self.queued.store(self.ring.len(), Ordering::Release);
-        pushed
-    }
-
-    /// Appends `c` to a ring found not [`CqRing::full`] under this same lock.
-    #[inline(always)]
-    pub fn push_room(&mut self, c: Completion) {
-        debug_assert!(!self.ring.full());
-        let ring = &mut *self.ring;
-        ring.q[ring.tail & ring.mask] = c;
-        ring.tail = ring.tail.wrapping_add(1);
-        self.queued.store(ring.len(), Ordering::Release);
-    }
-
-    /// Moves the oldest completions into `out`; returns how many.
-    #[inline]
-    fn pop_into(&mut self, out: &mut [Completion]) -> usize {
-        let n = self.ring.pop_into(out);
-        self.queued.store(self.ring.len(), Ordering::Release);
-        n
-    }
-}
-
 impl CqShared {
     pub fn new(depth: u32) -> Arc<CqShared> {
-        let cap = depth.max(1) as usize;
         Arc::new(CqShared {
-            ring: Mutex::new(CqRing::new(cap)),
-            queued: AtomicUsize::new(0),
+            ring: CqRing::new(depth as usize),
             work: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         })
     }
 
-    /// Locks the ring of completions.
+    /// Locks the ring of completions against the other producers.
     #[inline]
-    pub fn lock(&self) -> RingGuard<'_> {
-        RingGuard { ring: self.ring.lock(), queued: &self.queued }
+    pub fn lock(&self) -> Producer<'_> {
+        self.ring.lock()
     }
 
     /// The next poll steps the attached connections (a connection attached here, or the
@@ -248,10 +150,9 @@ impl CompletionQueue for SoftCq {
         if self.shared.work.load(Ordering::Relaxed) {
             self.step();
         }
-        if self.shared.queued.load(Ordering::Acquire) == 0 {
-            return Ok(0);
-        }
-        Ok(self.shared.lock().pop_into(out))
+        // SAFETY: this is the ring's one consumer: a `SoftCq` is the only poller of its
+        // `CqShared` (not `Clone`; `poll` takes `&mut self`), and QPs only push.
+        Ok(unsafe { self.shared.ring.pop_into(out) })
     }
 }
 
@@ -301,44 +202,5 @@ impl SharedRecvQueue for SoftSrq {
 
     fn rnr_events(&self) -> u64 {
         self.shared.rnr.load(Ordering::Relaxed)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn c(wr_id: u64) -> Completion {
-        Completion { wr_id, ..Completion::default() }
-    }
-
-    /// A depth that is not a power of two is full at that depth (the array is larger), and
-    /// completions come out in order across many wrap-arounds of the array.
-    #[test]
-    fn ring_is_full_at_its_depth_and_keeps_order_across_wraps() {
-        let mut r = CqRing::new(3);
-        let mut out = [Completion::default(); 2];
-        let (mut pushed, mut popped) = (0u64, 0u64);
-        for round in 0..50 {
-            while r.push(c(pushed)) {
-                pushed += 1;
-            }
-            assert_eq!(r.len(), 3, "round {round}: full at the depth asked for");
-            assert!(r.full());
-            let n = r.pop_into(&mut out[..1 + round % 2]);
-            for o in &out[..n] {
-                assert_eq!(o.wr_id, popped);
-                popped += 1;
-            }
-        }
-        while r.len() > 0 {
-            let n = r.pop_into(&mut out);
-            for o in &out[..n] {
-                assert_eq!(o.wr_id, popped);
-                popped += 1;
-            }
-        }
-        assert_eq!(popped, pushed);
-        assert_eq!(r.pop_into(&mut out), 0);
     }
 }

@@ -322,12 +322,13 @@ impl Conn {
         let Some(srq) = end.peer_srq.as_ref() else { return false };
         // The CQ stays locked from the room check to the push: nothing else fills it between.
         let mut ring = end.peer_cq.lock();
-        if ring.full() || !srq.take() {
+        let Some(room) = ring.room() else { return false };
+        if !srq.take() {
             return false;
         }
         // SAFETY: as above.
         unsafe { place_one(s.addr, wr.remote_addr, len) };
-        ring.push_room(imm_completion(end, wr, len));
+        room.push(imm_completion(end, wr, len));
         true
     }
 
@@ -449,9 +450,7 @@ impl Conn {
         };
         // The CQ stays locked from the room check to the push: nothing else fills it between.
         let mut ring = end.peer_cq.lock();
-        if ring.full() {
-            return Ok(Exec::Wait);
-        }
+        let Some(room) = ring.room() else { return Ok(Exec::Wait) };
         if !srq.take() {
             if let Some((counted, seq)) = rnr
                 && *counted != Some(seq)
@@ -463,7 +462,7 @@ impl Conn {
         }
         // SAFETY: as above.
         unsafe { place(&local, wr.remote_addr, len) };
-        ring.push_room(imm_completion(end, wr, len));
+        room.push(imm_completion(end, wr, len));
         Ok(Exec::Done)
     }
 }
