@@ -19,7 +19,11 @@
 //! it at its next step as the TCP path sees EOF (the oldest WR waiting on the peer fails
 //! with `RetryExceeded`, the rest flush). Each connection has a `work` flag, set while it has
 //! WRs not yet retired (or the peer closed): polls step only connections that have work, so
-//! an idle poll costs a few loads and the CQ lock.
+//! an idle poll costs a few loads.
+//!
+//! The usual post (one WRITE or WRITE_WITH_IMM of at most one SGE, the connection idle)
+//! takes a lean way through the same checks: `direct_post` → `write_now` (each MR pinned
+//! by one lookup that checks key, rights and range) → `retire_now`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
