@@ -1,75 +1,30 @@
 //! Completion queue and shared receive queue of the soft fabric.
 //!
-//! A CQ is a fixed ring of completions plus the list of QPs attached to it: `poll` is where
-//! the soft NIC runs, making one progress step on every attached connection (in-process
-//! mode: on each one and its peer that has work) before it hands out completions. Connections that
-//! find the ring full stop producing completions (they stop reading) until it drains, so a
-//! CQ never overflows. The ring's lock is shared only with the device's helper thread.
+//! A CQ is a fixed ring of completions (`ring.rs`) plus the list of QPs attached to it:
+//! `poll` is where the soft NIC runs, making one progress step on every attached connection
+//! (in-process mode: on each one and its peer that has work) before it hands out
+//! completions. Connections that find the ring full stop producing completions (they stop
+//! reading) until it drains, so a CQ never overflows. Producers (the attached QPs, the
+//! device's helper thread, in-process peers) take the ring's lock; the poller takes none.
 //!
 //! An SRQ is a counter of generic WQEs: posting adds, a WRITE_WITH_IMM takes one.
 //!
-//! The common poll is cheap: the number of queued completions is mirrored in an atomic
-//! (an empty CQ is not locked), and connections are stepped only when the CQ's `work` flag
-//! says one may need it (a TCP connection attached, or an in-process connection, or its
-//! peer, with WRs waiting or a closed peer: see `direct.rs`).
+//! The common poll is cheap: an empty ring is two loads, and connections are stepped only
+//! when the CQ's `work` flag says one may need it (a TCP connection attached, or an
+//! in-process connection, or its peer, with WRs waiting or a closed peer: see `direct.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::Mutex;
 
 use super::conn::Conn;
+use super::ring::{CqRing, Producer};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
-/// A bounded ring of completions.
-pub struct CqRing {
-    q: Box<[Completion]>,
-    head: usize,
-    len: usize,
-}
-
-impl CqRing {
-    fn new(cap: usize) -> CqRing {
-        CqRing { q: vec![Completion::default(); cap].into_boxed_slice(), head: 0, len: 0 }
-    }
-
-    #[inline]
-    pub fn full(&self) -> bool {
-        self.len == self.q.len()
-    }
-
-    /// Appends `c`; `false` when the ring is full.
-    #[inline]
-    pub fn push(&mut self, c: Completion) -> bool {
-        if self.full() {
-            return false;
-        }
-        let cap = self.q.len();
-        let at = if self.head + self.len >= cap { self.head + self.len - cap } else { self.head + self.len };
-        self.q[at] = c;
-        self.len += 1;
-        true
-    }
-
-    /// Moves the oldest completions into `out`; returns how many.
-    #[inline]
-    fn pop_into(&mut self, out: &mut [Completion]) -> usize {
-        let n = out.len().min(self.len);
-        let cap = self.q.len();
-        for o in &mut out[..n] {
-            *o = self.q[self.head];
-            self.head = if self.head + 1 == cap { 0 } else { self.head + 1 };
-        }
-        self.len -= n;
-        n
-    }
-}
-
 pub struct CqShared {
-    ring: Mutex<CqRing>,
-    /// Completions in `ring`, stored under its lock: a poll that reads 0 takes no lock.
-    queued: AtomicUsize,
+    ring: CqRing,
     /// A poll must step the attached connections (see the module documentation): raised
     /// whenever one may have work, cleared by the poll that steps them.
     work: AtomicBool,
@@ -78,51 +33,20 @@ pub struct CqShared {
     generation: AtomicU64,
 }
 
-/// The locked ring of a CQ; its completion count is published when the lock is released.
-pub struct RingGuard<'a> {
-    ring: MutexGuard<'a, CqRing>,
-    queued: &'a AtomicUsize,
-}
-
-impl std::ops::Deref for RingGuard<'_> {
-    type Target = CqRing;
-    #[inline]
-    fn deref(&self) -> &CqRing {
-        &self.ring
-    }
-}
-
-impl std::ops::DerefMut for RingGuard<'_> {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut CqRing {
-        &mut self.ring
-    }
-}
-
-impl Drop for RingGuard<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        // Release: a poll that reads the count sees the completions (it locks to take them).
-        self.queued.store(self.ring.len, Ordering::Release);
-    }
-}
-
 impl CqShared {
     pub fn new(depth: u32) -> Arc<CqShared> {
-        let cap = depth.max(1) as usize;
         Arc::new(CqShared {
-            ring: Mutex::new(CqRing::new(cap)),
-            queued: AtomicUsize::new(0),
+            ring: CqRing::new(depth as usize),
             work: AtomicBool::new(false),
             conns: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
         })
     }
 
-    /// Locks the ring of completions.
+    /// Locks the ring of completions against the other producers.
     #[inline]
-    pub fn lock(&self) -> RingGuard<'_> {
-        RingGuard { ring: self.ring.lock(), queued: &self.queued }
+    pub fn lock(&self) -> Producer<'_> {
+        self.ring.lock()
     }
 
     /// The next poll steps the attached connections (a connection attached here, or the
@@ -152,7 +76,8 @@ pub struct SoftCq {
     /// This poller's copy of the attached QPs, refreshed when `generation` moves (control path).
     conns: Vec<Arc<Conn>>,
     seen_generation: u64,
-    /// A TCP connection is attached: every poll steps (the NIC answers its peer when polled).
+    /// A TCP connection is attached: every poll steps (the NIC answers its peer when polled),
+    /// so each step raises `work` again for the next.
     any_tcp: bool,
 }
 
@@ -179,6 +104,9 @@ impl SoftCq {
         let generation = self.shared.generation.load(Ordering::Acquire);
         if generation != self.seen_generation {
             self.refresh(generation);
+        }
+        if self.any_tcp {
+            self.shared.raise_work();
         }
         for c in &self.conns {
             if c.inproc { step_direct(c) } else { step_conn(c) }
@@ -219,13 +147,12 @@ impl CompletionQueue for SoftCq {
     /// Always inlined into the few drain loops: the common poll is a few loads.
     #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        if self.any_tcp || self.shared.work.load(Ordering::Relaxed) {
+        if self.shared.work.load(Ordering::Relaxed) {
             self.step();
         }
-        if self.shared.queued.load(Ordering::Acquire) == 0 {
-            return Ok(0);
-        }
-        Ok(self.shared.lock().pop_into(out))
+        // SAFETY: this is the ring's one consumer: a `SoftCq` is the only poller of its
+        // `CqShared` (not `Clone`; `poll` takes `&mut self`), and QPs only push.
+        Ok(unsafe { self.shared.ring.pop_into(out) })
     }
 }
 

@@ -19,26 +19,33 @@
 //! it at its next step as the TCP path sees EOF (the oldest WR waiting on the peer fails
 //! with `RetryExceeded`, the rest flush). Each connection has a `work` flag, set while it has
 //! WRs not yet retired (or the peer closed): polls step only connections that have work, so
-//! an idle poll costs a few loads and the CQ lock.
+//! an idle poll costs a few loads.
+//!
+//! The usual post (one WRITE or WRITE_WITH_IMM of at most one SGE, the connection idle)
+//! takes a lean way through the same checks: `direct_post` → `write_now` (each MR pinned
+//! by one lookup that checks key, rights and range) → `retire_now`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use super::conn::{Conn, ConnState, Phase, SqEntry};
 use super::cq::{CqShared, SrqShared};
 use super::device::DevShared;
+use super::frame::MAX_MSG;
 use super::link::Link;
 use super::mr::Pinned;
 use crate::fabric::{Access, Completion, MAX_SGE, SendWr, WcOpcode, WcStatus, WrOpcode};
 
-/// What both ends of one in-process connection share.
+/// What both ends of one in-process connection share: [`READY`] once both ends are
+/// connected (WRs may execute), `| CLOSED` once an end went away (dropped, or its QP went to
+/// the error state). One word, so a post checks both with one load.
 #[derive(Default)]
 struct DirectLink {
-    /// An end went away (dropped, or its QP went to the error state).
-    closed: AtomicBool,
-    /// Both ends are connected: WRs may execute.
-    ready: AtomicBool,
+    state: AtomicU8,
 }
+
+const READY: u8 = 1;
+const CLOSED: u8 = 2;
 
 /// One end's view of an in-process connection: what it needs of its peer (the responder
 /// of its WRs) to execute them.
@@ -72,13 +79,13 @@ impl DirectEnd {
 
     /// Both ends are connected: queued WRs run at the next step of either side.
     pub fn set_ready(&self) {
-        self.link.ready.store(true, Ordering::Release);
+        self.link.state.fetch_or(READY, Ordering::Release);
         self.wake();
     }
 
     /// This end is gone: the peer fails at its next step.
     pub fn close(&self) {
-        self.link.closed.store(true, Ordering::Release);
+        self.link.state.fetch_or(CLOSED, Ordering::Release);
         self.wake();
     }
 
@@ -195,10 +202,36 @@ impl Conn {
     /// `post_send` in in-process mode: a connection with nothing queued executes the chain
     /// as it is, with no copy into the send queue; whatever must wait, fails, or cannot
     /// complete into a full CQ is queued (from that WR on) and goes the queued way.
+    #[inline]
     pub(super) fn direct_post(&self, st: &mut ConnState, chain: &[SendWr]) -> crate::error::Result<()> {
+        // The usual post (every protocol post): one WRITE or WRITE_WITH_IMM of at most one
+        // SGE on an idle connection. Idle means `Ready` with nothing queued, so of
+        // `check_chain`'s checks only the WR's own remain (`lean_len`); a WR that fails
+        // them takes the general way below, which refuses it with the precise error.
+        if let [wr] = chain
+            && let Some(end) = self.idle_end(st)
+            && let Some(len) = lean_len(wr, st.max_inline)
+        {
+            if self.write_now(end, wr, len) {
+                if self.retire_now(st, wr, len) {
+                    return Ok(());
+                }
+            } else {
+                // It waits or fails: the queued way decides, with its checks and messages.
+                self.enqueue(st, chain);
+            }
+            self.direct_progress(st);
+            return Ok(());
+        }
+        self.direct_post_chain(st, chain)
+    }
+
+    /// [`Self::direct_post`] of any chain.
+    #[inline(never)]
+    fn direct_post_chain(&self, st: &mut ConnState, chain: &[SendWr]) -> crate::error::Result<()> {
         self.check_chain(st, chain)?;
         let mut k = 0;
-        if self.direct_idle(st) {
+        if self.idle_end(st).is_some() {
             while k < chain.len() && st.head == st.tail && self.run_now(st, &chain[k]) {
                 k += 1;
             }
@@ -212,56 +245,68 @@ impl Conn {
         Ok(())
     }
 
-    /// Nothing queued, nothing to flush, the peer there and connected.
-    #[inline]
-    fn direct_idle(&self, st: &ConnState) -> bool {
-        st.head == st.tail
-            && !st.recv_flush
-            && matches!(st.phase, Phase::Ready)
-            && matches!(&st.link, Some(Link::Direct(e))
-                if e.link.ready.load(Ordering::Acquire) && !e.link.closed.load(Ordering::Acquire))
+    /// The peer's end when the connection is idle: nothing queued, the peer there and
+    /// connected. (`Ready` also means nothing to flush: `recv_flush` is set only on the way
+    /// to the error state.)
+    #[inline(always)]
+    fn idle_end<'a>(&self, st: &'a ConnState) -> Option<&'a DirectEnd> {
+        match &st.link {
+            Some(Link::Direct(e))
+                if st.head == st.tail
+                    && matches!(st.phase, Phase::Ready)
+                    && e.link.state.load(Ordering::Acquire) == READY =>
+            {
+                debug_assert!(!st.recv_flush);
+                Some(e)
+            }
+            _ => None,
+        }
     }
 
     /// Executes `wr` of a chain being posted and completes it. `false`: it was not executed
     /// (it waits or fails: the queued way decides, with its checks and messages).
-    #[inline]
     fn run_now(&self, st: &mut ConnState, wr: &SendWr) -> bool {
         let Some(Link::Direct(end)) = &st.link else { return false };
-        let done = if wr.opcode != WrOpcode::Read && wr.num_sge <= 1 {
-            self.write_now(end, wr)
-        } else {
-            matches!(self.run_wr(end, wr, Src::Sges, None), Ok(Exec::Done))
-        };
-        if !done {
-            return false;
+        let done = matches!(self.run_wr(end, wr, Src::Sges, None), Ok(Exec::Done));
+        if done {
+            let _ = self.retire_now(st, wr, wr.bytes());
         }
-        if wr.signaled {
-            let c = Completion {
-                wr_id: wr.wr_id,
-                opcode: if wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite },
-                byte_len: wr.bytes() as u32,
-                qp_num: self.qp_num,
-                ..Completion::default()
-            };
-            if !self.cq.lock().push(c) {
-                // Executed, its completion waits for CQ room: it retires the queued way.
-                let seq = st.tail;
-                *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local: false, read_done: true };
-                let next = seq.wrapping_add(1);
-                (st.tail, st.acked, st.sent, st.tx_done) = (next, next, next, next);
-            }
+        done
+    }
+
+    /// Completes `wr`, executed as it was posted: its completion (if signalled) goes to
+    /// this side's CQ, or, with the CQ full, the WR is queued as executed and retires the
+    /// queued way (then `false`).
+    #[inline(always)]
+    fn retire_now(&self, st: &mut ConnState, wr: &SendWr, len: u64) -> bool {
+        if !wr.signaled {
+            return true;
+        }
+        let c = Completion {
+            wr_id: wr.wr_id,
+            opcode: if wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite },
+            byte_len: len as u32,
+            qp_num: self.qp_num,
+            ..Completion::default()
+        };
+        if !self.cq.lock().push(c) {
+            let seq = st.tail;
+            *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local: false, read_done: true };
+            let next = seq.wrapping_add(1);
+            (st.tail, st.acked, st.sent, st.tx_done) = (next, next, next, next);
+            return false;
         }
         true
     }
 
     /// The usual WR executed as it is posted: a WRITE or WRITE_WITH_IMM of at most one SGE
-    /// (all the protocol posts), with [`Self::run_wr`]'s checks and placement but none of its
-    /// general machinery. `false` (nothing happened): it must wait or it fails; the queued
-    /// way runs it again and decides, with the precise status and message.
-    #[inline]
-    fn write_now(&self, end: &DirectEnd, wr: &SendWr) -> bool {
+    /// (all the protocol posts) of `len` bytes, with [`Self::run_wr`]'s checks and
+    /// placement but none of its general machinery. `false` (nothing happened): it must
+    /// wait or it fails; the queued way runs it again and decides, with the precise status
+    /// and message.
+    #[inline(always)]
+    fn write_now(&self, end: &DirectEnd, wr: &SendWr, len: u64) -> bool {
         let s = &wr.sge[0];
-        let len = if wr.num_sge == 1 { s.len as u64 } else { 0 };
         // As verbs: a 0-byte WRITE checks neither memory nor rkey. The pins last until the
         // placement is done (end of this function).
         let _pins = if len > 0 {
@@ -281,12 +326,13 @@ impl Conn {
         let Some(srq) = end.peer_srq.as_ref() else { return false };
         // The CQ stays locked from the room check to the push: nothing else fills it between.
         let mut ring = end.peer_cq.lock();
-        if ring.full() || !srq.take() {
+        let Some(room) = ring.room() else { return false };
+        if !srq.take() {
             return false;
         }
         // SAFETY: as above.
         unsafe { place_one(s.addr, wr.remote_addr, len) };
-        ring.push(imm_completion(end, wr, len));
+        room.push(imm_completion(end, wr, len));
         true
     }
 
@@ -297,17 +343,21 @@ impl Conn {
         if matches!(st.phase, Phase::Ready)
             && let Some(Link::Direct(end)) = &st.link
         {
-            let (closed, ready) = (end.link.closed.load(Ordering::Acquire), end.link.ready.load(Ordering::Acquire));
-            if closed {
+            let state = end.link.state.load(Ordering::Acquire);
+            if state & CLOSED != 0 {
                 self.fail_link(st, "the peer closed the connection");
                 moved = true;
-            } else if ready {
+            } else if state & READY != 0 {
                 moved |= self.execute(st);
             }
         }
         moved |= self.retire(st);
         let work = st.head != st.tail || st.recv_flush;
-        self.work.store(work, Ordering::Release);
+        // Stored only when it changes: the flag is read by both sides' polls, and a WR
+        // that waits is stepped at every poll.
+        if self.work.load(Ordering::Relaxed) != work {
+            self.work.store(work, Ordering::Release);
+        }
         if work {
             // Polls of this side's CQ and of the peer's step this connection again.
             self.cq.raise_work();
@@ -404,9 +454,7 @@ impl Conn {
         };
         // The CQ stays locked from the room check to the push: nothing else fills it between.
         let mut ring = end.peer_cq.lock();
-        if ring.full() {
-            return Ok(Exec::Wait);
-        }
+        let Some(room) = ring.room() else { return Ok(Exec::Wait) };
         if !srq.take() {
             if let Some((counted, seq)) = rnr
                 && *counted != Some(seq)
@@ -418,9 +466,21 @@ impl Conn {
         }
         // SAFETY: as above.
         unsafe { place(&local, wr.remote_addr, len) };
-        ring.push(imm_completion(end, wr, len));
+        room.push(imm_completion(end, wr, len));
         Ok(Exec::Done)
     }
+}
+
+/// The bytes of `wr` when [`Conn::write_now`] may run it: a WRITE or WRITE_WITH_IMM of at
+/// most one SGE that `check_chain` accepts on its own (size, inline size); `None` otherwise.
+#[inline(always)]
+fn lean_len(wr: &SendWr, max_inline: usize) -> Option<u64> {
+    let len = if wr.num_sge == 1 { wr.sge[0].len as u64 } else { 0 };
+    let ok = wr.opcode != WrOpcode::Read
+        && wr.num_sge <= 1
+        && len <= MAX_MSG as u64
+        && (!wr.inline || len as usize <= max_inline);
+    ok.then_some(len)
 }
 
 /// The completion the peer's CQ gets for a WRITE_WITH_IMM of `len` bytes that consumed one

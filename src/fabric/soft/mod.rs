@@ -73,6 +73,7 @@ mod helper;
 mod link;
 mod mr;
 mod qp;
+mod ring;
 mod rx;
 mod tx;
 

@@ -2,15 +2,25 @@
 //! and deregistration that waits for the placements in flight.
 //!
 //! A key is `slot index << GEN_BITS | generation`; lkey and rkey are the same key. A slot's
-//! `state` holds a VALID bit and a count of *pins*. Every access to registered memory (a
-//! socket read straight into it, a copy into it, a socket write from it) happens while the
-//! slot is pinned, one system call or copy at a time:
+//! `gate` is one `AtomicU64`: its high half is the slot's key while it is registered (0
+//! otherwise), its low half a count of *pins*. Every access to registered memory (a socket
+//! read straight into it, a copy into it, a socket write from it) happens while the slot
+//! is pinned, one system call or copy at a time:
 //!
-//! - [`MrTable::pin`] increments the count, then checks VALID and the key; on a mismatch it
-//!   decrements and fails, without reading the slot's address.
-//! - [`MrTable::dereg`] clears VALID, then waits until the count is 0. From then on no pin
-//!   succeeds, and every access made under an earlier pin has finished (Release on unpin,
-//!   Acquire in the wait): after `dereg` returns, no peer byte lands in the region.
+//! - [`MrTable::pin`] increments the gate (one atomic add, Acquire) and compares the key
+//!   half it returned with the key it was given; on a mismatch it decrements and fails,
+//!   without reading the slot's address.
+//! - [`MrTable::dereg`] clears the key half (one atomic AND), then waits until the count is
+//!   0. Both act on the same word, so they are totally ordered: a pin ordered after the
+//!   clear fails, and a pin ordered before it is counted, so the wait sees it. From then on
+//!   no pin succeeds, and every access made under an earlier pin has finished (Release on
+//!   unpin, Acquire in the wait): after `dereg` returns, no peer byte lands in the region.
+//!
+//! Why the key can stand for a VALID bit: a key names its slot (its index) and the
+//! registration in that slot (its generation, never 0). An unregistered slot `i != 0` holds
+//! 0, which only a key of index 0 could equal, and such a key looks up slot 0, never slot
+//! `i`; slot 0 is never registered and holds a key of another index for good. A slot reused
+//! has a new generation, so a stale key fails too.
 //!
 //! The wait is short: a pin lasts one non-blocking `readv`/`writev` or one copy.
 //! Slots live in chunks allocated on demand by `reg` (control path) and never freed before
@@ -30,15 +40,24 @@ const CHUNK_SLOTS: usize = 1 << CHUNK_BITS;
 const MAX_CHUNKS: usize = 1 << (32 - GEN_BITS - CHUNK_BITS);
 /// Most registrations a soft device holds at once.
 pub const MAX_MRS: usize = MAX_CHUNKS * CHUNK_SLOTS;
-const VALID: u32 = 1 << 31;
+/// The pin count: the low half of a gate.
+const PINS: u64 = u32::MAX as u64;
+/// What slot 0 (never registered) holds as its key: no key of index 0 equals it.
+const SLOT0_KEY: u32 = u32::MAX;
 
 #[derive(Default)]
 struct Slot {
-    state: AtomicU32,
-    key: AtomicU32,
+    /// Key (high half, 0 when not registered) and pin count (low half).
+    gate: AtomicU64,
     addr: AtomicU64,
     len: AtomicU64,
     access: AtomicU32,
+}
+
+/// The key half of a gate value.
+#[inline]
+fn key_of(gate: u64) -> u32 {
+    (gate >> 32) as u32
 }
 
 type Chunk = [Slot; CHUNK_SLOTS];
@@ -51,44 +70,46 @@ struct Alloc {
 
 /// The registrations of one device.
 pub struct MrTable {
-    chunks: Box<[AtomicPtr<Chunk>]>,
+    /// Indexed by `key >> (GEN_BITS + CHUNK_BITS)`, which is always in range: no bounds
+    /// check on the data path.
+    chunks: [AtomicPtr<Chunk>; MAX_CHUNKS],
     alloc: Mutex<Alloc>,
 }
 
 /// A registration pinned for one access: its memory stays registered until this drops.
 pub struct Pinned<'a> {
     slot: &'a Slot,
-    pub addr: u64,
-    pub len: u64,
-    pub access: Access,
 }
 
 impl Pinned<'_> {
-    /// Whether `[addr, addr + len)` lies inside the region.
-    pub fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.addr && addr.checked_add(len).is_some_and(|end| end <= self.addr + self.len)
+    /// The start of the pinned region.
+    #[cfg(test)]
+    pub fn addr(&self) -> u64 {
+        self.slot.addr.load(Ordering::Relaxed)
     }
 }
 
 impl Drop for Pinned<'_> {
+    #[inline]
     fn drop(&mut self) {
         // Release: the accesses made under this pin happen before dereg's wait sees it gone.
-        self.slot.state.fetch_sub(1, Ordering::Release);
+        self.slot.gate.fetch_sub(1, Ordering::Release);
     }
 }
 
 impl Default for MrTable {
     fn default() -> Self {
         MrTable {
-            chunks: (0..MAX_CHUNKS).map(|_| AtomicPtr::new(std::ptr::null_mut())).collect(),
+            chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             alloc: Mutex::new(Alloc { free: Vec::new(), chunks: 0 }),
         }
     }
 }
 
 impl MrTable {
+    #[inline(always)]
     fn slot(&self, index: u32) -> Option<&Slot> {
-        let chunk = self.chunks.get(index as usize >> CHUNK_BITS)?.load(Ordering::Acquire);
+        let chunk = self.chunks[index as usize >> CHUNK_BITS].load(Ordering::Acquire);
         if chunk.is_null() {
             return None;
         }
@@ -109,6 +130,9 @@ impl MrTable {
                 return Err(Error::system(format!("soft fabric: more than {MAX_MRS} memory registrations")));
             }
             let chunk: Box<Chunk> = Box::new(std::array::from_fn(|_| Slot::default()));
+            if a.chunks == 0 {
+                chunk[0].gate.store((SLOT0_KEY as u64) << 32, Ordering::Relaxed);
+            }
             let base = (a.chunks * CHUNK_SLOTS) as u32;
             self.chunks[a.chunks].store(Box::into_raw(chunk), Ordering::Release);
             a.chunks += 1;
@@ -119,28 +143,28 @@ impl MrTable {
         drop(a);
         let slot = self.slot(index).expect("chunk allocated");
         let key = index << GEN_BITS | generation;
-        slot.key.store(key, Ordering::Relaxed);
         slot.addr.store(addr, Ordering::Relaxed);
         slot.len.store(len, Ordering::Relaxed);
         slot.access.store(access.bits(), Ordering::Relaxed);
-        // Release: a pin that sees VALID sees the fields above.
-        slot.state.fetch_or(VALID, Ordering::Release);
+        // Release: a pin that sees the key sees the fields above. The key half is 0 here
+        // (pins that fail may be counting in the low half).
+        slot.gate.fetch_or((key as u64) << 32, Ordering::Release);
         Ok(key)
     }
 
     /// Deregisters `key`; returns when no access under an earlier pin is still running.
     pub fn dereg(&self, key: u32) -> Result<()> {
         let index = key >> GEN_BITS;
-        let slot = self.slot(index).filter(|s| s.key.load(Ordering::Relaxed) == key);
+        let slot = self.slot(index).filter(|s| index != 0 && key_of(s.gate.load(Ordering::Relaxed)) == key);
         let Some(slot) = slot else {
             return Err(Error::invalid_argument(format!("soft fabric: deregistering unknown key {key:#x}")));
         };
-        let prev = slot.state.fetch_and(!VALID, Ordering::AcqRel);
-        if prev & VALID == 0 {
+        let prev = slot.gate.fetch_and(PINS, Ordering::AcqRel);
+        if key_of(prev) != key {
             return Err(Error::invalid_argument(format!("soft fabric: key {key:#x} deregistered twice")));
         }
         let mut spins = 0u32;
-        while slot.state.load(Ordering::Acquire) & !VALID != 0 {
+        while slot.gate.load(Ordering::Acquire) & PINS != 0 {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
@@ -148,7 +172,6 @@ impl MrTable {
                 std::thread::yield_now();
             }
         }
-        slot.key.store(0, Ordering::Relaxed);
         let next = (key & GEN_MASK) % GEN_MASK + 1;
         self.alloc.lock().free.push((index, next));
         Ok(())
@@ -156,22 +179,28 @@ impl MrTable {
 
     /// Pins the registration of `key` for one access, or `None` when no such key is
     /// registered now.
+    #[inline(always)]
     pub fn pin(&self, key: u32) -> Option<Pinned<'_>> {
         let slot = self.slot(key >> GEN_BITS)?;
-        let s = slot.state.fetch_add(1, Ordering::Acquire);
-        let pinned = Pinned {
-            slot,
-            addr: slot.addr.load(Ordering::Relaxed),
-            len: slot.len.load(Ordering::Relaxed),
-            access: Access::from_bits_retain(slot.access.load(Ordering::Relaxed)),
-        };
+        // Acquire: a key seen here was published with the fields `pin_range` reads.
+        let gate = slot.gate.fetch_add(1, Ordering::Acquire);
         // Dropping `pinned` unpins, whichever way this goes.
-        (s & VALID != 0 && slot.key.load(Ordering::Relaxed) == key).then_some(pinned)
+        let pinned = Pinned { slot };
+        (key_of(gate) == key).then_some(pinned)
     }
 
-    /// Pins `key` for an access to `[addr, addr + len)` that needs `need`.
+    /// Pins `key` for an access to `[addr, addr + len)` that needs `need`: one lookup that
+    /// validates the key, the rights and the range, and pins.
+    #[inline(always)]
     pub fn pin_range(&self, key: u32, addr: u64, len: u64, need: Access) -> Option<Pinned<'_>> {
-        self.pin(key).filter(|p| p.access.contains(need) && p.contains(addr, len))
+        let pinned = self.pin(key)?;
+        let s = pinned.slot;
+        let (start, size) = (s.addr.load(Ordering::Relaxed), s.len.load(Ordering::Relaxed));
+        // (`need` is a constant at every call: a local SGE needs no right, and no load.)
+        let rights = need.is_empty() || s.access.load(Ordering::Relaxed) & need.bits() == need.bits();
+        // `addr + len <= start + size` without overflow (`start + size` does not wrap: `reg`).
+        let inside = addr >= start && len <= size && addr - start <= size - len;
+        (rights && inside).then_some(pinned)
     }
 }
 
@@ -203,6 +232,12 @@ mod tests {
         assert!(t.pin_range(k, u64::MAX, 2, Access::REMOTE_WRITE).is_none());
         assert!(t.pin_range(k, 0x1000, 1, Access::REMOTE_READ).is_none());
         assert!(t.pin(k ^ 1).is_none());
+        // Slot 0 is never registered: no key of index 0 pins, 0 included.
+        for k0 in [0, 1, GEN_MASK, SLOT0_KEY] {
+            assert!(t.pin(k0).is_none(), "key {k0:#x}");
+        }
+        // A slot never registered holds key 0, which its keys never equal.
+        assert!(t.pin(k + (1 << GEN_BITS)).is_none());
         t.dereg(k).unwrap();
         assert!(t.pin(k).is_none());
         assert!(t.dereg(k).is_err());
@@ -210,7 +245,7 @@ mod tests {
         assert_eq!(k2 >> GEN_BITS, k >> GEN_BITS, "the slot is reused");
         assert_ne!(k2, k, "with a new generation");
         assert!(t.pin(k).is_none());
-        assert_eq!(t.pin(k2).unwrap().addr, 0x2000);
+        assert_eq!(t.pin(k2).unwrap().addr(), 0x2000);
     }
 
     #[test]
@@ -235,7 +270,7 @@ mod tests {
         let t = MrTable::default();
         let keys: Vec<u32> = (0..3000).map(|i| t.reg(i * 16, 16, Access::LOCAL_WRITE).unwrap()).collect();
         for (i, k) in keys.iter().enumerate() {
-            assert_eq!(t.pin(*k).unwrap().addr, i as u64 * 16);
+            assert_eq!(t.pin(*k).unwrap().addr(), i as u64 * 16);
         }
         for k in keys {
             t.dereg(k).unwrap();

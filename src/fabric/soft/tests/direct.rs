@@ -216,3 +216,68 @@ fn final_word_is_stored_last_with_release_in_process() {
     // The placement runs in the posting thread while this one spins on the word.
     final_word_is_stored_last(FabricChoice::Inproc);
 }
+
+/// The two ends driven by two threads, as two comms of one process may be: the requester
+/// posts signalled WRITE_WITH_IMMs as fast as it can (executed at post time, or queued
+/// when the responder's SRQ is empty or its CQ of 3 is full, then run by either side's
+/// polls), the responder polls, checks and hands WQEs back. Every message arrives once,
+/// in order, with its bytes; every WR completes once, in order.
+#[test]
+fn two_threads_on_the_two_ends_lose_nothing_and_keep_order() {
+    const N: u64 = 20_000;
+    const SLOTS: u64 = 4; // WQEs, and message slots in the responder's region
+    const MSG: usize = 64;
+    let p = inproc_devices();
+    let mut a = end_with(&p.sout, 256 * MSG, ALL, 64, true);
+    let mut b = end_with(&p.sup, SLOTS as usize * MSG, Access::REMOTE_WRITE, 3, true);
+    connect(&mut a, &mut b);
+    b.srq.post_recv(SLOTS as u32).unwrap();
+    let byte = |i: u64, k: usize| (i.wrapping_mul(31) as usize + k * 7) as u8;
+    let (b_addr, b_key) = (b.addr(), b.key());
+    let limit = Duration::from_secs(60);
+    let responder = std::thread::spawn(move || {
+        let mut wc = [Completion::default(); 16];
+        let (mut next, t) = (0u64, Instant::now());
+        while next < N {
+            assert!(t.elapsed() < limit, "responder stuck at message {next}");
+            let n = b.cq.poll(&mut wc).unwrap();
+            for c in &wc[..n] {
+                assert_eq!((c.status, c.opcode, c.imm as u64), (WcStatus::Success, WcOpcode::RecvRdmaWithImm, next));
+                let at = (next % SLOTS) as usize * MSG;
+                let got = &b.region()[at..at + MSG];
+                assert!(got.iter().enumerate().all(|(k, x)| *x == byte(next, k)), "message {next}: {got:?}");
+                next += 1;
+                // The slot is read: its WQE goes back (the requester's next WRITE into it
+                // takes that WQE first).
+                b.srq.post_recv(1).unwrap();
+            }
+        }
+        assert!(b.guards_intact());
+        b
+    });
+    let mut wc = [Completion::default(); 16];
+    let (mut posted, mut done, t) = (0u64, 0u64, Instant::now());
+    while done < N {
+        assert!(t.elapsed() < limit, "requester stuck: {posted} posted, {done} completed");
+        // At most 200 outstanding (the send queue holds 256), so a source slot is reused
+        // only once its WR completed.
+        if posted < N && posted - done < 200 {
+            let at = (posted % 256) as usize * MSG;
+            for (k, x) in a.region()[at..at + MSG].iter_mut().enumerate() {
+                *x = byte(posted, k);
+            }
+            let mut w = write(posted, a.sge(at, MSG), b_addr + (posted % SLOTS) * MSG as u64, b_key, true);
+            w.opcode = WrOpcode::WriteImm;
+            w.imm = posted as u32;
+            a.qp.post_send(&[w]).unwrap();
+            posted += 1;
+        }
+        let n = a.cq.poll(&mut wc).unwrap();
+        for c in &wc[..n] {
+            assert_eq!((c.wr_id, c.status), (done, WcStatus::Success));
+            done += 1;
+        }
+    }
+    let b = responder.join().unwrap();
+    assert_eq!(b.srq.posted(), SLOTS as u32, "every WQE taken once and handed back");
+}

@@ -1,0 +1,220 @@
+//! The completion ring of a soft CQ: many producers (the QPs attached to the CQ, in
+//! in-process mode also their peers' threads, in TCP mode the device's helper thread),
+//! serialised by one lock; one consumer (the CQ's poller), which takes no lock.
+//!
+//! `head` and `tail` are wrapping counts of the completions popped and pushed; those in
+//! `[head, tail)` are queued, each at `count & mask` of a power-of-two array, at most `cap`
+//! (the depth asked for) at once:
+//!
+//! - a producer, holding the lock, reads `head` (Acquire), writes the slot at `tail` if
+//!   `tail - head < cap`, then stores `tail + 1` (Release);
+//! - the consumer reads `tail` (Acquire), copies the slots of `[head, tail)`, then stores
+//!   the new `head` (Release).
+//!
+//! Why no slot is read and written at once: a producer writes only the slot at `tail`,
+//! outside `[head, tail)` as it last saw `head`, and only while it holds the lock (no other
+//! producer moves `tail`). The consumer reads a slot only after the Release store of `tail`
+//! that published it (its Acquire load pairs with it), and a producer rewrites a slot only
+//! after the Release store of `head` that freed it (its Acquire load pairs with that), so
+//! the consumer's read came first. Room seen by a producer never vanishes while it holds
+//! the lock: the consumer only frees slots.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use crate::fabric::Completion;
+
+pub struct CqRing {
+    slots: Box<[UnsafeCell<Completion>]>,
+    mask: usize,
+    cap: usize,
+    /// Completions popped: stored by the consumer only.
+    head: AtomicUsize,
+    /// Completions pushed: stored by producers only, under `producers`.
+    tail: AtomicUsize,
+    producers: Mutex<()>,
+}
+
+// SAFETY: the slots (the only part not already `Sync`) are shared between threads only as
+// the module documentation says: written by one producer at a time, under `producers`,
+// while the consumer does not read them; read by the consumer once published.
+unsafe impl Sync for CqRing {}
+
+impl CqRing {
+    pub fn new(depth: usize) -> CqRing {
+        let cap = depth.max(1);
+        let n = cap.next_power_of_two();
+        CqRing {
+            slots: (0..n).map(|_| UnsafeCell::new(Completion::default())).collect(),
+            mask: n - 1,
+            cap,
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            producers: Mutex::new(()),
+        }
+    }
+
+    /// Locks out the other producers.
+    #[inline]
+    pub fn lock(&self) -> Producer<'_> {
+        Producer { _lock: self.producers.lock(), ring: self }
+    }
+
+    /// Moves the oldest completions into `out`; returns how many. An empty ring costs two
+    /// loads.
+    ///
+    /// # Safety
+    /// One consumer: no other thread may be in `pop_into` on this ring at the same time.
+    #[inline]
+    pub unsafe fn pop_into(&self, out: &mut [Completion]) -> usize {
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Relaxed);
+        if tail == head {
+            return 0;
+        }
+        let n = out.len().min(tail.wrapping_sub(head));
+        for (i, o) in out[..n].iter_mut().enumerate() {
+            // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load
+            // of `tail`, and no producer writes it until `head` moves past it (below).
+            *o = unsafe { *self.slots[head.wrapping_add(i) & self.mask].get() };
+        }
+        self.head.store(head.wrapping_add(n), Ordering::Release);
+        n
+    }
+
+    /// Completions queued now (tests).
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.tail.load(Ordering::Acquire).wrapping_sub(self.head.load(Ordering::Acquire))
+    }
+}
+
+/// A producer of a [`CqRing`], the others locked out.
+pub struct Producer<'a> {
+    _lock: MutexGuard<'a, ()>,
+    ring: &'a CqRing,
+}
+
+impl Producer<'_> {
+    /// Room for one completion (held as long as this producer holds the lock), or `None`
+    /// when the ring is full.
+    #[inline(always)]
+    pub fn room(&mut self) -> Option<Room<'_>> {
+        let ring = self.ring;
+        // Relaxed: only producers store `tail`, under the lock this one holds.
+        let tail = ring.tail.load(Ordering::Relaxed);
+        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < ring.cap).then_some(Room { ring, tail })
+    }
+
+    /// Appends `c`; `false` when the ring is full.
+    #[inline(always)]
+    pub fn push(&mut self, c: Completion) -> bool {
+        match self.room() {
+            Some(room) => {
+                room.push(c);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The free slot at `tail` of a locked ring.
+pub struct Room<'a> {
+    ring: &'a CqRing,
+    tail: usize,
+}
+
+impl Room<'_> {
+    /// Fills the slot and publishes it.
+    #[inline(always)]
+    pub fn push(self, c: Completion) {
+        let ring = self.ring;
+        // SAFETY: the slot at `tail` lies outside `[head, tail)` (`room` checked it, and the
+        // consumer only moves `head` on): the consumer does not read it, and no other
+        // producer writes while this one holds the lock (`Room` borrows the `Producer`).
+        unsafe { *ring.slots[self.tail & ring.mask].get() = c };
+        ring.tail.store(self.tail.wrapping_add(1), Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(wr_id: u64) -> Completion {
+        Completion { wr_id, ..Completion::default() }
+    }
+
+    /// A depth that is not a power of two is full at that depth (the array is larger), and
+    /// completions come out in order across many wrap-arounds of the array.
+    #[test]
+    fn ring_is_full_at_its_depth_and_keeps_order_across_wraps() {
+        let r = CqRing::new(3);
+        let mut out = [Completion::default(); 2];
+        let (mut pushed, mut popped) = (0u64, 0u64);
+        for round in 0..50 {
+            while r.lock().push(c(pushed)) {
+                pushed += 1;
+            }
+            assert_eq!(r.len(), 3, "round {round}: full at the depth asked for");
+            assert!(r.lock().room().is_none());
+            // SAFETY: this thread is the only consumer.
+            let n = unsafe { r.pop_into(&mut out[..1 + round % 2]) };
+            for o in &out[..n] {
+                assert_eq!(o.wr_id, popped);
+                popped += 1;
+            }
+        }
+        while r.len() > 0 {
+            // SAFETY: as above.
+            let n = unsafe { r.pop_into(&mut out) };
+            for o in &out[..n] {
+                assert_eq!(o.wr_id, popped);
+                popped += 1;
+            }
+        }
+        assert_eq!(popped, pushed);
+        // SAFETY: as above.
+        assert_eq!(unsafe { r.pop_into(&mut out) }, 0);
+    }
+
+    /// Three producers and one consumer: every completion once, each producer's in order.
+    #[test]
+    fn producers_and_a_consumer_on_other_threads_lose_nothing() {
+        const PER: u64 = 50_000;
+        let r = std::sync::Arc::new(CqRing::new(5));
+        let producers: Vec<_> = (0..3u64)
+            .map(|p| {
+                let r = r.clone();
+                std::thread::spawn(move || {
+                    for i in 0..PER {
+                        while !r.lock().push(Completion { wr_id: p << 32 | i, ..Completion::default() }) {
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut next = [0u64; 3];
+        let mut out = [Completion::default(); 4];
+        while next.iter().sum::<u64>() < 3 * PER {
+            // SAFETY: this thread is the only consumer.
+            let n = unsafe { r.pop_into(&mut out) };
+            for o in &out[..n] {
+                let (p, i) = ((o.wr_id >> 32) as usize, o.wr_id & 0xFFFF_FFFF);
+                assert_eq!(i, next[p], "producer {p}");
+                next[p] += 1;
+            }
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        for t in producers {
+            t.join().unwrap();
+        }
+        assert_eq!(r.len(), 0);
+    }
+}
