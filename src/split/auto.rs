@@ -20,7 +20,9 @@
 //!
 //! - Sends below `MPIB_SPLIT_MIN_BYTES` go whole to the rail that finishes them first:
 //!   latency-bound traffic pays one rail's overhead, and a stream of small sends still
-//!   spreads over both rails as their queues grow.
+//!   spreads over both rails as their queues grow. They stay on the rail the previous one
+//!   took unless the other finishes sooner by more than [`SWITCH_MARGIN`]: two alike rails
+//!   whose estimates differ by noise do not trade every message.
 //! - Congestion: a new RTT sample above SRTT + 4·RTTVAR on a rail (see
 //!   [`RailView::congested`]) cuts the rate at which it is given new bytes by a quarter
 //!   (at most once per its SRTT: one congestion episode, one backoff); each clean sample
@@ -51,6 +53,11 @@ const BACKOFF_SHIFT: u32 = 2;
 const RECOVER_STEP: u32 = FULL / 8;
 /// The lowest factor: 1/16.
 const FLOOR: u32 = FULL / 16;
+/// A small send moves to the other rail only when that one finishes it sooner by more
+/// than this part of the current rail's finish time. Each switch wakes the other rail's
+/// completion path (and its caches) for nothing when the rails are alike: under valgrind
+/// the in-process rails' latency estimates jitter enough to trade every other message.
+const SWITCH_MARGIN: f64 = 1.0 / 8.0;
 /// Part of a queue imbalance between the rails that one send corrects. The imbalance is
 /// measured through rate estimates that carry noise (a 1 % rate error on a 7 ms queue is
 /// 70 µs); correcting all of it at once makes successive sends swing around the ratio,
@@ -104,12 +111,14 @@ impl RailState {
 pub struct Auto {
     split_min_bytes: u64,
     rails: [RailState; 2],
+    /// The rail the last small send took (0 = SOUT).
+    small_rail: usize,
 }
 
 impl Auto {
     /// Sends below `split_min_bytes` go whole to one rail.
     pub fn new(split_min_bytes: u64) -> Self {
-        Auto { split_min_bytes, rails: [RailState::default(); 2] }
+        Auto { split_min_bytes, rails: [RailState::default(); 2], small_rail: 0 }
     }
 
     /// The current backoff factors of SOUT and SUP (1.0 = none), for tools and tests.
@@ -121,6 +130,15 @@ impl Auto {
 impl SplitPolicy for Auto {
     #[inline]
     fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: &[RailView; 2]) -> u64 {
+        self.share(size, now_ns, [&rails[0], &rails[1]])
+    }
+}
+
+impl Auto {
+    /// [`SplitPolicy::sout_bytes`] on the rails' views where they are (the engine's
+    /// telemetry): no copy of them per send.
+    #[inline]
+    pub fn share(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
         if size == 0 {
             return 0;
         }
@@ -129,21 +147,26 @@ impl SplitPolicy for Auto {
             (true, false) => return 0,
             (false, false) => {}
         }
-        self.rails[0].update(now_ns, &rails[0]);
-        self.rails[1].update(now_ns, &rails[1]);
+        self.rails[0].update(now_ns, rails[0]);
+        self.rails[1].update(now_ns, rails[1]);
         let (r0, r1) = (rails[0].rate_bytes_per_ns(), rails[1].rate_bytes_per_ns());
         let (d0, d1) = (rails[0].drain_ns(now_ns, r0), rails[1].drain_ns(now_ns, r1));
         // New bytes go at the backed-off rate; what is queued drains at the estimated one.
         // A stale rail is reckoned at least as fast as the other (never starved).
         let (n0, n1) = (
-            if stale(&rails[0], now_ns) { r0.max(r1) } else { r0 },
-            if stale(&rails[1], now_ns) { r1.max(r0) } else { r1 },
+            if stale(rails[0], now_ns) { r0.max(r1) } else { r0 },
+            if stale(rails[1], now_ns) { r1.max(r0) } else { r1 },
         );
         let full = FULL as f64;
         let (e0, e1) = (n0 * self.rails[0].factor as f64 / full, n1 * self.rails[1].factor as f64 / full);
         let s = size as f64;
         if size < self.split_min_bytes {
-            return if d0 + s / e0 <= d1 + s / e1 { size } else { 0 };
+            let finish = [d0 + s / e0, d1 + s / e1];
+            let (cur, other) = (self.small_rail, 1 - self.small_rail);
+            if finish[other] * (1.0 + SWITCH_MARGIN) < finish[cur] {
+                self.small_rail = other;
+            }
+            return if self.small_rail == 0 { size } else { 0 };
         }
         let x = (QUEUE_GAIN * (d1 - d0) * e1 + s) * e0 / (e0 + e1);
         align_share(x.clamp(0.0, s) as u64, size)
@@ -231,6 +254,21 @@ mod tests {
         // At the threshold it is split.
         let s = p.sout_bytes(65536, 0, &[rail(100, 2_000, 0), rail(100, 2_000, 0)]);
         assert!(s > 0 && s < 65536, "{s}");
+    }
+
+    #[test]
+    fn small_sends_stay_on_their_rail_while_the_rails_are_alike() {
+        let mut p = Auto::new(65536);
+        // Latencies that differ by noise (±5 %): the first rail keeps the stream.
+        for i in 0..100u64 {
+            let (l0, l1) = (3_000 + (i * 37) % 150, 3_000 + (i * 53) % 150);
+            assert_eq!(p.sout_bytes(8, i, &[rail(100, l0, 0), rail(100, l1, 0)]), 8, "send {i}");
+        }
+        // SOUT's queue grows past the margin: the stream moves to SUP, and stays there
+        // while SOUT is no better by more than the margin.
+        assert_eq!(p.sout_bytes(8, 200, &[rail(100, 3_000, 100_000), rail(100, 3_000, 0)]), 0);
+        assert_eq!(p.sout_bytes(8, 300, &[rail(100, 3_000, 0), rail(100, 3_200, 0)]), 0);
+        assert_eq!(p.sout_bytes(8, 400, &[rail(100, 2_000, 0), rail(100, 3_000, 0)]), 8, "clearly sooner");
     }
 
     #[test]

@@ -278,7 +278,7 @@ impl RailTelemetry {
         let (alpha, beta) = (self.cfg.alpha, self.cfg.beta);
         let own_ns = f64_of(bytes) / self.rate.bytes_per_ns().max(1e-9);
         let delay = u64_of((f64_of(rtt) - f64_of(wait_ns) - own_ns).max(0.0));
-        let margin = CONGESTION_MIN_MARGIN * f64_of(self.delay.srtt_ns());
+        let margin = CONGESTION_MIN_MARGIN * self.delay.srtt();
         let congested = self.delay.exceeds(delay, margin);
         self.delay.update(delay, alpha, beta);
         self.rtt.update(rtt, alpha, beta);

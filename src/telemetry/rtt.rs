@@ -38,6 +38,12 @@ impl RttEstimator {
         self.samples += 1;
     }
 
+    /// SRTT in ns, unrounded (for arithmetic: no round trip through an integer).
+    #[inline]
+    pub fn srtt(&self) -> f64 {
+        self.srtt
+    }
+
     pub fn srtt_ns(&self) -> u64 {
         u64_of(self.srtt)
     }

@@ -50,8 +50,13 @@ impl SendEngine {
     /// check, for fixed splits too.
     #[inline(never)]
     fn auto_share(&mut self, size: u64, now_ns: u64) -> u64 {
-        let views = self.views();
-        self.split.sout_bytes(size, now_ns, &views)
+        match &mut self.split {
+            AnySplit::Auto(a) => a.share(size, now_ns, [self.tel[SOUT].view(), self.tel[SUP].view()]),
+            AnySplit::Fixed(_) => {
+                let views = self.views();
+                self.split.sout_bytes(size, now_ns, &views)
+            }
+        }
     }
 
     /// The bytes of a `size`-byte send that go on SOUT (the rest go on SUP), given which
