@@ -364,7 +364,10 @@ fn recv_count(n: c_int) -> Result<usize> {
 #[cold]
 #[inline(never)]
 fn bad_recv_count(n: c_int) -> Error {
-    Error::invalid_argument(format!("n = {n} receives in one irecv/iflush; accepted 1 to {} (maxRecvs)", plugin::MAX_RECVS))
+    Error::invalid_argument(format!(
+        "n = {n} receives in one irecv/iflush; accepted 1 to {} (maxRecvs)",
+        plugin::MAX_RECVS
+    ))
 }
 
 #[inline(always)]
