@@ -107,7 +107,7 @@ impl Default for Config {
             retry_cnt: 7,
             rtt_alpha: 0.125,
             rtt_beta: 0.25,
-            probe_interval_us: 200,
+            probe_interval_us: 1000,
             stats_file: None,
             stats_interval_ms: 1000,
             soft_sout_addr: None,
@@ -197,7 +197,7 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "MPIB_RTT_BETA", default: "0.25", accepted: "0 < b <= 1", meaning: "RTTVAR gain (RFC 6298 beta)" },
     VarDoc {
         name: "MPIB_PROBE_INTERVAL_US",
-        default: "200",
+        default: "1000",
         accepted: "0-10000000 (0 = off)",
         meaning: "probe a rail idle for this long",
     },

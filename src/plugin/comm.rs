@@ -133,6 +133,9 @@ fn drain_cq<C: CompletionQueue, E: Engine>(
     }
 }
 
+/// Inlined into each caller: as a call, its frame (and the spills around it) cost as much
+/// as its loop.
+#[inline(always)]
 fn post_chains<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result<()> {
     for c in posts.chains() {
         rails[c.rail as usize].qp(c.qp)?.post_send(c.wrs())?;
