@@ -152,9 +152,10 @@ impl SplitPolicy for Auto {
             return if d0 + s / e0 <= d1 + s / e1 { size } else { 0 };
         }
         // The queue imbalance, less what is within the grain of a drain time (module doc).
-        let (dd, grain) = (d1 - d0, s / (e0 + e1));
+        let inv = 1.0 / (e0 + e1);
+        let (dd, grain) = (d1 - d0, s * inv);
         let dd = dd * dd * dd / (dd * dd + grain * grain);
-        let x = (QUEUE_GAIN * dd * e1 + s) * e0 / (e0 + e1);
+        let x = (QUEUE_GAIN * dd * e1 + s) * e0 * inv;
         align_share(x.clamp(0.0, s) as u64, size)
     }
 }
