@@ -100,6 +100,8 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   local ns p
+  # The rate-change helper, if it is still waiting.
+  [[ -n ${changer_pid:-} ]] && { kill -TERM "$changer_pid" 2>/dev/null || true; }
   # Only processes inside our own namespaces: the mpib-perf ranks this script started.
   for ns in "$rx" "$tx"; do
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -TERM "$p" 2>/dev/null || true; done
@@ -216,6 +218,47 @@ dev_tx=${change}1 dev_rx=${change}0
 k=$sout_kbit
 [[ $change == sup ]] && k=$sup_kbit
 half=$((k / 2))
+# The change comes from a helper started before the run: one `tc -batch` per namespace waits
+# on stdin, and python3, told when the stream has started, writes the change to both
+# $change_at s later. Nothing is forked, exec'd or torn down while the stream runs: on the
+# 2-core machine a process starting or exiting near the change (python3's own exit takes
+# ~90 ms of CPU) took a core from the ranks, and the stream then stalled and came in bursts
+# for tens of ms whether or not the rate changed (README). The two CLOCK_MONOTONIC times
+# bracket the data direction's request (the sender's egress): written, then confirmed by
+# the output of a `show` that tc runs only after it. The reverse direction
+# (acknowledgements only) follows at once, untimed. The helper exits once the ranks have
+# finished (its stdin closes).
+coproc CHANGER {
+  exec python3 -c '
+import subprocess, sys, time
+ns_tx, ns_rx, at, change_tx, change_rx, dev_tx, dev_rx = sys.argv[1:]
+def batch(ns):
+    return subprocess.Popen(["tc", "-n", ns, "-batch", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def change(tc, line, dev):
+    # tc runs one line at a time and stops at the first error: the show answers only
+    # once the change is made.
+    tc.stdin.write(line + "\nqdisc show dev " + dev + "\n")
+    tc.stdin.flush()
+    return tc.stdout.readline() != ""
+tx, rx = batch(ns_tx), batch(ns_rx)
+if sys.stdin.readline() == "":
+    sys.exit(0)
+time.sleep(float(at))
+a = time.monotonic_ns()
+ok = change(tx, change_tx, dev_tx)
+b = time.monotonic_ns()
+if not (ok and change(rx, change_rx, dev_rx)):
+    sys.exit("tc failed: " + change_tx)
+print(a, b, flush=True)
+sys.stdin.read()
+for tc in (tx, rx):
+    tc.stdin.close()
+    tc.wait()' "$tx" "$rx" "$change_at" "qdisc change dev $dev_tx root $(shape_args "$change" "$half")" \
+    "qdisc change dev $dev_rx root $(shape_args "$change" "$half")" "$dev_tx" "$dev_rx"
+}
+# shellcheck disable=SC2153 # set by coproc
+changer_pid=$CHANGER_PID
+changer_in=${CHANGER[1]} changer_out=${CHANGER[0]}
 pair timeline "$tl_secs" --timeline "$out/timeline.json"
 for _ in $(seq 1 400); do
   grep -q '^TIMELINE-START' "$out/timeline-tx.log" && break
@@ -223,24 +266,13 @@ for _ in $(seq 1 400); do
   sleep 0.05
 done
 grep -q '^TIMELINE-START' "$out/timeline-tx.log" || { finish timeline; die "the sender never printed TIMELINE-START"; }
-# CLOCK_MONOTONIC just before and just after the data direction's qdisc changes (the sender's
-# egress): tc is started beforehand and reads the change from stdin, so the two times
-# bracket only the netlink request (well under 1 ms), not a fork and exec. The reverse
-# direction (acknowledgements only) follows, untimed.
-read -r t_change t_changed < <(python3 -c '
-import subprocess, sys, time
-tc = subprocess.Popen(["tc", "-n", sys.argv[1], "-batch", "-"], stdin=subprocess.PIPE, text=True)
-time.sleep(float(sys.argv[2]))
-a = time.monotonic_ns()
-tc.stdin.write(sys.argv[3] + "\n")
-tc.stdin.close()
-if tc.wait() != 0:
-    sys.exit("tc failed: " + sys.argv[3])
-print(a, time.monotonic_ns())' "$tx" "$change_at" "qdisc change dev $dev_tx root $(shape_args "$change" "$half")") || true
+echo go >&"$changer_in"
+read -r t_change t_changed <&"$changer_out" || true
 [[ -n ${t_changed:-} ]] || { finish timeline; die "the rate change failed"; }
-# shellcheck disable=SC2046
-tc -n "$rx" qdisc change dev "$dev_rx" root $(shape_args "$change" "$half")
 finish timeline
+exec {changer_in}>&-
+wait "$changer_pid" || true
+changer_pid=
 [[ -s $out/timeline.json ]] || die "no timeline written"
 echo "# $change halved: $(gbps "$k") -> $(gbps "$half") Gbit/s at CLOCK_MONOTONIC $t_change ns"
 # The sender's statistics file of the timeline run (MPIB_STATS_FILE): per rail.
