@@ -10,7 +10,7 @@ use crate::engine::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendM
 use crate::engine::{MAX_CHAIN, Posts, QpRef, RAILS, SOUT, SUP, WrKind};
 use crate::error::{Error, Result};
 use crate::fabric::{SendWr, Sge, WrOpcode};
-use crate::split::{AnySplit, SHARE_ALIGN, SplitPolicy};
+use crate::split::{AnySplit, Auto, SHARE_ALIGN, SplitPolicy};
 use crate::telemetry::RailView;
 
 /// The rails that carry bytes of a `size`-byte send with `sout` bytes on SOUT.
@@ -32,30 +32,22 @@ fn or_empty_rail(mask: u8, failed: [bool; RAILS]) -> u8 {
     }
 }
 
-impl SendEngine {
-    fn views(&self) -> [RailView; RAILS] {
-        [*self.tel[SOUT].view(), *self.tel[SUP].view()]
-    }
+/// The auto policy's bytes on SOUT. Out of line: inlined, the compiler computes its rail
+/// arithmetic ahead of the policy check, for fixed splits too.
+#[inline(never)]
+fn auto_share(auto: &mut Auto, size: u64, now_ns: u64, views: [&RailView; RAILS]) -> u64 {
+    auto.share(size, now_ns, views)
+}
 
-    /// The policy's bytes on SOUT for a `size`-byte send, both rails healthy.
+impl SendEngine {
+    /// The policy's bytes on SOUT for a `size`-byte send, both rails healthy. The rails'
+    /// views are read where they are (no copy for the auto policy).
     #[inline]
     fn sout_share(&mut self, size: u64, now_ns: u64) -> u64 {
+        let views = [self.tel[SOUT].view(), self.tel[SUP].view()];
         match &mut self.split {
-            AnySplit::Fixed(f) => f.sout_bytes(size, now_ns, &[*self.tel[SOUT].view(), *self.tel[SUP].view()]),
-            AnySplit::Auto(_) => self.auto_share(size, now_ns),
-        }
-    }
-
-    /// Out of line: inlined, the compiler computes its rail arithmetic ahead of the policy
-    /// check, for fixed splits too.
-    #[inline(never)]
-    fn auto_share(&mut self, size: u64, now_ns: u64) -> u64 {
-        match &mut self.split {
-            AnySplit::Auto(a) => a.share(size, now_ns, [self.tel[SOUT].view(), self.tel[SUP].view()]),
-            AnySplit::Fixed(_) => {
-                let views = self.views();
-                self.split.sout_bytes(size, now_ns, &views)
-            }
+            AnySplit::Fixed(f) => f.sout_bytes(size, now_ns, &[*views[0], *views[1]]),
+            AnySplit::Auto(a) => auto_share(a, size, now_ns, views),
         }
     }
 
