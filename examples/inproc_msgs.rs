@@ -65,12 +65,6 @@ struct DataPath {
 /// next to the plugin's; the driver's error is built only on failure.
 type Rc<T> = std::result::Result<T, ncclResult_t>;
 
-#[cold]
-#[inline(never)]
-fn failed(call: &'static str) -> impl FnOnce(ncclResult_t) -> Error {
-    move |rc| Error::call(call, rc)
-}
-
 impl DataPath {
     fn of(lib: &str) -> Result<DataPath> {
         let lib = Library::open_nccl_style(lib)?;
@@ -158,14 +152,14 @@ fn run(n: u64, window: usize) -> Result<()> {
         if posted < n && posted - done < window as u64 {
             // SAFETY: this slot's previous message completed (fewer than `window` in flight).
             unsafe { sbuf[kp].write_unaligned(payload(posted)) };
-            rreq[kp] = dp.irecv(rc, rbuf[kp].cast(), rmh).map_err(failed("irecv"))?;
+            rreq[kp] = dp.irecv(rc, rbuf[kp].cast(), rmh).map_err(|rc| Error::call("irecv", rc))?;
             if !rreq[kp].is_null() {
                 posted += 1;
                 kp = next(kp);
             }
         }
         while sent < posted {
-            sreq[ks] = dp.isend(sc, sbuf[ks].cast(), smh).map_err(failed("isend"))?;
+            sreq[ks] = dp.isend(sc, sbuf[ks].cast(), smh).map_err(|rc| Error::call("isend", rc))?;
             if sreq[ks].is_null() {
                 break;
             }
@@ -174,11 +168,11 @@ fn run(n: u64, window: usize) -> Result<()> {
         }
         // Test the oldest message: its send (NCCL tests one request per step; so does
         // this), then its receive.
-        if done == sent || dp.test(sreq[kd]).map_err(failed("test"))?.is_none() {
+        if done == sent || dp.test(sreq[kd]).map_err(|rc| Error::call("test", rc))?.is_none() {
             continue;
         }
         let size = loop {
-            if let Some(size) = dp.test(rreq[kd]).map_err(failed("test"))? {
+            if let Some(size) = dp.test(rreq[kd]).map_err(|rc| Error::call("test", rc))? {
                 break size;
             }
         };
