@@ -1,10 +1,12 @@
-//! Generates `include/mpib.h` (the exported ABI types) with cbindgen.
+//! Generates `include/mpib.h` (the exported ABI: the `ncclnet-types` crate's C types, the
+//! exported tables and `mpib_*` functions) with cbindgen.
 use std::path::PathBuf;
 
 fn main() {
     let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
     // The whole source tree, not just lib.rs, or the header goes stale.
     println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=crates/ncclnet-types/src");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     // Every symbol of the plugin must resolve at link time: rdma-mummy-sys declares all of
     // libibverbs but its dlopen stub defines only the verbs it wraps, and an unwrapped one
@@ -20,9 +22,10 @@ fn main() {
     // Only the ABI files: what NCCL (and C tests) see, nothing internal.
     let mut builder = cbindgen::Builder::new().with_config(cfg);
     for f in [
-        "src/abi/types.rs",
-        "src/abi/tables.rs",
-        "src/abi/tables_v9.rs",
+        "crates/ncclnet-types/src/types.rs",
+        "crates/ncclnet-types/src/tables.rs",
+        "crates/ncclnet-types/src/tables_v9.rs",
+        "crates/ncclnet-types/src/mpib.rs",
         "src/abi/versions.rs",
         "src/abi/query.rs",
         "src/abi/stats.rs",

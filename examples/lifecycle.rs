@@ -4,27 +4,29 @@
 //!
 //! `cargo run --example lifecycle [ROUNDS]` (set MPIB_FABRIC=inproc or soft).
 
-use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use mpib::plugin::{self, AbiVersion};
+use mpib::fabric::MemTypes;
+use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, MemHandle};
 
-fn pair(abi: AbiVersion, ctx_tc: Option<i32>) -> (*mut c_void, *mut c_void) {
+fn pair(abi: AbiVersion, ctx_tc: Option<i32>) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
     let listen = plugin::listen(abi, 0, &mut handle).expect("listen");
-    let (mut send, mut recv): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(60);
-    while send.is_null() || recv.is_null() {
+    loop {
         assert!(Instant::now() < deadline, "set-up did not finish");
-        if send.is_null() {
+        if send.is_none() {
             send = plugin::connect(abi, 0, &mut handle, ctx_tc).expect("connect");
         }
-        if recv.is_null() {
+        if recv.is_none() {
             recv = plugin::accept(listen).expect("accept");
         }
+        if let (Some(s), Some(r)) = (send, recv) {
+            plugin::close_listen(listen).expect("closeListen");
+            return (s, r);
+        }
     }
-    plugin::close_listen(listen).expect("closeListen");
-    (send, recv)
 }
 
 fn main() {
@@ -37,17 +39,19 @@ fn main() {
         let (send, recv) = pair(AbiVersion::V12, None);
         let mut sbuf = vec![7u8; 1 << 16];
         let mut rbuf = vec![0u8; 1 << 16];
-        let smr = plugin::reg_mr(send, sbuf.as_mut_ptr().cast(), sbuf.len(), 1).expect("regMr");
-        let rmr = plugin::reg_mr(recv, rbuf.as_mut_ptr().cast(), rbuf.len(), 1).expect("regMr");
+        let smr = plugin::reg_mr(send, sbuf.as_mut_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr");
+        let rmr = plugin::reg_mr(recv, rbuf.as_mut_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
+        let rarg = |mh: MemHandle| [BufArg { addr: rbuf.as_ptr() as u64, size: rbuf.len(), tag: 1, mh: Some(mh) }];
         // A few complete messages.
         for _ in 0..4 {
-            let r = plugin::irecv(recv, &[rbuf.as_mut_ptr().cast()], &[rbuf.len()], &[1], &[rmr]).expect("irecv");
-            let mut s: *mut c_void = std::ptr::null_mut();
+            let r = plugin::irecv(recv, &rarg(rmr)).expect("irecv").expect("a receive is never refused");
             let deadline = Instant::now() + Duration::from_secs(60);
-            while s.is_null() {
+            let s = loop {
                 assert!(Instant::now() < deadline, "no CTS");
-                s = plugin::isend(send, sbuf.as_mut_ptr().cast(), 4096, 1, smr).expect("isend");
-            }
+                if let Some(s) = plugin::isend(send, sbuf.as_ptr() as u64, 4096, 1, smr).expect("isend") {
+                    break s;
+                }
+            };
             let (mut sd, mut rd) = (false, false);
             while !(sd && rd) {
                 assert!(Instant::now() < deadline, "no completion");
@@ -57,14 +61,14 @@ fn main() {
         }
         // Requests left outstanding on purpose: receives without sends.
         for _ in 0..3 {
-            plugin::irecv(recv, &[rbuf.as_mut_ptr().cast()], &[rbuf.len()], &[1], &[rmr]).expect("irecv");
+            plugin::irecv(recv, &rarg(rmr)).expect("irecv");
         }
         plugin::close_send(send).expect("closeSend");
         plugin::close_recv(recv).expect("closeRecv");
         // NCCL may deregister after closing the comm: the registration is still released.
-        plugin::dereg_mr(send, smr).expect("deregMr after closeSend");
-        plugin::dereg_mr(recv, rmr).expect("deregMr after closeRecv");
-        plugin::dereg_mr(recv, rmr).expect_err("a second deregMr of one handle is an error");
+        plugin::dereg_mr(send, Some(smr)).expect("deregMr after closeSend");
+        plugin::dereg_mr(recv, Some(rmr)).expect("deregMr after closeRecv");
+        plugin::dereg_mr(recv, Some(rmr)).expect_err("a second deregMr of one handle is an error");
         println!("round {round}: closed with 3 receives outstanding");
     }
     plugin::finalize(ctx).expect("finalize");

@@ -1,6 +1,8 @@
 //! mpib: an NCCL network plugin whose every device is a pair of RDMA rails, SOUT (scale-out
 //! NIC) and SUP (scale-up NIC), with each send split between them at the last moment from
-//! live RTT telemetry. See DESIGN.md for the layers:
+//! live RTT telemetry. This crate is the plugin (the cdylib NCCL loads); its C types are the
+//! `ncclnet-types` crate's, and the tools that drive it (`mpib-perf`, the conformance suite)
+//! are `crates/mpib-tools`. See DESIGN.md for the layers:
 //!
 //! ```text
 //! abi/      ncclNet v6…v12 tables and shims (the only C edge)
@@ -8,12 +10,10 @@
 //! engine/   the dual-rail protocol, sans-IO
 //! split/    split policies        telemetry/  RTT estimators and statistics
 //! fabric/   the transport trait and its providers (soft, verbs)
-//! driver/   loads a plugin library and drives it as NCCL does (tests, tools)
 //! ```
 
 pub mod abi;
 pub mod config;
-pub mod driver;
 pub mod engine;
 pub mod error;
 pub mod fabric;

@@ -4,11 +4,11 @@
 //! of this test binary so that it gets its own environment (the configuration is read once
 //! per process).
 
-use std::ffi::c_void;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use mpib::plugin::{self, AbiVersion};
+use mpib::fabric::MemTypes;
+use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, MemHandle, RequestHandle};
 
 const CHILD: &str = "MPIB_PLUGIN_API_CHILD";
 
@@ -29,22 +29,29 @@ fn is_child() -> bool {
 }
 
 /// Connects a send and a receive comm on device 0 (same thread, non-blocking calls).
-fn pair(abi: AbiVersion) -> (*mut c_void, *mut c_void) {
+fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
     let listen = plugin::listen(abi, 0, &mut handle).expect("listen");
-    let (mut send, mut recv): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while send.is_null() || recv.is_null() {
+    loop {
         assert!(Instant::now() < deadline, "connect/accept did not finish");
-        if send.is_null() {
+        if send.is_none() {
             send = plugin::connect(abi, 0, &mut handle, None).expect("connect");
         }
-        if recv.is_null() {
+        if recv.is_none() {
             recv = plugin::accept(listen).expect("accept");
         }
+        if let (Some(s), Some(r)) = (send, recv) {
+            plugin::close_listen(listen).expect("closeListen");
+            return (s, r);
+        }
     }
-    plugin::close_listen(listen).expect("closeListen");
-    (send, recv)
+}
+
+/// One receive buffer of `size` bytes at `addr`, tag `tag`, registered as `mh`.
+fn buf(addr: *const u8, size: usize, tag: i32, mh: MemHandle) -> [BufArg; 1] {
+    [BufArg { addr: addr as u64, size, tag, mh: Some(mh) }]
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -52,27 +59,25 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// Sends `sizes` one message at a time, checking every byte and the reported sizes.
-fn exchange(send: *mut c_void, recv: *mut c_void, sizes: &[usize]) {
+fn exchange(send: CommHandle, recv: CommHandle, sizes: &[usize]) {
     let max = sizes.iter().copied().max().unwrap_or(1).max(1);
     let mut sbuf = vec![0u8; max];
     let mut rbuf = vec![0u8; max + 64];
-    let smr = plugin::reg_mr(send, sbuf.as_mut_ptr().cast(), sbuf.len(), 1).expect("regMr send");
-    let rmr = plugin::reg_mr(recv, rbuf.as_mut_ptr().cast(), rbuf.len(), 1).expect("regMr recv");
+    let smr = plugin::reg_mr(send, sbuf.as_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr send");
+    let rmr = plugin::reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr recv");
     for (i, &len) in sizes.iter().enumerate() {
         let data = pattern(i as u64, len);
         sbuf[..len].copy_from_slice(&data);
         rbuf.fill(0xee);
-        let rreq = plugin::irecv(recv, &[rbuf.as_mut_ptr().cast()], &[max + 64], &[3], &[rmr]).expect("irecv");
-        assert!(!rreq.is_null());
+        let rreq = plugin::irecv(recv, &buf(rbuf.as_ptr(), max + 64, 3, rmr)).expect("irecv").expect("a request");
         let deadline = Instant::now() + Duration::from_secs(20);
-        let mut sreq: *mut c_void = std::ptr::null_mut();
-        while sreq.is_null() {
+        let sreq: RequestHandle = loop {
             assert!(Instant::now() < deadline, "isend never found the CTS");
-            sreq = plugin::isend(send, sbuf.as_mut_ptr().cast(), len, 3, smr).expect("isend");
-            if sreq.is_null() {
-                let _ = plugin::test(rreq, &mut [0; 8]).expect("test recv");
+            if let Some(r) = plugin::isend(send, sbuf.as_ptr() as u64, len, 3, smr).expect("isend") {
+                break r;
             }
-        }
+            let _ = plugin::test(rreq, &mut [0; 8]).expect("test recv");
+        };
         let (mut sd, mut rd) = (None, None);
         let (mut ssz, mut rsz) = ([u64::MAX; 8], [u64::MAX; 8]);
         while sd.is_none() || rd.is_none() {
@@ -91,8 +96,8 @@ fn exchange(send: *mut c_void, recv: *mut c_void, sizes: &[usize]) {
         // The completed request handle is dead now.
         assert!(plugin::test(sreq, &mut ssz).is_err(), "testing a completed request is an error");
     }
-    plugin::dereg_mr(send, smr).expect("deregMr");
-    plugin::dereg_mr(recv, rmr).expect("deregMr");
+    plugin::dereg_mr(send, Some(smr)).expect("deregMr");
+    plugin::dereg_mr(recv, Some(rmr)).expect("deregMr");
 }
 
 #[test]
@@ -133,29 +138,31 @@ fn bad_handles_are_errors_not_crashes() {
         return in_child("bad_handles_are_errors_not_crashes", &[("MPIB_FABRIC", "inproc")]);
     }
     plugin::init(AbiVersion::V12).expect("init");
-    let junk = 0xdead_beef_usize as *mut c_void;
-    assert!(plugin::test(junk, &mut [0; 8]).is_err());
-    assert!(plugin::test(std::ptr::null_mut(), &mut [0; 8]).is_err());
-    assert!(plugin::isend(junk, junk, 8, 0, junk).is_err());
-    assert!(plugin::close_recv(junk).is_err());
+    let junk = 0xdead_beef_u64;
+    assert!(plugin::test(RequestHandle(junk), &mut [0; 8]).is_err());
+    assert!(plugin::test(RequestHandle(0), &mut [0; 8]).is_err());
+    assert!(plugin::isend(CommHandle(junk), junk, 8, 0, MemHandle(junk)).is_err());
+    assert!(plugin::close_recv(CommHandle(junk)).is_err());
     let (send, recv) = pair(AbiVersion::V12);
     // A receive comm is not a send comm.
-    let e = plugin::isend(recv, junk, 8, 0, junk).unwrap_err();
+    let e = plugin::isend(recv, junk, 8, 0, MemHandle(junk)).unwrap_err();
     assert!(e.msg.contains("memory handle") || e.msg.contains("not a"), "{}", e.msg);
     assert!(plugin::properties(7).is_err());
     // A released registration is an error at once, even right after calls that used it (a
     // comm's memo of its last registration must not outlive the release).
-    let mut buf = vec![0u8; 4096];
-    let data: *mut c_void = buf.as_mut_ptr().cast();
-    let host = mpib::abi::types::consts::NCCL_PTR_HOST;
-    let (smh, rmh) = (plugin::reg_mr(send, data, 4096, host).unwrap(), plugin::reg_mr(recv, data, 4096, host).unwrap());
-    assert!(plugin::isend(send, data, 8, 0, smh).is_ok());
-    assert!(plugin::irecv(recv, &[data], &[8], &[0], &[rmh]).is_ok());
-    plugin::dereg_mr(send, smh).unwrap();
-    plugin::dereg_mr(recv, rmh).unwrap();
-    let e = plugin::isend(send, data, 8, 0, smh).unwrap_err();
+    let mem = vec![0u8; 4096];
+    let data = mem.as_ptr();
+    let (smh, rmh) = (
+        plugin::reg_mr(send, data as u64, 4096, MemTypes::HOST).unwrap(),
+        plugin::reg_mr(recv, data as u64, 4096, MemTypes::HOST).unwrap(),
+    );
+    assert!(plugin::isend(send, data as u64, 8, 0, smh).is_ok());
+    assert!(plugin::irecv(recv, &buf(data, 8, 0, rmh)).is_ok());
+    plugin::dereg_mr(send, Some(smh)).unwrap();
+    plugin::dereg_mr(recv, Some(rmh)).unwrap();
+    let e = plugin::isend(send, data as u64, 8, 0, smh).unwrap_err();
     assert!(e.msg.contains("stale"), "{}", e.msg);
-    let e = plugin::irecv(recv, &[data], &[8], &[0], &[rmh]).unwrap_err();
+    let e = plugin::irecv(recv, &buf(data, 8, 0, rmh)).unwrap_err();
     assert!(e.msg.contains("stale"), "{}", e.msg);
     plugin::close_send(send).unwrap();
     plugin::close_recv(recv).unwrap();

@@ -4,28 +4,21 @@
 
 use std::ffi::{c_int, c_void};
 
-use super::guard::{out, run};
-use super::types::*;
+use ncclnet_types::types::*;
+
+use super::args::{handle_buf, int_size, mem_type, non_null, out, ptr, raw, recv_count};
+use super::guard::run;
 use crate::error::{Error, Result};
-use crate::plugin::{self, AbiVersion};
+use crate::plugin::{self, AbiVersion, BufArg, CommHandle, ListenHandle, MemHandle, RequestHandle};
 
 /// `devices(int* ndev)`, every version.
 pub unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
     run("devices", || {
         // SAFETY: NCCL passes a valid int pointer or NULL (rejected by `out`).
         let ndev = unsafe { out(ndev, "ndev") }?;
-        *ndev = plugin::device_count()?;
+        *ndev = c_int::try_from(plugin::device_count()?).unwrap_or(c_int::MAX);
         Ok(())
     })
-}
-
-/// Copies a 128-byte handle buffer reference out of NCCL's `void*`.
-///
-/// # Safety
-/// A non-null `handle` must point to `NCCL_NET_HANDLE_MAXSIZE` writable bytes.
-pub unsafe fn handle_buf<'a>(handle: *mut c_void) -> Result<&'a mut [u8; consts::NCCL_NET_HANDLE_MAXSIZE]> {
-    // SAFETY: forwarded from the caller's guarantee.
-    unsafe { out(handle.cast::<[u8; consts::NCCL_NET_HANDLE_MAXSIZE]>(), "handle") }
 }
 
 /// Shared body of every `listen`.
@@ -33,7 +26,7 @@ pub fn listen_impl(abi: AbiVersion, dev: c_int, handle: *mut c_void, listen_comm
     // SAFETY: NCCL passes an out-pointer for the comm and a 128-byte handle buffer.
     let (comm_out, buf) = unsafe { (out(listen_comm, "listenComm")?, handle_buf(handle)?) };
     *comm_out = std::ptr::null_mut();
-    *comm_out = plugin::listen(abi, dev, buf)?;
+    *comm_out = ptr(Some(plugin::listen(abi, dev, buf)?.0));
     Ok(())
 }
 
@@ -53,7 +46,7 @@ pub fn connect_impl(
         *d = std::ptr::null_mut();
     }
     *comm_out = std::ptr::null_mut();
-    *comm_out = plugin::connect(abi, dev, buf, traffic_class)?;
+    *comm_out = ptr(plugin::connect(abi, dev, buf, traffic_class)?.map(|c| c.0));
     Ok(())
 }
 
@@ -77,7 +70,7 @@ pub unsafe extern "C" fn accept(
             *d = std::ptr::null_mut();
         }
         *comm_out = std::ptr::null_mut();
-        *comm_out = plugin::accept(listen_comm)?;
+        *comm_out = ptr(plugin::accept(ListenHandle(raw(listen_comm)))?.map(|c| c.0));
         Ok(())
     })
 }
@@ -93,7 +86,7 @@ pub fn reg_mr_impl(
     // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
     let mh = unsafe { out(mhandle, "mhandle") }?;
     *mh = std::ptr::null_mut();
-    *mh = plugin::reg_mr(comm, data, size, ptr_type)?;
+    *mh = ptr(Some(plugin::reg_mr(CommHandle(raw(comm)), raw(data), size, mem_type(ptr_type)?)?.0));
     Ok(())
 }
 
@@ -133,14 +126,15 @@ pub unsafe extern "C" fn reg_mr_dmabuf(
         // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
         let mh = unsafe { out(mhandle, "mhandle") }?;
         *mh = std::ptr::null_mut();
-        *mh = plugin::reg_mr_dmabuf(comm, data, size, ptr_type, offset, fd)?;
+        let mem = mem_type(ptr_type)?;
+        *mh = ptr(Some(plugin::reg_mr_dmabuf(CommHandle(raw(comm)), raw(data), size, mem, offset, fd)?.0));
         Ok(())
     })
 }
 
 /// `deregMr`, every version. `deregMr(comm, NULL)` is a no-op, as in net_ib.
 pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
-    run("deregMr", || plugin::dereg_mr(comm, mhandle))
+    run("deregMr", || plugin::dereg_mr(CommHandle(raw(comm)), mem_handle(mhandle)))
 }
 
 /// Shared body of every `isend`. Always writes `*request` (NULL = retry later). Inlined
@@ -157,7 +151,7 @@ pub fn isend_impl(
     // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
     let req = unsafe { out(request, "request") }?;
     *req = std::ptr::null_mut();
-    *req = plugin::isend(comm, data, size, tag, mhandle)?;
+    *req = ptr(plugin::isend(CommHandle(raw(comm)), raw(data), size, tag, MemHandle(raw(mhandle)))?.map(|r| r.0));
     Ok(())
 }
 
@@ -211,25 +205,22 @@ pub fn irecv_impl(
     *req = std::ptr::null_mut();
     let n = recv_count(n)?;
     let (data, tags, mhandles) = (non_null(data, "data")?, non_null(tags, "tags")?, non_null(mhandles, "mhandles")?);
-    let mut size_buf = [0usize; plugin::MAX_RECVS];
-    for (i, s) in size_buf.iter_mut().enumerate().take(n) {
-        // SAFETY: NCCL passes arrays of `n` elements; `i < n`.
-        *s = unsafe {
-            match sizes {
-                RecvSizes::Int(p) => int_size(*non_null(p, "sizes")?.add(i), "sizes[i]")?,
-                RecvSizes::SizeT(p) => *non_null(p, "sizes")?.add(i),
+    let mut bufs = [BufArg::default(); plugin::MAX_RECVS];
+    for (i, b) in bufs.iter_mut().enumerate().take(n) {
+        // SAFETY: NCCL passes arrays of `n` elements (checked non-null above); `i < n`.
+        *b = unsafe {
+            BufArg {
+                addr: raw(*data.add(i)),
+                size: match sizes {
+                    RecvSizes::Int(p) => int_size(*non_null(p, "sizes")?.add(i), "sizes[i]")?,
+                    RecvSizes::SizeT(p) => *non_null(p, "sizes")?.add(i),
+                },
+                tag: *tags.add(i),
+                mh: mem_handle(*mhandles.add(i)),
             }
         };
     }
-    // SAFETY: NCCL passes arrays of `n` elements (checked non-null above).
-    let (data, tags, mhandles) = unsafe {
-        (
-            std::slice::from_raw_parts(data, n),
-            std::slice::from_raw_parts(tags, n),
-            std::slice::from_raw_parts(mhandles, n),
-        )
-    };
-    *req = plugin::irecv(comm, data, &size_buf[..n], tags, mhandles)?;
+    *req = ptr(plugin::irecv(CommHandle(raw(comm)), &bufs[..n])?.map(|r| r.0));
     Ok(())
 }
 
@@ -290,15 +281,19 @@ pub unsafe extern "C" fn iflush(
         let n = recv_count(n)?;
         let (data, sizes, mhandles) =
             (non_null(data, "data")?, non_null(sizes, "sizes")?, non_null(mhandles, "mhandles")?);
-        let mut size_buf = [0usize; plugin::MAX_RECVS];
-        for (i, s) in size_buf.iter_mut().enumerate().take(n) {
-            // SAFETY: NCCL passes arrays of `n` elements; `i < n`.
-            *s = int_size(unsafe { *sizes.add(i) }, "sizes[i]")?;
+        let mut bufs = [BufArg::default(); plugin::MAX_RECVS];
+        for (i, b) in bufs.iter_mut().enumerate().take(n) {
+            // SAFETY: NCCL passes arrays of `n` elements (checked non-null above); `i < n`.
+            *b = unsafe {
+                BufArg {
+                    addr: raw(*data.add(i)),
+                    size: int_size(*sizes.add(i), "sizes[i]")?,
+                    tag: 0,
+                    mh: mem_handle(*mhandles.add(i)),
+                }
+            };
         }
-        // SAFETY: NCCL passes arrays of `n` elements (checked non-null above).
-        let (data, mhandles) =
-            unsafe { (std::slice::from_raw_parts(data, n), std::slice::from_raw_parts(mhandles, n)) };
-        *req = plugin::iflush(comm, data, &size_buf[..n], mhandles)?;
+        *req = ptr(plugin::iflush(CommHandle(raw(comm)), &bufs[..n])?.map(|r| r.0));
         Ok(())
     })
 }
@@ -310,7 +305,7 @@ pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mu
         let done = unsafe { out(done, "done") }?;
         *done = 0;
         let mut sz = [0u64; plugin::MAX_RECVS];
-        if let Some(n) = plugin::test(request, &mut sz)? {
+        if let Some(n) = plugin::test(RequestHandle(raw(request)), &mut sz)? {
             if !sizes.is_null() {
                 for (i, &s) in sz[..n].iter().enumerate() {
                     let v = c_int::try_from(s)
@@ -327,56 +322,21 @@ pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mu
 
 /// `closeSend`, every version.
 pub unsafe extern "C" fn close_send(comm: *mut c_void) -> ncclResult_t {
-    run("closeSend", || plugin::close_send(comm))
+    run("closeSend", || plugin::close_send(CommHandle(raw(comm))))
 }
 
 /// `closeRecv`, every version.
 pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> ncclResult_t {
-    run("closeRecv", || plugin::close_recv(comm))
+    run("closeRecv", || plugin::close_recv(CommHandle(raw(comm))))
 }
 
 /// `closeListen`, every version.
 pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> ncclResult_t {
-    run("closeListen", || plugin::close_listen(comm))
+    run("closeListen", || plugin::close_listen(ListenHandle(raw(comm))))
 }
 
-/// The argument checks below run on every data-path call: inlined, with their messages
-/// built out of line only on failure.
+/// A memory handle argument; NULL is "none" (allowed for empty buffers and `deregMr`).
 #[inline(always)]
-fn non_null<T>(p: *const T, what: &str) -> Result<*const T> {
-    if p.is_null() { Err(null_argument(what)) } else { Ok(p) }
-}
-
-#[cold]
-#[inline(never)]
-pub(crate) fn null_argument(what: &str) -> Error {
-    Error::invalid_argument(format!("{what} is NULL"))
-}
-
-#[inline(always)]
-fn recv_count(n: c_int) -> Result<usize> {
-    if n < 1 || n as usize > plugin::MAX_RECVS {
-        return Err(bad_recv_count(n));
-    }
-    Ok(n as usize)
-}
-
-#[cold]
-#[inline(never)]
-fn bad_recv_count(n: c_int) -> Error {
-    Error::invalid_argument(format!(
-        "n = {n} receives in one irecv/iflush; accepted 1 to {} (maxRecvs)",
-        plugin::MAX_RECVS
-    ))
-}
-
-#[inline(always)]
-fn int_size(size: c_int, what: &str) -> Result<usize> {
-    if size >= 0 { Ok(size as usize) } else { Err(negative_size(size, what)) }
-}
-
-#[cold]
-#[inline(never)]
-fn negative_size(size: c_int, what: &str) -> Error {
-    Error::invalid_argument(format!("{what} = {size} is negative"))
+fn mem_handle(p: *mut c_void) -> Option<MemHandle> {
+    if p.is_null() { None } else { Some(MemHandle(raw(p))) }
 }

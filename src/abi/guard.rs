@@ -3,19 +3,10 @@
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
-use super::types::ncclResult_t;
-use crate::error::{Error, ErrorKind};
+use ncclnet_types::result;
+use ncclnet_types::types::ncclResult_t;
 
-/// Result codes (`ncclResult_t` values). A plugin returns only 0–6.
-pub mod result {
-    use super::ncclResult_t;
-    pub const SUCCESS: ncclResult_t = 0;
-    pub const SYSTEM_ERROR: ncclResult_t = 2;
-    pub const INTERNAL_ERROR: ncclResult_t = 3;
-    pub const INVALID_ARGUMENT: ncclResult_t = 4;
-    pub const INVALID_USAGE: ncclResult_t = 5;
-    pub const REMOTE_ERROR: ncclResult_t = 6;
-}
+use crate::error::{Error, ErrorKind};
 
 /// The `ncclResult_t` for an error class.
 pub fn code(kind: ErrorKind) -> ncclResult_t {
@@ -60,19 +51,6 @@ fn failed(call: &str, outcome: std::thread::Result<Result<(), Error>>) -> ncclRe
     }
 }
 
-/// `ptr` as `&mut T`, or an `InvalidArgument` error naming `what` when it is NULL.
-///
-/// # Safety
-/// A non-null `ptr` must point to a valid, writable `T` for the call's duration.
-#[inline(always)]
-pub unsafe fn out<'a, T>(ptr: *mut T, what: &str) -> Result<&'a mut T, Error> {
-    // SAFETY: the caller guarantees a non-null pointer is valid and writable.
-    match unsafe { ptr.as_mut() } {
-        Some(r) => Ok(r),
-        None => Err(super::common::null_argument(what)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,13 +70,5 @@ mod tests {
             Ok(())
         });
         assert_eq!(r, result::INTERNAL_ERROR);
-    }
-
-    #[test]
-    fn null_out_pointer_is_invalid_argument() {
-        // SAFETY: NULL is handled without dereferencing.
-        let e = unsafe { out::<i32>(std::ptr::null_mut(), "ndev") }.unwrap_err();
-        assert_eq!(e.kind, ErrorKind::InvalidArgument);
-        assert!(e.msg.contains("ndev is NULL"));
     }
 }

@@ -1,5 +1,10 @@
 //! Routes the `log` crate to NCCL's logger once `init` gave one; before that (and when NCCL
-//! passes NULL, as the tools do) to an `env_logger` on stderr filtered by `RUST_LOG`.
+//! passes NULL, as the tools do) to stderr, at the level `RUST_LOG` names (default `warn`).
+//!
+//! The stderr fallback is a dozen lines here rather than `env_logger`: the library NCCL
+//! loads carries only what it needs, and a plugin's messages before `init` are a handful of
+//! configuration lines, for which one level (`RUST_LOG=info`, or `mpib=info` among other
+//! crates' directives) is enough.
 //!
 //! Level mapping: error/warn → `NCCL_LOG_WARN`, info → `NCCL_LOG_INFO`, debug/trace →
 //! `NCCL_LOG_TRACE`. Subsystem: records from `mpib::config` → `NCCL_ENV`, from the
@@ -11,7 +16,7 @@ use std::io::Write;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::types::ncclDebugLogger_t;
+use ncclnet_types::types::ncclDebugLogger_t;
 
 const NCCL_LOG_WARN: c_int = 2;
 const NCCL_LOG_INFO: c_int = 3;
@@ -25,7 +30,8 @@ const NCCL_ALL: c_ulong = !0;
 static NCCL_LOGGER: AtomicUsize = AtomicUsize::new(0);
 
 struct MpibLogger {
-    fallback: env_logger::Logger,
+    /// The stderr fallback's level, from `RUST_LOG`.
+    fallback: log::LevelFilter,
 }
 
 static LOGGER: OnceLock<MpibLogger> = OnceLock::new();
@@ -35,12 +41,7 @@ pub fn install() {
     let mut first = false;
     let logger = LOGGER.get_or_init(|| {
         first = true;
-        let fallback = env_logger::Builder::new()
-            .filter_level(log::LevelFilter::Warn)
-            .parse_env(env_logger::Env::default())
-            .format(|buf, record| writeln!(buf, "mpib {} {}: {}", record.level(), record.target(), record.args()))
-            .build();
-        MpibLogger { fallback }
+        MpibLogger { fallback: fallback_level(std::env::var("RUST_LOG").ok().as_deref()) }
     });
     if first && log::set_logger(logger).is_ok() {
         log::set_max_level(max_level());
@@ -60,14 +61,27 @@ pub fn set_nccl_logger(f: ncclDebugLogger_t) {
 /// so formatting it would only cost time.
 fn max_level() -> log::LevelFilter {
     if NCCL_LOGGER.load(Ordering::Acquire) == 0 {
-        let fallback = LOGGER.get().map(|l| l.fallback.filter()).unwrap_or(log::LevelFilter::Warn);
-        return fallback;
+        return LOGGER.get().map_or(log::LevelFilter::Warn, |l| l.fallback);
     }
     match std::env::var("NCCL_DEBUG").map(|s| s.to_ascii_uppercase()) {
         Ok(s) if s == "TRACE" => log::LevelFilter::Trace,
         Ok(s) if s == "INFO" => log::LevelFilter::Info,
         _ => log::LevelFilter::Warn,
     }
+}
+
+/// The stderr level a `RUST_LOG` value asks for mpib: the value of an `mpib=LEVEL`
+/// directive, else a bare `LEVEL` among the comma-separated directives, else `warn`.
+fn fallback_level(rust_log: Option<&str>) -> log::LevelFilter {
+    let (mut bare, mut ours) = (None, None);
+    for d in rust_log.unwrap_or("").split(',').map(str::trim) {
+        match d.split_once('=') {
+            Some((target, level)) if target == "mpib" || target.starts_with("mpib::") => ours = level.parse().ok(),
+            Some(_) => {}
+            None => bare = bare.or(d.parse().ok()),
+        }
+    }
+    ours.or(bare).unwrap_or(log::LevelFilter::Warn)
 }
 
 fn subsystem(target: &str) -> c_ulong {
@@ -96,7 +110,9 @@ impl log::Log for MpibLogger {
         }
         let f = NCCL_LOGGER.load(Ordering::Acquire);
         if f == 0 {
-            self.fallback.log(record);
+            // One write per line, so lines of several threads do not interleave.
+            let line = format!("mpib {} {}: {}\n", record.level(), record.target(), record.args());
+            let _ = std::io::stderr().lock().write_all(line.as_bytes());
             return;
         }
         // SAFETY: `f` was stored from a non-null `ncclDebugLogger_t` by `set_nccl_logger`,
@@ -134,4 +150,23 @@ pub fn install_panic_hook() {
             log::error!("internal error (panic){loc}: {msg}");
         }));
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rust_log_picks_mpibs_level() {
+        use log::LevelFilter::*;
+        assert_eq!(fallback_level(None), Warn);
+        assert_eq!(fallback_level(Some("")), Warn);
+        assert_eq!(fallback_level(Some("info")), Info);
+        assert_eq!(fallback_level(Some("TRACE")), Trace);
+        assert_eq!(fallback_level(Some("other=debug")), Warn, "another crate's directive");
+        assert_eq!(fallback_level(Some("error,mpib=debug")), Debug, "mpib's directive wins");
+        assert_eq!(fallback_level(Some("mpib::plugin=info,warn")), Info);
+        assert_eq!(fallback_level(Some("off")), Off);
+        assert_eq!(fallback_level(Some("nonsense")), Warn);
+    }
 }

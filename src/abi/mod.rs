@@ -1,15 +1,13 @@
-//! The C ABI edge: NCCL's `ncclNet_v6` … `ncclNet_v12` structs, the exported tables and
-//! thin per-version shims over the one implementation in `crate::plugin`. Every entry point
+//! The C ABI edge: the exported `ncclNet_v6` … `ncclNet_v12` tables (their C types are the
+//! `ncclnet-types` crate's) and thin per-version shims over the one implementation in `crate::plugin`. Every entry point
 //! catches panics and maps errors to `ncclResult_t` (`guard.rs`); nothing unwinds into C.
 
+mod args;
 mod common;
 mod guard;
 pub mod logger;
 pub mod query;
 pub mod stats;
-pub mod tables;
-pub mod tables_v9;
-pub mod types;
 mod versions;
 
 pub use versions::{

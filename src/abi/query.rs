@@ -4,31 +4,11 @@
 
 use std::ffi::c_void;
 
-use super::guard::{out, run};
-use super::types::ncclResult_t;
+use super::args::out;
+use super::guard::run;
 use crate::plugin;
-
-/// Per-rail counters of one connection (index 0 = SOUT, 1 = SUP).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct mpib_rail_counters_t {
-    /// Send work requests posted (data, signalling, CTS, probes, flushes).
-    pub wr_posted: u64,
-    /// Post calls (one per chain).
-    pub doorbells: u64,
-    /// Payload bytes posted.
-    pub bytes: u64,
-    /// WRITE_WITH_IMM work requests posted.
-    pub imm_sent: u64,
-    /// Completions polled.
-    pub cqe: u64,
-    /// Receiver-not-ready waits (receive side).
-    pub rnr: u64,
-    /// IMMs posted on a rail that carried no bytes of a non-empty transfer (always 0).
-    pub zero_byte_imm: u64,
-    /// Idle-rail probes posted.
-    pub probes: u64,
-}
+use ncclnet_types::mpib::*;
+use ncclnet_types::types::ncclResult_t;
 
 impl From<&crate::engine::RailCounts> for mpib_rail_counters_t {
     fn from(x: &crate::engine::RailCounts) -> Self {
@@ -56,7 +36,7 @@ pub unsafe extern "C" fn mpib_comm_counters(comm: *mut c_void, out_: *mut mpib_r
     run("mpib_comm_counters", || {
         // SAFETY: the caller passes NULL (rejected) or room for two entries.
         let dst = unsafe { out(out_, "out") }?;
-        let c = plugin::comm_counters(comm)?;
+        let c = plugin::comm_counters(plugin::CommHandle(comm as usize as u64))?;
         *dst = (&c[0]).into();
         // SAFETY: the caller's array has two entries.
         unsafe { *out_.add(1) = (&c[1]).into() };

@@ -5,46 +5,10 @@
 use std::mem::size_of;
 
 use super::guard::run;
-use super::query::mpib_rail_counters_t;
-use super::types::ncclResult_t;
 use crate::error::Error;
 use crate::telemetry::{RailTotals, process_totals};
-
-/// One rail's figures over the whole process: every connection, live or closed, both
-/// directions. Counters are sums; latencies are of data chains (post → signalled
-/// completion); the estimates are the mean over live connections (else the last closed
-/// one's). All 0 where nothing happened.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct mpib_rail_stats_t {
-    /// The counters `mpib_comm_counters` gives per comm, summed over the process.
-    pub counters: mpib_rail_counters_t,
-    /// Completions with an error status.
-    pub errors: u64,
-    /// RTT samples (data chains and probes).
-    pub rtt_samples: u64,
-    /// Samples that marked the rail congested.
-    pub congestion_events: u64,
-    /// Data chains whose completion was timed, and their latency statistics (ns).
-    pub latency_samples: u64,
-    pub latency_min_ns: u64,
-    pub latency_avg_ns: u64,
-    pub latency_median_ns: u64,
-    pub latency_p95_ns: u64,
-    pub latency_p99_ns: u64,
-    pub latency_max_ns: u64,
-    /// RFC 6298 smoothed RTT and its variation (ns).
-    pub srtt_ns: u64,
-    pub rttvar_ns: u64,
-    /// RTT of an empty chain on an idle rail (ns).
-    pub base_latency_ns: u64,
-    /// Delivery-rate estimate.
-    pub bw_bytes_per_s: u64,
-    /// Connections open now with statistics on this rail.
-    pub live_connections: u64,
-    /// This rail's part of the payload bytes of both rails (0 … 1).
-    pub share: f64,
-}
+use ncclnet_types::mpib::*;
+use ncclnet_types::types::ncclResult_t;
 
 impl From<&RailTotals> for mpib_rail_stats_t {
     fn from(t: &RailTotals) -> Self {
@@ -111,8 +75,8 @@ pub unsafe extern "C" fn mpib_rail_stats(out: *mut mpib_rail_stats_t, size: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::guard::result;
     use crate::telemetry::StatsHandle;
+    use ncclnet_types::result;
 
     #[test]
     fn copies_the_process_totals_and_honours_the_callers_size() {

@@ -4,12 +4,14 @@
 
 use std::ffi::{c_int, c_void};
 
+use ncclnet_types::tables::*;
+use ncclnet_types::types::*;
+
+use super::args::*;
 use super::common::*;
-use super::guard::{out, run};
+use super::guard::run;
 use super::logger;
-use super::tables::*;
-use super::types::*;
-use crate::plugin::{self, AbiVersion, Properties};
+use crate::plugin::{self, AbiVersion, ContextHandle, Properties};
 
 const NAME: *const std::ffi::c_char = c"MPIB".as_ptr();
 
@@ -59,7 +61,7 @@ fn init_ctx(
         // SAFETY: NCCL passes NULL or a valid config.
         let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass);
         init_common(abi, log_fn)?;
-        *ctx = plugin::new_context(comm_id, tc);
+        *ctx = ptr(Some(plugin::new_context(comm_id, tc).0));
         Ok(())
     })
 }
@@ -82,13 +84,13 @@ unsafe extern "C" fn init_v12(
     init_ctx(AbiVersion::V12, ctx, comm_id, config, log_fn)
 }
 unsafe extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
-    run("finalize", || plugin::finalize(ctx))
+    run("finalize", || plugin::finalize(ContextHandle(raw(ctx))))
 }
 unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t) -> ncclResult_t {
     run("setNetAttr", || {
         // SAFETY: NCCL passes NULL or a valid attribute struct.
         if let Some(a) = unsafe { attr.as_ref() } {
-            plugin::set_net_attr(ctx, a.sendCommAttr.maxConcurrentPeers, a.op, a.algo, a.proto)?;
+            plugin::set_net_attr(ContextHandle(raw(ctx)), a.sendCommAttr.maxConcurrentPeers, a.op, a.algo, a.proto)?;
         }
         Ok(())
     })
@@ -103,7 +105,7 @@ fn props_v9(p: &Properties) -> ncclNetProperties_v9_t {
         name: p.name.as_ptr().cast_mut(),
         pciPath: p.pci_path.map_or(std::ptr::null_mut(), |s| s.as_ptr().cast_mut()),
         guid: p.guid,
-        ptrSupport: p.ptr_support,
+        ptrSupport: ptr_support(p.mem_types),
         regIsGlobal: p.reg_is_global as c_int,
         forceFlush: p.force_flush as c_int,
         speed: p.speed_mbps,
@@ -260,7 +262,7 @@ unsafe extern "C" fn listen_v11(
     lc: *mut *mut c_void,
 ) -> ncclResult_t {
     run("listen", || {
-        plugin::check_context(ctx)?;
+        plugin::check_context(ContextHandle(raw(ctx)))?;
         listen_impl(AbiVersion::V11, dev, handle, lc)
     })
 }
@@ -271,7 +273,7 @@ unsafe extern "C" fn listen_v12(
     lc: *mut *mut c_void,
 ) -> ncclResult_t {
     run("listen", || {
-        plugin::check_context(ctx)?;
+        plugin::check_context(ContextHandle(raw(ctx)))?;
         listen_impl(AbiVersion::V12, dev, handle, lc)
     })
 }
@@ -316,7 +318,7 @@ unsafe extern "C" fn connect_v11(
     dc: *mut *mut ncclNetDeviceHandle_v11_t,
 ) -> ncclResult_t {
     run("connect", || {
-        let tc = plugin::check_context(ctx)?;
+        let tc = plugin::check_context(ContextHandle(raw(ctx)))?;
         connect_impl(AbiVersion::V11, dev, tc, handle, sc, dc)
     })
 }
@@ -328,7 +330,7 @@ unsafe extern "C" fn connect_v12(
     dc: *mut *mut ncclNetDeviceHandle_v12_t,
 ) -> ncclResult_t {
     run("connect", || {
-        let tc = plugin::check_context(ctx)?;
+        let tc = plugin::check_context(ContextHandle(raw(ctx)))?;
         connect_impl(AbiVersion::V12, dev, tc, handle, sc, dc)
     })
 }

@@ -2,12 +2,11 @@
 //! the properties NCCL sees (speed = sum of the rails, `pciPath` and `guid` of the SOUT
 //! NIC, host memory always, CUDA / DMA-BUF only when both rails can register it).
 
-use std::ffi::{CString, c_int};
+use std::ffi::CString;
 use std::sync::Arc;
 
 use super::mr::{MrCache, MrHandle, MrInfo};
 use super::{MAX_RECVS, Properties};
-use crate::abi::types::consts::{NCCL_PTR_CUDA, NCCL_PTR_DMABUF, NCCL_PTR_HOST};
 use crate::engine::RAILS;
 use crate::error::{Error, Result};
 use crate::fabric::{Device, MemTypes, MrKeys, RailPair};
@@ -31,18 +30,18 @@ impl<D: Device> DevPair<D> {
         DevPair { rails, caches, props }
     }
 
-    /// Registers `[addr, addr+len)` on both rails; `ptr_type` is NCCL's `NCCL_PTR_*`.
-    pub fn reg_mr(self: &Arc<Self>, addr: u64, len: u64, ptr_type: c_int) -> Result<MrHandle> {
-        let gpu = match ptr_type {
-            NCCL_PTR_HOST => false,
-            NCCL_PTR_CUDA if self.props.ptr_support & NCCL_PTR_CUDA != 0 => true,
-            t => {
-                return Err(Error::invalid_argument(format!(
-                    "regMr of memory type {t} on {}, which supports {:#x} (1 host, 2 CUDA, 4 DMA-BUF)",
-                    self.props.name.to_string_lossy(),
-                    self.props.ptr_support
-                )));
-            }
+    /// Registers `[addr, addr+len)` on both rails; `mem` is its one memory type.
+    pub fn reg_mr(self: &Arc<Self>, addr: u64, len: u64, mem: MemTypes) -> Result<MrHandle> {
+        let gpu = if mem == MemTypes::HOST {
+            false
+        } else if mem == MemTypes::CUDA && self.props.mem_types.contains(MemTypes::CUDA) {
+            true
+        } else {
+            return Err(Error::invalid_argument(format!(
+                "regMr of {mem:?} memory on {}, which supports {:?}",
+                self.props.name.to_string_lossy(),
+                self.props.mem_types
+            )));
         };
         if addr == 0 && len > 0 {
             return Err(Error::invalid_argument("regMr of a NULL buffer"));
@@ -65,8 +64,8 @@ impl<D: Device> DevPair<D> {
     }
 
     /// Registers a DMA-BUF range on both rails (not cached: the fd is the caller's).
-    pub fn reg_dmabuf(self: &Arc<Self>, addr: u64, len: u64, offset: u64, fd: c_int) -> Result<MrHandle> {
-        if self.props.ptr_support & NCCL_PTR_DMABUF == 0 {
+    pub fn reg_dmabuf(self: &Arc<Self>, addr: u64, len: u64, offset: u64, fd: i32) -> Result<MrHandle> {
+        if !self.props.mem_types.contains(MemTypes::DMABUF) {
             return Err(Error::invalid_usage(format!(
                 "regMrDmaBuf on {}, which does not support DMA-BUF",
                 self.props.name.to_string_lossy()
@@ -100,31 +99,25 @@ impl<D: Device> DevPair<D> {
 /// NCCL's view of a rail pair.
 fn properties<D: Device>(index: usize, rails: &[Arc<D>; RAILS]) -> Properties {
     let (a, b) = (rails[0].attrs(), rails[1].attrs());
-    let mut ptr = NCCL_PTR_HOST;
-    let both = a.mem_types & b.mem_types;
-    if both.contains(MemTypes::CUDA) {
-        ptr |= NCCL_PTR_CUDA;
-    }
-    if both.contains(MemTypes::DMABUF) {
-        ptr |= NCCL_PTR_DMABUF;
-    }
+    // Host memory always; GPU memory only where both rails can register it.
+    let mem_types = MemTypes::HOST | (a.mem_types & b.mem_types);
     let leak = |s: String| -> &'static std::ffi::CStr {
         // Kept for the process lifetime: NCCL holds these pointers.
         Box::leak(CString::new(s.replace('\0', "?")).unwrap_or_default().into_boxed_c_str())
     };
     Properties {
-        dev: index as c_int,
+        dev: index as i32,
         name: leak(format!("{}+{}", a.name, b.name)),
         pci_path: a.pci_path.clone().map(leak),
         guid: a.guid,
-        ptr_support: ptr,
+        mem_types,
         reg_is_global: true,
         force_flush: false,
-        speed_mbps: (a.speed_mbps as u64 + b.speed_mbps as u64).min(i32::MAX as u64) as c_int,
-        port: a.port as c_int,
+        speed_mbps: (a.speed_mbps as u64 + b.speed_mbps as u64).min(i32::MAX as u64) as i32,
+        port: a.port as i32,
         latency_us: 0.0,
-        max_comms: (a.max_qp.min(b.max_qp) / 4).clamp(1, 65536) as c_int,
-        max_recvs: MAX_RECVS as c_int,
+        max_comms: (a.max_qp.min(b.max_qp) / 4).clamp(1, 65536) as i32,
+        max_recvs: MAX_RECVS as i32,
         max_p2p_bytes: MAX_P2P_BYTES,
         max_coll_bytes: MAX_P2P_BYTES,
         max_multi_request_size: 1,

@@ -19,6 +19,30 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::error::{Error, Result};
 
+/// Handle values as NCCL holds them (a `void*` at the C edge, turned into one of these
+/// there, once), not yet looked up: the type says which calls accept it.
+macro_rules! handle_types {
+    ($($(#[$doc:meta])* $name:ident;)*) => {$(
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[repr(transparent)]
+        pub struct $name(pub u64);
+    )*};
+}
+
+handle_types! {
+    /// A listen comm (`listen` → `accept`, `closeListen`).
+    ListenHandle;
+    /// A send or receive comm (`isend`/`irecv`, `regMr`, the closes).
+    CommHandle;
+    /// A memory registration (`regMr` → `deregMr`, the data calls' `mhandle`).
+    MemHandle;
+    /// An in-flight request (`isend`/`irecv`/`iflush` → `test`).
+    RequestHandle;
+    /// A v11+ plugin context (`init` → `listen`/`connect`, `finalize`): one per communicator.
+    ContextHandle;
+}
+
 /// What a handle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {

@@ -1,22 +1,21 @@
 //! The plugin for one fabric provider: its devices and every object NCCL holds a handle
 //! to. All of it is generic over the provider's `Device`; `mod.rs` picks the provider once.
 
-use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::comm::{RecvComm, SendComm};
 use super::devices::DevPair;
-use super::handles::{Handle, Kind, Table};
+use super::handles::{CommHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
-use super::{AbiVersion, MAX_RECVS};
+use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
 use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
 use crate::error::{Error, Result};
-use crate::fabric::{Device, RailPair, netif};
+use crate::fabric::{Device, MemTypes, RailPair, netif};
 
 /// Everything NCCL holds a handle to.
 pub enum Obj<D: Device> {
@@ -38,10 +37,6 @@ pub struct Plugin<D: Device> {
     mr_epoch: AtomicU64,
 }
 
-fn as_u64(p: *mut c_void) -> u64 {
-    p as usize as u64
-}
-
 fn size_ok(size: usize) -> Result<u64> {
     if size > i32::MAX as usize {
         return Err(cold(|| {
@@ -60,7 +55,7 @@ impl<D: Device> Plugin<D> {
         Plugin { kind, devs, cfg, objs: Table::new(), mr_epoch: AtomicU64::new(1) }
     }
 
-    fn pair(&self, dev: c_int) -> Result<&Arc<DevPair<D>>> {
+    fn pair(&self, dev: i32) -> Result<&Arc<DevPair<D>>> {
         usize::try_from(dev).ok().and_then(|i| self.devs.get(i)).ok_or_else(|| {
             Error::invalid_argument(format!("device {dev} does not exist (there are {})", self.devs.len()))
         })
@@ -79,11 +74,11 @@ impl<D: Device> Plugin<D> {
         netif::default_ip(self.cfg.socket_ifname.as_deref())
     }
 
-    fn params(&self, abi: AbiVersion, tc: Option<c_int>) -> Params {
+    fn params(&self, abi: AbiVersion, tc: Option<i32>) -> Params {
         Params::new(self.cfg, self.kind, abi, tc)
     }
 
-    pub fn listen(&self, abi: AbiVersion, dev: c_int, handle: &mut [u8; 128]) -> Result<u64> {
+    pub fn listen(&self, abi: AbiVersion, dev: i32, handle: &mut [u8; HANDLE_BYTES]) -> Result<ListenHandle> {
         let pair = self.pair(dev)?.clone();
         let (listener, addr) = match self.kind {
             FabricKind::Inproc => OobListener::inproc(),
@@ -91,10 +86,18 @@ impl<D: Device> Plugin<D> {
         };
         setup::write_handle(handle, self.kind, addr);
         let p = self.params(abi, None);
-        self.objs.insert(Kind::Listen, Obj::Listen(Box::new(ListenComm { listener, pair, p, pending: None })))
+        self.objs
+            .insert(Kind::Listen, Obj::Listen(Box::new(ListenComm { listener, pair, p, pending: None })))
+            .map(ListenHandle)
     }
 
-    pub fn connect(&self, abi: AbiVersion, dev: c_int, handle: &mut [u8; 128], tc: Option<c_int>) -> Result<u64> {
+    pub fn connect(
+        &self,
+        abi: AbiVersion,
+        dev: i32,
+        handle: &mut [u8; HANDLE_BYTES],
+        tc: Option<i32>,
+    ) -> Result<Option<CommHandle>> {
         let mut token = setup::handle_token(handle);
         if token == 0 {
             let addr = setup::read_handle(handle, self.kind)?;
@@ -110,11 +113,11 @@ impl<D: Device> Plugin<D> {
             }
         };
         match step {
-            Ok(None) => Ok(0),
+            Ok(None) => Ok(None),
             Ok(Some(comm)) => {
                 let _ = self.objs.remove(token, Kind::Pending);
                 setup::set_handle_token(handle, 0);
-                self.objs.insert(Kind::Send, Obj::Send(Box::new(comm)))
+                self.objs.insert(Kind::Send, Obj::Send(Box::new(comm))).map(|h| Some(CommHandle(h)))
             }
             Err(e) => {
                 let _ = self.objs.remove(token, Kind::Pending);
@@ -124,22 +127,22 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    pub fn accept(&self, listen: *mut c_void) -> Result<u64> {
+    pub fn accept(&self, listen: ListenHandle) -> Result<Option<CommHandle>> {
         let r = {
-            let (_, mut g) = self.objs.get(as_u64(listen), Kind::Listen)?;
+            let (_, mut g) = self.objs.get(listen.0, Kind::Listen)?;
             match &mut *g {
                 Obj::Listen(l) => l.accept()?,
                 _ => return Err(Error::internal("listen entry holds something else")),
             }
         };
         match r {
-            None => Ok(0),
-            Some(comm) => self.objs.insert(Kind::Recv, Obj::Recv(Box::new(comm))),
+            None => Ok(None),
+            Some(comm) => self.objs.insert(Kind::Recv, Obj::Recv(Box::new(comm))).map(|h| Some(CommHandle(h))),
         }
     }
 
-    fn comm_pair(&self, comm: *mut c_void) -> Result<Arc<DevPair<D>>> {
-        let (_, g) = self.objs.get_any(as_u64(comm), &[Kind::Send, Kind::Recv])?;
+    fn comm_pair(&self, comm: CommHandle) -> Result<Arc<DevPair<D>>> {
+        let (_, g) = self.objs.get_any(comm.0, &[Kind::Send, Kind::Recv])?;
         match &*g {
             Obj::Send(c) => Ok(c.dev.clone()),
             Obj::Recv(c) => Ok(c.dev.clone()),
@@ -147,39 +150,40 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    pub fn reg_mr(&self, comm: *mut c_void, data: *mut c_void, size: usize, ptr_type: c_int) -> Result<u64> {
+    pub fn reg_mr(&self, comm: CommHandle, addr: u64, size: usize, mem: MemTypes) -> Result<MemHandle> {
         // The comm lock is held only to find its devices: registering can take long.
         let pair = self.comm_pair(comm)?;
-        let mh = pair.reg_mr(as_u64(data), size as u64, ptr_type)?;
-        self.objs.insert(Kind::Mr, Obj::Mr(mh))
+        let mh = pair.reg_mr(addr, size as u64, mem)?;
+        self.objs.insert(Kind::Mr, Obj::Mr(mh)).map(MemHandle)
     }
 
     pub fn reg_mr_dmabuf(
         &self,
-        comm: *mut c_void,
-        data: *mut c_void,
+        comm: CommHandle,
+        addr: u64,
         size: usize,
-        ptr_type: c_int,
+        mem: MemTypes,
         offset: u64,
-        fd: c_int,
-    ) -> Result<u64> {
+        fd: i32,
+    ) -> Result<MemHandle> {
         let pair = self.comm_pair(comm)?;
-        if ptr_type != crate::abi::types::consts::NCCL_PTR_CUDA
-            && ptr_type != crate::abi::types::consts::NCCL_PTR_DMABUF
-        {
-            return Err(Error::invalid_argument(format!("regMrDmaBuf of memory type {ptr_type}")));
+        if mem != MemTypes::CUDA && mem != MemTypes::DMABUF {
+            return Err(Error::invalid_argument(format!("regMrDmaBuf of {mem:?} memory (CUDA or DMA-BUF expected)")));
         }
-        let mh = pair.reg_dmabuf(as_u64(data), size as u64, offset, fd)?;
-        self.objs.insert(Kind::Mr, Obj::Mr(mh))
+        let mh = pair.reg_dmabuf(addr, size as u64, offset, fd)?;
+        self.objs.insert(Kind::Mr, Obj::Mr(mh)).map(MemHandle)
     }
 
-    pub fn dereg_mr(&self, comm: *mut c_void, mh: *mut c_void) -> Result<()> {
+    pub fn dereg_mr(&self, comm: CommHandle, mh: MemHandle) -> Result<()> {
         // The registration belongs to its handle, not to the comm: it can be released after
         // the comm was closed (the comm handle must still be one NCCL got from us).
-        if !Handle::decode(as_u64(comm)).is_some_and(|h| matches!(h.kind, Kind::Send | Kind::Recv)) {
-            return Err(Error::invalid_argument(format!("deregMr: {comm:p} is not a send or receive comm handle")));
+        if !Handle::decode(comm.0).is_some_and(|h| matches!(h.kind, Kind::Send | Kind::Recv)) {
+            return Err(Error::invalid_argument(format!(
+                "deregMr: {:#x} is not a send or receive comm handle",
+                comm.0
+            )));
         }
-        let obj = self.objs.remove(as_u64(mh), Kind::Mr)?;
+        let obj = self.objs.remove(mh.0, Kind::Mr)?;
         // After the removal: a memo taken before this sees the new epoch and looks again.
         self.mr_epoch.fetch_add(1, Ordering::Release);
         match obj {
@@ -190,8 +194,8 @@ impl<D: Device> Plugin<D> {
 
     /// A memory handle's data, copied out. Called with the comm's entry locked: locks are
     /// only ever taken comm first, registration second.
-    fn mr_info(&self, mh: *mut c_void) -> Result<MrInfo> {
-        let (_, g) = self.objs.get(as_u64(mh), Kind::Mr)?;
+    fn mr_info(&self, mh: MemHandle) -> Result<MrInfo> {
+        let (_, g) = self.objs.get(mh.0, Kind::Mr)?;
         match &*g {
             Obj::Mr(m) => Ok(m.info),
             _ => Err(Error::internal("memory handle entry holds something else")),
@@ -200,8 +204,8 @@ impl<D: Device> Plugin<D> {
 
     /// [`Self::mr_info`] through the comm's memo of the registration it used last.
     #[inline]
-    fn mr_memo(&self, memo: &mut MrMemo, mh: *mut c_void) -> Result<MrInfo> {
-        let (v, epoch) = (as_u64(mh), self.mr_epoch.load(Ordering::Acquire));
+    fn mr_memo(&self, memo: &mut MrMemo, mh: MemHandle) -> Result<MrInfo> {
+        let (v, epoch) = (mh.0, self.mr_epoch.load(Ordering::Acquire));
         if let Some(info) = memo.get(v, epoch) {
             return Ok(info);
         }
@@ -212,77 +216,77 @@ impl<D: Device> Plugin<D> {
 
     /// Data path (as `irecv` and `test`): inlined into the ABI shim, its one caller.
     #[inline(always)]
-    pub fn isend(&self, comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<u64> {
+    pub fn isend(
+        &self,
+        comm: CommHandle,
+        addr: u64,
+        size: usize,
+        tag: i32,
+        mh: MemHandle,
+    ) -> Result<Option<RequestHandle>> {
         let size = size_ok(size)?;
-        let (h, mut g) = self.objs.get(as_u64(comm), Kind::Send)?;
+        let (h, mut g) = self.objs.get(comm.0, Kind::Send)?;
         let Obj::Send(c) = &mut *g else { return Err(Error::internal("send entry holds something else")) };
         let info = self.mr_memo(&mut c.mr_memo, mh)?;
-        match c.isend(as_u64(data), size, tag as u32, &info)? {
-            None => Ok(0),
-            Some(id) => Ok(h.request(id, c.seqs.bump(id))),
+        match c.isend(addr, size, tag as u32, &info)? {
+            None => Ok(None),
+            Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
         }
     }
 
     #[inline(always)]
-    pub fn irecv(
-        &self,
-        comm: *mut c_void,
-        data: &[*mut c_void],
-        sizes: &[usize],
-        tags: &[c_int],
-        mhs: &[*mut c_void],
-    ) -> Result<u64> {
-        let n = data.len();
-        let (h, mut g) = self.objs.get(as_u64(comm), Kind::Recv)?;
+    pub fn irecv(&self, comm: CommHandle, args: &[BufArg]) -> Result<Option<RequestHandle>> {
+        let (h, mut g) = self.objs.get(comm.0, Kind::Recv)?;
         let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
         let mut bufs = [RecvBuf::default(); MAX_RECVS];
-        for i in 0..n {
-            let (addr, size) = (as_u64(data[i]), size_ok(sizes[i])?);
-            let rkeys = if mhs[i].is_null() {
-                if size > 0 {
+        for (i, (a, b)) in args.iter().zip(&mut bufs).enumerate() {
+            let (addr, size) = (a.addr, size_ok(a.size)?);
+            let rkeys = match a.mh {
+                None if size > 0 => {
                     return Err(cold(|| Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))));
                 }
-                [0; RAILS]
-            } else {
-                let mh = self.mr_memo(&mut c.mr_memo, mhs[i])?;
-                if !mh.covers(addr, size) {
-                    return Err(cold(|| {
-                        Error::invalid_argument(format!(
-                            "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
-                            mh.addr, mh.len
-                        ))
-                    }));
+                None => [0; RAILS],
+                Some(mh) => {
+                    let mh = self.mr_memo(&mut c.mr_memo, mh)?;
+                    if !mh.covers(addr, size) {
+                        return Err(cold(|| {
+                            Error::invalid_argument(format!(
+                                "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
+                                mh.addr, mh.len
+                            ))
+                        }));
+                    }
+                    [mh.keys[0].rkey, mh.keys[1].rkey]
                 }
-                [mh.keys[0].rkey, mh.keys[1].rkey]
             };
-            bufs[i] = RecvBuf { addr, size, tag: tags[i] as u32, rkeys };
+            *b = RecvBuf { addr, size, tag: a.tag as u32, rkeys };
         }
-        match c.irecv(&bufs[..n])? {
-            None => Ok(0),
-            Some(id) => Ok(h.request(id, c.seqs.bump(id))),
+        match c.irecv(&bufs[..args.len()])? {
+            None => Ok(None),
+            Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
         }
     }
 
-    pub fn iflush(&self, comm: *mut c_void, data: &[*mut c_void], sizes: &[usize], mhs: &[*mut c_void]) -> Result<u64> {
+    pub fn iflush(&self, comm: CommHandle, args: &[BufArg]) -> Result<Option<RequestHandle>> {
         // net_ib flushes after the last non-empty buffer; nothing to do without one.
-        let Some(i) = (0..data.len()).rev().find(|&i| sizes[i] > 0 && !mhs[i].is_null()) else {
+        let Some((a, mh)) = args.iter().rev().find_map(|a| a.mh.filter(|_| a.size > 0).map(|mh| (a, mh))) else {
             self.comm_pair(comm)?;
-            return Ok(0);
+            return Ok(None);
         };
-        let info = self.mr_info(mhs[i])?;
-        let (h, mut g) = self.objs.get(as_u64(comm), Kind::Recv)?;
+        let info = self.mr_info(mh)?;
+        let (h, mut g) = self.objs.get(comm.0, Kind::Recv)?;
         let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
-        match c.iflush(Some((as_u64(data[i]), info)))? {
-            None => Ok(0),
-            Some(id) => Ok(h.request(id, c.seqs.bump(id))),
+        match c.iflush(Some((a.addr, info)))? {
+            None => Ok(None),
+            Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
         }
     }
 
     /// `test`: once the request is done, its sizes are in `sizes` and their number is
     /// returned (0 for a flush).
     #[inline(always)]
-    pub fn test(&self, request: *mut c_void, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
-        let v = as_u64(request);
+    pub fn test(&self, request: RequestHandle, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
+        let v = request.0;
         let Some((comm, kind, id, seq)) = Handle::split_request(v) else {
             return Err(cold(|| Error::invalid_argument(format!("{v:#x} is not a request handle"))));
         };
@@ -309,8 +313,8 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    pub fn close(&self, comm: *mut c_void, kind: Kind) -> Result<()> {
-        match self.objs.remove(as_u64(comm), kind)? {
+    pub fn close(&self, handle: u64, kind: Kind) -> Result<()> {
+        match self.objs.remove(handle, kind)? {
             Obj::Send(c) => log::info!("closing a send comm: {}", counters_line(&c.counters())),
             Obj::Recv(c) => log::info!("closing a receive comm: {}", counters_line(&c.counters())),
             _ => return Ok(()),
@@ -321,8 +325,8 @@ impl<D: Device> Plugin<D> {
     }
 
     /// Per-rail counters of a send or receive comm.
-    pub fn counters(&self, comm: *mut c_void) -> Result<[RailCounts; 2]> {
-        let (_, g) = self.objs.get_any(as_u64(comm), &[Kind::Send, Kind::Recv])?;
+    pub fn counters(&self, comm: CommHandle) -> Result<[RailCounts; 2]> {
+        let (_, g) = self.objs.get_any(comm.0, &[Kind::Send, Kind::Recv])?;
         match &*g {
             Obj::Send(c) => Ok(c.counters()),
             Obj::Recv(c) => Ok(c.counters()),

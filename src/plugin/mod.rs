@@ -5,7 +5,7 @@
 //! bad or stale handle is a clear error, never a crash.
 
 use std::collections::BTreeMap;
-use std::ffi::{CStr, c_int, c_void};
+use std::ffi::CStr;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use crate::config::{self, Config, FabricChoice};
 use crate::engine::RailCounts;
 use crate::error::{Error, Result};
+use crate::fabric::MemTypes;
 
 pub mod comm;
 pub mod devices;
@@ -27,11 +28,14 @@ pub mod wire;
 use crate::fabric::soft::{self, SoftDevice};
 use crate::fabric::verbs::{self, VerbsDevice};
 use handles::Kind;
+pub use handles::{CommHandle, ContextHandle, ListenHandle, MemHandle, RequestHandle};
 use instance::Plugin;
 use setup::FabricKind;
 
 /// Most receives grouped in one `irecv` (`maxRecvs`).
 pub const MAX_RECVS: usize = 8;
+/// Size of the connection handle NCCL carries between the ranks (`NCCL_NET_HANDLE_MAXSIZE`).
+pub const HANDLE_BYTES: usize = 128;
 
 /// The ABI version a call came through. It decides the caller's limits (v6: 8 requests
 /// in flight per comm, v7+: 32).
@@ -56,21 +60,22 @@ impl AbiVersion {
 /// A device's properties, one model for every version's struct.
 #[derive(Clone, Copy, Debug)]
 pub struct Properties {
-    pub dev: c_int,
+    pub dev: i32,
     pub name: &'static CStr,
     pub pci_path: Option<&'static CStr>,
     pub guid: u64,
-    pub ptr_support: c_int,
+    /// Memory NCCL may register (the ABI edge turns it into `ptrSupport`).
+    pub mem_types: MemTypes,
     pub reg_is_global: bool,
     pub force_flush: bool,
-    pub speed_mbps: c_int,
-    pub port: c_int,
+    pub speed_mbps: i32,
+    pub port: i32,
     pub latency_us: f32,
-    pub max_comms: c_int,
-    pub max_recvs: c_int,
+    pub max_comms: i32,
+    pub max_recvs: i32,
     pub max_p2p_bytes: usize,
     pub max_coll_bytes: usize,
-    pub max_multi_request_size: c_int,
+    pub max_multi_request_size: i32,
 }
 
 struct Global {
@@ -85,7 +90,7 @@ static REFS: AtomicUsize = AtomicUsize::new(0);
 struct Context {
     #[allow(dead_code)]
     comm_id: u64,
-    traffic_class: Option<c_int>,
+    traffic_class: Option<i32>,
 }
 
 static GLOBAL: Mutex<Global> = Mutex::new(Global { contexts: BTreeMap::new() });
@@ -183,27 +188,26 @@ fn device_count_of(a: &Active) -> usize {
 }
 
 /// A v11/v12 context for one communicator.
-pub fn new_context(comm_id: u64, traffic_class: Option<c_int>) -> *mut c_void {
+pub fn new_context(comm_id: u64, traffic_class: Option<i32>) -> ContextHandle {
     let id = NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed);
     let tc = traffic_class.filter(|&t| t >= 0);
     GLOBAL.lock().contexts.insert(id, Context { comm_id, traffic_class: tc });
-    id as usize as *mut c_void
+    ContextHandle(id)
 }
 
 /// Checks a v11/v12 context; returns its traffic class.
-pub fn check_context(ctx: *mut c_void) -> Result<Option<c_int>> {
+pub fn check_context(ctx: ContextHandle) -> Result<Option<i32>> {
     let g = GLOBAL.lock();
-    g.contexts
-        .get(&(ctx as usize as u64))
-        .map(|c| c.traffic_class)
-        .ok_or_else(|| Error::invalid_argument(format!("unknown plugin context {ctx:p} (not from init, or finalized)")))
+    g.contexts.get(&ctx.0).map(|c| c.traffic_class).ok_or_else(|| {
+        Error::invalid_argument(format!("unknown plugin context {:#x} (not from init, or finalized)", ctx.0))
+    })
 }
 
 /// Releases one `init` reference (v11/v12 `finalize(ctx)`).
-pub fn finalize(ctx: *mut c_void) -> Result<()> {
+pub fn finalize(ctx: ContextHandle) -> Result<()> {
     let mut g = GLOBAL.lock();
-    if g.contexts.remove(&(ctx as usize as u64)).is_none() {
-        return Err(Error::invalid_argument(format!("finalize: unknown plugin context {ctx:p}")));
+    if g.contexts.remove(&ctx.0).is_none() {
+        return Err(Error::invalid_argument(format!("finalize: unknown plugin context {:#x}", ctx.0)));
     }
     let _ = REFS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
     drop(g);
@@ -212,19 +216,19 @@ pub fn finalize(ctx: *mut c_void) -> Result<()> {
 }
 
 /// Hints from v11/v12 `setNetAttr`: accepted and logged at TRACE, like net_ib.
-pub fn set_net_attr(ctx: *mut c_void, max_peers: i32, op: u32, algo: u32, proto: u32) -> Result<()> {
+pub fn set_net_attr(ctx: ContextHandle, max_peers: i32, op: u32, algo: u32, proto: u32) -> Result<()> {
     check_context(ctx)?;
     log::trace!("setNetAttr: maxConcurrentPeers={max_peers} op={op} algo={algo} proto={proto} (hints only)");
     Ok(())
 }
 
 /// Number of devices (rail pairs).
-pub fn device_count() -> Result<c_int> {
-    Ok(device_count_of(active()?) as c_int)
+pub fn device_count() -> Result<usize> {
+    Ok(device_count_of(active()?))
 }
 
 /// Properties of device `dev`.
-pub fn properties(dev: c_int) -> Result<Properties> {
+pub fn properties(dev: i32) -> Result<Properties> {
     dispatch!(p => {
         usize::try_from(dev)
             .ok()
@@ -234,89 +238,95 @@ pub fn properties(dev: c_int) -> Result<Properties> {
     })
 }
 
-fn ptr(v: u64) -> *mut c_void {
-    v as usize as *mut c_void
+pub fn listen(abi: AbiVersion, dev: i32, handle: &mut [u8; HANDLE_BYTES]) -> Result<ListenHandle> {
+    dispatch!(p => p.listen(abi, dev, handle))
 }
 
-pub fn listen(abi: AbiVersion, dev: c_int, handle: &mut [u8; 128]) -> Result<*mut c_void> {
-    dispatch!(p => p.listen(abi, dev, handle).map(ptr))
+/// `connect`: `None` until the connection is up (NCCL calls again with the same handle).
+pub fn connect(
+    abi: AbiVersion,
+    dev: i32,
+    handle: &mut [u8; HANDLE_BYTES],
+    tc: Option<i32>,
+) -> Result<Option<CommHandle>> {
+    dispatch!(p => p.connect(abi, dev, handle, tc))
 }
 
-pub fn connect(abi: AbiVersion, dev: c_int, handle: &mut [u8; 128], tc: Option<c_int>) -> Result<*mut c_void> {
-    dispatch!(p => p.connect(abi, dev, handle, tc).map(ptr))
+/// `accept`: `None` until a peer's connection is up.
+pub fn accept(listen: ListenHandle) -> Result<Option<CommHandle>> {
+    dispatch!(p => p.accept(listen))
 }
 
-pub fn accept(listen: *mut c_void) -> Result<*mut c_void> {
-    dispatch!(p => p.accept(listen).map(ptr))
+/// `regMr` of `size` bytes at `addr`, of one memory type (host or CUDA).
+pub fn reg_mr(comm: CommHandle, addr: u64, size: usize, mem: MemTypes) -> Result<MemHandle> {
+    dispatch!(p => p.reg_mr(comm, addr, size, mem))
 }
 
-pub fn reg_mr(comm: *mut c_void, data: *mut c_void, size: usize, ptr_type: c_int) -> Result<*mut c_void> {
-    dispatch!(p => p.reg_mr(comm, data, size, ptr_type).map(ptr))
-}
-
+/// `regMrDmaBuf`: `size` bytes at `addr`, backed by `fd` at `offset`.
 pub fn reg_mr_dmabuf(
-    comm: *mut c_void,
-    data: *mut c_void,
+    comm: CommHandle,
+    addr: u64,
     size: usize,
-    ptr_type: c_int,
+    mem: MemTypes,
     offset: u64,
-    fd: c_int,
-) -> Result<*mut c_void> {
-    dispatch!(p => p.reg_mr_dmabuf(comm, data, size, ptr_type, offset, fd).map(ptr))
+    fd: i32,
+) -> Result<MemHandle> {
+    dispatch!(p => p.reg_mr_dmabuf(comm, addr, size, mem, offset, fd))
 }
 
-pub fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> Result<()> {
-    if mhandle.is_null() {
-        return Ok(());
-    }
-    dispatch!(p => p.dereg_mr(comm, mhandle))
+/// `deregMr`; `None` (NCCL's NULL) is a no-op, as in net_ib.
+pub fn dereg_mr(comm: CommHandle, mh: Option<MemHandle>) -> Result<()> {
+    let Some(mh) = mh else { return Ok(()) };
+    dispatch!(p => p.dereg_mr(comm, mh))
+}
+
+/// One buffer of an `irecv` or `iflush`: where, how large, its tag, its registration
+/// (`None`: NCCL passed no handle, allowed for an empty buffer).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BufArg {
+    pub addr: u64,
+    pub size: usize,
+    pub tag: i32,
+    pub mh: Option<MemHandle>,
 }
 
 // The data-path calls below are inlined into the ABI shims (one frame per NCCL call).
+/// `isend`: `None` means "not now" (no matching receive posted yet; NCCL retries).
 #[inline(always)]
-pub fn isend(comm: *mut c_void, data: *mut c_void, size: usize, tag: c_int, mh: *mut c_void) -> Result<*mut c_void> {
-    dispatch!(p => p.isend(comm, data, size, tag, mh).map(ptr))
+pub fn isend(comm: CommHandle, addr: u64, size: usize, tag: i32, mh: MemHandle) -> Result<Option<RequestHandle>> {
+    dispatch!(p => p.isend(comm, addr, size, tag, mh))
 }
 
+/// `irecv` of 1 … [`MAX_RECVS`] buffers: `None` means "not now".
 #[inline(always)]
-pub fn irecv(
-    comm: *mut c_void,
-    data: &[*mut c_void],
-    sizes: &[usize],
-    tags: &[c_int],
-    mhandles: &[*mut c_void],
-) -> Result<*mut c_void> {
-    dispatch!(p => p.irecv(comm, data, sizes, tags, mhandles).map(ptr))
+pub fn irecv(comm: CommHandle, bufs: &[BufArg]) -> Result<Option<RequestHandle>> {
+    dispatch!(p => p.irecv(comm, bufs))
 }
 
-pub fn iflush(
-    comm: *mut c_void,
-    data: &[*mut c_void],
-    sizes: &[usize],
-    mhandles: &[*mut c_void],
-) -> Result<*mut c_void> {
-    dispatch!(p => p.iflush(comm, data, sizes, mhandles).map(ptr))
+/// `iflush` of the buffers of a completed receive: `None` when nothing needs flushing.
+pub fn iflush(comm: CommHandle, bufs: &[BufArg]) -> Result<Option<RequestHandle>> {
+    dispatch!(p => p.iflush(comm, bufs))
 }
 
 /// `test`: once the request is done, its sizes are in `sizes` and their number is returned.
 #[inline(always)]
-pub fn test(request: *mut c_void, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
+pub fn test(request: RequestHandle, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
     dispatch!(p => p.test(request, sizes))
 }
 
-pub fn close_send(comm: *mut c_void) -> Result<()> {
-    dispatch!(p => p.close(comm, Kind::Send))
+pub fn close_send(comm: CommHandle) -> Result<()> {
+    dispatch!(p => p.close(comm.0, Kind::Send))
 }
 
-pub fn close_recv(comm: *mut c_void) -> Result<()> {
-    dispatch!(p => p.close(comm, Kind::Recv))
+pub fn close_recv(comm: CommHandle) -> Result<()> {
+    dispatch!(p => p.close(comm.0, Kind::Recv))
 }
 
-pub fn close_listen(comm: *mut c_void) -> Result<()> {
-    dispatch!(p => p.close(comm, Kind::Listen))
+pub fn close_listen(comm: ListenHandle) -> Result<()> {
+    dispatch!(p => p.close(comm.0, Kind::Listen))
 }
 
 /// Per-rail counters of a send or receive comm (for tools and tests).
-pub fn comm_counters(comm: *mut c_void) -> Result<[RailCounts; 2]> {
+pub fn comm_counters(comm: CommHandle) -> Result<[RailCounts; 2]> {
     dispatch!(p => p.counters(comm))
 }

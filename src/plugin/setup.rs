@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::engine::{RAILS, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{ConnectParams, Device, QpCaps, QpInfo, QueuePair};
+use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
@@ -368,7 +368,7 @@ impl<D: Device> Accepting<D> {
                     let Some(m) = self.conn.poll()? else { return Ok(None) };
                     let hello = Hello::decode(&m, self.p.kind as u8)?;
                     let region = HostRegion::new(RECV_SCRATCH_OFF + 4096)?;
-                    let gpu = self.pair.props.ptr_support & crate::abi::types::consts::NCCL_PTR_CUDA != 0;
+                    let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
                     let mut rails = build_rails(&self.pair, hello.qps, Some(self.p.srq.1), gpu, recv_caps(), &region)?;
                     connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
                     let (_, rkeys) = region_keys(&rails);

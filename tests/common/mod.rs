@@ -15,9 +15,15 @@ pub const EXPORTED_FUNCTIONS: &[&str] = &["mpib_comm_counters", "mpib_rail_stats
 pub fn cdylib() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-    mpib::driver::newest_lib(profile_dir).unwrap_or_else(|| {
-        panic!("no libmpib.so in {}: run `cargo build --lib` first (ci/test.sh does)", profile_dir.display())
-    })
+    let age = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    [profile_dir.join("libmpib.so"), profile_dir.join("deps").join("libmpib.so")]
+        .into_iter()
+        .filter_map(|p| age(&p).map(|t| (t, p)))
+        .max_by_key(|(t, _)| *t)
+        .map(|(_, p)| p)
+        .unwrap_or_else(|| {
+            panic!("no libmpib.so in {}: run `cargo build --lib` first (ci/test.sh does)", profile_dir.display())
+        })
 }
 
 /// A fresh scratch directory for one test.
@@ -68,65 +74,4 @@ pub fn run_loader(loader: &Path, lib: &str, mode: &str, env: &[(&str, &str)]) ->
 /// soft fabric over loopback.
 pub fn device_mode() -> (&'static str, Vec<(&'static str, &'static str)>) {
     ("dev", vec![("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")])
-}
-
-// ---- two-process runs through the driver (tests/conformance.rs) -------------------------
-
-use mpib::driver::pair::{Launcher, PairOutcome, PairSpec, run_pair};
-use mpib::driver::spec::Workload;
-
-/// The test every conformance binary defines to be re-executed as a rank.
-pub const RANK_ENTRY: &str = "rank_child";
-
-/// The ranks' fabric: the soft fabric over loopback (both rails on 127.0.0.1), or what
-/// `CONFORMANCE_ENV` says, e.g. `CONFORMANCE_ENV="MPIB_FABRIC=verbs MPIB_HCA_SOUT=rxe0
-/// MPIB_HCA_SUP=rxe1"` to run the same suite on Soft-RoCE (the ranks get no other `MPIB_*`
-/// variable from the parent).
-pub fn fabric_env() -> Vec<(String, String)> {
-    let pairs = std::env::var("CONFORMANCE_ENV")
-        .unwrap_or_else(|_| "MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=127.0.0.1 MPIB_SOFT_SUP_ADDR=127.0.0.1".to_string());
-    pairs
-        .split_whitespace()
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("CONFORMANCE_ENV: {kv:?} is not NAME=VALUE"));
-            (k.to_string(), v.to_string())
-        })
-        .collect()
-}
-
-/// The library the conformance suite drives: `NCCL_NET_PLUGIN` when set (a test binary
-/// copied into a VM, away from `target/`), else [`cdylib`].
-pub fn plugin_path() -> String {
-    match std::env::var("NCCL_NET_PLUGIN") {
-        Ok(p) if !p.is_empty() => p,
-        _ => cdylib().to_string_lossy().into_owned(),
-    }
-}
-
-/// A run of `w` between two processes on [`fabric_env`], newest ABI on both.
-pub fn pair(w: Workload) -> PairSpec {
-    PairSpec {
-        plugin: plugin_path(),
-        abi: [None, None],
-        env: fabric_env(),
-        workload: w,
-        timeout: std::time::Duration::from_secs(180),
-    }
-}
-
-/// Runs `spec` with this test binary as both ranks; prints how long it took.
-pub fn run(name: &str, spec: &PairSpec) -> PairOutcome {
-    let out = run_pair(spec, &Launcher::test_binary(RANK_ENTRY)).expect("start the ranks");
-    eprintln!("{name}: {:.2} s (workload: {})", out.elapsed.as_secs_f64(), spec.workload.to_line());
-    out
-}
-
-/// A seed from the environment (`CONFORMANCE_SEED`) or the clock; printed so a failing
-/// run can be repeated.
-pub fn seed(what: &str) -> u64 {
-    let s = std::env::var("CONFORMANCE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
-    });
-    eprintln!("{what}: seed {s} (repeat with CONFORMANCE_SEED={s})");
-    s
 }

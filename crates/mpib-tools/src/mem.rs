@@ -7,33 +7,57 @@
 //! uphold it (they touch a slot only before posting it and after `test` said done).
 
 use super::{Error, Result};
-use crate::fabric::mem::HostRegion;
 
-/// Page-aligned, zeroed memory (the fabric's [`HostRegion`]; large ones are mapped lazily
-/// by the allocator) with byte access for the workload loops.
+const PAGE: usize = 4096;
+
+/// Page-aligned, zeroed memory from an anonymous private mapping (the kernel backs pages as
+/// they are touched, so a large arena costs only what is used), with byte access for the
+/// workload loops. The mapping never moves and is unmapped on drop.
 pub struct Arena {
-    region: HostRegion,
+    ptr: *mut u8,
+    len: usize,
 }
 
+// SAFETY: the mapping is plain memory owned by this value; shared access to its bytes goes
+// through the `unsafe` accessors below, whose contract rules out concurrent writers.
+unsafe impl Send for Arena {}
+// SAFETY: as above.
+unsafe impl Sync for Arena {}
+
 impl Arena {
-    /// `len` bytes (at least one page), zero-filled.
+    /// `len` bytes (rounded up to whole pages, at least one), zero-filled.
     pub fn new(len: usize) -> Result<Arena> {
-        let region = HostRegion::new(len).map_err(|e| Error::io(format!("buffer of {len} bytes: {e}")))?;
-        Ok(Arena { region })
+        let len = len.max(1).div_ceil(PAGE) * PAGE;
+        // SAFETY: an anonymous private mapping at an address the kernel picks; no fd.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let e = std::io::Error::last_os_error();
+            return Err(Error::io(format!("buffer of {len} bytes: {e}")));
+        }
+        Ok(Arena { ptr: ptr.cast(), len })
     }
 
     pub fn len(&self) -> usize {
-        self.region.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.region.is_empty()
+        self.len == 0
     }
 
     /// The address of byte `off` (for the plugin).
     pub fn addr(&self, off: usize) -> *mut u8 {
         assert!(off <= self.len(), "offset {off} beyond the {}-byte arena", self.len());
-        self.region.as_mut_ptr().wrapping_add(off)
+        self.ptr.wrapping_add(off)
     }
 
     /// Whether `[off, off + len)` lies inside the arena.
@@ -62,6 +86,13 @@ impl Arena {
         // SAFETY: in bounds (checked) of memory that lives as long as `self`; the caller
         // guarantees exclusive access to the range.
         unsafe { std::slice::from_raw_parts_mut(self.addr(off), len) }
+    }
+}
+
+impl Drop for Arena {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `new` made, once; no borrow outlives `self`.
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

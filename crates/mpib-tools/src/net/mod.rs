@@ -13,9 +13,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::ffi::{Library, Table, VERSIONS, table_field};
 use super::props::Props;
 use super::{Error, Result, check};
-use crate::abi::query::mpib_rail_counters_t;
-use crate::abi::stats::mpib_rail_stats_t;
-use crate::abi::types::*;
+use ncclnet_types::mpib::mpib_rail_counters_t;
+use ncclnet_types::mpib::mpib_rail_stats_t;
+use ncclnet_types::types::*;
 
 mod comm;
 

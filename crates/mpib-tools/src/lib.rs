@@ -46,15 +46,8 @@ pub use net::{Connector, ListenComm, Mr, Net, Plugin, RecvComm, Request, SendCom
 pub use props::Props;
 pub use spec::{Phase, RecvSize, Side, Workload};
 
-/// `ncclResult_t` values the driver names.
-pub mod code {
-    pub const SUCCESS: i32 = 0;
-    pub const SYSTEM_ERROR: i32 = 2;
-    pub const INTERNAL_ERROR: i32 = 3;
-    pub const INVALID_ARGUMENT: i32 = 4;
-    pub const INVALID_USAGE: i32 = 5;
-    pub const REMOTE_ERROR: i32 = 6;
-}
+/// `ncclResult_t` values, as NCCL's headers define them (one definition for plugin and tools).
+pub use ncclnet_types::result as code;
 
 /// What went wrong, and where.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,20 +120,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {}
 
 /// The name of an `ncclResult_t` value.
-pub fn code_name(code: i32) -> &'static str {
-    match code {
-        0 => "ncclSuccess",
-        1 => "ncclUnhandledCudaError",
-        2 => "ncclSystemError",
-        3 => "ncclInternalError",
-        4 => "ncclInvalidArgument",
-        5 => "ncclInvalidUsage",
-        6 => "ncclRemoteError",
-        7 => "ncclInProgress",
-        8 => "ncclTimeout",
-        _ => "an unknown ncclResult_t",
-    }
-}
+pub use ncclnet_types::result::name as code_name;
 
 /// Maps a plugin's return code to `Ok` or an [`ErrorKind::Call`] error.
 #[inline]

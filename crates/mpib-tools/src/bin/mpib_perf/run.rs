@@ -8,12 +8,12 @@ use std::os::unix::process::CommandExt;
 use std::process::Command;
 use std::time::Duration;
 
-use mpib::driver::link::{self, Link};
-use mpib::driver::net::Plugin;
-use mpib::driver::pair::{Launcher, PairSpec, run_pair_observed};
-use mpib::driver::rank::{self, PhaseStart, Preset};
-use mpib::driver::report::{RankReport, mono_ns};
-use mpib::driver::{Library, default_plugin};
+use mpib_tools::link::{self, Link};
+use mpib_tools::net::Plugin;
+use mpib_tools::pair::{Launcher, PairSpec, run_pair_observed};
+use mpib_tools::rank::{self, PhaseStart, Preset};
+use mpib_tools::report::{RankReport, mono_ns};
+use mpib_tools::{Library, default_plugin};
 
 use super::Fail;
 use super::opts::{Mode, Plan, differences};
@@ -107,17 +107,17 @@ pub fn threads(plan: &Plan, lib: &str, progress: &mut Progress) -> Result<Outcom
         let receiver = s.spawn(|| {
             let plugin = Plugin::open(lib, abi)?;
             let mut link = Link::accept(&l, Duration::from_secs(10))?;
-            Ok::<_, mpib::driver::Error>(rank::run(&plugin, &mut link, 0, w).0)
+            Ok::<_, mpib_tools::Error>(rank::run(&plugin, &mut link, 0, w).0)
         });
         let sender = s.spawn(|| {
             let plugin = Plugin::open(lib, abi)?;
             let mut link = Link::connect(&addr.to_string(), Duration::from_secs(10))?;
             let mut obs = |p: &PhaseStart| progress.phase(true, p);
-            Ok::<_, mpib::driver::Error>(rank::run_observed(&plugin, &mut link, 1, w, &mut obs).0)
+            Ok::<_, mpib_tools::Error>(rank::run_observed(&plugin, &mut link, 1, w, &mut obs).0)
         });
         (receiver.join(), sender.join())
     });
-    let take = |r: std::thread::Result<mpib::driver::Result<RankReport>>| match r {
+    let take = |r: std::thread::Result<mpib_tools::Result<RankReport>>| match r {
         Ok(Ok(rep)) => Ok(rep),
         Ok(Err(e)) => Err(Fail::new(e.msg)),
         Err(_) => Err(Fail::new("a rank's thread panicked")),

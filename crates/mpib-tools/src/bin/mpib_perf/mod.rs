@@ -12,9 +12,9 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use mpib::driver::pair::check_reports;
-use mpib::driver::report::{Failure, RankReport};
-use mpib::driver::{ErrorKind, code_name};
+use mpib_tools::pair::check_reports;
+use mpib_tools::report::{Failure, RankReport};
+use mpib_tools::{ErrorKind, code_name};
 
 use opts::{Mode, Opts, Plan};
 use progress::Progress;

@@ -4,10 +4,10 @@ use std::ffi::{c_int, c_void};
 use std::marker::PhantomData;
 
 use super::{MAX_NET_SIZE_V8, MAX_RECVS, Net, OPTIONAL_RECV, RailCounters, SIZE_UNSET, call};
-use crate::abi::types::*;
-use crate::driver::ffi::{Table, table_field};
-use crate::driver::mem::Arena;
-use crate::driver::{Error, Result, check};
+use crate::ffi::{Table, table_field};
+use crate::mem::Arena;
+use crate::{Error, Result, check};
+use ncclnet_types::types::*;
 
 /// What `close_raw` closes.
 #[derive(Clone, Copy)]

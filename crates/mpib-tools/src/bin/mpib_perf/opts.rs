@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use clap::{ArgGroup, Parser, ValueEnum};
-use mpib::driver::kv::Writer;
-use mpib::driver::{Phase, Workload};
+use mpib_tools::kv::Writer;
+use mpib_tools::{Phase, Workload};
 
 /// Benchmark and check the mpib NCCL net plugin between two ranks, through its C ABI as NCCL
 /// drives it (no GPU, NCCL or MPI needed).
@@ -375,7 +375,7 @@ impl Plan {
 /// The `--name` values that differ between `ours` and `theirs` (agreed lines), as
 /// `--name (here X, peer Y)`.
 pub fn differences(ours: &str, theirs: &str) -> Vec<String> {
-    let parse = |l: &str| mpib::driver::kv::Fields::parse(l).map(|f| f.0).unwrap_or_default();
+    let parse = |l: &str| mpib_tools::kv::Fields::parse(l).map(|f| f.0).unwrap_or_default();
     let (a, b) = (parse(ours), parse(theirs));
     let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
     keys.sort();

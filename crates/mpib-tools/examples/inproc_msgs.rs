@@ -22,9 +22,9 @@ use std::process::ExitCode;
 use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
-use mpib::abi::types::ncclResult_t;
-use mpib::driver::ffi::{Library, Table};
-use mpib::driver::{Arena, Error, Plugin, Result, default_plugin};
+use mpib_tools::ffi::{Library, Table};
+use mpib_tools::{Arena, Error, Plugin, Result, default_plugin};
+use ncclnet_types::types::ncclResult_t;
 
 /// The 8 bytes of message `i`.
 #[inline]

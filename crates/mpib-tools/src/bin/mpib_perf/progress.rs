@@ -6,7 +6,7 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
-use mpib::driver::rank::PhaseStart;
+use mpib_tools::rank::PhaseStart;
 
 /// After this long a run gets a progress line.
 const QUIET_FOR: Duration = Duration::from_secs(2);

@@ -2,7 +2,7 @@
 //! processes (this test binary, re-executed as rank 0 = receiver and rank 1 = sender), which
 //! connect over the soft fabric on loopback and run scripted workloads; every byte is checked
 //! against a per-message pattern, every reported size against the expected one, and the
-//! sender's checksum of what it delivered against the receiver's. See `mpib::driver`.
+//! sender's checksum of what it delivered against the receiver's. See `mpib_tools`.
 //!
 //! Run alone: `cargo test --test conformance`. A failing seeded test prints its seed;
 //! `CONFORMANCE_SEED=<seed>` repeats it. Elsewhere (a Soft-RoCE VM): copy the test binary
@@ -12,11 +12,11 @@
 mod common;
 
 use common::{pair, plugin_path, run, seed};
-use mpib::driver::net::{Plugin, RailCounters};
-use mpib::driver::pair::{PairOutcome, child_main};
-use mpib::driver::report::SideStats;
-use mpib::driver::spec::{Kill, Phase, RecvSize, Side, Workload};
-use mpib::driver::{ErrorKind, code};
+use mpib_tools::net::{Plugin, RailCounters};
+use mpib_tools::pair::{PairOutcome, child_main};
+use mpib_tools::report::SideStats;
+use mpib_tools::spec::{Kill, Phase, RecvSize, Side, Workload};
+use mpib_tools::{ErrorKind, code};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;

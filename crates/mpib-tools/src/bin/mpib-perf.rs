@@ -1,6 +1,6 @@
 //! `mpib-perf`: the benchmark and diagnostic tool users run first. It loads the plugin
 //! library with `dlopen` exactly as NCCL does and drives it between two ranks through the
-//! `ncclNet` C ABI (`mpib::driver`): no GPU, no NCCL, no MPI.
+//! `ncclNet` C ABI (`mpib_tools`): no GPU, no NCCL, no MPI.
 //!
 //! ```text
 //! mpib-perf                          two local ranks, soft fabric over loopback, 8 B … 64 MiB
@@ -17,6 +17,6 @@ mod mpib_perf;
 
 fn main() -> std::process::ExitCode {
     // When started as a rank of the local two-process mode: run it and exit.
-    mpib::driver::pair::child_main();
+    mpib_tools::pair::child_main();
     mpib_perf::main()
 }

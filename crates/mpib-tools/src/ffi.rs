@@ -10,7 +10,7 @@
 use std::ffi::{CStr, CString, c_void};
 
 use super::{Error, Result};
-use crate::abi::tables::*;
+use ncclnet_types::tables::*;
 
 /// The ABI versions NCCL 2.30 tries, newest first (`int ncclNetVersion[]`).
 pub const VERSIONS: [u32; 7] = [12, 11, 10, 9, 8, 7, 6];
@@ -20,13 +20,13 @@ pub const VERSIONS: [u32; 7] = [12, 11, 10, 9, 8, 7, 6];
 macro_rules! table_field {
     ($table:expr, $t:ident => $e:expr) => {
         match $table {
-            $crate::driver::ffi::Table::V6($t) => $e,
-            $crate::driver::ffi::Table::V7($t) => $e,
-            $crate::driver::ffi::Table::V8($t) => $e,
-            $crate::driver::ffi::Table::V9($t) => $e,
-            $crate::driver::ffi::Table::V10($t) => $e,
-            $crate::driver::ffi::Table::V11($t) => $e,
-            $crate::driver::ffi::Table::V12($t) => $e,
+            $crate::ffi::Table::V6($t) => $e,
+            $crate::ffi::Table::V7($t) => $e,
+            $crate::ffi::Table::V8($t) => $e,
+            $crate::ffi::Table::V9($t) => $e,
+            $crate::ffi::Table::V10($t) => $e,
+            $crate::ffi::Table::V11($t) => $e,
+            $crate::ffi::Table::V12($t) => $e,
         }
     };
 }

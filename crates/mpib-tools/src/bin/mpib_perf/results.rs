@@ -9,8 +9,8 @@
 use std::fmt::Write as _;
 use std::path::Path;
 
-use mpib::driver::net::RailStats;
-use mpib::driver::report::{PhaseReport, RankReport, SideStats};
+use mpib_tools::net::RailStats;
+use mpib_tools::report::{PhaseReport, RankReport, SideStats};
 use serde_json::{Value, json};
 
 use super::opts::{Fabric, Plan, TIMELINE_BIN_NS};
@@ -260,7 +260,17 @@ pub fn timeline(plan: &Plan, s: &Summary, sender: &PhaseReport) -> Value {
 /// Writes `v` to `path` (pretty, atomically: a reader sees the old file or the new one).
 pub fn write_json(path: &str, v: &Value) -> Result<(), String> {
     let text = serde_json::to_string_pretty(v).map_err(|e| format!("{path}: {e}"))? + "\n";
-    mpib::telemetry::write_atomic(Path::new(path), &text).map_err(|e| format!("cannot write {path}: {e}"))
+    let path = Path::new(path);
+    // A temporary name in the same directory, renamed over the target: rename is atomic.
+    let tmp = path.with_file_name(format!(
+        ".{}.tmp{}",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, path)).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write {}: {e}", path.display())
+    })
 }
 
 #[cfg(test)]

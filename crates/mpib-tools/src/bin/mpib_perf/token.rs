@@ -13,7 +13,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use mpib::driver::net::HANDLE_BYTES;
+use mpib_tools::net::HANDLE_BYTES;
 
 const MAGIC: &[u8; 4] = b"MPT1";
 
@@ -107,7 +107,6 @@ pub fn advertised(bound: SocketAddr) -> Vec<SocketAddr> {
     if !bound.ip().is_unspecified() {
         return vec![bound];
     }
-    use mpib::fabric::netif;
     let ifs = netif::interfaces();
     let first = netif::default_addr(&ifs, std::env::var("NCCL_SOCKET_IFNAME").ok().as_deref());
     let mut ips: Vec<IpAddr> = first.iter().map(|a| a.ip).collect();

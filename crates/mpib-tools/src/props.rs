@@ -3,7 +3,7 @@
 
 use std::ffi::{CStr, c_char};
 
-use crate::abi::types::*;
+use ncclnet_types::types::*;
 
 /// A device's properties, as the plugin reported them through one ABI version.
 #[derive(Clone, Debug, PartialEq)]

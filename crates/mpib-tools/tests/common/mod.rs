@@ -1,0 +1,103 @@
+//! Helpers shared by the tools' integration tests: the freshly built plugin library, scratch
+//! directories, two-process runs through the driver.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// The plugin library (`libmpib.so`) of this workspace, built for this test binary's
+/// profile. The tools do not link the plugin (they `dlopen` it, as NCCL does), so nothing
+/// makes cargo build it for `cargo test -p mpib-tools`: this asks cargo for it once per test
+/// process (a no-op when it is up to date) and takes the path from cargo's own artifact
+/// report, wherever `CARGO_TARGET_DIR` puts it.
+pub fn cdylib() -> PathBuf {
+    static LIB: OnceLock<PathBuf> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "-p", "mpib", "--lib", "--message-format=json-render-diagnostics"]);
+        if !cfg!(debug_assertions) {
+            cmd.arg("--release");
+        }
+        // The workspace root: two levels above this crate.
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let out = cmd.current_dir(root).output().expect("run cargo build -p mpib");
+        assert!(out.status.success(), "cargo build -p mpib failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        stdout
+            .lines()
+            .filter(|l| l.contains(r#""reason":"compiler-artifact""#) && l.contains(r#""name":"mpib""#))
+            .flat_map(|l| l.split('"'))
+            .find(|s| s.ends_with("libmpib.so"))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| panic!("cargo reported no libmpib.so:\n{stdout}"))
+    })
+    .clone()
+}
+
+/// A fresh scratch directory for one test.
+pub fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mpib-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+use mpib_tools::pair::{Launcher, PairOutcome, PairSpec, run_pair};
+use mpib_tools::spec::Workload;
+
+/// The test every conformance binary defines to be re-executed as a rank.
+pub const RANK_ENTRY: &str = "rank_child";
+
+/// The ranks' fabric: the soft fabric over loopback (both rails on 127.0.0.1), or what
+/// `CONFORMANCE_ENV` says, e.g. `CONFORMANCE_ENV="MPIB_FABRIC=verbs MPIB_HCA_SOUT=rxe0
+/// MPIB_HCA_SUP=rxe1"` to run the same suite on Soft-RoCE (the ranks get no other `MPIB_*`
+/// variable from the parent).
+pub fn fabric_env() -> Vec<(String, String)> {
+    let pairs = std::env::var("CONFORMANCE_ENV")
+        .unwrap_or_else(|_| "MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=127.0.0.1 MPIB_SOFT_SUP_ADDR=127.0.0.1".to_string());
+    pairs
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("CONFORMANCE_ENV: {kv:?} is not NAME=VALUE"));
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// The library the conformance suite drives: `NCCL_NET_PLUGIN` when set (a test binary
+/// copied into a VM, away from `target/`), else [`cdylib`].
+pub fn plugin_path() -> String {
+    match std::env::var("NCCL_NET_PLUGIN") {
+        Ok(p) if !p.is_empty() => p,
+        _ => cdylib().to_string_lossy().into_owned(),
+    }
+}
+
+/// A run of `w` between two processes on [`fabric_env`], newest ABI on both.
+pub fn pair(w: Workload) -> PairSpec {
+    PairSpec {
+        plugin: plugin_path(),
+        abi: [None, None],
+        env: fabric_env(),
+        workload: w,
+        timeout: std::time::Duration::from_secs(180),
+    }
+}
+
+/// Runs `spec` with this test binary as both ranks; prints how long it took.
+pub fn run(name: &str, spec: &PairSpec) -> PairOutcome {
+    let out = run_pair(spec, &Launcher::test_binary(RANK_ENTRY)).expect("start the ranks");
+    eprintln!("{name}: {:.2} s (workload: {})", out.elapsed.as_secs_f64(), spec.workload.to_line());
+    out
+}
+
+/// A seed from the environment (`CONFORMANCE_SEED`) or the clock; printed so a failing
+/// run can be repeated.
+pub fn seed(what: &str) -> u64 {
+    let s = std::env::var("CONFORMANCE_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    });
+    eprintln!("{what}: seed {s} (repeat with CONFORMANCE_SEED={s})");
+    s
+}

@@ -1,0 +1,61 @@
+//! mpib's own C types, beside the ncclNet ones: what its exported `mpib_*` functions fill
+//! (declared in `include/mpib.h`). Tools read them through `dlsym`, as they read the tables.
+#![allow(non_camel_case_types)]
+
+/// Per-rail counters of one connection (index 0 = SOUT, 1 = SUP).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct mpib_rail_counters_t {
+    /// Send work requests posted (data, signalling, CTS, probes, flushes).
+    pub wr_posted: u64,
+    /// Post calls (one per chain).
+    pub doorbells: u64,
+    /// Payload bytes posted.
+    pub bytes: u64,
+    /// WRITE_WITH_IMM work requests posted.
+    pub imm_sent: u64,
+    /// Completions polled.
+    pub cqe: u64,
+    /// Receiver-not-ready waits (receive side).
+    pub rnr: u64,
+    /// IMMs posted on a rail that carried no bytes of a non-empty transfer (always 0).
+    pub zero_byte_imm: u64,
+    /// Idle-rail probes posted.
+    pub probes: u64,
+}
+
+/// One rail's figures over the whole process: every connection, live or closed, both
+/// directions. Counters are sums; latencies are of data chains (post → signalled
+/// completion); the estimates are the mean over live connections (else the last closed
+/// one's). All 0 where nothing happened.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct mpib_rail_stats_t {
+    /// The counters `mpib_comm_counters` gives per comm, summed over the process.
+    pub counters: mpib_rail_counters_t,
+    /// Completions with an error status.
+    pub errors: u64,
+    /// RTT samples (data chains and probes).
+    pub rtt_samples: u64,
+    /// Samples that marked the rail congested.
+    pub congestion_events: u64,
+    /// Data chains whose completion was timed, and their latency statistics (ns).
+    pub latency_samples: u64,
+    pub latency_min_ns: u64,
+    pub latency_avg_ns: u64,
+    pub latency_median_ns: u64,
+    pub latency_p95_ns: u64,
+    pub latency_p99_ns: u64,
+    pub latency_max_ns: u64,
+    /// RFC 6298 smoothed RTT and its variation (ns).
+    pub srtt_ns: u64,
+    pub rttvar_ns: u64,
+    /// RTT of an empty chain on an idle rail (ns).
+    pub base_latency_ns: u64,
+    /// Delivery-rate estimate.
+    pub bw_bytes_per_s: u64,
+    /// Connections open now with statistics on this rail.
+    pub live_connections: u64,
+    /// This rail's part of the payload bytes of both rails (0 … 1).
+    pub share: f64,
+}
