@@ -8,8 +8,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mpib::config::{Config, FabricChoice, RailAddr};
-use mpib::fabric::soft::{SoftCq, SoftDevice, SoftMr, SoftQp, SoftSrq, open_rail_pairs};
+use mpib::fabric::soft::{self, SoftCq, SoftDevice, SoftMr, SoftOptions, SoftQp, SoftSrq};
 use mpib::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QP_INFO_LEN, QpCaps, QpInfo, QueuePair, SendWr, Sge,
     SharedRecvQueue, WcStatus, WrOpcode,
@@ -19,15 +18,7 @@ const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0
 const GUARD: usize = 4096;
 const FILL: u8 = 0xAA;
 
-fn cfg() -> Config {
-    Config {
-        fabric: FabricChoice::Soft,
-        soft_sout_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        soft_sup_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        connect_timeout_ms: 5000,
-        ..Config::default()
-    }
-}
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 fn pattern(seed: u64, i: usize) -> u8 {
     ((i as u64).wrapping_mul(131).wrapping_add(seed * 7) ^ (i as u64 >> 9)) as u8
@@ -53,7 +44,7 @@ struct Side {
 
 impl Side {
     fn new(len: usize, access: Access) -> Side {
-        let dev = open_rail_pairs(&cfg()).unwrap().pop().unwrap().sout;
+        let dev = Arc::new(soft::open(&SoftOptions::tcp("t", LOOPBACK)).unwrap());
         let cq = dev.create_cq(4096, false).unwrap();
         let srq = dev.create_srq(4096).unwrap();
         let qp = dev.create_qp(&cq, Some(&srq), QpCaps { max_send_wr: 1024, max_inline: 0 }).unwrap();

@@ -18,8 +18,9 @@ use std::time::{Duration, Instant};
 
 use fabric_checks as checks;
 use mpib::config::Config;
-use mpib::fabric::verbs::{self, VerbsDevice};
+use mpib::fabric::verbs::{self, VerbsDevice, VerbsOptions};
 use mpib::fabric::{ConnectParams, Device, LinkLayer, MemTypes, QueuePair, WcOpcode, WcStatus, WrOpcode};
+use mpib::plugin::discover;
 
 fn env_any(names: &[String]) -> Option<String> {
     names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
@@ -43,7 +44,8 @@ fn expected_gid_index(i: usize) -> Option<u8> {
 fn open(i: usize) -> Arc<VerbsDevice> {
     mpib::abi::logger::install();
     let (d, p) = port_spec(i);
-    Arc::new(VerbsDevice::open(&d, p, None).unwrap_or_else(|e| panic!("open {d}: {e}")))
+    let opts = VerbsOptions { device: d.clone(), port: p, gid_index: None };
+    Arc::new(VerbsDevice::open(&opts).unwrap_or_else(|e| panic!("open {d}: {e}")))
 }
 
 fn config(vars: &[(&str, &str)]) -> Config {
@@ -53,13 +55,13 @@ fn config(vars: &[(&str, &str)]) -> Config {
 // ---- no device needed -------------------------------------------------------------------
 
 #[test]
-fn unavailable_reason_agrees_with_open_rail_pairs() {
+fn unavailable_reason_agrees_with_verbs_pairs() {
     match verbs::unavailable_reason() {
         Some(why) => {
-            let e = verbs::open_rail_pairs(&Config::default()).err().expect("unavailable, yet pairs opened");
+            let e = discover::verbs_pairs(&Config::default()).err().expect("unavailable, yet pairs opened");
             assert!(e.msg.contains(&why), "{e} does not say {why}");
         }
-        None => assert!(!verbs::open_rail_pairs(&Config::default()).expect("usable, yet no pairs").is_empty()),
+        None => assert!(!discover::verbs_pairs(&Config::default()).expect("usable, yet no pairs").is_empty()),
     }
 }
 
@@ -205,7 +207,7 @@ fn gid_index_override_through_config() {
     let auto = open(0).gid_index();
     let idx = auto.to_string();
     let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1), ("MPIB_GID_INDEX", &idx)]);
-    let pairs = verbs::open_rail_pairs(&cfg).expect("open_rail_pairs");
+    let pairs = discover::verbs_pairs(&cfg).expect("verbs_pairs");
     assert_eq!(pairs.len(), 1);
     assert_eq!((pairs[0].sout.attrs().name.as_str(), pairs[0].sup.attrs().name.as_str()), (d0.as_str(), d1.as_str()));
     assert_eq!(pairs[0].sout.gid_index(), auto);
@@ -214,11 +216,11 @@ fn gid_index_override_through_config() {
     if open(0).attrs().link_layer == LinkLayer::Ethernet {
         // Index 0 holds the link-local GID, never chosen automatically: the override wins.
         let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d0), ("MPIB_GID_INDEX", "0")]);
-        let pairs = verbs::open_rail_pairs(&cfg).expect("MPIB_GID_INDEX=0");
+        let pairs = discover::verbs_pairs(&cfg).expect("MPIB_GID_INDEX=0");
         assert_eq!(pairs[0].sout.gid_index(), 0);
         assert!(Arc::ptr_eq(&pairs[0].sout, &pairs[0].sup), "one port in both rails is opened once");
         let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1), ("MPIB_GID_INDEX", "200")]);
-        let e = verbs::open_rail_pairs(&cfg).err().expect("an empty GID slot must be refused");
+        let e = discover::verbs_pairs(&cfg).err().expect("an empty GID slot must be refused");
         assert!(e.msg.contains("MPIB_GID_INDEX=200") && e.msg.contains("no GID at index 200"), "{e}");
     }
 }
@@ -227,20 +229,20 @@ fn gid_index_override_through_config() {
 #[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
 fn pairing_through_config() {
     let (d0, d1) = (port_spec(0).0, port_spec(1).0);
-    let pairs = verbs::open_rail_pairs(&Config::default()).expect("automatic pairing");
+    let pairs = discover::verbs_pairs(&Config::default()).expect("automatic pairing");
     assert!(!pairs.is_empty());
     if d0.starts_with("rxe") && d1.starts_with("rxe") {
         let names: Vec<(String, String)> =
             pairs.iter().map(|p| (p.sout.attrs().name.clone(), p.sup.attrs().name.clone())).collect();
         assert_eq!(names, [(d0.clone(), d1.clone())], "the guest's two rxe ports pair by name");
     }
-    let e = verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", "nosuchdev"), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
+    let e = discover::verbs_pairs(&config(&[("MPIB_HCA_SOUT", "nosuchdev"), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
     assert!(
         e.msg.contains("MPIB_HCA_SOUT entry 0 (nosuchdev): device nosuchdev not found") && e.msg.contains(&d0),
         "{e}"
     );
     let e =
-        verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &format!("{d1}:9"))])).err().unwrap();
+        discover::verbs_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &format!("{d1}:9"))])).err().unwrap();
     assert!(e.msg.contains("has no port 9"), "{e}");
 }
 
@@ -268,11 +270,11 @@ fn port_down_is_seen_and_skipped() {
     ip("down");
     wait_for("no PORT_ERR async event after the link went down", &|| !dev1.port_active());
     assert!(dev1.async_events() >= 1);
-    let pairs = verbs::open_rail_pairs(&Config::default()).expect("the other port still pairs");
+    let pairs = discover::verbs_pairs(&Config::default()).expect("the other port still pairs");
     let names: Vec<(String, String)> =
         pairs.iter().map(|p| (p.sout.attrs().name.clone(), p.sup.attrs().name.clone())).collect();
     assert_eq!(names, [(d0.clone(), d0.clone())], "the down port is skipped, the odd one rails with itself");
-    let e = verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
+    let e = discover::verbs_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
     assert!(e.msg.contains("no usable rail pair"), "{e}");
     ip("up");
     wait_for("no PORT_ACTIVE async event after the link came back", &|| dev1.port_active());

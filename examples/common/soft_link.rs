@@ -5,8 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use mpib::config::{Config, FabricChoice, RailAddr};
-use mpib::fabric::soft::{SoftCq, SoftDevice, SoftMr, SoftQp, open_rail_pairs};
+use mpib::fabric::soft::{self, SoftCq, SoftDevice, SoftMr, SoftOptions, SoftQp};
 use mpib::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QueuePair, SendWr, Sge, WcStatus, WrOpcode,
 };
@@ -24,14 +23,9 @@ pub struct Link {
 
 /// Two connected soft devices; `size`-byte buffers.
 pub fn link(size: usize) -> Link {
-    let cfg = Config {
-        fabric: FabricChoice::Soft,
-        soft_sout_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        soft_sup_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        ..Config::default()
-    };
-    let a = open_rail_pairs(&cfg).unwrap().pop().unwrap().sout;
-    let b = open_rail_pairs(&cfg).unwrap().pop().unwrap().sout;
+    let loopback = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+    let a = Arc::new(soft::open(&SoftOptions::tcp("a", loopback)).unwrap());
+    let b = Arc::new(soft::open(&SoftOptions::tcp("b", loopback)).unwrap());
     let params = ConnectParams { traffic_class: 0, service_level: 0, timeout: 20, retry_cnt: 7 };
     let caps = QpCaps { max_send_wr: 64, max_inline: 0 };
     let (acq, bcq) = (a.create_cq(256, false).unwrap(), b.create_cq(256, false).unwrap());

@@ -15,7 +15,6 @@
 //! - `verbs`: real NICs through libibverbs, loaded at run time.
 
 use std::fmt;
-use std::sync::Arc;
 
 use bitflags::bitflags;
 
@@ -60,6 +59,19 @@ pub enum LinkLayer {
     Tcp,
 }
 
+/// Where a device's progress comes from (as smoltcp's `DeviceCapabilities` tell the stack
+/// what the hardware does for it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// The NIC moves data and answers the peer by itself: a CQ needs polling only while
+    /// this side has completions to collect.
+    Autonomous,
+    /// Polling a CQ is what moves data (the soft NIC over TCP runs in the caller's thread):
+    /// poll every CQ on every call, even one with nothing of this side's outstanding, or
+    /// the peer's writes (a CTS) wait for the helper thread.
+    OnPoll,
+}
+
 /// What a device is and can do. Filled once when the device is opened.
 #[derive(Clone, Debug)]
 pub struct DeviceAttrs {
@@ -80,6 +92,8 @@ pub struct DeviceAttrs {
     pub mem_types: MemTypes,
     /// Completions carry device timestamps ([`Completion::timestamp_ns`]).
     pub completion_timestamps: bool,
+    /// Where progress comes from: which CQs the caller must poll.
+    pub progress: Progress,
     /// sysfs PCI path of the NIC (NCCL's `pciPath`), if it has one.
     pub pci_path: Option<String>,
     /// Stable identifier of the port (NCCL's `guid`).
@@ -310,25 +324,5 @@ pub trait SharedRecvQueue: Send + 'static {
     /// (receiver-not-ready), where the provider can tell; 0 otherwise.
     fn rnr_events(&self) -> u64 {
         0
-    }
-}
-
-/// The two rails of one NCCL device: SOUT (index 0) and SUP (index 1). Both may be the
-/// same NIC (two rails over one port, e.g. for loopback tests).
-pub struct RailPair<D: Device> {
-    pub sout: Arc<D>,
-    pub sup: Arc<D>,
-}
-
-impl<D: Device> RailPair<D> {
-    /// The rail's device by index (0 = SOUT, 1 = SUP).
-    pub fn rail(&self, i: usize) -> &Arc<D> {
-        if i == 0 { &self.sout } else { &self.sup }
-    }
-}
-
-impl<D: Device> Clone for RailPair<D> {
-    fn clone(&self) -> Self {
-        RailPair { sout: self.sout.clone(), sup: self.sup.clone() }
     }
 }

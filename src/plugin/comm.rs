@@ -12,7 +12,7 @@ use crate::engine::layout::{
 use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvEngine, SendBuf, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQueue};
+use crate::fabric::{Completion, CompletionQueue, Device, Progress, QueuePair, SharedRecvQueue};
 
 /// Completions polled per CQ call.
 const POLL_BATCH: usize = 16;
@@ -202,9 +202,9 @@ impl Seqs {
 /// A connected send comm.
 pub struct SendComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
-    /// `test` polls the CQs of idle rails too (a fabric that makes progress in `poll`);
-    /// otherwise only those of rails with signalled WRs or a probe in flight.
-    poll_idle: bool,
+    /// The rails whose CQs `test` polls even with nothing of this side outstanding: those
+    /// whose device makes progress only when polled ([`Progress::OnPoll`]).
+    poll_always: u8,
     pub engine: SendEngine,
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
@@ -215,18 +215,14 @@ pub struct SendComm<D: Device> {
 }
 
 impl<D: Device> SendComm<D> {
-    pub fn new(
-        rails: [Rail<D>; RAILS],
-        engine: SendEngine,
-        dev: Arc<DevPair<D>>,
-        region: HostRegion,
-        poll_idle: bool,
-    ) -> Self {
+    pub fn new(rails: [Rail<D>; RAILS], engine: SendEngine, dev: Arc<DevPair<D>>, region: HostRegion) -> Self {
         let mut engine = engine;
+        let poll_always =
+            (0..RAILS).filter(|&r| rails[r].dev.attrs().progress == Progress::OnPoll).fold(0, |m, r| m | 1 << r);
         engine.start(now_ns());
         SendComm {
             rails,
-            poll_idle,
+            poll_always,
             engine,
             dev,
             seqs: Seqs::new(512),
@@ -282,10 +278,10 @@ impl<D: Device> SendComm<D> {
 
     /// `test` of request `id`: polls, probes idle rails, returns the bytes sent when done.
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
-        // The rails with something to complete; all of them where polling is also what
+        // The rails with something to complete, and those where polling is also what
         // answers the peer (the TCP soft NIC: a rail may carry only CTS traffic).
         let now = now_ns();
-        let rails = if self.poll_idle { 0b11 } else { self.engine.busy_rails() };
+        let rails = self.poll_always | self.engine.busy_rails();
         self.poll(rails, now)?;
         let done = self.engine.test(id)?;
         self.posts.clear();

@@ -5,11 +5,12 @@
 use std::ffi::CString;
 use std::sync::Arc;
 
+use super::discover::RailPair;
 use super::mr::{MrCache, MrHandle, MrInfo};
 use super::{MAX_RECVS, Properties};
 use crate::engine::RAILS;
 use crate::error::{Error, Result};
-use crate::fabric::{Device, MemTypes, MrKeys, RailPair};
+use crate::fabric::{Device, MemTypes, MrKeys};
 
 /// Largest single send or receive NCCL may hand the plugin (1 GiB, NCCL_MAX_NET_SIZE);
 /// `test` reports sizes as `int`, so nothing above `i32::MAX` can be accepted anyway.

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::comm::{RecvComm, SendComm};
 use super::devices::DevPair;
+use super::discover::RailPair;
 use super::handles::{CommHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
@@ -15,7 +16,7 @@ use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
 use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
 use crate::error::{Error, Result};
-use crate::fabric::{Device, MemTypes, RailPair, netif};
+use crate::fabric::{Device, MemTypes, netif};
 
 /// Everything NCCL holds a handle to.
 pub enum Obj<D: Device> {

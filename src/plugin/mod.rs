@@ -18,6 +18,7 @@ use crate::fabric::MemTypes;
 
 pub mod comm;
 pub mod devices;
+pub mod discover;
 pub mod handles;
 pub mod instance;
 pub mod mr;
@@ -25,7 +26,7 @@ pub mod oob;
 pub mod setup;
 pub mod wire;
 
-use crate::fabric::soft::{self, SoftDevice};
+use crate::fabric::soft::SoftDevice;
 use crate::fabric::verbs::{self, VerbsDevice};
 use handles::Kind;
 pub use handles::{CommHandle, ContextHandle, ListenHandle, MemHandle, RequestHandle};
@@ -158,12 +159,12 @@ pub fn init(abi: AbiVersion) -> Result<()> {
 /// Opens the configured fabric's rail pairs.
 fn open(cfg: &'static Config) -> Result<Active> {
     let soft = |kind: FabricKind| -> Result<Active> {
-        let pairs = soft::open_rail_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
+        let pairs = discover::soft_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
         Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
     };
     let verbs = || -> Result<Active> {
         let pairs =
-            verbs::open_rail_pairs(cfg).map_err(|e| e.context("no usable network device (MPIB_FABRIC=verbs)"))?;
+            discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device (MPIB_FABRIC=verbs)"))?;
         Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg)))
     };
     match cfg.fabric {

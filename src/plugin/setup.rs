@@ -319,8 +319,7 @@ impl<D: Device> Connecting<D> {
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
-        let poll_idle = self.p.kind == FabricKind::Soft;
-        Ok(SendComm::new(rails, engine, self.pair.clone(), region, poll_idle))
+        Ok(SendComm::new(rails, engine, self.pair.clone(), region))
     }
 }
 

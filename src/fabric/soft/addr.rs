@@ -1,32 +1,9 @@
-//! Which local address each soft rail uses, and what its interface says about it.
-//! Default: what NCCL's socket transport picks (`fabric::netif`).
-
-use std::net::{IpAddr, Ipv4Addr};
-
-use crate::fabric::netif::{default_addr, first_matching, interfaces};
-
-use crate::config::RailAddr;
-use crate::error::{Error, Result};
+//! What a soft device's interface says about it: speed, MTU, PCI path (sysfs), and a
+//! stable identity.
 
 /// Link speed reported when sysfs has none (loopback, some virtual NICs), in Mbit/s:
 /// the value NCCL's socket transport reports in that case.
 pub const NOMINAL_SPEED_MBPS: u32 = 10_000;
-
-/// A rail's local address and the interface it belongs to (if any is known).
-pub fn resolve(addr: Option<&RailAddr>, socket_ifname: Option<&str>, var: &str) -> Result<(IpAddr, Option<String>)> {
-    let ifs = interfaces();
-    match addr {
-        Some(RailAddr::Ip(ip)) => Ok((*ip, ifs.iter().find(|i| i.ip == *ip).map(|i| i.name.clone()))),
-        Some(RailAddr::Interface(name)) => {
-            first_matching(&ifs, &format!("={name}")).map(|i| (i.ip, Some(i.name))).ok_or_else(|| {
-                Error::invalid_argument(format!("{var}={name}: no up interface of that name with an address"))
-            })
-        }
-        None => Ok(default_addr(&ifs, socket_ifname)
-            .map(|i| (i.ip, Some(i.name)))
-            .unwrap_or((IpAddr::V4(Ipv4Addr::LOCALHOST), None))),
-    }
-}
 
 fn sysfs(iface: &str, what: &str) -> Option<String> {
     std::fs::read_to_string(format!("/sys/class/net/{iface}/{what}")).ok().map(|s| s.trim().to_string())
@@ -69,12 +46,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loopback_resolves_and_has_nominal_speed() {
-        let (ip, iface) = resolve(Some(&RailAddr::Ip("127.0.0.1".parse().unwrap())), None, "X").unwrap();
-        assert!(ip.is_loopback());
-        assert_eq!(speed_mbps(iface.as_deref()), NOMINAL_SPEED_MBPS);
-        assert_eq!(pci_path(iface.as_deref()), None);
-        assert!(resolve(Some(&RailAddr::Interface("nosuch0".into())), None, "MPIB_SOFT_SUP_ADDR").is_err());
+    fn loopback_has_nominal_speed_and_identities_are_stable() {
+        assert_eq!(speed_mbps(Some("lo")), NOMINAL_SPEED_MBPS);
+        assert_eq!(speed_mbps(None), NOMINAL_SPEED_MBPS);
+        assert_eq!(pci_path(Some("lo")), None);
         assert_eq!(guid(&["a", "b"]), guid(&["a", "b"]));
         assert_ne!(guid(&["ab", ""]), guid(&["a", "b"]));
     }

@@ -77,7 +77,7 @@ mod ring;
 mod rx;
 mod tx;
 
-use std::sync::Arc;
+use std::net::IpAddr;
 use std::time::Duration;
 
 pub use addr::NOMINAL_SPEED_MBPS;
@@ -86,48 +86,71 @@ pub use device::{SoftDevice, SoftMr};
 pub use helper::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
 pub use qp::{SoftQp, silent_peer_bound};
 
-use crate::config::{Config, FabricChoice};
 use crate::error::Result;
-use crate::fabric::{Device, DeviceAttrs, LinkLayer, MemTypes, RailPair};
+use crate::fabric::{Device, DeviceAttrs, LinkLayer, MemTypes, Progress};
 
-/// Opens the soft rail pair: over TCP (`Soft`, and `Auto`/`Verbs` when the plugin falls
-/// back), or in-process (`Inproc`). One pair: SOUT on `MPIB_SOFT_SOUT_ADDR`, SUP on
-/// `MPIB_SOFT_SUP_ADDR` (defaults: see `addr.rs`); the chosen addresses are logged at INFO.
-pub fn open_rail_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
-    let timeout = Duration::from_millis(cfg.connect_timeout_ms);
-    if cfg.fabric == FabricChoice::Inproc {
-        let open = |rail: &str| SoftDevice::open(attrs(&format!("inproc-{rail}"), None, &[rail]), None, timeout);
-        let pair = RailPair { sout: Arc::new(open("sout")?), sup: Arc::new(open("sup")?) };
-        log::info!("soft fabric: in-process rails inproc-sout and inproc-sup");
-        return Ok(vec![pair]);
-    }
-    let ifname = cfg.socket_ifname.as_deref();
-    let open = |rail: &str, a: Option<&crate::config::RailAddr>, var: &str| -> Result<SoftDevice> {
-        let (ip, iface) = addr::resolve(a, ifname, var)?;
-        let bind_iface = match a {
-            Some(crate::config::RailAddr::Interface(name)) => Some(name.clone()),
-            _ => None,
-        };
-        let ip_s = ip.to_string();
-        let at = attrs(&format!("soft-{rail}"), iface.as_deref(), &[rail, &ip_s, iface.as_deref().unwrap_or("")]);
-        let d = SoftDevice::open(at, Some((ip, bind_iface)), timeout)?;
-        let a = d.attrs();
-        log::info!(
-            "soft fabric: rail {} on {} (interface {}, {} Mbit/s, listening on {})",
-            a.name,
-            ip,
-            iface.as_deref().unwrap_or("?"),
-            a.speed_mbps,
-            d.local_addr().map_or("-".to_string(), |s| s.to_string())
-        );
-        Ok(d)
-    };
-    let sout = open("sout", cfg.soft_sout_addr.as_ref(), "MPIB_SOFT_SOUT_ADDR")?;
-    let sup = open("sup", cfg.soft_sup_addr.as_ref(), "MPIB_SOFT_SUP_ADDR")?;
-    Ok(vec![RailPair { sout: Arc::new(sout), sup: Arc::new(sup) }])
+/// How to open one soft device: what [`open`] takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftOptions {
+    /// The device's name, as logs and NCCL show it (`soft-sout`, `inproc-sup`).
+    pub name: String,
+    /// TCP: the local address to listen on and dial from; `None`: in-process mode (both
+    /// ends of every connection in this process, no sockets).
+    pub bind: Option<SoftBind>,
+    /// How long a connection may take to come up.
+    pub connect_timeout: Duration,
 }
 
-fn attrs(name: &str, iface: Option<&str>, id: &[&str]) -> DeviceAttrs {
+impl SoftOptions {
+    /// A TCP device on `ip` (no interface binding), with a 5 s connect timeout.
+    pub fn tcp(name: &str, ip: IpAddr) -> SoftOptions {
+        let bind = Some(SoftBind { ip, iface: None, bind_iface: None });
+        SoftOptions { name: name.to_string(), bind, connect_timeout: Duration::from_secs(5) }
+    }
+
+    /// An in-process device, with a 5 s connect timeout.
+    pub fn inproc(name: &str) -> SoftOptions {
+        SoftOptions { name: name.to_string(), bind: None, connect_timeout: Duration::from_secs(5) }
+    }
+}
+
+/// The local side of a TCP soft device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftBind {
+    pub ip: IpAddr,
+    /// The interface `ip` belongs to, if known: its sysfs entry gives the device's speed,
+    /// MTU and PCI path.
+    pub iface: Option<String>,
+    /// Bind outgoing sockets to this interface (`SO_BINDTODEVICE`), so a rail's traffic
+    /// leaves through its own NIC even where routing would pick another.
+    pub bind_iface: Option<String>,
+}
+
+/// Opens a soft device. Its identity (`guid`) is derived from its name and binding, so the
+/// same options give the same device in every process.
+pub fn open(opts: &SoftOptions) -> Result<SoftDevice> {
+    let timeout = opts.connect_timeout;
+    let Some(b) = &opts.bind else {
+        // In-process: a post executes against the peer at once; polls only collect.
+        return SoftDevice::open(attrs(&opts.name, None, &[&opts.name], Progress::Autonomous), None, timeout);
+    };
+    let ip_s = b.ip.to_string();
+    let iface = b.iface.as_deref();
+    let at = attrs(&opts.name, iface, &[&opts.name, &ip_s, iface.unwrap_or("")], Progress::OnPoll);
+    let d = SoftDevice::open(at, Some((b.ip, b.bind_iface.clone())), timeout)?;
+    let a = d.attrs();
+    log::info!(
+        "soft fabric: {} on {} (interface {}, {} Mbit/s, listening on {})",
+        a.name,
+        b.ip,
+        iface.unwrap_or("?"),
+        a.speed_mbps,
+        d.local_addr().map_or("-".to_string(), |s| s.to_string())
+    );
+    Ok(d)
+}
+
+fn attrs(name: &str, iface: Option<&str>, id: &[&str], progress: Progress) -> DeviceAttrs {
     let mut a = DeviceAttrs {
         name: name.to_string(),
         port: 1,
@@ -142,6 +165,7 @@ fn attrs(name: &str, iface: Option<&str>, id: &[&str]) -> DeviceAttrs {
         max_inline: 0,
         mem_types: MemTypes::HOST,
         completion_timestamps: false,
+        progress,
         pci_path: addr::pci_path(iface),
         guid: addr::guid(&[&["soft"], id].concat()),
     };

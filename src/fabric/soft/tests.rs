@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 
 use super::frame::{Frame, HDR_LEN, decode, encode};
 use super::*;
-use crate::config::{Config, FabricChoice, RailAddr};
 use crate::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QpInfo, QueuePair, SendWr, Sge,
     SharedRecvQueue, WcOpcode, WcStatus, WrOpcode,
@@ -20,15 +19,25 @@ mod direct;
 const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 14, retry_cnt: 1 };
 const GUARD: usize = 64;
 
-fn cfg(fabric: FabricChoice) -> Config {
-    Config {
-        fabric,
-        soft_sout_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        soft_sup_addr: Some(RailAddr::Ip("127.0.0.1".parse().unwrap())),
-        connect_timeout_ms: 2000,
-        ..Config::default()
-    }
+/// Which kind of soft device a test runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Over TCP on loopback.
+    Tcp,
+    /// Both ends in this process.
+    Inproc,
 }
+
+/// Two devices of `mode` (as the plugin opens a rail pair).
+fn devices(mode: Mode) -> (Arc<SoftDevice>, Arc<SoftDevice>) {
+    let opts = |name: &str| match mode {
+        Mode::Tcp => SoftOptions { connect_timeout: Duration::from_secs(2), ..SoftOptions::tcp(name, LOOPBACK) },
+        Mode::Inproc => SoftOptions { connect_timeout: Duration::from_secs(2), ..SoftOptions::inproc(name) },
+    };
+    (Arc::new(open(&opts("t-sout")).unwrap()), Arc::new(open(&opts("t-sup")).unwrap()))
+}
+
+const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
 
 /// One end: a device, its CQ, SRQ, QP and a registered buffer with guard bytes around.
 struct End {
@@ -91,10 +100,10 @@ fn connect(a: &mut End, b: &mut End) {
 }
 
 /// Two connected ends (requester `a`, responder `b`) of `len`-byte buffers.
-fn pair(fabric: FabricChoice, len: usize, b_access: Access) -> (End, End) {
-    let p = open_rail_pairs(&cfg(fabric)).unwrap().pop().unwrap();
+fn pair(mode: Mode, len: usize, b_access: Access) -> (End, End) {
+    let p = devices(mode);
     let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
-    let (mut a, mut b) = (End::new(p.sout.clone(), len, all), End::new(p.sup.clone(), len, b_access));
+    let (mut a, mut b) = (End::new(p.0.clone(), len, all), End::new(p.1.clone(), len, b_access));
     connect(&mut a, &mut b);
     (a, b)
 }
@@ -123,9 +132,9 @@ fn fill(buf: &mut [u8], seed: u8) {
     }
 }
 
-fn writes_land_exactly(fabric: FabricChoice) {
+fn writes_land_exactly(mode: Mode) {
     let len = 3 << 20;
-    let (mut a, mut b) = pair(fabric, len + 16, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
+    let (mut a, mut b) = pair(mode, len + 16, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
     fill(a.region(), 7);
     for (i, size) in [0usize, 1, 7, 8, 9, 4095, 65536 + 3, len].into_iter().enumerate() {
         b.region().fill(0x55);
@@ -146,16 +155,16 @@ fn writes_land_exactly(fabric: FabricChoice) {
 
 #[test]
 fn inproc_writes_land_exactly() {
-    writes_land_exactly(FabricChoice::Inproc);
+    writes_land_exactly(Mode::Inproc);
 }
 
 #[test]
 fn tcp_writes_land_exactly() {
-    writes_land_exactly(FabricChoice::Soft);
+    writes_land_exactly(Mode::Tcp);
 }
 
-fn write_imm_takes_one_wqe(fabric: FabricChoice) {
-    let (mut a, mut b) = pair(fabric, 4096, Access::REMOTE_WRITE);
+fn write_imm_takes_one_wqe(mode: Mode) {
+    let (mut a, mut b) = pair(mode, 4096, Access::REMOTE_WRITE);
     b.srq.post_recv(3).unwrap();
     let mut wr = write(9, a.sge(0, 100), b.addr(), b.key(), true);
     wr.opcode = WrOpcode::WriteImm;
@@ -185,17 +194,17 @@ fn write_imm_takes_one_wqe(fabric: FabricChoice) {
 
 #[test]
 fn inproc_write_imm_takes_one_wqe() {
-    write_imm_takes_one_wqe(FabricChoice::Inproc);
+    write_imm_takes_one_wqe(Mode::Inproc);
 }
 
 #[test]
 fn tcp_write_imm_takes_one_wqe() {
-    write_imm_takes_one_wqe(FabricChoice::Soft);
+    write_imm_takes_one_wqe(Mode::Tcp);
 }
 
 #[test]
 fn inproc_rnr_waits_keeps_order_and_resumes() {
-    let (mut a, mut b) = pair(FabricChoice::Inproc, 4096, Access::REMOTE_WRITE);
+    let (mut a, mut b) = pair(Mode::Inproc, 4096, Access::REMOTE_WRITE);
     fill(a.region(), 1);
     let mut imm = write(1, a.sge(0, 64), b.addr(), b.key(), true);
     imm.opcode = WrOpcode::WriteImm;
@@ -214,8 +223,8 @@ fn inproc_rnr_waits_keeps_order_and_resumes() {
     assert_eq!(&b.region()[..128], &src[..]);
 }
 
-fn order_read_and_chains(fabric: FabricChoice) {
-    let (mut a, mut b) = pair(fabric, 1 << 16, Access::REMOTE_WRITE | Access::REMOTE_READ);
+fn order_read_and_chains(mode: Mode) {
+    let (mut a, mut b) = pair(mode, 1 << 16, Access::REMOTE_WRITE | Access::REMOTE_READ);
     // 100 WRs, only the last signalled: exactly one completion. Every WR writes its index
     // to the same 8 bytes: in-order execution leaves the last one.
     for i in 0..100u64 {
@@ -246,16 +255,16 @@ fn order_read_and_chains(fabric: FabricChoice) {
 
 #[test]
 fn inproc_order_read_and_chains() {
-    order_read_and_chains(FabricChoice::Inproc);
+    order_read_and_chains(Mode::Inproc);
 }
 
 #[test]
 fn tcp_order_read_and_chains() {
-    order_read_and_chains(FabricChoice::Soft);
+    order_read_and_chains(Mode::Tcp);
 }
 
-fn refused(fabric: FabricChoice, b_access: Access, bad: impl Fn(&End, SendWr) -> SendWr) {
-    let (mut a, mut b) = pair(fabric, 4096, b_access);
+fn refused(mode: Mode, b_access: Access, bad: impl Fn(&End, SendWr) -> SendWr) {
+    let (mut a, mut b) = pair(mode, 4096, b_access);
     fill(a.region(), 9);
     let before = b.buf.clone();
     let mut first = write(0, a.sge(0, 0), b.addr(), b.key(), true);
@@ -278,20 +287,20 @@ fn refused(fabric: FabricChoice, b_access: Access, bad: impl Fn(&End, SendWr) ->
 #[test]
 fn inproc_bad_rkey_out_of_bounds_and_missing_access_are_refused() {
     let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
-    refused(FabricChoice::Inproc, rw, |_, mut w| {
+    refused(Mode::Inproc, rw, |_, mut w| {
         w.rkey ^= 0x40;
         w
     });
-    refused(FabricChoice::Inproc, rw, |_, mut w| {
+    refused(Mode::Inproc, rw, |_, mut w| {
         w.remote_addr += 4096 - 63;
         w
     });
-    refused(FabricChoice::Inproc, rw, |_, mut w| {
+    refused(Mode::Inproc, rw, |_, mut w| {
         w.remote_addr -= 1;
         w
     });
-    refused(FabricChoice::Inproc, Access::REMOTE_READ, |_, w| w);
-    refused(FabricChoice::Inproc, Access::REMOTE_WRITE, |_, mut w| {
+    refused(Mode::Inproc, Access::REMOTE_READ, |_, w| w);
+    refused(Mode::Inproc, Access::REMOTE_WRITE, |_, mut w| {
         w.opcode = WrOpcode::Read;
         w
     });
@@ -299,7 +308,7 @@ fn inproc_bad_rkey_out_of_bounds_and_missing_access_are_refused() {
 
 #[test]
 fn tcp_bad_rkey_is_refused() {
-    refused(FabricChoice::Soft, Access::REMOTE_WRITE, |_, mut w| {
+    refused(Mode::Tcp, Access::REMOTE_WRITE, |_, mut w| {
         w.rkey ^= 0x40;
         w
     });
@@ -307,7 +316,7 @@ fn tcp_bad_rkey_is_refused() {
 
 #[test]
 fn inproc_peer_gone_fails_outstanding_and_flushes_the_rest() {
-    let (mut a, b) = pair(FabricChoice::Inproc, 4096, Access::REMOTE_WRITE);
+    let (mut a, b) = pair(Mode::Inproc, 4096, Access::REMOTE_WRITE);
     let mut imm = write(1, a.sge(0, 8), b.addr(), b.key(), false);
     imm.opcode = WrOpcode::WriteImm; // waits: the SRQ is empty
     a.qp.post_send(&[imm, write(2, a.sge(0, 8), b.addr(), b.key(), true)]).unwrap();
@@ -324,7 +333,7 @@ fn inproc_peer_gone_fails_outstanding_and_flushes_the_rest() {
 #[test]
 fn dereg_waits_for_placement_and_nothing_lands_after() {
     let len = 16 << 20;
-    let (mut a, mut b) = pair(FabricChoice::Soft, len, Access::REMOTE_WRITE);
+    let (mut a, mut b) = pair(Mode::Tcp, len, Access::REMOTE_WRITE);
     let (addr, key) = (b.addr(), b.key());
     let chain: Vec<SendWr> = (0..8).map(|i| write(i, a.sge(0, len), addr, key, i == 7)).collect();
     a.qp.post_send(&chain).unwrap();
@@ -346,14 +355,14 @@ fn dereg_waits_for_placement_and_nothing_lands_after() {
 #[test]
 fn final_word_is_stored_last_with_release() {
     // The responder's helper thread places while this thread spins on the word.
-    final_word_is_stored_last(FabricChoice::Soft);
+    final_word_is_stored_last(Mode::Tcp);
 }
 
 /// 1 MiB WRITEs, each posted from another thread while this one spins on the WRITE's final
 /// word as the engine spins on a CTS entry: once it is there, so is every other byte.
-fn final_word_is_stored_last(fabric: FabricChoice) {
+fn final_word_is_stored_last(mode: Mode) {
     let len = 1 << 20;
-    let (mut a, mut b) = pair(fabric, len, Access::REMOTE_WRITE);
+    let (mut a, mut b) = pair(mode, len, Access::REMOTE_WRITE);
     let (addr, key) = (b.addr(), b.key());
     let word = unsafe_word(addr + len as u64 - 8);
     for round in 1..=20u8 {
@@ -405,16 +414,16 @@ fn fake_peer(end: &mut End) -> TcpStream {
 }
 
 fn tcp_end() -> End {
-    let p = open_rail_pairs(&cfg(FabricChoice::Soft)).unwrap().pop().unwrap();
-    End::new(p.sout.clone(), 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+    let p = devices(Mode::Tcp);
+    End::new(p.0.clone(), 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
 }
 
 #[test]
 fn malformed_frames_and_frames_for_other_qps_fail_only_that_qp() {
     let mut bystander = tcp_end();
     let (mut bystander_peer, _) = {
-        let p = open_rail_pairs(&cfg(FabricChoice::Soft)).unwrap().pop().unwrap();
-        (End::new(p.sup.clone(), 4096, Access::REMOTE_WRITE), ())
+        let p = devices(Mode::Tcp);
+        (End::new(p.1.clone(), 4096, Access::REMOTE_WRITE), ())
     };
     connect(&mut bystander, &mut bystander_peer);
     for case in 0..3 {
@@ -461,10 +470,8 @@ fn silent_peer_times_out_within_the_bound() {
 
 #[test]
 fn a_peer_that_never_connects_times_out() {
-    let mut c = cfg(FabricChoice::Soft);
-    c.connect_timeout_ms = 150;
-    let p = open_rail_pairs(&c).unwrap().pop().unwrap();
-    let mut e = End::new(p.sout.clone(), 64, Access::REMOTE_WRITE);
+    let opts = SoftOptions { connect_timeout: Duration::from_millis(150), ..SoftOptions::tcp("t-sout", LOOPBACK) };
+    let mut e = End::new(Arc::new(open(&opts).unwrap()), 64, Access::REMOTE_WRITE);
     let mut info = [0u8; 48];
     info[..2].copy_from_slice(&[1, 4]);
     info[16..20].copy_from_slice(&[127, 0, 0, 1]); // nonce 0: this QP waits for the dialer
@@ -483,24 +490,26 @@ fn a_peer_that_never_connects_times_out() {
 
 #[test]
 fn attrs_of_soft_devices() {
-    let p = open_rail_pairs(&cfg(FabricChoice::Soft)).unwrap().pop().unwrap();
-    let a = p.sout.attrs();
+    let p = devices(Mode::Tcp);
+    let a = p.0.attrs();
     assert_eq!(
         (a.name.as_str(), a.link_layer, a.mem_types),
-        ("soft-sout", crate::fabric::LinkLayer::Tcp, crate::fabric::MemTypes::HOST)
+        ("t-sout", crate::fabric::LinkLayer::Tcp, crate::fabric::MemTypes::HOST)
     );
     assert!(!a.completion_timestamps);
+    assert_eq!(a.progress, crate::fabric::Progress::OnPoll, "polls move a TCP soft NIC's data");
+    assert_eq!(devices(Mode::Inproc).0.attrs().progress, crate::fabric::Progress::Autonomous);
     assert_eq!(a.speed_mbps, NOMINAL_SPEED_MBPS, "loopback has no sysfs speed");
-    assert_ne!(a.guid, p.sup.attrs().guid);
-    let again = open_rail_pairs(&cfg(FabricChoice::Soft)).unwrap().pop().unwrap();
-    assert_eq!(again.sout.attrs().guid, a.guid, "stable guid");
-    assert!(p.sout.reg_dmabuf_mr(3, 0, 64, 0, Access::REMOTE_WRITE).is_err());
+    assert_ne!(a.guid, p.1.attrs().guid);
+    let again = devices(Mode::Tcp);
+    assert_eq!(again.0.attrs().guid, a.guid, "stable guid");
+    assert!(p.0.reg_dmabuf_mr(3, 0, 64, 0, Access::REMOTE_WRITE).is_err());
 }
 
 #[test]
 fn helpers_finish_a_transfer_when_neither_side_calls() {
     let len = 16 << 20;
-    let (mut a, mut b) = pair(FabricChoice::Soft, len, Access::REMOTE_WRITE);
+    let (mut a, mut b) = pair(Mode::Tcp, len, Access::REMOTE_WRITE);
     fill(a.region(), 4);
     a.qp.post_send(&[write(1, a.sge(0, len), b.addr(), b.key(), true)]).unwrap();
     // Nobody polls: A's helper sends what did not fit the socket (16 MiB is more than the

@@ -6,6 +6,7 @@ use std::sync::atomic::Ordering;
 
 use rdma_mummy_sys as ibv;
 
+use super::VerbsOptions;
 use super::cq::{TsClock, VerbsCq};
 use super::events::{EventThread, Health};
 use super::gid;
@@ -15,7 +16,7 @@ use super::qp_info::PortInfo;
 use super::srq::VerbsSrq;
 use super::sys::{self, DeviceList, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, OpenContext, PORT_ACTIVE};
 use crate::error::{Error, Result};
-use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, QpCaps};
+use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, Progress, QpCaps};
 
 /// The opened context and its PD, shared (Arc) by the device and every object made on it,
 /// so that it is closed only after the last of them is gone.
@@ -113,9 +114,10 @@ fn access_flags(access: Access) -> u32 {
 }
 
 impl VerbsDevice {
-    /// Opens `name`, port `port` (default: its first active port), with the RoCE GID at
-    /// `gid_index` (default: chosen automatically, see [`gid`]).
-    pub fn open(name: &str, port: Option<u8>, gid_index: Option<u8>) -> Result<VerbsDevice> {
+    /// Opens `opts.device`, port `opts.port` (default: its first active port), with the
+    /// RoCE GID at `opts.gid_index` (default: chosen automatically, see [`gid`]).
+    pub fn open(opts: &VerbsOptions) -> Result<VerbsDevice> {
+        let (name, port, gid_index) = (opts.device.as_str(), opts.port, opts.gid_index);
         let list = DeviceList::get().map_err(Error::system)?;
         let i = (0..list.len()).find(|&i| list.name(i) == name).ok_or_else(|| {
             Error::invalid_argument(format!("RDMA device {name} not found (devices: {})", list.names().join(", ")))
@@ -183,6 +185,7 @@ impl VerbsDevice {
             max_inline: probe_inline(&ctx),
             mem_types,
             completion_timestamps: clock != TsClock::None,
+            progress: Progress::Autonomous,
             pci_path: props::pci_path(name),
             guid: u64::from_be(d.sys_image_guid),
         };

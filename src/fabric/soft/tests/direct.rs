@@ -15,8 +15,8 @@ fn end_with(dev: &Arc<SoftDevice>, len: usize, access: Access, cq_depth: u32, sr
     End { dev: dev.clone(), cq, srq: s, qp, buf, mr: Some(mr) }
 }
 
-fn inproc_devices() -> RailPair<SoftDevice> {
-    open_rail_pairs(&cfg(FabricChoice::Inproc)).unwrap().pop().unwrap()
+fn inproc_devices() -> (Arc<SoftDevice>, Arc<SoftDevice>) {
+    devices(Mode::Inproc)
 }
 
 const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
@@ -25,8 +25,8 @@ const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access
 /// and responder `b` as given.
 fn connected(a_access: Access, b_access: Access, b_cq_depth: u32, b_srq: bool) -> (End, End) {
     let p = inproc_devices();
-    let mut a = end_with(&p.sout, 4096, a_access, 64, true);
-    let mut b = end_with(&p.sup, 4096, b_access, b_cq_depth, b_srq);
+    let mut a = end_with(&p.0, 4096, a_access, 64, true);
+    let mut b = end_with(&p.1, 4096, b_access, b_cq_depth, b_srq);
     connect(&mut a, &mut b);
     (a, b)
 }
@@ -37,7 +37,7 @@ fn statuses(c: &[Completion]) -> Vec<(u64, WcStatus)> {
 
 #[test]
 fn a_write_is_placed_before_post_send_returns() {
-    let (mut a, mut b) = pair(FabricChoice::Inproc, 4096, Access::REMOTE_WRITE);
+    let (mut a, mut b) = pair(Mode::Inproc, 4096, Access::REMOTE_WRITE);
     fill(a.region(), 5);
     a.qp.post_send(&[write(1, a.sge(0, 100), b.addr() + 8, b.key(), false)]).unwrap();
     let src = a.region()[..100].to_vec();
@@ -151,8 +151,8 @@ fn local_memory_errors_fail_the_wr_before_anything_moves() {
 #[test]
 fn wrs_posted_before_the_peer_connects_wait_for_it() {
     let p = inproc_devices();
-    let mut a = end_with(&p.sout, 4096, ALL, 64, true);
-    let mut b = end_with(&p.sup, 4096, Access::REMOTE_WRITE, 64, true);
+    let mut a = end_with(&p.0, 4096, ALL, 64, true);
+    let mut b = end_with(&p.1, 4096, Access::REMOTE_WRITE, 64, true);
     let (ia, ib) = (a.qp.local_info(), b.qp.local_info());
     a.qp.connect(&ib, &PARAMS).unwrap();
     fill(a.region(), 8);
@@ -169,7 +169,7 @@ fn wrs_posted_before_the_peer_connects_wait_for_it() {
 
 #[test]
 fn a_dropped_peer_fails_an_idle_qp_at_its_next_poll() {
-    let (mut a, b) = pair(FabricChoice::Inproc, 4096, Access::REMOTE_WRITE);
+    let (mut a, b) = pair(Mode::Inproc, 4096, Access::REMOTE_WRITE);
     let (addr, key) = (b.addr(), b.key());
     drop(b);
     let mut wc = [Completion::default(); 4];
@@ -184,8 +184,8 @@ fn a_dropped_peer_fails_an_idle_qp_at_its_next_poll() {
 fn loopback_writes_within_one_region_and_gathers_land_exactly() {
     let p = inproc_devices();
     // Two QPs of one device and one CQ, connected to each other (as the flush QP is).
-    let mut a = end_with(&p.sout, 4096, ALL, 64, true);
-    let mut qp2 = p.sout.create_qp(&a.cq, None, QpCaps { max_send_wr: 16, max_inline: 0 }).unwrap();
+    let mut a = end_with(&p.0, 4096, ALL, 64, true);
+    let mut qp2 = p.0.create_qp(&a.cq, None, QpCaps { max_send_wr: 16, max_inline: 0 }).unwrap();
     let (ia, ib) = (a.qp.local_info(), qp2.local_info());
     a.qp.connect(&ib, &PARAMS).unwrap();
     qp2.connect(&ia, &PARAMS).unwrap();
@@ -214,7 +214,7 @@ fn loopback_writes_within_one_region_and_gathers_land_exactly() {
 #[test]
 fn final_word_is_stored_last_with_release_in_process() {
     // The placement runs in the posting thread while this one spins on the word.
-    final_word_is_stored_last(FabricChoice::Inproc);
+    final_word_is_stored_last(Mode::Inproc);
 }
 
 /// The two ends driven by two threads, as two comms of one process may be: the requester
@@ -228,8 +228,8 @@ fn two_threads_on_the_two_ends_lose_nothing_and_keep_order() {
     const SLOTS: u64 = 4; // WQEs, and message slots in the responder's region
     const MSG: usize = 64;
     let p = inproc_devices();
-    let mut a = end_with(&p.sout, 256 * MSG, ALL, 64, true);
-    let mut b = end_with(&p.sup, SLOTS as usize * MSG, Access::REMOTE_WRITE, 3, true);
+    let mut a = end_with(&p.0, 256 * MSG, ALL, 64, true);
+    let mut b = end_with(&p.1, SLOTS as usize * MSG, Access::REMOTE_WRITE, 3, true);
     connect(&mut a, &mut b);
     b.srq.post_recv(SLOTS as u32).unwrap();
     let byte = |i: u64, k: usize| (i.wrapping_mul(31) as usize + k * 7) as u8;

@@ -11,26 +11,10 @@
 //! paired with itself (both rails on one port).
 
 use crate::config::HcaSpec;
-
-/// A port found on the host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PortCandidate {
-    pub device: String,
-    pub port: u8,
-    pub active: bool,
-    /// The port state as libibverbs names it (for the WARN about a down port).
-    pub state: &'static str,
-    pub pci_path: Option<String>,
-}
-
-impl PortCandidate {
-    pub fn label(&self) -> String {
-        format!("{}:{}", self.device, self.port)
-    }
-}
+use crate::fabric::verbs::HostPort;
 
 /// Candidates in the automatic order (see the module doc).
-fn auto_order(ports: &[PortCandidate]) -> Vec<usize> {
+fn auto_order(ports: &[HostPort]) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..ports.len()).filter(|&i| ports[i].active).collect();
     idx.sort_by(|&a, &b| {
         let (pa, pb) = (&ports[a], &ports[b]);
@@ -53,7 +37,7 @@ fn pci_affinity(a: &Option<String>, b: &Option<String>) -> usize {
 }
 
 /// Automatic pairs, as indices into `ports` (SOUT, SUP). Down ports are left out.
-pub fn pair_auto(ports: &[PortCandidate]) -> Vec<(usize, usize)> {
+pub fn pair_auto(ports: &[HostPort]) -> Vec<(usize, usize)> {
     let order = auto_order(ports);
     let mut taken = vec![false; order.len()];
     let mut pairs = Vec::new();
@@ -88,7 +72,7 @@ pub enum Resolved {
 }
 
 /// Finds the port for one spec.
-pub fn resolve(spec: &HcaSpec, ports: &[PortCandidate]) -> Resolved {
+pub fn resolve(spec: &HcaSpec, ports: &[HostPort]) -> Resolved {
     let of_dev: Vec<usize> = (0..ports.len()).filter(|&i| ports[i].device == spec.device).collect();
     if of_dev.is_empty() {
         let mut names: Vec<&str> = ports.iter().map(|p| p.device.as_str()).collect();
@@ -125,8 +109,8 @@ pub fn resolve(spec: &HcaSpec, ports: &[PortCandidate]) -> Resolved {
 mod tests {
     use super::*;
 
-    fn port(device: &str, port: u8, active: bool, pci: Option<&str>) -> PortCandidate {
-        PortCandidate {
+    fn port(device: &str, port: u8, active: bool, pci: Option<&str>) -> HostPort {
+        HostPort {
             device: device.into(),
             port,
             active,
@@ -134,10 +118,10 @@ mod tests {
             pci_path: pci.map(String::from),
         }
     }
-    fn names(ports: &[PortCandidate], pairs: &[(usize, usize)]) -> Vec<(String, String)> {
+    fn names(ports: &[HostPort], pairs: &[(usize, usize)]) -> Vec<(String, String)> {
         pairs.iter().map(|&(a, b)| (ports[a].label(), ports[b].label())).collect()
     }
-    fn pairs_of(ports: &[PortCandidate]) -> Vec<(String, String)> {
+    fn pairs_of(ports: &[HostPort]) -> Vec<(String, String)> {
         names(ports, &pair_auto(ports))
     }
     fn p(a: &str, b: &str) -> (String, String) {
