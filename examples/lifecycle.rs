@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use mpib::fabric::MemTypes;
-use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, MemHandle};
+use mpib::plugin::{self, AbiVersion, BufArg, CommHandle};
 
 fn pair(abi: AbiVersion, ctx_tc: Option<i32>) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
@@ -41,10 +41,11 @@ fn main() {
         let mut rbuf = vec![0u8; 1 << 16];
         let smr = plugin::reg_mr(send, sbuf.as_mut_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr");
         let rmr = plugin::reg_mr(recv, rbuf.as_mut_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
-        let rarg = |mh: MemHandle| [BufArg { addr: rbuf.as_ptr() as u64, size: rbuf.len(), tag: 1, mh: Some(mh) }];
+        let (raddr, rlen) = (rbuf.as_ptr() as u64, rbuf.len());
+        let rarg = move |_| Ok(BufArg { addr: raddr, size: rlen, tag: 1, mh: Some(rmr) });
         // A few complete messages.
         for _ in 0..4 {
-            let r = plugin::irecv(recv, &rarg(rmr)).expect("irecv").expect("a receive is never refused");
+            let r = plugin::irecv(recv, 1, rarg).expect("irecv").expect("a receive is never refused");
             let deadline = Instant::now() + Duration::from_secs(60);
             let s = loop {
                 assert!(Instant::now() < deadline, "no CTS");
@@ -61,7 +62,7 @@ fn main() {
         }
         // Requests left outstanding on purpose: receives without sends.
         for _ in 0..3 {
-            plugin::irecv(recv, &rarg(rmr)).expect("irecv");
+            plugin::irecv(recv, 1, rarg).expect("irecv");
         }
         plugin::close_send(send).expect("closeSend");
         plugin::close_recv(recv).expect("closeRecv");

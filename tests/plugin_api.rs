@@ -49,9 +49,15 @@ fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {
     }
 }
 
-/// One receive buffer of `size` bytes at `addr`, tag `tag`, registered as `mh`.
-fn buf(addr: *const u8, size: usize, tag: i32, mh: MemHandle) -> [BufArg; 1] {
-    [BufArg { addr: addr as u64, size, tag, mh: Some(mh) }]
+/// `irecv` of one buffer of `size` bytes at `addr`, tag `tag`, registered as `mh`.
+fn irecv1(
+    comm: CommHandle,
+    addr: *const u8,
+    size: usize,
+    tag: i32,
+    mh: MemHandle,
+) -> mpib::Result<Option<RequestHandle>> {
+    plugin::irecv(comm, 1, |_| Ok(BufArg { addr: addr as u64, size, tag, mh: Some(mh) }))
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -69,7 +75,7 @@ fn exchange(send: CommHandle, recv: CommHandle, sizes: &[usize]) {
         let data = pattern(i as u64, len);
         sbuf[..len].copy_from_slice(&data);
         rbuf.fill(0xee);
-        let rreq = plugin::irecv(recv, &buf(rbuf.as_ptr(), max + 64, 3, rmr)).expect("irecv").expect("a request");
+        let rreq = irecv1(recv, rbuf.as_ptr(), max + 64, 3, rmr).expect("irecv").expect("a request");
         let deadline = Instant::now() + Duration::from_secs(20);
         let sreq: RequestHandle = loop {
             assert!(Instant::now() < deadline, "isend never found the CTS");
@@ -157,12 +163,12 @@ fn bad_handles_are_errors_not_crashes() {
         plugin::reg_mr(recv, data as u64, 4096, MemTypes::HOST).unwrap(),
     );
     assert!(plugin::isend(send, data as u64, 8, 0, smh).is_ok());
-    assert!(plugin::irecv(recv, &buf(data, 8, 0, rmh)).is_ok());
+    assert!(irecv1(recv, data, 8, 0, rmh).is_ok());
     plugin::dereg_mr(send, Some(smh)).unwrap();
     plugin::dereg_mr(recv, Some(rmh)).unwrap();
     let e = plugin::isend(send, data as u64, 8, 0, smh).unwrap_err();
     assert!(e.msg.contains("stale"), "{}", e.msg);
-    let e = plugin::irecv(recv, &buf(data, 8, 0, rmh)).unwrap_err();
+    let e = irecv1(recv, data, 8, 0, rmh).unwrap_err();
     assert!(e.msg.contains("stale"), "{}", e.msg);
     plugin::close_send(send).unwrap();
     plugin::close_recv(recv).unwrap();

@@ -205,22 +205,24 @@ pub fn irecv_impl(
     *req = std::ptr::null_mut();
     let n = recv_count(n)?;
     let (data, tags, mhandles) = (non_null(data, "data")?, non_null(tags, "tags")?, non_null(mhandles, "mhandles")?);
-    let mut bufs = [BufArg::default(); plugin::MAX_RECVS];
-    for (i, b) in bufs.iter_mut().enumerate().take(n) {
-        // SAFETY: NCCL passes arrays of `n` elements (checked non-null above); `i < n`.
-        *b = unsafe {
-            BufArg {
-                addr: raw(*data.add(i)),
-                size: match sizes {
-                    RecvSizes::Int(p) => int_size(*non_null(p, "sizes")?.add(i), "sizes[i]")?,
-                    RecvSizes::SizeT(p) => *non_null(p, "sizes")?.add(i),
-                },
-                tag: *tags.add(i),
-                mh: mem_handle(*mhandles.add(i)),
-            }
-        };
-    }
-    *req = ptr(plugin::irecv(CommHandle(raw(comm)), &bufs[..n])?.map(|r| r.0));
+    let sizes = match sizes {
+        RecvSizes::Int(p) => RecvSizes::Int(non_null(p, "sizes")?),
+        RecvSizes::SizeT(p) => RecvSizes::SizeT(non_null(p, "sizes")?),
+    };
+    // SAFETY: NCCL passes arrays of `n` elements (checked non-null above); the plugin asks
+    // for `i < n` only.
+    let buf = |i: usize| unsafe {
+        Ok(BufArg {
+            addr: raw(*data.add(i)),
+            size: match sizes {
+                RecvSizes::Int(p) => int_size(*p.add(i), "sizes[i]")?,
+                RecvSizes::SizeT(p) => *p.add(i),
+            },
+            tag: *tags.add(i),
+            mh: mem_handle(*mhandles.add(i)),
+        })
+    };
+    *req = ptr(plugin::irecv(CommHandle(raw(comm)), n, buf)?.map(|r| r.0));
     Ok(())
 }
 

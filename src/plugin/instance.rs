@@ -236,11 +236,22 @@ impl<D: Device> Plugin<D> {
     }
 
     #[inline(always)]
-    pub fn irecv(&self, comm: CommHandle, args: &[BufArg]) -> Result<Option<RequestHandle>> {
+    pub fn irecv(
+        &self,
+        comm: CommHandle,
+        n: usize,
+        arg: &impl Fn(usize) -> Result<BufArg>,
+    ) -> Result<Option<RequestHandle>> {
+        if n > MAX_RECVS {
+            return Err(cold(|| {
+                Error::invalid_argument(format!("{n} receives in one irecv (1..{MAX_RECVS} allowed)"))
+            }));
+        }
         let (h, mut g) = self.objs.get(comm.0, Kind::Recv)?;
         let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
         let mut bufs = [RecvBuf::default(); MAX_RECVS];
-        for (i, (a, b)) in args.iter().zip(&mut bufs).enumerate() {
+        for (i, b) in bufs.iter_mut().enumerate().take(n) {
+            let a = arg(i)?;
             let (addr, size) = (a.addr, size_ok(a.size)?);
             let rkeys = match a.mh {
                 None if size > 0 => {
@@ -262,7 +273,7 @@ impl<D: Device> Plugin<D> {
             };
             *b = RecvBuf { addr, size, tag: a.tag as u32, rkeys };
         }
-        match c.irecv(&bufs[..args.len()])? {
+        match c.irecv(&bufs[..n])? {
             None => Ok(None),
             Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
         }

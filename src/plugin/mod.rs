@@ -298,10 +298,12 @@ pub fn isend(comm: CommHandle, addr: u64, size: usize, tag: i32, mh: MemHandle) 
     dispatch!(p => p.isend(comm, addr, size, tag, mh))
 }
 
-/// `irecv` of 1 … [`MAX_RECVS`] buffers: `None` means "not now".
+/// `irecv` of `n` (1 … [`MAX_RECVS`]) buffers, `buf(i)` the i-th: `None` means "not now".
+/// The buffers come through a function, not a slice, so that the ABI edge converts each
+/// straight into the receive it becomes (no array of them in between on the data path).
 #[inline(always)]
-pub fn irecv(comm: CommHandle, bufs: &[BufArg]) -> Result<Option<RequestHandle>> {
-    dispatch!(p => p.irecv(comm, bufs))
+pub fn irecv(comm: CommHandle, n: usize, buf: impl Fn(usize) -> Result<BufArg>) -> Result<Option<RequestHandle>> {
+    dispatch!(p => p.irecv(comm, n, &buf))
 }
 
 /// `iflush` of the buffers of a completed receive: `None` when nothing needs flushing.
