@@ -57,7 +57,7 @@ fn unavailable_reason_agrees_with_open_rail_pairs() {
     match verbs::unavailable_reason() {
         Some(why) => {
             let e = verbs::open_rail_pairs(&Config::default()).err().expect("unavailable, yet pairs opened");
-            assert!(e.msg.contains(&why), "{e} does not say {why}");
+            assert!(e.msg().contains(&why), "{e} does not say {why}");
         }
         None => assert!(!verbs::open_rail_pairs(&Config::default()).expect("usable, yet no pairs").is_empty()),
     }
@@ -219,7 +219,7 @@ fn gid_index_override_through_config() {
         assert!(Arc::ptr_eq(&pairs[0].sout, &pairs[0].sup), "one port in both rails is opened once");
         let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1), ("MPIB_GID_INDEX", "200")]);
         let e = verbs::open_rail_pairs(&cfg).err().expect("an empty GID slot must be refused");
-        assert!(e.msg.contains("MPIB_GID_INDEX=200") && e.msg.contains("no GID at index 200"), "{e}");
+        assert!(e.msg().contains("MPIB_GID_INDEX=200") && e.msg().contains("no GID at index 200"), "{e}");
     }
 }
 
@@ -236,12 +236,12 @@ fn pairing_through_config() {
     }
     let e = verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", "nosuchdev"), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
     assert!(
-        e.msg.contains("MPIB_HCA_SOUT entry 0 (nosuchdev): device nosuchdev not found") && e.msg.contains(&d0),
+        e.msg().contains("MPIB_HCA_SOUT entry 0 (nosuchdev): device nosuchdev not found") && e.msg().contains(&d0),
         "{e}"
     );
     let e =
         verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &format!("{d1}:9"))])).err().unwrap();
-    assert!(e.msg.contains("has no port 9"), "{e}");
+    assert!(e.msg().contains("has no port 9"), "{e}");
 }
 
 #[test]
@@ -273,7 +273,7 @@ fn port_down_is_seen_and_skipped() {
         pairs.iter().map(|p| (p.sout.attrs().name.clone(), p.sup.attrs().name.clone())).collect();
     assert_eq!(names, [(d0.clone(), d0.clone())], "the down port is skipped, the odd one rails with itself");
     let e = verbs::open_rail_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
-    assert!(e.msg.contains("no usable rail pair"), "{e}");
+    assert!(e.msg().contains("no usable rail pair"), "{e}");
     ip("up");
     wait_for("no PORT_ACTIVE async event after the link came back", &|| dev1.port_active());
 }

@@ -9,7 +9,9 @@ use super::mr::{MrInfo, MrMemo};
 use crate::engine::layout::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS, RecvMemory, SendMemory,
 };
-use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvEngine, SendBuf, SendEngine, cold};
+use crate::engine::{
+    CallerWaits, FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendBuf, SendEngine, cold,
+};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, CompletionQueue, Device, QueuePair, SharedRecvQueue};
@@ -253,21 +255,21 @@ impl<D: Device> SendComm<D> {
         let mut r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
         if r.is_none() {
             // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
-            self.poll(0b11, now)?;
+            self.poll(RailMask::BOTH, now)?;
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
             if r.is_none() {
                 // Still no CTS: keep the idle rails probed, so a dead receiver is noticed.
-                self.engine.poll_probes(now, true, &mut self.posts);
+                self.engine.poll_probes(now, CallerWaits::Yes, &mut self.posts);
             }
         }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
     }
 
-    /// Polls the CQs of the rails in `mask` and feeds the engine (`now`: this call's clock).
-    fn poll(&mut self, mask: u8, now: u64) -> Result<()> {
+    /// Polls the CQs of `rails` and feeds the engine (`now`: this call's clock).
+    fn poll(&mut self, rails: RailMask, now: u64) -> Result<()> {
         for rail in 0..RAILS {
-            if mask & (1 << rail) == 0 {
+            if !rails.contains(rail) {
                 continue;
             }
             drain_cq(&mut self.rails[rail].cq, &mut self.wc, &mut self.engine, |engine, batch| {
@@ -285,11 +287,12 @@ impl<D: Device> SendComm<D> {
         // The rails with something to complete; all of them where polling is also what
         // answers the peer (the TCP soft NIC: a rail may carry only CTS traffic).
         let now = now_ns();
-        let rails = if self.poll_idle { 0b11 } else { self.engine.busy_rails() };
+        let rails = if self.poll_idle { RailMask::BOTH } else { self.engine.busy_rails() };
         self.poll(rails, now)?;
         let done = self.engine.test(id)?;
         self.posts.clear();
-        self.engine.poll_probes(now, done.is_none(), &mut self.posts);
+        let waits = if done.is_none() { CallerWaits::Yes } else { CallerWaits::No };
+        self.engine.poll_probes(now, waits, &mut self.posts);
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(done)
     }

@@ -23,7 +23,7 @@ use super::oob::{OobAddr, OobConn, OobListener};
 use super::wire::{Hello, READY, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::{RAILS, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::engine::{RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair};
@@ -417,7 +417,7 @@ impl<D: Device> Accepting<D> {
         let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(recv_caps().max_inline);
         let cfg = RecvConfig {
             max_requests: self.p.abi.max_requests(),
-            rails_mask: 0b11,
+            rails_mask: RailMask::BOTH,
             cts_addr: region.addr(),
             cts_lkeys: lkeys,
             fifo_addr: hello.fifo_addr,

@@ -478,7 +478,7 @@ fn a_peer_that_never_connects_times_out() {
         }
     };
     assert!(t.elapsed() >= Duration::from_millis(150), "{err}");
-    assert!(err.msg.contains("did not connect"), "{err}");
+    assert!(err.msg().contains("did not connect"), "{err}");
 }
 
 #[test]
