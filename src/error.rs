@@ -82,6 +82,10 @@ impl std::ops::Deref for Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+// The data path's `Result`s stay one pointer wide, however large a cause grows.
+const _: () = assert!(size_of::<Error>() == size_of::<usize>());
+const _: () = assert!(size_of::<Result<()>>() == size_of::<usize>());
+
 impl Error {
     /// An error of `kind` described by `msg`.
     pub fn new(kind: ErrorKind, msg: impl Into<Cow<'static, str>>) -> Self {
@@ -146,4 +150,22 @@ macro_rules! bail {
     ($kind:ident, $($arg:tt)*) => {
         return Err($crate::error::Error::new($crate::error::ErrorKind::$kind, format!($($arg)*)))
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_is_its_text_and_context_goes_in_front() {
+        let e = Error::system("link down").context("rail SUP");
+        assert_eq!(
+            (e.kind, e.to_string(), e.msg()),
+            (ErrorKind::System, "rail SUP: link down".into(), "rail SUP: link down".into())
+        );
+        assert_eq!(e.root(), &e);
+        let later = Error::from_cause(e.kind, Cause::FailedEarlier(e.clone()));
+        let twice = Error::from_cause(e.kind, Cause::FailedEarlier(later));
+        assert_eq!(twice.root(), &e, "the first failure, however often repeated");
+    }
 }

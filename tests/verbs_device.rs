@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use fabric_checks as checks;
 use mpib::config::Config;
 use mpib::fabric::verbs::{self, VerbsDevice};
-use mpib::fabric::{ConnectParams, Device, LinkLayer, MemTypes, QueuePair, WcOpcode, WcStatus, WrOpcode};
+use mpib::fabric::{ConnectParams, Device, LinkLayer, MemTypes, QueuePair, Timestamps, WcOpcode, WcStatus, WrOpcode};
 
 fn env_any(names: &[String]) -> Option<String> {
     names.iter().find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
@@ -157,10 +157,10 @@ fn attributes_and_completion_timestamps() {
     if let Some(p) = &a.pci_path {
         assert!(p.starts_with("/sys/devices/"), "{p}");
     }
-    // Timestamps when the device has them; otherwise create_cq(.., true) still works.
+    // Timestamps when the device has them; otherwise create_cq(.., Timestamps::Wanted) still works.
     let (mut x, mut y) = (
-        checks::End::with_cq(&d, d.create_cq(64, true).expect("cq"), false, 1 << 16),
-        checks::End::with_cq(&d, d.create_cq(64, true).expect("cq"), false, 1 << 16),
+        checks::End::with_cq(&d, d.create_cq(64, Timestamps::Wanted).expect("cq"), false, 1 << 16),
+        checks::End::with_cq(&d, d.create_cq(64, Timestamps::Wanted).expect("cq"), false, 1 << 16),
     );
     checks::connect(&mut x, &mut y);
     let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;

@@ -6,6 +6,7 @@
 use super::broken::*;
 use super::harness::*;
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
+use crate::engine::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS};
 use crate::engine::{Refused, SOUT, SUP, Side, StrayCompletion, Violation, WrKind};
 use crate::fabric::WcStatus;
 
@@ -131,6 +132,43 @@ fn completion_record_larger_than_the_posted_size_is_rejected() {
     p.inject_recv(SUP, imm_cqe(imm(0, BOTH, SIZEQ_SENTINEL), 0)).unwrap();
     let want = Violation::RecordTooLarge { rail: SOUT, slot: 0, index: 1, claimed: 5000, posted: 1000 };
     violation(&mut p, SOUT, imm(0, BOTH, SIZEQ_SENTINEL), 16, want);
+}
+
+/// Writes a CTS entry into the sender's FIFO as the receiver's WRITE would.
+fn write_cts(p: &mut Pair, slot: usize, i: usize, e: CtsEntry) {
+    let words: Vec<u8> = e.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+    p.ss.space.write(FIFO + (slot * CTS_SLOT_BYTES + i * 64) as u64, &words);
+}
+
+#[test]
+fn cts_slot_announcing_a_bad_count_breaks_the_sender() {
+    for n in [0usize, MAX_RECVS + 1] {
+        let mut p = Pair::new(Opts::default());
+        write_cts(
+            &mut p,
+            0,
+            0,
+            CtsEntry { size: 64, nreqs: n as u32, word: CtsEntry::word_for(0, n), ..CtsEntry::default() },
+        );
+        let sa = p.send_buf(&[1; 64]);
+        let e = rejected(p.isend(sbuf(sa, 64, 0)), Violation::CtsBadCount { slot: 0, n });
+        assert_eq!(p.log.len(), 0, "nothing posted");
+        assert_send_broken(&mut p, &e);
+    }
+}
+
+#[test]
+fn cts_entry_inconsistent_with_its_slot_breaks_the_sender() {
+    let mut p = Pair::new(Opts::default());
+    let word = CtsEntry::word_for(0, 2);
+    write_cts(&mut p, 0, 0, CtsEntry { size: 64, nreqs: 2, word, ..CtsEntry::default() });
+    // The last word is fresh (the slot looks complete), but its entry claims 3 receives.
+    write_cts(&mut p, 0, 1, CtsEntry { size: 64, tag: 1, nreqs: 3, word, ..CtsEntry::default() });
+    let sa = p.send_buf(&[1; 64]);
+    let want = Violation::CtsInconsistent { slot: 0, entry: 1, word, nreqs: 3, expected_word: word, expected_n: 2 };
+    let e = rejected(p.isend(sbuf(sa, 64, 0)), want);
+    assert_eq!(want.rail(), None, "read from memory, not from a rail");
+    assert_send_broken(&mut p, &e);
 }
 
 #[test]

@@ -12,7 +12,7 @@ use super::*;
 use crate::config::{Config, FabricChoice, RailAddr};
 use crate::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QpInfo, QueuePair, SendWr, Sge,
-    SharedRecvQueue, WcOpcode, WcStatus, WrOpcode,
+    SharedRecvQueue, Timestamps, WcOpcode, WcStatus, WrOpcode,
 };
 
 mod direct;
@@ -42,7 +42,7 @@ struct End {
 
 impl End {
     fn new(dev: Arc<SoftDevice>, len: usize, access: Access) -> End {
-        let cq = dev.create_cq(1024, false).unwrap();
+        let cq = dev.create_cq(1024, Timestamps::Off).unwrap();
         let srq = dev.create_srq(1024).unwrap();
         let qp = dev.create_qp(&cq, Some(&srq), QpCaps { max_send_wr: 256, max_inline: 256 }).unwrap();
         let mut buf = vec![0xAAu8; len + 2 * GUARD];
