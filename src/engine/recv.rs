@@ -155,9 +155,10 @@ impl RecvEngine {
         self.error.fail(e);
     }
 
-    /// Records and returns the protocol violation `v` makes.
+    /// Records and returns the protocol violation `v` makes (`v`: a `move` closure, see
+    /// [`cold`]).
     fn violation(&mut self, v: impl FnOnce() -> Violation) -> Error {
-        self.error.fail(cold(|| v().into()))
+        self.error.fail(cold(move || v().into()))
     }
 
     /// SRQ WQEs to post on `rail` now: up to the high watermark once below the low one.
@@ -191,14 +192,14 @@ impl RecvEngine {
         self.error.check()?;
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
-            return Err(cold(|| Refused::RecvCount { n }.into()));
+            return Err(cold(move || Refused::RecvCount { n }.into()));
         }
         if self.outstanding >= self.cfg.max_requests {
-            return Err(cold(|| Refused::TooManyRecvs { max: self.cfg.max_requests }.into()));
+            return Err(cold(move || Refused::TooManyRecvs { max: self.cfg.max_requests }.into()));
         }
         let slot = (self.fifo_tail % SLOTS as u64) as usize;
         if self.slots[slot].state != State::Free {
-            return Err(cold(|| Refused::SlotInUse { slot }.into()));
+            return Err(cold(move || Refused::SlotInUse { slot }.into()));
         }
         let word = CtsEntry::word_for(self.fifo_tail, n);
         let rail = self.cts_rail(slot);
@@ -255,7 +256,7 @@ impl RecvEngine {
         self.error.check()?;
         if imm_recv {
             if c.status != WcStatus::Success {
-                return Err(self.error.fail(cold(|| {
+                return Err(self.error.fail(cold(move || {
                     CompletionFailed { rail, what: FailedWr::ImmReceive, slot: None, status: c.status }.into()
                 })));
             }
@@ -264,20 +265,20 @@ impl RecvEngine {
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             if c.status != WcStatus::Success {
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
-                return Err(self.error.fail(cold(|| {
+                return Err(self.error.fail(cold(move || {
                     CompletionFailed { rail, what: FailedWr::Unknown, slot: None, status: c.status }.into()
                 })));
             }
             return Err(self.error.unknown_wr_id(rail, c.wr_id));
         };
         if c.status != WcStatus::Success {
-            return Err(self.error.fail(cold(|| CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
+            return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
         }
         match kind {
             WrKind::Cts => {
                 let s = &mut self.slots[slot];
                 if s.state != State::Posted || !s.cts_pending {
-                    return Err(self.error.fail(cold(|| StrayCompletion::CtsNotAwaited { slot }.into())));
+                    return Err(self.error.fail(cold(move || StrayCompletion::CtsNotAwaited { slot }.into())));
                 }
                 s.cts_pending = false;
                 if s.data_done {
@@ -293,7 +294,7 @@ impl RecvEngine {
                 // Never credit another flush with it: that flush would complete early.
                 _ => Err(self
                     .error
-                    .fail(cold(|| StrayCompletion::FlushNotInFlight { rail: wr_rail, flush: slot }.into()))),
+                    .fail(cold(move || StrayCompletion::FlushNotInFlight { rail: wr_rail, flush: slot }.into()))),
             },
             WrKind::Probe if self.keepalive == Some(wr_rail) => {
                 self.keepalive = None;
@@ -301,7 +302,7 @@ impl RecvEngine {
             }
             _ => Err(self
                 .error
-                .fail(cold(|| StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Receive }.into()))),
+                .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Receive }.into()))),
         }
     }
 
@@ -310,29 +311,29 @@ impl RecvEngine {
         let slot = slot as usize;
         let rails = self.cfg.rails_mask;
         if mask.is_empty() || !mask.is_subset(rails) {
-            return Err(self.violation(|| Violation::BadMask { rail, slot, imm, mask, rails }));
+            return Err(self.violation(move || Violation::BadMask { rail, slot, imm, mask, rails }));
         }
         if !mask.contains(rail) {
-            return Err(self.violation(|| Violation::MaskOmitsRail { rail, slot, mask }));
+            return Err(self.violation(move || Violation::MaskOmitsRail { rail, slot, mask }));
         }
         let s = &self.slots[slot];
         let s = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
         let (state, data_done, expected, seen, prev_q, n) = s;
         if state != State::Posted || data_done {
-            return Err(self.violation(|| Violation::NoReceiveWaiting { rail, slot }));
+            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
         }
         if !expected.is_empty() && expected != mask {
-            return Err(self.violation(|| Violation::MaskChanged { rail, slot, mask, earlier: expected }));
+            return Err(self.violation(move || Violation::MaskChanged { rail, slot, mask, earlier: expected }));
         }
         if seen.contains(rail) {
-            return Err(self.violation(|| Violation::DuplicateImm { rail, slot }));
+            return Err(self.violation(move || Violation::DuplicateImm { rail, slot }));
         }
         if !expected.is_empty() && prev_q != size_q {
-            return Err(self.violation(|| Violation::SizeQChanged { rail, slot, size_q, earlier: prev_q }));
+            return Err(self.violation(move || Violation::SizeQChanged { rail, slot, size_q, earlier: prev_q }));
         }
         let n = n as usize;
         if size_q != SIZEQ_SENTINEL && n != 1 {
-            return Err(self.violation(|| Violation::SizeForMultiRecv { rail, slot, n }));
+            return Err(self.violation(move || Violation::SizeForMultiRecv { rail, slot, n }));
         }
         let s = &mut self.slots[slot];
         s.expected = mask;
@@ -349,7 +350,7 @@ impl RecvEngine {
             // Fast path: each rail's WRITE_WITH_IMM carried its share; byte_len sums them.
             let (byte_sum, posted) = (s.byte_sum, s.posted[0]);
             if byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || byte_sum > posted {
-                return Err(self.violation(|| Violation::BytesMismatch {
+                return Err(self.violation(move || Violation::BytesMismatch {
                     rail,
                     slot,
                     bytes: byte_sum,
@@ -362,7 +363,7 @@ impl RecvEngine {
             for i in 0..n {
                 let (got, posted) = (mem.record(slot, i), self.slots[slot].posted[i]);
                 if got > posted {
-                    return Err(self.violation(|| Violation::RecordTooLarge {
+                    return Err(self.violation(move || Violation::RecordTooLarge {
                         rail,
                         slot,
                         index: i,
@@ -387,7 +388,7 @@ impl RecvEngine {
     pub fn iflush(&mut self, buf: FlushBuf, out: &mut Posts) -> Result<Option<u16>> {
         self.error.check()?;
         let Some(i) = self.flushes.iter().position(|f| !f.live) else {
-            return Err(cold(|| Refused::TooManyFlushes { max: MAX_FLUSHES }.into()));
+            return Err(cold(move || Refused::TooManyFlushes { max: MAX_FLUSHES }.into()));
         };
         let mut pending = RailMask::NONE;
         for rail in self.cfg.rails_mask.iter() {
@@ -423,7 +424,7 @@ impl RecvEngine {
         self.error.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
-                return Err(cold(|| Refused::FlushNotInFlight { id }.into()));
+                return Err(cold(move || Refused::FlushNotInFlight { id }.into()));
             };
             if f.pending.is_empty() {
                 *f = FlushReq::default();
@@ -432,7 +433,7 @@ impl RecvEngine {
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
-            return Err(cold(|| Refused::NoSuchRecv { id }.into()));
+            return Err(cold(move || Refused::NoSuchRecv { id }.into()));
         };
         match s.state {
             State::Done => {
@@ -444,7 +445,7 @@ impl RecvEngine {
                 Ok(Some(n))
             }
             State::Posted => Ok(None),
-            State::Free => Err(cold(|| Refused::RecvNotInFlight { id }.into())),
+            State::Free => Err(cold(move || Refused::RecvNotInFlight { id }.into())),
         }
     }
 

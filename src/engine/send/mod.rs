@@ -200,7 +200,7 @@ impl SendEngine {
         }
         let n = (w0 & 0xff) as usize;
         if n == 0 || n > MAX_RECVS {
-            return Err(self.error.fail(cold(|| Violation::CtsBadCount { slot, n }.into())));
+            return Err(self.error.fail(cold(move || Violation::CtsBadCount { slot, n }.into())));
         }
         // The last word of the slot's WRITE is placed last: when it is fresh, all is.
         if n > 1 && mem.fifo_word(slot, n - 1) != w0 {
@@ -209,7 +209,7 @@ impl SendEngine {
         for i in 0..n {
             let e = mem.fifo_entry(slot, i);
             if e.word != w0 || e.nreqs as usize != n {
-                return Err(self.error.fail(cold(|| {
+                return Err(self.error.fail(cold(move || {
                     let (word, nreqs) = (e.word, e.nreqs);
                     Violation::CtsInconsistent { slot, entry: i, word, nreqs, expected_word: w0, expected_n: n }.into()
                 })));
@@ -246,7 +246,7 @@ impl SendEngine {
         };
         let posted = m.entries[i].size;
         let Some(id) = self.free.pop() else {
-            return Err(cold(|| Refused::TooManySends { max: self.reqs.len() }.into()));
+            return Err(cold(move || Refused::TooManySends { max: self.reqs.len() }.into()));
         };
         let size = buf.size.min(posted);
         if size < buf.size {
@@ -347,7 +347,7 @@ impl SendEngine {
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            return Err(self.error.fail(cold(|| CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
+            return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
         }
         match kind {
             WrKind::DataSignal => {
@@ -355,7 +355,7 @@ impl SendEngine {
                 if !s.pending.contains(wr_rail) {
                     return Err(self
                         .error
-                        .fail(cold(|| StrayCompletion::NoneOutstanding { rail: wr_rail, slot }.into())));
+                        .fail(cold(move || StrayCompletion::NoneOutstanding { rail: wr_rail, slot }.into())));
                 }
                 s.pending = s.pending.without(wr_rail);
                 self.outstanding[wr_rail] -= 1;
@@ -372,14 +372,16 @@ impl SendEngine {
             }
             WrKind::Probe => {
                 if !self.tel[wr_rail].probe_outstanding() {
-                    return Err(self.error.fail(cold(|| StrayCompletion::NoProbeInFlight { rail: wr_rail }.into())));
+                    return Err(self
+                        .error
+                        .fail(cold(move || StrayCompletion::NoProbeInFlight { rail: wr_rail }.into())));
                 }
                 self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
             _ => Err(self
                 .error
-                .fail(cold(|| StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Send }.into()))),
+                .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Send }.into()))),
         }
     }
 
@@ -390,7 +392,7 @@ impl SendEngine {
         // Every call after a failure reports it, even for a request that had completed.
         self.error.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
-            return Err(cold(|| Refused::NoSuchSend { id }.into()));
+            return Err(cold(move || Refused::NoSuchSend { id }.into()));
         };
         match r.state {
             ReqState::Done => {
@@ -400,7 +402,7 @@ impl SendEngine {
                 Ok(Some(size))
             }
             ReqState::Pending => Ok(None),
-            ReqState::Free => Err(cold(|| Refused::SendNotInFlight { id }.into())),
+            ReqState::Free => Err(cold(move || Refused::SendNotInFlight { id }.into())),
         }
     }
 
