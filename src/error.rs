@@ -1,9 +1,15 @@
 //! One error type for every layer. Each error carries the `ncclResult_t` class NCCL gets
-//! and a message that says precisely what went wrong; the ABI edge logs the message once
-//! (WARN) and returns the code.
+//! and its [`Cause`]: in words for the layers that describe what went wrong (set-up,
+//! configuration, the OS, verbs, NCCL's arguments), typed for the engine's (a protocol
+//! violation, a rail's failed completion, ...), so that failover tells a rail's failure from
+//! a peer's violation by type and tests match variants, not text. The ABI edge logs the
+//! error's `Display` once (WARN) and returns the code; a typed cause displays as the words
+//! it always had.
 
 use std::borrow::Cow;
 use std::fmt;
+
+use crate::engine::{CompletionFailed, Refused, StrayCompletion, Violation};
 
 /// The class of an error, mapped 1:1 onto the `ncclResult_t` values a plugin may return.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,17 +26,51 @@ pub enum ErrorKind {
     Remote,
 }
 
-/// An error with its class and message. Boxed: a `Result<T>` of the data path is then
-/// `T` plus one pointer, returned in registers, instead of 32 bytes copied through memory
-/// at every `?` of every call (the error path allocates anyway: its message is formatted).
+/// An error with its class and cause. Boxed: a `Result<T>` of the data path is then `T`
+/// plus one pointer, returned in registers, instead of the whole cause copied through
+/// memory at every `?` of every call (the error path allocates anyway).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error(Box<ErrorInner>);
 
-/// What an [`Error`] holds; its fields are read through `Deref` (`e.kind`, `e.msg`).
+/// What an [`Error`] holds; its fields are read through `Deref` (`e.kind`, `e.cause`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ErrorInner {
     pub kind: ErrorKind,
-    pub msg: Cow<'static, str>,
+    pub cause: Cause,
+}
+
+/// What went wrong. Its `Display` is the error's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// Described in words: set-up, configuration, the OS, verbs, NCCL's arguments.
+    Message(Cow<'static, str>),
+    /// The peer broke the dual-rail protocol; the connection is broken, its rails may be
+    /// fine.
+    Violation(Violation),
+    /// A work request failed on a rail: that rail's failure.
+    CompletionFailed(CompletionFailed),
+    /// A completion the engine cannot account for: a bug here or in the fabric.
+    StrayCompletion(StrayCompletion),
+    /// A call the engine refuses (NCCL's misuse); the connection goes on.
+    Refused(Refused),
+    /// Every rail of the connection has failed.
+    BothRailsFailed,
+    /// The connection failed earlier with this error; every later call reports it.
+    FailedEarlier(Error),
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::Message(m) => f.write_str(m),
+            Cause::Violation(v) => v.fmt(f),
+            Cause::CompletionFailed(c) => c.fmt(f),
+            Cause::StrayCompletion(s) => s.fmt(f),
+            Cause::Refused(r) => r.fmt(f),
+            Cause::BothRailsFailed => f.write_str("both rails have failed"),
+            Cause::FailedEarlier(e) => write!(f, "connection failed earlier: {e}"),
+        }
+    }
 }
 
 impl std::ops::Deref for Error {
@@ -42,9 +82,18 @@ impl std::ops::Deref for Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+// The data path's `Result`s stay one pointer wide, however large a cause grows.
+const _: () = assert!(size_of::<Error>() == size_of::<usize>());
+const _: () = assert!(size_of::<Result<()>>() == size_of::<usize>());
+
 impl Error {
+    /// An error of `kind` described by `msg`.
     pub fn new(kind: ErrorKind, msg: impl Into<Cow<'static, str>>) -> Self {
-        Error(Box::new(ErrorInner { kind, msg: msg.into() }))
+        Self::from_cause(kind, Cause::Message(msg.into()))
+    }
+    /// An error of `kind` with a typed `cause`.
+    pub fn from_cause(kind: ErrorKind, cause: Cause) -> Self {
+        Error(Box::new(ErrorInner { kind, cause }))
     }
     pub fn system(msg: impl Into<Cow<'static, str>>) -> Self {
         Self::new(ErrorKind::System, msg)
@@ -65,15 +114,31 @@ impl Error {
     pub fn io(what: &str, e: &std::io::Error) -> Self {
         Self::system(format!("{what}: {e}"))
     }
-    /// The same error with `context: ` in front of its message.
+    /// The same error with `context: ` in front of its message (in words: for the
+    /// set-up layers' errors, not the engine's typed ones).
     pub fn context(self, context: impl fmt::Display) -> Self {
-        Error::new(self.kind, format!("{context}: {}", self.msg))
+        Error::new(self.kind, format!("{context}: {self}"))
+    }
+    /// The message: the words of a [`Cause::Message`], a typed cause formatted.
+    pub fn msg(&self) -> Cow<'_, str> {
+        match &self.cause {
+            Cause::Message(m) => Cow::Borrowed(m),
+            c => Cow::Owned(c.to_string()),
+        }
+    }
+    /// The failure behind this error: the one a [`Cause::FailedEarlier`] repeats, else the
+    /// error itself.
+    pub fn root(&self) -> &Error {
+        match &self.cause {
+            Cause::FailedEarlier(e) => e.root(),
+            _ => self,
+        }
     }
 }
 
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.msg)
+        self.cause.fmt(f)
     }
 }
 
@@ -85,4 +150,22 @@ macro_rules! bail {
     ($kind:ident, $($arg:tt)*) => {
         return Err($crate::error::Error::new($crate::error::ErrorKind::$kind, format!($($arg)*)))
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_is_its_text_and_context_goes_in_front() {
+        let e = Error::system("link down").context("rail SUP");
+        assert_eq!(
+            (e.kind, e.to_string(), e.msg()),
+            (ErrorKind::System, "rail SUP: link down".into(), "rail SUP: link down".into())
+        );
+        assert_eq!(e.root(), &e);
+        let later = Error::from_cause(e.kind, Cause::FailedEarlier(e.clone()));
+        let twice = Error::from_cause(e.kind, Cause::FailedEarlier(later));
+        assert_eq!(twice.root(), &e, "the first failure, however often repeated");
+    }
 }

@@ -10,6 +10,7 @@
 //! engine/   the dual-rail protocol, sans-IO
 //! split/    split policies        telemetry/  RTT estimators and statistics
 //! fabric/   the transport trait and its providers (soft, verbs)
+//! rail.rs   rail indices and rail sets (RailMask), a leaf every layer uses
 //! ```
 
 pub mod abi;
@@ -18,6 +19,7 @@ pub mod engine;
 pub mod error;
 pub mod fabric;
 pub mod plugin;
+pub mod rail;
 pub mod split;
 pub mod telemetry;
 

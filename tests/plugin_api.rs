@@ -152,7 +152,7 @@ fn bad_handles_are_errors_not_crashes() {
     let (send, recv) = pair(AbiVersion::V12);
     // A receive comm is not a send comm.
     let e = plugin::isend(recv, junk, 8, 0, MemHandle(junk)).unwrap_err();
-    assert!(e.msg.contains("memory handle") || e.msg.contains("not a"), "{}", e.msg);
+    assert!(e.msg().contains("memory handle") || e.msg().contains("not a"), "{}", e.msg());
     assert!(plugin::properties(7).is_err());
     // A released registration is an error at once, even right after calls that used it (a
     // comm's memo of its last registration must not outlive the release).
@@ -167,9 +167,9 @@ fn bad_handles_are_errors_not_crashes() {
     plugin::dereg_mr(send, Some(smh)).unwrap();
     plugin::dereg_mr(recv, Some(rmh)).unwrap();
     let e = plugin::isend(send, data as u64, 8, 0, smh).unwrap_err();
-    assert!(e.msg.contains("stale"), "{}", e.msg);
+    assert!(e.msg().contains("stale"), "{}", e.msg());
     let e = irecv1(recv, data, 8, 0, rmh).unwrap_err();
-    assert!(e.msg.contains("stale"), "{}", e.msg);
+    assert!(e.msg().contains("stale"), "{}", e.msg());
     plugin::close_send(send).unwrap();
     plugin::close_recv(recv).unwrap();
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use mpib::fabric::soft::{self, SoftCq, SoftDevice, SoftMr, SoftOptions, SoftQp, SoftSrq};
 use mpib::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QP_INFO_LEN, QpCaps, QpInfo, QueuePair, SendWr, Sge,
-    SharedRecvQueue, WcStatus, WrOpcode,
+    SharedRecvQueue, Timestamps, WcStatus, WrOpcode,
 };
 
 const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 14, retry_cnt: 1 };
@@ -45,7 +45,7 @@ struct Side {
 impl Side {
     fn new(len: usize, access: Access) -> Side {
         let dev = Arc::new(soft::open(&SoftOptions::tcp("t", LOOPBACK)).unwrap());
-        let cq = dev.create_cq(4096, false).unwrap();
+        let cq = dev.create_cq(4096, Timestamps::Off).unwrap();
         let srq = dev.create_srq(4096).unwrap();
         let qp = dev.create_qp(&cq, Some(&srq), QpCaps { max_send_wr: 1024, max_inline: 0 }).unwrap();
         let mut buf = vec![FILL; len + 2 * GUARD];

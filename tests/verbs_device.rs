@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use fabric_checks as checks;
 use mpib::config::Config;
 use mpib::fabric::verbs::{self, VerbsDevice, VerbsOptions};
-use mpib::fabric::{ConnectParams, Device, LinkLayer, MemTypes, QueuePair, WcOpcode, WcStatus, WrOpcode};
+use mpib::fabric::{ConnectParams, Device, LinkLayer, MemTypes, QueuePair, Timestamps, WcOpcode, WcStatus, WrOpcode};
 use mpib::plugin::discover;
 
 fn env_any(names: &[String]) -> Option<String> {
@@ -59,7 +59,7 @@ fn unavailable_reason_agrees_with_verbs_pairs() {
     match verbs::unavailable_reason() {
         Some(why) => {
             let e = discover::verbs_pairs(&Config::default()).err().expect("unavailable, yet pairs opened");
-            assert!(e.msg.contains(&why), "{e} does not say {why}");
+            assert!(e.msg().contains(&why), "{e} does not say {why}");
         }
         None => assert!(!discover::verbs_pairs(&Config::default()).expect("usable, yet no pairs").is_empty()),
     }
@@ -159,10 +159,10 @@ fn attributes_and_completion_timestamps() {
     if let Some(p) = &a.pci_path {
         assert!(p.starts_with("/sys/devices/"), "{p}");
     }
-    // Timestamps when the device has them; otherwise create_cq(.., true) still works.
+    // Timestamps when the device has them; otherwise create_cq(.., Timestamps::Wanted) still works.
     let (mut x, mut y) = (
-        checks::End::with_cq(&d, d.create_cq(64, true).expect("cq"), false, 1 << 16),
-        checks::End::with_cq(&d, d.create_cq(64, true).expect("cq"), false, 1 << 16),
+        checks::End::with_cq(&d, d.create_cq(64, Timestamps::Wanted).expect("cq"), false, 1 << 16),
+        checks::End::with_cq(&d, d.create_cq(64, Timestamps::Wanted).expect("cq"), false, 1 << 16),
     );
     checks::connect(&mut x, &mut y);
     let t0 = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
@@ -221,7 +221,7 @@ fn gid_index_override_through_config() {
         assert!(Arc::ptr_eq(&pairs[0].sout, &pairs[0].sup), "one port in both rails is opened once");
         let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1), ("MPIB_GID_INDEX", "200")]);
         let e = discover::verbs_pairs(&cfg).err().expect("an empty GID slot must be refused");
-        assert!(e.msg.contains("MPIB_GID_INDEX=200") && e.msg.contains("no GID at index 200"), "{e}");
+        assert!(e.msg().contains("MPIB_GID_INDEX=200") && e.msg().contains("no GID at index 200"), "{e}");
     }
 }
 
@@ -238,12 +238,12 @@ fn pairing_through_config() {
     }
     let e = discover::verbs_pairs(&config(&[("MPIB_HCA_SOUT", "nosuchdev"), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
     assert!(
-        e.msg.contains("MPIB_HCA_SOUT entry 0 (nosuchdev): device nosuchdev not found") && e.msg.contains(&d0),
+        e.msg().contains("MPIB_HCA_SOUT entry 0 (nosuchdev): device nosuchdev not found") && e.msg().contains(&d0),
         "{e}"
     );
     let e =
         discover::verbs_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &format!("{d1}:9"))])).err().unwrap();
-    assert!(e.msg.contains("has no port 9"), "{e}");
+    assert!(e.msg().contains("has no port 9"), "{e}");
 }
 
 #[test]
@@ -275,7 +275,7 @@ fn port_down_is_seen_and_skipped() {
         pairs.iter().map(|p| (p.sout.attrs().name.clone(), p.sup.attrs().name.clone())).collect();
     assert_eq!(names, [(d0.clone(), d0.clone())], "the down port is skipped, the odd one rails with itself");
     let e = discover::verbs_pairs(&config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1)])).err().unwrap();
-    assert!(e.msg.contains("no usable rail pair"), "{e}");
+    assert!(e.msg().contains("no usable rail pair"), "{e}");
     ip("up");
     wait_for("no PORT_ACTIVE async event after the link came back", &|| dev1.port_active());
 }

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use mpib::fabric::soft::{self, SoftCq, SoftDevice, SoftMr, SoftOptions, SoftQp};
 use mpib::fabric::{
-    Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QueuePair, SendWr, Sge, WcStatus, WrOpcode,
+    Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QueuePair, SendWr, Sge, Timestamps, WcStatus,
+    WrOpcode,
 };
 
 pub struct Link {
@@ -28,7 +29,7 @@ pub fn link(size: usize) -> Link {
     let b = Arc::new(soft::open(&SoftOptions::tcp("b", loopback)).unwrap());
     let params = ConnectParams { traffic_class: 0, service_level: 0, timeout: 20, retry_cnt: 7 };
     let caps = QpCaps { max_send_wr: 64, max_inline: 0 };
-    let (acq, bcq) = (a.create_cq(256, false).unwrap(), b.create_cq(256, false).unwrap());
+    let (acq, bcq) = (a.create_cq(256, Timestamps::Off).unwrap(), b.create_cq(256, Timestamps::Off).unwrap());
     let mut aqp = a.create_qp(&acq, None, caps).unwrap();
     let mut bqp = b.create_qp(&bcq, None, caps).unwrap();
     let (mut src, mut dst) = (vec![1u8; size], vec![0u8; size]);

@@ -125,6 +125,6 @@ mod tests {
         // SAFETY: NULL is handled without dereferencing.
         let e = unsafe { out::<i32>(std::ptr::null_mut(), "ndev") }.unwrap_err();
         assert_eq!(e.kind, crate::ErrorKind::InvalidArgument);
-        assert!(e.msg.contains("ndev is NULL"));
+        assert!(e.msg().contains("ndev is NULL"));
     }
 }

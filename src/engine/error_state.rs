@@ -1,9 +1,10 @@
 //! A connection's error state, shared by the send and receive engines: clear until the
 //! first failure, then that failure for good (RC gives no way back: every later call
-//! reports it, even for a request that had completed).
+//! reports it, even for a request that had completed). The failure is kept whole, its
+//! typed cause included: failover reads it.
 
-use super::RAIL_NAMES;
-use crate::error::{Error, Result};
+use super::StrayCompletion;
+use crate::error::{Cause, Error, Result};
 
 /// The first failure of a connection, if any.
 #[derive(Debug, Default)]
@@ -41,13 +42,14 @@ impl ErrorState {
     #[cold]
     #[inline(never)]
     pub(crate) fn unknown_wr_id(&mut self, rail: usize, wr_id: u64) -> Error {
-        self.fail(Error::internal(format!("{} rail: completion with an unknown wr_id {wr_id:#x}", RAIL_NAMES[rail])))
+        self.fail(StrayCompletion::UnknownWrId { rail, wr_id }.into())
     }
 }
 
-/// The error every call reports once the connection failed with `e`.
+/// The error every call reports once the connection failed with `e`: of its class,
+/// [`Cause::FailedEarlier`] with `e` inside.
 #[cold]
 #[inline(never)]
 fn failed_earlier(e: &Error) -> Error {
-    Error::new(e.kind, format!("connection failed earlier: {}", e.msg))
+    Error::from_cause(e.kind, Cause::FailedEarlier(e.clone()))
 }

@@ -19,30 +19,29 @@ pub const SIZEQ_SENTINEL: u32 = (1 << SIZEQ_BITS) - 1;
 /// Largest single-receive size the fast path encodes: (2^22 − 2) · 128 bytes (≈ 512 MiB).
 pub const MAX_FAST_SIZE: u64 = (SIZEQ_SENTINEL as u64 - 1) * SIZE_GRANULE;
 
-/// Rail bits of the active mask.
-pub const MASK_SOUT: u8 = 0b01;
-pub const MASK_SUP: u8 = 0b10;
+use crate::rail::RailMask;
 
 /// Decoded immediate data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Imm {
     pub slot: u8,
-    pub mask: u8,
+    /// The active rails; its bits are the field's (bit 0 SOUT, bit 1 SUP).
+    pub mask: RailMask,
     pub size_q: u32,
 }
 
 impl Imm {
-    /// Packs the fields. `mask` must fit 2 bits and `size_q` 22 bits.
+    /// Packs the fields. `size_q` must fit 22 bits.
     #[inline]
     pub fn encode(self) -> u32 {
-        debug_assert!(self.mask <= 3 && self.size_q <= SIZEQ_SENTINEL);
-        self.slot as u32 | ((self.mask as u32 & 0x3) << 8) | ((self.size_q & SIZEQ_SENTINEL) << 10)
+        debug_assert!(self.size_q <= SIZEQ_SENTINEL);
+        self.slot as u32 | ((self.mask.bits() as u32) << 8) | ((self.size_q & SIZEQ_SENTINEL) << 10)
     }
 
     /// Unpacks the fields (any 32-bit value decodes; validity is the receiver's check).
     #[inline]
     pub fn decode(v: u32) -> Imm {
-        Imm { slot: (v & 0xff) as u8, mask: ((v >> 8) & 0x3) as u8, size_q: v >> 10 }
+        Imm { slot: (v & 0xff) as u8, mask: RailMask::from_bits_truncate((v >> 8) as u8), size_q: v >> 10 }
     }
 
     /// `size_q` for a single receive of `bytes`, or the sentinel when it does not fit.
@@ -58,15 +57,16 @@ mod tests {
 
     #[test]
     fn layout_matches_the_spec() {
-        let v = Imm { slot: 0xab, mask: 3, size_q: 5 }.encode();
+        let v = Imm { slot: 0xab, mask: RailMask::BOTH, size_q: 5 }.encode();
         assert_eq!(v, 0xab | (3 << 8) | (5 << 10));
-        assert_eq!(Imm { slot: 0, mask: 1, size_q: SIZEQ_SENTINEL }.encode(), 0xffff_fc00 | (1 << 8));
+        assert_eq!(Imm { slot: 0, mask: RailMask::SOUT, size_q: SIZEQ_SENTINEL }.encode(), 0xffff_fc00 | (1 << 8));
+        assert_eq!(Imm::decode(0x0000_0200).mask, RailMask::SUP);
     }
 
     #[test]
     fn round_trip_every_field_extreme() {
         for slot in [0u8, 1, 127, 255] {
-            for mask in [1u8, 2, 3] {
+            for mask in [RailMask::SOUT, RailMask::SUP, RailMask::BOTH] {
                 for size_q in [0u32, 1, 4096, SIZEQ_SENTINEL - 1, SIZEQ_SENTINEL] {
                     let imm = Imm { slot, mask, size_q };
                     assert_eq!(Imm::decode(imm.encode()), imm);

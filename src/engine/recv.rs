@@ -5,7 +5,10 @@
 
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
-use super::{ErrorState, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, WrKind, cold, completion_error};
+use super::{
+    CompletionFailed, ErrorState, FailedWr, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, Side,
+    StrayCompletion, Violation, WrKind, cold,
+};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::telemetry::StatsHandle;
@@ -15,8 +18,8 @@ use crate::telemetry::StatsHandle;
 pub struct RecvConfig {
     /// Most receives in flight (NCCL_NET_MAX_REQUESTS: 8 for v6, 32 after).
     pub max_requests: usize,
-    /// Rails this device has (bit 0 SOUT, bit 1 SUP).
-    pub rails_mask: u8,
+    /// Rails this device has.
+    pub rails_mask: RailMask,
     /// Local source of the CTS writes: address and lkey per rail.
     pub cts_addr: u64,
     pub cts_lkeys: [u32; RAILS],
@@ -73,9 +76,9 @@ struct RecvSlot {
     state: State,
     n: u8,
     posted: [u64; MAX_RECVS],
-    /// Learned from the first IMM; 0 until then.
-    expected: u8,
-    seen: u8,
+    /// Learned from the first IMM; empty until then.
+    expected: RailMask,
+    seen: RailMask,
     size_q: u32,
     byte_sum: u64,
     /// The signalled CTS WRITE of this slot has not completed yet.
@@ -92,7 +95,7 @@ pub const FLUSH_ID_BASE: u16 = SLOTS as u16;
 #[derive(Clone, Copy, Debug, Default)]
 struct FlushReq {
     live: bool,
-    pending: u8,
+    pending: RailMask,
 }
 
 /// The receiving side of one connection.
@@ -152,9 +155,10 @@ impl RecvEngine {
         self.error.fail(e);
     }
 
-    fn violation(&mut self, rail: usize, msg: impl FnOnce() -> String) -> Error {
-        self.error
-            .fail(cold(|| Error::remote(format!("protocol violation on the {} rail: {}", RAIL_NAMES[rail], msg()))))
+    /// Records and returns the protocol violation `v` makes (`v`: a `move` closure, see
+    /// [`cold`]).
+    fn violation(&mut self, v: impl FnOnce() -> Violation) -> Error {
+        self.error.fail(cold(move || v().into()))
     }
 
     /// SRQ WQEs to post on `rail` now: up to the high watermark once below the low one.
@@ -188,32 +192,22 @@ impl RecvEngine {
         self.error.check()?;
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
-            return Err(cold(|| {
-                Error::invalid_argument(format!("{n} receives in one irecv (1..{MAX_RECVS} allowed)"))
-            }));
+            return Err(cold(move || Refused::RecvCount { n }.into()));
         }
         if self.outstanding >= self.cfg.max_requests {
-            return Err(cold(|| {
-                Error::internal(format!(
-                    "too many receives in flight (at most {}): NCCL must test and complete earlier ones",
-                    self.cfg.max_requests
-                ))
-            }));
+            return Err(cold(move || Refused::TooManyRecvs { max: self.cfg.max_requests }.into()));
         }
         let slot = (self.fifo_tail % SLOTS as u64) as usize;
         if self.slots[slot].state != State::Free {
-            return Err(cold(|| {
-                Error::internal(format!(
-                    "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
-                ))
-            }));
+            return Err(cold(move || Refused::SlotInUse { slot }.into()));
         }
         let word = CtsEntry::word_for(self.fifo_tail, n);
         let rail = self.cts_rail(slot);
         let signaled = slot == rail;
         // Filled in place (only what this receive uses: `sizes` is written when it completes).
         let s = &mut self.slots[slot];
-        (s.state, s.n, s.expected, s.seen, s.size_q, s.byte_sum) = (State::Posted, n as u8, 0, 0, 0, 0);
+        (s.state, s.n, s.expected, s.seen, s.size_q, s.byte_sum) =
+            (State::Posted, n as u8, RailMask::NONE, RailMask::NONE, 0, 0);
         (s.cts_pending, s.data_done) = (signaled, false);
         for (i, b) in bufs.iter().enumerate() {
             let e = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
@@ -245,7 +239,8 @@ impl RecvEngine {
     /// devices, so each CTS QP is signalled once per 256 slots (when `slot == rail`).
     #[inline]
     fn cts_rail(&self, slot: usize) -> usize {
-        if self.cfg.rails_mask == 0b11 { slot % RAILS } else { self.cfg.rails_mask.trailing_zeros() as usize }
+        let rails = self.cfg.rails_mask;
+        if rails == RailMask::BOTH { slot % RAILS } else { rails.first().unwrap_or(SOUT) }
     }
 
     /// A completion polled from `rail`'s CQ.
@@ -261,27 +256,29 @@ impl RecvEngine {
         self.error.check()?;
         if imm_recv {
             if c.status != WcStatus::Success {
-                return Err(self.error.fail(cold(|| completion_error(rail, "receiving an IMM", c.status))));
+                return Err(self.error.fail(cold(move || {
+                    CompletionFailed { rail, what: FailedWr::ImmReceive, slot: None, status: c.status }.into()
+                })));
             }
             return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
         }
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             if c.status != WcStatus::Success {
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
-                return Err(self.error.fail(cold(|| completion_error(rail, "a work request", c.status))));
+                return Err(self.error.fail(cold(move || {
+                    CompletionFailed { rail, what: FailedWr::Unknown, slot: None, status: c.status }.into()
+                })));
             }
             return Err(self.error.unknown_wr_id(rail, c.wr_id));
         };
         if c.status != WcStatus::Success {
-            return Err(self.error.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
+            return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
         }
         match kind {
             WrKind::Cts => {
                 let s = &mut self.slots[slot];
                 if s.state != State::Posted || !s.cts_pending {
-                    return Err(self
-                        .error
-                        .fail(cold(|| Error::internal(format!("CTS completion for slot {slot}, which awaits none")))));
+                    return Err(self.error.fail(cold(move || StrayCompletion::CtsNotAwaited { slot }.into())));
                 }
                 s.cts_pending = false;
                 if s.data_done {
@@ -290,28 +287,22 @@ impl RecvEngine {
                 Ok(())
             }
             WrKind::Flush => match self.flushes.get_mut(slot) {
-                Some(f) if f.live && f.pending & (1 << wr_rail) != 0 => {
-                    f.pending &= !(1 << wr_rail);
+                Some(f) if f.live && f.pending.contains(wr_rail) => {
+                    f.pending = f.pending.without(wr_rail);
                     Ok(())
                 }
                 // Never credit another flush with it: that flush would complete early.
-                _ => Err(self.error.fail(cold(|| {
-                    Error::internal(format!(
-                        "{} rail: flush completion for flush {slot}, which is not in flight on this rail",
-                        RAIL_NAMES[wr_rail]
-                    ))
-                }))),
+                _ => Err(self
+                    .error
+                    .fail(cold(move || StrayCompletion::FlushNotInFlight { rail: wr_rail, flush: slot }.into()))),
             },
             WrKind::Probe if self.keepalive == Some(wr_rail) => {
                 self.keepalive = None;
                 Ok(())
             }
-            _ => Err(self.error.fail(cold(|| {
-                Error::internal(format!(
-                    "{} rail: unexpected {kind:?} completion on a receive connection",
-                    RAIL_NAMES[wr_rail]
-                ))
-            }))),
+            _ => Err(self
+                .error
+                .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Receive }.into()))),
         }
     }
 
@@ -319,42 +310,35 @@ impl RecvEngine {
         let Imm { slot, mask, size_q } = Imm::decode(imm);
         let slot = slot as usize;
         let rails = self.cfg.rails_mask;
-        if mask == 0 || mask & !rails != 0 {
-            return Err(self.violation(rail, || {
-                format!("IMM {imm:#010x} for slot {slot} has rail mask {mask:#b}; this device's rails are {rails:#b}")
-            }));
+        if mask.is_empty() || !mask.is_subset(rails) {
+            return Err(self.violation(move || Violation::BadMask { rail, slot, imm, mask, rails }));
         }
-        if mask & (1 << rail) == 0 {
-            return Err(self.violation(rail, || {
-                format!("IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name")
-            }));
+        if !mask.contains(rail) {
+            return Err(self.violation(move || Violation::MaskOmitsRail { rail, slot, mask }));
         }
         let s = &self.slots[slot];
         let s = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
         let (state, data_done, expected, seen, prev_q, n) = s;
         if state != State::Posted || data_done {
-            return Err(self.violation(rail, || format!("IMM for slot {slot}, which has no receive waiting for data")));
+            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
         }
-        if expected != 0 && expected != mask {
-            return Err(self.violation(rail, || {
-                format!("IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {expected:#b}")
-            }));
+        if !expected.is_empty() && expected != mask {
+            return Err(self.violation(move || Violation::MaskChanged { rail, slot, mask, earlier: expected }));
         }
-        if seen & (1 << rail) != 0 {
-            return Err(self.violation(rail, || format!("a second IMM for slot {slot} from the same rail")));
+        if seen.contains(rail) {
+            return Err(self.violation(move || Violation::DuplicateImm { rail, slot }));
         }
-        if expected != 0 && prev_q != size_q {
-            return Err(self
-                .violation(rail, || format!("IMM for slot {slot} has size_q {size_q}, an earlier IMM had {prev_q}")));
+        if !expected.is_empty() && prev_q != size_q {
+            return Err(self.violation(move || Violation::SizeQChanged { rail, slot, size_q, earlier: prev_q }));
         }
         let n = n as usize;
         if size_q != SIZEQ_SENTINEL && n != 1 {
-            return Err(self.violation(rail, || format!("IMM encodes a size for slot {slot}, a multi-receive of {n}")));
+            return Err(self.violation(move || Violation::SizeForMultiRecv { rail, slot, n }));
         }
         let s = &mut self.slots[slot];
         s.expected = mask;
         s.size_q = size_q;
-        s.seen |= 1 << rail;
+        s.seen = s.seen.with(rail);
         s.byte_sum += byte_len;
         if s.seen != s.expected {
             return Ok(());
@@ -366,20 +350,25 @@ impl RecvEngine {
             // Fast path: each rail's WRITE_WITH_IMM carried its share; byte_len sums them.
             let (byte_sum, posted) = (s.byte_sum, s.posted[0]);
             if byte_sum.div_ceil(SIZE_GRANULE) != size_q as u64 || byte_sum > posted {
-                return Err(self.violation(
+                return Err(self.violation(move || Violation::BytesMismatch {
                     rail,
-                    || format!(
-                        "slot {slot}: {byte_sum} bytes arrived, the IMM announced size_q {size_q} (x{SIZE_GRANULE}) for a {posted}-byte receive"
-                    ),
-                ));
+                    slot,
+                    bytes: byte_sum,
+                    size_q,
+                    posted,
+                }));
             }
             s.sizes[0] = byte_sum;
         } else {
             for i in 0..n {
                 let (got, posted) = (mem.record(slot, i), self.slots[slot].posted[i]);
                 if got > posted {
-                    return Err(self.violation(rail, || {
-                        format!("slot {slot}: completion record {i} claims {got} bytes for a {posted}-byte receive")
+                    return Err(self.violation(move || Violation::RecordTooLarge {
+                        rail,
+                        slot,
+                        index: i,
+                        claimed: got,
+                        posted,
                     }));
                 }
                 self.slots[slot].sizes[i] = got;
@@ -399,13 +388,10 @@ impl RecvEngine {
     pub fn iflush(&mut self, buf: FlushBuf, out: &mut Posts) -> Result<Option<u16>> {
         self.error.check()?;
         let Some(i) = self.flushes.iter().position(|f| !f.live) else {
-            return Err(cold(|| Error::internal(format!("too many flushes in flight (at most {MAX_FLUSHES})"))));
+            return Err(cold(move || Refused::TooManyFlushes { max: MAX_FLUSHES }.into()));
         };
-        let mut pending = 0;
-        for rail in 0..RAILS {
-            if self.cfg.rails_mask & (1 << rail) == 0 {
-                continue;
-            }
+        let mut pending = RailMask::NONE;
+        for rail in self.cfg.rails_mask.iter() {
             let c = out.push(rail, QpRef::Flush);
             c.push(SendWr {
                 wr_id: WrKind::Flush.id(rail, i),
@@ -418,7 +404,7 @@ impl RecvEngine {
                 ..SendWr::default()
             });
             self.stats[rail].count_post(1, 0, 0, 0);
-            pending |= 1 << rail;
+            pending = pending.with(rail);
         }
         self.flushes[i] = FlushReq { live: true, pending };
         Ok(Some(FLUSH_ID_BASE + i as u16))
@@ -438,16 +424,16 @@ impl RecvEngine {
         self.error.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
-                return Err(cold(|| Error::internal(format!("flush request {id} is not in flight"))));
+                return Err(cold(move || Refused::FlushNotInFlight { id }.into()));
             };
-            if f.pending == 0 {
+            if f.pending.is_empty() {
                 *f = FlushReq::default();
                 return Ok(Some(0));
             }
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
-            return Err(cold(|| Error::internal(format!("receive request {id} does not exist"))));
+            return Err(cold(move || Refused::NoSuchRecv { id }.into()));
         };
         match s.state {
             State::Done => {
@@ -459,9 +445,7 @@ impl RecvEngine {
                 Ok(Some(n))
             }
             State::Posted => Ok(None),
-            State::Free => {
-                Err(cold(|| Error::internal(format!("receive request {id} is not in flight (tested after done?)"))))
-            }
+            State::Free => Err(cold(move || Refused::RecvNotInFlight { id }.into())),
         }
     }
 
@@ -475,10 +459,11 @@ impl RecvEngine {
         if now_ns.saturating_sub(self.last_activity_ns) < super::KEEPALIVE_NS {
             return;
         }
-        let rail = if self.cfg.rails_mask == 0b11 {
+        let rails = self.cfg.rails_mask;
+        let rail = if rails == RailMask::BOTH {
             (self.keepalives % RAILS as u64) as usize
         } else {
-            self.cfg.rails_mask.trailing_zeros() as usize
+            rails.first().unwrap_or(SOUT)
         };
         let c = out.push(rail, QpRef::Cts);
         c.push(SendWr {

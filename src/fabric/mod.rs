@@ -154,6 +154,13 @@ impl SendWr {
     }
 }
 
+/// Whether a CQ's completions should carry device timestamps (where the device has them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Timestamps {
+    Wanted,
+    Off,
+}
+
 /// Status of a completion (as `ibv_wc_status`, the ones mpib distinguishes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum WcStatus {
@@ -278,8 +285,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn dereg_mr(&self, mr: Self::Mr) -> Result<()>;
 
     /// A completion queue of at least `depth` entries, with device timestamps when the
-    /// device has them and `timestamps` is set.
-    fn create_cq(&self, depth: u32, timestamps: bool) -> Result<Self::Cq>;
+    /// device has them and they are [`Timestamps::Wanted`].
+    fn create_cq(&self, depth: u32, timestamps: Timestamps) -> Result<Self::Cq>;
     /// A shared receive queue of at least `depth` generic WQEs.
     fn create_srq(&self, depth: u32) -> Result<Self::Srq>;
     /// An RC QP whose send and receive completions go to `cq`, drawing its receive WQEs

@@ -9,7 +9,9 @@ use super::mr::{MrInfo, MrMemo};
 use crate::engine::layout::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS, RecvMemory, SendMemory,
 };
-use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RecvBuf, RecvEngine, SendBuf, SendEngine, cold};
+use crate::engine::{
+    CallerWaits, FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendBuf, SendEngine, cold,
+};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, CompletionQueue, Device, Progress, QueuePair, SharedRecvQueue};
@@ -204,7 +206,7 @@ pub struct SendComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
     /// The rails whose CQs `test` polls even with nothing of this side outstanding: those
     /// whose device makes progress only when polled ([`Progress::OnPoll`]).
-    poll_always: u8,
+    poll_always: RailMask,
     pub engine: SendEngine,
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
@@ -217,8 +219,7 @@ pub struct SendComm<D: Device> {
 impl<D: Device> SendComm<D> {
     pub fn new(rails: [Rail<D>; RAILS], engine: SendEngine, dev: Arc<DevPair<D>>, region: HostRegion) -> Self {
         let mut engine = engine;
-        let poll_always =
-            (0..RAILS).filter(|&r| rails[r].dev.attrs().progress == Progress::OnPoll).fold(0, |m, r| m | 1 << r);
+        let poll_always = RailMask::from_fn(|r| rails[r].dev.attrs().progress == Progress::OnPoll);
         engine.start(now_ns());
         SendComm {
             rails,
@@ -249,21 +250,21 @@ impl<D: Device> SendComm<D> {
         let mut r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
         if r.is_none() {
             // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
-            self.poll(0b11, now)?;
+            self.poll(RailMask::BOTH, now)?;
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
             if r.is_none() {
                 // Still no CTS: keep the idle rails probed, so a dead receiver is noticed.
-                self.engine.poll_probes(now, true, &mut self.posts);
+                self.engine.poll_probes(now, CallerWaits::Yes, &mut self.posts);
             }
         }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
     }
 
-    /// Polls the CQs of the rails in `mask` and feeds the engine (`now`: this call's clock).
-    fn poll(&mut self, mask: u8, now: u64) -> Result<()> {
+    /// Polls the CQs of `rails` and feeds the engine (`now`: this call's clock).
+    fn poll(&mut self, rails: RailMask, now: u64) -> Result<()> {
         for rail in 0..RAILS {
-            if mask & (1 << rail) == 0 {
+            if !rails.contains(rail) {
                 continue;
             }
             drain_cq(&mut self.rails[rail].cq, &mut self.wc, &mut self.engine, |engine, batch| {
@@ -285,7 +286,8 @@ impl<D: Device> SendComm<D> {
         self.poll(rails, now)?;
         let done = self.engine.test(id)?;
         self.posts.clear();
-        self.engine.poll_probes(now, done.is_none(), &mut self.posts);
+        let waits = if done.is_none() { CallerWaits::Yes } else { CallerWaits::No };
+        self.engine.poll_probes(now, waits, &mut self.posts);
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(done)
     }

@@ -300,10 +300,10 @@ mod tests {
         let a = t.insert(Kind::Send, "a".into()).unwrap();
         assert_eq!(*t.get(a, Kind::Send).unwrap().1, "a");
         let e = t.get(a, Kind::Recv).err().unwrap();
-        assert!(e.msg.contains("is a send comm, not a receive comm"), "{}", e.msg);
+        assert!(e.msg().contains("is a send comm, not a receive comm"), "{}", e.msg());
         assert_eq!(t.remove(a, Kind::Send).unwrap(), "a");
         let e = t.get(a, Kind::Send).err().unwrap();
-        assert!(e.msg.contains("stale"), "{}", e.msg);
+        assert!(e.msg().contains("stale"), "{}", e.msg());
         // The entry is reused with a new generation: the old handle stays dead.
         let b = t.insert(Kind::Send, "b".into()).unwrap();
         assert_ne!(a, b);

@@ -304,7 +304,7 @@ mod tests {
         loop {
             match c.poll() {
                 Err(e) => {
-                    assert!(e.msg.contains("cannot connect") || e.msg.contains("closed"), "{}", e.msg);
+                    assert!(e.msg().contains("cannot connect") || e.msg().contains("closed"), "{}", e.msg());
                     break;
                 }
                 Ok(_) => assert!(Instant::now() < deadline, "no error for a refused connection"),

@@ -23,10 +23,10 @@ use super::oob::{OobAddr, OobConn, OobListener};
 use super::wire::{Hello, READY, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::{RAILS, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::engine::{RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair};
+use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair, Timestamps};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
@@ -131,19 +131,27 @@ fn clamp_caps<D: Device>(dev: &D, caps: QpCaps) -> QpCaps {
     QpCaps { max_send_wr: caps.max_send_wr.min(a.max_qp_wr.max(1)), max_inline: caps.max_inline.min(a.max_inline) }
 }
 
+/// Whether a connection's rails get a loopback flush QP each (a receiver of GPU memory:
+/// `iflush` READs through it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FlushQp {
+    With,
+    Without,
+}
+
 /// Creates one rail's CQ, SRQ (receive side), QPs and registration of `region`.
 fn build_rail<D: Device>(
     dev: &Arc<D>,
     nqps: u16,
     srq_depth: Option<u32>,
-    flush: bool,
+    flush: FlushQp,
     caps: QpCaps,
     region: &HostRegion,
 ) -> Result<Rail<D>> {
     let a = dev.attrs();
     let caps = clamp_caps(dev.as_ref(), caps);
     let depth = (caps.max_send_wr * (nqps as u32 + 1) + srq_depth.unwrap_or(0)).min(a.max_cqe.max(1));
-    let cq = dev.create_cq(depth, true)?;
+    let cq = dev.create_cq(depth, Timestamps::Wanted)?;
     let srq = match srq_depth {
         Some(d) => Some(dev.create_srq(d.min(a.max_srq_wr.max(1)))?),
         None => None,
@@ -152,8 +160,10 @@ fn build_rail<D: Device>(
     for _ in 0..nqps {
         qps.push(dev.create_qp(&cq, srq.as_ref(), caps)?);
     }
-    let flush_qp =
-        if flush { Some(dev.create_qp(&cq, None, QpCaps { max_send_wr: 64, max_inline: 0 })?) } else { None };
+    let flush_qp = match flush {
+        FlushQp::With => Some(dev.create_qp(&cq, None, QpCaps { max_send_wr: 64, max_inline: 0 })?),
+        FlushQp::Without => None,
+    };
     let region_mr = Some(dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?);
     Ok(Rail { qps, flush_qp, srq, cq, region_mr, dev: dev.clone() })
 }
@@ -162,7 +172,7 @@ fn build_rails<D: Device>(
     pair: &DevPair<D>,
     qps: [u16; RAILS],
     srq_depth: Option<u32>,
-    flush: bool,
+    flush: FlushQp,
     caps: QpCaps,
     region: &HostRegion,
 ) -> Result<[Rail<D>; RAILS]> {
@@ -232,7 +242,7 @@ pub struct Connecting<D: Device> {
 impl<D: Device> Connecting<D> {
     pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr) -> Result<Self> {
         let region = HostRegion::new(SEND_SCRATCH_OFF + 4096)?;
-        let rails = build_rails(&pair, p.qps, None, false, send_caps(), &region)?;
+        let rails = build_rails(&pair, p.qps, None, FlushQp::Without, send_caps(), &region)?;
         let (_, rkeys) = region_keys(&rails);
         let mut conn = OobConn::connect(addr)?;
         let hello = Hello {
@@ -368,7 +378,9 @@ impl<D: Device> Accepting<D> {
                     let hello = Hello::decode(&m, self.p.kind as u8)?;
                     let region = HostRegion::new(RECV_SCRATCH_OFF + 4096)?;
                     let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
-                    let mut rails = build_rails(&self.pair, hello.qps, Some(self.p.srq.1), gpu, recv_caps(), &region)?;
+                    let flush = if gpu { FlushQp::With } else { FlushQp::Without };
+                    let srq = Some(self.p.srq.1);
+                    let mut rails = build_rails(&self.pair, hello.qps, srq, flush, recv_caps(), &region)?;
                     connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
                     let (_, rkeys) = region_keys(&rails);
                     let reply = Reply {
@@ -416,7 +428,7 @@ impl<D: Device> Accepting<D> {
         let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(recv_caps().max_inline);
         let cfg = RecvConfig {
             max_requests: self.p.abi.max_requests(),
-            rails_mask: 0b11,
+            rails_mask: RailMask::BOTH,
             cts_addr: region.addr(),
             cts_lkeys: lkeys,
             fifo_addr: hello.fifo_addr,

@@ -219,17 +219,17 @@ mod tests {
         }
         let mut long = good.clone();
         long.push(0);
-        assert!(Hello::decode(&long, 1).unwrap_err().msg.contains("trailing"));
-        assert!(Hello::decode(&good, 2).unwrap_err().msg.contains("MPIB_FABRIC"));
+        assert!(Hello::decode(&long, 1).unwrap_err().msg().contains("trailing"));
+        assert!(Hello::decode(&good, 2).unwrap_err().msg().contains("MPIB_FABRIC"));
         let mut bad = good.clone();
         bad[0] = b'X';
-        assert!(Hello::decode(&bad, 1).unwrap_err().msg.contains("magic"));
+        assert!(Hello::decode(&bad, 1).unwrap_err().msg().contains("magic"));
         let mut ver = good.clone();
         ver[4] = 9;
-        assert!(Hello::decode(&ver, 1).unwrap_err().msg.contains("version"));
+        assert!(Hello::decode(&ver, 1).unwrap_err().msg().contains("version"));
         let mut qps = good;
         qps[8] = 0;
-        assert!(Hello::decode(&qps, 1).unwrap_err().msg.contains("QPs per rail"));
+        assert!(Hello::decode(&qps, 1).unwrap_err().msg().contains("QPs per rail"));
         let r = Reply {
             qps: [1, 1],
             records_addr: 0,
@@ -238,6 +238,6 @@ mod tests {
             scratch_rkeys: [0; 2],
             qps_info: vec![info(0), info(0)],
         };
-        assert!(Reply::decode(&r.encode(), [2, 1]).unwrap_err().msg.contains("were asked for"));
+        assert!(Reply::decode(&r.encode(), [2, 1]).unwrap_err().msg().contains("were asked for"));
     }
 }

@@ -135,16 +135,7 @@ impl Auto {
 
 impl SplitPolicy for Auto {
     #[inline]
-    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: &[RailView; 2]) -> u64 {
-        self.share(size, now_ns, [&rails[0], &rails[1]])
-    }
-}
-
-impl Auto {
-    /// [`SplitPolicy::sout_bytes`] on the rails' views where they are (the engine's
-    /// telemetry): no copy of them per send.
-    #[inline]
-    pub fn share(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
+    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
         if size == 0 {
             return 0;
         }
@@ -203,7 +194,7 @@ mod tests {
     #[test]
     fn idle_rails_split_by_rate() {
         let mut p = Auto::new(65536);
-        let s = p.sout_bytes(3 << 20, 0, &[rail(200, 5_000, 0), rail(100, 5_000, 0)]);
+        let s = p.sout_bytes(3 << 20, 0, [&rail(200, 5_000, 0), &rail(100, 5_000, 0)]);
         assert!((s as f64 / (3 << 20) as f64 - 2.0 / 3.0).abs() < 0.001, "{s}");
         assert_eq!(s % 128, 0);
     }
@@ -217,45 +208,45 @@ mod tests {
         sout.rate_sample_ns = now - 1_000;
         sup.rate_sample_ns = now - STALE_NS + 1;
         let size = 1 << 20;
-        let fresh = p.sout_bytes(size, now, &[sout, sup]);
+        let fresh = p.sout_bytes(size, now, [&sout, &sup]);
         assert!(fresh > size * 98 / 100, "a freshly measured slow rail gets its small share: {fresh}");
         // No sample for STALE_NS: SUP counts as fast as SOUT for the new bytes (an even split).
         sup.rate_sample_ns = now - STALE_NS;
-        assert_eq!(p.sout_bytes(size, now, &[sout, sup]), size / 2);
+        assert_eq!(p.sout_bytes(size, now, [&sout, &sup]), size / 2);
         // Never measured at all: likewise; and a stale SOUT is tried the same way.
         sup.rate_sample_ns = 0;
-        assert_eq!(p.sout_bytes(size, now, &[sout, sup]), size / 2);
+        assert_eq!(p.sout_bytes(size, now, [&sout, &sup]), size / 2);
         let (mut slow_sout, mut fast_sup) = (rail(1, 2_000, 0), rail(100, 2_000, 0));
         (slow_sout.rate_sample_ns, fast_sup.rate_sample_ns) = (0, now);
-        assert_eq!(p.sout_bytes(size, now, &[slow_sout, fast_sup]), size / 2);
+        assert_eq!(p.sout_bytes(size, now, [&slow_sout, &fast_sup]), size / 2);
         // Small sends too: the stale rail finishes them as early as the other.
-        assert_eq!(p.sout_bytes(4096, now, &[slow_sout, fast_sup]), 4096, "ties go to SOUT");
+        assert_eq!(p.sout_bytes(4096, now, [&slow_sout, &fast_sup]), 4096, "ties go to SOUT");
     }
 
     #[test]
     fn queued_bytes_shift_the_split_to_the_other_rail() {
         let mut p = Auto::new(0);
-        let even = p.sout_bytes(1 << 20, 0, &[rail(100, 2_000, 1 << 20), rail(100, 2_000, 1 << 20)]);
+        let even = p.sout_bytes(1 << 20, 0, [&rail(100, 2_000, 1 << 20), &rail(100, 2_000, 1 << 20)]);
         assert_eq!(even, 1 << 19);
         // The send takes δ = 1 MiB / 25 B/ns = 42 µs on the pair. SOUT has 1 MiB more
         // queued, 84 µs = 2δ: equal finish times would give it 512 KiB less; the queue gain
         // corrects half of that per send, of an imbalance counted at 4/5 (Δ³/(Δ² + δ²)).
         let share = |p: &mut Auto, sout_queued: u64| {
-            let s = p.sout_bytes(1 << 20, 0, &[rail(100, 2_000, sout_queued), rail(100, 2_000, 1 << 20)]);
+            let s = p.sout_bytes(1 << 20, 0, [&rail(100, 2_000, sout_queued), &rail(100, 2_000, 1 << 20)]);
             s as f64 / (1 << 20) as f64
         };
         assert!((share(&mut p, 2 << 20) - (0.5 - 0.5 * 0.8 / 2.0)).abs() < 0.001);
         // 256 KiB more, δ/2, is within the grain of a drain time: counted at 1/5.
         assert!((share(&mut p, 5 << 18) - (0.5 - 0.5 * 0.2 / 8.0)).abs() < 0.001);
         // So much queued on SOUT that SUP alone finishes first.
-        assert_eq!(p.sout_bytes(1 << 20, 0, &[rail(100, 2_000, 8 << 20), rail(100, 2_000, 0)]), 0);
+        assert_eq!(p.sout_bytes(1 << 20, 0, [&rail(100, 2_000, 8 << 20), &rail(100, 2_000, 0)]), 0);
     }
 
     #[test]
     fn before_any_sample_the_link_speeds_decide() {
         let v = |mbps| RailView { speed_mbps: mbps, ..RailView::default() };
         let mut p = Auto::new(65536);
-        let s = p.sout_bytes(1 << 20, 0, &[v(400_000), v(100_000)]);
+        let s = p.sout_bytes(1 << 20, 0, [&v(400_000), &v(100_000)]);
         assert_eq!(s, 838_912, "4/5 of 1 MiB, 128-byte aligned");
     }
 
@@ -263,12 +254,12 @@ mod tests {
     fn small_sends_go_whole_to_the_first_finisher() {
         let mut p = Auto::new(65536);
         // Same rate: the lower latency wins.
-        assert_eq!(p.sout_bytes(4096, 0, &[rail(100, 9_000, 0), rail(100, 3_000, 0)]), 0);
-        assert_eq!(p.sout_bytes(4096, 0, &[rail(100, 3_000, 0), rail(100, 9_000, 0)]), 4096);
+        assert_eq!(p.sout_bytes(4096, 0, [&rail(100, 9_000, 0), &rail(100, 3_000, 0)]), 0);
+        assert_eq!(p.sout_bytes(4096, 0, [&rail(100, 3_000, 0), &rail(100, 9_000, 0)]), 4096);
         // 64 KiB - 1 at 400 vs 100 Gbit/s: 1.3 µs vs 5.2 µs of serialization beats 2 µs of latency.
-        assert_eq!(p.sout_bytes(65535, 0, &[rail(400, 4_000, 0), rail(100, 2_000, 0)]), 65535);
+        assert_eq!(p.sout_bytes(65535, 0, [&rail(400, 4_000, 0), &rail(100, 2_000, 0)]), 65535);
         // At the threshold it is split.
-        let s = p.sout_bytes(65536, 0, &[rail(100, 2_000, 0), rail(100, 2_000, 0)]);
+        let s = p.sout_bytes(65536, 0, [&rail(100, 2_000, 0), &rail(100, 2_000, 0)]);
         assert!(s > 0 && s < 65536, "{s}");
     }
 
@@ -278,13 +269,13 @@ mod tests {
         // Latencies that differ by noise (±5 %): the first rail keeps the stream.
         for i in 0..100u64 {
             let (l0, l1) = (3_000 + (i * 37) % 150, 3_000 + (i * 53) % 150);
-            assert_eq!(p.sout_bytes(8, i, &[rail(100, l0, 0), rail(100, l1, 0)]), 8, "send {i}");
+            assert_eq!(p.sout_bytes(8, i, [&rail(100, l0, 0), &rail(100, l1, 0)]), 8, "send {i}");
         }
         // SOUT's queue grows past the margin: the stream moves to SUP, and stays there
         // while SOUT is no better by more than the margin.
-        assert_eq!(p.sout_bytes(8, 200, &[rail(100, 3_000, 100_000), rail(100, 3_000, 0)]), 0);
-        assert_eq!(p.sout_bytes(8, 300, &[rail(100, 3_000, 0), rail(100, 3_200, 0)]), 0);
-        assert_eq!(p.sout_bytes(8, 400, &[rail(100, 2_000, 0), rail(100, 3_000, 0)]), 8, "clearly sooner");
+        assert_eq!(p.sout_bytes(8, 200, [&rail(100, 3_000, 100_000), &rail(100, 3_000, 0)]), 0);
+        assert_eq!(p.sout_bytes(8, 300, [&rail(100, 3_000, 0), &rail(100, 3_200, 0)]), 0);
+        assert_eq!(p.sout_bytes(8, 400, [&rail(100, 2_000, 0), &rail(100, 3_000, 0)]), 8, "clearly sooner");
     }
 
     #[test]
@@ -292,37 +283,37 @@ mod tests {
         let mut p = Auto::new(0);
         let (ok, mut bad) = (rail(100, 1_000, 0), rail(400, 1_000, 0));
         bad.failed = true;
-        assert_eq!(p.sout_bytes(1 << 20, 0, &[bad, ok]), 0);
-        assert_eq!(p.sout_bytes(1 << 20, 0, &[ok, bad]), 1 << 20);
-        assert_eq!(p.sout_bytes(0, 0, &[ok, ok]), 0, "0 bytes: the engine puts it on SOUT alone");
+        assert_eq!(p.sout_bytes(1 << 20, 0, [&bad, &ok]), 0);
+        assert_eq!(p.sout_bytes(1 << 20, 0, [&ok, &bad]), 1 << 20);
+        assert_eq!(p.sout_bytes(0, 0, [&ok, &ok]), 0, "0 bytes: the engine puts it on SOUT alone");
     }
 
     #[test]
     fn congestion_backs_off_multiplicatively_and_recovers_additively() {
         let mut p = Auto::new(0);
         let (mut a, b) = (rail(100, 10_000, 0), rail(100, 10_000, 0));
-        assert_eq!(p.sout_bytes(1 << 20, 0, &[a, b]), 1 << 19);
+        assert_eq!(p.sout_bytes(1 << 20, 0, [&a, &b]), 1 << 19);
         // One congested sample on SOUT: its rate counts 3/4, so it gets 3/7.
         (a.samples, a.congestion_events) = (2, 1);
-        let s = p.sout_bytes(1 << 20, 1_000, &[a, b]);
+        let s = p.sout_bytes(1 << 20, 1_000, [&a, &b]);
         assert_eq!(p.backoff(), [0.75, 1.0]);
         assert!((s as f64 / (1 << 20) as f64 - 3.0 / 7.0).abs() < 0.001, "{s}");
         // Another one within the same SRTT is the same episode: no second backoff.
         (a.samples, a.congestion_events) = (3, 2);
-        p.sout_bytes(1 << 20, 5_000, &[a, b]);
+        p.sout_bytes(1 << 20, 5_000, [&a, &b]);
         assert_eq!(p.backoff(), [0.75, 1.0]);
         // A later episode backs off again, down to the floor at most.
         for i in 0..10u64 {
             (a.samples, a.congestion_events) = (4 + i, 3 + i);
-            p.sout_bytes(1 << 20, 20_000 * (i + 1), &[a, b]);
+            p.sout_bytes(1 << 20, 20_000 * (i + 1), [&a, &b]);
         }
         assert_eq!(p.backoff(), [1.0 / 16.0, 1.0]);
         // Clean samples add back 1/8 each.
         a.samples += 2;
-        p.sout_bytes(1 << 20, 400_000, &[a, b]);
+        p.sout_bytes(1 << 20, 400_000, [&a, &b]);
         assert_eq!(p.backoff(), [1.0 / 16.0 + 2.0 / 8.0, 1.0]);
         a.samples += 100;
-        p.sout_bytes(1 << 20, 500_000, &[a, b]);
+        p.sout_bytes(1 << 20, 500_000, [&a, &b]);
         assert_eq!(p.backoff(), [1.0, 1.0]);
     }
 }

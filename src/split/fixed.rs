@@ -18,7 +18,7 @@ impl Fixed {
 
 impl SplitPolicy for Fixed {
     #[inline]
-    fn sout_bytes(&mut self, size: u64, _now_ns: u64, _rails: &[RailView; 2]) -> u64 {
+    fn sout_bytes(&mut self, size: u64, _now_ns: u64, _rails: [&RailView; 2]) -> u64 {
         match self.percent {
             100 => size,
             0 => 0,
@@ -50,22 +50,22 @@ mod tests {
     #[test]
     fn all_or_nothing() {
         for size in [0, 1, 127, 128, 129, 1 << 20] {
-            assert_eq!(Fixed::percent(100).sout_bytes(size, 0, &RAILS), size);
-            assert_eq!(Fixed::percent(0).sout_bytes(size, 0, &RAILS), 0);
+            assert_eq!(Fixed::percent(100).sout_bytes(size, 0, [&RAILS[0], &RAILS[1]]), size);
+            assert_eq!(Fixed::percent(0).sout_bytes(size, 0, [&RAILS[0], &RAILS[1]]), 0);
         }
     }
 
     #[test]
     fn percentage_is_128_byte_aligned_or_whole() {
         let mut half = Fixed::percent(50);
-        assert_eq!(half.sout_bytes(1 << 20, 0, &RAILS), 1 << 19);
-        assert_eq!(half.sout_bytes(1000, 0, &RAILS), 512);
+        assert_eq!(half.sout_bytes(1 << 20, 0, [&RAILS[0], &RAILS[1]]), 1 << 19);
+        assert_eq!(half.sout_bytes(1000, 0, [&RAILS[0], &RAILS[1]]), 512);
         // Too small to split into aligned parts: one rail takes it whole.
-        let s = half.sout_bytes(100, 0, &RAILS);
+        let s = half.sout_bytes(100, 0, [&RAILS[0], &RAILS[1]]);
         assert!(s == 0 || s == 100, "{s}");
         for size in [129u64, 4096, 1_048_579, 64 << 20] {
             for p in [1u8, 10, 33, 50, 66, 99] {
-                let s = Fixed::percent(p).sout_bytes(size, 0, &RAILS);
+                let s = Fixed::percent(p).sout_bytes(size, 0, [&RAILS[0], &RAILS[1]]);
                 assert!(s <= size && (s % 128 == 0 || s == size), "p={p} size={size} -> {s}");
                 let want = size as f64 * p as f64 / 100.0;
                 assert!((s as f64 - want).abs() <= 128.0, "p={p} size={size} -> {s}, want ~{want}");

@@ -1,8 +1,12 @@
 //! Split policies: telemetry in, the bytes of each send on SOUT out (the rest on SUP).
 //! One trait, a file per policy (as quinn-proto's congestion controllers); the plugin picks
 //! one per connection from `MPIB_SPLIT`, and the engine asks it immediately before posting.
+//! The trait's one method is the only door: the engine calls [`SplitPolicy::sout_bytes`] on
+//! an [`AnySplit`] and nothing else, so a new policy is a file here, a variant of
+//! [`AnySplit`] and a name in the configuration.
 
 use crate::config::{Config, SplitMode};
+use crate::rail::RailMask;
 use crate::telemetry::RailView;
 
 mod auto;
@@ -20,12 +24,13 @@ pub const SHARE_ALIGN: u64 = 128;
 pub trait SplitPolicy {
     /// Bytes of a `size`-byte send to put on SOUT; the rest goes on SUP. The answer must
     /// be a multiple of [`SHARE_ALIGN`] or `size` itself; the engine clamps it to `size`.
-    /// `rails[0]` is SOUT, `rails[1]` SUP. Called on the data path: a few arithmetic
-    /// operations, no allocation, no lock.
-    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: &[RailView; 2]) -> u64;
+    /// `rails[0]` is SOUT, `rails[1]` SUP, read where they are (the engine's telemetry: no
+    /// copy per send). Called on the data path: a few arithmetic operations, no
+    /// allocation, no lock.
+    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64;
 }
 
-/// The policies, for static dispatch in the engine.
+/// The policies, for static dispatch in the engine (the one `match` on them is here).
 #[derive(Clone, Debug)]
 pub enum AnySplit {
     Fixed(Fixed),
@@ -52,24 +57,30 @@ impl AnySplit {
 
 impl SplitPolicy for AnySplit {
     #[inline]
-    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: &[RailView; 2]) -> u64 {
+    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
         match self {
             AnySplit::Fixed(p) => p.sout_bytes(size, now_ns, rails),
-            AnySplit::Auto(p) => p.sout_bytes(size, now_ns, rails),
+            AnySplit::Auto(p) => out_of_line(p, size, now_ns, rails),
         }
     }
 }
 
-/// The active-rail mask (bit 0 SOUT, bit 1 SUP) of a `size`-byte transfer with
-/// `sout_bytes` on SOUT: a rail is active only if it carries bytes (never a 0-byte IMM),
-/// and a transfer of 0 bytes uses SOUT alone.
+/// `p`'s answer from a call of its own. For a policy with rail arithmetic (auto): inlined,
+/// the compiler computes some of it ahead of the match on the policy, for fixed splits too.
+#[inline(never)]
+fn out_of_line(p: &mut impl SplitPolicy, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
+    p.sout_bytes(size, now_ns, rails)
+}
+
+/// The active rails of a `size`-byte transfer with `sout_bytes` on SOUT: a rail is active
+/// only if it carries bytes (never a 0-byte IMM), and a transfer of 0 bytes uses SOUT alone.
 #[inline]
-pub fn active_mask(size: u64, sout_bytes: u64) -> u8 {
+pub fn active_mask(size: u64, sout_bytes: u64) -> RailMask {
     let sout = sout_bytes.min(size);
     match (sout > 0, size > sout) {
-        (true, true) => 0b11,
-        (false, true) => 0b10,
-        _ => 0b01,
+        (true, true) => RailMask::BOTH,
+        (false, true) => RailMask::SUP,
+        _ => RailMask::SOUT,
     }
 }
 
@@ -87,26 +98,27 @@ mod tests {
 
     #[test]
     fn mask_follows_the_bytes_and_empty_goes_to_sout() {
-        assert_eq!(active_mask(0, 0), 0b01);
-        assert_eq!(active_mask(1000, 1000), 0b01);
-        assert_eq!(active_mask(1000, 5000), 0b01, "clamped to the size");
-        assert_eq!(active_mask(1000, 0), 0b10);
-        assert_eq!(active_mask(1000, 512), 0b11);
+        assert_eq!(active_mask(0, 0), RailMask::SOUT);
+        assert_eq!(active_mask(1000, 1000), RailMask::SOUT);
+        assert_eq!(active_mask(1000, 5000), RailMask::SOUT, "clamped to the size");
+        assert_eq!(active_mask(1000, 0), RailMask::SUP);
+        assert_eq!(active_mask(1000, 512), RailMask::BOTH);
     }
 
     #[test]
     fn modes_pick_their_policy() {
-        let rails = [RailView { speed_mbps: 100_000, ..RailView::default() }; 2];
+        let view = RailView { speed_mbps: 100_000, ..RailView::default() };
+        let rails = [&view, &view];
         let mut cfg = Config::default();
         assert!(matches!(AnySplit::from_config(&cfg), AnySplit::Auto(_)));
         // Auto's threshold comes from the configuration.
         cfg.split_min_bytes = 1 << 20;
-        let s = AnySplit::from_config(&cfg).sout_bytes(1 << 19, 0, &rails);
+        let s = AnySplit::from_config(&cfg).sout_bytes(1 << 19, 0, rails);
         assert!(s == 0 || s == 1 << 19, "below MPIB_SPLIT_MIN_BYTES: whole, got {s}");
         cfg.split_min_bytes = 0;
-        assert_eq!(AnySplit::from_config(&cfg).sout_bytes(1 << 19, 0, &rails), 1 << 18);
-        assert_eq!(AnySplit::from_mode(SplitMode::Sup, 0).sout_bytes(4096, 0, &rails), 0);
-        assert_eq!(AnySplit::from_mode(SplitMode::Sout, 0).sout_bytes(4096, 0, &rails), 4096);
-        assert_eq!(AnySplit::from_mode(SplitMode::Percent(25), 0).sout_bytes(4096, 0, &rails), 1024);
+        assert_eq!(AnySplit::from_config(&cfg).sout_bytes(1 << 19, 0, rails), 1 << 18);
+        assert_eq!(AnySplit::from_mode(SplitMode::Sup, 0).sout_bytes(4096, 0, rails), 0);
+        assert_eq!(AnySplit::from_mode(SplitMode::Sout, 0).sout_bytes(4096, 0, rails), 4096);
+        assert_eq!(AnySplit::from_mode(SplitMode::Percent(25), 0).sout_bytes(4096, 0, rails), 1024);
     }
 }

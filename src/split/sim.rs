@@ -15,6 +15,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use super::{SplitPolicy, active_mask};
+use crate::rail::RailMask;
 use crate::telemetry::{RailTelemetry, Sample, TelemetryConfig};
 
 /// One simulated rail.
@@ -283,20 +284,19 @@ impl<P: SplitPolicy> Sim<'_, P> {
     fn send(&mut self, t: u64, slot: usize) {
         let size = self.cfg.send_sizes[self.next_size % self.cfg.send_sizes.len()];
         self.next_size += 1;
-        let views = [*self.tel[0].view(), *self.tel[1].view()];
-        let sout = self.policy.sout_bytes(size, t, &views).min(size);
+        let sout = self.policy.sout_bytes(size, t, [self.tel[0].view(), self.tel[1].view()]).min(size);
         let mask = active_mask(size, sout);
         self.report.sends += 1;
         self.slot(t).sends += 1;
-        self.slot(t).split_sends += (mask == 0b11) as u32;
+        self.slot(t).split_sends += (mask == RailMask::BOTH) as u32;
         if size == 0 {
             self.report.empty_sends += 1;
-            self.report.empty_sends_on_sout_alone += (mask == 0b01) as u64;
-        } else if mask == 0b11 {
+            self.report.empty_sends_on_sout_alone += (mask == RailMask::SOUT) as u64;
+        } else if mask == RailMask::BOTH {
             self.report.split_sends += 1;
         }
         for (r, bytes) in [(0, sout), (1, size - sout)] {
-            if mask & (1 << r) != 0 {
+            if mask.contains(r) {
                 self.post(t, r, bytes, size, slot);
             }
         }

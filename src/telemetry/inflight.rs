@@ -9,6 +9,17 @@
 /// More chains than NCCL keeps in flight on one connection (at most 32 requests).
 const CAPACITY: usize = 64;
 
+/// What a chain found on its rail when it was posted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Occupancy {
+    /// Behind other chains: its RTT includes a queue.
+    #[default]
+    Queued,
+    /// Posted on an idle rail: its RTT is latency and its own serialization only (a
+    /// base-latency sample).
+    Alone,
+}
+
 /// One chain in flight, with what was expected of it when it was posted.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Chain {
@@ -16,8 +27,7 @@ pub struct Chain {
     pub bytes: u64,
     /// Expected wait (ns) before the rail would start on it: the queue it joined.
     pub wait_ns: u64,
-    /// Posted on an idle rail: its RTT is latency and its own serialization only.
-    pub alone: bool,
+    pub occupancy: Occupancy,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,7 +98,8 @@ mod tests {
     use super::*;
 
     fn chain(posted_ns: u64, bytes: u64) -> Chain {
-        Chain { posted_ns, bytes, wait_ns: posted_ns / 2, alone: posted_ns == 0 }
+        let occupancy = if posted_ns == 0 { Occupancy::Alone } else { Occupancy::Queued };
+        Chain { posted_ns, bytes, wait_ns: posted_ns / 2, occupancy }
     }
 
     #[test]

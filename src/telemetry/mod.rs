@@ -15,8 +15,8 @@
 //! ```text
 //! connect:   tel[r] = RailTelemetry::registered(TelemetryConfig::from_config(cfg, speed_mbps), r)
 //!            policy = AnySplit::from_config(cfg)
-//! isend:     sout = policy.sout_bytes(size, now, &[*tel[0].view(), *tel[1].view()])
-//!            mask = split::active_mask(size, sout)      // then per active rail r:
+//! isend:     sout = policy.sout_bytes(size, now, [tel[0].view(), tel[1].view()])
+//!            mask = split::active_mask(size, sout)      // then per rail r of the mask:
 //!            tel[r].on_post(now, bytes_r)               // estimator: bytes in flight, queue
 //!            tel[r].stats().count_post(wrs, imm_wrs, bytes_r, size)   // counters: one doorbell
 //! poll:      tel[r].stats().count_cqes(n)
@@ -47,7 +47,7 @@ pub use registry::{RailTotals, StatsHandle, process_totals};
 pub use stats::{RailCounters, RailCounts, RailGauges, RailStats};
 
 use crate::config::Config;
-use inflight::{Chain, InflightChains};
+use inflight::{Chain, InflightChains, Occupancy};
 use rate::DeliveryRate;
 use rtt::RttEstimator;
 use window_min::WindowedMin;
@@ -242,7 +242,8 @@ impl RailTelemetry {
             v.drain_start_ns = now_ns + v.base_ns;
         }
         v.inflight_bytes += bytes;
-        self.chains.push(Chain { posted_ns: now_ns, bytes, wait_ns: wait, alone });
+        let occupancy = if alone { Occupancy::Alone } else { Occupancy::Queued };
+        self.chains.push(Chain { posted_ns: now_ns, bytes, wait_ns: wait, occupancy });
         v.head_chain_bytes = self.chains.oldest_bytes();
         self.last_post_ns = now_ns;
     }
@@ -259,7 +260,7 @@ impl RailTelemetry {
         v.head_chain_bytes = self.chains.oldest_bytes();
         let rtt = sample.completed_ns.saturating_sub(sample.posted_ns);
         self.stats.latency.record(rtt);
-        self.on_rtt(sample.completed_ns, rtt, sample.bytes, chain.wait_ns, chain.alone);
+        self.on_rtt(sample.completed_ns, rtt, sample.bytes, chain.wait_ns, chain.occupancy);
         let base = self.base.get().unwrap_or(0);
         let sampled = self.rate.samples();
         self.rate.on_chain(sample.posted_ns, sample.completed_ns, sample.bytes, base, BW_TAU_NS);
@@ -271,10 +272,10 @@ impl RailTelemetry {
     }
 
     /// One RTT sample of a chain of `bytes` (0 for a probe) completed at `now_ns`, that
-    /// was expected to wait `wait_ns` for the rail; `alone`: it had the rail to itself
-    /// (a probe, or a chain posted on an idle rail).
+    /// was expected to wait `wait_ns` for the rail; [`Occupancy::Alone`]: it had the rail
+    /// to itself (a probe, or a chain posted on an idle rail).
     #[inline]
-    fn on_rtt(&mut self, now_ns: u64, rtt: u64, bytes: u64, wait_ns: u64, alone: bool) {
+    fn on_rtt(&mut self, now_ns: u64, rtt: u64, bytes: u64, wait_ns: u64, occupancy: Occupancy) {
         let (alpha, beta) = (self.cfg.alpha, self.cfg.beta);
         let own_ns = f64_of(bytes) / self.rate.bytes_per_ns().max(1e-9);
         let delay = u64_of((f64_of(rtt) - f64_of(wait_ns) - own_ns).max(0.0));
@@ -282,7 +283,10 @@ impl RailTelemetry {
         let congested = self.delay.exceeds(delay, margin);
         self.delay.update(delay, alpha, beta);
         self.rtt.update(rtt, alpha, beta);
-        let base = if alone { self.base.update(now_ns, delay, BASE_WINDOW_NS) } else { self.base.get().unwrap_or(0) };
+        let base = match occupancy {
+            Occupancy::Alone => self.base.update(now_ns, delay, BASE_WINDOW_NS),
+            Occupancy::Queued => self.base.get().unwrap_or(0),
+        };
         let v = &mut self.view;
         v.srtt_ns = self.rtt.srtt_ns();
         v.rttvar_ns = self.rtt.rttvar_ns();
@@ -355,7 +359,7 @@ impl RailTelemetry {
     /// chain (SRTT/RTTVAR, base latency, congestion signal; not the delivery rate).
     pub fn on_probe_complete(&mut self, completed_ns: u64) {
         if let Some(posted) = self.probe_posted_ns.take() {
-            self.on_rtt(completed_ns, completed_ns.saturating_sub(posted), 0, 0, true);
+            self.on_rtt(completed_ns, completed_ns.saturating_sub(posted), 0, 0, Occupancy::Alone);
         }
     }
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use mpib::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, MrKeys, QpCaps, QpInfo, QueuePair, SendWr, Sge,
-    SharedRecvQueue, WcOpcode, WcStatus, WrOpcode,
+    SharedRecvQueue, Timestamps, WcOpcode, WcStatus, WrOpcode,
 };
 
 /// How long any single wait may take (Soft-RoCE under an emulated CPU is slow).
@@ -73,7 +73,7 @@ pub struct End<D: Device> {
 
 impl<D: Device> End<D> {
     pub fn new(dev: &Arc<D>, with_srq: bool, len: usize) -> End<D> {
-        End::with_cq(dev, dev.create_cq(1024, false).expect("create_cq"), with_srq, len)
+        End::with_cq(dev, dev.create_cq(1024, Timestamps::Off).expect("create_cq"), with_srq, len)
     }
 
     pub fn with_cq(dev: &Arc<D>, cq: D::Cq, with_srq: bool, len: usize) -> End<D> {

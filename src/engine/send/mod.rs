@@ -4,7 +4,8 @@
 
 use super::layout::{CtsEntry, MAX_RECVS, SLOTS, SendMemory};
 use super::{
-    Chain, ErrorState, Posts, QpRef, RAIL_NAMES, RAILS, RailCounts, SOUT, SUP, WrKind, cold, completion_error,
+    Chain, CompletionFailed, ErrorState, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side,
+    StrayCompletion, Violation, WrKind, cold,
 };
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
@@ -44,6 +45,14 @@ pub struct SendBuf {
     pub lkeys: [u32; RAILS],
 }
 
+/// Whether the caller waits on the connection (a send without its CTS, or not yet
+/// complete): then an idle rail that carries its transfers gets keepalives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallerWaits {
+    Yes,
+    No,
+}
+
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum ReqState {
     #[default]
@@ -66,7 +75,7 @@ struct PostedSlot {
     n: u8,
     reqs: [u16; MAX_RECVS],
     /// Rails whose signalled WR has not completed yet.
-    pending: u8,
+    pending: RailMask,
     posted_ns: [u64; RAILS],
     bytes: [u64; RAILS],
 }
@@ -99,8 +108,8 @@ pub struct SendEngine {
     rr: [u16; RAILS],
     /// Slots whose signalled WR on the rail has not completed.
     outstanding: [u32; RAILS],
-    /// The rail has carried a transfer of this connection (keepalives go only there).
-    carried: [bool; RAILS],
+    /// The rails that have carried a transfer of this connection (keepalives go only there).
+    carried: RailMask,
     error: ErrorState,
     truncations: u64,
     /// No probe or keepalive can be due before this time (ns): the earliest end of a rail's
@@ -131,7 +140,7 @@ impl SendEngine {
             matching: false,
             rr: [0; RAILS],
             outstanding: [0; RAILS],
-            carried: [false; RAILS],
+            carried: RailMask::NONE,
             error: ErrorState::default(),
             truncations: 0,
             probe_check_ns: 0,
@@ -159,14 +168,14 @@ impl SendEngine {
     }
 
     /// Rails with signalled WRs in flight (the CQs worth polling).
-    pub fn busy_rails(&self) -> u8 {
-        let mut m = 0;
-        for r in 0..RAILS {
-            if self.outstanding[r] > 0 || self.tel[r].probe_outstanding() {
-                m |= 1 << r;
-            }
-        }
-        m
+    pub fn busy_rails(&self) -> RailMask {
+        RailMask::from_fn(|r| self.outstanding[r] > 0 || self.tel[r].probe_outstanding())
+    }
+
+    /// Rails whose completions have failed (they get no new traffic).
+    #[inline]
+    pub fn failed_rails(&self) -> RailMask {
+        RailMask::from_fn(|r| self.tel[r].view().failed)
     }
 
     /// Puts the connection in the error state for a failure outside the engine (a post
@@ -178,7 +187,7 @@ impl SendEngine {
     /// Reads the next CTS slot if the receiver has written all of it.
     fn poll_cts(&mut self, mem: &impl SendMemory) -> Result<bool> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
-        if self.slots[slot].pending != 0 {
+        if !self.slots[slot].pending.is_empty() {
             // The slot's previous use still awaits completions (the receiver freed the slot
             // when the IMMs landed; acks can come later). Completions name only (rail, slot):
             // taking the slot now would let a late one complete the new send early and leave
@@ -191,11 +200,7 @@ impl SendEngine {
         }
         let n = (w0 & 0xff) as usize;
         if n == 0 || n > MAX_RECVS {
-            return Err(self.error.fail(cold(|| {
-                Error::remote(format!(
-                    "protocol violation: CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)"
-                ))
-            })));
+            return Err(self.error.fail(cold(move || Violation::CtsBadCount { slot, n }.into())));
         }
         // The last word of the slot's WRITE is placed last: when it is fresh, all is.
         if n > 1 && mem.fifo_word(slot, n - 1) != w0 {
@@ -204,10 +209,10 @@ impl SendEngine {
         for i in 0..n {
             let e = mem.fifo_entry(slot, i);
             if e.word != w0 || e.nreqs as usize != n {
-                return Err(self.error.fail(cold(|| Error::remote(format!(
-                    "protocol violation: CTS slot {slot} entry {i} is inconsistent (word {:#x}, nreqs {}, expected {w0:#x}, {n})",
-                    e.word, e.nreqs
-                )))));
+                return Err(self.error.fail(cold(move || {
+                    let (word, nreqs) = (e.word, e.nreqs);
+                    Violation::CtsInconsistent { slot, entry: i, word, nreqs, expected_word: w0, expected_n: n }.into()
+                })));
             }
             self.cur.entries[i] = e;
         }
@@ -241,12 +246,7 @@ impl SendEngine {
         };
         let posted = m.entries[i].size;
         let Some(id) = self.free.pop() else {
-            return Err(cold(|| {
-                Error::internal(format!(
-                    "too many send requests in flight (at most {}): NCCL must test and complete earlier ones",
-                    self.reqs.len()
-                ))
-            }));
+            return Err(cold(move || Refused::TooManySends { max: self.reqs.len() }.into()));
         };
         let size = buf.size.min(posted);
         if size < buf.size {
@@ -278,10 +278,10 @@ impl SendEngine {
 
     /// Emits a probe on each healthy rail idle for the probe interval.
     ///
-    /// `waiting`: the caller waits on this connection (a send without its CTS, or not yet
-    /// complete), so even with probes off an idle rail gets a keepalive every
+    /// [`CallerWaits::Yes`]: the caller waits on this connection (a send without its CTS, or
+    /// not yet complete), so even with probes off an idle rail gets a keepalive every
     /// [`KEEPALIVE_NS`](super::KEEPALIVE_NS): a dead receiver is then noticed.
-    pub fn poll_probes(&mut self, now_ns: u64, waiting: bool, out: &mut Posts) {
+    pub fn poll_probes(&mut self, now_ns: u64, waiting: CallerWaits, out: &mut Posts) {
         if now_ns < self.probe_check_ns || self.error.is_set() {
             return;
         }
@@ -296,7 +296,8 @@ impl SendEngine {
             // A keepalive goes on a rail that carries this connection's transfers (SOUT
             // before any): one live rail tells a dead receiver, and a rail that carries no
             // bytes sends nothing at all (MPIB_SPLIT=sout leaves SUP silent).
-            let keepalive = waiting && self.carries(rail) && t.probe_due(now_ns, super::KEEPALIVE_NS);
+            let keepalive =
+                waiting == CallerWaits::Yes && self.carries(rail) && t.probe_due(now_ns, super::KEEPALIVE_NS);
             if !(probe || keepalive) {
                 continue;
             }
@@ -332,7 +333,7 @@ impl SendEngine {
     /// Whether `rail` carries this connection's transfers (SOUT before any).
     #[inline]
     fn carries(&self, rail: usize) -> bool {
-        self.carried[rail] || (rail == SOUT && !self.carried.contains(&true))
+        self.carried.contains(rail) || (rail == SOUT && self.carried.is_empty())
     }
 
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
@@ -346,23 +347,20 @@ impl SendEngine {
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
             self.tel[wr_rail].on_error();
-            return Err(self.error.fail(cold(|| completion_error(wr_rail, &kind.what(slot), c.status))));
+            return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
         }
         match kind {
             WrKind::DataSignal => {
                 let s = &mut self.slots[slot];
-                if s.pending & (1 << wr_rail) == 0 {
-                    return Err(self.error.fail(cold(|| {
-                        Error::internal(format!(
-                            "{} rail: completion for slot {slot}, which has none outstanding",
-                            RAIL_NAMES[wr_rail]
-                        ))
-                    })));
+                if !s.pending.contains(wr_rail) {
+                    return Err(self
+                        .error
+                        .fail(cold(move || StrayCompletion::NoneOutstanding { rail: wr_rail, slot }.into())));
                 }
-                s.pending &= !(1 << wr_rail);
+                s.pending = s.pending.without(wr_rail);
                 self.outstanding[wr_rail] -= 1;
                 let sample = Sample { posted_ns: s.posted_ns[wr_rail], completed_ns: t, bytes: s.bytes[wr_rail] };
-                let done = s.pending == 0;
+                let done = s.pending.is_empty();
                 let (n, reqs) = (s.n as usize, s.reqs);
                 self.tel[wr_rail].on_complete(sample);
                 if done {
@@ -374,22 +372,16 @@ impl SendEngine {
             }
             WrKind::Probe => {
                 if !self.tel[wr_rail].probe_outstanding() {
-                    return Err(self.error.fail(cold(|| {
-                        Error::internal(format!(
-                            "{} rail: probe completion, but no probe is in flight",
-                            RAIL_NAMES[wr_rail]
-                        ))
-                    })));
+                    return Err(self
+                        .error
+                        .fail(cold(move || StrayCompletion::NoProbeInFlight { rail: wr_rail }.into())));
                 }
                 self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
-            _ => Err(self.error.fail(cold(|| {
-                Error::internal(format!(
-                    "{} rail: unexpected {kind:?} completion on a send connection",
-                    RAIL_NAMES[wr_rail]
-                ))
-            }))),
+            _ => Err(self
+                .error
+                .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Send }.into()))),
         }
     }
 
@@ -400,7 +392,7 @@ impl SendEngine {
         // Every call after a failure reports it, even for a request that had completed.
         self.error.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
-            return Err(cold(|| Error::internal(format!("send request {id} does not exist"))));
+            return Err(cold(move || Refused::NoSuchSend { id }.into()));
         };
         match r.state {
             ReqState::Done => {
@@ -410,9 +402,7 @@ impl SendEngine {
                 Ok(Some(size))
             }
             ReqState::Pending => Ok(None),
-            ReqState::Free => {
-                Err(cold(|| Error::internal(format!("send request {id} is not in flight (tested after done?)"))))
-            }
+            ReqState::Free => Err(cold(move || Refused::SendNotInFlight { id }.into())),
         }
     }
 

@@ -5,62 +5,44 @@
 //! carrying the sizes into the receiver's completion records.
 
 use super::{PostedSlot, SendBuf, SendEngine};
-use crate::engine::imm::{Imm, MASK_SOUT, MASK_SUP, SIZEQ_SENTINEL};
+use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
-use crate::engine::{MAX_CHAIN, Posts, QpRef, RAILS, SOUT, SUP, WrKind};
-use crate::error::{Error, Result};
+use crate::engine::{MAX_CHAIN, Posts, QpRef, RailMask, SOUT, SUP, WrKind};
+use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WrOpcode};
-use crate::split::{AnySplit, Auto, SHARE_ALIGN, SplitPolicy};
-use crate::telemetry::RailView;
+use crate::split::{SHARE_ALIGN, SplitPolicy};
 
 /// The rails that carry bytes of a `size`-byte send with `sout` bytes on SOUT.
 #[inline]
-fn rails_carrying(sout: u64, size: u64) -> u8 {
-    (if sout > 0 { MASK_SOUT } else { 0 }) | if size > sout { MASK_SUP } else { 0 }
+fn rails_carrying(sout: u64, size: u64) -> RailMask {
+    (if sout > 0 { RailMask::SOUT } else { RailMask::NONE }) | if size > sout { RailMask::SUP } else { RailMask::NONE }
 }
 
 /// The active rails of a slot whose sends carry bytes on `mask`'s rails. A slot of empty
 /// sends carries none, yet its IMM must go: on SOUT alone (SUP when SOUT has failed).
 #[inline]
-fn or_empty_rail(mask: u8, failed: [bool; RAILS]) -> u8 {
-    if mask != 0 {
+fn or_empty_rail(mask: RailMask, failed: RailMask) -> RailMask {
+    if !mask.is_empty() {
         mask
-    } else if failed[SOUT] {
-        MASK_SUP
+    } else if failed.contains(SOUT) {
+        RailMask::SUP
     } else {
-        MASK_SOUT
+        RailMask::SOUT
     }
-}
-
-/// The auto policy's bytes on SOUT. Out of line: inlined, the compiler computes its rail
-/// arithmetic ahead of the policy check, for fixed splits too.
-#[inline(never)]
-fn auto_share(auto: &mut Auto, size: u64, now_ns: u64, views: [&RailView; RAILS]) -> u64 {
-    auto.share(size, now_ns, views)
 }
 
 impl SendEngine {
-    /// The policy's bytes on SOUT for a `size`-byte send, both rails healthy. The rails'
-    /// views are read where they are (no copy for the auto policy).
-    #[inline]
-    fn sout_share(&mut self, size: u64, now_ns: u64) -> u64 {
-        let views = [self.tel[SOUT].view(), self.tel[SUP].view()];
-        match &mut self.split {
-            AnySplit::Fixed(f) => f.sout_bytes(size, now_ns, &[*views[0], *views[1]]),
-            AnySplit::Auto(a) => auto_share(a, size, now_ns, views),
-        }
-    }
-
     /// The bytes of a `size`-byte send that go on SOUT (the rest go on SUP), given which
-    /// rails have failed.
+    /// rails have failed. The policy reads the rails' views where they are (no copy).
     #[inline]
-    fn sout_part(&mut self, size: u64, now_ns: u64, failed: [bool; RAILS]) -> u64 {
-        if failed[SUP] {
+    fn sout_part(&mut self, size: u64, now_ns: u64, failed: RailMask) -> u64 {
+        if failed.contains(SUP) {
             size
-        } else if failed[SOUT] {
+        } else if failed.contains(SOUT) {
             0
         } else {
-            let s = self.sout_share(size, now_ns).min(size);
+            let views = [self.tel[SOUT].view(), self.tel[SUP].view()];
+            let s = self.split.sout_bytes(size, now_ns, views).min(size);
             // A policy must answer in 128-byte units; repair anything else.
             if s != size && !s.is_multiple_of(SHARE_ALIGN) { crate::split::align_share(s, size) } else { s }
         }
@@ -83,9 +65,9 @@ impl SendEngine {
         self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
         self.tel[rail].on_post(now_ns, rail_bytes);
         self.outstanding[rail] += 1;
-        if !self.carried[rail] {
+        if !self.carried.contains(rail) {
             // Keepalives may now be owed on this rail: check at the next `test`.
-            (self.carried[rail], self.probe_check_ns) = (true, 0);
+            (self.carried, self.probe_check_ns) = (self.carried.with(rail), 0);
         }
         let ps = &mut self.slots[slot];
         ps.posted_ns[rail] = now_ns;
@@ -95,9 +77,9 @@ impl SendEngine {
     /// Splits and posts the fully matched slot `cur`: one chain per active rail.
     pub(super) fn post_slot(&mut self, now_ns: u64, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
-        let failed = [self.tel[SOUT].view().failed, self.tel[SUP].view().failed];
-        if failed[SOUT] && failed[SUP] {
-            return Err(self.error.fail(Error::remote("both rails have failed")));
+        let failed = self.failed_rails();
+        if failed == RailMask::BOTH {
+            return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         let n = self.cur.n;
         if n == 1 {
@@ -112,7 +94,7 @@ impl SendEngine {
         let mut sout = [0u64; MAX_RECVS];
         let mut sizes = [0u64; MAX_RECVS];
         let mut ids = [0u16; MAX_RECVS];
-        let mut mask = 0u8;
+        let mut mask = RailMask::NONE;
         let mut total = 0u64;
         for i in 0..n {
             ids[i] = self.cur.reqs[i].expect("matched");
@@ -125,11 +107,11 @@ impl SendEngine {
         }
         let mask = or_empty_rail(mask, failed);
         let imm = Imm { slot: slot as u8, mask, size_q: SIZEQ_SENTINEL }.encode();
-        let leader = if mask & MASK_SOUT != 0 { SOUT } else { SUP };
+        let leader = if mask.contains(SOUT) { SOUT } else { SUP };
         mem.write_sizes(slot, &sizes[..n]);
         self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, ..PostedSlot::default() };
         for rail in [SOUT, SUP] {
-            if mask & (1 << rail) == 0 {
+            if !mask.contains(rail) {
                 continue; // an inactive rail sends nothing at all
             }
             let qp = self.next_qp(rail);
@@ -139,10 +121,11 @@ impl SendEngine {
                 let (off, len) = if rail == SOUT { (0, sout[i]) } else { (sout[i], sizes[i] - sout[i]) };
                 rail_bytes += len;
                 if len > 0 {
-                    c.push(self.data_wr(rail, slot, &self.cur.bufs[i], &self.cur.entries[i], off, len, false, 0));
+                    c.push(self.data_wr(rail, slot, &self.cur.bufs[i], &self.cur.entries[i], off, len, None));
                 }
             }
-            c.push(self.signal_wr(rail, slot, n, rail == leader, imm));
+            let sizes = if rail == leader { Some(n) } else { None };
+            c.push(self.signal_wr(rail, slot, sizes, imm));
             debug_assert!(c.len as usize <= MAX_CHAIN);
             let wrs = c.len as u64;
             self.posted(now_ns, rail, slot, wrs, rail_bytes, total);
@@ -154,33 +137,27 @@ impl SendEngine {
     /// The fast path of a single receive whose size `size_q` encodes: one WRITE_WITH_IMM
     /// per active rail carries its share of the data and the IMM.
     #[inline]
-    fn post_single(&mut self, now_ns: u64, slot: usize, id: u16, size: u64, failed: [bool; RAILS], out: &mut Posts) {
+    fn post_single(&mut self, now_ns: u64, slot: usize, id: u16, size: u64, failed: RailMask, out: &mut Posts) {
         let s = self.sout_part(size, now_ns, failed);
         let mask = or_empty_rail(rails_carrying(s, size), failed);
         let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
         let ps = &mut self.slots[slot];
         (ps.n, ps.reqs[0], ps.pending) = (1, id, mask);
         for rail in [SOUT, SUP] {
-            if mask & (1 << rail) == 0 {
+            if !mask.contains(rail) {
                 continue; // an inactive rail sends nothing at all
             }
             let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
             let qp = self.next_qp(rail);
-            out.push(rail, qp).push(self.data_wr(
-                rail,
-                slot,
-                &self.cur.bufs[0],
-                &self.cur.entries[0],
-                off,
-                len,
-                true,
-                imm,
-            ));
+            let wr = self.data_wr(rail, slot, &self.cur.bufs[0], &self.cur.entries[0], off, len, Some(imm));
+            out.push(rail, qp).push(wr);
             self.posted(now_ns, rail, slot, 1, len, size);
         }
         self.fifo_head += 1;
     }
 
+    /// A WRITE of `len` bytes at `off` of `buf` into `entry`'s buffer; with `imm`, the
+    /// signalled WRITE_WITH_IMM of the fast path.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn data_wr(
@@ -191,17 +168,18 @@ impl SendEngine {
         entry: &CtsEntry,
         off: u64,
         len: u64,
-        with_imm: bool,
-        imm: u32,
+        imm: Option<u32>,
     ) -> SendWr {
+        let (kind, opcode) =
+            if imm.is_some() { (WrKind::DataSignal, WrOpcode::WriteImm) } else { (WrKind::Data, WrOpcode::Write) };
         let mut wr = SendWr {
-            wr_id: if with_imm { WrKind::DataSignal.id(rail, slot) } else { WrKind::Data.id(rail, slot) },
-            opcode: if with_imm { WrOpcode::WriteImm } else { WrOpcode::Write },
-            signaled: with_imm,
+            wr_id: kind.id(rail, slot),
+            opcode,
+            signaled: imm.is_some(),
             inline: len > 0 && len <= self.cfg.max_inline as u64,
             remote_addr: entry.addr + off,
             rkey: entry.rkeys[rail],
-            imm,
+            imm: imm.unwrap_or(0),
             ..SendWr::default()
         };
         if len > 0 {
@@ -211,10 +189,11 @@ impl SendEngine {
         wr
     }
 
-    /// The signalling WRITE_WITH_IMM of a multi-receive (or oversized) slot: the leader
-    /// rail also writes the sizes into the receiver's completion records.
+    /// The signalling WRITE_WITH_IMM of a multi-receive (or oversized) slot. `sizes`:
+    /// `Some(n)` on the leader rail, whose WR also writes the slot's `n` sizes into the
+    /// receiver's completion records; `None` on the other (IMM only).
     #[inline]
-    fn signal_wr(&self, rail: usize, slot: usize, n: usize, leader: bool, imm: u32) -> SendWr {
+    fn signal_wr(&self, rail: usize, slot: usize, sizes: Option<usize>, imm: u32) -> SendWr {
         let off = (slot * RECORD_SLOT_BYTES) as u64;
         let mut wr = SendWr {
             wr_id: WrKind::DataSignal.id(rail, slot),
@@ -225,7 +204,7 @@ impl SendEngine {
             imm,
             ..SendWr::default()
         };
-        if leader {
+        if let Some(n) = sizes {
             let len = (n * 8) as u32;
             wr.num_sge = 1;
             wr.inline = len <= self.cfg.max_inline;

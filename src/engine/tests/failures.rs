@@ -6,8 +6,8 @@
 use super::broken::*;
 use super::harness::*;
 use crate::engine::imm::Imm;
-use crate::engine::{FlushBuf, QpRef, SOUT, SUP, WrKind};
-use crate::error::ErrorKind;
+use crate::engine::{CompletionFailed, FailedWr, FlushBuf, QpRef, Refused, SOUT, SUP, WrKind};
+use crate::error::{Cause, Error};
 use crate::fabric::{WcOpcode, WcStatus, WrOpcode};
 use crate::split::{AnySplit, Fixed};
 
@@ -32,8 +32,9 @@ fn posted_transfer(p: &mut Pair, sizes: &[usize]) -> (u16, Vec<u16>) {
     (rid, sids)
 }
 
-fn failed(p: &Pair) -> [bool; 2] {
-    [p.s.telemetry()[SOUT].view().failed, p.s.telemetry()[SUP].view().failed]
+/// The completion of the WR `what` of `slot` failed on `rail` with `status`.
+fn failed_wr(rail: usize, what: FailedWr, slot: Option<usize>, status: WcStatus) -> CompletionFailed {
+    CompletionFailed { rail, what, slot, status }
 }
 
 #[test]
@@ -44,9 +45,8 @@ fn failed_data_write_breaks_the_sender_and_fails_its_rail() {
     let wr = p.fail_head(Dir::ToRecv, SOUT, 0, WcStatus::RemoteAccessError);
     assert_eq!((wr.opcode, wr.signaled), (WrOpcode::Write, false));
     p.deliver_all(); // SUP's chain goes through
-    let e =
-        rejected(p.poll_send(), ErrorKind::Remote, &["SOUT rail: a data WRITE of slot 0 failed: remote access error"]);
-    assert_eq!(failed(&p), [true, false], "only the rail that failed is marked");
+    let e = rejected(p.poll_send(), failed_wr(SOUT, FailedWr::DataWrite, Some(0), WcStatus::RemoteAccessError));
+    assert_eq!(p.s.failed_rails(), RailMask::SOUT, "only the rail that failed is marked");
     assert_send_broken(&mut p, &e);
     assert!(sids.iter().all(|&id| p.s.is_live(id)), "no send completes");
     // The receiver got SUP's IMM only: the receive waits, it never completes half-written.
@@ -62,12 +62,8 @@ fn failed_signalling_write_breaks_the_sender_and_fails_its_rail() {
     assert!(p.step(Dir::ToRecv, SOUT, 0) && p.step(Dir::ToRecv, SOUT, 0));
     let wr = p.fail_head(Dir::ToRecv, SOUT, 0, WcStatus::RetryExceeded);
     assert_eq!((wr.opcode, wr.num_sge), (WrOpcode::WriteImm, 1), "the leader's signalling WR");
-    let e = rejected(
-        p.poll_send(),
-        ErrorKind::Remote,
-        &["SOUT rail: the WRITE_WITH_IMM of slot 0 failed: transport retry counter exceeded"],
-    );
-    assert_eq!(failed(&p), [true, false]);
+    let e = rejected(p.poll_send(), failed_wr(SOUT, FailedWr::WriteWithImm, Some(0), WcStatus::RetryExceeded));
+    assert_eq!(p.s.failed_rails(), RailMask::SOUT);
     assert_send_broken(&mut p, &e);
     // The data landed but no IMM came: the receive is not complete.
     p.poll_recv().unwrap();
@@ -80,12 +76,8 @@ fn failed_fast_path_write_on_sup_fails_sup() {
     posted_transfer(&mut p, &[8192]);
     let wr = p.fail_head(Dir::ToRecv, SUP, 0, WcStatus::RemoteOpError);
     assert_eq!((wr.opcode, wr.bytes()), (WrOpcode::WriteImm, 8192));
-    let e = rejected(
-        p.poll_send(),
-        ErrorKind::Remote,
-        &["SUP rail: the WRITE_WITH_IMM of slot 0 failed: remote operation error"],
-    );
-    assert_eq!(failed(&p), [false, true]);
+    let e = rejected(p.poll_send(), failed_wr(SUP, FailedWr::WriteWithImm, Some(0), WcStatus::RemoteOpError));
+    assert_eq!(p.s.failed_rails(), RailMask::SUP);
     assert_send_broken(&mut p, &e);
 }
 
@@ -101,8 +93,8 @@ fn failed_cts_write_breaks_the_receiver() {
         assert_eq!(p.irecv_one(64).0, slot);
         let wr = p.fail_head(Dir::ToSend, SOUT, 0, WcStatus::RemoteAccessError);
         assert_eq!(wr.signaled, slot == 0);
-        let needle = format!("SOUT rail: the CTS WRITE of slot {slot} failed: remote access error");
-        let e = rejected(p.poll_recv(), ErrorKind::Remote, &[&needle]);
+        let want = failed_wr(SOUT, FailedWr::CtsWrite, Some(slot as usize), WcStatus::RemoteAccessError);
+        let e = rejected(p.poll_recv(), want);
         assert_recv_broken(&mut p, &e);
     }
 }
@@ -117,12 +109,8 @@ fn failed_probe_breaks_the_sender_and_fails_its_rail() {
     assert_eq!(WrKind::decode(wr.wr_id).map(|k| k.0), Some(WrKind::Probe));
     p.deliver_all();
     // SOUT's probe completes fine; SUP's fails.
-    let e = rejected(
-        p.poll_send(),
-        ErrorKind::Remote,
-        &["SUP rail: a probe WRITE failed: transport retry counter exceeded"],
-    );
-    assert_eq!(failed(&p), [false, true]);
+    let e = rejected(p.poll_send(), failed_wr(SUP, FailedWr::ProbeWrite, None, WcStatus::RetryExceeded));
+    assert_eq!(p.s.failed_rails(), RailMask::SUP);
     assert_send_broken(&mut p, &e);
 }
 
@@ -136,11 +124,7 @@ fn flushed_imm_receive_breaks_the_receiver() {
         opcode: WcOpcode::RecvRdmaWithImm,
         ..crate::fabric::Completion::default()
     };
-    let e = rejected(
-        p.inject_recv(SUP, c),
-        ErrorKind::Remote,
-        &["SUP rail: receiving an IMM failed: work request flushed (QP in error state)"],
-    );
+    let e = rejected(p.inject_recv(SUP, c), failed_wr(SUP, FailedWr::ImmReceive, None, WcStatus::Flushed));
     assert_eq!(p.r.srq_level(SUP), level - 1, "the flushed WQE left the SRQ");
     assert_recv_broken(&mut p, &e);
     assert!(p.r.is_live(rid));
@@ -154,8 +138,7 @@ fn failed_receive_with_an_undefined_opcode_breaks_the_receiver() {
     p.irecv_one(64);
     let e = rejected(
         p.inject_recv(SOUT, wr_cqe(0, WcStatus::Flushed)),
-        ErrorKind::Remote,
-        &["SOUT rail: a work request failed: work request flushed"],
+        failed_wr(SOUT, FailedWr::Unknown, None, WcStatus::Flushed),
     );
     assert_recv_broken(&mut p, &e);
 }
@@ -174,7 +157,7 @@ fn flush_posts(p: &mut Pair) -> Vec<(usize, crate::fabric::SendWr)> {
 
 #[test]
 fn flush_reads_one_byte_per_rail_and_completes_when_all_did() {
-    for (rails, want) in [(0b11u8, vec![SOUT, SUP]), (0b10, vec![SUP])] {
+    for (rails, want) in [(RailMask::BOTH, vec![SOUT, SUP]), (RailMask::SUP, vec![SUP])] {
         let mut p = Pair::new(Opts { rails_mask: rails, ..Opts::default() });
         let buf = FlushBuf { addr: 0x5000, rkeys: [81, 82] };
         let id = p.r.iflush(buf, &mut p.posts).unwrap().unwrap();
@@ -208,8 +191,7 @@ fn duplicate_flush_completion_breaks_the_receiver() {
     // The same completion again must not count for SUP's READ, nor for another flush.
     let e = rejected(
         p.inject_recv(SOUT, wr_cqe(fa[0].1.wr_id, WcStatus::Success)),
-        ErrorKind::Internal,
-        &["SOUT rail: flush completion for flush 0, which is not in flight on this rail"],
+        crate::engine::StrayCompletion::FlushNotInFlight { rail: SOUT, flush: 0 },
     );
     assert_recv_broken(&mut p, &e);
     assert!(p.r.is_live(a) && p.r.is_live(b));
@@ -222,8 +204,7 @@ fn failed_flush_read_breaks_the_receiver() {
     let posts = flush_posts(&mut p);
     let e = rejected(
         p.inject_recv(SUP, wr_cqe(posts[1].1.wr_id, WcStatus::LocalError)),
-        ErrorKind::Remote,
-        &["SUP rail: the READ of flush 0 failed: local length/protection error"],
+        failed_wr(SUP, FailedWr::FlushRead, Some(0), WcStatus::LocalError),
     );
     assert_recv_broken(&mut p, &e);
 }
@@ -236,7 +217,7 @@ fn too_many_flushes_are_refused() {
         p.posts.clear();
     }
     let e = p.r.iflush(FlushBuf { addr: 0x5000, rkeys: [81, 82] }, &mut p.posts);
-    rejected(e, ErrorKind::Internal, &["too many flushes in flight (at most 32)"]);
+    rejected(e, Refused::TooManyFlushes { max: 32 });
     assert_eq!(p.posts.n, 0);
     assert!(p.r.error().is_none());
 }
@@ -252,11 +233,11 @@ fn an_imm_that_survives_a_failure_is_not_interpreted() {
     p.inject_recv(SUP, p.cq_r[SUP][0]).unwrap();
     let e = rejected(
         p.inject_recv(SOUT, wr_cqe(0, WcStatus::RetryExceeded)),
-        ErrorKind::Remote,
-        &["SOUT rail: a work request failed"],
+        failed_wr(SOUT, FailedWr::Unknown, None, WcStatus::RetryExceeded),
     );
     assert_eq!(Imm::decode(sout.imm).slot, 0);
-    rejected(p.inject_recv(SOUT, sout), ErrorKind::Remote, &["connection failed earlier"]);
-    rejected(p.r.test(rid), ErrorKind::Remote, &["connection failed earlier"]);
+    let earlier = Error::from_cause(e.kind, Cause::FailedEarlier(e.clone()));
+    rejected(p.inject_recv(SOUT, sout), earlier.clone());
+    rejected(p.r.test(rid), earlier);
     assert_recv_broken(&mut p, &e);
 }

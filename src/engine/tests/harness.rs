@@ -13,6 +13,8 @@ use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
+pub use crate::engine::{CallerWaits, RailMask};
+
 /// A region base: region `i` lives at `i << 40` in the simulated address space.
 pub const fn base(i: u64) -> u64 {
     i << 40
@@ -198,7 +200,7 @@ pub struct Opts {
     pub srq: (u32, u32),
     pub probe_ns: u64,
     /// Rails of the receiver's device (bit 0 SOUT, bit 1 SUP).
-    pub rails_mask: u8,
+    pub rails_mask: RailMask,
 }
 
 impl Default for Opts {
@@ -210,7 +212,7 @@ impl Default for Opts {
             max_recv: 32,
             srq: (8, 32),
             probe_ns: 0,
-            rails_mask: 0b11,
+            rails_mask: RailMask::BOTH,
         }
     }
 }
@@ -336,11 +338,11 @@ impl Pair {
     }
 
     pub fn probes(&mut self) {
-        self.probes_waiting(false);
+        self.probes_waiting(CallerWaits::No);
     }
 
     /// Probes, with the caller waiting on the connection (keepalives even with probes off).
-    pub fn probes_waiting(&mut self, waiting: bool) {
+    pub fn probes_waiting(&mut self, waiting: CallerWaits) {
         self.s.poll_probes(self.now, waiting, &mut self.posts);
         self.enqueue(Dir::ToRecv);
     }

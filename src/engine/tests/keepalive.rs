@@ -3,7 +3,8 @@
 //! signalled WRITE every `KEEPALIVE_NS` of silence; its failure is the error the caller sees.
 
 use super::harness::*;
-use crate::engine::{KEEPALIVE_NS, QpRef, SOUT, SUP, WrKind};
+use crate::engine::{CompletionFailed, FailedWr, KEEPALIVE_NS, QpRef, SOUT, SUP, WrKind};
+use crate::error::Cause;
 use crate::fabric::{Completion, WcOpcode, WcStatus, WrOpcode};
 
 /// One transfer of `size` bytes, tag 0, from the receive's posting to both sides' completion.
@@ -21,7 +22,7 @@ fn transfer(p: &mut Pair, size: usize) {
 /// The rails of the keepalives a waiting sender writes at `p.now` (probes off).
 fn keepalive_rails(p: &mut Pair) -> Vec<usize> {
     let before = p.chains.len();
-    p.probes_waiting(true);
+    p.probes_waiting(CallerWaits::Yes);
     let rails = p.chains[before..].iter().map(|c| c.rail).collect();
     p.deliver_all();
     p.poll_send().unwrap();
@@ -33,7 +34,7 @@ fn a_waiting_sender_keeps_its_rails_alive_even_with_probes_off() {
     let mut p = Pair::new(Opts::default()); // probes off, 50/50
     p.now = 5 * KEEPALIVE_NS;
     let before = p.chains.len();
-    p.probes_waiting(false);
+    p.probes_waiting(CallerWaits::No);
     assert_eq!(p.chains.len(), before, "not waiting, probes off: nothing");
     assert_eq!(keepalive_rails(&mut p), vec![SOUT], "before any transfer: SOUT alone");
     p.now += KEEPALIVE_NS / 2;
@@ -88,6 +89,9 @@ fn a_failed_keepalive_is_the_error_the_waiting_receiver_sees() {
     let wr_id = WrKind::Probe.id(SOUT, 0);
     let c = Completion { wr_id, status: WcStatus::RetryExceeded, opcode: WcOpcode::RdmaWrite, ..Completion::default() };
     let e = p.r.on_completion(p.now, SOUT, &c, &p.rs).unwrap_err();
-    assert!(e.msg.contains("retry"), "{}", e.msg);
-    assert!(p.r.test(id).unwrap_err().msg.contains("connection failed earlier"));
+    let want = CompletionFailed { rail: SOUT, what: FailedWr::ProbeWrite, slot: None, status: WcStatus::RetryExceeded };
+    assert_eq!(e.cause, Cause::CompletionFailed(want));
+    let later = p.r.test(id).unwrap_err();
+    assert!(matches!(&later.cause, Cause::FailedEarlier(first) if *first == e), "{later}");
+    assert!(matches!(later.root().cause, Cause::CompletionFailed(CompletionFailed { rail: SOUT, .. })));
 }

@@ -6,6 +6,7 @@ mod failures;
 mod harness;
 mod interleavings;
 mod keepalive;
+mod messages;
 mod model;
 mod probes;
 mod protocol;

@@ -292,28 +292,23 @@ impl Model {
         let slot = (r.seq % SLOTS as u64) as usize;
         let n = r.bufs.len();
         let sizes: Vec<u64> = (0..n).map(|k| r.expected(k) as u64).collect();
-        let views = [RailView::default(); 2];
+        let view = RailView::default();
         let shares: Vec<u64> =
-            sizes.iter().map(|&s| Fixed::percent(self.cfg.percent).sout_bytes(s, 0, &views)).collect();
+            sizes.iter().map(|&s| Fixed::percent(self.cfg.percent).sout_bytes(s, 0, [&view, &view])).collect();
         let part = |rail: usize, k: usize| {
             if rail == SOUT { (0, shares[k]) } else { (shares[k], sizes[k] - shares[k]) }
         };
-        let mut mask = 0u8;
-        for rail in [SOUT, SUP] {
-            if (0..n).any(|k| part(rail, k).1 > 0) {
-                mask |= 1 << rail;
-            }
-        }
-        if mask == 0 {
-            mask = 0b01;
+        let mut mask = RailMask::from_fn(|rail| (0..n).any(|k| part(rail, k).1 > 0));
+        if mask.is_empty() {
+            mask = RailMask::SOUT;
         }
         let fast = n == 1 && sizes[0] <= MAX_FAST_SIZE;
         let size_q = if fast { Imm::size_q_for(sizes[0]) } else { SIZEQ_SENTINEL };
         let imm = Imm { slot: slot as u8, mask, size_q }.encode();
-        let leader = if mask & 1 != 0 { SOUT } else { SUP };
+        let leader = if mask.contains(SOUT) { SOUT } else { SUP };
         let chains: Vec<ChainRec> = self.p.chains[first..].to_vec();
         let rails: Vec<usize> = chains.iter().map(|c| c.rail).collect();
-        let want: Vec<usize> = [SOUT, SUP].into_iter().filter(|r| mask >> r & 1 != 0).collect();
+        let want: Vec<usize> = mask.iter().collect();
         prop_assert_eq!(rails, want, "one chain per active rail, none on an inactive one");
         let mut wrs = Vec::new();
         let mut signals = Vec::new();

@@ -48,7 +48,7 @@ fn fast_path_posts_one_write_with_imm_per_active_rail() {
         assert!(wr.signaled);
         assert_eq!(wr.bytes(), 1 << 19);
         let imm = Imm::decode(wr.imm);
-        assert_eq!((imm.mask, imm.size_q), (0b11, (1 << 20) / 128));
+        assert_eq!((imm.mask, imm.size_q), (RailMask::BOTH, (1 << 20) / 128));
     }
 }
 
@@ -73,7 +73,7 @@ fn empty_transfer_uses_sout_alone_even_when_split_says_sup() {
     assert_eq!(one(&mut p, 0, 128, 3), (0, 0));
     assert_eq!(p.wrs_on(Dir::ToRecv, SUP), 0);
     let (_, _, _, wr) = p.log.iter().find(|(d, _, _, _)| *d == Dir::ToRecv).unwrap();
-    assert_eq!(Imm::decode(wr.imm).mask, 0b01);
+    assert_eq!(Imm::decode(wr.imm).mask, RailMask::SOUT);
     assert_eq!(p.s.counters()[SOUT].zero_byte_imm, 0, "an empty transfer's IMM is not a wasted one");
 }
 

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::harness::*;
 use crate::engine::imm::{Imm, MAX_FAST_SIZE, SIZEQ_SENTINEL};
-use crate::engine::{QpRef, RAILS, RailCounts, SOUT, SUP, WrKind};
+use crate::engine::{QpRef, RAILS, RailCounts, RailMask, SOUT, SUP, WrKind};
 use crate::fabric::{SendWr, WrOpcode};
 use crate::split::{AnySplit, Fixed, SplitPolicy};
 use crate::telemetry::RailView;
@@ -71,7 +71,7 @@ fn one_rail_only(percent: u8, rail: usize) {
         assert_eq!(chains.len(), 1, "{sizes:?}: one chain");
         assert_eq!(chains[0].0, rail);
         let imm = imm_of(&chains);
-        assert_eq!(imm.mask, 1 << rail);
+        assert_eq!(imm.mask, RailMask::of(rail));
         let wrs = &chains[0].2;
         if sizes.len() > 1 {
             // This rail is the leader (it is the only one): it writes the records.
@@ -106,7 +106,7 @@ fn an_empty_multi_receive_uses_sout_alone_whatever_the_split() {
         let chains = transfer(&mut p, &[0, 0, 0], 1);
         assert_eq!(chains.len(), 1);
         assert_eq!(chains[0].0, SOUT);
-        assert_eq!(imm_of(&chains).mask, 0b01);
+        assert_eq!(imm_of(&chains).mask, RailMask::SOUT);
         let wrs = &chains[0].2;
         assert_eq!(wrs.len(), 1, "no data WRITE for empty buffers: the signalling WR alone");
         assert_eq!(wrs[0].bytes(), 24, "three sizes in the records");
@@ -120,7 +120,7 @@ fn a_multi_receive_whose_buffers_split_differently_is_one_slot_on_both_rails() {
     // 0 nowhere. The slot's mask is the OR: both rails; SOUT leads.
     let mut p = Pair::new(opts(50));
     let chains = transfer(&mut p, &[100, 4096, 0], 2);
-    assert_eq!(imm_of(&chains).mask, 0b11);
+    assert_eq!(imm_of(&chains).mask, RailMask::BOTH);
     let by_rail = |r: usize| chains.iter().find(|c| c.0 == r).unwrap().2.clone();
     let (sout, sup) = (by_rail(SOUT), by_rail(SUP));
     let lens = |w: &[SendWr]| w.iter().map(|w| w.bytes()).collect::<Vec<_>>();
@@ -139,30 +139,25 @@ proptest! {
     ) {
         let mut p = Pair::new(opts(percent));
         let (chains, ras) = transfer_to(&mut p, &sizes, percent as u64);
-        let views = [RailView::default(); 2];
-        let mut want_mask = 0u8;
+        let view = RailView::default();
         let mut want_bytes = [0u64; RAILS];
         let mut shares = Vec::new();
         for &s in &sizes {
-            let sout = Fixed::percent(percent).sout_bytes(s as u64, 0, &views);
+            let sout = Fixed::percent(percent).sout_bytes(s as u64, 0, [&view, &view]);
             shares.push(sout);
             prop_assert!(sout == s as u64 || sout % 128 == 0);
             prop_assert!((sout as f64 - s as f64 * percent as f64 / 100.0).abs() <= 128.0);
             want_bytes[SOUT] += sout;
             want_bytes[SUP] += s as u64 - sout;
         }
-        for rail in [SOUT, SUP] {
-            if want_bytes[rail] > 0 {
-                want_mask |= 1 << rail;
-            }
-        }
-        if want_mask == 0 {
-            want_mask = 0b01;
+        let mut want_mask = RailMask::from_fn(|rail| want_bytes[rail] > 0);
+        if want_mask.is_empty() {
+            want_mask = RailMask::SOUT;
         }
         prop_assert_eq!(imm_of(&chains).mask, want_mask);
         for rail in [SOUT, SUP] {
             prop_assert_eq!(p.s.counters()[rail].bytes, want_bytes[rail]);
-            prop_assert_eq!(chains.iter().filter(|c| c.0 == rail).count(), (want_mask >> rail & 1) as usize);
+            prop_assert_eq!(chains.iter().filter(|c| c.0 == rail).count(), want_mask.contains(rail) as usize);
         }
         // Each data WRITE carries its rail's part of its buffer: SOUT [0, share), SUP
         // [share, size), at the same offset in source and destination.
@@ -267,7 +262,7 @@ fn counters_match_what_was_posted_on_the_sentinel_path() {
     p.deliver_all();
     assert_eq!(p.test_recv(rid).unwrap().unwrap().sizes[0], size);
     assert_eq!(p.test_send(sid).unwrap(), Some(size));
-    let half = Fixed::percent(50).sout_bytes(size, 0, &[RailView::default(); 2]);
+    let half = Fixed::percent(50).sout_bytes(size, 0, [&RailView::default(), &RailView::default()]);
     assert_eq!(posted(p.s.counters()[SOUT]), counters(2, 1, half, 1, 1));
     assert_eq!(posted(p.s.counters()[SUP]), counters(2, 1, size - half, 1, 1));
     for rail in [SOUT, SUP] {

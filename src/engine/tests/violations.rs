@@ -6,8 +6,8 @@
 use super::broken::*;
 use super::harness::*;
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
-use crate::engine::{SOUT, SUP, WrKind};
-use crate::error::ErrorKind;
+use crate::engine::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS};
+use crate::engine::{Refused, SOUT, SUP, Side, StrayCompletion, Violation, WrKind};
 use crate::fabric::WcStatus;
 
 /// A pair whose receiver has one receive (slot 0) of buffers of `sizes` posted, its CTS
@@ -21,96 +21,106 @@ fn posted(o: Opts, sizes: &[u64]) -> Pair {
     p
 }
 
-fn imm(slot: u8, mask: u8, size_q: u32) -> Imm {
+fn imm(slot: u8, mask: RailMask, size_q: u32) -> Imm {
     Imm { slot, mask, size_q }
 }
 
-/// Injects an IMM on `rail` and expects a protocol violation naming `needles`; then the
-/// receiver is broken.
+/// Injects an IMM on `rail` and expects the protocol violation `want`, arrived on that
+/// rail; then the receiver is broken.
 #[track_caller]
-fn violation(p: &mut Pair, rail: usize, i: Imm, byte_len: u32, needles: &[&str]) {
-    let e = rejected(p.inject_recv(rail, imm_cqe(i, byte_len)), ErrorKind::Remote, needles);
-    assert!(e.msg.starts_with(&format!("protocol violation on the {} rail", ["SOUT", "SUP"][rail])), "{}", e.msg);
+fn violation(p: &mut Pair, rail: usize, i: Imm, byte_len: u32, want: Violation) {
+    assert_eq!(want.rail(), Some(rail));
+    let e = rejected(p.inject_recv(rail, imm_cqe(i, byte_len)), want);
     assert_recv_broken(p, &e);
 }
+
+const BOTH: RailMask = RailMask::BOTH;
+const ONLY_SOUT: RailMask = RailMask::SOUT;
+const ONLY_SUP: RailMask = RailMask::SUP;
 
 #[test]
 fn imm_for_a_slot_without_a_receive_is_rejected() {
     let mut p = posted(Opts::default(), &[256]);
-    violation(&mut p, SOUT, imm(7, 0b01, 1), 100, &["slot 7", "no receive waiting"]);
+    violation(&mut p, SOUT, imm(7, ONLY_SOUT, 1), 100, Violation::NoReceiveWaiting { rail: SOUT, slot: 7 });
 }
 
 #[test]
 fn imm_for_a_slot_whose_data_already_arrived_is_rejected() {
     let mut p = posted(Opts::default(), &[256]);
-    p.inject_recv(SOUT, imm_cqe(imm(0, 0b01, 1), 100)).unwrap();
+    p.inject_recv(SOUT, imm_cqe(imm(0, ONLY_SOUT, 1), 100)).unwrap();
     // Complete, not yet tested: a further IMM for it is a duplicate, not new data.
-    violation(&mut p, SOUT, imm(0, 0b01, 1), 100, &["slot 0", "no receive waiting"]);
+    violation(&mut p, SOUT, imm(0, ONLY_SOUT, 1), 100, Violation::NoReceiveWaiting { rail: SOUT, slot: 0 });
 }
 
 #[test]
 fn mask_zero_is_rejected() {
     let mut p = posted(Opts::default(), &[256]);
-    violation(&mut p, SOUT, imm(0, 0, 1), 100, &["slot 0", "rail mask 0b0", "rails are 0b11"]);
+    let i = imm(0, RailMask::NONE, 1);
+    let want = Violation::BadMask { rail: SOUT, slot: 0, imm: i.encode(), mask: RailMask::NONE, rails: BOTH };
+    violation(&mut p, SOUT, i, 100, want);
 }
 
 #[test]
 fn mask_naming_a_rail_the_device_lacks_is_rejected() {
-    for (rails, rail, mask) in [(0b01u8, SOUT, 0b11u8), (0b01, SOUT, 0b10), (0b10, SUP, 0b11)] {
+    for (rails, rail, mask) in [(ONLY_SOUT, SOUT, BOTH), (ONLY_SOUT, SOUT, ONLY_SUP), (ONLY_SUP, SUP, BOTH)] {
         let mut p = posted(Opts { rails_mask: rails, ..Opts::default() }, &[256]);
         // A single-rail device carries every CTS on its one rail.
         let cts_rail = p.log.iter().find(|(d, ..)| *d == Dir::ToSend).unwrap().1;
-        assert_eq!(1 << cts_rail, rails);
-        let needles = [format!("rail mask {mask:#b}"), format!("rails are {rails:#b}")];
-        violation(&mut p, rail, imm(0, mask, 1), 100, &[&needles[0], &needles[1], "slot 0"]);
+        assert_eq!(RailMask::of(cts_rail), rails);
+        let i = imm(0, mask, 1);
+        violation(&mut p, rail, i, 100, Violation::BadMask { rail, slot: 0, imm: i.encode(), mask, rails });
     }
 }
 
 #[test]
 fn imm_on_a_rail_its_mask_does_not_name_is_rejected() {
     let mut p = posted(Opts::default(), &[256]);
-    violation(&mut p, SUP, imm(0, 0b01, 1), 100, &["slot 0", "mask 0b1 does not name"]);
+    let want = Violation::MaskOmitsRail { rail: SUP, slot: 0, mask: ONLY_SOUT };
+    violation(&mut p, SUP, imm(0, ONLY_SOUT, 1), 100, want);
 }
 
 #[test]
 fn mask_differing_from_the_learned_one_is_rejected() {
     let mut p = posted(Opts::default(), &[256]);
-    p.inject_recv(SOUT, imm_cqe(imm(0, 0b11, 2), 128)).unwrap();
-    violation(&mut p, SUP, imm(0, 0b10, 2), 128, &["slot 0", "mask 0b10", "earlier IMM announced 0b11"]);
+    p.inject_recv(SOUT, imm_cqe(imm(0, BOTH, 2), 128)).unwrap();
+    let want = Violation::MaskChanged { rail: SUP, slot: 0, mask: ONLY_SUP, earlier: BOTH };
+    violation(&mut p, SUP, imm(0, ONLY_SUP, 2), 128, want);
 }
 
 #[test]
 fn second_imm_from_the_same_rail_is_rejected() {
     let mut p = posted(Opts::default(), &[256]);
-    p.inject_recv(SUP, imm_cqe(imm(0, 0b11, 2), 128)).unwrap();
-    violation(&mut p, SUP, imm(0, 0b11, 2), 128, &["second IMM for slot 0"]);
+    p.inject_recv(SUP, imm_cqe(imm(0, BOTH, 2), 128)).unwrap();
+    violation(&mut p, SUP, imm(0, BOTH, 2), 128, Violation::DuplicateImm { rail: SUP, slot: 0 });
 }
 
 #[test]
 fn size_q_differing_between_rails_is_rejected() {
     let mut p = posted(Opts::default(), &[512]);
-    p.inject_recv(SOUT, imm_cqe(imm(0, 0b11, 2), 128)).unwrap();
-    violation(&mut p, SUP, imm(0, 0b11, 3), 128, &["slot 0", "size_q 3", "earlier IMM had 2"]);
+    p.inject_recv(SOUT, imm_cqe(imm(0, BOTH, 2), 128)).unwrap();
+    let want = Violation::SizeQChanged { rail: SUP, slot: 0, size_q: 3, earlier: 2 };
+    violation(&mut p, SUP, imm(0, BOTH, 3), 128, want);
 }
 
 #[test]
 fn size_q_for_a_multi_receive_is_rejected() {
     let mut p = posted(Opts::default(), &[256, 256]);
-    violation(&mut p, SOUT, imm(0, 0b01, 1), 100, &["slot 0", "multi-receive of 2"]);
+    violation(&mut p, SOUT, imm(0, ONLY_SOUT, 1), 100, Violation::SizeForMultiRecv { rail: SOUT, slot: 0, n: 2 });
 }
 
 #[test]
 fn bytes_not_matching_size_q_are_rejected() {
+    let mismatch = |rail, bytes, size_q, posted| Violation::BytesMismatch { rail, slot: 0, bytes, size_q, posted };
     // 100 bytes cannot be size_q 2 (129..=256 bytes).
     let mut p = posted(Opts::default(), &[512]);
-    violation(&mut p, SOUT, imm(0, 0b01, 2), 100, &["slot 0", "100 bytes arrived", "size_q 2"]);
+    violation(&mut p, SOUT, imm(0, ONLY_SOUT, 2), 100, mismatch(SOUT, 100, 2, 512));
     // The rails' bytes are summed: 128 + 128 is size_q 2, not 3.
     let mut p = posted(Opts::default(), &[512]);
-    p.inject_recv(SUP, imm_cqe(imm(0, 0b11, 3), 128)).unwrap();
-    violation(&mut p, SOUT, imm(0, 0b11, 3), 128, &["slot 0", "256 bytes arrived", "size_q 3"]);
+    p.inject_recv(SUP, imm_cqe(imm(0, BOTH, 3), 128)).unwrap();
+    violation(&mut p, SOUT, imm(0, BOTH, 3), 128, mismatch(SOUT, 256, 3, 512));
     // Consistent with size_q, but more than the posted receive.
     let mut p = posted(Opts::default(), &[100]);
-    violation(&mut p, SOUT, imm(0, 0b01, 1), 120, &["slot 0", "120 bytes arrived", "100-byte receive"]);
+    violation(&mut p, SOUT, imm(0, ONLY_SOUT, 1), 120, mismatch(SOUT, 120, 1, 100));
 }
 
 #[test]
@@ -119,14 +129,46 @@ fn completion_record_larger_than_the_posted_size_is_rejected() {
     // The leader's signalling WR wrote the records; the second claims too much.
     p.rs.space.write(RECORDS, &10u64.to_le_bytes());
     p.rs.space.write(RECORDS + 8, &5000u64.to_le_bytes());
-    p.inject_recv(SUP, imm_cqe(imm(0, 0b11, SIZEQ_SENTINEL), 0)).unwrap();
-    violation(
-        &mut p,
-        SOUT,
-        imm(0, 0b11, SIZEQ_SENTINEL),
-        16,
-        &["slot 0", "completion record 1 claims 5000 bytes for a 1000-byte receive"],
-    );
+    p.inject_recv(SUP, imm_cqe(imm(0, BOTH, SIZEQ_SENTINEL), 0)).unwrap();
+    let want = Violation::RecordTooLarge { rail: SOUT, slot: 0, index: 1, claimed: 5000, posted: 1000 };
+    violation(&mut p, SOUT, imm(0, BOTH, SIZEQ_SENTINEL), 16, want);
+}
+
+/// Writes a CTS entry into the sender's FIFO as the receiver's WRITE would.
+fn write_cts(p: &mut Pair, slot: usize, i: usize, e: CtsEntry) {
+    let words: Vec<u8> = e.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
+    p.ss.space.write(FIFO + (slot * CTS_SLOT_BYTES + i * 64) as u64, &words);
+}
+
+#[test]
+fn cts_slot_announcing_a_bad_count_breaks_the_sender() {
+    for n in [0usize, MAX_RECVS + 1] {
+        let mut p = Pair::new(Opts::default());
+        write_cts(
+            &mut p,
+            0,
+            0,
+            CtsEntry { size: 64, nreqs: n as u32, word: CtsEntry::word_for(0, n), ..CtsEntry::default() },
+        );
+        let sa = p.send_buf(&[1; 64]);
+        let e = rejected(p.isend(sbuf(sa, 64, 0)), Violation::CtsBadCount { slot: 0, n });
+        assert_eq!(p.log.len(), 0, "nothing posted");
+        assert_send_broken(&mut p, &e);
+    }
+}
+
+#[test]
+fn cts_entry_inconsistent_with_its_slot_breaks_the_sender() {
+    let mut p = Pair::new(Opts::default());
+    let word = CtsEntry::word_for(0, 2);
+    write_cts(&mut p, 0, 0, CtsEntry { size: 64, nreqs: 2, word, ..CtsEntry::default() });
+    // The last word is fresh (the slot looks complete), but its entry claims 3 receives.
+    write_cts(&mut p, 0, 1, CtsEntry { size: 64, tag: 1, nreqs: 3, word, ..CtsEntry::default() });
+    let sa = p.send_buf(&[1; 64]);
+    let want = Violation::CtsInconsistent { slot: 0, entry: 1, word, nreqs: 3, expected_word: word, expected_n: 2 };
+    let e = rejected(p.isend(sbuf(sa, 64, 0)), want);
+    assert_eq!(want.rail(), None, "read from memory, not from a rail");
+    assert_send_broken(&mut p, &e);
 }
 
 #[test]
@@ -141,7 +183,7 @@ fn slot_reused_while_outstanding_is_refused_without_breaking_the_connection() {
     }
     let ra = p.recv_buf(64);
     let e = p.r.irecv(p.now, &[rbuf(ra, 64, 0)], &mut p.rs, &mut p.posts);
-    rejected(e, ErrorKind::Internal, &["CTS slot 0 reused while its receive is still outstanding"]);
+    rejected(e, Refused::SlotInUse { slot: 0 });
     assert_eq!(p.posts.n, 0, "nothing posted for the refused receive");
     assert!(p.r.error().is_none(), "refusing a call does not break the connection");
     // Slot 0 completes normally; then slot 0 can be posted again.
@@ -164,7 +206,7 @@ fn too_many_receives_in_flight_are_refused_without_breaking_the_connection() {
         assert_eq!(p.irecv(&[rbuf(ra, 64, 0)]), Some(i as u16));
     }
     let e = p.r.irecv(p.now, &[rbuf(ras[32], 64, 0)], &mut p.rs, &mut p.posts);
-    rejected(e, ErrorKind::Internal, &["too many receives in flight (at most 32)"]);
+    rejected(e, Refused::TooManyRecvs { max: 32 });
     assert_eq!(p.posts.n, 0);
     assert!(p.r.error().is_none());
     // Complete the first; the 33rd then goes through in slot 32.
@@ -187,7 +229,7 @@ fn too_many_sends_in_flight_are_refused_without_breaking_the_connection() {
     let s0 = p.isend(sbuf(sas[0], 64, 0)).unwrap().unwrap();
     let s1 = p.isend(sbuf(sas[1], 64, 0)).unwrap().unwrap();
     let posted = p.log.len();
-    rejected(p.isend(sbuf(sas[2], 64, 0)), ErrorKind::Internal, &["too many send requests in flight (at most 2)"]);
+    rejected(p.isend(sbuf(sas[2], 64, 0)), Refused::TooManySends { max: 2 });
     assert_eq!(p.log.len(), posted, "nothing posted for the refused send");
     assert!(p.s.error().is_none(), "refusing a call does not break the connection");
     // NCCL completes one and retries: the refused send goes through, all data lands.
@@ -209,43 +251,42 @@ fn unknown_wr_id_breaks_either_side() {
     let mut p = posted(Opts::default(), &[64]);
     let e = rejected(
         p.inject_recv(SUP, wr_cqe(0xdead, WcStatus::Success)),
-        ErrorKind::Internal,
-        &["SUP rail", "unknown wr_id 0xdead"],
+        StrayCompletion::UnknownWrId { rail: SUP, wr_id: 0xdead },
     );
     assert_recv_broken(&mut p, &e);
     let e = rejected(
         p.inject_send(SOUT, wr_cqe(0xbeef, WcStatus::Success)),
-        ErrorKind::Internal,
-        &["SOUT rail", "unknown wr_id 0xbeef"],
+        StrayCompletion::UnknownWrId { rail: SOUT, wr_id: 0xbeef },
     );
     assert_send_broken(&mut p, &e);
 }
 
 #[test]
 fn completion_with_nothing_outstanding_breaks_the_sender() {
-    for (c, needle) in [
-        (WrKind::DataSignal.id(SUP, 9), "completion for slot 9, which has none outstanding"),
-        (WrKind::Probe.id(SOUT, 0), "probe completion, but no probe is in flight"),
-        (WrKind::Cts.id(SOUT, 0), "unexpected Cts completion on a send connection"),
+    for (c, want) in [
+        (WrKind::DataSignal.id(SUP, 9), StrayCompletion::NoneOutstanding { rail: SUP, slot: 9 }),
+        (WrKind::Probe.id(SOUT, 0), StrayCompletion::NoProbeInFlight { rail: SOUT }),
+        (WrKind::Cts.id(SOUT, 0), StrayCompletion::Unexpected { rail: SOUT, kind: WrKind::Cts, side: Side::Send }),
     ] {
         let mut p = Pair::new(Opts::default());
-        let e = rejected(p.inject_send(SOUT, wr_cqe(c, WcStatus::Success)), ErrorKind::Internal, &[needle]);
+        let e = rejected(p.inject_send(SOUT, wr_cqe(c, WcStatus::Success)), want);
         assert_send_broken(&mut p, &e);
     }
 }
 
 #[test]
 fn completion_with_nothing_outstanding_breaks_the_receiver() {
-    for (c, needle) in [
-        (WrKind::Cts.id(SOUT, 2), "CTS completion for slot 2, which awaits none"),
-        (WrKind::Cts.id(SOUT, 0), "CTS completion for slot 0, which awaits none"),
-        (WrKind::Flush.id(SUP, 3), "flush completion for flush 3"),
-        (WrKind::Flush.id(SUP, 200), "flush completion for flush 200"),
-        (WrKind::DataSignal.id(SOUT, 0), "unexpected DataSignal completion on a receive connection"),
+    let unexpected = StrayCompletion::Unexpected { rail: SOUT, kind: WrKind::DataSignal, side: Side::Receive };
+    for (c, want) in [
+        (WrKind::Cts.id(SOUT, 2), StrayCompletion::CtsNotAwaited { slot: 2 }),
+        (WrKind::Cts.id(SOUT, 0), StrayCompletion::CtsNotAwaited { slot: 0 }),
+        (WrKind::Flush.id(SUP, 3), StrayCompletion::FlushNotInFlight { rail: SUP, flush: 3 }),
+        (WrKind::Flush.id(SUP, 200), StrayCompletion::FlushNotInFlight { rail: SUP, flush: 200 }),
+        (WrKind::DataSignal.id(SOUT, 0), unexpected),
     ] {
         // Slot 0 is posted and its (signalled) CTS completion already polled.
         let mut p = posted(Opts::default(), &[64]);
-        let e = rejected(p.inject_recv(SUP, wr_cqe(c, WcStatus::Success)), ErrorKind::Internal, &[needle]);
+        let e = rejected(p.inject_recv(SUP, wr_cqe(c, WcStatus::Success)), want);
         assert_recv_broken(&mut p, &e);
     }
 }

@@ -20,7 +20,7 @@ use super::link::Link;
 use super::mr::{MAX_MRS, MrTable};
 use super::qp::{SoftQp, random_u64};
 use crate::error::{Error, Result};
-use crate::fabric::{Access, Device, DeviceAttrs, MrKeys, QpCaps};
+use crate::fabric::{Access, Device, DeviceAttrs, MrKeys, QpCaps, Timestamps};
 
 /// The TCP side of a device.
 pub struct Net {
@@ -264,7 +264,7 @@ impl Device for SoftDevice {
         self.shared.mrs.dereg(mr.key)
     }
 
-    fn create_cq(&self, depth: u32, _timestamps: bool) -> Result<SoftCq> {
+    fn create_cq(&self, depth: u32, _timestamps: Timestamps) -> Result<SoftCq> {
         check_depth("CQ", depth, self.shared.attrs.max_cqe)?;
         Ok(SoftCq::new(depth))
     }

@@ -11,7 +11,7 @@ use super::frame::{Frame, HDR_LEN, decode, encode};
 use super::*;
 use crate::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QpInfo, QueuePair, SendWr, Sge,
-    SharedRecvQueue, WcOpcode, WcStatus, WrOpcode,
+    SharedRecvQueue, Timestamps, WcOpcode, WcStatus, WrOpcode,
 };
 
 mod direct;
@@ -51,7 +51,7 @@ struct End {
 
 impl End {
     fn new(dev: Arc<SoftDevice>, len: usize, access: Access) -> End {
-        let cq = dev.create_cq(1024, false).unwrap();
+        let cq = dev.create_cq(1024, Timestamps::Off).unwrap();
         let srq = dev.create_srq(1024).unwrap();
         let qp = dev.create_qp(&cq, Some(&srq), QpCaps { max_send_wr: 256, max_inline: 256 }).unwrap();
         let mut buf = vec![0xAAu8; len + 2 * GUARD];
@@ -485,7 +485,7 @@ fn a_peer_that_never_connects_times_out() {
         }
     };
     assert!(t.elapsed() >= Duration::from_millis(150), "{err}");
-    assert!(err.msg.contains("did not connect"), "{err}");
+    assert!(err.msg().contains("did not connect"), "{err}");
 }
 
 #[test]

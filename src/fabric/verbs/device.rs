@@ -16,7 +16,7 @@ use super::qp_info::PortInfo;
 use super::srq::VerbsSrq;
 use super::sys::{self, DeviceList, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, OpenContext, PORT_ACTIVE};
 use crate::error::{Error, Result};
-use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, Progress, QpCaps};
+use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, Progress, QpCaps, Timestamps};
 
 /// The opened context and its PD, shared (Arc) by the device and every object made on it,
 /// so that it is closed only after the last of them is gone.
@@ -316,8 +316,8 @@ impl Device for VerbsDevice {
         Ok(())
     }
 
-    fn create_cq(&self, depth: u32, timestamps: bool) -> Result<VerbsCq> {
-        if timestamps && self.clock != TsClock::None {
+    fn create_cq(&self, depth: u32, timestamps: Timestamps) -> Result<VerbsCq> {
+        if timestamps == Timestamps::Wanted && self.clock != TsClock::None {
             VerbsCq::create_ex(&self.ctx, depth, self.clock)
         } else {
             VerbsCq::create_plain(&self.ctx, depth)

@@ -233,12 +233,12 @@ mod tests {
         assert_eq!(select(&t, Some(0), "rxe0", 1).unwrap(), 0, "an override may pick link-local");
         assert_eq!(select(&t, None, "rxe0", 1).unwrap(), 1);
         let e = select(&t, Some(2), "rxe0", 1).unwrap_err();
-        assert!(e.msg.contains("MPIB_GID_INDEX=2: rxe0:1 has no GID at index 2"), "{e}");
-        assert!(e.msg.contains("1=::ffff:192.0.2.1(v2)"), "{e}");
+        assert!(e.msg().contains("MPIB_GID_INDEX=2: rxe0:1 has no GID at index 2"), "{e}");
+        assert!(e.msg().contains("1=::ffff:192.0.2.1(v2)"), "{e}");
         let e = select(&t, Some(9), "rxe0", 1).unwrap_err();
-        assert!(e.msg.contains("index 9"), "{e}");
+        assert!(e.msg().contains("index 9"), "{e}");
         let e = select(&t[..1], None, "rxe0", 1).unwrap_err();
-        assert!(e.msg.contains("no usable RoCE GID") && e.msg.contains("MPIB_GID_INDEX"), "{e}");
+        assert!(e.msg().contains("no usable RoCE GID") && e.msg().contains("MPIB_GID_INDEX"), "{e}");
     }
 
     #[test]

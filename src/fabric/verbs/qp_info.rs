@@ -158,11 +158,11 @@ mod tests {
     #[test]
     fn rejects_what_is_not_a_verbs_qp() {
         let good = encode(&port(), 1, 2);
-        assert!(decode(&QpInfo::default()).unwrap_err().msg.contains("MPIB_FABRIC"));
+        assert!(decode(&QpInfo::default()).unwrap_err().msg().contains("MPIB_FABRIC"));
         let mutate = |i: usize, v: u8| {
             let mut q = good;
             q.0[i] = v;
-            decode(&q).unwrap_err().msg.to_string()
+            decode(&q).unwrap_err().msg().to_string()
         };
         assert!(mutate(1, 2).contains("version 2"));
         assert!(mutate(2, 3).contains("link layer 3"));

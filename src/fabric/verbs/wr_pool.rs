@@ -251,8 +251,8 @@ mod tests {
         let mut pool = SendPool::new(2);
         assert!(pool.fill(&[]).is_err());
         let e = pool.fill(&[wr(WrOpcode::Write, 1, false, 0); 3]).unwrap_err();
-        assert!(e.msg.contains("chain of 3 WRs"), "{e}");
-        assert!(pool.fill(&[wr(WrOpcode::Write, 3, false, 0)]).unwrap_err().msg.contains("3 SGEs"));
+        assert!(e.msg().contains("chain of 3 WRs"), "{e}");
+        assert!(pool.fill(&[wr(WrOpcode::Write, 3, false, 0)]).unwrap_err().msg().contains("3 SGEs"));
         assert_eq!(SendPool::new(10_000).capacity(), MAX_CHAIN);
     }
 
@@ -276,6 +276,6 @@ mod tests {
         assert_eq!(pool.with_chain(1, count).unwrap(), 1);
         assert_eq!(pool.with_chain(5, count).unwrap(), 5, "links restored after a short post");
         assert!(pool.with_chain(0, count).is_err());
-        assert!(pool.with_chain(6, count).unwrap_err().msg.contains("1 to 5"));
+        assert!(pool.with_chain(6, count).unwrap_err().msg().contains("1 to 5"));
     }
 }

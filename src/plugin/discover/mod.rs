@@ -187,6 +187,6 @@ mod tests {
         let (ip, _) = resolve(Some(&RailAddr::Ip("127.0.0.1".parse().unwrap())), None, "X").unwrap();
         assert!(ip.is_loopback());
         let e = resolve(Some(&RailAddr::Interface("nosuch0".into())), None, "MPIB_SOFT_SUP_ADDR").unwrap_err();
-        assert_eq!(e.msg, "MPIB_SOFT_SUP_ADDR=nosuch0: no up interface of that name with an address");
+        assert_eq!(e.msg(), "MPIB_SOFT_SUP_ADDR=nosuch0: no up interface of that name with an address");
     }
 }

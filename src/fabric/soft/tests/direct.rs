@@ -6,7 +6,7 @@ use super::*;
 
 /// An end on `dev` with a CQ of `cq_depth` entries, an SRQ only when `srq` is set.
 fn end_with(dev: &Arc<SoftDevice>, len: usize, access: Access, cq_depth: u32, srq: bool) -> End {
-    let cq = dev.create_cq(cq_depth, false).unwrap();
+    let cq = dev.create_cq(cq_depth, Timestamps::Off).unwrap();
     let s = dev.create_srq(1024).unwrap();
     let caps = QpCaps { max_send_wr: 256, max_inline: 256 };
     let qp = dev.create_qp(&cq, srq.then_some(&s), caps).unwrap();

@@ -1,0 +1,326 @@
+//! The engine's errors, typed: what went wrong is a value that failover and tests match,
+//! and its `Display` is the log line it always was.
+//!
+//! - [`Violation`]: the peer broke the dual-rail protocol (a bad IMM, a bad CTS entry). The
+//!   connection is broken; its rails may be fine.
+//! - [`CompletionFailed`]: a work request failed on a rail: that rail's failure, with the
+//!   WR and the fabric's status.
+//! - [`StrayCompletion`]: a completion the engine cannot account for: a bug here or in the
+//!   fabric. The connection is broken.
+//! - [`Refused`]: a call the engine refuses (NCCL's misuse); the connection goes on.
+//!
+//! Each converts into [`crate::Error`] with its `ncclResult_t` class. They are built only on
+//! failure, in cold code ([`super::cold`]): a `Result` of the data path stays one pointer.
+
+use std::fmt;
+
+use super::layout::MAX_RECVS;
+use super::{RAIL_NAMES, RailMask, WrKind};
+use crate::error::{Cause, Error, ErrorKind};
+use crate::fabric::WcStatus;
+
+/// The peer broke the protocol. `rail`: the rail the offending IMM arrived on; `slot`: the
+/// CTS slot it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Violation {
+    /// An IMM whose rail mask is empty or names a rail this device lacks (`rails`).
+    BadMask { rail: usize, slot: usize, imm: u32, mask: RailMask, rails: RailMask },
+    /// An IMM that arrived on a rail its own mask does not name.
+    MaskOmitsRail { rail: usize, slot: usize, mask: RailMask },
+    /// An IMM for a slot with no receive waiting for data: none posted, or its data
+    /// already arrived (a duplicate, or the slot's reuse before its receive completed).
+    NoReceiveWaiting { rail: usize, slot: usize },
+    /// An IMM whose mask differs from the one an earlier IMM of the slot announced.
+    MaskChanged { rail: usize, slot: usize, mask: RailMask, earlier: RailMask },
+    /// A second IMM for the slot from the same rail.
+    DuplicateImm { rail: usize, slot: usize },
+    /// An IMM whose `size_q` differs from an earlier IMM's of the slot.
+    SizeQChanged { rail: usize, slot: usize, size_q: u32, earlier: u32 },
+    /// An IMM encoding a size (not the sentinel) for a slot of `n` > 1 receives.
+    SizeForMultiRecv { rail: usize, slot: usize, n: usize },
+    /// Fast path: the `bytes` that arrived on the slot's rails do not round to `size_q`, or
+    /// exceed the `posted` receive.
+    BytesMismatch { rail: usize, slot: usize, bytes: u64, size_q: u32, posted: u64 },
+    /// Completion record `index` of the slot claims more bytes than its `posted` receive.
+    RecordTooLarge { rail: usize, slot: usize, index: usize, claimed: u64, posted: u64 },
+    /// A CTS slot announcing `n` receives, outside `1..=MAX_RECVS` (sender).
+    CtsBadCount { slot: usize, n: usize },
+    /// Entry `entry` of a CTS slot whose control word or count differs from the slot's
+    /// first word `expected_word` and count `expected_n` (sender).
+    CtsInconsistent { slot: usize, entry: usize, word: u64, nreqs: u32, expected_word: u64, expected_n: usize },
+}
+
+impl Violation {
+    /// The rail the violation arrived on: the IMM's; `None` for a CTS entry (read from
+    /// memory the receiver wrote, on either rail).
+    pub fn rail(&self) -> Option<usize> {
+        use Violation::*;
+        match *self {
+            BadMask { rail, .. }
+            | MaskOmitsRail { rail, .. }
+            | NoReceiveWaiting { rail, .. }
+            | MaskChanged { rail, .. }
+            | DuplicateImm { rail, .. }
+            | SizeQChanged { rail, .. }
+            | SizeForMultiRecv { rail, .. }
+            | BytesMismatch { rail, .. }
+            | RecordTooLarge { rail, .. } => Some(rail),
+            CtsBadCount { .. } | CtsInconsistent { .. } => None,
+        }
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Violation::*;
+        match self.rail() {
+            Some(rail) => write!(f, "protocol violation on the {} rail: ", RAIL_NAMES[rail])?,
+            None => f.write_str("protocol violation: ")?,
+        }
+        match *self {
+            BadMask { slot, imm, mask, rails, .. } => {
+                write!(f, "IMM {imm:#010x} for slot {slot} has rail mask {mask:#b}; this device's rails are {rails:#b}")
+            }
+            MaskOmitsRail { slot, mask, .. } => {
+                write!(f, "IMM for slot {slot} arrived on a rail its mask {mask:#b} does not name")
+            }
+            NoReceiveWaiting { slot, .. } => write!(f, "IMM for slot {slot}, which has no receive waiting for data"),
+            MaskChanged { slot, mask, earlier, .. } => {
+                write!(f, "IMM for slot {slot} has mask {mask:#b}, but an earlier IMM announced {earlier:#b}")
+            }
+            DuplicateImm { slot, .. } => write!(f, "a second IMM for slot {slot} from the same rail"),
+            SizeQChanged { slot, size_q, earlier, .. } => {
+                write!(f, "IMM for slot {slot} has size_q {size_q}, an earlier IMM had {earlier}")
+            }
+            SizeForMultiRecv { slot, n, .. } => write!(f, "IMM encodes a size for slot {slot}, a multi-receive of {n}"),
+            BytesMismatch { slot, bytes, size_q, posted, .. } => write!(
+                f,
+                "slot {slot}: {bytes} bytes arrived, the IMM announced size_q {size_q} (x{}) for a {posted}-byte receive",
+                super::imm::SIZE_GRANULE
+            ),
+            RecordTooLarge { slot, index, claimed, posted, .. } => {
+                write!(f, "slot {slot}: completion record {index} claims {claimed} bytes for a {posted}-byte receive")
+            }
+            CtsBadCount { slot, n } => {
+                write!(f, "CTS slot {slot} announces {n} receives (1..{MAX_RECVS} allowed)")
+            }
+            CtsInconsistent { slot, entry, word, nreqs, expected_word, expected_n } => write!(
+                f,
+                "CTS slot {slot} entry {entry} is inconsistent (word {word:#x}, nreqs {nreqs}, expected {expected_word:#x}, {expected_n})"
+            ),
+        }
+    }
+}
+
+/// The work request of a failed completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailedWr {
+    /// The signalled WRITE_WITH_IMM that ends a data chain.
+    WriteWithImm,
+    /// An unsignalled data WRITE.
+    DataWrite,
+    /// A CTS WRITE (receiver).
+    CtsWrite,
+    /// A probe or keepalive WRITE.
+    ProbeWrite,
+    /// A flush READ (receiver).
+    FlushRead,
+    /// A receive WQE a WRITE_WITH_IMM consumed (receiver): which slot, it does not say.
+    ImmReceive,
+    /// A WR whose `wr_id` mpib never made (a flushed generic SRQ WQE).
+    Unknown,
+}
+
+impl FailedWr {
+    /// The failed WR that a `wr_id` of `kind` names.
+    pub(crate) fn of(kind: WrKind) -> FailedWr {
+        match kind {
+            WrKind::DataSignal => FailedWr::WriteWithImm,
+            WrKind::Data => FailedWr::DataWrite,
+            WrKind::Cts => FailedWr::CtsWrite,
+            WrKind::Probe => FailedWr::ProbeWrite,
+            WrKind::Flush => FailedWr::FlushRead,
+        }
+    }
+}
+
+/// A work request failed on `rail` with `status`: the rail's failure. `slot`: the CTS slot
+/// of a data or CTS WR, the flush index of a flush READ; `None` where the WR names none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CompletionFailed {
+    pub rail: usize,
+    pub what: FailedWr,
+    pub slot: Option<usize>,
+    pub status: WcStatus,
+}
+
+impl CompletionFailed {
+    /// A WR that a `wr_id` of `kind` for `slot` names.
+    pub(crate) fn posted(rail: usize, kind: WrKind, slot: usize, status: WcStatus) -> Self {
+        let slot = if kind == WrKind::Probe { None } else { Some(slot) };
+        CompletionFailed { rail, what: FailedWr::of(kind), slot, status }
+    }
+}
+
+impl fmt::Display for CompletionFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} rail: ", RAIL_NAMES[self.rail])?;
+        let slot = Slot(self.slot);
+        match self.what {
+            FailedWr::WriteWithImm => write!(f, "the WRITE_WITH_IMM of slot {slot}"),
+            FailedWr::DataWrite => write!(f, "a data WRITE of slot {slot}"),
+            FailedWr::CtsWrite => write!(f, "the CTS WRITE of slot {slot}"),
+            FailedWr::ProbeWrite => f.write_str("a probe WRITE"),
+            FailedWr::FlushRead => write!(f, "the READ of flush {slot}"),
+            FailedWr::ImmReceive => f.write_str("receiving an IMM"),
+            FailedWr::Unknown => f.write_str("a work request"),
+        }?;
+        write!(f, " failed: {}", self.status)
+    }
+}
+
+/// A slot number, `?` when unknown.
+struct Slot(Option<usize>);
+
+impl fmt::Display for Slot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(s) => s.fmt(f),
+            None => f.write_str("?"),
+        }
+    }
+}
+
+/// Which engine a completion reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Send,
+    Receive,
+}
+
+/// A successful completion the engine cannot account for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StrayCompletion {
+    /// Its `wr_id` names no WR mpib makes.
+    UnknownWrId { rail: usize, wr_id: u64 },
+    /// The signalled data WR of a slot that has none outstanding on the rail (sender).
+    NoneOutstanding { rail: usize, slot: usize },
+    /// A probe's, with no probe in flight on the rail (sender).
+    NoProbeInFlight { rail: usize },
+    /// A WR of a kind this side never posts (or, a keepalive, not in flight).
+    Unexpected { rail: usize, kind: WrKind, side: Side },
+    /// A CTS WRITE's, for a slot whose CTS completion is not awaited (receiver).
+    CtsNotAwaited { slot: usize },
+    /// A flush READ's, for a flush not in flight on the rail (receiver).
+    FlushNotInFlight { rail: usize, flush: usize },
+}
+
+impl fmt::Display for StrayCompletion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use StrayCompletion::*;
+        let name = |rail: usize| RAIL_NAMES[rail];
+        match *self {
+            UnknownWrId { rail, wr_id } => {
+                write!(f, "{} rail: completion with an unknown wr_id {wr_id:#x}", name(rail))
+            }
+            NoneOutstanding { rail, slot } => {
+                write!(f, "{} rail: completion for slot {slot}, which has none outstanding", name(rail))
+            }
+            NoProbeInFlight { rail } => write!(f, "{} rail: probe completion, but no probe is in flight", name(rail)),
+            Unexpected { rail, kind, side } => {
+                let side = if side == Side::Send { "send" } else { "receive" };
+                write!(f, "{} rail: unexpected {kind:?} completion on a {side} connection", name(rail))
+            }
+            CtsNotAwaited { slot } => write!(f, "CTS completion for slot {slot}, which awaits none"),
+            FlushNotInFlight { rail, flush } => write!(
+                f,
+                "{} rail: flush completion for flush {flush}, which is not in flight on this rail",
+                name(rail)
+            ),
+        }
+    }
+}
+
+/// A call the engine refuses without breaking the connection: NCCL's misuse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refused {
+    /// An `isend` beyond the `max` send requests in flight.
+    TooManySends { max: usize },
+    /// A `test` of a send request that does not exist.
+    NoSuchSend { id: u16 },
+    /// A `test` of a send request not in flight (tested after done?).
+    SendNotInFlight { id: u16 },
+    /// An `irecv` of `n` receives, outside `1..=MAX_RECVS`.
+    RecvCount { n: usize },
+    /// An `irecv` beyond the `max` receives in flight.
+    TooManyRecvs { max: usize },
+    /// An `irecv` whose CTS slot still holds an outstanding receive.
+    SlotInUse { slot: usize },
+    /// An `iflush` beyond the `max` flushes in flight.
+    TooManyFlushes { max: usize },
+    /// A `test` of a flush request not in flight.
+    FlushNotInFlight { id: u16 },
+    /// A `test` of a receive request that does not exist.
+    NoSuchRecv { id: u16 },
+    /// A `test` of a receive request not in flight (tested after done?).
+    RecvNotInFlight { id: u16 },
+}
+
+impl Refused {
+    /// Its `ncclResult_t` class: a bad argument, or NCCL's misuse.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Refused::RecvCount { .. } => ErrorKind::InvalidArgument,
+            _ => ErrorKind::Internal,
+        }
+    }
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Refused::*;
+        match *self {
+            TooManySends { max } => {
+                write!(f, "too many send requests in flight (at most {max}): NCCL must test and complete earlier ones")
+            }
+            NoSuchSend { id } => write!(f, "send request {id} does not exist"),
+            SendNotInFlight { id } => write!(f, "send request {id} is not in flight (tested after done?)"),
+            RecvCount { n } => write!(f, "{n} receives in one irecv (1..{MAX_RECVS} allowed)"),
+            TooManyRecvs { max } => {
+                write!(f, "too many receives in flight (at most {max}): NCCL must test and complete earlier ones")
+            }
+            SlotInUse { slot } => write!(
+                f,
+                "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
+            ),
+            TooManyFlushes { max } => write!(f, "too many flushes in flight (at most {max})"),
+            FlushNotInFlight { id } => write!(f, "flush request {id} is not in flight"),
+            NoSuchRecv { id } => write!(f, "receive request {id} does not exist"),
+            RecvNotInFlight { id } => write!(f, "receive request {id} is not in flight (tested after done?)"),
+        }
+    }
+}
+
+impl From<Violation> for Error {
+    fn from(v: Violation) -> Error {
+        Error::from_cause(ErrorKind::Remote, Cause::Violation(v))
+    }
+}
+
+impl From<CompletionFailed> for Error {
+    fn from(c: CompletionFailed) -> Error {
+        Error::from_cause(ErrorKind::Remote, Cause::CompletionFailed(c))
+    }
+}
+
+impl From<StrayCompletion> for Error {
+    fn from(s: StrayCompletion) -> Error {
+        Error::from_cause(ErrorKind::Internal, Cause::StrayCompletion(s))
+    }
+}
+
+impl From<Refused> for Error {
+    fn from(r: Refused) -> Error {
+        Error::from_cause(r.kind(), Cause::Refused(r))
+    }
+}
