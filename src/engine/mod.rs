@@ -20,7 +20,7 @@ mod tests;
 
 pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Violation};
 pub use recv::{FLUSH_ID_BASE, FlushBuf, RecvBuf, RecvConfig, RecvDone, RecvEngine};
-pub use send::{CallerWaits, SendBuf, SendConfig, SendEngine};
+pub use send::{CallerWaits, CpuAccess, SendBuf, SendConfig, SendEngine};
 
 use crate::fabric::SendWr;
 use error_state::ErrorState;

@@ -43,6 +43,22 @@ pub struct SendBuf {
     pub size: u64,
     pub tag: u32,
     pub lkeys: [u32; RAILS],
+    /// Whether the CPU may read the buffer (host memory): only then may its bytes be
+    /// copied into a WR (posted inline).
+    pub cpu: CpuAccess,
+}
+
+/// Whether the CPU may read a registered buffer. An inline WR is copied by the CPU at post
+/// time (`IBV_SEND_INLINE` makes the provider `memcpy` the SGE), so a GPU buffer, which only
+/// the NIC may read, must never be posted inline: the CPU would dereference a device
+/// pointer (a fault, or garbage on the wire).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuAccess {
+    /// Host memory: small payloads may go inline.
+    Readable,
+    /// GPU memory (CUDA, DMA-BUF), or not known to be host memory: the NIC reads it.
+    #[default]
+    NicOnly,
 }
 
 /// Whether the caller waits on the connection (a send without its CTS, or not yet

@@ -4,7 +4,7 @@
 //! other slot writes its data and then a signalling WRITE_WITH_IMM, the leader rail's
 //! carrying the sizes into the receiver's completion records.
 
-use super::{PostedSlot, SendBuf, SendEngine};
+use super::{CpuAccess, PostedSlot, SendBuf, SendEngine};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
 use crate::engine::{MAX_CHAIN, Posts, QpRef, RailMask, SOUT, SUP, WrKind};
@@ -176,7 +176,8 @@ impl SendEngine {
             wr_id: kind.id(rail, slot),
             opcode,
             signaled: imm.is_some(),
-            inline: len > 0 && len <= self.cfg.max_inline as u64,
+            // Inline only from host memory: the CPU copies an inline payload (see CpuAccess).
+            inline: buf.cpu == CpuAccess::Readable && len > 0 && len <= self.cfg.max_inline as u64,
             remote_addr: entry.addr + off,
             rkey: entry.rkeys[rail],
             imm: imm.unwrap_or(0),

@@ -8,7 +8,9 @@ use std::collections::VecDeque;
 
 use crate::engine::imm::Imm;
 use crate::engine::layout::{CTS_FIFO_BYTES, CtsEntry, RECORDS_BYTES, RecvMemory, SendMemory};
-use crate::engine::{Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine};
+use crate::engine::{
+    CpuAccess, Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine,
+};
 use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
@@ -201,6 +203,8 @@ pub struct Opts {
     pub probe_ns: u64,
     /// Rails of the receiver's device (bit 0 SOUT, bit 1 SUP).
     pub rails_mask: RailMask,
+    /// The sender's inline limit (0: nothing is posted inline).
+    pub max_inline: u32,
 }
 
 impl Default for Opts {
@@ -213,6 +217,7 @@ impl Default for Opts {
             srq: (8, 32),
             probe_ns: 0,
             rails_mask: RailMask::BOTH,
+            max_inline: 0,
         }
     }
 }
@@ -241,7 +246,7 @@ impl Pair {
                 records_rkeys: [21, 22],
                 scratch_addr: SCRATCH,
                 scratch_rkeys: [31, 32],
-                max_inline: 0,
+                max_inline: o.max_inline,
                 probe_interval_ns: o.probe_ns,
             },
             o.split,
@@ -588,5 +593,5 @@ pub fn rbuf(addr: u64, size: u64, tag: u32) -> RecvBuf {
 }
 
 pub fn sbuf(addr: u64, size: u64, tag: u32) -> SendBuf {
-    SendBuf { addr, size, tag, lkeys: [71, 72] }
+    SendBuf { addr, size, tag, lkeys: [71, 72], cpu: CpuAccess::Readable }
 }

@@ -3,6 +3,7 @@
 
 mod broken;
 mod failures;
+mod gpu_memory;
 mod harness;
 mod interleavings;
 mod keepalive;
