@@ -25,11 +25,33 @@ pub enum FabricChoice {
     Inproc,
 }
 
-/// One rail device: `device[:port]`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HcaSpec {
-    pub device: String,
-    pub port: Option<u8>,
+pub mod hca;
+
+pub use hca::{HcaFilter, HcaSpec, Selection};
+
+/// PCI relaxed ordering for registrations (`MPIB_PCI_RELAXED_ORDERING`, net_ib's
+/// `NCCL_IB_PCI_RELAXED_ORDERING`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RelaxedOrdering {
+    /// 0: never.
+    Off,
+    /// 1: on; a WARN when libibverbs cannot (no `ibv_reg_mr_iova2`).
+    On,
+    /// 2: on where libibverbs can, silently off where it cannot (net_ib's default).
+    Auto,
+}
+
+/// What NCCL's devices are (`MPIB_NCCL_DEVICES`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NcclDevices {
+    /// `nics` through ABI v9+ for rail pairs whose two NICs are separate PCI devices on one
+    /// NUMA node; `pairs` otherwise.
+    Auto,
+    /// One device per rail pair, through every ABI version (NCCL sees SOUT's PCI position).
+    Pairs,
+    /// The NICs themselves through ABI v9+, fused into rail pairs by NCCL (`makeVDevice`),
+    /// whatever their PCI paths (for tests of fusion on virtual NICs).
+    Nics,
 }
 
 /// How each send is divided between the rails.
@@ -59,6 +81,13 @@ pub struct Config {
     /// Rail pairs: `hca_sout[i]` with `hca_sup[i]`; both empty = pair automatically.
     pub hca_sout: Vec<HcaSpec>,
     pub hca_sup: Vec<HcaSpec>,
+    /// Which ports automatic pairing may use (`MPIB_HCA`, else `NCCL_IB_HCA`); `None`:
+    /// every active port.
+    pub hca_filter: Option<HcaFilter>,
+    /// The variable `hca_filter` came from.
+    pub hca_filter_var: &'static str,
+    pub relaxed_ordering: RelaxedOrdering,
+    pub nccl_devices: NcclDevices,
     pub split: SplitMode,
     /// Sends below this size go whole to one rail under `MPIB_SPLIT=auto`.
     pub split_min_bytes: u64,
@@ -86,6 +115,8 @@ pub struct Config {
     pub socket_ifname: Option<String>,
     /// `MPIB_*` names that are not known (typos); warned about, not fatal.
     pub unknown: Vec<String>,
+    /// Other variables read but ignored, each with why (warned about at init).
+    pub ignored: Vec<String>,
 }
 
 impl Default for Config {
@@ -94,6 +125,10 @@ impl Default for Config {
             fabric: FabricChoice::Auto,
             hca_sout: Vec::new(),
             hca_sup: Vec::new(),
+            hca_filter: None,
+            hca_filter_var: "MPIB_HCA",
+            relaxed_ordering: RelaxedOrdering::Auto,
+            nccl_devices: NcclDevices::Auto,
             split: SplitMode::Auto,
             split_min_bytes: 65536,
             sout_qps: 1,
@@ -115,6 +150,7 @@ impl Default for Config {
             connect_timeout_ms: 30_000,
             socket_ifname: None,
             unknown: Vec::new(),
+            ignored: Vec::new(),
         }
     }
 }
@@ -136,16 +172,34 @@ pub const VARS: &[VarDoc] = &[
         meaning: "fabric provider; auto = verbs when RDMA devices exist, else soft; inproc = soft with both ends in one process (tests)",
     },
     VarDoc {
+        name: "MPIB_HCA",
+        default: "(NCCL_IB_HCA, else every active port)",
+        accepted: "[^][=]device[:port[:rail[:plane]]], comma list (NCCL_IB_HCA syntax)",
+        meaning: "the ports automatic pairing may use: ^ excludes, = exact names, else name prefixes",
+    },
+    VarDoc {
         name: "MPIB_HCA_SOUT",
         default: "(auto)",
-        accepted: "device[:port], comma list",
+        accepted: "device[:port[:rail[:plane]]], comma list",
         meaning: "scale-out rail devices; pair i = (SOUT[i], SUP[i])",
     },
     VarDoc {
         name: "MPIB_HCA_SUP",
         default: "(auto)",
-        accepted: "device[:port], comma list, as long as MPIB_HCA_SOUT",
+        accepted: "device[:port[:rail[:plane]]], comma list, as long as MPIB_HCA_SOUT",
         meaning: "scale-up rail devices",
+    },
+    VarDoc {
+        name: "MPIB_NCCL_DEVICES",
+        default: "auto",
+        accepted: "auto, pairs, nics",
+        meaning: "what NCCL's devices are: pairs = one per rail pair; nics = the NICs, fused into pairs by NCCL (ABI v9+); auto = nics for pairs of two PCI NICs on one NUMA node",
+    },
+    VarDoc {
+        name: "MPIB_PCI_RELAXED_ORDERING",
+        default: "2",
+        accepted: "0, 1, 2",
+        meaning: "PCI relaxed ordering of registrations (verbs): 0 off, 1 on, 2 on where libibverbs has ibv_reg_mr_iova2",
     },
     VarDoc {
         name: "MPIB_SPLIT",
@@ -244,6 +298,7 @@ impl Config {
     {
         let mut c = Config::default();
         let mut errors = Vec::new();
+        let mut nccl_ib_hca: Option<String> = None;
         let mut hca_sout_set = false;
         let mut hca_sup_set = false;
         let mut srq_set = (false, false);
@@ -251,6 +306,10 @@ impl Config {
             let (name, raw) = (k.as_ref(), v.as_ref());
             if name == "NCCL_SOCKET_IFNAME" {
                 c.socket_ifname = (!raw.trim().is_empty()).then(|| raw.trim().to_string());
+                continue;
+            }
+            if name == "NCCL_IB_HCA" {
+                nccl_ib_hca = (!raw.trim().is_empty()).then(|| raw.trim().to_string());
                 continue;
             }
             if !name.starts_with("MPIB_") {
@@ -268,14 +327,25 @@ impl Config {
                     ],
                 )
                 .map(|f| c.fabric = f),
-                "MPIB_HCA_SOUT" => parse_hca_list(value).map(|l| {
+                "MPIB_HCA" => HcaFilter::parse(value).map(|f| c.hca_filter = Some(f)),
+                "MPIB_HCA_SOUT" => hca::parse_list(value).map(|l| {
                     hca_sout_set = true;
                     c.hca_sout = l
                 }),
-                "MPIB_HCA_SUP" => parse_hca_list(value).map(|l| {
+                "MPIB_HCA_SUP" => hca::parse_list(value).map(|l| {
                     hca_sup_set = true;
                     c.hca_sup = l
                 }),
+                "MPIB_NCCL_DEVICES" => parse_word(
+                    value,
+                    &[("auto", NcclDevices::Auto), ("pairs", NcclDevices::Pairs), ("nics", NcclDevices::Nics)],
+                )
+                .map(|d| c.nccl_devices = d),
+                "MPIB_PCI_RELAXED_ORDERING" => parse_word(
+                    value,
+                    &[("0", RelaxedOrdering::Off), ("1", RelaxedOrdering::On), ("2", RelaxedOrdering::Auto)],
+                )
+                .map(|r| c.relaxed_ordering = r),
                 "MPIB_SPLIT" => parse_split(value).map(|s| c.split = s),
                 "MPIB_SPLIT_MIN_BYTES" => parse_int(value, 0, 1 << 30).map(|n| c.split_min_bytes = n as u64),
                 "MPIB_SOUT_QP" => parse_int(value, 1, 16).map(|n| c.sout_qps = n as u32),
@@ -311,6 +381,19 @@ impl Config {
             };
             if let Err(accepted) = r {
                 errors.push(format!("{name}={raw:?} is not valid: accepted {accepted}"));
+            }
+        }
+        // NCCL_IB_HCA is NCCL's own variable: the same selection for mpib's automatic
+        // pairing unless MPIB_HCA says otherwise. NCCL accepts nearly anything there, so a
+        // value mpib cannot read is not fatal: it is ignored with a WARN (at init).
+        if c.hca_filter.is_none()
+            && let Some(v) = nccl_ib_hca
+        {
+            match HcaFilter::parse(&v) {
+                Ok(f) => (c.hca_filter, c.hca_filter_var) = (Some(f), "NCCL_IB_HCA"),
+                Err(accepted) => c.ignored.push(format!(
+                    "NCCL_IB_HCA={v:?} is not understood (accepted: {accepted}); automatic pairing uses every active port"
+                )),
             }
         }
         if hca_sout_set != hca_sup_set || c.hca_sout.len() != c.hca_sup.len() {
@@ -349,13 +432,7 @@ impl fmt::Display for Config {
             if l.is_empty() {
                 "auto".to_string()
             } else {
-                l.iter()
-                    .map(|h| match h.port {
-                        Some(p) => format!("{}:{p}", h.device),
-                        None => h.device.clone(),
-                    })
-                    .collect::<Vec<_>>()
-                    .join(",")
+                l.iter().map(|h| h.to_string()).collect::<Vec<_>>().join(",")
             }
         };
         let split = match self.split {
@@ -372,12 +449,15 @@ impl fmt::Display for Config {
         };
         write!(
             f,
-            "fabric={:?} hca_sout={} hca_sup={} split={split} split_min_bytes={} qps=sout:{}/sup:{} srq={}..{} \
+            "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} relaxed_ordering={:?} split={split} split_min_bytes={} qps=sout:{}/sup:{} srq={}..{} \
              gid_index={} tc={} sl={} timeout={} retry_cnt={} rtt_alpha={} rtt_beta={} probe_interval_us={} \
              stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={}",
             self.fabric,
+            self.hca_filter.as_ref().map_or("all".to_string(), |h| format!("{h} ({})", self.hca_filter_var)),
             hca(&self.hca_sout),
             hca(&self.hca_sup),
+            self.nccl_devices,
+            self.relaxed_ordering,
             self.split_min_bytes,
             self.sout_qps,
             self.sup_qps,
@@ -434,28 +514,6 @@ fn parse_split(value: &str) -> std::result::Result<SplitMode, String> {
     }
 }
 
-fn parse_hca_list(value: &str) -> std::result::Result<Vec<HcaSpec>, String> {
-    let accepted = || "a comma list of device[:port] (port 1-255), e.g. mlx5_0:1,mlx5_1".to_string();
-    if value.is_empty() {
-        return Err(accepted());
-    }
-    value
-        .split(',')
-        .map(|item| {
-            let item = item.trim();
-            let (device, port) = match item.split_once(':') {
-                Some((d, p)) => (d, Some(p.parse::<u8>().ok().filter(|p| *p >= 1).ok_or_else(accepted)?)),
-                None => (item, None),
-            };
-            let valid = !device.is_empty() && device.chars().all(|ch| ch.is_ascii_alphanumeric() || "_-.".contains(ch));
-            if !valid {
-                return Err(accepted());
-            }
-            Ok(HcaSpec { device: device.to_string(), port })
-        })
-        .collect()
-}
-
 fn parse_rail_addr(value: &str) -> std::result::Result<RailAddr, String> {
     let accepted = || "an IPv4/IPv6 address or a network interface name".to_string();
     if let Ok(ip) = value.parse::<IpAddr>() {
@@ -486,5 +544,4 @@ pub fn errors() -> &'static [String] {
 }
 
 #[cfg(test)]
-#[path = "config_tests.rs"]
 mod tests;

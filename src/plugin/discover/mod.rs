@@ -91,10 +91,7 @@ fn resolve(addr: Option<&RailAddr>, socket_ifname: Option<&str>, var: &str) -> R
 }
 
 fn spec_text(s: &HcaSpec) -> String {
-    match s.port {
-        Some(p) => format!("{}:{p}", s.device),
-        None => s.device.clone(),
-    }
+    s.to_string()
 }
 
 /// The verbs rail pairs NCCL's devices are made of, from `MPIB_HCA_SOUT`/`MPIB_HCA_SUP` or

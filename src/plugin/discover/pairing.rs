@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn resolving_specs() {
         let ports = [port("mlx5_0", 1, false, None), port("mlx5_0", 2, true, None), port("rxe0", 1, false, None)];
-        let spec = |d: &str, p: Option<u8>| HcaSpec { device: d.into(), port: p };
+        let spec = |d: &str, p: Option<u8>| HcaSpec { port: p, ..HcaSpec::device(d) };
         assert_eq!(resolve(&spec("mlx5_0", None), &ports), Resolved::Port(1), "first active port");
         assert_eq!(resolve(&spec("mlx5_0", Some(2)), &ports), Resolved::Port(1));
         assert_eq!(resolve(&spec("mlx5_0", Some(1)), &ports), Resolved::Down("mlx5_0:1 is DOWN".into()));
