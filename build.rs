@@ -1,9 +1,40 @@
 //! Generates `include/mpib.h` (the exported ABI: the `ncclnet-types` crate's C types, the
-//! exported tables and `mpib_*` functions) with cbindgen.
-use std::path::PathBuf;
+//! exported tables and `mpib_*` functions) with cbindgen, and records the git commit the
+//! plugin is built from (`BUILD_GIT_COMMIT`, printed by `init`'s banner; not an `MPIB_*` name:
+//! cargo also sets it in the environment of the tests it runs, where the plugin would take
+//! it for a misspelt variable).
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// `git <args>` in `dir`, its trimmed stdout when it succeeded.
+fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).current_dir(dir).output().ok()?;
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The short commit hash, `-dirty` when tracked files differ from it; "unknown" outside a
+/// git checkout (a source tarball, no git installed): the build never fails for it.
+fn commit(dir: &Path) -> String {
+    let Some(hash) = git(dir, &["rev-parse", "--short=12", "HEAD"]) else { return "unknown".to_string() };
+    // Rebuild when HEAD moves: HEAD itself, and the branch it points at (in a worktree the
+    // branch lives in the common directory; --git-path knows where).
+    for path in ["HEAD", "packed-refs"] {
+        if let Some(p) = git(dir, &["rev-parse", "--git-path", path]) {
+            println!("cargo:rerun-if-changed={}", dir.join(p).display());
+        }
+    }
+    if let Some(r) = git(dir, &["symbolic-ref", "-q", "HEAD"])
+        && let Some(p) = git(dir, &["rev-parse", "--git-path", &r])
+    {
+        println!("cargo:rerun-if-changed={}", dir.join(p).display());
+    }
+    let dirty = git(dir, &["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    if dirty { format!("{hash}-dirty") } else { hash }
+}
 
 fn main() {
     let dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR"));
+    println!("cargo:rustc-env=BUILD_GIT_COMMIT={}", commit(&dir));
     // The whole source tree, not just lib.rs, or the header goes stale.
     println!("cargo:rerun-if-changed=src");
     println!("cargo:rerun-if-changed=crates/ncclnet-types/src");

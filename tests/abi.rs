@@ -89,6 +89,28 @@ fn loader_through_every_version() {
 }
 
 #[test]
+fn loader_banner_names_version_commit_and_both_rails() {
+    let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
+    let (mode, mut env) = common::device_mode();
+    env.push(("NCCL_DEBUG", "INFO"));
+    let (ok, out) = run_loader(&loader, cdylib().to_str().unwrap(), mode, &env);
+    assert!(ok, "{out}");
+}
+
+#[test]
+fn loader_fuses_the_nics_as_nccl_does() {
+    // MPIB_NCCL_DEVICES=nics shows the soft fabric's two "NICs" through v9+; the loader reads
+    // the NCCL_NET_FORCE_MERGE the plugin published and calls makeVDevice as NCCL does.
+    let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
+    let (_, mut env) = common::device_mode();
+    env.extend([("MPIB_NCCL_DEVICES", "nics"), ("NCCL_DEBUG", "INFO")]);
+    let (ok, out) = run_loader(&loader, cdylib().to_str().unwrap(), "nics", &env);
+    assert!(ok, "{out}");
+    assert!(out.contains("v12 fused dev "), "{out}");
+    assert!(out.contains("name=soft-sout+soft-sup"), "{out}");
+}
+
+#[test]
 fn loads_by_nccl_name_from_the_library_path() {
     // NCCL_NET_PLUGIN=mpib makes NCCL dlopen("libnccl-net-mpib.so") through ld.so.
     let dir = tmpdir("byname");

@@ -112,7 +112,7 @@ fn inproc_round_trips_every_size() {
         return in_child("inproc_round_trips_every_size", &[("MPIB_FABRIC", "inproc"), ("MPIB_SPLIT", "50")]);
     }
     plugin::init(AbiVersion::V12).expect("init");
-    assert_eq!(plugin::device_count().unwrap(), 1);
+    assert_eq!(plugin::device_count(AbiVersion::V12).unwrap(), 1);
     let (send, recv) = pair(AbiVersion::V12);
     exchange(send, recv, &[0, 1, 127, 128, 129, 4096, (1 << 20) + 3, 8]);
     let c = plugin::comm_counters(send).unwrap();
@@ -153,7 +153,7 @@ fn bad_handles_are_errors_not_crashes() {
     // A receive comm is not a send comm.
     let e = plugin::isend(recv, junk, 8, 0, MemHandle(junk)).unwrap_err();
     assert!(e.msg().contains("memory handle") || e.msg().contains("not a"), "{}", e.msg());
-    assert!(plugin::properties(7).is_err());
+    assert!(plugin::properties(AbiVersion::V12, 7).is_err());
     // A released registration is an error at once, even right after calls that used it (a
     // comm's memo of its last registration must not outlive the release).
     let mem = vec![0u8; 4096];

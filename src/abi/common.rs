@@ -11,16 +11,6 @@ use super::guard::run;
 use crate::error::{Error, Result};
 use crate::plugin::{self, AbiVersion, BufArg, CommHandle, ListenHandle, MemHandle, RequestHandle};
 
-/// `devices(int* ndev)`, every version.
-pub unsafe extern "C" fn devices(ndev: *mut c_int) -> ncclResult_t {
-    run("devices", || {
-        // SAFETY: NCCL passes a valid int pointer or NULL (rejected by `out`).
-        let ndev = unsafe { out(ndev, "ndev") }?;
-        *ndev = c_int::try_from(plugin::device_count()?).unwrap_or(c_int::MAX);
-        Ok(())
-    })
-}
-
 /// Shared body of every `listen`.
 pub fn listen_impl(abi: AbiVersion, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> Result<()> {
     // SAFETY: NCCL passes an out-pointer for the comm and a 128-byte handle buffer.

@@ -4,6 +4,7 @@
 
 mod args;
 mod common;
+mod fusion;
 mod guard;
 pub mod logger;
 pub mod query;

@@ -9,6 +9,7 @@ use ncclnet_types::types::*;
 
 use super::args::*;
 use super::common::*;
+use super::fusion::{devices_v6, devices_v9, make_vdevice_v9, make_vdevice_v12, publish};
 use super::guard::run;
 use super::logger;
 use crate::plugin::{self, AbiVersion, ContextHandle, Properties};
@@ -18,7 +19,10 @@ const NAME: *const std::ffi::c_char = c"MPIB".as_ptr();
 fn init_common(abi: AbiVersion, log_fn: ncclDebugLogger_t) -> crate::error::Result<()> {
     logger::set_nccl_logger(log_fn);
     logger::install_panic_hook();
-    plugin::init(abi)
+    if let Some(env) = plugin::init(abi)? {
+        publish(&env);
+    }
+    Ok(())
 }
 
 // ---- init / finalize -------------------------------------------------------------------
@@ -98,9 +102,21 @@ unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t
 
 // ---- getProperties ---------------------------------------------------------------------
 
+/// A `vProps` of `N` slots from the plugin's fused devices.
+fn vprops<const N: usize>(p: &Properties) -> (c_int, [c_int; N]) {
+    let mut devs = [0; N];
+    let v = p.vdevs.as_slice();
+    devs[..v.len()].copy_from_slice(v);
+    (v.len() as c_int, devs)
+}
+
+/// NCCL's `railId`/`planeId` for an id the plugin may not know.
+fn net_id(v: Option<i16>) -> i16 {
+    v.unwrap_or(consts::NCCL_NET_ID_UNDEF)
+}
+
 fn props_v9(p: &Properties) -> ncclNetProperties_v9_t {
-    let mut devs = [0; NCCL_NET_MAX_DEVS_PER_NIC_V9];
-    devs[0] = p.dev;
+    let (ndevs, devs) = vprops::<NCCL_NET_MAX_DEVS_PER_NIC_V9>(p);
     ncclNetProperties_v9_t {
         name: p.name.as_ptr().cast_mut(),
         pciPath: p.pci_path.map_or(std::ptr::null_mut(), |s| s.as_ptr().cast_mut()),
@@ -115,7 +131,7 @@ fn props_v9(p: &Properties) -> ncclNetProperties_v9_t {
         maxRecvs: p.max_recvs,
         netDeviceType: consts::NCCL_NET_DEVICE_HOST,
         netDeviceVersion: consts::NCCL_NET_DEVICE_INVALID_VERSION,
-        vProps: ncclNetVDeviceProps_v9_t { ndevs: 1, devs },
+        vProps: ncclNetVDeviceProps_v9_t { ndevs, devs },
         maxP2pBytes: p.max_p2p_bytes,
         maxCollBytes: p.max_coll_bytes,
     }
@@ -196,8 +212,7 @@ fn props_v11(p: &Properties) -> ncclNetProperties_v11_t {
 
 fn props_v12(p: &Properties) -> ncclNetProperties_v12_t {
     let v = props_v11(p);
-    let mut devs = [0; NCCL_NET_MAX_DEVS_PER_NIC_V12];
-    devs[0] = p.dev;
+    let (ndevs, devs) = vprops::<NCCL_NET_MAX_DEVS_PER_NIC_V12>(p);
     ncclNetProperties_v12_t {
         name: v.name,
         pciPath: v.pciPath,
@@ -212,33 +227,33 @@ fn props_v12(p: &Properties) -> ncclNetProperties_v12_t {
         maxRecvs: v.maxRecvs,
         netDeviceType: v.netDeviceType,
         netDeviceVersion: v.netDeviceVersion,
-        vProps: ncclNetVDeviceProps_v12_t { ndevs: 1, devs },
+        vProps: ncclNetVDeviceProps_v12_t { ndevs, devs },
         maxP2pBytes: v.maxP2pBytes,
         maxCollBytes: v.maxCollBytes,
         maxMultiRequestSize: v.maxMultiRequestSize,
-        railId: consts::NCCL_NET_ID_UNDEF,
-        planeId: consts::NCCL_NET_ID_UNDEF,
+        railId: net_id(p.rail),
+        planeId: net_id(p.plane),
     }
 }
 
 macro_rules! get_properties {
-    ($name:ident, $ty:ty, $conv:ident) => {
+    ($name:ident, $abi:expr, $ty:ty, $conv:ident) => {
         unsafe extern "C" fn $name(dev: c_int, props: *mut $ty) -> ncclResult_t {
             run("getProperties", || {
                 // SAFETY: NCCL passes a valid properties struct of this version (NULL rejected).
                 let props = unsafe { out(props, "props") }?;
-                *props = $conv(&plugin::properties(dev)?);
+                *props = $conv(&plugin::properties($abi, dev)?);
                 Ok(())
             })
         }
     };
 }
-get_properties!(get_properties_v6, ncclNetProperties_v6_t, props_v6);
-get_properties!(get_properties_v7, ncclNetProperties_v7_t, props_v7);
-get_properties!(get_properties_v8, ncclNetProperties_v8_t, props_v8);
-get_properties!(get_properties_v9, ncclNetProperties_v9_t, props_v9);
-get_properties!(get_properties_v11, ncclNetProperties_v11_t, props_v11);
-get_properties!(get_properties_v12, ncclNetProperties_v12_t, props_v12);
+get_properties!(get_properties_v6, AbiVersion::V6, ncclNetProperties_v6_t, props_v6);
+get_properties!(get_properties_v7, AbiVersion::V7, ncclNetProperties_v7_t, props_v7);
+get_properties!(get_properties_v8, AbiVersion::V8, ncclNetProperties_v8_t, props_v8);
+get_properties!(get_properties_v9, AbiVersion::V9, ncclNetProperties_v9_t, props_v9);
+get_properties!(get_properties_v11, AbiVersion::V11, ncclNetProperties_v11_t, props_v11);
+get_properties!(get_properties_v12, AbiVersion::V12, ncclNetProperties_v12_t, props_v12);
 
 // ---- listen / connect ------------------------------------------------------------------
 
@@ -342,7 +357,7 @@ unsafe extern "C" fn connect_v12(
 pub static ncclNetPlugin_v6: ncclNet_v6_t = ncclNet_v6_t {
     name: NAME,
     init: Some(init_v6),
-    devices: Some(devices),
+    devices: Some(devices_v6),
     getProperties: Some(get_properties_v6),
     listen: Some(listen_v6),
     connect: Some(connect_v6),
@@ -364,7 +379,7 @@ pub static ncclNetPlugin_v6: ncclNet_v6_t = ncclNet_v6_t {
 pub static ncclNetPlugin_v7: ncclNet_v7_t = ncclNet_v7_t {
     name: NAME,
     init: Some(init_v7),
-    devices: Some(devices),
+    devices: Some(devices_v6),
     getProperties: Some(get_properties_v7),
     listen: Some(listen_v7),
     connect: Some(connect_v7),
@@ -388,7 +403,7 @@ pub static ncclNetPlugin_v7: ncclNet_v7_t = ncclNet_v7_t {
 pub static ncclNetPlugin_v8: ncclNet_v8_t = ncclNet_v8_t {
     name: NAME,
     init: Some(init_v8),
-    devices: Some(devices),
+    devices: Some(devices_v6),
     getProperties: Some(get_properties_v8),
     listen: Some(listen_v8),
     connect: Some(connect_v8),
@@ -424,7 +439,7 @@ unsafe extern "C" fn isend_sizet(
 pub static ncclNetPlugin_v9: ncclNet_v9_t = ncclNet_v9_t {
     name: NAME,
     init: Some(init_v9),
-    devices: Some(devices),
+    devices: Some(devices_v9),
     getProperties: Some(get_properties_v9),
     listen: Some(listen_v9),
     connect: Some(connect_v9),
@@ -441,8 +456,8 @@ pub static ncclNetPlugin_v9: ncclNet_v9_t = ncclNet_v9_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    // mpib fuses its own rail pair into each device; NCCL must not fuse further.
-    makeVDevice: None,
+    // NCCL fuses each rail pair's NICs into one device (plugin/table.rs).
+    makeVDevice: Some(make_vdevice_v9),
 };
 
 /// NCCL 2.26 – 2.27.
@@ -450,7 +465,7 @@ pub static ncclNetPlugin_v9: ncclNet_v9_t = ncclNet_v9_t {
 pub static ncclNetPlugin_v10: ncclNet_v10_t = ncclNet_v10_t {
     name: NAME,
     init: Some(init_v10),
-    devices: Some(devices),
+    devices: Some(devices_v9),
     getProperties: Some(get_properties_v9),
     listen: Some(listen_v10),
     connect: Some(connect_v10),
@@ -467,7 +482,7 @@ pub static ncclNetPlugin_v10: ncclNet_v10_t = ncclNet_v10_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice_v9),
 };
 
 /// NCCL 2.28 – 2.29.
@@ -475,7 +490,7 @@ pub static ncclNetPlugin_v10: ncclNet_v10_t = ncclNet_v10_t {
 pub static ncclNetPlugin_v11: ncclNet_v11_t = ncclNet_v11_t {
     name: NAME,
     init: Some(init_v11),
-    devices: Some(devices),
+    devices: Some(devices_v9),
     getProperties: Some(get_properties_v11),
     listen: Some(listen_v11),
     connect: Some(connect_v11),
@@ -492,7 +507,7 @@ pub static ncclNetPlugin_v11: ncclNet_v11_t = ncclNet_v11_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice_v9),
     finalize: Some(finalize),
     setNetAttr: Some(set_net_attr),
 };
@@ -502,7 +517,7 @@ pub static ncclNetPlugin_v11: ncclNet_v11_t = ncclNet_v11_t {
 pub static ncclNetPlugin_v12: ncclNet_v12_t = ncclNet_v12_t {
     name: NAME,
     init: Some(init_v12),
-    devices: Some(devices),
+    devices: Some(devices_v9),
     getProperties: Some(get_properties_v12),
     listen: Some(listen_v12),
     connect: Some(connect_v12),
@@ -519,7 +534,11 @@ pub static ncclNetPlugin_v12: ncclNet_v12_t = ncclNet_v12_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    makeVDevice: None,
+    makeVDevice: Some(make_vdevice_v12),
     finalize: Some(finalize),
     setNetAttr: Some(set_net_attr),
 };
+
+#[cfg(test)]
+#[path = "versions_tests.rs"]
+mod tests;

@@ -12,6 +12,7 @@ use super::handles::{CommHandle, Handle, Kind, ListenHandle, MemHandle, RequestH
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
+use super::table::Devices;
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
 use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
@@ -30,7 +31,7 @@ pub enum Obj<D: Device> {
 /// The plugin over one provider.
 pub struct Plugin<D: Device> {
     pub kind: FabricKind,
-    pub devs: Vec<Arc<DevPair<D>>>,
+    pub devices: Devices<D>,
     cfg: &'static Config,
     objs: Table<Obj<D>>,
     /// Bumped whenever a registration is released: comms' [`MrMemo`]s older than it are
@@ -52,14 +53,12 @@ fn size_ok(size: usize) -> Result<u64> {
 
 impl<D: Device> Plugin<D> {
     pub fn new(kind: FabricKind, pairs: Vec<RailPair<D>>, cfg: &'static Config) -> Self {
-        let devs = pairs.into_iter().enumerate().map(|(i, p)| Arc::new(DevPair::new(i, p))).collect();
-        Plugin { kind, devs, cfg, objs: Table::new(), mr_epoch: AtomicU64::new(1) }
+        let devices = Devices::new(pairs, cfg.nccl_devices);
+        Plugin { kind, devices, cfg, objs: Table::new(), mr_epoch: AtomicU64::new(1) }
     }
 
-    fn pair(&self, dev: i32) -> Result<&Arc<DevPair<D>>> {
-        usize::try_from(dev).ok().and_then(|i| self.devs.get(i)).ok_or_else(|| {
-            Error::invalid_argument(format!("device {dev} does not exist (there are {})", self.devs.len()))
-        })
+    fn pair(&self, abi: AbiVersion, dev: i32) -> Result<Arc<DevPair<D>>> {
+        self.devices.get(abi, dev)
     }
 
     /// The local address of the set-up listener: the SOUT rail's address for the soft
@@ -80,7 +79,7 @@ impl<D: Device> Plugin<D> {
     }
 
     pub fn listen(&self, abi: AbiVersion, dev: i32, handle: &mut [u8; HANDLE_BYTES]) -> Result<ListenHandle> {
-        let pair = self.pair(dev)?.clone();
+        let pair = self.pair(abi, dev)?;
         let (listener, addr) = match self.kind {
             FabricKind::Inproc => OobListener::inproc(),
             _ => OobListener::tcp(self.listen_ip()?)?,
@@ -102,7 +101,7 @@ impl<D: Device> Plugin<D> {
         let mut token = setup::handle_token(handle);
         if token == 0 {
             let addr = setup::read_handle(handle, self.kind)?;
-            let c = Connecting::start(self.pair(dev)?.clone(), self.params(abi, tc), addr)?;
+            let c = Connecting::start(self.pair(abi, dev)?, self.params(abi, tc), addr)?;
             token = self.objs.insert(Kind::Pending, Obj::Connecting(Box::new(c)))?;
             setup::set_handle_token(handle, token);
         }

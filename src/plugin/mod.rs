@@ -11,11 +11,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::config::{self, Config, FabricChoice};
+use crate::config::{self, Config, FabricChoice, RelaxedOrdering};
 use crate::engine::RailCounts;
 use crate::error::{Error, Result};
-use crate::fabric::MemTypes;
+use crate::fabric::{Device, LinkLayer, MemTypes};
 
+mod banner;
 pub mod comm;
 pub mod devices;
 pub mod discover;
@@ -24,10 +25,12 @@ pub mod instance;
 pub mod mr;
 pub mod oob;
 pub mod setup;
+pub mod table;
 pub mod wire;
 
 use crate::fabric::soft::SoftDevice;
-use crate::fabric::verbs::{self, VerbsDevice};
+use crate::fabric::verbs::{self, Availability, VerbsDevice};
+use banner::{PairDesc, RailDesc};
 use handles::Kind;
 pub use handles::{CommHandle, ContextHandle, ListenHandle, MemHandle, RequestHandle};
 use instance::Plugin;
@@ -77,6 +80,11 @@ pub struct Properties {
     pub max_p2p_bytes: usize,
     pub max_coll_bytes: usize,
     pub max_multi_request_size: i32,
+    /// The NIC devices fused into this one (NCCL's `vProps`; itself when not fused).
+    pub vdevs: devices::VDevs,
+    /// NCCL's `railId` / `planeId` (v12) when known.
+    pub rail: Option<i16>,
+    pub plane: Option<i16>,
 }
 
 struct Global {
@@ -123,10 +131,20 @@ fn active() -> Result<&'static Active> {
     }
 }
 
+/// An environment variable NCCL reads after `init` that the plugin wants set; the ABI edge
+/// sets it where the user has not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NcclEnv {
+    pub name: &'static str,
+    pub value: String,
+}
+
 /// Validates the configuration, opens the devices (first time) and takes one reference.
 /// Fails with one clear line when the configuration is bad or no device is usable, so that
-/// NCCL falls back to its own transports.
-pub fn init(abi: AbiVersion) -> Result<()> {
+/// NCCL falls back to its own transports. Returns what NCCL should be told through its
+/// environment: for ABI v9+ with rail pairs shown as NICs, `NCCL_NET_FORCE_MERGE` naming
+/// the pairs (`table.rs`).
+pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
     let cfg = match config::get() {
         Ok(c) => c,
         Err(_) => {
@@ -144,16 +162,22 @@ pub fn init(abi: AbiVersion) -> Result<()> {
         if let Some(w) = cfg.unknown_warning() {
             log::warn!(target: "mpib::config", "{w}");
         }
+        for w in &cfg.ignored {
+            log::warn!(target: "mpib::config", "{w}");
+        }
         log::info!(target: "mpib::config", "configuration: {cfg}");
         let a = open(cfg)?;
         let _ = ACTIVE.set(a);
         if let Err(e) = crate::telemetry::start_stats_export(cfg) {
             log::warn!("statistics file: {e}");
         }
-        log::info!(target: "mpib::abi", "initialized through ABI v{}: {} device(s)", abi as u32, device_count_of(ACTIVE.get().expect("set")));
+        for line in banner_lines(ACTIVE.get().expect("set"), abi, cfg) {
+            log::info!(target: "mpib::abi", "{line}");
+        }
     }
     REFS.fetch_add(1, Ordering::Relaxed);
-    Ok(())
+    let merge = dispatch!(p => p.devices.force_merge());
+    Ok(merge.filter(|_| abi >= AbiVersion::V9).map(|value| NcclEnv { name: "NCCL_NET_FORCE_MERGE", value }))
 }
 
 /// Opens the configured fabric's rail pairs.
@@ -170,21 +194,127 @@ fn open(cfg: &'static Config) -> Result<Active> {
     match cfg.fabric {
         FabricChoice::Soft => soft(FabricKind::Soft),
         FabricChoice::Inproc => soft(FabricKind::Inproc),
-        FabricChoice::Verbs => verbs(),
-        FabricChoice::Auto => match verbs::unavailable_reason() {
-            None => verbs(),
-            Some(why) => {
-                log::info!(target: "mpib::abi", "RDMA verbs unavailable ({why}); using the soft fabric (TCP)");
-                soft(FabricKind::Soft)
-            }
-        },
+        FabricChoice::Verbs => {
+            verbs::fork_init();
+            verbs()
+        }
+        FabricChoice::Auto => {
+            // Before any other verb, as net_ib (registrations made before it stay unsafe).
+            verbs::fork_init();
+            auto_open(
+                verbs::availability(),
+                verbs,
+                || soft(FabricKind::Soft),
+                &mut |level, line| log::log!(target: "mpib::abi", level, "{line}"),
+            )
+        }
     }
 }
 
-fn device_count_of(a: &Active) -> usize {
+/// `MPIB_FABRIC=auto`: verbs when the host has usable RDMA ports and they open, else the soft
+/// fabric. Never silently: a host with no RDMA at all says so at INFO; a host whose RDMA
+/// devices cannot be used (none active, a device or verb failing: which device, which
+/// call, errno) gets a WARN before the fallback, since the job then runs over TCP.
+fn auto_open<T>(
+    avail: Availability,
+    verbs: impl FnOnce() -> Result<T>,
+    soft: impl FnOnce() -> Result<T>,
+    log: &mut dyn FnMut(log::Level, String),
+) -> Result<T> {
+    const HOW: &str = "MPIB_FABRIC=verbs makes this an error, MPIB_FABRIC=soft silences it";
+    match avail {
+        Availability::Usable => match verbs() {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                log(
+                    log::Level::Warn,
+                    format!(
+                        "RDMA devices are present but could not be used: {e}; falling back to the soft fabric (TCP) ({HOW})"
+                    ),
+                );
+                soft()
+            }
+        },
+        Availability::Broken(why) => {
+            log(
+                log::Level::Warn,
+                format!("RDMA devices are present but unusable: {why}; falling back to the soft fabric (TCP) ({HOW})"),
+            );
+            soft()
+        }
+        Availability::Absent(why) => {
+            log(log::Level::Info, format!("RDMA verbs unavailable ({why}); using the soft fabric (TCP)"));
+            soft()
+        }
+    }
+}
+
+/// The banner `init` prints (see `banner.rs`).
+fn banner_lines(a: &Active, abi: AbiVersion, cfg: &Config) -> Vec<String> {
+    let (fabric, fork, relaxed, pairs) = match a {
+        Active::Soft(p) => {
+            let desc = |d: &SoftDevice| RailDesc {
+                label: format!("{}:{}", d.attrs().name, d.attrs().port),
+                link: "TCP",
+                addr: d.local_addr().map_or("in-process".to_string(), |a| a.to_string()),
+                speed_mbps: d.attrs().speed_mbps,
+                relaxed_ordering: None,
+            };
+            let kind = if p.kind == FabricKind::Inproc { "in-process soft" } else { "soft" };
+            (kind, None, None, pair_descs(p, abi, &desc))
+        }
+        Active::Verbs(p) => {
+            let desc = |d: &VerbsDevice| {
+                let at = d.attrs();
+                let (link, addr) = match at.link_layer {
+                    LinkLayer::InfiniBand => ("IB", format!("LID {:#x}", d.lid())),
+                    _ => ("RoCE", format!("GID {} {}", d.gid_index(), verbs::format_gid(&d.gid()))),
+                };
+                RailDesc {
+                    label: format!("{}:{}", at.name, at.port),
+                    link,
+                    addr,
+                    speed_mbps: at.speed_mbps,
+                    relaxed_ordering: Some(d.relaxed_ordering()),
+                }
+            };
+            let relaxed = match cfg.relaxed_ordering {
+                RelaxedOrdering::Off => "off (MPIB_PCI_RELAXED_ORDERING=0)",
+                _ if verbs::relaxed_ordering_available() => "on (ibv_reg_mr_iova2)",
+                _ => "unavailable (libibverbs has no ibv_reg_mr_iova2)",
+            };
+            ("verbs", Some(verbs::fork_init().to_string()), Some(relaxed), pair_descs(p, abi, &desc))
+        }
+    };
+    let n = device_count_of(a, abi);
+    let mut lines = vec![banner::header(abi as u32, fabric, pairs.len(), n, fork.as_deref(), relaxed)];
+    lines.extend(pairs.iter().enumerate().map(|(k, p)| banner::pair_line(k, p)));
+    lines
+}
+
+/// Every rail pair of `p`, described for the banner.
+fn pair_descs<D: Device>(p: &Plugin<D>, abi: AbiVersion, desc: &dyn Fn(&D) -> RailDesc) -> Vec<PairDesc> {
+    let d = &p.devices;
+    d.pairs
+        .iter()
+        .enumerate()
+        .map(|(k, &[a, b])| {
+            let (na, nb) = (&d.nics[a], &d.nics[b]);
+            let same = |x: Option<i16>, y: Option<i16>| if x == y { x } else { None };
+            PairDesc {
+                rails: [desc(&na.dev), desc(&nb.dev)],
+                rail_id: same(na.meta.rail, nb.meta.rail),
+                plane_id: same(na.meta.plane, nb.meta.plane),
+                seen: d.seen(abi, k),
+            }
+        })
+        .collect()
+}
+
+fn device_count_of(a: &Active, abi: AbiVersion) -> usize {
     match a {
-        Active::Soft(p) => p.devs.len(),
-        Active::Verbs(p) => p.devs.len(),
+        Active::Soft(p) => p.devices.len(abi),
+        Active::Verbs(p) => p.devices.len(abi),
     }
 }
 
@@ -223,20 +353,19 @@ pub fn set_net_attr(ctx: ContextHandle, max_peers: i32, op: u32, algo: u32, prot
     Ok(())
 }
 
-/// Number of devices (rail pairs).
-pub fn device_count() -> Result<usize> {
-    Ok(device_count_of(active()?))
+/// Number of devices `abi` sees (`table.rs`).
+pub fn device_count(abi: AbiVersion) -> Result<usize> {
+    Ok(device_count_of(active()?, abi))
 }
 
-/// Properties of device `dev`.
-pub fn properties(dev: i32) -> Result<Properties> {
-    dispatch!(p => {
-        usize::try_from(dev)
-            .ok()
-            .and_then(|i| p.devs.get(i))
-            .map(|d| d.props)
-            .ok_or_else(|| Error::invalid_argument(format!("device {dev} does not exist (there are {})", p.devs.len())))
-    })
+/// Properties of device `dev` as `abi` sees it.
+pub fn properties(abi: AbiVersion, dev: i32) -> Result<Properties> {
+    dispatch!(p => p.devices.get(abi, dev).map(|d| d.props))
+}
+
+/// `makeVDevice` (ABI v9+): fuses base devices `devs` into a new device, its index.
+pub fn make_vdevice(devs: &[i32]) -> Result<i32> {
+    dispatch!(p => p.devices.make_vdevice(devs))
 }
 
 pub fn listen(abi: AbiVersion, dev: i32, handle: &mut [u8; HANDLE_BYTES]) -> Result<ListenHandle> {
@@ -332,4 +461,55 @@ pub fn close_listen(comm: ListenHandle) -> Result<()> {
 /// Per-rail counters of a send or receive comm (for tools and tests).
 pub fn comm_counters(comm: CommHandle) -> Result<[RailCounts; 2]> {
     dispatch!(p => p.counters(comm))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `auto_open` with verbs giving `verbs`; returns which fabric it ended on and the
+    /// log lines it wrote.
+    fn auto(avail: Availability, verbs: Result<&'static str>) -> (Result<&'static str>, Vec<(log::Level, String)>) {
+        let mut lines = Vec::new();
+        let r = auto_open(avail, || verbs, || Ok("soft"), &mut |l, s| lines.push((l, s)));
+        (r, lines)
+    }
+
+    #[test]
+    fn auto_uses_verbs_silently_when_they_work() {
+        let (r, lines) = auto(Availability::Usable, Ok("verbs"));
+        assert_eq!(r.unwrap(), "verbs");
+        assert!(lines.is_empty(), "{lines:?}");
+    }
+
+    #[test]
+    fn a_host_without_rdma_falls_back_at_info() {
+        let (r, lines) = auto(Availability::Absent("no RDMA devices (ibv_get_device_list found none)".into()), Ok("x"));
+        assert_eq!(r.unwrap(), "soft");
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].0, log::Level::Info);
+        assert!(lines[0].1.contains("no RDMA devices") && lines[0].1.contains("soft fabric"), "{lines:?}");
+    }
+
+    #[test]
+    fn rdma_devices_that_fail_warn_with_device_call_and_errno_before_the_fallback() {
+        // Devices present, none usable (availability's own words).
+        let (r, lines) = auto(Availability::Broken("no active RDMA port on mlx5_0 (mlx5_0:1 DOWN)".into()), Ok("x"));
+        assert_eq!(r.unwrap(), "soft");
+        assert_eq!(lines[0].0, log::Level::Warn);
+        assert!(
+            lines[0].1.contains("mlx5_0:1 DOWN") && lines[0].1.contains("falling back to the soft fabric"),
+            "{lines:?}"
+        );
+        // Ports active, but opening them fails: the verbs error (device, call, errno) is in the WARN.
+        // (the text of the verbs provider's `call_failed`)
+        let e = Error::system("ibv_alloc_pd on mlx5_0:1 failed: Cannot allocate memory (os error 12)");
+        let (r, lines) = auto(Availability::Usable, Err(e));
+        assert_eq!(r.unwrap(), "soft");
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].0, log::Level::Warn);
+        let w = &lines[0].1;
+        assert!(w.contains("ibv_alloc_pd on mlx5_0:1 failed: Cannot allocate memory"), "{w}");
+        assert!(w.contains("MPIB_FABRIC=verbs"), "says how to make it an error: {w}");
+    }
 }

@@ -8,6 +8,9 @@
  *   MODE nodev   init must fail with ncclSystemError and one WARN line saying why
  *   MODE badenv  init must fail with ncclInvalidArgument and a WARN naming MPIB_SPLIT
  *   MODE dev     init succeeds; every device's properties are checked in every version
+ *   MODE nics    as dev, with MPIB_NCCL_DEVICES=nics: v9+ show the two NICs, and the loader
+ *                fuses them as NCCL does, from the NCCL_NET_FORCE_MERGE the plugin set
+ *                (ncclTopoForceMerge: names and ports matched exactly, makeVDevice called)
  * Exit status 0 = all checks passed; every failed check prints "FAIL: ...". */
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -125,8 +128,14 @@ static void* props_call(ncclResult_t (*gp)(int, void*), int dev, size_t size, nc
          p->name, p->pciPath ? p->pciPath : "(null)", (unsigned long long)p->guid, p->ptrSupport, p->speed, p->port, p->maxRecvs); \
 } while (0)
 
+/* vProps: the device itself, or (a device makeVDevice made) the earlier devices it fuses. */
+static void check_vprops(int v, int dev, int ndevs, const int* devs) {
+  int ok = ndevs == 1 ? devs[0] <= dev : ndevs == 2 ? devs[0] < dev && devs[1] < dev && devs[0] != devs[1] : 0;
+  CHECK(ok, "v%d dev %d: vProps {%d, %d, %d}", v, dev, ndevs, devs[0], devs[1]);
+}
+
 static void check_v9_tail(int v, int dev, const vprops4* vp, size_t p2p, int type) {
-  CHECK(vp->ndevs == 1 && vp->devs[0] == dev, "v%d dev %d: vProps {%d, %d}", v, dev, vp->ndevs, vp->devs[0]);
+  check_vprops(v, dev, vp->ndevs, vp->devs);
   CHECK(p2p > 0 && p2p <= (1ull << 40), "v%d dev %d: maxP2pBytes %zu", v, dev, p2p);
   CHECK(type == 0, "v%d dev %d: netDeviceType %d (must be HOST)", v, dev, type);
 }
@@ -145,7 +154,7 @@ static void check_devices(int v, ncclResult_t (*devices)(int*), ncclResult_t (*g
     if (v == 11) { props_v11* p = props_call(gp, dev, sizeof *p, &rc); CHECK(rc == 0, "v11 rc %d", rc); CHECK_COMMON(p, dev, 11);
       check_v9_tail(v, dev, &p->vProps, p->maxP2pBytes, p->netDeviceType); CHECK(p->maxMultiRequestSize >= 1, "v11 maxMultiRequestSize"); }
     if (v == 12) { props_v12* p = props_call(gp, dev, sizeof *p, &rc); CHECK(rc == 0, "v12 rc %d", rc); CHECK_COMMON(p, dev, 12);
-      CHECK(p->vProps.ndevs == 1 && p->vProps.devs[0] == dev, "v12 vProps"); CHECK(p->maxP2pBytes > 0, "v12 maxP2pBytes");
+      check_vprops(v, dev, p->vProps.ndevs, p->vProps.devs); CHECK(p->maxP2pBytes > 0, "v12 maxP2pBytes");
       CHECK(p->railId == -1 && p->planeId == -1, "v12 railId %d planeId %d", p->railId, p->planeId); }
   }
   /* A device that does not exist is an error, not a crash. */
@@ -153,12 +162,54 @@ static void check_devices(int v, ncclResult_t (*devices)(int*), ncclResult_t (*g
   CHECK(rc == 4, "v%d: getProperties(bad dev) -> %d, want ncclInvalidArgument", v, rc);
 }
 
+/* NCCL's fusion of the NICs (ncclTopoForceMerge + ncclTopoMakeVnic, src/graph/topo.cc):
+ * each ';' group of NCCL_NET_FORCE_MERGE names devices by exact name and port; makeVDevice
+ * gets the matching device indices; the new device's properties list them in vProps. */
+typedef ncclResult_t (*make_vdevice_t)(int*, vprops8*);
+static int fused_dev = -1; /* what check_fusion made (NCCL fuses once per process) */
+static void check_fusion(int v, make_vdevice_t make, ncclResult_t (*devices)(int*), ncclResult_t (*gp)(int, void*)) {
+  const char* merge = getenv("NCCL_NET_FORCE_MERGE");
+  CHECK(merge != NULL, "v%d: the plugin did not set NCCL_NET_FORCE_MERGE", v);
+  if (!merge) return;
+  int n = 0, groups = 0;
+  devices(&n);
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", merge);
+  for (char* g = strtok(buf, ";"); g; g = strtok(NULL, ";")) {
+    vprops8 vp = { 0, { 0 } };
+    char want[2][64]; int nwant = 0;
+    for (char* e = g; e && nwant < 2; ) { char* c = strchr(e, ','); if (c) *c = 0; snprintf(want[nwant++], 64, "%s", e); e = c ? c + 1 : NULL; }
+    for (int d = 0; d < n; d++) {
+      /* name and port lie at the same offsets in props v9 ... v12 */
+      ncclResult_t rc; props_v9* p = props_call(gp, d, v == 12 ? sizeof(props_v12) : v == 11 ? sizeof(props_v11) : sizeof(props_v9), &rc);
+      char np[80]; snprintf(np, sizeof np, "%s:%d", p->name, p->port);
+      for (int w = 0; w < nwant; w++) if (strcmp(np, want[w]) == 0 && vp.ndevs < 8) vp.devs[vp.ndevs++] = d;
+    }
+    CHECK(vp.ndevs == 2, "v%d: NCCL_NET_FORCE_MERGE group %s matched %d devices", v, g, vp.ndevs);
+    int made = -1;
+    ncclResult_t rc = make(&made, &vp);
+    CHECK(rc == 0 && made >= n, "v%d: makeVDevice(%d, %d) -> rc %d, dev %d", v, vp.devs[0], vp.devs[1], rc, made);
+    int n2 = 0; devices(&n2);
+    CHECK(n2 == made + 1, "v%d: devices() %d after makeVDevice made %d", v, n2, made);
+    if (groups == 0) fused_dev = made;
+    groups++;
+  }
+  CHECK(groups >= 1, "v%d: NCCL_NET_FORCE_MERGE names no group", v);
+  /* A group that is not a rail pair is refused (NCCL then keeps the devices apart). */
+  vprops8 bad = { 2, { 0, 0 } };
+  int d = -1;
+  CHECK(make(&d, &bad) != 0, "v%d: makeVDevice of one device twice must fail", v);
+  vprops8 one = { 1, { 0 } };
+  CHECK(make(&d, &one) == 0, "v%d: makeVDevice of one device (NCCL 2.24-2.27 does that) must succeed", v);
+}
+
 int main(int argc, char** argv) {
   if (argc != 3) { fprintf(stderr, "usage: %s LIB nodev|badenv|dev\n", argv[0]); return 2; }
   const char* mode = argv[2];
   void* lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
   if (!lib) { printf("FAIL: dlopen: %s\n", dlerror()); return 1; }
-  int expect = strcmp(mode, "dev") == 0 ? 0 : strcmp(mode, "badenv") == 0 ? 4 : 2;
+  int nics = strcmp(mode, "nics") == 0;
+  int expect = strcmp(mode, "dev") == 0 || nics ? 0 : strcmp(mode, "badenv") == 0 ? 4 : 2;
 
   for (int v = 6; v <= 12; v++) {
     char sym[32];
@@ -173,6 +224,7 @@ int main(int argc, char** argv) {
     void* ctx = NULL;
     ncclResult_t (*devices)(int*) = NULL;
     ncclResult_t (*gp)(int, void*) = NULL;
+    make_vdevice_t make = NULL;
     if (v == 6) { net_v6* n = t; rc = n->init(logger); devices = n->devices; gp = n->getProperties;
       CHECK(n->listen && n->connect && n->accept && n->regMr && n->isend && n->irecv && n->iflush && n->test &&
             n->closeSend && n->closeRecv && n->closeListen && n->deregMr, "v6: a mandatory slot is NULL"); }
@@ -180,13 +232,14 @@ int main(int argc, char** argv) {
       CHECK(n->getDeviceMr == NULL && n->irecvConsumed == NULL, "v%d: offload slots must be NULL", v);
       CHECK(n->listen && n->regMr && n->isend && n->test && n->closeListen, "v%d: a mandatory slot is NULL", v); }
     else if (v == 9) { net_v9* n = t; rc = n->init(logger); devices = n->devices; gp = n->getProperties;
-      CHECK(n->makeVDevice == NULL, "v9: makeVDevice must be NULL (mpib fuses its own rails)"); }
+      make = (make_vdevice_t)n->makeVDevice; }
     else if (v == 10) { net_v10* n = t; rc = n->init(logger, NULL); devices = n->devices; gp = n->getProperties;
-      CHECK(n->makeVDevice == NULL, "v10: makeVDevice must be NULL"); }
+      make = (make_vdevice_t)n->makeVDevice; }
     else { net_v11* n = t; comm_config cfg = { -1 }; rc = n->init(&ctx, 0x1234 + v, &cfg, logger, NULL);
-      devices = n->devices; gp = n->getProperties;
-      CHECK(n->finalize != NULL, "v%d: finalize is NULL", v);
-      CHECK(n->makeVDevice == NULL, "v%d: makeVDevice must be NULL", v); }
+      devices = n->devices; gp = n->getProperties; make = (make_vdevice_t)n->makeVDevice;
+      CHECK(n->finalize != NULL, "v%d: finalize is NULL", v); }
+    /* v9+: NCCL fuses each rail pair's NICs through makeVDevice (plugin/table.rs). */
+    if (v >= 9) CHECK(make != NULL, "v%d: makeVDevice is NULL", v);
     printf("v%d: init -> %d\n", v, rc);
     CHECK(rc == expect, "v%d: init returned %d, expected %d", v, rc, expect);
     if (expect != 0) {
@@ -195,6 +248,16 @@ int main(int argc, char** argv) {
       continue;
     }
     check_devices(v, devices, gp);
+    if (nics && v >= 9 && make && fused_dev < 0) check_fusion(v, make, devices, gp);
+    if (nics && v == 12 && fused_dev >= 0) {
+      ncclResult_t prc;
+      props_v12* p = props_call(gp, fused_dev, sizeof *p, &prc);
+      CHECK(prc == 0 && p->vProps.ndevs == 2 && p->vProps.devs[0] == 0 && p->vProps.devs[1] == 1, "v12 fused vProps");
+      CHECK(strchr(p->name, '+') != NULL, "v12 fused name %s", p->name);
+      printf("v12 fused dev %d: name=%s speed=%d vProps={%d,%d}\n", fused_dev, p->name, p->speed, p->vProps.devs[0],
+             p->vProps.devs[1]);
+    }
+    if (nics && v < 9) { int n = 0; devices(&n); CHECK(n == 1, "v%d: %d devices; a rail pair is one device before v9", v, n); }
     if (v >= 11) {
       net_v11* n = t;
       CHECK(n->finalize(ctx) == 0, "v%d: finalize failed", v);
@@ -205,6 +268,10 @@ int main(int argc, char** argv) {
     CHECK(strstr(log_text, "no usable network device") != NULL, "no line says why there is no device");
   if (strcmp(mode, "badenv") == 0)
     CHECK(strstr(log_text, "MPIB_SPLIT") != NULL, "no WARN names MPIB_SPLIT");
+  if (expect == 0 && getenv("NCCL_DEBUG") && strcmp(getenv("NCCL_DEBUG"), "INFO") == 0) {
+    CHECK(strstr(log_text, "MPIB: mpib ") && strstr(log_text, "(commit "), "no banner line with the version and commit");
+    CHECK(strstr(log_text, "MPIB: Using [0]soft-sout:1/TCP+soft-sup:1/TCP") != NULL, "no banner line for rail pair 0");
+  }
   printf("%s: %d failure(s)\n", failures ? "FAILED" : "OK", failures);
   return failures ? 1 : 0;
 }

@@ -94,6 +94,8 @@ pub struct VerbsDevice {
     attrs: DeviceAttrs,
     port: PortInfo,
     clock: TsClock,
+    /// Every registration asks for PCI relaxed ordering (wanted and available).
+    relaxed_ordering: bool,
 }
 
 /// `ibv_access_flags` for an [`Access`]. Verbs refuses REMOTE_WRITE without LOCAL_WRITE,
@@ -118,7 +120,7 @@ impl VerbsDevice {
     /// RoCE GID at `opts.gid_index` (default: chosen automatically, see [`gid`]).
     pub fn open(opts: &VerbsOptions) -> Result<VerbsDevice> {
         let (name, port, gid_index) = (opts.device.as_str(), opts.port, opts.gid_index);
-        let list = DeviceList::get().map_err(Error::system)?;
+        let list = DeviceList::get().map_err(|(_, why)| Error::system(why))?;
         let i = (0..list.len()).find(|&i| list.name(i) == name).ok_or_else(|| {
             Error::invalid_argument(format!("RDMA device {name} not found (devices: {})", list.names().join(", ")))
         })?;
@@ -212,7 +214,8 @@ impl VerbsDevice {
             attrs.max_inline,
             clock.describe()
         );
-        Ok(VerbsDevice { ctx, attrs, port: port_info, clock })
+        let relaxed_ordering = opts.relaxed_ordering && super::relaxed_ordering_available();
+        Ok(VerbsDevice { ctx, attrs, port: port_info, clock, relaxed_ordering })
     }
 
     /// The GID index QPs use as source (RoCE: the chosen one; IB: for GRH only).
@@ -233,6 +236,11 @@ impl VerbsDevice {
     /// How completion timestamps are taken on this device.
     pub fn clock(&self) -> TsClock {
         self.clock
+    }
+
+    /// Whether registrations ask for PCI relaxed ordering.
+    pub fn relaxed_ordering(&self) -> bool {
+        self.relaxed_ordering
     }
 
     /// False after an async PORT_ERR event on this port (until PORT_ACTIVE).
@@ -265,6 +273,7 @@ impl Device for VerbsDevice {
     fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<VerbsMr> {
         let flags = access_flags(access);
         let ro = ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
+        let access = if self.relaxed_ordering { access | Access::RELAXED_ORDERING } else { access };
         // SAFETY: the caller owns [addr, addr+len) for the registration's lifetime (the
         // trait's contract); the PD is live.
         let mut mr = unsafe {
@@ -289,7 +298,7 @@ impl Device for VerbsDevice {
 
     fn reg_dmabuf_mr(&self, fd: i32, offset: u64, len: usize, iova: u64, access: Access) -> Result<VerbsMr> {
         let mut flags = access_flags(access);
-        if access.contains(Access::RELAXED_ORDERING) {
+        if access.contains(Access::RELAXED_ORDERING) || self.relaxed_ordering {
             flags |= ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
         }
         // SAFETY: the PD is live; the kernel validates the fd and the range.

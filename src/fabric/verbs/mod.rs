@@ -25,35 +25,115 @@ mod wr_pool;
 
 pub use cq::{TsClock, UNEXPECTED_OPCODE, VerbsCq, wc_status_str};
 pub use device::{VerbsDevice, VerbsMr};
+pub use gid::format_gid;
 pub use qp::VerbsQp;
 pub use srq::VerbsSrq;
 pub use wr_pool::MAX_CHAIN;
 
 use sys::DeviceList;
 
-/// Why verbs cannot be used on this host, or `None` when at least one port is active:
-/// libibverbs cannot be loaded, the kernel has no RDMA support, there is no device, or no
-/// port is active. `MPIB_FABRIC=auto` falls back to the soft fabric on `Some`.
-pub fn unavailable_reason() -> Option<String> {
+/// Whether verbs can be used on this host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// At least one port is active.
+    Usable,
+    /// The host has no RDMA: libibverbs cannot be loaded, the kernel has no RDMA support,
+    /// or there is no device. Why, in words.
+    Absent(String),
+    /// The host has RDMA devices, and none can be used: the list cannot be read, no port is
+    /// active, or every device failed to open (each such failure was WARNed with the call
+    /// and errno). Why, in words.
+    Broken(String),
+}
+
+/// Whether verbs can be used on this host (see [`Availability`]). `MPIB_FABRIC=auto` falls
+/// back to the soft fabric unless `Usable`: silently (INFO) when `Absent`, with a WARN when
+/// `Broken`.
+pub fn availability() -> Availability {
     if let Some(e) = sys::libibverbs_load_error() {
-        return Some(format!("libibverbs.so.1 cannot be loaded: {e} (install rdma-core's libibverbs1)"));
+        return Availability::Absent(format!(
+            "libibverbs.so.1 cannot be loaded: {e} (install rdma-core's libibverbs1)"
+        ));
     }
     let list = match DeviceList::get() {
         Ok(l) => l,
-        Err(why) => return Some(why),
+        // No uverbs in the kernel is "no RDMA here"; any other failure of the list is not.
+        Err((libc::ENOSYS, why)) => return Availability::Absent(why),
+        Err((_, why)) => return Availability::Broken(why),
     };
     if list.is_empty() {
-        return Some("no RDMA devices (ibv_get_device_list found none)".to_string());
+        return Availability::Absent("no RDMA devices (ibv_get_device_list found none)".to_string());
     }
     let ports = list_ports(&list);
     if !ports.iter().any(|p| p.active) {
         let seen: Vec<String> = ports.iter().map(|p| format!("{} {}", p.label(), p.state)).collect();
-        return Some(format!(
-            "no active RDMA port ({})",
-            if seen.is_empty() { "none found".to_string() } else { seen.join(", ") }
+        return Availability::Broken(format!(
+            "no active RDMA port on {} ({})",
+            list.names().join(", "),
+            if seen.is_empty() { "no device could be opened and queried".to_string() } else { seen.join(", ") }
         ));
     }
-    None
+    Availability::Usable
+}
+
+/// Why verbs cannot be used on this host, or `None` when at least one port is active
+/// ([`availability`] in one line).
+pub fn unavailable_reason() -> Option<String> {
+    match availability() {
+        Availability::Usable => None,
+        Availability::Absent(why) | Availability::Broken(why) => Some(why),
+    }
+}
+
+/// What fork safety libibverbs gives this process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ForkSafety {
+    /// `ibv_fork_init` succeeded: registered pages are kept out of fork children.
+    Enabled,
+    /// The kernel copies registered pages on fork (Linux ≥ 5.13 with rdma-core ≥ 35):
+    /// nothing to do.
+    Unneeded,
+    /// `ibv_fork_init` failed with this errno (EOPNOTSUPP: no libibverbs).
+    Failed(i32),
+}
+
+impl std::fmt::Display for ForkSafety {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ForkSafety::Enabled => write!(f, "ibv_fork_init done"),
+            ForkSafety::Unneeded => write!(f, "not needed (kernel copy-on-fork)"),
+            ForkSafety::Failed(e) => write!(f, "ibv_fork_init failed: {}", sys::strerror(*e)),
+        }
+    }
+}
+
+/// Calls `ibv_fork_init()` once per process, before any other verb, as net_ib does
+/// (`ncclIbInitDevices` calls it unconditionally under its lock before listing devices):
+/// a process that forks (Python data loaders) must not have its registered pages
+/// copied-on-write under the NIC. Later calls return the first call's outcome.
+pub fn fork_init() -> ForkSafety {
+    static ONCE: std::sync::OnceLock<ForkSafety> = std::sync::OnceLock::new();
+    *ONCE.get_or_init(|| {
+        // SAFETY: no arguments; libibverbs' own locking makes it safe at any time, and it
+        // is called before this process registers any memory (it fails with EINVAL after).
+        let ret = unsafe { rdma_mummy_sys::ibv_fork_init() };
+        if ret != 0 {
+            return ForkSafety::Failed(sys::ret_errno(ret));
+        }
+        // SAFETY: no arguments; reads libibverbs' state.
+        match unsafe { rdma_mummy_sys::ibv_is_fork_initialized() } {
+            rdma_mummy_sys::IBV_FORK_UNNEEDED => ForkSafety::Unneeded,
+            _ => ForkSafety::Enabled,
+        }
+    })
+}
+
+/// Whether registrations can ask for PCI relaxed ordering: libibverbs has
+/// `ibv_reg_mr_iova2` (IBVERBS_1.8, rdma-core ≥ 29), which takes the access flag that
+/// `ibv_reg_mr` cannot pass. The same test as net_ib's `ncclIbRelaxedOrderingCapable`. The
+/// flag is an optional one: a device without relaxed ordering ignores it.
+pub fn relaxed_ordering_available() -> bool {
+    sys::libibverbs_has(c"ibv_reg_mr_iova2")
 }
 
 /// A port found on the host.
@@ -82,6 +162,9 @@ pub struct VerbsOptions {
     pub port: Option<u8>,
     /// The GID table index to use; `None`: chosen automatically (`gid.rs`).
     pub gid_index: Option<u8>,
+    /// Register memory with PCI relaxed ordering where libibverbs can
+    /// ([`relaxed_ordering_available`]).
+    pub relaxed_ordering: bool,
 }
 
 /// Every port of every device on the host, with its state and the device's PCI path.
@@ -89,7 +172,7 @@ pub fn ports() -> std::result::Result<Vec<HostPort>, String> {
     if let Some(e) = sys::libibverbs_load_error() {
         return Err(format!("libibverbs.so.1 cannot be loaded: {e} (install rdma-core's libibverbs1)"));
     }
-    Ok(list_ports(&DeviceList::get()?))
+    Ok(list_ports(&DeviceList::get().map_err(|(_, why)| why)?))
 }
 
 /// Every port of every device, with its state and the device's PCI path. A device that

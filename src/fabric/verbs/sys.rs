@@ -80,6 +80,23 @@ pub fn libibverbs_load_error() -> Option<String> {
     None
 }
 
+/// Whether the host's libibverbs defines `symbol` (a verb newer than some rdma-core
+/// releases, e.g. `ibv_reg_mr_iova2` from IBVERBS_1.8): what net_ib checks before using one.
+/// rdma-mummy-sys' stub hides the answer (it returns EOPNOTSUPP from the call), so the
+/// library is asked directly.
+pub fn libibverbs_has(symbol: &CStr) -> bool {
+    // SAFETY: dlopen with a valid C string; RTLD_NOLOAD only finds the copy the stub loaded.
+    let h = unsafe { libc::dlopen(c"libibverbs.so.1".as_ptr(), libc::RTLD_LAZY | libc::RTLD_NOLOAD) };
+    if h.is_null() {
+        return false;
+    }
+    // SAFETY: a live handle and a valid C string; the handle is closed once, right after.
+    let found = unsafe { !libc::dlsym(h, symbol.as_ptr()).is_null() };
+    // SAFETY: h came from the dlopen above.
+    unsafe { libc::dlclose(h) };
+    found
+}
+
 /// The result of `ibv_get_device_list`, freed on drop.
 pub struct DeviceList {
     list: *mut *mut ibv::ibv_device,
@@ -87,25 +104,28 @@ pub struct DeviceList {
 }
 
 impl DeviceList {
-    /// All verbs devices. The error says why there is no list at all (libibverbs missing,
-    /// no uverbs in the kernel); an empty list is `Ok` with no devices.
-    pub fn get() -> Result<DeviceList, String> {
+    /// All verbs devices. The error (errno, text) says why there is no list at all
+    /// (libibverbs missing, no uverbs in the kernel); an empty list is `Ok` with no devices.
+    pub fn get() -> Result<DeviceList, (i32, String)> {
         let mut n: c_int = 0;
         // SAFETY: n is a valid out pointer; the list is freed in Drop.
         let list = unsafe { ibv::ibv_get_device_list(&mut n) };
         if list.is_null() {
             let e = errno();
-            return Err(match e {
-                libc::ENOSYS => format!(
-                    "ibv_get_device_list failed: {} (the kernel has no RDMA support: load ib_uverbs and a NIC driver)",
-                    strerror(e)
-                ),
-                libc::EOPNOTSUPP if libibverbs_load_error().is_some() => format!(
-                    "libibverbs.so.1 cannot be loaded: {} (install rdma-core's libibverbs1)",
-                    libibverbs_load_error().unwrap_or_default()
-                ),
-                _ => format!("ibv_get_device_list failed: {}", strerror(e)),
-            });
+            return Err((
+                e,
+                match e {
+                    libc::ENOSYS => format!(
+                        "ibv_get_device_list failed: {} (the kernel has no RDMA support: load ib_uverbs and a NIC driver)",
+                        strerror(e)
+                    ),
+                    libc::EOPNOTSUPP if libibverbs_load_error().is_some() => format!(
+                        "libibverbs.so.1 cannot be loaded: {} (install rdma-core's libibverbs1)",
+                        libibverbs_load_error().unwrap_or_default()
+                    ),
+                    _ => format!("ibv_get_device_list failed: {}", strerror(e)),
+                },
+            ));
         }
         Ok(DeviceList { list, n: n.max(0) as usize })
     }

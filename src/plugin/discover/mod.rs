@@ -8,10 +8,12 @@
 //!   (default: the address NCCL's socket transport would pick, see `netif`); in-process
 //!   mode (`MPIB_FABRIC=inproc`): two devices without sockets.
 //! - Verbs: explicit pairs from `MPIB_HCA_SOUT[i]` + `MPIB_HCA_SUP[i]`, or pairs chosen by PCI
-//!   locality (`pairing.rs`); each port opened once (a port in several pairs, or both rails
-//!   on one port, share one device).
+//!   locality to the GPUs among the ports `MPIB_HCA` (else `NCCL_IB_HCA`) selects
+//!   (`pairing.rs`, `topology.rs`); each port opened once (a port in several pairs, or both
+//!   rails on one port, share one device).
 
 mod pairing;
+pub mod topology;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -19,22 +21,43 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Config, FabricChoice, HcaSpec, RailAddr};
+use crate::config::{Config, FabricChoice, HcaSpec, RailAddr, RelaxedOrdering, Selection};
 use crate::error::{Error, Result};
 use crate::fabric::Device;
 use crate::fabric::netif::{default_addr, first_matching, interfaces};
 use crate::fabric::soft::{self, SoftBind, SoftDevice, SoftOptions};
 use crate::fabric::verbs::{self, HostPort, VerbsDevice, VerbsOptions};
 use pairing::Resolved;
+pub use topology::Sysfs;
+
+/// What the plugin knows of a rail's NIC beyond the device itself: where it sits (for
+/// NCCL's topology and for fusing pairs) and the ids the user gave it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NicMeta {
+    /// sysfs PCI path (`None`: a virtual NIC, or the soft fabric).
+    pub pci_path: Option<String>,
+    /// NUMA node of the PCI device, when known.
+    pub numa: Option<i32>,
+    /// NCCL's `railId` and `planeId` (v12), from `MPIB_HCA*` / `NCCL_IB_HCA` entries.
+    pub rail: Option<i16>,
+    pub plane: Option<i16>,
+}
 
 /// The two rails of one NCCL device: SOUT (index 0) and SUP (index 1). Both may be the
 /// same NIC (two rails over one port, e.g. for loopback tests).
 pub struct RailPair<D: Device> {
     pub sout: Arc<D>,
     pub sup: Arc<D>,
+    /// Per rail (SOUT, SUP).
+    pub meta: [NicMeta; 2],
 }
 
 impl<D: Device> RailPair<D> {
+    /// A pair with nothing known of its NICs beyond the devices.
+    pub fn new(sout: Arc<D>, sup: Arc<D>) -> Self {
+        RailPair { sout, sup, meta: Default::default() }
+    }
+
     /// The rail's device by index (0 = SOUT, 1 = SUP).
     pub fn rail(&self, i: usize) -> &Arc<D> {
         if i == 0 { &self.sout } else { &self.sup }
@@ -43,7 +66,7 @@ impl<D: Device> RailPair<D> {
 
 impl<D: Device> Clone for RailPair<D> {
     fn clone(&self) -> Self {
-        RailPair { sout: self.sout.clone(), sup: self.sup.clone() }
+        RailPair { sout: self.sout.clone(), sup: self.sup.clone(), meta: self.meta.clone() }
     }
 }
 
@@ -54,7 +77,7 @@ pub fn soft_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
     if cfg.fabric == FabricChoice::Inproc {
         let open =
             |rail: &str| soft::open(&SoftOptions { name: format!("inproc-{rail}"), bind: None, connect_timeout });
-        let pair = RailPair { sout: Arc::new(open("sout")?), sup: Arc::new(open("sup")?) };
+        let pair = RailPair::new(Arc::new(open("sout")?), Arc::new(open("sup")?));
         log::info!("soft fabric: in-process rails inproc-sout and inproc-sup");
         return Ok(vec![pair]);
     }
@@ -70,7 +93,7 @@ pub fn soft_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
     };
     let sout = open("sout", cfg.soft_sout_addr.as_ref(), "MPIB_SOFT_SOUT_ADDR")?;
     let sup = open("sup", cfg.soft_sup_addr.as_ref(), "MPIB_SOFT_SUP_ADDR")?;
-    Ok(vec![RailPair { sout: Arc::new(sout), sup: Arc::new(sup) }])
+    Ok(vec![RailPair::new(Arc::new(sout), Arc::new(sup))])
 }
 
 /// A soft rail's local address (from `MPIB_SOFT_*_ADDR`, named `var`) and the interface it
@@ -101,78 +124,143 @@ fn spec_text(s: &HcaSpec) -> String {
 /// that does not exist, a port that cannot be opened, or no pair left after down ports were
 /// skipped (each skip is a WARN).
 pub fn verbs_pairs(cfg: &Config) -> Result<Vec<RailPair<VerbsDevice>>> {
+    verbs_pairs_in(cfg, &Sysfs::host())
+}
+
+/// [`verbs_pairs`] with the PCI topology read from `sysfs`.
+pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<RailPair<VerbsDevice>>> {
     if let Some(why) = verbs::unavailable_reason() {
         return Err(Error::system(format!("the verbs fabric cannot be used: {why}")));
     }
-    let ports = verbs::ports().map_err(Error::system)?;
+    let mut ports = verbs::ports().map_err(Error::system)?;
+    let relaxed_ordering = match cfg.relaxed_ordering {
+        RelaxedOrdering::Off => false,
+        RelaxedOrdering::On | RelaxedOrdering::Auto => {
+            let ok = verbs::relaxed_ordering_available();
+            if !ok && cfg.relaxed_ordering == RelaxedOrdering::On {
+                log::warn!(
+                    "MPIB_PCI_RELAXED_ORDERING=1, but this libibverbs has no ibv_reg_mr_iova2 (rdma-core < 29): registrations without relaxed ordering"
+                );
+            }
+            ok
+        }
+    };
     let mut opened: HashMap<usize, Arc<VerbsDevice>> = HashMap::new();
-    let open = |i: usize| -> Result<Arc<VerbsDevice>> {
-        let p = &ports[i];
-        let opts = VerbsOptions { device: p.device.clone(), port: Some(p.port), gid_index: cfg.gid_index };
+    let open = |p: &HostPort| -> Result<Arc<VerbsDevice>> {
+        let opts =
+            VerbsOptions { device: p.device.clone(), port: Some(p.port), gid_index: cfg.gid_index, relaxed_ordering };
         Ok(Arc::new(VerbsDevice::open(&opts)?))
     };
-    let pairs: Vec<(usize, usize)> = if cfg.hca_sout.is_empty() {
-        let mut usable: Vec<HostPort> = ports.clone();
-        for (i, p) in ports.iter().enumerate() {
-            if !p.active {
-                log::warn!("verbs: {} is {}, not used", p.label(), p.state);
-                continue;
+    let (pairs, ids) = if cfg.hca_sout.is_empty() {
+        plan_auto(cfg, &mut ports, sysfs, &mut |p: &HostPort, i: usize| match open(p) {
+            Ok(d) => {
+                opened.insert(i, d);
+                true
             }
-            match open(i) {
-                Ok(d) => {
-                    opened.insert(i, d);
-                }
-                Err(e) => {
-                    log::warn!("verbs: {} not used: {e}", p.label());
-                    usable[i].active = false;
-                }
+            Err(e) => {
+                log::warn!("verbs: {} not used: {e}", p.label());
+                false
             }
-        }
-        pairing::pair_auto(&usable)
+        })
     } else {
-        let mut pairs = Vec::new();
-        for (k, (so, su)) in cfg.hca_sout.iter().zip(&cfg.hca_sup).enumerate() {
-            let (a, b) = (pairing::resolve(so, &ports), pairing::resolve(su, &ports));
-            for (var, spec, r) in [("MPIB_HCA_SOUT", so, &a), ("MPIB_HCA_SUP", su, &b)] {
-                if let Resolved::Missing(m) = r {
-                    return Err(Error::invalid_argument(format!("{var} entry {k} ({}): {m}", spec_text(spec))));
-                }
-            }
-            match (a, b) {
-                (Resolved::Port(a), Resolved::Port(b)) => pairs.push((a, b)),
-                (a, b) => {
-                    let why: Vec<String> = [a, b]
-                        .into_iter()
-                        .filter_map(|r| if let Resolved::Down(m) = r { Some(m) } else { None })
-                        .collect();
-                    log::warn!(
-                        "verbs: rail pair {k} ({} + {}) skipped: {}",
-                        spec_text(so),
-                        spec_text(su),
-                        why.join("; ")
-                    );
-                }
-            }
-        }
+        let (pairs, ids) = plan_explicit(cfg, &ports)?;
         for &(a, b) in &pairs {
             for i in [a, b] {
                 if let Entry::Vacant(slot) = opened.entry(i) {
-                    slot.insert(open(i)?);
+                    slot.insert(open(&ports[i])?);
                 }
             }
         }
-        pairs
+        (pairs, ids)
     };
     if pairs.is_empty() {
         let seen: Vec<String> = ports.iter().map(|p| format!("{} {}", p.label(), p.state)).collect();
         return Err(Error::system(format!("verbs: no usable rail pair (ports: {})", seen.join(", "))));
     }
+    let meta = |i: usize| {
+        let pci_path = sysfs.nic_pci_path(&ports[i].device);
+        let numa = pci_path.as_deref().and_then(|p| sysfs.numa_node(p));
+        NicMeta { pci_path, numa, rail: ids[i].0, plane: ids[i].1 }
+    };
     let mut out = Vec::with_capacity(pairs.len());
     for (k, (a, b)) in pairs.into_iter().enumerate() {
-        log::info!("verbs: NCCL device {k} = SOUT {} + SUP {}", ports[a].label(), ports[b].label());
-        out.push(RailPair { sout: opened[&a].clone(), sup: opened[&b].clone() });
+        log::info!("verbs: rail pair {k} = SOUT {} + SUP {}", ports[a].label(), ports[b].label());
+        out.push(RailPair { sout: opened[&a].clone(), sup: opened[&b].clone(), meta: [meta(a), meta(b)] });
     }
     Ok(out)
+}
+
+/// Per port: NCCL's rail and plane ids, when the user gave them.
+type Ids = Vec<(Option<i16>, Option<i16>)>;
+
+/// Automatic pairs (indices into `ports`): the active ports the filter selects and `usable`
+/// accepts (it opens them), paired by `pairing::pair_auto` with the PCI paths and GPUs of
+/// `sysfs`. Ports left out are logged (INFO when the filter leaves them out, WARN when
+/// down); `ports` gets their PCI paths from `sysfs` and `active = false` for those left out.
+fn plan_auto(
+    cfg: &Config,
+    ports: &mut [HostPort],
+    sysfs: &Sysfs,
+    usable: &mut dyn FnMut(&HostPort, usize) -> bool,
+) -> (Vec<(usize, usize)>, Ids) {
+    let mut ids: Ids = vec![(None, None); ports.len()];
+    for (i, p) in ports.iter_mut().enumerate() {
+        p.pci_path = sysfs.nic_pci_path(&p.device);
+        if let Some(f) = &cfg.hca_filter {
+            match f.select(&p.device, p.port) {
+                Selection::Out => {
+                    log::info!("verbs: {} not used ({}={f})", p.label(), cfg.hca_filter_var);
+                    p.active = false;
+                    continue;
+                }
+                Selection::In(e) => ids[i] = e.map_or((None, None), |e| (e.rail, e.plane)),
+            }
+        }
+        if !p.active {
+            log::warn!("verbs: {} is {}, not used", p.label(), p.state);
+            continue;
+        }
+        if !usable(p, i) {
+            p.active = false;
+        }
+    }
+    let gpus = sysfs.gpus();
+    if !gpus.is_empty() {
+        log::info!("verbs: pairing NICs by their nearest GPU ({} NVIDIA GPU(s) in sysfs)", gpus.len());
+    }
+    (pairing::pair_auto(ports, &gpus), ids)
+}
+
+/// Explicit pairs (indices into `ports`) from `MPIB_HCA_SOUT[i]` + `MPIB_HCA_SUP[i]`; a pair
+/// with a port that is down is skipped with a WARN, a name that does not exist is an error.
+fn plan_explicit(cfg: &Config, ports: &[HostPort]) -> Result<(Vec<(usize, usize)>, Ids)> {
+    if cfg.hca_filter.is_some() && cfg.hca_filter_var == "MPIB_HCA" {
+        log::info!("verbs: MPIB_HCA is not used: MPIB_HCA_SOUT/MPIB_HCA_SUP name the rails");
+    }
+    let mut ids: Ids = vec![(None, None); ports.len()];
+    let mut pairs = Vec::new();
+    for (k, (so, su)) in cfg.hca_sout.iter().zip(&cfg.hca_sup).enumerate() {
+        let (a, b) = (pairing::resolve(so, ports), pairing::resolve(su, ports));
+        for (var, spec, r) in [("MPIB_HCA_SOUT", so, &a), ("MPIB_HCA_SUP", su, &b)] {
+            if let Resolved::Missing(m) = r {
+                return Err(Error::invalid_argument(format!("{var} entry {k} ({}): {m}", spec_text(spec))));
+            }
+        }
+        match (a, b) {
+            (Resolved::Port(a), Resolved::Port(b)) => {
+                for (i, spec) in [(a, so), (b, su)] {
+                    ids[i] = (spec.rail.or(ids[i].0), spec.plane.or(ids[i].1));
+                }
+                pairs.push((a, b))
+            }
+            (a, b) => {
+                let why: Vec<String> =
+                    [a, b].into_iter().filter_map(|r| if let Resolved::Down(m) = r { Some(m) } else { None }).collect();
+                log::warn!("verbs: rail pair {k} ({} + {}) skipped: {}", spec_text(so), spec_text(su), why.join("; "));
+            }
+        }
+    }
+    Ok((pairs, ids))
 }
 
 #[cfg(test)]
@@ -185,5 +273,85 @@ mod tests {
         assert!(ip.is_loopback());
         let e = resolve(Some(&RailAddr::Interface("nosuch0".into())), None, "MPIB_SOFT_SUP_ADDR").unwrap_err();
         assert_eq!(e.msg(), "MPIB_SOFT_SUP_ADDR=nosuch0: no up interface of that name with an address");
+    }
+
+    use topology::fake::FakeSys;
+
+    fn host_ports(names: &[(&str, u8)]) -> Vec<HostPort> {
+        names
+            .iter()
+            .map(|&(d, port)| HostPort { device: d.into(), port, active: true, state: "ACTIVE", pci_path: None })
+            .collect()
+    }
+
+    fn cfg(vars: &[(&str, &str)]) -> Config {
+        Config::from_vars(vars.iter().copied()).expect("valid test configuration")
+    }
+
+    fn labels(ports: &[HostPort], pairs: &[(usize, usize)]) -> Vec<String> {
+        pairs.iter().map(|&(a, b)| format!("{}+{}", ports[a].label(), ports[b].label())).collect()
+    }
+
+    /// A 2-NIC-per-GPU host: two switches, each a GPU and two NICs, plus a storage NIC and a
+    /// front-end NIC on root ports of their own.
+    fn cluster_node() -> (FakeSys, Vec<HostPort>) {
+        let f = FakeSys::new("node");
+        let sw0 = "pci0000:00/0000:00:01.0/0000:01:00.0";
+        let sw1 = "pci0000:80/0000:80:01.0/0000:81:00.0";
+        f.gpu(&format!("{sw0}/0000:02:00.0/0000:03:00.0"), 0)
+            .nic("mlx5_0", &format!("{sw0}/0000:02:01.0/0000:04:00.0"), 0)
+            .nic("mlx5_1", &format!("{sw1}/0000:82:01.0/0000:84:00.0"), 1)
+            .nic("mlx5_2", &format!("{sw0}/0000:02:02.0/0000:05:00.0"), 0)
+            .nic("mlx5_3", &format!("{sw1}/0000:82:02.0/0000:85:00.0"), 1)
+            .gpu(&format!("{sw1}/0000:82:00.0/0000:83:00.0"), 1)
+            .nic("mlx5_4", "pci0000:00/0000:00:02.0/0000:06:00.0", 0)
+            .nic("mlx5_5", "pci0000:80/0000:80:02.0/0000:86:00.0", 1);
+        let ports =
+            host_ports(&[("mlx5_0", 1), ("mlx5_1", 1), ("mlx5_2", 1), ("mlx5_3", 1), ("mlx5_4", 1), ("mlx5_5", 1)]);
+        (f, ports)
+    }
+
+    #[test]
+    fn automatic_pairs_on_a_synthetic_cluster_node() {
+        let (f, mut ports) = cluster_node();
+        let (pairs, _) = plan_auto(&cfg(&[]), &mut ports, &f.sysfs(), &mut |_, _| true);
+        assert_eq!(labels(&ports, &pairs), ["mlx5_0:1+mlx5_2:1", "mlx5_4:1+mlx5_5:1", "mlx5_1:1+mlx5_3:1"]);
+        assert!(ports[0].pci_path.as_deref().unwrap().ends_with("0000:04:00.0"), "PCI paths come from sysfs");
+    }
+
+    #[test]
+    fn mpib_hca_leaves_storage_and_front_end_nics_out() {
+        let (f, mut ports) = cluster_node();
+        let (pairs, _) = plan_auto(&cfg(&[("MPIB_HCA", "^mlx5_4,mlx5_5")]), &mut ports, &f.sysfs(), &mut |_, _| true);
+        assert_eq!(labels(&ports, &pairs), ["mlx5_0:1+mlx5_2:1", "mlx5_1:1+mlx5_3:1"]);
+        assert!(!ports[4].active && !ports[5].active);
+        // NCCL's own variable selects the same way when MPIB_HCA is not set; MPIB_HCA wins.
+        let (f, mut ports) = cluster_node();
+        let c = cfg(&[("NCCL_IB_HCA", "=mlx5_0,mlx5_2:1:7:0")]);
+        let (pairs, ids) = plan_auto(&c, &mut ports, &f.sysfs(), &mut |_, _| true);
+        assert_eq!(labels(&ports, &pairs), ["mlx5_0:1+mlx5_2:1"]);
+        assert_eq!((ids[0], ids[2]), ((None, None), (Some(7), Some(0))), "rail and plane from the entry");
+        let (f, mut ports) = cluster_node();
+        let c = cfg(&[("NCCL_IB_HCA", "mlx5_0"), ("MPIB_HCA", "mlx5_1,mlx5_3")]);
+        let (pairs, _) = plan_auto(&c, &mut ports, &f.sysfs(), &mut |_, _| true);
+        assert_eq!(labels(&ports, &pairs), ["mlx5_1:1+mlx5_3:1"]);
+    }
+
+    #[test]
+    fn a_port_that_cannot_be_opened_is_left_out_of_automatic_pairs() {
+        let (f, mut ports) = cluster_node();
+        let (pairs, _) = plan_auto(&cfg(&[]), &mut ports, &f.sysfs(), &mut |p, _| p.device != "mlx5_2");
+        assert_eq!(labels(&ports, &pairs), ["mlx5_0:1+mlx5_0:1", "mlx5_4:1+mlx5_5:1", "mlx5_1:1+mlx5_3:1"]);
+    }
+
+    #[test]
+    fn explicit_pairs_carry_rail_and_plane_ids() {
+        let ports = host_ports(&[("mlx5_0", 1), ("mlx5_1", 1)]);
+        let c = cfg(&[("MPIB_HCA_SOUT", "mlx5_0:1:2"), ("MPIB_HCA_SUP", "mlx5_1::5:1")]);
+        let (pairs, ids) = plan_explicit(&c, &ports).unwrap();
+        assert_eq!(pairs, [(0, 1)]);
+        assert_eq!(ids, [(Some(2), None), (Some(5), Some(1))]);
+        let e = plan_explicit(&cfg(&[("MPIB_HCA_SOUT", "mlx5_9"), ("MPIB_HCA_SUP", "mlx5_1")]), &ports).unwrap_err();
+        assert!(e.msg().contains("MPIB_HCA_SOUT entry 0 (mlx5_9): device mlx5_9 not found"), "{e}");
     }
 }

@@ -1,0 +1,152 @@
+//! The INFO lines `init` prints once, so that an NCCL log says exactly what ran: the plugin's
+//! version and commit, then one line per rail pair in the style of net_ib's
+//! `NET/IB : Using [0]mlx5_0:1/RoCE [RO]` — both rails, their link layer, address (GID or
+//! LID; TCP address on the soft fabric), speed, relaxed ordering, rail/plane ids, and which
+//! NCCL device(s) it is.
+
+use std::fmt::Write;
+
+/// The plugin's version and the commit it was built from (`build.rs`; "unknown" outside a
+/// git checkout).
+pub fn version() -> String {
+    format!("mpib {} (commit {})", env!("CARGO_PKG_VERSION"), env!("BUILD_GIT_COMMIT"))
+}
+
+/// One rail, as the banner shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RailDesc {
+    /// `device:port`.
+    pub label: String,
+    /// `IB`, `RoCE` or `TCP`.
+    pub link: &'static str,
+    /// `GID 3 ::ffff:10.0.0.1`, `LID 0x5`, or a TCP address.
+    pub addr: String,
+    pub speed_mbps: u32,
+    /// Registrations use PCI relaxed ordering (verbs), `None` where that means nothing.
+    pub relaxed_ordering: Option<bool>,
+}
+
+pub use super::table::Seen;
+
+/// What the banner says of one rail pair.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PairDesc {
+    pub rails: [RailDesc; 2],
+    pub rail_id: Option<i16>,
+    pub plane_id: Option<i16>,
+    pub seen: Seen,
+}
+
+fn speed(mbps: u32) -> String {
+    if mbps >= 1000 && mbps % 1000 == 0 { format!("{} Gb/s", mbps / 1000) } else { format!("{mbps} Mb/s") }
+}
+
+/// The header line: version, ABI, fabric, pairs, NCCL's devices, fork safety, relaxed
+/// ordering (`None` where the fabric has neither).
+pub fn header(
+    abi: u32,
+    fabric: &str,
+    pairs: usize,
+    nccl_devices: usize,
+    fork: Option<&str>,
+    relaxed: Option<&str>,
+) -> String {
+    let mut s = format!(
+        "{} through ncclNet v{abi}: {fabric} fabric, {pairs} rail pair(s), {nccl_devices} NCCL device(s)",
+        version()
+    );
+    if let Some(f) = fork {
+        let _ = write!(s, "; fork safety: {f}");
+    }
+    if let Some(r) = relaxed {
+        let _ = write!(s, "; relaxed ordering: {r}");
+    }
+    s
+}
+
+/// `Using [k]SOUT/LINK+SUP/LINK [RO] …` for rail pair `k`.
+pub fn pair_line(k: usize, p: &PairDesc) -> String {
+    let [a, b] = &p.rails;
+    let mut s = format!("Using [{k}]{}/{}+{}/{}", a.label, a.link, b.label, b.link);
+    if a.relaxed_ordering == Some(true) && b.relaxed_ordering == Some(true) {
+        s.push_str(" [RO]");
+    }
+    let _ = write!(s, "; SOUT {} {}, SUP {} {}", a.addr, speed(a.speed_mbps), b.addr, speed(b.speed_mbps));
+    let id = |v: Option<i16>| v.map_or("-".to_string(), |v| v.to_string());
+    if p.rail_id.is_some() || p.plane_id.is_some() {
+        let _ = write!(s, "; rail {} plane {}", id(p.rail_id), id(p.plane_id));
+    }
+    match p.seen {
+        Seen::Device(d) => {
+            let _ = write!(s, "; NCCL device {d}");
+        }
+        Seen::Fused(x, y) => {
+            let _ = write!(s, "; NCCL devices {x} and {y}, fused by NCCL");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roce(label: &str, gid: &str, ro: bool) -> RailDesc {
+        RailDesc {
+            label: label.into(),
+            link: "RoCE",
+            addr: format!("GID 3 {gid}"),
+            speed_mbps: 400_000,
+            relaxed_ordering: Some(ro),
+        }
+    }
+
+    #[test]
+    fn a_verbs_pair_reads_like_net_ibs_line() {
+        let p = PairDesc {
+            rails: [roce("mlx5_0:1", "::ffff:10.0.0.1", true), roce("mlx5_1:1", "::ffff:10.1.0.1", true)],
+            rail_id: Some(2),
+            plane_id: None,
+            seen: Seen::Fused(0, 1),
+        };
+        assert_eq!(
+            pair_line(0, &p),
+            "Using [0]mlx5_0:1/RoCE+mlx5_1:1/RoCE [RO]; SOUT GID 3 ::ffff:10.0.0.1 400 Gb/s, \
+             SUP GID 3 ::ffff:10.1.0.1 400 Gb/s; rail 2 plane -; NCCL devices 0 and 1, fused by NCCL"
+        );
+        let no_ro = PairDesc { rails: [p.rails[0].clone(), roce("mlx5_1:1", "x", false)], ..p.clone() };
+        assert!(!pair_line(0, &no_ro).contains("[RO]"), "[RO] only when both rails have it");
+    }
+
+    #[test]
+    fn a_soft_pair_names_its_tcp_addresses() {
+        let tcp = |l: &str, a: &str| RailDesc {
+            label: l.into(),
+            link: "TCP",
+            addr: a.into(),
+            speed_mbps: 10_000,
+            relaxed_ordering: None,
+        };
+        let p = PairDesc {
+            rails: [tcp("soft-sout:1", "127.0.0.1:40001"), tcp("soft-sup:1", "127.0.0.1:40002")],
+            rail_id: None,
+            plane_id: None,
+            seen: Seen::Device(0),
+        };
+        assert_eq!(
+            pair_line(0, &p),
+            "Using [0]soft-sout:1/TCP+soft-sup:1/TCP; SOUT 127.0.0.1:40001 10 Gb/s, SUP 127.0.0.1:40002 10 Gb/s; NCCL device 0"
+        );
+    }
+
+    #[test]
+    fn the_header_carries_version_commit_fork_and_relaxed_ordering() {
+        let h = header(12, "verbs", 2, 6, Some("ibv_fork_init done"), Some("on"));
+        assert!(h.starts_with(&format!("mpib {} (commit ", env!("CARGO_PKG_VERSION"))), "{h}");
+        assert!(h.ends_with(
+            "through ncclNet v12: verbs fabric, 2 rail pair(s), 6 NCCL device(s); fork safety: ibv_fork_init done; relaxed ordering: on"
+        ), "{h}");
+        assert!(!env!("BUILD_GIT_COMMIT").is_empty());
+        assert!(!header(8, "soft", 1, 1, None, None).contains("fork"), "the soft fabric has no fork or RO state");
+    }
+}
