@@ -30,14 +30,19 @@ fn is_child() -> bool {
 
 /// Connects a send and a receive comm on device 0 (same thread, non-blocking calls).
 fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {
+    pair_on(abi, 0)
+}
+
+/// Connects a send and a receive comm on device `dev`.
+fn pair_on(abi: AbiVersion, dev: i32) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
-    let listen = plugin::listen(abi, 0, &mut handle).expect("listen");
+    let listen = plugin::listen(abi, dev, &mut handle).expect("listen");
     let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         assert!(Instant::now() < deadline, "connect/accept did not finish");
         if send.is_none() {
-            send = plugin::connect(abi, 0, &mut handle, None).expect("connect");
+            send = plugin::connect(abi, dev, &mut handle, None).expect("connect");
         }
         if recv.is_none() {
             recv = plugin::accept(listen).expect("accept");
@@ -121,6 +126,58 @@ fn inproc_round_trips_every_size() {
     plugin::close_send(send).unwrap();
     plugin::close_recv(recv).unwrap();
     assert!(plugin::close_send(send).is_err(), "a closed comm's handle is stale");
+}
+
+#[test]
+fn nics_fused_by_make_vdevice_carry_both_rails() {
+    if !is_child() {
+        return in_child(
+            "nics_fused_by_make_vdevice_carry_both_rails",
+            &[("MPIB_FABRIC", "inproc"), ("MPIB_NCCL_DEVICES", "nics"), ("MPIB_SPLIT", "50")],
+        );
+    }
+    // v12 sees the two NICs and is told to fuse them; v8 sees the pair.
+    let env = plugin::init(AbiVersion::V12).expect("init").expect("NCCL_NET_FORCE_MERGE");
+    assert_eq!((env.name, env.value.as_str()), ("NCCL_NET_FORCE_MERGE", "inproc-sout:1,inproc-sup:1"));
+    assert_eq!(plugin::init(AbiVersion::V8).expect("init"), None, "v8 cannot fuse");
+    assert_eq!((plugin::device_count(AbiVersion::V12).unwrap(), plugin::device_count(AbiVersion::V8).unwrap()), (2, 1));
+    let fused = plugin::make_vdevice(&[0, 1]).expect("makeVDevice");
+    assert_eq!(fused, 2);
+    let p = plugin::properties(AbiVersion::V12, fused).unwrap();
+    assert_eq!((p.name.to_str().unwrap(), p.vdevs.as_slice()), ("inproc-sout+inproc-sup", &[0, 1][..]));
+    assert!(plugin::make_vdevice(&[0, 0]).is_err());
+    // The fused device carries both rails; a NIC used alone carries both on itself.
+    let (send, recv) = pair_on(AbiVersion::V12, fused);
+    exchange(send, recv, &[0, 1, 4096, (1 << 20) + 3]);
+    let c = plugin::comm_counters(send).unwrap();
+    assert!(c[0].bytes > 0 && c[1].bytes > 0, "a 50 % split uses both rails: {c:?}");
+    plugin::close_send(send).unwrap();
+    plugin::close_recv(recv).unwrap();
+    let (send, recv) = pair_on(AbiVersion::V12, 1);
+    exchange(send, recv, &[8, 65536]);
+    plugin::close_send(send).unwrap();
+    plugin::close_recv(recv).unwrap();
+    assert_eq!(plugin::properties(AbiVersion::V12, 1).unwrap().name.to_str().unwrap(), "inproc-sup");
+}
+
+#[test]
+fn nccl_starts_afresh_after_the_last_finalize() {
+    if !is_child() {
+        return in_child(
+            "nccl_starts_afresh_after_the_last_finalize",
+            &[("MPIB_FABRIC", "inproc"), ("MPIB_NCCL_DEVICES", "nics")],
+        );
+    }
+    // NCCL 2.28+ unload the plugin with its last communicator and count its NICs again at
+    // the next: the devices makeVDevice made must be gone by then.
+    plugin::init(AbiVersion::V12).expect("init");
+    let ctx = plugin::new_context(1, None);
+    assert_eq!(plugin::make_vdevice(&[0, 1]).unwrap(), 2);
+    assert_eq!(plugin::device_count(AbiVersion::V12).unwrap(), 3);
+    plugin::finalize(ctx).unwrap();
+    plugin::init(AbiVersion::V12).expect("init again");
+    assert_eq!(plugin::device_count(AbiVersion::V12).unwrap(), 2);
+    assert_eq!(plugin::make_vdevice(&[1, 0]).unwrap(), 2);
 }
 
 #[test]

@@ -10,8 +10,7 @@ use crate::engine::layout::{
     CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS, RecvMemory, SendMemory,
 };
 use crate::engine::{
-    CallerWaits, CpuAccess, FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendBuf,
-    SendEngine, cold,
+    CallerWaits, FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold,
 };
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
@@ -245,8 +244,7 @@ impl<D: Device> SendComm<D> {
                 ))
             }));
         }
-        let cpu = if mh.gpu { CpuAccess::NicOnly } else { CpuAccess::Readable };
-        let buf = SendBuf { addr, size, tag, lkeys: [mh.keys[0].lkey, mh.keys[1].lkey], cpu };
+        let buf = mh.send_buf(addr, size, tag);
         let now = now_ns();
         self.posts.clear();
         let mut r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;

@@ -175,7 +175,11 @@ pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
             log::info!(target: "mpib::abi", "{line}");
         }
     }
-    REFS.fetch_add(1, Ordering::Relaxed);
+    if REFS.fetch_add(1, Ordering::Relaxed) == 0 {
+        // First init since the last finalize (or ever): NCCL's view of the devices starts
+        // afresh (`Devices::forget_made`).
+        dispatch!(p => p.devices.forget_made());
+    }
     let merge = dispatch!(p => p.devices.force_merge());
     Ok(merge.filter(|_| abi >= AbiVersion::V9).map(|value| NcclEnv { name: "NCCL_NET_FORCE_MERGE", value }))
 }

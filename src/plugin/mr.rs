@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::engine::RAILS;
+use crate::engine::{CpuAccess, RAILS, SendBuf};
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Device, MrKeys};
 
@@ -96,6 +96,14 @@ pub struct MrInfo {
 }
 
 impl MrInfo {
+    /// The engine's view of a send from this registration: its lkeys, and whether the CPU
+    /// may read it (only host memory may be posted inline; GPU memory never is).
+    #[inline]
+    pub fn send_buf(&self, addr: u64, size: u64, tag: u32) -> SendBuf {
+        let cpu = if self.gpu { CpuAccess::NicOnly } else { CpuAccess::Readable };
+        SendBuf { addr, size, tag, lkeys: [self.keys[0].lkey, self.keys[1].lkey], cpu }
+    }
+
     /// Whether `[addr, addr+len)` lies inside the registered range.
     #[inline]
     pub fn covers(&self, addr: u64, len: u64) -> bool {
@@ -150,5 +158,23 @@ impl Drop for MrHandle {
         {
             log::warn!("releasing a memory registration: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_registration_gives_sends_the_cpu_may_not_read() {
+        let keys = [MrKeys { lkey: 1, rkey: 2 }, MrKeys { lkey: 3, rkey: 4 }];
+        let host = MrInfo { addr: 0x1000, len: 64, gpu: false, keys };
+        let gpu = MrInfo { gpu: true, ..host };
+        assert_eq!(host.send_buf(0x1000, 8, 5).cpu, CpuAccess::Readable);
+        assert_eq!(gpu.send_buf(0x1000, 8, 5).cpu, CpuAccess::NicOnly, "never inline from GPU memory");
+        assert_eq!(
+            gpu.send_buf(0x1008, 8, 5),
+            SendBuf { addr: 0x1008, size: 8, tag: 5, lkeys: [1, 3], cpu: CpuAccess::NicOnly }
+        );
     }
 }

@@ -170,6 +170,14 @@ impl<D: Device> Devices<D> {
         got.ok_or_else(|| Error::invalid_argument(format!("device {dev} does not exist (there are {n})")))
     }
 
+    /// Drops the devices `makeVDevice` made. NCCL 2.28+ unload the plugin when its last
+    /// communicator is finalized and load it again for the next one (`ncclNetPluginUnload`,
+    /// `src/plugin/net.cc`); this library stays loaded, and NCCL, starting afresh, reads
+    /// `devices()` as the number of NICs it may fuse: it must be the base devices again.
+    pub fn forget_made(&self) {
+        self.nccl_view.write().truncate(self.base);
+    }
+
     /// Every device of the NCCL view (base and made), for logs.
     pub fn nccl_devices(&self) -> Vec<Arc<DevPair<D>>> {
         self.nccl_view.read().clone()

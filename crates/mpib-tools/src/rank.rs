@@ -112,11 +112,10 @@ fn session<'n>(
     let t0 = mono_ns();
     let wait = Duration::from_millis(w.stall_ms);
     let plugin = net.plugin();
-    let ndev = net.devices()?;
-    if w.dev < 0 || w.dev >= ndev {
-        return Err(Error::usage(format!("device {} does not exist ({} devices)", w.dev, ndev)));
-    }
-    let props = net.properties(w.dev)?;
+    // The workload's device is the w.dev-th of the devices NCCL would use (after fusing what
+    // NCCL fuses: `net::fusion`).
+    let dev = net.nccl_device(w.dev)?;
+    let props = net.properties(dev)?;
     rep.device = props.name.clone();
     for (i, p) in w.phases.iter().enumerate() {
         if p.nrecv > props.max_recvs.max(1) as usize {
@@ -134,10 +133,10 @@ fn session<'n>(
             )));
         }
     }
-    let (tx, rx) = connect(net, preset, link, rank, w)?;
+    let (tx, rx) = connect(net, preset, link, rank, w, dev)?;
     rep.setup_ns = mono_ns() - t0;
     if w.bad_handles {
-        probe_bad_handles(net, w.dev, tx.as_ref(), rx.as_ref(), &mut rep.bad_handles);
+        probe_bad_handles(net, dev, tx.as_ref(), rx.as_ref(), &mut rep.bad_handles);
     }
     let mut left = Leftovers::default();
     for index in 0..w.phases.len() {
@@ -221,13 +220,14 @@ fn budget_count(link: &mut Link, rank: u32, p: &Phase, warm: &PhaseReport, wait:
 /// Listen (if this rank receives), exchange handles, then call `connect` and `accept`
 /// alternately until both comms exist, as NCCL's proxy does; the listen comm is closed
 /// right after `accept` succeeds. A [`Preset`] listen comm's handle and the peer's
-/// handle it carries do not cross the link.
+/// handle it carries do not cross the link. `dev`: the plugin's device index.
 fn connect<'n>(
     net: &'n Net,
     preset: Preset<'n>,
     link: &mut Link,
     rank: u32,
     w: &Workload,
+    dev: i32,
 ) -> Result<(Option<SendComm<'n>>, Option<RecvComm<'n>>)> {
     let wait = Duration::from_millis(w.stall_ms);
     let receives = w.bidir || rank == 0;
@@ -236,7 +236,7 @@ fn connect<'n>(
     let mut listen = match preset.listen {
         Some(l) if receives => Some(l),
         Some(_) => return Err(Error::usage(format!("rank {rank} only sends: it has no use for a listen comm"))),
-        None if receives => Some(net.listen(w.dev)?),
+        None if receives => Some(net.listen(dev)?),
         None => None,
     };
     if let Some(l) = listen.as_ref().filter(|_| !preset_listen) {
@@ -244,12 +244,12 @@ fn connect<'n>(
     }
     let mut conn = match (sends, preset.peer_handle) {
         (false, _) => None,
-        (true, Some(h)) => Some(net.connector(w.dev, &h)),
+        (true, Some(h)) => Some(net.connector(dev, &h)),
         (true, None) => {
             let h = link.expect("handle", wait)?;
             let h: [u8; HANDLE_BYTES] =
                 h.try_into().map_err(|h: Vec<u8>| Error::io(format!("the peer's handle has {} bytes", h.len())))?;
-            Some(net.connector(w.dev, &h))
+            Some(net.connector(dev, &h))
         }
     };
     let (mut tx, mut rx) = (None, None);

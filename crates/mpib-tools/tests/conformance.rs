@@ -308,6 +308,27 @@ fn split_50_uses_both_rails_for_every_message() {
 }
 
 #[test]
+fn nics_fused_by_nccl_carry_both_rails() {
+    // MPIB_NCCL_DEVICES=nics: through v12 the plugin shows its two NICs and names them in
+    // NCCL_NET_FORCE_MERGE; the driver fuses them with makeVDevice, as NCCL's topology step
+    // does, and runs on the fused device. A v8 peer sees the same rails as one device.
+    for abi in [[None, None], [Some(8), None], [Some(9), Some(11)]] {
+        let mut spec = pair(workload(vec![phase(&[4 * KIB, MIB + 3], 10, 1, 8)]));
+        spec.abi = abi;
+        spec.env.push(("MPIB_NCCL_DEVICES".into(), "nics".into()));
+        spec.env.push(("MPIB_SPLIT".into(), "50".into()));
+        let out = run(&format!("fused NICs, ABI {abi:?}"), &spec);
+        assert_clean(&out);
+        for r in &out.ranks {
+            let device = &r.report.as_ref().unwrap().device;
+            assert!(device.contains('+'), "rank on a rail pair, not one NIC: {device}\n{}", out.describe());
+        }
+        let c = counters(&out, 0);
+        assert!(c[0].bytes > 0 && c[1].bytes > 0, "both rails carry data: {c:?}");
+    }
+}
+
+#[test]
 fn split_random_percentage() {
     let p = seed("split percentage") % 101;
     eprintln!("MPIB_SPLIT={p}");

@@ -18,6 +18,7 @@ use ncclnet_types::mpib::mpib_rail_stats_t;
 use ncclnet_types::types::*;
 
 mod comm;
+mod fusion;
 
 use comm::{Closing, close_raw};
 pub use comm::{Mr, RecvBuf, RecvComm, ReqKind, Request, SendComm, Sizes};
@@ -48,6 +49,8 @@ pub struct Plugin {
     table: Table,
     counters: Option<CountersFn>,
     stats: Option<StatsFn>,
+    /// The devices NCCL would use once it fused what it fuses (`fusion.rs`), once per process.
+    fused: Arc<std::sync::Mutex<Option<Vec<i32>>>>,
 }
 
 impl Plugin {
@@ -82,7 +85,7 @@ impl Plugin {
             // SAFETY: as above, `mpib_rail_stats` as include/mpib.h declares it.
             unsafe { std::mem::transmute::<*mut c_void, StatsFn>(p) }
         });
-        Ok(Plugin { lib: Arc::new(lib), table, counters, stats })
+        Ok(Plugin { lib: Arc::new(lib), table, counters, stats, fused: Arc::default() })
     }
 
     /// The ABI version in use (6 … 12).

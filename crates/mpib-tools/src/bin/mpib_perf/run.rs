@@ -182,8 +182,8 @@ fn both(rank: u32, mine: RankReport, peer: Option<RankReport>) -> Outcome {
 pub fn listen(plan: &Plan, spec: &str, plugin: &Plugin, progress: &mut Progress) -> Result<Outcome, Fail> {
     let addr = listen_addr(spec)?;
     let net = plugin.init().map_err(|e| Fail::init(e.msg))?;
-    let comm =
-        net.listen(plan.workload.dev).map_err(|e| Fail::new(format!("the plugin's listen failed: {}", e.msg)))?;
+    let dev = net.nccl_device(plan.workload.dev).map_err(|e| Fail::new(e.msg))?;
+    let comm = net.listen(dev).map_err(|e| Fail::new(format!("the plugin's listen failed: {}", e.msg)))?;
     let l = TcpListener::bind(addr).map_err(|e| Fail::new(format!("cannot listen on {addr}: {e}")))?;
     let bound = l.local_addr().map_err(|e| Fail::new(format!("cannot listen on {addr}: {e}")))?;
     let token = Token { nonce: nonce(), addrs: advertised(bound), handle: *comm.handle() };
