@@ -38,7 +38,7 @@ pub struct PairDesc {
 }
 
 fn speed(mbps: u32) -> String {
-    if mbps >= 1000 && mbps % 1000 == 0 { format!("{} Gb/s", mbps / 1000) } else { format!("{mbps} Mb/s") }
+    if mbps >= 1000 && mbps.is_multiple_of(1000) { format!("{} Gb/s", mbps / 1000) } else { format!("{mbps} Mb/s") }
 }
 
 /// The header line: version, ABI, fabric, pairs, NCCL's devices, fork safety, relaxed

@@ -179,7 +179,7 @@ fn gpu_memory_is_refused_where_a_rail_cannot_register_it() {
     let t = Devices::new(vec![pair(&a, &b, NicMeta::default(), NicMeta::default())], NcclDevices::Auto);
     let d = t.get(V12, 0).unwrap();
     assert!(!d.props.mem_types.contains(crate::fabric::MemTypes::CUDA));
-    let buf = vec![0u8; 64];
+    let buf = [0u8; 64];
     let Err(e) = d.reg_mr(buf.as_ptr() as u64, 64, crate::fabric::MemTypes::CUDA) else { panic!("registered") };
     assert!(e.msg().contains("regMr of") && e.msg().contains("CUDA"), "{e}");
     assert!(d.reg_dmabuf(buf.as_ptr() as u64, 64, 0, 3).is_err());
