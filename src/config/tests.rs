@@ -1,4 +1,4 @@
-//! Unit tests of `config.rs`: one per rule.
+//! Unit tests of `config`: one per rule.
 
 use super::*;
 
@@ -167,4 +167,40 @@ fn display_shows_effective_values() {
     let c = parse(&[("MPIB_SPLIT", "30"), ("MPIB_FABRIC", "soft")]).unwrap();
     let s = c.to_string();
     assert!(s.contains("fabric=Soft") && s.contains("split=30%") && s.contains("stats_file=off"), "{s}");
+}
+
+#[test]
+fn nic_filter_from_mpib_hca_or_nccls_own_variable() {
+    assert_eq!(parse(&[]).unwrap().hca_filter, None);
+    let c = parse(&[("MPIB_HCA", "^mlx5_2,mlx5_3")]).unwrap();
+    let f = c.hca_filter.as_ref().unwrap();
+    assert!(f.exclude && !f.exact && f.entries.len() == 2);
+    assert_eq!(c.hca_filter_var, "MPIB_HCA");
+    let c = parse(&[("NCCL_IB_HCA", "=mlx5_0:1")]).unwrap();
+    assert_eq!((c.hca_filter.as_ref().unwrap().to_string(), c.hca_filter_var), ("=mlx5_0:1".into(), "NCCL_IB_HCA"));
+    let c = parse(&[("NCCL_IB_HCA", "mlx5_0"), ("MPIB_HCA", "mlx5_1")]).unwrap();
+    assert_eq!((c.hca_filter.unwrap().to_string(), c.hca_filter_var), ("mlx5_1".into(), "MPIB_HCA"), "MPIB_HCA wins");
+    // mpib's own variable must be right; NCCL's is only warned about when mpib cannot read it.
+    let e = one_error(&[("MPIB_HCA", "mlx5_0:0")]);
+    assert!(e.starts_with("MPIB_HCA=") && e.contains("NCCL_IB_HCA syntax"), "{e}");
+    let c = parse(&[("NCCL_IB_HCA", "mlx5_0:x")]).unwrap();
+    assert_eq!(c.hca_filter, None);
+    assert!(c.ignored[0].contains("NCCL_IB_HCA=\"mlx5_0:x\" is not understood"), "{:?}", c.ignored);
+}
+
+#[test]
+fn relaxed_ordering_and_nccl_devices_words() {
+    let c = parse(&[]).unwrap();
+    assert_eq!((c.relaxed_ordering, c.nccl_devices), (RelaxedOrdering::Auto, NcclDevices::Auto), "net_ib's default: 2");
+    assert_eq!(parse(&[("MPIB_PCI_RELAXED_ORDERING", "0")]).unwrap().relaxed_ordering, RelaxedOrdering::Off);
+    assert_eq!(parse(&[("MPIB_PCI_RELAXED_ORDERING", "1")]).unwrap().relaxed_ordering, RelaxedOrdering::On);
+    assert!(one_error(&[("MPIB_PCI_RELAXED_ORDERING", "3")]).contains("0, 1, 2"));
+    assert_eq!(parse(&[("MPIB_NCCL_DEVICES", "PAIRS")]).unwrap().nccl_devices, NcclDevices::Pairs);
+    assert_eq!(parse(&[("MPIB_NCCL_DEVICES", "nics")]).unwrap().nccl_devices, NcclDevices::Nics);
+    assert!(one_error(&[("MPIB_NCCL_DEVICES", "fused")]).contains("auto, pairs, nics"));
+    let s = parse(&[("MPIB_HCA", "^mlx5_4")]).unwrap().to_string();
+    assert!(
+        s.contains("hca=^mlx5_4 (MPIB_HCA)") && s.contains("nccl_devices=Auto") && s.contains("relaxed_ordering=Auto"),
+        "{s}"
+    );
 }

@@ -211,3 +211,27 @@ fn list_ports(list: &DeviceList) -> Vec<HostPort> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn symbol_lookup_in_the_loaded_libibverbs() {
+        // The stub loaded libibverbs (or failed to) when the library was loaded.
+        assert!(!sys::libibverbs_has(c"ibv_no_such_verb"), "a made-up verb is never found");
+        if sys::libibverbs_load_error().is_none() {
+            assert!(sys::libibverbs_has(c"ibv_get_device_list"), "every libibverbs has it");
+        }
+        // Whatever this host's rdma-core, the answer and the banner agree with the lookup.
+        assert_eq!(relaxed_ordering_available(), sys::libibverbs_has(c"ibv_reg_mr_iova2"));
+    }
+
+    #[test]
+    fn fork_init_runs_once_and_says_what_it_did() {
+        let first = fork_init();
+        assert_eq!(fork_init(), first, "later calls return the first outcome");
+        let text = first.to_string();
+        assert!(text.starts_with("ibv_fork_init") || text.starts_with("not needed"), "{text}");
+    }
+}

@@ -175,7 +175,11 @@ pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<RailPair<VerbsD
     };
     if pairs.is_empty() {
         let seen: Vec<String> = ports.iter().map(|p| format!("{} {}", p.label(), p.state)).collect();
-        return Err(Error::system(format!("verbs: no usable rail pair (ports: {})", seen.join(", "))));
+        let filter = match &cfg.hca_filter {
+            Some(f) if cfg.hca_sout.is_empty() => format!("; {}={f}", cfg.hca_filter_var),
+            _ => String::new(),
+        };
+        return Err(Error::system(format!("verbs: no usable rail pair (ports: {}{filter})", seen.join(", "))));
     }
     let meta = |i: usize| {
         let pci_path = sysfs.nic_pci_path(&ports[i].device);
