@@ -9,6 +9,7 @@
 //! one NIC, which mpib never shows apart).
 
 use std::ffi::c_int;
+use std::sync::Mutex;
 
 use ncclnet_types::types::*;
 
@@ -24,19 +25,25 @@ fn entry(e: &str) -> (String, Option<i32>) {
     }
 }
 
+/// The devices NCCL would use, per library (its name) and ABI version: NCCL fuses once per
+/// process and plugin, and so do the tools (a process-wide memo, not a field of `Plugin`, which
+/// the measured loops of the examples copy around).
+static FUSED: Mutex<Vec<((String, u32), Vec<i32>)>> = Mutex::new(Vec::new());
+
 impl Net {
     /// The devices NCCL would use, in order: those `makeVDevice` made, then every device
     /// not fused into one (see the module doc). Fusion runs once per process; later calls
     /// (other ranks of an in-process run, other `Net`s) get the same list.
     pub fn nccl_devices(&self) -> Result<Vec<i32>> {
-        let mut memo = self.plugin.fused.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(l) = memo.as_ref() {
+        let key = (self.plugin.library().to_string(), self.plugin.version());
+        let mut memo = FUSED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, l)) = memo.iter().find(|(k, _)| *k == key) {
             return Ok(l.clone());
         }
         let n = self.devices()?;
         let merge = std::env::var("NCCL_NET_FORCE_MERGE").ok().filter(|_| self.plugin.version() >= 9);
         let Some(merge) = merge else {
-            *memo = Some((0..n).collect());
+            memo.push((key, (0..n).collect()));
             return Ok((0..n).collect());
         };
         let props: Vec<(String, i32)> =
@@ -66,7 +73,7 @@ impl Net {
         }
         let mut list = made;
         list.extend((0..n).filter(|&d| !fused[d as usize]));
-        *memo = Some(list.clone());
+        memo.push((key, list.clone()));
         Ok(list)
     }
 

@@ -49,8 +49,6 @@ pub struct Plugin {
     table: Table,
     counters: Option<CountersFn>,
     stats: Option<StatsFn>,
-    /// The devices NCCL would use once it fused what it fuses (`fusion.rs`), once per process.
-    fused: Arc<std::sync::Mutex<Option<Vec<i32>>>>,
 }
 
 impl Plugin {
@@ -85,7 +83,7 @@ impl Plugin {
             // SAFETY: as above, `mpib_rail_stats` as include/mpib.h declares it.
             unsafe { std::mem::transmute::<*mut c_void, StatsFn>(p) }
         });
-        Ok(Plugin { lib: Arc::new(lib), table, counters, stats, fused: Arc::default() })
+        Ok(Plugin { lib: Arc::new(lib), table, counters, stats })
     }
 
     /// The ABI version in use (6 … 12).
