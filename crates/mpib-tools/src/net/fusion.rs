@@ -28,7 +28,10 @@ fn entry(e: &str) -> (String, Option<i32>) {
 /// The devices NCCL would use, per library (its name) and ABI version: NCCL fuses once per
 /// process and plugin, and so do the tools (a process-wide memo, not a field of `Plugin`, which
 /// the measured loops of the examples copy around).
-static FUSED: Mutex<Vec<((String, u32), Vec<i32>)>> = Mutex::new(Vec::new());
+static FUSED: Mutex<Vec<(Key, Vec<i32>)>> = Mutex::new(Vec::new());
+
+/// A plugin: its library's name and the ABI version in use.
+type Key = (String, u32);
 
 impl Net {
     /// The devices NCCL would use, in order: those `makeVDevice` made, then every device
