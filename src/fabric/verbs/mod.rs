@@ -11,8 +11,24 @@
 //! has one thread that sleeps until the kernel has an async event (port down, QP fatal) and
 //! logs it. [`ports`] says what the host has; which ports become which rails is the
 //! plugin's business (`plugin/discover`). See `gid` for the RoCE GID choice.
+//!
+//! # Layout
+//!
+//! Each file imports only files listed below it (no circles):
+//!
+//! ```text
+//! device    VerbsDevice (open, probe, reg_mr, the object factories), VerbsOptions
+//! qp        VerbsQp: RC QP, INIT → RTR → RTS, chained posts
+//! cq  srq   VerbsCq (plain and extended, timestamps), VerbsSrq (generic WQEs)
+//! ctx       Ctx: the opened context and PD every object holds alive
+//! events    the async-event thread and the port/device health it records
+//! gid  props  qp_info  wr_pool  sys
+//!           leaves: GID choice, sysfs/speed tables, QP info bytes, WR pools,
+//!           the libibverbs calls and their errors
+//! ```
 
 mod cq;
+mod ctx;
 mod device;
 mod events;
 mod gid;
@@ -24,7 +40,7 @@ mod sys;
 mod wr_pool;
 
 pub use cq::{TsClock, UNEXPECTED_OPCODE, VerbsCq, wc_status_str};
-pub use device::{VerbsDevice, VerbsMr};
+pub use device::{VerbsDevice, VerbsMr, VerbsOptions};
 pub use qp::VerbsQp;
 pub use srq::VerbsSrq;
 pub use wr_pool::MAX_CHAIN;
@@ -71,17 +87,6 @@ impl HostPort {
     pub fn label(&self) -> String {
         format!("{}:{}", self.device, self.port)
     }
-}
-
-/// How to open one port: what [`VerbsDevice::open`] takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VerbsOptions {
-    /// The device's name (`mlx5_0`, `rxe0`).
-    pub device: String,
-    /// The port; `None`: the device's first active port.
-    pub port: Option<u8>,
-    /// The GID table index to use; `None`: chosen automatically (`gid.rs`).
-    pub gid_index: Option<u8>,
 }
 
 /// Every port of every device on the host, with its state and the device's PCI path.
