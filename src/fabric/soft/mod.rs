@@ -62,20 +62,51 @@
 //! 65536 QPs and 1 Mi registrations per device, 32768 send WRs per QP, SRQ and CQ depth up
 //! to 1 Mi, 2 SGEs, 1024 inline bytes, 2 GiB per WR, 16 READs in flight per TCP QP (more wait
 //! in the send queue), host memory only.
+//!
+//! # Layout
+//!
+//! Each file imports only files below it (no circles); read top-down:
+//!
+//! ```text
+//! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
+//! qp          SoftQp: QpInfo, dialing and accepting, connect, post_send
+//! cq          SoftCq (poll = one progress step on each attached connection), SoftSrq
+//! helper      the helper thread: serves connections whose callers are quiet
+//! port        what a device's QPs share: QP table, TCP listener, HELLO dispatch
+//! conn        Conn: one QP's connection; wires its parts, posts, steps, retires, fails
+//! rx  tx      the TCP receive and send halves: take the parts they need, report a Fault
+//! direct      in-process execution of WRs against the peer's endpoint
+//! requester   the send queue: posting checks, WRs in flight, completions in order
+//! responder   request order, refusals, RNR counting, placement order (final word last)
+//! liveness    the silent-peer timer
+//! transport   the link: a TCP socket (vectored I/O) or an in-process peer's end
+//! fault       why a QP goes to the error state
+//! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
+//! watch       the helper's epoll set
+//! addr frame mr ring
+//!             leaves: interface facts, the wire format, the key table, the CQ ring
+//! ```
 
 mod addr;
 mod conn;
 mod cq;
 mod device;
 mod direct;
+mod endpoint;
+mod fault;
 pub mod frame;
 mod helper;
-mod link;
+mod liveness;
 mod mr;
+mod port;
 mod qp;
+mod requester;
+mod responder;
 mod ring;
 mod rx;
+mod transport;
 mod tx;
+mod watch;
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -84,7 +115,8 @@ pub use addr::NOMINAL_SPEED_MBPS;
 pub use cq::{SoftCq, SoftSrq};
 pub use device::{SoftDevice, SoftMr};
 pub use helper::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
-pub use qp::{SoftQp, silent_peer_bound};
+pub use liveness::silent_peer_bound;
+pub use qp::SoftQp;
 
 use crate::error::Result;
 use crate::fabric::{Device, DeviceAttrs, LinkLayer, MemTypes, Progress};
