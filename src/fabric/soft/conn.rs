@@ -17,10 +17,11 @@ use std::time::Instant;
 use parking_lot::Mutex;
 
 use super::direct;
-use super::endpoint::Endpoint;
+use super::endpoint::{Attached, Endpoint};
 use super::fault::Fault;
 use super::frame::Frame;
 use super::liveness::Liveness;
+use super::port::{Accept, Port};
 use super::requester::Requester;
 use super::responder::Responder;
 use super::rx::{Rx, RxEnv};
@@ -61,8 +62,11 @@ pub struct Conn {
     pub ep: Endpoint,
     /// A random u64 that names the QP (the HELLO quotes it; in-process QPs are found by it).
     pub nonce: u64,
-    /// TCP: the device helper's epoll set, where the connection arms and forgets its socket.
-    watcher: Option<Arc<Watcher<Conn>>>,
+    /// The device's port: QP table, listener, the helper's epoll set (where a TCP
+    /// connection arms and forgets its socket).
+    pub port: Arc<Port<Conn>>,
+    /// The connections attached to this QP's CQ (the QP detaches itself when dropped).
+    pub attached: Arc<Attached<Conn>>,
     pub st: Mutex<ConnState>,
     /// Bumped by every progress step a caller (not the helper) makes on this connection:
     /// the helper steps in only when it stops moving.
@@ -147,6 +151,21 @@ impl ConnState {
         matches!(self.phase, Phase::Ready) && self.rx.stalled()
     }
 
+    /// [`Requester::enqueue`], out of line and called with the state: the in-process post
+    /// calls it only when a WR must wait, and a call with a pointer into the state makes
+    /// the compiler compute that pointer on the usual way too.
+    #[inline(never)]
+    fn enqueue(&mut self, mrs: &super::mr::MrTable, chain: &[SendWr]) {
+        self.req.enqueue(mrs, chain);
+    }
+
+    /// [`Requester::push_executed`], out of line for the same reason as [`Self::enqueue`].
+    #[cold]
+    #[inline(never)]
+    fn push_executed(&mut self, wr: &SendWr) {
+        self.req.push_executed(wr);
+    }
+
     /// The peer's end when the connection is idle: nothing queued, the peer there and
     /// connected. (`Ready` also means nothing to flush: `recv_flush` is set only on the way
     /// to the error state.)
@@ -163,13 +182,15 @@ impl ConnState {
 }
 
 impl Conn {
-    /// A connection for QP `ep` (`watcher`: the TCP device's helper set; `None`: in-process).
-    pub fn new(ep: Endpoint, nonce: u64, watcher: Option<Arc<Watcher<Conn>>>, caps: QpCaps) -> Conn {
+    /// A connection for QP `ep` on `port` (in-process mode when the port has no TCP side),
+    /// to be attached to its CQ's list `attached`.
+    pub fn new(ep: Endpoint, nonce: u64, port: Arc<Port<Conn>>, attached: Arc<Attached<Conn>>, caps: QpCaps) -> Conn {
         Conn {
             ep,
             nonce,
-            inproc: watcher.is_none(),
-            watcher,
+            inproc: port.net.is_none(),
+            port,
+            attached,
             st: Mutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
             caller_epoch: Default::default(),
             work: Default::default(),
@@ -181,6 +202,11 @@ impl Conn {
         self.ep.qp_num
     }
 
+    /// TCP: the helper's epoll set.
+    fn watcher(&self) -> Option<&Watcher<Conn>> {
+        self.port.net.as_ref().map(|n| &n.watcher)
+    }
+
     /// Validates and queues a chain; nothing is queued when it fails.
     pub fn post(&self, st: &mut ConnState, chain: &[SendWr]) -> Result<()> {
         st.req.check_chain(matches!(st.phase, Phase::Created), chain, self.ep.qp_num)?;
@@ -190,7 +216,7 @@ impl Conn {
 
     /// The connection is established on `link`.
     pub fn attach(self: &Arc<Self>, st: &mut ConnState, mut link: Link) {
-        if let (Some(w), Link::Tcp(t)) = (&self.watcher, &mut link) {
+        if let (Some(w), Link::Tcp(t)) = (self.watcher(), &mut link) {
             t.set_user_timeout(st.live.bound());
             let (token, added) = w.add(self, self.caller_epoch.load(Ordering::Relaxed), t.raw_fd(), true);
             if let Err(e) = added {
@@ -274,7 +300,7 @@ impl Conn {
 
     /// Arms `EPOLLOUT` for a connection whose socket is full, once per helper visit.
     fn want_write(&self, st: &mut ConnState) {
-        if let (Some(w), Some(Link::Tcp(t))) = (&self.watcher, st.link.as_mut())
+        if let (Some(w), Some(Link::Tcp(t))) = (self.watcher(), st.link.as_mut())
             && let Some(token) = t.token
             && !t.out_armed
         {
@@ -321,7 +347,7 @@ impl Conn {
     pub fn close_link(&self, st: &mut ConnState) {
         if let Some(link) = st.link.take() {
             link.shutdown();
-            if let (Some(fd), Some(w)) = (link.fd(), &self.watcher) {
+            if let (Some(fd), Some(w)) = (link.fd(), self.watcher()) {
                 w.forget(fd);
             }
         }
@@ -371,7 +397,7 @@ impl Conn {
                 }
             } else {
                 // It waits or fails: the queued way decides, with its checks and messages.
-                st.req.enqueue(&self.ep.mrs, chain);
+                st.enqueue(&self.ep.mrs, chain);
             }
             self.progress_inproc(st);
             return Ok(());
@@ -425,7 +451,7 @@ impl Conn {
             ..Completion::default()
         };
         if !self.ep.cq.lock().push(c) {
-            st.req.push_executed(wr);
+            st.push_executed(wr);
             return false;
         }
         true
@@ -473,5 +499,25 @@ impl Conn {
                 true
             }
         }
+    }
+}
+
+impl Accept for Conn {
+    fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// A dialer's link: parked until `connect` names the peer, attached if it is the peer
+    /// this QP waits for, refused otherwise.
+    fn accept(self: &Arc<Self>, link: Link, src_qpn: u32, src_nonce: u64) -> bool {
+        let mut st = self.st.lock();
+        match st.phase {
+            Phase::Created => st.parked = Some((link, src_qpn, src_nonce)),
+            Phase::Waiting { .. } if st.remote.is_some_and(|r| r.qpn == src_qpn && r.nonce == src_nonce) => {
+                self.attach(&mut st, link)
+            }
+            _ => return false,
+        }
+        true
     }
 }

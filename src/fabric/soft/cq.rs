@@ -16,43 +16,17 @@
 //! in-process connection, or its peer, with WRs waiting or a closed peer: see `direct.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
 
 use super::conn::Conn;
-use super::endpoint::{CqShared, SrqShared};
+use super::endpoint::{Attached, CqShared, SrqShared};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
-
-/// The QPs attached to a CQ: its poll steps them. Held by the CQ and by each QP (which
-/// detaches itself when dropped).
-pub struct Attached {
-    cq: Arc<CqShared>,
-    conns: Mutex<Vec<Arc<Conn>>>,
-    /// Changes whenever `conns` does.
-    generation: AtomicU64,
-}
-
-impl Attached {
-    pub fn attach(&self, c: Arc<Conn>) {
-        self.conns.lock().push(c);
-        self.generation.fetch_add(1, Ordering::Release);
-        self.cq.raise_work();
-    }
-
-    pub fn detach(&self, c: &Arc<Conn>) {
-        self.conns.lock().retain(|x| !Arc::ptr_eq(x, c));
-        self.generation.fetch_add(1, Ordering::Release);
-        // The next poll refreshes its copy (and lets go of `c`).
-        self.cq.raise_work();
-    }
-}
 
 /// A soft completion queue.
 pub struct SoftCq {
     pub(super) shared: Arc<CqShared>,
-    pub(super) attached: Arc<Attached>,
+    pub(super) attached: Arc<Attached<Conn>>,
     /// This poller's copy of the attached QPs, refreshed when `generation` moves (control path).
     conns: Vec<Arc<Conn>>,
     seen_generation: u64,
@@ -64,15 +38,14 @@ pub struct SoftCq {
 impl SoftCq {
     pub(super) fn new(depth: u32) -> SoftCq {
         let shared = CqShared::new(depth);
-        let attached =
-            Arc::new(Attached { cq: shared.clone(), conns: Mutex::new(Vec::new()), generation: AtomicU64::new(0) });
+        let attached = Arc::new(Attached::new(shared.clone()));
         SoftCq { shared, attached, conns: Vec::new(), seen_generation: u64::MAX, any_tcp: false }
     }
 
     /// Takes a fresh copy of the attached QPs (control path: QPs come and go).
     #[cold]
     fn refresh(&mut self, generation: u64) {
-        self.conns = self.attached.conns.lock().clone();
+        self.conns = self.attached.snapshot();
         self.seen_generation = generation;
         self.any_tcp = self.conns.iter().any(|c| !c.inproc);
     }
@@ -82,7 +55,7 @@ impl SoftCq {
     fn step(&mut self) {
         // Cleared first: work raised from now on is seen by the next poll.
         self.shared.take_work();
-        let generation = self.attached.generation.load(Ordering::Acquire);
+        let generation = self.attached.generation();
         if generation != self.seen_generation {
             self.refresh(generation);
         }

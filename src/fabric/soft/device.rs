@@ -21,7 +21,7 @@ use crate::fabric::{Access, Device, DeviceAttrs, MrKeys, QpCaps};
 pub struct SoftDevice {
     attrs: DeviceAttrs,
     mrs: Arc<MrTable>,
-    port: Arc<Port>,
+    port: Arc<Port<Conn>>,
     /// TCP: the helper thread, stopped when the device is dropped.
     helper: Option<Helper>,
 }
@@ -130,14 +130,13 @@ impl Device for SoftDevice {
         }
         let qp_num = self.port.next_qpn();
         let ep = Endpoint { qp_num, mrs: self.mrs.clone(), cq: cq.shared.clone(), srq: srq.map(|s| s.shared.clone()) };
-        let watcher = self.port.net.as_ref().map(|n| n.watcher.clone());
-        let conn = Arc::new(Conn::new(ep, random_u64(), watcher, caps));
-        self.port.register_qp(&conn);
+        let conn = Arc::new(Conn::new(ep, random_u64(), self.port.clone(), cq.attached.clone(), caps));
+        self.port.register_qp(qp_num, &conn);
         if self.port.net.is_none() {
             qp::inproc_register(&conn);
         }
         cq.attached.attach(conn.clone());
-        Ok(SoftQp::new(conn, self.port.clone(), cq.attached.clone()))
+        Ok(SoftQp::new(conn))
     }
 }
 

@@ -3,13 +3,15 @@
 //! connection holds its own [`Endpoint`]; an in-process connection's link holds the peer's,
 //! so a WR executes against the peer's memory, SRQ and CQ without reaching its connection.
 //!
-//! A CQ here is the ring of completions (`ring.rs`) and the `work` flag that tells its poll
-//! to step the attached connections; which connections are attached is the poller's
-//! business (`cq.rs`). An SRQ is a counter of generic WQEs: posting adds, a WRITE_WITH_IMM
-//! takes one.
+//! A CQ here is the ring of completions (`ring.rs`), the `work` flag that tells its poll to
+//! step the attached connections, and the list of those ([`Attached`], generic over the
+//! connection type: what a step is, is the poller's business, `cq.rs`). An SRQ is a counter
+//! of generic WQEs: posting adds, a WRITE_WITH_IMM takes one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use super::mr::MrTable;
 use super::ring::{CqRing, Producer};
@@ -71,6 +73,45 @@ impl CqShared {
     pub unsafe fn pop_into(&self, out: &mut [crate::fabric::Completion]) -> usize {
         // SAFETY: forwarded from the caller.
         unsafe { self.ring.pop_into(out) }
+    }
+}
+
+/// The connections attached to a CQ: its poll steps them. Held by the CQ and by each
+/// connection (which detaches itself when its QP is dropped).
+pub struct Attached<C> {
+    cq: Arc<CqShared>,
+    conns: Mutex<Vec<Arc<C>>>,
+    /// Changes whenever `conns` does.
+    generation: AtomicU64,
+}
+
+impl<C> Attached<C> {
+    pub fn new(cq: Arc<CqShared>) -> Attached<C> {
+        Attached { cq, conns: Mutex::new(Vec::new()), generation: AtomicU64::new(0) }
+    }
+
+    pub fn attach(&self, c: Arc<C>) {
+        self.conns.lock().push(c);
+        self.generation.fetch_add(1, Ordering::Release);
+        self.cq.raise_work();
+    }
+
+    pub fn detach(&self, c: &Arc<C>) {
+        self.conns.lock().retain(|x| !Arc::ptr_eq(x, c));
+        self.generation.fetch_add(1, Ordering::Release);
+        // The next poll refreshes its copy (and lets go of `c`).
+        self.cq.raise_work();
+    }
+
+    /// The list's generation now (Acquire: the list as of that generation is visible).
+    #[inline]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// A copy of the list (control path: connections come and go).
+    pub fn snapshot(&self) -> Vec<Arc<C>> {
+        self.conns.lock().clone()
     }
 }
 

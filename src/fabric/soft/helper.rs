@@ -53,28 +53,27 @@ fn idle() -> Duration {
 
 /// The running helper thread of a TCP device; stopped and joined by [`Helper::shutdown`].
 pub struct Helper {
-    watcher: Arc<Watcher<Conn>>,
+    port: Arc<Port<Conn>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Helper {
     /// Starts the thread of the TCP device whose port is `port`.
-    pub fn start(port: &Arc<Port>, name: &str) -> Result<Helper> {
-        let watcher = port.net.as_ref().expect("TCP device").watcher.clone();
+    pub fn start(port: &Arc<Port<Conn>>, name: &str) -> Result<Helper> {
         let stop = Arc::new(AtomicBool::new(false));
         let (p, s) = (port.clone(), stop.clone());
         let t = std::thread::Builder::new()
             .name(format!("mpib-{name}"))
             .spawn(move || run(&p, &s))
             .map_err(|e| Error::io("soft fabric: starting the helper thread", &e))?;
-        Ok(Helper { watcher, stop, thread: Some(t) })
+        Ok(Helper { port: port.clone(), stop, thread: Some(t) })
     }
 
     /// Stops and joins the thread.
     pub fn shutdown(&mut self) {
         self.stop.store(true, Ordering::Release);
-        self.watcher.wake();
+        self.port.net.as_ref().expect("TCP device").watcher.wake();
         if let Some(t) = self.thread.take()
             && t.thread().id() != std::thread::current().id()
         {
@@ -83,7 +82,7 @@ impl Helper {
     }
 }
 
-fn run(port: &Port, stop: &AtomicBool) {
+fn run(port: &Port<Conn>, stop: &AtomicBool) {
     let w = &port.net.as_ref().expect("TCP device").watcher;
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut watch: Vec<(usize, Instant)> = Vec::with_capacity(64);

@@ -1,8 +1,11 @@
-//! What a soft device's QPs share below the device itself: the QP table (numbers, the
-//! `max_qp` limit, HELLO dispatch) and, on TCP, the rail's "port": a listener bound to the
-//! rail's local address, the dialers whose HELLO has not fully arrived, and the helper
-//! thread's epoll set. The device (`device.rs`), its QPs (`qp.rs`) and its helper thread
-//! (`helper.rs`) hold it.
+//! What a soft device's QPs share: the QP table (numbers, the `max_qp` limit, HELLO
+//! dispatch) and, on TCP, the rail's "port": a listener bound to the rail's local address,
+//! the dialers whose HELLO has not fully arrived, and the helper thread's epoll set. Every
+//! connection holds its device's port, as a verbs QP holds its device.
+//!
+//! Generic over the connection type `C`: the port keeps connections (by QP number) and
+//! hands a dialer's socket to the one its HELLO names ([`Accept`]); what a connection does
+//! with it is the connection's business (`conn.rs`), which sits above.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -14,26 +17,34 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::conn::{Conn, Phase};
 use super::frame::{Frame, HDR_LEN, decode};
 use super::transport::{Link, TcpLink};
 use super::watch::Watcher;
 use crate::error::{Error, Result};
 
+/// What the port asks of the connection a dialer's HELLO names.
+pub trait Accept {
+    /// The random number that names the QP (the HELLO must quote it).
+    fn nonce(&self) -> u64;
+    /// The dialer (QP `src_qpn`, nonce `src_nonce`) connected on `link`. `false`: this QP
+    /// does not expect it (the link is closed).
+    fn accept(self: &Arc<Self>, link: Link, src_qpn: u32, src_nonce: u64) -> bool;
+}
+
 /// The shared part of a device (see the module documentation).
-pub struct Port {
+pub struct Port<C> {
     /// The device's name, for messages.
     pub name: String,
     pub guid: u64,
     pub connect_timeout: Duration,
-    qps: Mutex<HashMap<u32, Weak<Conn>>>,
+    qps: Mutex<HashMap<u32, Weak<C>>>,
     next_qpn: AtomicU32,
     /// `None`: in-process mode.
-    pub net: Option<Net>,
+    pub net: Option<Net<C>>,
 }
 
 /// The TCP side of a device.
-pub struct Net {
+pub struct Net<C> {
     /// The rail's local address, with the listener's port.
     pub local: SocketAddr,
     /// Interface to bind outgoing sockets to (`SO_BINDTODEVICE`), when the rail was named
@@ -41,7 +52,7 @@ pub struct Net {
     pub bind_iface: Option<String>,
     acceptor: Mutex<Acceptor>,
     /// The helper thread's epoll set (the listener is in it).
-    pub watcher: Arc<Watcher<Conn>>,
+    pub watcher: Watcher<C>,
 }
 
 struct Acceptor {
@@ -57,21 +68,21 @@ struct Pending {
     since: Instant,
 }
 
-impl Net {
+impl<C> Net<C> {
     /// Listens on `ip` (any port) for the device `name`.
-    pub fn listen(name: &str, ip: IpAddr, bind_iface: Option<String>) -> Result<Net> {
+    pub fn listen(name: &str, ip: IpAddr, bind_iface: Option<String>) -> Result<Net<C>> {
         let listener =
             TcpListener::bind((ip, 0)).map_err(|e| Error::io(&format!("soft fabric {name}: listening on {ip}"), &e))?;
         listener.set_nonblocking(true).map_err(|e| Error::io("soft fabric: listener", &e))?;
         let local = listener.local_addr().map_err(|e| Error::io("soft fabric: listener address", &e))?;
-        let watcher = Arc::new(Watcher::new(listener.as_raw_fd())?);
+        let watcher = Watcher::new(listener.as_raw_fd())?;
         Ok(Net { local, bind_iface, acceptor: Mutex::new(Acceptor { listener, pending: Vec::new() }), watcher })
     }
 }
 
-impl Port {
+impl<C: Accept> Port<C> {
     /// `first_qpn`: the first QP number handed out.
-    pub fn new(name: String, guid: u64, connect_timeout: Duration, first_qpn: u32, net: Option<Net>) -> Port {
+    pub fn new(name: String, guid: u64, connect_timeout: Duration, first_qpn: u32, net: Option<Net<C>>) -> Port<C> {
         Port { name, guid, connect_timeout, qps: Mutex::new(HashMap::new()), next_qpn: AtomicU32::new(first_qpn), net }
     }
 
@@ -85,8 +96,8 @@ impl Port {
         self.next_qpn.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub fn register_qp(&self, c: &Arc<Conn>) {
-        self.qps.lock().insert(c.qp_num(), Arc::downgrade(c));
+    pub fn register_qp(&self, qpn: u32, c: &Arc<C>) {
+        self.qps.lock().insert(qpn, Arc::downgrade(c));
     }
 
     pub fn forget_qp(&self, qpn: u32) {
@@ -143,18 +154,13 @@ impl Port {
             return;
         };
         let conn = self.qps.lock().get(&dst_qpn).and_then(|w| w.upgrade());
-        let Some(conn) = conn.filter(|c| c.nonce == dst_nonce) else {
+        let Some(conn) = conn.filter(|c| c.nonce() == dst_nonce) else {
             log::warn!("soft fabric {}: HELLO for unknown QP {dst_qpn}; closed", self.name);
             return;
         };
         let link = Link::Tcp(TcpLink::new(OwnedFd::from(sock)));
-        let mut st = conn.st.lock();
-        match st.phase {
-            Phase::Created => st.parked = Some((link, src_qpn, src_nonce)),
-            Phase::Waiting { .. } if st.remote.is_some_and(|r| r.qpn == src_qpn && r.nonce == src_nonce) => {
-                conn.attach(&mut st, link)
-            }
-            _ => log::warn!("soft fabric {}: unexpected HELLO for QP {dst_qpn} from QP {src_qpn}; closed", self.name),
+        if !conn.accept(link, src_qpn, src_nonce) {
+            log::warn!("soft fabric {}: unexpected HELLO for QP {dst_qpn} from QP {src_qpn}; closed", self.name);
         }
     }
 }

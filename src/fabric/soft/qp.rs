@@ -19,7 +19,6 @@ use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::conn::{Conn, ConnState, Phase, Remote};
-use super::cq::Attached;
 use super::frame::Frame;
 use super::liveness::silent_peer_bound;
 use super::port::Port;
@@ -40,15 +39,14 @@ fn inproc_find(nonce: u64) -> Option<Arc<Conn>> {
     INPROC.lock().as_ref()?.get(&nonce)?.upgrade()
 }
 
-/// A soft RC queue pair.
+/// A soft RC queue pair. One pointer: the plugin keeps QPs in arrays it indexes on every
+/// post, and a larger handle costs instructions there (everything else a QP needs, its
+/// connection holds).
 pub struct SoftQp {
     conn: Arc<Conn>,
-    port: Arc<Port>,
-    /// The attachments of its CQ, to detach from when dropped.
-    attached: Arc<Attached>,
 }
 
-fn encode_info(c: &Conn, port: &Port) -> QpInfo {
+fn encode_info(c: &Conn, port: &Port<Conn>) -> QpInfo {
     let mut b = [0u8; QP_INFO_LEN];
     b[0] = VERSION;
     b[4..8].copy_from_slice(&c.qp_num().to_le_bytes());
@@ -91,9 +89,9 @@ fn decode_info(info: &QpInfo) -> Result<Remote> {
 }
 
 impl SoftQp {
-    /// The QP of connection `conn` on `port`, attached to a CQ through `attached`.
-    pub(super) fn new(conn: Arc<Conn>, port: Arc<Port>, attached: Arc<Attached>) -> SoftQp {
-        SoftQp { conn, port, attached }
+    /// The QP of connection `conn`.
+    pub(super) fn new(conn: Arc<Conn>) -> SoftQp {
+        SoftQp { conn }
     }
 
     fn dials(&self, remote: &Remote) -> bool {
@@ -102,7 +100,7 @@ impl SoftQp {
 
     /// Starts a non-blocking TCP connect from the rail's address to the peer's listener.
     fn dial(&self, to: SocketAddr, bound: Duration) -> Result<Link> {
-        let net = self.port.net.as_ref().expect("TCP device");
+        let net = self.conn.port.net.as_ref().expect("TCP device");
         let what =
             |e: std::io::Error| Error::io(&format!("soft fabric QP {}: connecting to {to}", self.conn.qp_num()), &e);
         let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP)).map_err(what)?;
@@ -178,7 +176,7 @@ impl SoftQp {
         let msg = format!(
             "soft fabric QP {}: the peer did not connect within {:?}",
             self.conn.qp_num(),
-            self.port.connect_timeout
+            self.conn.port.connect_timeout
         );
         self.conn.fail(st, None, &msg);
         Err(Error::remote(msg))
@@ -222,12 +220,12 @@ impl QueuePair for SoftQp {
     }
 
     fn local_info(&self) -> QpInfo {
-        encode_info(&self.conn, &self.port)
+        encode_info(&self.conn, &self.conn.port)
     }
 
     fn connect(&mut self, remote: &QpInfo, params: &ConnectParams) -> Result<()> {
         let r = decode_info(remote)?;
-        if r.addr.is_some() != self.port.net.is_some() {
+        if r.addr.is_some() != self.conn.port.net.is_some() {
             crate::bail!(
                 InvalidArgument,
                 "soft fabric QP {}: peer is {} mode, this QP is not",
@@ -241,7 +239,7 @@ impl QueuePair for SoftQp {
         }
         st.remote = Some(r);
         st.set_bound(silent_peer_bound(params));
-        let deadline = Instant::now() + self.port.connect_timeout;
+        let deadline = Instant::now() + self.conn.port.connect_timeout;
         if self.dials(&r) {
             match r.addr {
                 Some(to) => {
@@ -270,7 +268,7 @@ impl QueuePair for SoftQp {
             Phase::Dialing { deadline, retry_at } => self.check_dial(&mut st, deadline, retry_at),
             Phase::Waiting { deadline } => {
                 drop(st);
-                self.port.drive_accept();
+                self.conn.port.drive_accept();
                 let mut st = self.conn.st.lock();
                 match st.phase {
                     Phase::Ready => Ok(true),
@@ -295,9 +293,9 @@ impl QueuePair for SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
-        self.attached.detach(&self.conn);
-        self.port.forget_qp(self.conn.qp_num());
-        if self.port.net.is_none()
+        self.conn.attached.detach(&self.conn);
+        self.conn.port.forget_qp(self.conn.qp_num());
+        if self.conn.port.net.is_none()
             && let Some(m) = INPROC.lock().as_mut()
         {
             m.remove(&self.conn.nonce);
