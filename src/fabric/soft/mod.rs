@@ -65,27 +65,30 @@
 //!
 //! # Layout
 //!
-//! Each file imports only files below it (no circles); read top-down:
+//! Each file imports only files listed below it (no circles); read top-down:
 //!
 //! ```text
 //! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
 //! qp          SoftQp: QpInfo, dialing and accepting, connect, post_send
-//! cq          SoftCq (poll = one progress step on each attached connection), SoftSrq
+//! cq          SoftCq (its poll is one progress step on each attached connection), SoftSrq
 //! helper      the helper thread: serves connections whose callers are quiet
-//! port        what a device's QPs share: QP table, TCP listener, HELLO dispatch
 //! conn        Conn: one QP's connection; wires its parts, posts, steps, retires, fails
-//! rx  tx      the TCP receive and send halves: take the parts they need, report a Fault
-//! direct      in-process execution of WRs against the peer's endpoint
+//! rx          the TCP receive half: reads, checks, places; reports a Fault
+//! tx  direct  the TCP send half; in-process execution of WRs against the peer's endpoint
 //! requester   the send queue: posting checks, WRs in flight, completions in order
 //! responder   request order, refusals, RNR counting, placement order (final word last)
-//! liveness    the silent-peer timer
+//! port        what a device's QPs share: QP table, TCP listener, HELLO reading
 //! transport   the link: a TCP socket (vectored I/O) or an in-process peer's end
-//! fault       why a QP goes to the error state
 //! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
-//! watch       the helper's epoll set
-//! addr frame mr ring
-//!             leaves: interface facts, the wire format, the key table, the CQ ring
+//! fault       why a QP goes to the error state
+//! addr frame liveness mr ring watch
+//!             leaves: interface facts and random names, the wire format, the silent-peer
+//!             timer, the key table, the CQ ring, the helper's epoll set
 //! ```
+//!
+//! `port`, `endpoint` (a CQ's attachments) and `watch` hold connections without knowing
+//! their type (a type parameter, `Conn` above): what a connection is, only `conn` and the
+//! files above it know.
 
 mod addr;
 mod conn;

@@ -14,17 +14,18 @@
 //!
 //! # Layout
 //!
-//! Each file imports only files listed below it (no circles):
+//! Each file imports only files listed below it (no circles); read top-down:
 //!
 //! ```text
-//! device    VerbsDevice (open, probe, reg_mr, the object factories), VerbsOptions
-//! qp        VerbsQp: RC QP, INIT → RTR → RTS, chained posts
-//! cq  srq   VerbsCq (plain and extended, timestamps), VerbsSrq (generic WQEs)
-//! ctx       Ctx: the opened context and PD every object holds alive
-//! events    the async-event thread and the port/device health it records
-//! gid  props  qp_info  wr_pool  sys
-//!           leaves: GID choice, sysfs/speed tables, QP info bytes, WR pools,
-//!           the libibverbs calls and their errors
+//! device      VerbsDevice (open, probe, reg_mr, the object factories), VerbsOptions
+//! qp          VerbsQp: RC QP, INIT → RTR → RTS, chained posts
+//! cq  srq     VerbsCq (plain and extended, timestamps), VerbsSrq (generic WQEs)
+//! ctx         Ctx: the opened context and PD every object holds alive
+//! events  gid  qp_info
+//!             the async-event thread and the port/device health it records; the RoCE
+//!             GID choice; a QP's connection info bytes
+//! props  wr_pool  sys
+//!             leaves: sysfs and speed tables, WR pools, the libibverbs calls and errors
 //! ```
 
 mod cq;
