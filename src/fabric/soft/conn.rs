@@ -84,7 +84,8 @@ pub struct Conn {
 /// The state of a connection, under its lock.
 pub struct ConnState {
     pub phase: Phase,
-    /// The link to the peer, once there is one (set up by `qp.rs` and `port.rs`).
+    /// The link to the peer, once there is one (set up by `qp.rs`, or by a dialer's HELLO:
+    /// [`Accept`] below).
     pub link: Option<Link>,
     /// Acceptor: a dialer's link that arrived before `connect` named its peer.
     pub parked: Option<(Link, u32, u64)>,
@@ -250,9 +251,7 @@ impl Conn {
             if !st.is_error() {
                 moved |= self.flush_tx(st);
             }
-            if by_caller && st.wants_write() {
-                // The socket is full: let the helper finish sending should callers stop
-                // (once per helper visit, so a busy caller pays one epoll_ctl, not one a poll).
+            if by_caller {
                 self.want_write(st);
             }
             if moved {
@@ -298,11 +297,15 @@ impl Conn {
         }
     }
 
-    /// Arms `EPOLLOUT` for a connection whose socket is full, once per helper visit.
+    /// A caller's step left bytes waiting for room in the socket: let the helper finish
+    /// sending should callers stop (armed once per helper visit, so a busy caller pays one
+    /// `epoll_ctl`, not one a poll).
     fn want_write(&self, st: &mut ConnState) {
-        if let (Some(w), Some(Link::Tcp(t))) = (self.watcher(), st.link.as_mut())
-            && let Some(token) = t.token
+        let ConnState { link, tx, req, .. } = st;
+        if let (Some(w), Some(Link::Tcp(t))) = (self.watcher(), link.as_mut())
             && !t.out_armed
+            && (tx.pending() || req.next_unsent().is_some())
+            && let Some(token) = t.token
         {
             w.rearm(t.raw_fd(), token, true);
             t.out_armed = true;
