@@ -2,6 +2,33 @@
 //! dual-rail protocol on hosts without RDMA hardware (tests, the benchmark tool, TCP-only
 //! clusters), and it can drive two TCP NICs as the two rails.
 //!
+//! # Layout
+//!
+//! Each file imports only files listed below it (no circles); read top-down:
+//!
+//! ```text
+//! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
+//! qp          SoftQp: QpInfo, dialing and accepting, connect, post_send
+//! cq          SoftCq (its poll is one progress step on each attached connection), SoftSrq
+//! helper      the helper thread: serves connections whose callers are quiet
+//! conn        Conn: one QP's connection; wires its parts, posts, steps, retires, fails
+//! rx          the TCP receive half: reads, checks, places; reports a Fault
+//! tx  direct  the TCP send half; in-process execution of WRs against the peer's endpoint
+//! requester   the send queue: posting checks, WRs in flight, completions in order
+//! responder   request order, refusals, RNR counting, placement order (final word last)
+//! port        what a device's QPs share: QP table, TCP listener, HELLO reading
+//! transport   the link: a TCP socket (vectored I/O) or an in-process peer's end
+//! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
+//! fault       why a QP goes to the error state
+//! addr frame liveness mr ring watch
+//!             leaves: interface facts and random names, the wire format, the silent-peer
+//!             timer, the key table, the CQ ring, the helper's epoll set
+//! ```
+//!
+//! `port`, `endpoint` (a CQ's attachments) and `watch` hold connections without knowing
+//! their type (a type parameter, `Conn` above): what a connection is, only `conn` and the
+//! files above it know.
+//!
 //! # Semantics (what the engine may rely on)
 //!
 //! - **RC completions.** A signalled WRITE completes at the requester only after the
@@ -62,33 +89,6 @@
 //! 65536 QPs and 1 Mi registrations per device, 32768 send WRs per QP, SRQ and CQ depth up
 //! to 1 Mi, 2 SGEs, 1024 inline bytes, 2 GiB per WR, 16 READs in flight per TCP QP (more wait
 //! in the send queue), host memory only.
-//!
-//! # Layout
-//!
-//! Each file imports only files listed below it (no circles); read top-down:
-//!
-//! ```text
-//! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
-//! qp          SoftQp: QpInfo, dialing and accepting, connect, post_send
-//! cq          SoftCq (its poll is one progress step on each attached connection), SoftSrq
-//! helper      the helper thread: serves connections whose callers are quiet
-//! conn        Conn: one QP's connection; wires its parts, posts, steps, retires, fails
-//! rx          the TCP receive half: reads, checks, places; reports a Fault
-//! tx  direct  the TCP send half; in-process execution of WRs against the peer's endpoint
-//! requester   the send queue: posting checks, WRs in flight, completions in order
-//! responder   request order, refusals, RNR counting, placement order (final word last)
-//! port        what a device's QPs share: QP table, TCP listener, HELLO reading
-//! transport   the link: a TCP socket (vectored I/O) or an in-process peer's end
-//! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
-//! fault       why a QP goes to the error state
-//! addr frame liveness mr ring watch
-//!             leaves: interface facts and random names, the wire format, the silent-peer
-//!             timer, the key table, the CQ ring, the helper's epoll set
-//! ```
-//!
-//! `port`, `endpoint` (a CQ's attachments) and `watch` hold connections without knowing
-//! their type (a type parameter, `Conn` above): what a connection is, only `conn` and the
-//! files above it know.
 
 mod addr;
 mod conn;
