@@ -1,8 +1,8 @@
 //! Completion queue and shared receive queue of the soft fabric.
 //!
-//! A CQ is a fixed ring of completions (`ring.rs`, shared with its producers through
-//! `endpoint.rs`) plus the list of QPs attached to it:
-//! `poll` is where the soft NIC runs, making one progress step on every attached connection
+//! A CQ is a fixed ring of completions (`ring.rs`) plus the list of QPs attached to it,
+//! both shared with the connections (`endpoint.rs`). `poll` is where the soft NIC runs,
+//! making one progress step on every attached connection
 //! (in-process mode: on each one and its peer that has work) before it hands out
 //! completions. Connections that find the ring full stop producing completions (they stop
 //! reading) until it drains, so a CQ never overflows. Producers (the attached QPs, the

@@ -373,3 +373,55 @@ impl Requester {
         (self.tail, self.acked, self.sent, self.tx_done) = (next, next, next, next);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::Sge;
+    use crate::fabric::soft::ring::CqRing;
+
+    fn wr(wr_id: u64, signaled: bool) -> SendWr {
+        let sge = [Sge { addr: 0, len: 8, lkey: 1 }, Sge::default()];
+        SendWr { wr_id, signaled, num_sge: 1, sge, ..SendWr::default() }
+    }
+
+    fn drain(ring: &CqRing) -> Vec<(u64, WcStatus)> {
+        let mut out = [Completion::default(); 16];
+        // SAFETY: this test is the ring's only consumer.
+        let n = unsafe { ring.pop_into(&mut out) };
+        out[..n].iter().map(|c| (c.wr_id, c.status)).collect()
+    }
+
+    /// Posting order, acknowledgement, unsignalled WRs and the error state's verdicts,
+    /// without a connection: the requester alone.
+    #[test]
+    fn completions_come_in_order_and_the_error_state_fails_one_and_flushes_the_rest() {
+        let (mrs, ring) = (MrTable::default(), CqRing::new(16));
+        let mut r = Requester::new(8, 0);
+        assert!(r.check_chain(true, &[wr(1, true)], 7).is_err(), "before connect");
+        let chain = [wr(1, true), wr(2, false), wr(3, true), wr(4, true), wr(5, true)];
+        r.check_chain(false, &chain, 7).unwrap();
+        r.enqueue(&mrs, &chain);
+        assert!(r.check_chain(false, &chain, 7).unwrap_err().msg.contains("send queue full"));
+        for seq in 0..5 {
+            assert_eq!(r.next_unsent(), Some(seq));
+            r.mark_sent(seq);
+            r.mark_transmitted(seq);
+        }
+        assert!(r.on_ack(5).is_err(), "an ACK beyond what was transmitted");
+        r.on_ack(1).unwrap();
+        assert!(r.retire(&mut ring.lock(), 7, None));
+        assert_eq!(r.oldest_unacked(), Some(2));
+        assert_eq!(drain(&ring), [(1, WcStatus::Success)], "WR 2 is unsignalled");
+        assert!(matches!(r.on_nak(1, NakCode::RemoteAccess), Fault::Qp { at: None, .. }), "NAK of an ACKed one");
+        let Fault::Qp { at, .. } = r.on_nak(3, NakCode::RemoteAccess) else { panic!() };
+        assert_eq!(at, Some((3, WcStatus::RemoteAccessError)));
+        r.retire(&mut ring.lock(), 7, Some(at));
+        assert_eq!(
+            drain(&ring),
+            [(3, WcStatus::Success), (4, WcStatus::RemoteAccessError), (5, WcStatus::Flushed)],
+            "requests before the NAKed one were executed"
+        );
+        assert!(r.idle());
+    }
+}
