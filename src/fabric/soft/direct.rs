@@ -47,7 +47,8 @@ fn refused(status: WcStatus, why: impl FnOnce() -> String) -> Refused {
     Refused(status, why())
 }
 
-pub enum Exec {
+/// What became of a WR that did not fail.
+enum Exec {
     Done,
     /// Receiver not ready or its CQ full: retry at a later step.
     Wait,
