@@ -21,6 +21,8 @@ use bitflags::bitflags;
 use crate::error::Result;
 
 pub mod clock;
+#[cfg(test)]
+mod layout;
 pub mod mem;
 pub mod netif;
 pub mod soft;

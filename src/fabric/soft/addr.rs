@@ -1,5 +1,5 @@
 //! What a soft device's interface says about it: speed, MTU, PCI path (sysfs), and a
-//! stable identity.
+//! stable identity; and the random numbers that name QPs.
 
 /// Link speed reported when sysfs has none (loopback, some virtual NICs), in Mbit/s:
 /// the value NCCL's socket transport reports in that case.
@@ -39,6 +39,18 @@ pub fn guid(parts: &[&str]) -> u64 {
         }
     }
     h
+}
+
+/// A random u64 from the kernel (falls back to time and address bits).
+pub fn random_u64() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: writes at most 8 bytes into a live u64.
+    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
+    if n != 8 {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        v = t ^ (&v as *const u64 as u64).rotate_left(17) ^ (std::process::id() as u64) << 40;
+    }
+    v | 1
 }
 
 #[cfg(test)]

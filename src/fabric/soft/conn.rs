@@ -1,34 +1,35 @@
-//! One QP's connection: the state machine that makes a byte stream behave as an RC queue
-//! pair. Shared (`Arc<Conn>`) by the QP handle (posting), its CQ (polling) and the device's
-//! helper thread; whoever holds `st` makes progress. The receive half is in `rx.rs`, the
-//! send half in `tx.rs`; this file holds the state, posting, retiring and the error state.
+//! One QP's connection: the state machine that makes a byte stream (or an in-process peer)
+//! behave as an RC queue pair. Shared (`Arc<Conn>`) by the QP handle (posting), its CQ
+//! (polling) and the device's helper thread; whoever holds `st` makes progress.
 //!
-//! Sequence numbers are send-queue positions: the n-th WR ever posted on a QP is request
-//! `seq == n` (wrapping `u32`), so `head ≤ tx_done ≤ sent ≤ tail` are all request numbers
-//! and `acked` says every request below it was executed by the peer.
+//! The state is made of parts that each own their rules: the requester (send queue,
+//! completions in order), the responder (request order, refusals, placement), the silent-
+//! peer timer, the link (TCP socket or in-process peer), and the TCP receive and send
+//! halves. The parts never reach into each other or into the connection: the receive and
+//! send halves and the in-process executor take the parts they need and report a [`Fault`]
+//! when the QP must go to the error state. This file wires them: posting, one progress
+//! step, retiring, and the error state.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use super::cq::{CqShared, SrqShared};
-use super::device::DevShared;
-use super::frame::{Frame, MAX_MSG, NakCode};
-use super::link::Link;
-use super::rx::Rx;
-use super::tx::{Ctl, Tx};
-use crate::error::{Error, Result};
-use crate::fabric::{Access, Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
-
-/// Most READs a requester has outstanding (verbs' `max_rd_atomic`).
-pub const MAX_RD_ATOMIC: usize = 16;
-
-/// `a < b` in wrapping sequence space.
-pub fn seq_lt(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) < 0
-}
+use super::direct;
+use super::endpoint::{Attached, Endpoint};
+use super::fault::Fault;
+use super::frame::Frame;
+use super::liveness::Liveness;
+use super::port::{Accept, Port};
+use super::requester::Requester;
+use super::responder::Responder;
+use super::rx::{Rx, RxEnv};
+use super::transport::{CLOSED, DirectEnd, Link, READY};
+use super::tx::{Ctl, Tx, TxEnv};
+use super::watch::Watcher;
+use crate::error::Result;
+use crate::fabric::{Completion, QpCaps, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 /// Where a connection is in its life.
 pub enum Phase {
@@ -55,21 +56,17 @@ pub struct Remote {
     pub addr: Option<std::net::SocketAddr>,
 }
 
-pub struct SqEntry {
-    pub wr: SendWr,
-    /// The local memory of the WR failed its check at post time (inline copy).
-    pub bad_local: bool,
-    /// READ: the response was placed.
-    pub read_done: bool,
-}
-
 /// A connection (one QP).
 pub struct Conn {
-    pub qp_num: u32,
+    /// This side: QP number, registrations, CQ, SRQ.
+    pub ep: Endpoint,
+    /// A random u64 that names the QP (the HELLO quotes it; in-process QPs are found by it).
     pub nonce: u64,
-    pub dev: Arc<DevShared>,
-    pub cq: Arc<CqShared>,
-    pub srq: Option<Arc<SrqShared>>,
+    /// The device's port: QP table, listener, the helper's epoll set (where a TCP
+    /// connection arms and forgets its socket).
+    pub port: Arc<Port<Conn>>,
+    /// The connections attached to this QP's CQ (the QP detaches itself when dropped).
+    pub attached: Arc<Attached<Conn>>,
     pub st: Mutex<ConnState>,
     /// Bumped by every progress step a caller (not the helper) makes on this connection:
     /// the helper steps in only when it stops moving.
@@ -84,88 +81,41 @@ pub struct Conn {
     pub inproc_peer: OnceLock<(Weak<Conn>, Arc<AtomicBool>)>,
 }
 
+/// The state of a connection, under its lock.
 pub struct ConnState {
     pub phase: Phase,
+    /// The link to the peer, once there is one (set up by `qp.rs`, or by a dialer's HELLO:
+    /// [`Accept`] below).
     pub link: Option<Link>,
     /// Acceptor: a dialer's link that arrived before `connect` named its peer.
     pub parked: Option<(Link, u32, u64)>,
     pub remote: Option<Remote>,
-    // Requester.
-    pub sq: Box<[SqEntry]>,
-    pub inline: Box<[u8]>,
-    pub max_inline: usize,
-    pub head: u32,
-    pub tx_done: u32,
-    pub sent: u32,
-    pub tail: u32,
-    pub acked: u32,
-    /// Transmitted READs still waiting for their response, oldest first.
-    pub reads: [u32; MAX_RD_ATOMIC],
-    pub reads_len: usize,
-    pub reads_head: usize,
-    // Responder.
-    pub expect_seq: u32,
-    /// A NAK was sent: later requests are read and dropped, never executed.
-    pub discarding: bool,
-    pub rx: Rx,
-    pub tx: Tx,
-    // Error state: the WR that failed, with its status; a consumed SRQ WQE to flush.
-    pub fail_at: Option<(u32, WcStatus)>,
-    pub recv_flush: bool,
-    // Liveness: an error when requests wait on a peer that moves no byte for `bound`.
-    pub bound: Duration,
-    pub idle_since: Option<Instant>,
-    /// The socket's token in the helper's epoll set, and whether `EPOLLOUT` is armed.
-    pub helper_token: Option<usize>,
-    pub out_armed: bool,
-    /// In-process mode: the WR whose receiver-not-ready wait was counted.
-    pub direct_rnr: Option<u32>,
+    req: Requester,
+    resp: Responder,
+    rx: Rx,
+    tx: Tx,
+    live: Liveness,
+    /// Error state: the WR that failed, with its status.
+    fail_at: Option<(u32, WcStatus)>,
+    /// Error state: a WQE consumed by a half-received WRITE_WITH_IMM, to complete `Flushed`.
+    recv_flush: bool,
 }
 
 impl ConnState {
-    pub fn new(max_send_wr: u32, max_inline: usize) -> ConnState {
-        let cap = max_send_wr.max(1) as usize;
+    fn new(max_send_wr: u32, max_inline: usize) -> ConnState {
         ConnState {
             phase: Phase::Created,
             link: None,
             parked: None,
             remote: None,
-            sq: (0..cap).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect(),
-            inline: vec![0; cap * max_inline].into_boxed_slice(),
-            max_inline,
-            head: 0,
-            tx_done: 0,
-            sent: 0,
-            tail: 0,
-            acked: 0,
-            reads: [0; MAX_RD_ATOMIC],
-            reads_len: 0,
-            reads_head: 0,
-            expect_seq: 0,
-            discarding: false,
+            req: Requester::new(max_send_wr, max_inline),
+            resp: Responder::new(),
             rx: Rx::new(),
             tx: Tx::new(),
+            live: Liveness::new(),
             fail_at: None,
             recv_flush: false,
-            bound: Duration::from_secs(30),
-            idle_since: None,
-            helper_token: None,
-            out_armed: false,
-            direct_rnr: None,
         }
-    }
-
-    pub fn cap(&self) -> u32 {
-        self.sq.len() as u32
-    }
-
-    pub fn entry(&self, seq: u32) -> &SqEntry {
-        &self.sq[(seq % self.cap()) as usize]
-    }
-
-    pub fn entry_mut(&mut self, seq: u32) -> &mut SqEntry {
-        let cap = self.cap();
-        &mut self.sq[(seq % cap) as usize]
     }
 
     pub fn is_error(&self) -> bool {
@@ -173,108 +123,124 @@ impl ConnState {
     }
 
     /// Whether requests wait on the peer (posted and not yet executed).
-    pub fn waiting_on_peer(&self) -> bool {
-        seq_lt(self.acked, self.tail) && matches!(self.phase, Phase::Ready)
+    fn waiting_on_peer(&self) -> bool {
+        self.req.oldest_unacked().is_some() && matches!(self.phase, Phase::Ready)
     }
 
-    pub fn push_ctl(&mut self, c: Ctl) -> bool {
-        self.tx.push_ctl(c)
+    /// The silent-peer bound (see `liveness.rs`).
+    pub fn bound(&self) -> std::time::Duration {
+        self.live.bound()
+    }
+
+    pub fn set_bound(&mut self, bound: std::time::Duration) {
+        self.live.set_bound(bound);
+    }
+
+    /// Dialer: the HELLO goes first on the new link.
+    pub fn queue_hello(&mut self, hello: Frame) {
+        self.tx.push_ctl(Ctl::Hello(hello));
+    }
+
+    /// Whether bytes wait for room in the socket.
+    pub fn wants_write(&self) -> bool {
+        self.tx.pending() || self.req.next_unsent().is_some()
+    }
+
+    /// Whether the helper should revisit this connection on a timer even without socket
+    /// events: it waits for an SRQ WQE or for CQ room, which no socket event announces.
+    pub fn needs_timer(&self) -> bool {
+        matches!(self.phase, Phase::Ready) && self.rx.stalled()
+    }
+
+    /// [`Requester::enqueue`], out of line and called with the state: the in-process post
+    /// calls it only when a WR must wait, and a call with a pointer into the state makes
+    /// the compiler compute that pointer on the usual way too.
+    #[inline(never)]
+    fn enqueue(&mut self, mrs: &super::mr::MrTable, chain: &[SendWr]) {
+        self.req.enqueue(mrs, chain);
+    }
+
+    /// [`Requester::push_executed`], out of line for the same reason as [`Self::enqueue`].
+    #[cold]
+    #[inline(never)]
+    fn push_executed(&mut self, wr: &SendWr) {
+        self.req.push_executed(wr);
+    }
+
+    /// The peer's end when the connection is idle: nothing queued, the peer there and
+    /// connected. (`Ready` also means nothing to flush: `recv_flush` is set only on the way
+    /// to the error state.)
+    #[inline(always)]
+    fn idle_end(&self) -> Option<&DirectEnd> {
+        match &self.link {
+            Some(Link::Direct(e)) if self.req.idle() && matches!(self.phase, Phase::Ready) && e.state() == READY => {
+                debug_assert!(!self.recv_flush);
+                Some(e)
+            }
+            _ => None,
+        }
     }
 }
 
 impl Conn {
+    /// A connection for QP `ep` on `port` (in-process mode when the port has no TCP side),
+    /// to be attached to its CQ's list `attached`.
+    pub fn new(ep: Endpoint, nonce: u64, port: Arc<Port<Conn>>, attached: Arc<Attached<Conn>>, caps: QpCaps) -> Conn {
+        Conn {
+            ep,
+            nonce,
+            inproc: port.net.is_none(),
+            port,
+            attached,
+            st: Mutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
+            caller_epoch: Default::default(),
+            work: Default::default(),
+            inproc_peer: OnceLock::new(),
+        }
+    }
+
+    pub fn qp_num(&self) -> u32 {
+        self.ep.qp_num
+    }
+
+    /// TCP: the helper's epoll set.
+    fn watcher(&self) -> Option<&Watcher<Conn>> {
+        self.port.net.as_ref().map(|n| &n.watcher)
+    }
+
     /// Validates and queues a chain; nothing is queued when it fails.
     pub fn post(&self, st: &mut ConnState, chain: &[SendWr]) -> Result<()> {
-        self.check_chain(st, chain)?;
-        self.enqueue(st, chain);
+        st.req.check_chain(matches!(st.phase, Phase::Created), chain, self.ep.qp_num)?;
+        st.req.enqueue(&self.ep.mrs, chain);
         Ok(())
     }
 
-    /// What `post_send` refuses: before `connect`, a full send queue, a malformed WR.
-    #[inline]
-    pub fn check_chain(&self, st: &ConnState, chain: &[SendWr]) -> Result<()> {
-        let free = st.cap() - st.tail.wrapping_sub(st.head);
-        let mut ok = !matches!(st.phase, Phase::Created) && chain.len() as u64 <= free as u64;
-        for wr in chain {
-            let n = wr.num_sge as usize;
-            // SGE lengths are u32: two of them never overflow a u64.
-            let bytes = wr.sge[0].len as u64 * (n > 0) as u64 + wr.sge[1].len as u64 * (n > 1) as u64;
-            ok &= n <= crate::fabric::MAX_SGE
-                && bytes <= MAX_MSG as u64
-                && (!wr.inline || (bytes as usize <= st.max_inline && wr.opcode != WrOpcode::Read));
-        }
-        if ok { Ok(()) } else { Err(self.chain_error(st, chain)) }
-    }
-
-    /// Why [`Self::check_chain`] refused `chain`: the first problem, precisely.
-    #[cold]
-    fn chain_error(&self, st: &ConnState, chain: &[SendWr]) -> Error {
-        if matches!(st.phase, Phase::Created) {
-            return Error::invalid_usage(format!("QP {}: post_send before connect", self.qp_num));
-        }
-        let free = st.cap() - st.tail.wrapping_sub(st.head);
-        if chain.len() as u64 > free as u64 {
-            return Error::invalid_usage(format!(
-                "QP {}: send queue full ({} WRs posted, room for {free} of the chain of {})",
-                self.qp_num,
-                st.cap() - free,
-                chain.len()
-            ));
-        }
-        for wr in chain {
-            if wr.num_sge as usize > crate::fabric::MAX_SGE {
-                return Error::invalid_argument(format!("QP {}: WR with {} SGEs", self.qp_num, wr.num_sge));
+    /// The connection is established on `link`.
+    pub fn attach(self: &Arc<Self>, st: &mut ConnState, mut link: Link) {
+        if let (Some(w), Link::Tcp(t)) = (self.watcher(), &mut link) {
+            t.set_user_timeout(st.live.bound());
+            let (token, added) = w.add(self, self.caller_epoch.load(Ordering::Relaxed), t.raw_fd(), true);
+            if let Err(e) = added {
+                log::warn!(
+                    "soft fabric: QP {}: epoll_ctl ADD failed ({e}); served by its callers only",
+                    self.ep.qp_num
+                );
             }
-            let bytes = wr.bytes();
-            if bytes > MAX_MSG as u64 {
-                return Error::invalid_argument(format!("QP {}: WR of {bytes} bytes", self.qp_num));
-            }
-            if wr.inline && (bytes as usize > st.max_inline || wr.opcode == WrOpcode::Read) {
-                return Error::invalid_argument(format!(
-                    "QP {}: inline {:?} of {} bytes (max_inline {})",
-                    self.qp_num, wr.opcode, bytes, st.max_inline
-                ));
-            }
+            t.token = Some(token);
+            t.out_armed = true;
         }
-        Error::internal(format!("QP {}: chain refused for no reason found", self.qp_num))
-    }
-
-    /// Queues a checked chain (inline payloads are copied now).
-    pub fn enqueue(&self, st: &mut ConnState, chain: &[SendWr]) {
-        for wr in chain {
-            let seq = st.tail;
-            let mut bad_local = false;
-            if wr.inline {
-                let at = (seq % st.cap()) as usize * st.max_inline;
-                let mut off = at;
-                for sge in &wr.sge[..wr.num_sge as usize] {
-                    match self.dev.mrs.pin_range(sge.lkey, sge.addr, sge.len as u64, Access::empty()) {
-                        Some(_pin) => {
-                            // SAFETY: the range lies inside a registration pinned for this
-                            // copy; the destination is this QP's inline slot for `seq`.
-                            unsafe {
-                                std::ptr::copy_nonoverlapping(
-                                    sge.addr as *const u8,
-                                    st.inline.as_mut_ptr().add(off),
-                                    sge.len as usize,
-                                )
-                            };
-                            off += sge.len as usize;
-                        }
-                        None => bad_local = true,
-                    }
-                }
-            }
-            *st.entry_mut(seq) = SqEntry { wr: *wr, bad_local, read_done: false };
-            st.tail = seq.wrapping_add(1);
+        if let Link::Direct(end) = &link {
+            end.set_ready();
         }
+        st.link = Some(link);
+        st.phase = Phase::Ready;
     }
 
     /// One progress step: read and execute what arrived, send what is queued, retire what
     /// completed. Returns whether anything moved.
     pub fn progress(&self, st: &mut ConnState, by_caller: bool) -> bool {
         if self.inproc {
-            return self.direct_progress(st);
+            return self.progress_inproc(st);
         }
         if by_caller {
             self.caller_epoch.fetch_add(1, Ordering::Relaxed);
@@ -282,78 +248,126 @@ impl Conn {
         let mut moved = false;
         if matches!(st.phase, Phase::Ready) {
             moved |= self.pump_rx(st);
-            moved |= self.flush_tx(st);
-            if by_caller && !st.out_armed && Conn::wants_write(st) {
-                // The socket is full: let the helper finish sending should callers stop
-                // (once per helper visit, so a busy caller pays one epoll_ctl, not one a poll).
-                self.dev.helper_want_write(st);
+            if !st.is_error() {
+                moved |= self.flush_tx(st);
+            }
+            if by_caller {
+                self.want_write(st);
             }
             if moved {
-                st.idle_since = None;
-            } else if st.waiting_on_peer() {
-                self.check_liveness(st);
+                st.live.moved();
+            } else if st.waiting_on_peer()
+                && let Some(why) = st.live.idle()
+            {
+                self.fail_link(st, &why);
             }
         }
         moved |= self.retire(st);
         moved
     }
 
-    fn check_liveness(&self, st: &mut ConnState) {
-        let now = Instant::now();
-        match st.idle_since {
-            None => st.idle_since = Some(now),
-            Some(t) if now.duration_since(t) > st.bound => {
-                let msg = format!("no byte from the peer for {:?} with requests outstanding", st.bound);
-                self.fail_link(st, &msg);
+    /// Runs the receive half; applies what it reports.
+    fn pump_rx(&self, st: &mut ConnState) -> bool {
+        let ConnState { link, req, resp, rx, tx, .. } = st;
+        match rx.pump(&mut RxEnv { ep: &self.ep, link: link.as_ref(), req, resp, tx }) {
+            Ok(step) => {
+                if step.send_now {
+                    // An RNR notice: out at once, and not counted as the peer moving.
+                    self.flush_tx(st);
+                }
+                step.moved
             }
-            Some(_) => {}
+            Err(fault) => {
+                self.apply(st, fault);
+                true
+            }
+        }
+    }
+
+    /// Runs the send half; applies what it reports.
+    fn flush_tx(&self, st: &mut ConnState) -> bool {
+        let dst_qpn = st.remote.map_or(0, |r| r.qpn);
+        let ConnState { link, req, resp, tx, .. } = st;
+        match tx.flush(&mut TxEnv { mrs: &self.ep.mrs, link: link.as_ref(), req, resp, dst_qpn }) {
+            Ok(moved) => moved,
+            Err(fault) => {
+                self.apply(st, fault);
+                true
+            }
+        }
+    }
+
+    /// A caller's step left bytes waiting for room in the socket: let the helper finish
+    /// sending should callers stop (armed once per helper visit, so a busy caller pays one
+    /// `epoll_ctl`, not one a poll).
+    fn want_write(&self, st: &mut ConnState) {
+        let ConnState { link, tx, req, .. } = st;
+        if let (Some(w), Some(Link::Tcp(t))) = (self.watcher(), link.as_mut())
+            && !t.out_armed
+            && (tx.pending() || req.next_unsent().is_some())
+            && let Some(token) = t.token
+        {
+            w.rearm(t.raw_fd(), token, true);
+            t.out_armed = true;
+        }
+    }
+
+    /// Moves the QP to the error state for `fault`.
+    fn apply(&self, st: &mut ConnState, fault: Fault) {
+        match fault {
+            Fault::PeerLost(why) => self.fail_link(st, &why),
+            Fault::Qp { at, why } => self.fail(st, at, &why),
         }
     }
 
     /// The peer is gone (closed, reset, silent): the oldest WR waiting on it fails with
     /// `RetryExceeded` (what a NIC reports when acknowledgements stop), the rest flush.
     pub fn fail_link(&self, st: &mut ConnState, why: &str) {
-        let at = seq_lt(st.acked, st.tail).then_some((st.acked, WcStatus::RetryExceeded));
+        let at = st.req.oldest_unacked().map(|seq| (seq, WcStatus::RetryExceeded));
         self.fail(st, at, why);
     }
 
     /// Moves the QP to the error state: `at` fails with its status, every other WR not
-    /// yet completed flushes, the stream is closed so the peer learns of it.
+    /// yet completed flushes, the link is closed so the peer learns of it.
     pub fn fail(&self, st: &mut ConnState, at: Option<(u32, WcStatus)>, why: &str) {
         if st.is_error() {
             return;
         }
-        log::warn!("soft fabric: QP {} to error state: {why}", self.qp_num);
+        log::warn!("soft fabric: QP {} to error state: {why}", self.ep.qp_num);
         st.phase = Phase::Error;
         st.fail_at = at;
         st.recv_flush = st.rx.wqe_taken();
         st.rx.reset();
         st.tx.reset();
-        st.reads_len = 0;
-        if let Some(link) = st.link.take() {
-            link.shutdown();
-            if let Some(fd) = link.fd() {
-                self.dev.helper_forget(fd);
-            }
-        }
+        st.req.clear_reads();
+        self.close_link(st);
         st.parked = None;
         self.retire(st);
+    }
+
+    /// Closes the link (the peer sees EOF, or the in-process peer its end closed) and takes
+    /// its socket out of the helper's set first.
+    pub fn close_link(&self, st: &mut ConnState) {
+        if let Some(link) = st.link.take() {
+            link.shutdown();
+            if let (Some(fd), Some(w)) = (link.fd(), self.watcher()) {
+                w.forget(fd);
+            }
+        }
     }
 
     /// Completes finished WRs in order (and, in the error state, flushes the rest) while
     /// the CQ has room.
     pub fn retire(&self, st: &mut ConnState) -> bool {
-        let error = st.is_error();
-        if st.head == st.tail && !st.recv_flush {
+        if st.req.idle() && !st.recv_flush {
             return false;
         }
-        let mut ring = self.cq.lock();
-        let mut moved = false;
+        let mut ring = self.ep.cq.lock();
         if st.recv_flush {
             let c = Completion {
                 status: WcStatus::Flushed,
                 opcode: WcOpcode::RecvRdmaWithImm,
-                qp_num: self.qp_num,
+                qp_num: self.ep.qp_num,
                 ..Completion::default()
             };
             if !ring.push(c) {
@@ -361,69 +375,152 @@ impl Conn {
             }
             st.recv_flush = false;
         }
-        while st.head != st.tail {
-            let seq = st.head;
-            let e = st.entry(seq);
-            let done = match e.wr.opcode {
-                WrOpcode::Read => e.read_done,
-                _ => seq_lt(seq, st.acked),
-            };
-            let status = match st.fail_at {
-                _ if done => WcStatus::Success,
-                Some((s, status)) if error && s == seq => status,
-                _ if error => WcStatus::Flushed,
-                _ => break,
-            };
-            if e.wr.signaled || status != WcStatus::Success {
-                let opcode = if e.wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite };
-                let c = Completion {
-                    wr_id: e.wr.wr_id,
-                    status,
-                    opcode,
-                    byte_len: e.wr.bytes() as u32,
-                    qp_num: self.qp_num,
-                    ..Completion::default()
-                };
-                if !ring.push(c) {
-                    break;
+        let failed = st.is_error().then_some(st.fail_at);
+        st.req.retire(&mut ring, self.ep.qp_num, failed)
+    }
+
+    // In-process mode (see `direct.rs`).
+
+    /// `post_send` in in-process mode: a connection with nothing queued executes the chain
+    /// as it is, with no copy into the send queue; whatever must wait, fails, or cannot
+    /// complete into a full CQ is queued (from that WR on) and goes the queued way.
+    #[inline]
+    pub fn post_inproc(&self, st: &mut ConnState, chain: &[SendWr]) -> Result<()> {
+        // The usual post (every protocol post): one WRITE or WRITE_WITH_IMM of at most one
+        // SGE on an idle connection. Idle means `Ready` with nothing queued, so of
+        // `check_chain`'s checks only the WR's own remain (`lean_len`); a WR that fails
+        // them takes the general way below, which refuses it with the precise error.
+        if let [wr] = chain
+            && let Some(end) = st.idle_end()
+            && let Some(len) = direct::lean_len(wr, st.req.max_inline())
+        {
+            if direct::write_now(&self.ep.mrs, end, wr, len) {
+                if self.retire_now(st, wr, len) {
+                    return Ok(());
                 }
+            } else {
+                // It waits or fails: the queued way decides, with its checks and messages.
+                st.enqueue(&self.ep.mrs, chain);
             }
-            st.head = seq.wrapping_add(1);
-            moved = true;
+            self.progress_inproc(st);
+            return Ok(());
+        }
+        self.post_inproc_chain(st, chain)
+    }
+
+    /// [`Self::post_inproc`] of any chain.
+    #[inline(never)]
+    fn post_inproc_chain(&self, st: &mut ConnState, chain: &[SendWr]) -> Result<()> {
+        st.req.check_chain(matches!(st.phase, Phase::Created), chain, self.ep.qp_num)?;
+        let mut k = 0;
+        if st.idle_end().is_some() {
+            while k < chain.len() && st.req.idle() && self.run_now(st, &chain[k]) {
+                k += 1;
+            }
+        }
+        if k < chain.len() {
+            st.req.enqueue(&self.ep.mrs, &chain[k..]);
+        }
+        if !st.req.idle() {
+            self.progress_inproc(st);
+        }
+        Ok(())
+    }
+
+    /// Executes `wr` of a chain being posted and completes it. `false`: it was not executed
+    /// (it waits or fails: the queued way decides, with its checks and messages).
+    fn run_now(&self, st: &mut ConnState, wr: &SendWr) -> bool {
+        let Some(Link::Direct(end)) = &st.link else { return false };
+        let done = direct::run_posted(&self.ep.mrs, end, wr);
+        if done {
+            let _ = self.retire_now(st, wr, wr.bytes());
+        }
+        done
+    }
+
+    /// Completes `wr`, executed as it was posted: its completion (if signalled) goes to
+    /// this side's CQ, or, with the CQ full, the WR is queued as executed and retires the
+    /// queued way (then `false`).
+    #[inline(always)]
+    fn retire_now(&self, st: &mut ConnState, wr: &SendWr, len: u64) -> bool {
+        if !wr.signaled {
+            return true;
+        }
+        let c = Completion {
+            wr_id: wr.wr_id,
+            opcode: if wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite },
+            byte_len: len as u32,
+            qp_num: self.ep.qp_num,
+            ..Completion::default()
+        };
+        if !self.ep.cq.lock().push(c) {
+            st.push_executed(wr);
+            return false;
+        }
+        true
+    }
+
+    /// One step of an in-process connection: notice a closed peer, execute what is queued,
+    /// retire what completed. Returns whether anything moved.
+    pub fn progress_inproc(&self, st: &mut ConnState) -> bool {
+        let mut moved = false;
+        if matches!(st.phase, Phase::Ready)
+            && let Some(Link::Direct(end)) = &st.link
+        {
+            let state = end.state();
+            if state & CLOSED != 0 {
+                self.fail_link(st, "the peer closed the connection");
+                moved = true;
+            } else if state & READY != 0 {
+                moved |= self.execute(st);
+            }
+        }
+        moved |= self.retire(st);
+        let work = !st.req.idle() || st.recv_flush;
+        // Stored only when it changes: the flag is read by both sides' polls, and a WR
+        // that waits is stepped at every poll.
+        if self.work.load(Ordering::Relaxed) != work {
+            self.work.store(work, Ordering::Release);
+        }
+        if work {
+            // Polls of this side's CQ and of the peer's step this connection again.
+            self.ep.cq.raise_work();
+            if let Some(Link::Direct(end)) = &st.link {
+                end.peer().cq.raise_work();
+            }
         }
         moved
     }
 
-    /// The frame header of request `seq` (`len` and `imm` from its WR).
-    pub fn request_header(&self, st: &ConnState, seq: u32) -> Frame {
-        let wr = &st.entry(seq).wr;
-        let dst_qpn = st.remote.map_or(0, |r| r.qpn);
-        let len = wr.bytes() as u32;
-        match wr.opcode {
-            WrOpcode::Write => Frame::Write { dst_qpn, seq, addr: wr.remote_addr, rkey: wr.rkey, len, imm: None },
-            WrOpcode::WriteImm => {
-                Frame::Write { dst_qpn, seq, addr: wr.remote_addr, rkey: wr.rkey, len, imm: Some(wr.imm) }
+    /// Executes queued WRs in order until one must wait or fails.
+    fn execute(&self, st: &mut ConnState) -> bool {
+        let ConnState { link: Some(Link::Direct(end)), req, resp, .. } = st else { return false };
+        match direct::execute(req, resp, &self.ep.mrs, end) {
+            Ok(moved) => moved,
+            Err(fault) => {
+                self.apply(st, fault);
+                true
             }
-            WrOpcode::Read => Frame::ReadReq { dst_qpn, seq, addr: wr.remote_addr, rkey: wr.rkey, len },
         }
     }
+}
 
-    /// The status a requester reports for a responder's refusal.
-    pub fn nak_status(code: NakCode) -> WcStatus {
-        match code {
-            NakCode::RemoteAccess => WcStatus::RemoteAccessError,
-            NakCode::InvalidRequest => WcStatus::RemoteOpError,
+impl Accept for Conn {
+    fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// A dialer's link: parked until `connect` names the peer, attached if it is the peer
+    /// this QP waits for, refused otherwise.
+    fn accept(self: &Arc<Self>, link: Link, src_qpn: u32, src_nonce: u64) -> bool {
+        let mut st = self.st.lock();
+        match st.phase {
+            Phase::Created => st.parked = Some((link, src_qpn, src_nonce)),
+            Phase::Waiting { .. } if st.remote.is_some_and(|r| r.qpn == src_qpn && r.nonce == src_nonce) => {
+                self.attach(&mut st, link)
+            }
+            _ => return false,
         }
-    }
-
-    /// Whether the helper should revisit this connection on a timer even without socket
-    /// events: it waits for an SRQ WQE or for CQ room, which no socket event announces.
-    pub fn needs_timer(st: &ConnState) -> bool {
-        matches!(st.phase, Phase::Ready) && st.rx.stalled()
-    }
-
-    /// Whether bytes wait for room in the socket.
-    pub fn wants_write(st: &ConnState) -> bool {
-        st.tx.pending() || st.sent != st.tail
+        true
     }
 }

@@ -1,78 +1,32 @@
 //! Completion queue and shared receive queue of the soft fabric.
 //!
-//! A CQ is a fixed ring of completions (`ring.rs`) plus the list of QPs attached to it:
-//! `poll` is where the soft NIC runs, making one progress step on every attached connection
+//! A CQ is a fixed ring of completions (`ring.rs`) plus the list of QPs attached to it,
+//! both shared with the connections (`endpoint.rs`). `poll` is where the soft NIC runs,
+//! making one progress step on every attached connection
 //! (in-process mode: on each one and its peer that has work) before it hands out
 //! completions. Connections that find the ring full stop producing completions (they stop
 //! reading) until it drains, so a CQ never overflows. Producers (the attached QPs, the
 //! device's helper thread, in-process peers) take the ring's lock; the poller takes none.
 //!
-//! An SRQ is a counter of generic WQEs: posting adds, a WRITE_WITH_IMM takes one.
+//! An SRQ is a counter of generic WQEs (`endpoint.rs`): posting adds, a WRITE_WITH_IMM
+//! takes one.
 //!
 //! The common poll is cheap: an empty ring is two loads, and connections are stepped only
 //! when the CQ's `work` flag says one may need it (a TCP connection attached, or an
 //! in-process connection, or its peer, with WRs waiting or a closed peer: see `direct.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-
-use parking_lot::Mutex;
+use std::sync::atomic::Ordering;
 
 use super::conn::Conn;
-use super::ring::{CqRing, Producer};
+use super::endpoint::{Attached, CqShared, SrqShared};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
-
-pub struct CqShared {
-    ring: CqRing,
-    /// A poll must step the attached connections (see the module documentation): raised
-    /// whenever one may have work, cleared by the poll that steps them.
-    work: AtomicBool,
-    /// QPs attached to this CQ; `generation` changes whenever the list does.
-    conns: Mutex<Vec<Arc<Conn>>>,
-    generation: AtomicU64,
-}
-
-impl CqShared {
-    pub fn new(depth: u32) -> Arc<CqShared> {
-        Arc::new(CqShared {
-            ring: CqRing::new(depth as usize),
-            work: AtomicBool::new(false),
-            conns: Mutex::new(Vec::new()),
-            generation: AtomicU64::new(0),
-        })
-    }
-
-    /// Locks the ring of completions against the other producers.
-    #[inline]
-    pub fn lock(&self) -> Producer<'_> {
-        self.ring.lock()
-    }
-
-    /// The next poll steps the attached connections (a connection attached here, or the
-    /// peer of one, may have work). Store it after the work itself is visible.
-    #[inline]
-    pub fn raise_work(&self) {
-        self.work.store(true, Ordering::Release);
-    }
-
-    pub fn attach(&self, c: Arc<Conn>) {
-        self.conns.lock().push(c);
-        self.generation.fetch_add(1, Ordering::Release);
-        self.raise_work();
-    }
-
-    pub fn detach(&self, c: &Arc<Conn>) {
-        self.conns.lock().retain(|x| !Arc::ptr_eq(x, c));
-        self.generation.fetch_add(1, Ordering::Release);
-        // The next poll refreshes its copy (and lets go of `c`).
-        self.raise_work();
-    }
-}
 
 /// A soft completion queue.
 pub struct SoftCq {
     pub(super) shared: Arc<CqShared>,
+    pub(super) attached: Arc<Attached<Conn>>,
     /// This poller's copy of the attached QPs, refreshed when `generation` moves (control path).
     conns: Vec<Arc<Conn>>,
     seen_generation: u64,
@@ -83,13 +37,15 @@ pub struct SoftCq {
 
 impl SoftCq {
     pub(super) fn new(depth: u32) -> SoftCq {
-        SoftCq { shared: CqShared::new(depth), conns: Vec::new(), seen_generation: u64::MAX, any_tcp: false }
+        let shared = CqShared::new(depth);
+        let attached = Arc::new(Attached::new(shared.clone()));
+        SoftCq { shared, attached, conns: Vec::new(), seen_generation: u64::MAX, any_tcp: false }
     }
 
     /// Takes a fresh copy of the attached QPs (control path: QPs come and go).
     #[cold]
     fn refresh(&mut self, generation: u64) {
-        self.conns = self.shared.conns.lock().clone();
+        self.conns = self.attached.snapshot();
         self.seen_generation = generation;
         self.any_tcp = self.conns.iter().any(|c| !c.inproc);
     }
@@ -97,11 +53,9 @@ impl SoftCq {
     /// One progress step on the attached connections that may need one.
     #[inline(never)]
     fn step(&mut self) {
-        // Cleared first (a swap reads the latest raise: none is lost): work raised from now
-        // on is seen by the next poll. Acquire: the attachments and the work that raised
-        // the flag are visible below.
-        self.shared.work.swap(false, Ordering::AcqRel);
-        let generation = self.shared.generation.load(Ordering::Acquire);
+        // Cleared first: work raised from now on is seen by the next poll.
+        self.shared.take_work();
+        let generation = self.attached.generation();
         if generation != self.seen_generation {
             self.refresh(generation);
         }
@@ -140,37 +94,19 @@ fn step_direct(c: &Conn) {
 /// Out of line: the common poll finds no work and should not pay for its registers.
 #[inline(never)]
 fn direct_step(c: &Conn) {
-    c.direct_progress(&mut c.st.lock());
+    c.progress_inproc(&mut c.st.lock());
 }
 
 impl CompletionQueue for SoftCq {
     /// Always inlined into the few drain loops: the common poll is a few loads.
     #[inline(always)]
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
-        if self.shared.work.load(Ordering::Relaxed) {
+        if self.shared.has_work() {
             self.step();
         }
         // SAFETY: this is the ring's one consumer: a `SoftCq` is the only poller of its
         // `CqShared` (not `Clone`; `poll` takes `&mut self`), and QPs only push.
-        Ok(unsafe { self.shared.ring.pop_into(out) })
-    }
-}
-
-pub struct SrqShared {
-    posted: AtomicU32,
-    cap: u32,
-    pub rnr: AtomicU64,
-}
-
-impl SrqShared {
-    /// Takes one WQE; `false` when none is posted (receiver not ready).
-    pub fn take(&self) -> bool {
-        self.posted.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
-    }
-
-    /// Returns a WQE taken for a WRITE_IMM that was then refused.
-    pub fn give_back(&self) {
-        self.posted.fetch_add(1, Ordering::AcqRel);
+        Ok(unsafe { self.shared.pop_into(out) })
     }
 }
 
@@ -181,26 +117,24 @@ pub struct SoftSrq {
 
 impl SoftSrq {
     pub(super) fn new(depth: u32) -> SoftSrq {
-        SoftSrq { shared: Arc::new(SrqShared { posted: AtomicU32::new(0), cap: depth.max(1), rnr: AtomicU64::new(0) }) }
+        SoftSrq { shared: SrqShared::new(depth) }
     }
 
     /// WQEs posted and not yet consumed.
     pub fn posted(&self) -> u32 {
-        self.shared.posted.load(Ordering::Acquire)
+        self.shared.posted()
     }
 }
 
 impl SharedRecvQueue for SoftSrq {
     fn post_recv(&mut self, count: u32) -> Result<()> {
-        let cap = self.shared.cap;
+        let cap = self.shared.cap();
         self.shared
-            .posted
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_add(count).filter(|t| *t <= cap))
-            .map(|_| ())
+            .post(count)
             .map_err(|n| Error::invalid_usage(format!("SRQ overflow: {n} WQEs posted, {count} more, depth {cap}")))
     }
 
     fn rnr_events(&self) -> u64 {
-        self.shared.rnr.load(Ordering::Relaxed)
+        self.shared.rnr_events()
     }
 }

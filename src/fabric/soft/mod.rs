@@ -2,6 +2,33 @@
 //! dual-rail protocol on hosts without RDMA hardware (tests, the benchmark tool, TCP-only
 //! clusters), and it can drive two TCP NICs as the two rails.
 //!
+//! # Layout
+//!
+//! Each file imports only files listed below it (no circles); read top-down:
+//!
+//! ```text
+//! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
+//! qp          SoftQp: QpInfo, dialing and accepting, connect, post_send
+//! cq          SoftCq (its poll is one progress step on each attached connection), SoftSrq
+//! helper      the helper thread: serves connections whose callers are quiet
+//! conn        Conn: one QP's connection; wires its parts, posts, steps, retires, fails
+//! rx          the TCP receive half: reads, checks, places; reports a Fault
+//! tx  direct  the TCP send half; in-process execution of WRs against the peer's endpoint
+//! requester   the send queue: posting checks, WRs in flight, completions in order
+//! responder   request order, refusals, RNR counting, placement order (final word last)
+//! port        what a device's QPs share: QP table, TCP listener, HELLO reading
+//! transport   the link: a TCP socket (vectored I/O) or an in-process peer's end
+//! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
+//! fault       why a QP goes to the error state
+//! addr frame liveness mr ring watch
+//!             leaves: interface facts and random names, the wire format, the silent-peer
+//!             timer, the key table, the CQ ring, the helper's epoll set
+//! ```
+//!
+//! `port`, `endpoint` (a CQ's attachments) and `watch` hold connections without knowing
+//! their type (a type parameter, `Conn` above): what a connection is, only `conn` and the
+//! files above it know.
+//!
 //! # Semantics (what the engine may rely on)
 //!
 //! - **RC completions.** A signalled WRITE completes at the requester only after the
@@ -68,14 +95,21 @@ mod conn;
 mod cq;
 mod device;
 mod direct;
+mod endpoint;
+mod fault;
 pub mod frame;
 mod helper;
-mod link;
+mod liveness;
 mod mr;
+mod port;
 mod qp;
+mod requester;
+mod responder;
 mod ring;
 mod rx;
+mod transport;
 mod tx;
+mod watch;
 
 use std::net::IpAddr;
 use std::time::Duration;
@@ -84,7 +118,8 @@ pub use addr::NOMINAL_SPEED_MBPS;
 pub use cq::{SoftCq, SoftSrq};
 pub use device::{SoftDevice, SoftMr};
 pub use helper::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
-pub use qp::{SoftQp, silent_peer_bound};
+pub use liveness::silent_peer_bound;
+pub use qp::SoftQp;
 
 use crate::error::Result;
 use crate::fabric::{Device, DeviceAttrs, LinkLayer, MemTypes, Progress};

@@ -19,36 +19,15 @@ use parking_lot::Mutex;
 use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
 use super::conn::{Conn, ConnState, Phase, Remote};
-use super::direct::DirectEnd;
 use super::frame::Frame;
-use super::link::Link;
-use super::tx::Ctl;
+use super::liveness::silent_peer_bound;
+use super::port::Port;
+use super::transport::{DirectEnd, Link, TcpLink};
 use crate::error::{Error, Result};
 use crate::fabric::{ConnectParams, QP_INFO_LEN, QpInfo, QueuePair, SendWr};
 
 const VERSION: u8 = 1;
 const MODE_INPROC: u8 = 0;
-/// Shortest time a silent peer is given (TCP round trips are far above verbs' µs).
-const MIN_BOUND: Duration = Duration::from_millis(100);
-
-/// A random u64 from the kernel (falls back to time and address bits).
-pub fn random_u64() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: writes at most 8 bytes into a live u64.
-    let n = unsafe { libc::getrandom((&mut v as *mut u64).cast(), 8, 0) };
-    if n != 8 {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
-        v = t ^ (&v as *const u64 as u64).rotate_left(17) ^ (std::process::id() as u64) << 40;
-    }
-    v | 1
-}
-
-/// How long a QP waits on a silent peer before its WRs fail with `RetryExceeded`: the
-/// verbs bound `4.096 µs × 2^timeout × (retry_cnt + 1)`, at least 100 ms.
-pub fn silent_peer_bound(params: &ConnectParams) -> Duration {
-    let t = Duration::from_nanos(4096u64 << params.timeout.min(31)) * (params.retry_cnt as u32 + 1);
-    t.max(MIN_BOUND)
-}
 
 static INPROC: Mutex<Option<std::collections::HashMap<u64, Weak<Conn>>>> = Mutex::new(None);
 
@@ -60,18 +39,20 @@ fn inproc_find(nonce: u64) -> Option<Arc<Conn>> {
     INPROC.lock().as_ref()?.get(&nonce)?.upgrade()
 }
 
-/// A soft RC queue pair.
+/// A soft RC queue pair. One pointer: the plugin keeps QPs in arrays it indexes on every
+/// post, and a larger handle costs instructions there (everything else a QP needs, its
+/// connection holds).
 pub struct SoftQp {
-    pub(super) conn: Arc<Conn>,
+    conn: Arc<Conn>,
 }
 
-fn encode_info(c: &Conn) -> QpInfo {
+fn encode_info(c: &Conn, port: &Port<Conn>) -> QpInfo {
     let mut b = [0u8; QP_INFO_LEN];
     b[0] = VERSION;
-    b[4..8].copy_from_slice(&c.qp_num.to_le_bytes());
+    b[4..8].copy_from_slice(&c.qp_num().to_le_bytes());
     b[8..16].copy_from_slice(&c.nonce.to_le_bytes());
-    b[32..40].copy_from_slice(&c.dev.attrs.guid.to_le_bytes());
-    match c.dev.net.as_ref().map(|n| n.local) {
+    b[32..40].copy_from_slice(&port.guid.to_le_bytes());
+    match port.net.as_ref().map(|n| n.local) {
         None => b[1] = MODE_INPROC,
         Some(SocketAddr::V4(a)) => {
             b[1] = 4;
@@ -108,15 +89,20 @@ fn decode_info(info: &QpInfo) -> Result<Remote> {
 }
 
 impl SoftQp {
+    /// The QP of connection `conn`.
+    pub(super) fn new(conn: Arc<Conn>) -> SoftQp {
+        SoftQp { conn }
+    }
+
     fn dials(&self, remote: &Remote) -> bool {
-        (self.conn.nonce, self.conn.qp_num) < (remote.nonce, remote.qpn)
+        (self.conn.nonce, self.conn.qp_num()) < (remote.nonce, remote.qpn)
     }
 
     /// Starts a non-blocking TCP connect from the rail's address to the peer's listener.
     fn dial(&self, to: SocketAddr, bound: Duration) -> Result<Link> {
-        let net = self.conn.dev.net.as_ref().expect("TCP device");
+        let net = self.conn.port.net.as_ref().expect("TCP device");
         let what =
-            |e: std::io::Error| Error::io(&format!("soft fabric QP {}: connecting to {to}", self.conn.qp_num), &e);
+            |e: std::io::Error| Error::io(&format!("soft fabric QP {}: connecting to {to}", self.conn.qp_num()), &e);
         let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP)).map_err(what)?;
         s.set_nonblocking(true).map_err(what)?;
         s.set_tcp_nodelay(true).map_err(what)?;
@@ -132,7 +118,7 @@ impl SoftQp {
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => return Err(what(e)),
         }
-        Ok(Link::Tcp(OwnedFd::from(s)))
+        Ok(Link::Tcp(TcpLink::new(OwnedFd::from(s))))
     }
 
     /// Dialer: whether the TCP connect finished (re-dials after a refusal).
@@ -144,7 +130,7 @@ impl SoftQp {
             if now < at {
                 return self.timed_out(st, deadline, now);
             }
-            st.link = Some(self.dial(to, st.bound)?);
+            st.link = Some(self.dial(to, st.bound())?);
             st.phase = Phase::Dialing { deadline, retry_at: None };
         }
         let fd = st.link.as_ref().and_then(|l| l.fd()).expect("dialing socket");
@@ -163,7 +149,7 @@ impl SoftQp {
         if err != 0 {
             log::debug!(
                 "soft fabric QP {}: connect to {to}: {}",
-                self.conn.qp_num,
+                self.conn.qp_num(),
                 std::io::Error::from_raw_os_error(err)
             );
             st.link = None;
@@ -173,12 +159,12 @@ impl SoftQp {
         let link = st.link.take().expect("dialing socket");
         let hello = Frame::Hello {
             dst_qpn: remote.qpn,
-            src_qpn: self.conn.qp_num,
+            src_qpn: self.conn.qp_num(),
             dst_nonce: remote.nonce,
             src_nonce: self.conn.nonce,
         };
-        st.push_ctl(Ctl::Hello(hello));
-        self.conn.dev.attach(&self.conn, st, link);
+        st.queue_hello(hello);
+        self.conn.attach(st, link);
         step_locked(&self.conn, st);
         Ok(true)
     }
@@ -189,7 +175,8 @@ impl SoftQp {
         }
         let msg = format!(
             "soft fabric QP {}: the peer did not connect within {:?}",
-            self.conn.qp_num, self.conn.dev.connect_timeout
+            self.conn.qp_num(),
+            self.conn.port.connect_timeout
         );
         self.conn.fail(st, None, &msg);
         Err(Error::remote(msg))
@@ -200,12 +187,12 @@ impl SoftQp {
         let peer = inproc_find(remote.nonce).ok_or_else(|| {
             Error::invalid_argument(format!("soft fabric (in-process): no QP {} in this process", remote.qpn))
         })?;
-        let (mine, theirs) = DirectEnd::pair(&self.conn, &peer);
+        let (mine, theirs) = DirectEnd::pair((&self.conn.ep, &self.conn.work), (&peer.ep, &peer.work));
         {
             let mut ps = peer.st.lock();
-            let me = Some(Remote { qpn: self.conn.qp_num, nonce: self.conn.nonce, addr: None });
+            let me = Some(Remote { qpn: self.conn.qp_num(), nonce: self.conn.nonce, addr: None });
             match ps.phase {
-                Phase::Created => ps.parked = Some((Link::Direct(theirs), self.conn.qp_num, self.conn.nonce)),
+                Phase::Created => ps.parked = Some((Link::Direct(theirs), self.conn.qp_num(), self.conn.nonce)),
                 Phase::Waiting { .. } if ps.remote == me => {
                     theirs.set_ready();
                     ps.link = Some(Link::Direct(theirs));
@@ -229,34 +216,34 @@ fn step_locked(c: &Conn, st: &mut ConnState) {
 
 impl QueuePair for SoftQp {
     fn qp_num(&self) -> u32 {
-        self.conn.qp_num
+        self.conn.qp_num()
     }
 
     fn local_info(&self) -> QpInfo {
-        encode_info(&self.conn)
+        encode_info(&self.conn, &self.conn.port)
     }
 
     fn connect(&mut self, remote: &QpInfo, params: &ConnectParams) -> Result<()> {
         let r = decode_info(remote)?;
-        if r.addr.is_some() != self.conn.dev.net.is_some() {
+        if r.addr.is_some() != self.conn.port.net.is_some() {
             crate::bail!(
                 InvalidArgument,
                 "soft fabric QP {}: peer is {} mode, this QP is not",
-                self.conn.qp_num,
+                self.conn.qp_num(),
                 if r.addr.is_some() { "TCP" } else { "in-process" }
             );
         }
         let mut st = self.conn.st.lock();
         if !matches!(st.phase, Phase::Created) {
-            crate::bail!(InvalidUsage, "soft fabric QP {}: connect called twice", self.conn.qp_num);
+            crate::bail!(InvalidUsage, "soft fabric QP {}: connect called twice", self.conn.qp_num());
         }
         st.remote = Some(r);
-        st.bound = silent_peer_bound(params);
-        let deadline = Instant::now() + self.conn.dev.connect_timeout;
+        st.set_bound(silent_peer_bound(params));
+        let deadline = Instant::now() + self.conn.port.connect_timeout;
         if self.dials(&r) {
             match r.addr {
                 Some(to) => {
-                    st.link = Some(self.dial(to, st.bound)?);
+                    st.link = Some(self.dial(to, st.bound())?);
                     st.phase = Phase::Dialing { deadline, retry_at: None };
                 }
                 None => self.connect_inproc(&mut st, r)?,
@@ -264,9 +251,7 @@ impl QueuePair for SoftQp {
             return Ok(());
         }
         match st.parked.take() {
-            Some((link, qpn, nonce)) if qpn == r.qpn && nonce == r.nonce => {
-                self.conn.dev.attach(&self.conn, &mut st, link)
-            }
+            Some((link, qpn, nonce)) if qpn == r.qpn && nonce == r.nonce => self.conn.attach(&mut st, link),
             _ => st.phase = Phase::Waiting { deadline },
         }
         Ok(())
@@ -276,14 +261,14 @@ impl QueuePair for SoftQp {
         let mut st = self.conn.st.lock();
         match st.phase {
             Phase::Ready => Ok(true),
-            Phase::Error => Err(Error::remote(format!("soft fabric QP {}: in the error state", self.conn.qp_num))),
+            Phase::Error => Err(Error::remote(format!("soft fabric QP {}: in the error state", self.conn.qp_num()))),
             Phase::Created => {
-                Err(Error::invalid_usage(format!("soft fabric QP {}: is_ready before connect", self.conn.qp_num)))
+                Err(Error::invalid_usage(format!("soft fabric QP {}: is_ready before connect", self.conn.qp_num())))
             }
             Phase::Dialing { deadline, retry_at } => self.check_dial(&mut st, deadline, retry_at),
             Phase::Waiting { deadline } => {
                 drop(st);
-                self.conn.dev.drive_accept();
+                self.conn.port.drive_accept();
                 let mut st = self.conn.st.lock();
                 match st.phase {
                     Phase::Ready => Ok(true),
@@ -297,7 +282,7 @@ impl QueuePair for SoftQp {
         let mut st = self.conn.st.lock();
         if self.conn.inproc {
             // Executed at once (see `direct.rs`).
-            return self.conn.direct_post(&mut st, chain);
+            return self.conn.post_inproc(&mut st, chain);
         }
         self.conn.post(&mut st, chain)?;
         // Send what fits now.
@@ -308,9 +293,9 @@ impl QueuePair for SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
-        self.conn.cq.detach(&self.conn);
-        self.conn.dev.forget_qp(self.conn.qp_num);
-        if self.conn.dev.net.is_none()
+        self.conn.attached.detach(&self.conn);
+        self.conn.port.forget_qp(self.conn.qp_num());
+        if self.conn.port.net.is_none()
             && let Some(m) = INPROC.lock().as_mut()
         {
             m.remove(&self.conn.nonce);
@@ -318,11 +303,6 @@ impl Drop for SoftQp {
         let mut st = self.conn.st.lock();
         st.phase = Phase::Error;
         st.parked = None;
-        if let Some(link) = st.link.take() {
-            link.shutdown();
-            if let Some(fd) = link.fd() {
-                self.conn.dev.helper_forget(fd);
-            }
-        }
+        self.conn.close_link(&mut st);
     }
 }

@@ -8,16 +8,23 @@
 //!
 //! Placement order: for a WRITE of at least 8 bytes that ends 8-aligned, the final 8 bytes
 //! are held back and stored last, as one `AtomicU64` store with Release ordering, after all
-//! other bytes of the WRITE are in place.
+//! other bytes of the WRITE are in place (`responder.rs`).
+//!
+//! The receive half works on what its connection lends it for one step ([`RxEnv`]): the
+//! link, the requester (responses to its requests), the responder (requests from the peer)
+//! and the send half (the responses it queues). What it cannot do itself it reports: a
+//! [`Fault`] that moves the QP to the error state, or an RNR notice to send at once.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use super::conn::{Conn, ConnState, MAX_RD_ATOMIC, seq_lt};
+use super::endpoint::Endpoint;
+use super::fault::Fault;
 use super::frame::{Frame, HDR_LEN, NakCode, decode};
-use super::link::IovBuf;
 use super::mr::MrTable;
-use super::tx::Ctl;
+use super::requester::Requester;
+use super::responder::{Responder, final_word_last, store_final_word};
+use super::transport::{IovBuf, Link};
+use super::tx::{Ctl, Tx};
 use crate::fabric::{Access, Completion, MAX_SGE, WcOpcode, WcStatus};
 
 const STAGING: usize = 64 * 1024;
@@ -66,6 +73,25 @@ struct RxFrame {
     nak: Option<NakCode>,
 }
 
+/// What the receive half works with for one step, lent by its connection.
+pub struct RxEnv<'a> {
+    pub ep: &'a Endpoint,
+    pub link: Option<&'a Link>,
+    pub req: &'a mut Requester,
+    pub resp: &'a mut Responder,
+    pub tx: &'a mut Tx,
+}
+
+/// What one receive step did.
+pub struct RxStep {
+    /// Anything moved.
+    pub moved: bool,
+    /// An RNR notice was queued while a WRITE_WITH_IMM waits for a WQE: send it now (what
+    /// that send moves does not count as the peer moving).
+    pub send_now: bool,
+}
+
+/// The receive half of one connection (see the module documentation).
 pub struct Rx {
     buf: Box<[u8]>,
     start: usize,
@@ -145,96 +171,79 @@ impl RxFrame {
     }
 }
 
-impl Conn {
-    /// Reads and executes what arrived. Returns whether anything moved.
-    pub(super) fn pump_rx(&self, st: &mut ConnState) -> bool {
-        let mut moved = false;
+impl Rx {
+    /// Reads and executes what arrived.
+    pub fn pump(&mut self, env: &mut RxEnv<'_>) -> Result<RxStep, Fault> {
+        let mut step = RxStep { moved: false, send_now: false };
         let mut budget = RX_BUDGET;
-        st.rx.stalled = false;
+        self.stalled = false;
         loop {
-            if st.is_error() {
-                return moved;
-            }
-            if let Some(step) = st.rx.cur.as_ref().map(|c| c.step) {
-                let progressed = match step {
-                    Step::WaitWqe => self.take_wqe(st),
-                    Step::Payload => match self.rx_payload(st, &mut budget) {
+            if let Some(s) = self.cur.as_ref().map(|c| c.step) {
+                let progressed = match s {
+                    Step::WaitWqe => self.take_wqe(env, &mut step.send_now),
+                    Step::Payload => match self.payload(env, &mut budget)? {
                         Some(p) => p,
-                        None => return moved,
+                        None => return Ok(step),
                     },
-                    Step::Finish => self.finish_frame(st),
+                    Step::Finish => self.finish_frame(env),
                 };
                 if !progressed {
-                    return moved;
+                    return Ok(step);
                 }
-                moved = true;
+                step.moved = true;
                 continue;
             }
             if budget == 0 {
-                return moved;
+                return Ok(step);
             }
-            if st.rx.avail() >= HDR_LEN {
-                if st.tx.ctl_room() < 2 {
+            if self.avail() >= HDR_LEN {
+                if env.tx.ctl_room() < 2 {
                     // Responses wait for the socket: read on once they are out.
-                    return moved;
+                    return Ok(step);
                 }
-                let at = st.rx.start;
-                let hdr: [u8; HDR_LEN] = st.rx.buf[at..at + HDR_LEN].try_into().expect("HDR_LEN bytes");
-                st.rx.start += HDR_LEN;
+                let at = self.start;
+                let hdr: [u8; HDR_LEN] = self.buf[at..at + HDR_LEN].try_into().expect("HDR_LEN bytes");
+                self.start += HDR_LEN;
                 match decode(&hdr) {
-                    Ok(f) => self.on_header(st, f),
-                    Err(e) => self.fail(st, None, &format!("malformed frame from the peer: {e}")),
+                    Ok(f) => self.on_header(env, f)?,
+                    Err(e) => return Err(Fault::qp(format!("malformed frame from the peer: {e}"))),
                 }
-                moved = true;
+                step.moved = true;
                 continue;
             }
-            match self.read_staging(st) {
+            match self.read_staging(env.link)? {
                 Some(n) => {
                     budget = budget.saturating_sub(n as u64);
-                    moved = true;
+                    step.moved = true;
                 }
-                None => return moved,
+                None => return Ok(step),
             }
         }
     }
 
-    /// Reads more bytes into the staging buffer; `None` when nothing came (or the link failed).
-    fn read_staging(&self, st: &mut ConnState) -> Option<usize> {
-        let rx = &mut st.rx;
-        if rx.start == rx.end {
-            rx.start = 0;
-            rx.end = 0;
-        } else if rx.buf.len() - rx.end < HDR_LEN {
-            rx.buf.copy_within(rx.start..rx.end, 0);
-            rx.end -= rx.start;
-            rx.start = 0;
+    /// Reads more bytes into the staging buffer; `None` when nothing came (or no link).
+    fn read_staging(&mut self, link: Option<&Link>) -> Result<Option<usize>, Fault> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.buf.len() - self.end < HDR_LEN {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
         }
-        let free = &mut rx.buf[rx.end..];
+        let free = &mut self.buf[self.end..];
         let iov = [libc::iovec { iov_base: free.as_mut_ptr().cast(), iov_len: free.len() }];
-        let r = st.link.as_ref()?.readv(&iov);
-        self.after_read(st, r).inspect(|&n| st.rx.end += n)
-    }
-
-    /// Handles a read's result: EOF and errors fail the link.
-    fn after_read(&self, st: &mut ConnState, r: std::io::Result<usize>) -> Option<usize> {
-        match r {
-            Ok(0) => {
-                self.fail_link(st, "the peer closed the connection");
-                None
-            }
-            Ok(n) => Some(n),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => None,
-            Err(e) => {
-                self.fail_link(st, &format!("receive failed: {e}"));
-                None
-            }
+        let Some(link) = link else { return Ok(None) };
+        let n = after_read(link.readv(&iov))?;
+        if let Some(n) = n {
+            self.end += n;
         }
+        Ok(n)
     }
 
-    fn take_wqe(&self, st: &mut ConnState) -> bool {
-        let srq = self.srq.as_ref().expect("WaitWqe only with an SRQ");
-        let cur = st.rx.cur.as_mut().expect("frame in progress");
+    fn take_wqe(&mut self, env: &mut RxEnv<'_>, send_now: &mut bool) -> bool {
+        let srq = env.ep.srq.as_ref().expect("WaitWqe only with an SRQ");
+        let cur = self.cur.as_mut().expect("frame in progress");
         if srq.take() {
             cur.wqe = true;
             cur.step = if cur.len == 0 { Step::Finish } else { Step::Payload };
@@ -243,249 +252,167 @@ impl Conn {
         let now = Instant::now();
         let notice = match cur.rnr_at {
             None => {
-                srq.rnr.fetch_add(1, Ordering::Relaxed);
+                srq.count_rnr();
                 true
             }
             Some(t) => now.duration_since(t) >= RNR_NOTICE,
         };
-        let seq = cur.seq;
-        if notice && st.tx.ctl_room() >= 2 {
-            st.rx.cur.as_mut().expect("frame in progress").rnr_at = Some(now);
-            st.push_ctl(Ctl::Rnr(seq));
-            self.flush_tx(st);
+        if notice && env.tx.ctl_room() >= 2 {
+            cur.rnr_at = Some(now);
+            env.tx.push_ctl(Ctl::Rnr(cur.seq));
+            *send_now = true;
         }
-        st.rx.stalled = true;
+        self.stalled = true;
         false
     }
 
     /// Moves payload bytes: from the staging buffer first, else straight from the socket.
     /// `None`: nothing more can move now.
-    fn rx_payload(&self, st: &mut ConnState, budget: &mut u64) -> Option<bool> {
-        let avail = st.rx.avail();
-        let ConnState { rx, link, .. } = st;
-        let cur = rx.cur.as_mut().expect("frame in progress");
+    fn payload(&mut self, env: &mut RxEnv<'_>, budget: &mut u64) -> Result<Option<bool>, Fault> {
+        let avail = self.avail();
+        let Rx { buf: staging, start, end, cur, .. } = self;
+        let cur = cur.as_mut().expect("frame in progress");
         let remaining = cur.len - cur.done;
         let mut buf = IovBuf::new();
         let (from, to) =
             if avail > 0 { (cur.done, cur.done + remaining.min(avail as u64)) } else { (cur.done, cur.len) };
         let placed =
-            if cur.nseg == 0 || cur.nak.is_some() { Ok(()) } else { cur.dest_iovs(&self.dev.mrs, from, to, &mut buf) };
+            if cur.nseg == 0 || cur.nak.is_some() { Ok(()) } else { cur.dest_iovs(&env.ep.mrs, from, to, &mut buf) };
         if placed.is_err() {
             drop(buf);
-            return Some(self.lost_region(st));
+            return lost_region(cur, env.ep.qp_num).map(Some);
         }
         if avail > 0 {
             // Scatter the staged bytes into the iovecs (none when dropping them).
-            let mut src = rx.start;
+            let mut src = *start;
             for v in buf.iovs() {
                 // SAFETY: each iovec is a pinned, bounds-checked range of a registration
                 // (or this frame's tail buffer); the source lies in the staging buffer.
-                unsafe { std::ptr::copy_nonoverlapping(rx.buf.as_ptr().add(src), v.iov_base as *mut u8, v.iov_len) };
+                unsafe { std::ptr::copy_nonoverlapping(staging.as_ptr().add(src), v.iov_base as *mut u8, v.iov_len) };
                 src += v.iov_len;
             }
             let moved = (to - from) as usize;
-            rx.start += moved;
+            *start += moved;
             cur.done += moved as u64;
             *budget = budget.saturating_sub(moved as u64);
         } else {
             if buf.iovs().is_empty() {
                 // Dropped payload: read it into the staging buffer and skip it there.
                 drop(buf);
-                return self.read_staging(st).map(|_| true);
+                return Ok(self.read_staging(env.link)?.map(|_| true));
             }
             let dest = buf.bytes();
-            if rx.start == rx.end {
-                rx.start = 0;
-                rx.end = 0;
+            if *start == *end {
+                *start = 0;
+                *end = 0;
             }
-            let free = &mut rx.buf[rx.end..];
+            let free = &mut staging[*end..];
             if !free.is_empty() {
                 buf.push(free.as_mut_ptr(), free.len());
             }
-            let r = link.as_ref()?.readv(buf.iovs());
+            let Some(link) = env.link else { return Ok(None) };
+            let r = link.readv(buf.iovs());
             drop(buf);
-            let got = self.after_read(st, r)?;
-            let cur = st.rx.cur.as_mut().expect("frame in progress");
+            let Some(got) = after_read(r)? else { return Ok(None) };
             let into_dest = got.min(dest);
             cur.done += into_dest as u64;
-            st.rx.end += got - into_dest;
+            *end += got - into_dest;
             *budget = budget.saturating_sub(got as u64);
         }
-        let cur = st.rx.cur.as_mut().expect("frame in progress");
         if cur.done == cur.len {
             cur.step = Step::Finish;
         }
-        Some(true)
+        Ok(Some(true))
     }
 
-    /// The region under a payload went away (deregistered) or a READ's local SGE is bad.
-    fn lost_region(&self, st: &mut ConnState) -> bool {
-        let cur = st.rx.cur.as_mut().expect("frame in progress");
-        if cur.write {
-            log::warn!(
-                "soft fabric: QP {}: region of rkey {:#x} went away under a WRITE",
-                self.qp_num,
-                cur.segs[0].key
-            );
-            cur.nak = Some(NakCode::RemoteAccess);
-            cur.nseg = 0;
-            true
-        } else {
-            let seq = cur.seq;
-            self.fail(
-                st,
-                Some((seq, WcStatus::LocalError)),
-                "READ response: local SGE not registered with LOCAL_WRITE",
-            );
-            false
+    fn on_header(&mut self, env: &mut RxEnv<'_>, f: Frame) -> Result<(), Fault> {
+        let qp_num = env.ep.qp_num;
+        if f.dst_qpn() != qp_num {
+            return Err(Fault::qp(format!("frame for QP {} arrived on QP {qp_num}", f.dst_qpn())));
         }
-    }
-
-    fn on_header(&self, st: &mut ConnState, f: Frame) {
-        if f.dst_qpn() != self.qp_num {
-            let msg = format!("frame for QP {} arrived on QP {}", f.dst_qpn(), self.qp_num);
-            return self.fail(st, None, &msg);
-        }
-        let request_seq = match f {
-            Frame::Write { seq, .. } | Frame::ReadReq { seq, .. } => Some(seq),
-            _ => None,
-        };
-        if let Some(seq) = request_seq {
-            if seq != st.expect_seq {
-                let msg = format!("request {seq} out of order (expected {})", st.expect_seq);
-                return self.fail(st, None, &msg);
-            }
-            st.expect_seq = seq.wrapping_add(1);
+        if let Frame::Write { seq, .. } | Frame::ReadReq { seq, .. } = f {
+            env.resp.next_request(seq)?;
         }
         match f {
             Frame::Write { seq, addr, rkey, len, imm, .. } => {
                 let len = len as u64;
                 let mut frame = RxFrame::new(seq, true, imm, len, Access::REMOTE_WRITE);
-                frame.execute = !st.discarding;
+                frame.execute = !env.resp.discarding();
                 if frame.execute {
                     // As verbs: a 0-byte WRITE checks no rkey.
-                    let refused = if len > 0 && self.dev.mrs.pin_range(rkey, addr, len, Access::REMOTE_WRITE).is_none()
-                    {
+                    let refused = if len > 0 && env.ep.mrs.pin_range(rkey, addr, len, Access::REMOTE_WRITE).is_none() {
                         Some(NakCode::RemoteAccess)
-                    } else if imm.is_some() && self.srq.is_none() {
+                    } else if imm.is_some() && env.ep.srq.is_none() {
                         Some(NakCode::InvalidRequest)
                     } else {
                         None
                     };
                     if let Some(code) = refused {
-                        st.push_ctl(Ctl::Nak(seq, code));
-                        st.discarding = true;
+                        env.tx.push_ctl(Ctl::Nak(seq, code));
+                        env.resp.refuse();
                         frame.execute = false;
                     } else {
                         frame.segs[0] = Seg { key: rkey, addr, len };
                         frame.nseg = (len > 0) as usize;
-                        frame.tail_on = len >= 8 && (addr + len).is_multiple_of(8);
+                        frame.tail_on = final_word_last(addr, len);
                         if imm.is_some() {
                             frame.step = Step::WaitWqe;
                         }
                     }
                 }
-                st.rx.cur = Some(frame);
+                self.cur = Some(frame);
             }
             Frame::ReadReq { seq, addr, rkey, len, .. } => {
-                if st.discarding {
-                    return;
+                if env.resp.discarding() {
+                    return Ok(());
                 }
                 let len = len as u64;
-                if len > 0 && self.dev.mrs.pin_range(rkey, addr, len, Access::REMOTE_READ).is_none() {
-                    st.push_ctl(Ctl::ReadRespErr(seq, NakCode::RemoteAccess));
-                    st.discarding = true;
+                if len > 0 && env.ep.mrs.pin_range(rkey, addr, len, Access::REMOTE_READ).is_none() {
+                    env.tx.push_ctl(Ctl::ReadRespErr(seq, NakCode::RemoteAccess));
+                    env.resp.refuse();
                 } else {
-                    st.push_ctl(Ctl::ReadResp { seq, rkey, addr, len });
+                    env.tx.push_ctl(Ctl::ReadResp { seq, rkey, addr, len });
                 }
             }
             Frame::ReadResp { seq, result, .. } => {
-                let oldest = (st.reads_len > 0).then(|| st.reads[st.reads_head]);
-                if oldest != Some(seq) {
-                    let msg = format!("READ response {seq}, expected {oldest:?}");
-                    return self.fail(st, None, &msg);
+                let wr = env.req.on_read_resp(seq, result)?;
+                let mut frame = RxFrame::new(seq, false, None, wr.bytes(), Access::LOCAL_WRITE);
+                frame.nseg = wr.num_sge as usize;
+                for (d, s) in frame.segs.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
+                    *d = Seg { key: s.lkey, addr: s.addr, len: s.len as u64 };
                 }
-                match result {
-                    Err(code) => {
-                        let msg = format!("peer refused READ {seq}: {code:?}");
-                        self.fail(st, Some((seq, Conn::nak_status(code))), &msg)
-                    }
-                    Ok(len) => {
-                        let wr = st.entry(seq).wr;
-                        if len as u64 != wr.bytes() {
-                            let msg = format!("READ response {seq} of {len} bytes for a READ of {}", wr.bytes());
-                            return self.fail(st, None, &msg);
-                        }
-                        let mut frame = RxFrame::new(seq, false, None, len as u64, Access::LOCAL_WRITE);
-                        frame.nseg = wr.num_sge as usize;
-                        for (d, s) in frame.segs.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
-                            *d = Seg { key: s.lkey, addr: s.addr, len: s.len as u64 };
-                        }
-                        st.rx.cur = Some(frame);
-                    }
-                }
+                self.cur = Some(frame);
             }
-            Frame::Ack { seq, .. } => {
-                let next = seq.wrapping_add(1);
-                let read_before = st.reads_len > 0 && seq_lt(st.reads[st.reads_head], next);
-                if seq_lt(next, st.acked) || seq_lt(st.tx_done, next) || read_before {
-                    let msg = format!("ACK {seq} outside the requests in flight [{}, {})", st.acked, st.tx_done);
-                    return self.fail(st, None, &msg);
-                }
-                st.acked = next;
-            }
-            // NAK and RNR may come while the request's payload is still being sent (the
-            // responder decides on the header): bound them by what was started, not sent.
-            Frame::Nak { seq, code, .. } => {
-                if seq_lt(seq, st.acked) || !seq_lt(seq, st.sent) {
-                    let msg = format!("NAK {seq} outside the requests in flight [{}, {})", st.acked, st.sent);
-                    return self.fail(st, None, &msg);
-                }
-                st.acked = seq;
-                let msg = format!("peer refused request {seq}: {code:?}");
-                self.fail(st, Some((seq, Conn::nak_status(code))), &msg);
-            }
-            Frame::Rnr { seq, .. } => {
-                if seq_lt(seq, st.acked) || !seq_lt(seq, st.sent) {
-                    let msg = format!("RNR {seq} outside the requests in flight [{}, {})", st.acked, st.sent);
-                    self.fail(st, None, &msg);
-                }
-            }
-            Frame::Hello { .. } => self.fail(st, None, "HELLO on an established connection"),
+            Frame::Ack { seq, .. } => env.req.on_ack(seq)?,
+            Frame::Nak { seq, code, .. } => return Err(env.req.on_nak(seq, code)),
+            Frame::Rnr { seq, .. } => env.req.on_rnr(seq)?,
+            Frame::Hello { .. } => return Err(Fault::qp("HELLO on an established connection".into())),
         }
+        Ok(())
     }
 
     /// Completes the frame: the held-back word, the receive completion, the ACK.
     /// `false`: the CQ is full, try again later.
-    fn finish_frame(&self, st: &mut ConnState) -> bool {
-        let cur = st.rx.cur.as_mut().expect("frame in progress");
+    fn finish_frame(&mut self, env: &mut RxEnv<'_>) -> bool {
+        let cur = self.cur.as_mut().expect("frame in progress");
         if !cur.write {
-            let seq = cur.seq;
-            st.entry_mut(seq).read_done = true;
-            if seq_lt(st.acked, seq.wrapping_add(1)) {
-                st.acked = seq.wrapping_add(1);
-            }
-            st.reads_head = (st.reads_head + 1) % MAX_RD_ATOMIC;
-            st.reads_len -= 1;
-            st.rx.cur = None;
+            env.req.read_placed(cur.seq);
+            self.cur = None;
             return true;
         }
         if !cur.execute {
-            st.rx.cur = None;
+            self.cur = None;
             return true;
         }
         let seq = cur.seq;
         if cur.nak.is_none() && cur.tail_on && !cur.tail_done {
             let s = cur.segs[0];
             let word = s.addr + s.len - 8;
-            match self.dev.mrs.pin_range(s.key, word, 8, Access::REMOTE_WRITE) {
+            match env.ep.mrs.pin_range(s.key, word, 8, Access::REMOTE_WRITE) {
                 Some(_pin) => {
                     // SAFETY: `word` is 8-aligned (checked when the frame was accepted) and
-                    // lies in a registration pinned for this store; the region is memory the
-                    // application handed to the NIC, accessed by others only atomically or
-                    // after a completion.
-                    let a = unsafe { AtomicU64::from_ptr(word as *mut u64) };
-                    a.store(u64::from_ne_bytes(cur.tail), Ordering::Release);
+                    // lies in a registration pinned for this store.
+                    unsafe { store_final_word(word, u64::from_ne_bytes(cur.tail)) };
                     cur.tail_done = true;
                 }
                 None => cur.nak = Some(NakCode::RemoteAccess),
@@ -493,11 +420,11 @@ impl Conn {
         }
         if let Some(code) = cur.nak {
             if cur.wqe {
-                self.srq.as_ref().expect("WQE taken from the SRQ").give_back();
+                env.ep.srq.as_ref().expect("WQE taken from the SRQ").give_back();
             }
-            st.rx.cur = None;
-            st.push_ctl(Ctl::Nak(seq, code));
-            st.discarding = true;
+            self.cur = None;
+            env.tx.push_ctl(Ctl::Nak(seq, code));
+            env.resp.refuse();
             return true;
         }
         if let Some(imm) = cur.imm {
@@ -507,16 +434,41 @@ impl Conn {
                 opcode: WcOpcode::RecvRdmaWithImm,
                 byte_len: cur.len as u32,
                 imm,
-                qp_num: self.qp_num,
+                qp_num: env.ep.qp_num,
                 timestamp_ns: 0,
             };
-            if !self.cq.lock().push(c) {
-                st.rx.stalled = true;
+            if !env.ep.cq.lock().push(c) {
+                self.stalled = true;
                 return false;
             }
         }
-        st.rx.cur = None;
-        st.tx.push_ack(seq);
+        self.cur = None;
+        env.tx.push_ack(seq);
         true
+    }
+}
+
+/// A read's result: EOF and errors mean the peer is lost; `None`: nothing yet.
+fn after_read(r: std::io::Result<usize>) -> Result<Option<usize>, Fault> {
+    match r {
+        Ok(0) => Err(Fault::PeerLost("the peer closed the connection".into())),
+        Ok(n) => Ok(Some(n)),
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(None),
+        Err(e) => Err(Fault::PeerLost(format!("receive failed: {e}"))),
+    }
+}
+
+/// The region under a payload went away (deregistered) or a READ's local SGE is bad.
+/// A WRITE reads on and is refused at its end; a READ fails the QP.
+fn lost_region(cur: &mut RxFrame, qp_num: u32) -> Result<bool, Fault> {
+    if cur.write {
+        log::warn!("soft fabric: QP {qp_num}: region of rkey {:#x} went away under a WRITE", cur.segs[0].key);
+        cur.nak = Some(NakCode::RemoteAccess);
+        cur.nseg = 0;
+        Ok(true)
+    } else {
+        let why = "READ response: local SGE not registered with LOCAL_WRITE";
+        Err(Fault::wr(cur.seq, WcStatus::LocalError, why.into()))
     }
 }

@@ -4,12 +4,18 @@
 //! iovecs point into the registered buffer (pinned for the call) or the WR's inline slot,
 //! so many small WRs leave in one system call and a large one goes from its buffer to the
 //! socket with only the kernel's copy.
+//!
+//! The send half works on what its connection lends it for one step ([`TxEnv`]) and
+//! reports a [`Fault`] instead of moving the QP to the error state itself.
 
 use std::collections::VecDeque;
 
-use super::conn::{Conn, ConnState, MAX_RD_ATOMIC};
+use super::fault::Fault;
 use super::frame::{Frame, HDR_LEN, NakCode, encode};
-use super::link::IovBuf;
+use super::mr::MrTable;
+use super::requester::{MAX_RD_ATOMIC, Requester};
+use super::responder::Responder;
+use super::transport::{IovBuf, Link};
 use crate::fabric::{Access, MAX_SGE, WcStatus, WrOpcode};
 
 /// Frames in one transmission batch.
@@ -51,6 +57,17 @@ struct TxFrame {
     off: u64,
 }
 
+/// What the send half works with for one step, lent by its connection.
+pub struct TxEnv<'a> {
+    pub mrs: &'a MrTable,
+    pub link: Option<&'a Link>,
+    pub req: &'a mut Requester,
+    pub resp: &'a mut Responder,
+    /// The peer's QP number (0 before it is known).
+    pub dst_qpn: u32,
+}
+
+/// The send half of one connection (see the module documentation).
 pub struct Tx {
     ctl: VecDeque<Ctl>,
     frames: VecDeque<TxFrame>,
@@ -98,12 +115,11 @@ fn hdr_frame(hdr: [u8; HDR_LEN], src: Src, request: Option<u32>, payload: u64) -
     TxFrame { hdr, src, request, total: HDR_LEN as u64 + payload, off: 0 }
 }
 
-impl Conn {
+impl Tx {
     /// Moves responses, then requests, into the batch while it has room.
-    fn fill_batch(&self, st: &mut ConnState) {
-        let dst_qpn = st.remote.map_or(0, |r| r.qpn);
-        while st.tx.frames.len() < TX_FRAMES {
-            if let Some(c) = st.tx.ctl.pop_front() {
+    fn fill_batch(&mut self, req: &mut Requester, dst_qpn: u32) -> Result<(), Fault> {
+        while self.frames.len() < TX_FRAMES {
+            if let Some(c) = self.ctl.pop_front() {
                 let f = match c {
                     Ctl::Hello(f) => hdr_frame(encode(&f), Src::None, None, 0),
                     Ctl::Ack(seq) => hdr_frame(encode(&Frame::Ack { dst_qpn, seq }), Src::None, None, 0),
@@ -118,52 +134,46 @@ impl Conn {
                         hdr_frame(hdr, src, None, len)
                     }
                 };
-                st.tx.frames.push_back(f);
+                self.frames.push_back(f);
                 continue;
             }
-            if st.sent == st.tail {
-                break;
-            }
-            let seq = st.sent;
-            let e = st.entry(seq);
+            let Some(seq) = req.next_unsent() else { break };
+            let e = req.entry(seq);
             if e.bad_local {
-                self.fail(st, Some((seq, WcStatus::LocalError)), "inline SGE outside any registration");
-                return;
+                return Err(Fault::wr(seq, WcStatus::LocalError, "inline SGE outside any registration".into()));
             }
             let (opcode, len, inline) = (e.wr.opcode, e.wr.bytes(), e.wr.inline);
             if opcode == WrOpcode::Read {
-                if st.reads_len == MAX_RD_ATOMIC {
+                if req.reads_full() {
                     break;
                 }
-                let at = (st.reads_head + st.reads_len) % MAX_RD_ATOMIC;
-                st.reads[at] = seq;
-                st.reads_len += 1;
+                req.start_read(seq);
             }
-            let hdr = encode(&self.request_header(st, seq));
+            let hdr = encode(&req.header(seq, dst_qpn));
             let (src, payload) = match opcode {
                 WrOpcode::Read => (Src::None, 0),
                 _ if len == 0 => (Src::None, 0),
                 _ if inline => (Src::Inline(seq), len),
                 _ => (Src::Sges(seq), len),
             };
-            st.tx.frames.push_back(hdr_frame(hdr, src, Some(seq), payload));
-            st.sent = seq.wrapping_add(1);
+            self.frames.push_back(hdr_frame(hdr, src, Some(seq), payload));
+            req.mark_sent(seq);
         }
+        Ok(())
     }
 
     /// Writes what is queued until the socket is full. Returns whether anything moved.
-    pub(super) fn flush_tx(&self, st: &mut ConnState) -> bool {
+    pub fn flush(&mut self, env: &mut TxEnv<'_>) -> Result<bool, Fault> {
         let mut moved = false;
         loop {
-            self.fill_batch(st);
-            if st.is_error() || st.tx.frames.is_empty() {
-                return moved;
+            self.fill_batch(env.req, env.dst_qpn)?;
+            if self.frames.is_empty() {
+                return Ok(moved);
             }
             let mut buf = IovBuf::new();
             let mut bad: Option<usize> = None;
-            let ConnState { tx, sq, inline, max_inline, .. } = &mut *st;
-            let cap = sq.len() as u32;
-            for (i, f) in tx.frames.iter_mut().enumerate() {
+            let req = &*env.req;
+            for (i, f) in self.frames.iter_mut().enumerate() {
                 if buf.room() < 1 + MAX_SGE {
                     break;
                 }
@@ -175,22 +185,17 @@ impl Conn {
                 let ok = match f.src {
                     Src::None => true,
                     Src::Inline(seq) => {
-                        let at = (seq % cap) as usize * *max_inline;
-                        buf.push(inline[at + from as usize..].as_ptr(), (to - from) as usize);
+                        buf.push(req.inline_from(seq, from as usize).as_ptr(), (to - from) as usize);
                         true
                     }
                     Src::Sges(seq) => {
-                        let wr = &sq[(seq % cap) as usize].wr;
+                        let wr = &req.entry(seq).wr;
                         let segs = wr.sge[..wr.num_sge as usize].iter().map(|s| (s.lkey, s.addr, s.len as u64));
-                        buf.push_segments(&self.dev.mrs, segs, from, to, Access::empty())
+                        buf.push_segments(env.mrs, segs, from, to, Access::empty())
                     }
-                    Src::ReadResp { rkey, addr } => buf.push_segments(
-                        &self.dev.mrs,
-                        std::iter::once((rkey, addr, to)),
-                        from,
-                        to,
-                        Access::REMOTE_READ,
-                    ),
+                    Src::ReadResp { rkey, addr } => {
+                        buf.push_segments(env.mrs, std::iter::once((rkey, addr, to)), from, to, Access::REMOTE_READ)
+                    }
                 };
                 if !ok {
                     bad = Some(i);
@@ -200,72 +205,61 @@ impl Conn {
             let bytes = buf.bytes();
             if let Some(i) = bad {
                 drop(buf);
-                if !self.source_lost(st, i) {
-                    return true;
-                }
+                self.source_lost(i, env.resp, env.dst_qpn)?;
                 continue;
             }
-            let Some(link) = st.link.as_ref() else { return moved };
+            let Some(link) = env.link else { return Ok(moved) };
             let r = link.writev(buf.iovs());
             drop(buf);
             match r {
                 Ok(w) => {
                     moved = true;
-                    self.advance(st, w as u64);
+                    self.advance(env.req, w as u64);
                     if w < bytes {
-                        return moved;
+                        return Ok(moved);
                     }
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return moved,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(moved),
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    self.fail_link(st, &format!("send failed: {e}"));
-                    return true;
-                }
+                Err(e) => return Err(Fault::PeerLost(format!("send failed: {e}"))),
             }
         }
     }
 
     /// Frame `i`'s source memory is no longer registered. A READ response not yet begun
-    /// becomes a refusal; anything else moves the QP to the error state. Returns whether
-    /// sending can go on.
-    fn source_lost(&self, st: &mut ConnState, i: usize) -> bool {
-        let f = &mut st.tx.frames[i];
+    /// becomes a refusal (and sending goes on); anything else fails the QP.
+    fn source_lost(&mut self, i: usize, resp: &mut Responder, dst_qpn: u32) -> Result<(), Fault> {
+        let f = &mut self.frames[i];
         match (f.src, f.request) {
             (Src::ReadResp { .. }, _) if f.off == 0 => {
-                let (dst_qpn, seq) =
-                    (st.remote.map_or(0, |r| r.qpn), u32::from_le_bytes(f.hdr[8..12].try_into().expect("4")));
+                let seq = u32::from_le_bytes(f.hdr[8..12].try_into().expect("4"));
                 *f = hdr_frame(
                     encode(&Frame::ReadResp { dst_qpn, seq, result: Err(NakCode::RemoteAccess) }),
                     Src::None,
                     None,
                     0,
                 );
-                st.discarding = true;
-                true
+                resp.refuse();
+                Ok(())
             }
             (_, Some(seq)) => {
-                self.fail(st, Some((seq, WcStatus::LocalError)), "local memory of a WR deregistered or out of bounds");
-                false
+                Err(Fault::wr(seq, WcStatus::LocalError, "local memory of a WR deregistered or out of bounds".into()))
             }
-            _ => {
-                self.fail(st, None, "memory of a READ response deregistered while it was being sent");
-                false
-            }
+            _ => Err(Fault::qp("memory of a READ response deregistered while it was being sent".into())),
         }
     }
 
-    fn advance(&self, st: &mut ConnState, mut w: u64) {
+    fn advance(&mut self, req: &mut Requester, mut w: u64) {
         while w > 0 {
-            let f = st.tx.frames.front_mut().expect("written bytes belong to queued frames");
+            let f = self.frames.front_mut().expect("written bytes belong to queued frames");
             let take = w.min(f.total - f.off);
             f.off += take;
             w -= take;
             if f.off == f.total {
                 if let Some(seq) = f.request {
-                    st.tx_done = seq.wrapping_add(1);
+                    req.mark_transmitted(seq);
                 }
-                st.tx.frames.pop_front();
+                self.frames.pop_front();
             }
         }
     }

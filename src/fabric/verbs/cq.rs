@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rdma_mummy_sys as ibv;
 
-use super::device::Ctx;
+use super::ctx::Ctx;
 use super::sys::{self, strerror};
 use crate::error::Result;
 use crate::fabric::{Completion, CompletionQueue, WcOpcode, WcStatus};

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 
 use rdma_mummy_sys as ibv;
 
-use super::VerbsOptions;
 use super::cq::{TsClock, VerbsCq};
+use super::ctx::Ctx;
 use super::events::{EventThread, Health};
 use super::gid;
 use super::props;
@@ -18,49 +18,18 @@ use super::sys::{self, DeviceList, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, O
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, Progress, QpCaps, Timestamps};
 
-/// The opened context and its PD, shared (Arc) by the device and every object made on it,
-/// so that it is closed only after the last of them is gone.
-pub struct Ctx {
-    pub(super) raw: *mut ibv::ibv_context,
-    pub(super) pd: *mut ibv::ibv_pd,
-    name: String,
-    port: u8,
-    pub(super) health: Arc<Health>,
-    events: Option<EventThread>,
-}
-
-// SAFETY: libibverbs contexts and PDs may be used from any thread (the verbs used here are
-// thread-safe); the raw pointers have no thread affinity.
-unsafe impl Send for Ctx {}
-// SAFETY: as above; nothing here is mutated through a shared reference.
-unsafe impl Sync for Ctx {}
-
-impl Ctx {
-    /// `device:port`, for messages.
-    pub fn label(&self) -> String {
-        format!("{}:{}", self.name, self.port)
-    }
-
-    /// The error for a failed verbs call on this port.
-    pub fn failed(&self, call: &str, code: i32) -> Error {
-        sys::call_failed(call, &self.name, self.port, code)
-    }
-}
-
-impl Drop for Ctx {
-    fn drop(&mut self) {
-        // The event thread uses the context: stop it first.
-        drop(self.events.take());
-        // SAFETY: every MR, CQ, SRQ and QP holds an Arc of this object, so none is left;
-        // the PD and the context are released once.
-        unsafe {
-            let ret = ibv::ibv_dealloc_pd(self.pd);
-            if ret != 0 {
-                log::warn!("ibv_dealloc_pd on {}: {}", self.label(), sys::strerror(sys::ret_errno(ret)));
-            }
-            ibv::ibv_close_device(self.raw);
-        }
-    }
+/// How to open one port: what [`VerbsDevice::open`] takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VerbsOptions {
+    /// The device's name (`mlx5_0`, `rxe0`).
+    pub device: String,
+    /// The port; `None`: the device's first active port.
+    pub port: Option<u8>,
+    /// The GID table index to use; `None`: chosen automatically (`gid.rs`).
+    pub gid_index: Option<u8>,
+    /// Register memory with PCI relaxed ordering where libibverbs can
+    /// ([`sys::relaxed_ordering_available`]).
+    pub relaxed_ordering: bool,
 }
 
 /// A registered memory region; deregistered by [`Device::dereg_mr`] or when dropped.
@@ -162,7 +131,7 @@ impl VerbsDevice {
                 log::warn!("{name}:{port}: no async event thread ({e}); port and QP errors show only in completions")
             })
             .ok();
-        let ctx = Arc::new(Ctx { raw, pd, name: name.to_string(), port, health, events });
+        let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, events));
 
         let clock = probe_clock(&ctx, dattr.hca_core_clock);
         let mut mem_types = MemTypes::HOST;
@@ -214,7 +183,7 @@ impl VerbsDevice {
             attrs.max_inline,
             clock.describe()
         );
-        let relaxed_ordering = opts.relaxed_ordering && super::relaxed_ordering_available();
+        let relaxed_ordering = opts.relaxed_ordering && sys::relaxed_ordering_available();
         Ok(VerbsDevice { ctx, attrs, port: port_info, clock, relaxed_ordering })
     }
 

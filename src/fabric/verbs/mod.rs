@@ -11,8 +11,25 @@
 //! has one thread that sleeps until the kernel has an async event (port down, QP fatal) and
 //! logs it. [`ports`] says what the host has; which ports become which rails is the
 //! plugin's business (`plugin/discover`). See `gid` for the RoCE GID choice.
+//!
+//! # Layout
+//!
+//! Each file imports only files listed below it (no circles); read top-down:
+//!
+//! ```text
+//! device      VerbsDevice (open, probe, reg_mr, the object factories), VerbsOptions
+//! qp          VerbsQp: RC QP, INIT → RTR → RTS, chained posts
+//! cq  srq     VerbsCq (plain and extended, timestamps), VerbsSrq (generic WQEs)
+//! ctx         Ctx: the opened context and PD every object holds alive
+//! events  gid  qp_info
+//!             the async-event thread and the port/device health it records; the RoCE
+//!             GID choice; a QP's connection info bytes
+//! props  wr_pool  sys
+//!             leaves: sysfs and speed tables, WR pools, the libibverbs calls and errors
+//! ```
 
 mod cq;
+mod ctx;
 mod device;
 mod events;
 mod gid;
@@ -24,10 +41,11 @@ mod sys;
 mod wr_pool;
 
 pub use cq::{TsClock, UNEXPECTED_OPCODE, VerbsCq, wc_status_str};
-pub use device::{VerbsDevice, VerbsMr};
+pub use device::{VerbsDevice, VerbsMr, VerbsOptions};
 pub use gid::format_gid;
 pub use qp::VerbsQp;
 pub use srq::VerbsSrq;
+pub use sys::relaxed_ordering_available;
 pub use wr_pool::MAX_CHAIN;
 
 use sys::DeviceList;
@@ -128,14 +146,6 @@ pub fn fork_init() -> ForkSafety {
     })
 }
 
-/// Whether registrations can ask for PCI relaxed ordering: libibverbs has
-/// `ibv_reg_mr_iova2` (IBVERBS_1.8, rdma-core ≥ 29), which takes the access flag that
-/// `ibv_reg_mr` cannot pass. The same test as net_ib's `ncclIbRelaxedOrderingCapable`. The
-/// flag is an optional one: a device without relaxed ordering ignores it.
-pub fn relaxed_ordering_available() -> bool {
-    sys::libibverbs_has(c"ibv_reg_mr_iova2")
-}
-
 /// A port found on the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostPort {
@@ -151,20 +161,6 @@ impl HostPort {
     pub fn label(&self) -> String {
         format!("{}:{}", self.device, self.port)
     }
-}
-
-/// How to open one port: what [`VerbsDevice::open`] takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VerbsOptions {
-    /// The device's name (`mlx5_0`, `rxe0`).
-    pub device: String,
-    /// The port; `None`: the device's first active port.
-    pub port: Option<u8>,
-    /// The GID table index to use; `None`: chosen automatically (`gid.rs`).
-    pub gid_index: Option<u8>,
-    /// Register memory with PCI relaxed ordering where libibverbs can
-    /// ([`relaxed_ordering_available`]).
-    pub relaxed_ordering: bool,
 }
 
 /// Every port of every device on the host, with its state and the device's PCI path.

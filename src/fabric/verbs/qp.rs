@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rdma_mummy_sys as ibv;
 
 use super::cq::{CqInner, VerbsCq};
-use super::device::Ctx;
+use super::ctx::Ctx;
 use super::qp_info::{self, PortInfo};
 use super::srq::{SrqInner, VerbsSrq};
 use super::sys::{self, LINK_LAYER_ETHERNET};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use rdma_mummy_sys as ibv;
 
-use super::device::Ctx;
+use super::ctx::Ctx;
 use super::sys;
 use super::wr_pool::RecvPool;
 use crate::error::Result;

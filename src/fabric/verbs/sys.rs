@@ -232,3 +232,11 @@ pub fn port_state_str(state: u32) -> &'static str {
 
 /// `IBV_PORT_ACTIVE`.
 pub const PORT_ACTIVE: u32 = ibv::ibv_port_state::IBV_PORT_ACTIVE;
+
+/// Whether registrations can ask for PCI relaxed ordering: libibverbs has
+/// `ibv_reg_mr_iova2` (IBVERBS_1.8, rdma-core ≥ 29), which takes the access flag that
+/// `ibv_reg_mr` cannot pass. The same test as net_ib's `ncclIbRelaxedOrderingCapable`. The
+/// flag is an optional one: a device without relaxed ordering ignores it.
+pub fn relaxed_ordering_available() -> bool {
+    libibverbs_has(c"ibv_reg_mr_iova2")
+}
