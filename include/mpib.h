@@ -138,6 +138,54 @@ typedef struct {
 } mpib_rail_stats_t;
 
 /**
+ * What the plugin holds now, process-wide (`mpib_resource_stats`): comms, contexts, fabric
+ * objects and registered control memory. Every figure but `unrouted_completions` returns to
+ * its earlier value when what was opened is closed again.
+ */
+typedef struct {
+  /**
+   * Plugin contexts: with ABI v11+ one per NCCL communicator (`init`), else one per process.
+   */
+  uint64_t contexts;
+  uint64_t send_comms;
+  uint64_t recv_comms;
+  uint64_t listen_comms;
+  /**
+   * Sets of shared queues: one per NIC a context's connections use.
+   */
+  uint64_t nic_queues;
+  /**
+   * Completion queues and their entries.
+   */
+  uint64_t cqs;
+  uint64_t cq_entries;
+  /**
+   * Shared receive queues, their depth, and the WQEs posted in them now.
+   */
+  uint64_t srqs;
+  uint64_t srq_wqes;
+  uint64_t srq_posted;
+  /**
+   * Queue pairs and the sum of their send-queue depths.
+   */
+  uint64_t qps;
+  uint64_t qp_send_wrs;
+  /**
+   * Bytes of the connections' control regions (CTS FIFO, completion records, scratch),
+   * once per NIC registration.
+   */
+  uint64_t control_bytes;
+  /**
+   * Capacity, in completions, of the per-connection completion inboxes.
+   */
+  uint64_t inbox_entries;
+  /**
+   * Completions no live connection claimed (a closed connection's late ones), so far.
+   */
+  uint64_t unrouted_completions;
+} mpib_resource_stats_t;
+
+/**
  * `ncclDebugLogger_t`: NCCL's variadic logger.
  */
 typedef void (*ncclDebugLogger_t)(int level, unsigned long flags, const char *file, int line, const char *fmt, ...);
@@ -586,6 +634,19 @@ ncclResult_t mpib_comm_counters(void *comm, mpib_rail_counters_t *out_);
  * `out` must be NULL or point to `2 * size` writable bytes.
  */
 ncclResult_t mpib_rail_stats(mpib_rail_stats_t *out, size_t size);
+
+/**
+ * Writes what the plugin holds now (comms, contexts, CQs, SRQs, QPs, registered control
+ * memory; see `mpib_resource_stats_t`) to `*out`.
+ *
+ * `size` is `sizeof(mpib_resource_stats_t)` as the caller was compiled: only that many
+ * bytes are written, so a caller built against an older (shorter) header stays safe.
+ * Returns ncclSuccess, or ncclInvalidArgument for a NULL `out` or a `size` below 8.
+ *
+ * # Safety
+ * `out` must be NULL or point to `size` writable bytes.
+ */
+ncclResult_t mpib_resource_stats(mpib_resource_stats_t *out, size_t size);
 
 #ifdef __cplusplus
 }  // extern "C"

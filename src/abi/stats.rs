@@ -72,6 +72,58 @@ pub unsafe extern "C" fn mpib_rail_stats(out: *mut mpib_rail_stats_t, size: usiz
     })
 }
 
+impl From<&crate::plugin::resources::Resources> for mpib_resource_stats_t {
+    fn from(r: &crate::plugin::resources::Resources) -> Self {
+        mpib_resource_stats_t {
+            contexts: r.contexts,
+            send_comms: r.send_comms,
+            recv_comms: r.recv_comms,
+            listen_comms: r.listen_comms,
+            nic_queues: r.nic_queues,
+            cqs: r.cqs,
+            cq_entries: r.cq_entries,
+            srqs: r.srqs,
+            srq_wqes: r.srq_wqes,
+            srq_posted: r.srq_posted,
+            qps: r.qps,
+            qp_send_wrs: r.qp_send_wrs,
+            control_bytes: r.control_bytes,
+            inbox_entries: r.inbox_entries,
+            unrouted_completions: r.unrouted_completions,
+        }
+    }
+}
+
+/// Writes what the plugin holds now (comms, contexts, CQs, SRQs, QPs, registered control
+/// memory; see `mpib_resource_stats_t`) to `*out`.
+///
+/// `size` is `sizeof(mpib_resource_stats_t)` as the caller was compiled: only that many
+/// bytes are written, so a caller built against an older (shorter) header stays safe.
+/// Returns ncclSuccess, or ncclInvalidArgument for a NULL `out` or a `size` below 8.
+///
+/// # Safety
+/// `out` must be NULL or point to `size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mpib_resource_stats(out: *mut mpib_resource_stats_t, size: usize) -> ncclResult_t {
+    super::logger::install();
+    run("mpib_resource_stats", || {
+        if out.is_null() {
+            return Err(Error::invalid_argument("out is NULL"));
+        }
+        if size < size_of::<u64>() {
+            return Err(Error::invalid_argument(format!("size {size}: at least 8 (sizeof(mpib_resource_stats_t))")));
+        }
+        let n = size.min(size_of::<mpib_resource_stats_t>());
+        let s = mpib_resource_stats_t::from(&crate::plugin::resources::snapshot());
+        // SAFETY: `s` is a plain struct of at least `n` bytes and the caller gives `size`
+        // (≥ `n`) writable bytes at `out`; byte copies need no alignment.
+        unsafe {
+            std::ptr::copy_nonoverlapping((&s as *const mpib_resource_stats_t).cast::<u8>(), out.cast::<u8>(), n)
+        };
+        Ok(())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +162,24 @@ mod tests {
             assert_eq!(mpib_rail_stats(&mut one, 4), result::INVALID_ARGUMENT);
             assert_eq!(one, mpib_rail_stats_t::default());
         }
+    }
+
+    #[test]
+    fn resource_stats_are_copied_up_to_the_callers_size() {
+        let held = crate::plugin::resources::Held::new(crate::plugin::resources::Res::Qps, 7);
+        let mut out = mpib_resource_stats_t::default();
+        // SAFETY: a whole struct.
+        assert_eq!(unsafe { mpib_resource_stats(&mut out, size_of::<mpib_resource_stats_t>()) }, result::SUCCESS);
+        assert!(out.qps >= 7, "{out:?}");
+        let mut short = [u64::MAX; 3];
+        // SAFETY: 16 writable bytes, and a sentinel after them.
+        assert_eq!(unsafe { mpib_resource_stats(short.as_mut_ptr().cast(), 16) }, result::SUCCESS);
+        assert_eq!(short[2], u64::MAX, "nothing written past the caller's size");
+        // SAFETY: NULL and a tiny size are refused before any write.
+        unsafe {
+            assert_eq!(mpib_resource_stats(std::ptr::null_mut(), 64), result::INVALID_ARGUMENT);
+            assert_eq!(mpib_resource_stats(&mut out, 4), result::INVALID_ARGUMENT);
+        }
+        drop(held);
     }
 }

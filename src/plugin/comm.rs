@@ -44,6 +44,8 @@ pub struct Rail<D: Device> {
     /// The comm's control region registered on this rail.
     pub region_mr: Option<D::Mr>,
     pub dev: Arc<D>,
+    /// What this rail holds, for `mpib_resource_stats`.
+    pub held: Vec<super::resources::Held>,
 }
 
 impl<D: Device> Rail<D> {
@@ -214,6 +216,7 @@ pub struct SendComm<D: Device> {
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
+    _held: super::resources::Held,
 }
 
 impl<D: Device> SendComm<D> {
@@ -231,6 +234,7 @@ impl<D: Device> SendComm<D> {
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
+            _held: super::resources::Held::new(super::resources::Res::SendComms, 1),
         }
     }
 
@@ -316,6 +320,7 @@ pub struct RecvComm<D: Device> {
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
+    _held: super::resources::Held,
 }
 
 impl<D: Device> RecvComm<D> {
@@ -330,6 +335,7 @@ impl<D: Device> RecvComm<D> {
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
+            _held: super::resources::Held::new(super::resources::Res::RecvComms, 1),
         }
     }
 

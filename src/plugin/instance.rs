@@ -87,7 +87,16 @@ impl<D: Device> Plugin<D> {
         setup::write_handle(handle, self.kind, addr);
         let p = self.params(abi, None);
         self.objs
-            .insert(Kind::Listen, Obj::Listen(Box::new(ListenComm { listener, pair, p, pending: None })))
+            .insert(
+                Kind::Listen,
+                Obj::Listen(Box::new(ListenComm {
+                    listener,
+                    pair,
+                    p,
+                    pending: None,
+                    held: super::resources::Held::new(super::resources::Res::ListenComms, 1),
+                })),
+            )
             .map(ListenHandle)
     }
 

@@ -24,6 +24,7 @@ pub mod handles;
 pub mod instance;
 pub mod mr;
 pub mod oob;
+pub mod resources;
 pub mod setup;
 pub mod table;
 pub mod wire;
@@ -100,6 +101,7 @@ struct Context {
     #[allow(dead_code)]
     comm_id: u64,
     traffic_class: Option<i32>,
+    _held: resources::Held,
 }
 
 static GLOBAL: Mutex<Global> = Mutex::new(Global { contexts: BTreeMap::new() });
@@ -326,7 +328,10 @@ fn device_count_of(a: &Active, abi: AbiVersion) -> usize {
 pub fn new_context(comm_id: u64, traffic_class: Option<i32>) -> ContextHandle {
     let id = NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed);
     let tc = traffic_class.filter(|&t| t >= 0);
-    GLOBAL.lock().contexts.insert(id, Context { comm_id, traffic_class: tc });
+    GLOBAL
+        .lock()
+        .contexts
+        .insert(id, Context { comm_id, traffic_class: tc, _held: resources::Held::new(resources::Res::Contexts, 1) });
     ContextHandle(id)
 }
 

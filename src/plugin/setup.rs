@@ -165,7 +165,21 @@ fn build_rail<D: Device>(
         FlushQp::Without => None,
     };
     let region_mr = Some(dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?);
-    Ok(Rail { qps, flush_qp, srq, cq, region_mr, dev: dev.clone() })
+    use super::resources::{Held, Res};
+    let nqp = qps.len() as u64 + flush_qp.is_some() as u64;
+    let sq = caps.max_send_wr as u64 * qps.len() as u64 + if flush_qp.is_some() { 64 } else { 0 };
+    let mut held = vec![
+        Held::new(Res::Cqs, 1),
+        Held::new(Res::CqEntries, depth as u64),
+        Held::new(Res::Qps, nqp),
+        Held::new(Res::QpSendWrs, sq),
+        Held::new(Res::ControlBytes, region.len() as u64),
+    ];
+    if let Some(d) = srq_depth {
+        held.push(Held::new(Res::Srqs, 1));
+        held.push(Held::new(Res::SrqWqes, d.min(a.max_srq_wr.max(1)) as u64));
+    }
+    Ok(Rail { qps, flush_qp, srq, cq, region_mr, dev: dev.clone(), held })
 }
 
 fn build_rails<D: Device>(
@@ -454,6 +468,7 @@ pub struct ListenComm<D: Device> {
     pub pair: Arc<DevPair<D>>,
     pub p: Params,
     pub pending: Option<Accepting<D>>,
+    pub held: super::resources::Held,
 }
 
 impl<D: Device> ListenComm<D> {

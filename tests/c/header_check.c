@@ -34,3 +34,6 @@ _Static_assert(offsetof(mpib_rail_stats_t, errors) == 64, "rail stats after the 
 _Static_assert(offsetof(mpib_rail_stats_t, share) == 184, "rail stats share");
 ncclResult_t (*const mpib_header_check_counters)(void*, mpib_rail_counters_t*) = mpib_comm_counters;
 ncclResult_t (*const mpib_header_check_stats)(mpib_rail_stats_t*, size_t) = mpib_rail_stats;
+_Static_assert(sizeof(mpib_resource_stats_t) == 15 * 8, "resource stats: 15 figures");
+_Static_assert(offsetof(mpib_resource_stats_t, unrouted_completions) == 14 * 8, "resource stats: the last figure");
+ncclResult_t (*const mpib_header_check_resources)(mpib_resource_stats_t*, size_t) = mpib_resource_stats;

@@ -128,6 +128,26 @@ pub(crate) fn check(call: &'static str, rc: i32) -> Result<()> {
     if rc == code::SUCCESS { Ok(()) } else { Err(Error::call(call, rc)) }
 }
 
+/// Raises this process's soft limit of open files to its hard limit; returns the new soft
+/// limit. Runs with many connections need it while the soft fabric uses a TCP socket per
+/// QP (an NCCL job with hundreds of comms runs with a raised limit anyway).
+pub fn raise_fd_limit() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: a valid out-pointer; then the same struct, with the soft limit raised.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        if r.rlim_cur < r.rlim_max {
+            let want = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                r = want;
+            }
+        }
+    }
+    r.rlim_cur
+}
+
 /// The mpib library cargo built for the running executable (tests live in
 /// `target/<profile>/deps/`, examples in `target/<profile>/examples/`, tools in
 /// `target/<profile>/`), or `NCCL_NET_PLUGIN` when set, as NCCL would read it.

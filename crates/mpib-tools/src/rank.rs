@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::link::Link;
 use super::mem::Arena;
 use super::net::{HANDLE_BYTES, ListenComm, Mr, Net, Plugin, RecvBuf, RecvComm, ReqKind, Request, SendComm};
-use super::report::{Failure, PhaseReport, RankReport, mono_ns};
+use super::report::{Failure, PhaseReport, RankReport, RoundReport, Snapshot, mono_ns};
 use super::spec::{Phase, Workload};
 use super::workload::{At, Leftovers, run_phase};
 use super::{Error, ErrorKind, Result};
@@ -133,41 +133,68 @@ fn session<'n>(
             )));
         }
     }
-    let (tx, rx) = connect(net, preset, link, rank, w, dev)?;
-    rep.setup_ns = mono_ns() - t0;
-    if w.bad_handles {
-        probe_bad_handles(net, dev, tx.as_ref(), rx.as_ref(), &mut rep.bad_handles);
-    }
-    let mut left = Leftovers::default();
-    for index in 0..w.phases.len() {
-        let (pr, l) = run_one(At::of(w, index), link, rank, tx.as_ref(), rx.as_ref(), obs)?;
-        rep.phases.push(pr);
-        left = l;
-    }
-    if w.bad_handles {
-        probe_stale_requests(net, &left, &mut rep.bad_handles);
-    }
-    rep.rails = plugin.rail_stats()?;
-    // Nobody closes while the peer may still need the connection (NCCL destroys
-    // communicators after a barrier too); the barrier carries the reports so far.
-    link.send("done", rep.to_line().as_bytes())?;
-    let peer =
-        RankReport::from_line(&String::from_utf8_lossy(&link.expect("done", wait.max(Duration::from_secs(60)))?))?;
-    let stale: [Option<*mut c_void>; 2] = [tx.as_ref().map(SendComm::raw), rx.as_ref().map(RecvComm::raw)];
-    tx.map(SendComm::close).transpose()?;
-    rx.map(RecvComm::close).transpose()?;
-    if w.bad_handles {
-        // SAFETY: deliberately closed handles; mpib checks every handle it is given.
-        unsafe {
-            if let Some(h) = stale[0] {
-                probe(&mut rep.bad_handles, "closeSend(closed comm)", SendComm::from_raw(net, h).close());
-            }
-            if let Some(h) = stale[1] {
-                probe(&mut rep.bad_handles, "closeRecv(closed comm)", RecvComm::from_raw(net, h).close());
+    rep.base = Snapshot::now(plugin.resource_stats()?);
+    let mut preset = Some(preset);
+    for round in 0..w.rounds {
+        let last = round + 1 == w.rounds;
+        let t_round = mono_ns();
+        let (tx, rx) = connect(net, preset.take().unwrap_or_default(), link, rank, w, dev)?;
+        let setup_ns = mono_ns() - t_round;
+        if round == 0 {
+            rep.setup_ns = mono_ns() - t0;
+        }
+        let open = Snapshot::now(plugin.resource_stats()?);
+        if w.bad_handles && round == 0 {
+            probe_bad_handles(net, dev, tx.first(), rx.first(), &mut rep.bad_handles);
+        }
+        let mut left = Leftovers::default();
+        for index in 0..w.phases.len() {
+            let (pr, l) = run_one(At::of(w, index), link, rank, &tx, &rx, obs)?;
+            rep.phases.push(pr);
+            left = l;
+        }
+        if w.bad_handles && last {
+            probe_stale_requests(net, &left, &mut rep.bad_handles);
+        }
+        let used = Snapshot::now(plugin.resource_stats()?);
+        // Nobody closes while the peer may still need the connections (NCCL destroys
+        // communicators after a barrier too); the last barrier carries the reports so far.
+        let mut peer = None;
+        if last {
+            rep.rails = plugin.rail_stats()?;
+            // (The peer's copy lacks this round: it is only done once the comms are closed.)
+            link.send("done", rep.to_line().as_bytes())?;
+            let line = link.expect("done", wait.max(Duration::from_secs(60)))?;
+            peer = Some(RankReport::from_line(&String::from_utf8_lossy(&line))?);
+        } else {
+            link.send("round", b"")?;
+            link.expect("round", wait.max(Duration::from_secs(60)))?;
+        }
+        let stale: [Option<*mut c_void>; 2] = [tx.first().map(SendComm::raw), rx.first().map(RecvComm::raw)];
+        for c in tx {
+            c.close()?;
+        }
+        for c in rx {
+            c.close()?;
+        }
+        let closed = Snapshot::now(plugin.resource_stats()?);
+        rep.rounds.push(RoundReport { setup_ns, open, used, closed });
+        if w.bad_handles && last {
+            // SAFETY: deliberately closed handles; mpib checks every handle it is given.
+            unsafe {
+                if let Some(h) = stale[0] {
+                    probe(&mut rep.bad_handles, "closeSend(closed comm)", SendComm::from_raw(net, h).close());
+                }
+                if let Some(h) = stale[1] {
+                    probe(&mut rep.bad_handles, "closeRecv(closed comm)", RecvComm::from_raw(net, h).close());
+                }
             }
         }
+        if let Some(peer) = peer {
+            return Ok(peer);
+        }
     }
-    Ok(peer)
+    unreachable!("rounds >= 1 (Workload::check)")
 }
 
 /// One phase: its warm-up first if it has one (after which, with a time budget, rank 0
@@ -176,8 +203,8 @@ fn run_one(
     at: At<'_>,
     link: &mut Link,
     rank: u32,
-    tx: Option<&SendComm<'_>>,
-    rx: Option<&RecvComm<'_>>,
+    tx: &[SendComm<'_>],
+    rx: &[RecvComm<'_>],
     obs: &mut dyn FnMut(&PhaseStart),
 ) -> Result<(PhaseReport, Leftovers)> {
     let (p, index) = (at.phase, at.index);
@@ -217,10 +244,12 @@ fn budget_count(link: &mut Link, rank: u32, p: &Phase, warm: &PhaseReport, wait:
     Ok(count)
 }
 
-/// Listen (if this rank receives), exchange handles, then call `connect` and `accept`
-/// alternately until both comms exist, as NCCL's proxy does; the listen comm is closed
-/// right after `accept` succeeds. A [`Preset`] listen comm's handle and the peer's
-/// handle it carries do not cross the link. `dev`: the plugin's device index.
+/// Listen (if this rank receives) once per connection, exchange the handles, then call
+/// `connect` and `accept` in turn until every comm exists, as NCCL's proxy does; each
+/// listen comm is closed right after its `accept` succeeds. Receive comm `i` is the peer's
+/// send comm `i` (it connected with handle `i`). A [`Preset`] listen comm's handle and the
+/// peer's handle it carries do not cross the link (one connection only). `dev`: the
+/// plugin's device index.
 fn connect<'n>(
     net: &'n Net,
     preset: Preset<'n>,
@@ -228,63 +257,67 @@ fn connect<'n>(
     rank: u32,
     w: &Workload,
     dev: i32,
-) -> Result<(Option<SendComm<'n>>, Option<RecvComm<'n>>)> {
+) -> Result<(Vec<SendComm<'n>>, Vec<RecvComm<'n>>)> {
     let wait = Duration::from_millis(w.stall_ms);
+    let n = w.comms as usize;
     let receives = w.bidir || rank == 0;
     let sends = w.bidir || rank == 1;
     let preset_listen = preset.listen.is_some();
-    let mut listen = match preset.listen {
-        Some(l) if receives => Some(l),
-        Some(_) => return Err(Error::usage(format!("rank {rank} only sends: it has no use for a listen comm"))),
-        None if receives => Some(net.listen(dev)?),
-        None => None,
-    };
-    if let Some(l) = listen.as_ref().filter(|_| !preset_listen) {
-        link.send("handle", l.handle())?;
+    if n > 1 && (preset_listen || preset.peer_handle.is_some()) {
+        return Err(Error::usage("a preset listen comm or handle serves one connection, not several"));
     }
-    let mut conn = match (sends, preset.peer_handle) {
-        (false, _) => None,
-        (true, Some(h)) => Some(net.connector(dev, &h)),
+    let mut listens: Vec<Option<ListenComm<'n>>> = match preset.listen {
+        Some(l) if receives => vec![Some(l)],
+        Some(_) => return Err(Error::usage(format!("rank {rank} only sends: it has no use for a listen comm"))),
+        None if receives => (0..n).map(|_| net.listen(dev).map(Some)).collect::<Result<_>>()?,
+        None => Vec::new(),
+    };
+    if receives && !preset_listen {
+        let handles: Vec<u8> = listens.iter().flatten().flat_map(|l| l.handle().iter().copied()).collect();
+        link.send("handles", &handles)?;
+    }
+    let mut conns = match (sends, preset.peer_handle) {
+        (false, _) => Vec::new(),
+        (true, Some(h)) => vec![net.connector(dev, &h)],
         (true, None) => {
-            let h = link.expect("handle", wait)?;
-            let h: [u8; HANDLE_BYTES] =
-                h.try_into().map_err(|h: Vec<u8>| Error::io(format!("the peer's handle has {} bytes", h.len())))?;
-            Some(net.connector(dev, &h))
+            let h = link.expect("handles", wait)?;
+            if h.len() != n * HANDLE_BYTES {
+                return Err(Error::io(format!("the peer sent {} bytes of handles for {n} connections", h.len())));
+            }
+            h.chunks(HANDLE_BYTES).map(|c| net.connector(dev, c.try_into().expect("128 bytes"))).collect()
         }
     };
-    let (mut tx, mut rx) = (None, None);
-    let end = mono_ns() + wait.as_nanos() as u64;
+    let mut tx: Vec<Option<SendComm<'n>>> = (0..conns.len()).map(|_| None).collect();
+    let mut rx: Vec<Option<RecvComm<'n>>> = (0..listens.len()).map(|_| None).collect();
+    let mut last_progress = mono_ns();
     loop {
-        if let (Some(c), None) = (conn.as_mut(), &tx) {
-            tx = c.poll()?;
+        let mut progressed = false;
+        for (c, t) in conns.iter_mut().zip(tx.iter_mut()).filter(|(_, t)| t.is_none()) {
+            *t = c.poll()?;
+            progressed |= t.is_some();
         }
-        if let (Some(l), None) = (listen.as_mut(), &rx) {
-            rx = l.accept()?;
-            if rx.is_some() {
-                listen.take().expect("listening").close()?;
+        for (l, r) in listens.iter_mut().zip(rx.iter_mut()).filter(|(_, r)| r.is_none()) {
+            *r = l.as_mut().expect("listening until accepted").accept()?;
+            if r.is_some() {
+                l.take().expect("listening").close()?;
+                progressed = true;
             }
         }
-        if tx.is_some() == sends && rx.is_some() == receives {
-            return Ok((tx, rx));
+        let (up_tx, up_rx) = (tx.iter().flatten().count(), rx.iter().flatten().count());
+        if up_tx == tx.len() && up_rx == rx.len() {
+            return Ok((tx.into_iter().flatten().collect(), rx.into_iter().flatten().collect()));
         }
-        if mono_ns() > end {
+        if progressed {
+            last_progress = mono_ns();
+        } else if mono_ns() - last_progress > wait.as_nanos() as u64 {
+            let state = |up: usize, of: usize, needed: bool| {
+                if !needed { "not needed".to_string() } else { format!("{up} of {of} up") }
+            };
             return Err(Error::timeout(format!(
-                "connection set-up not done within {} ms (send comm: {}, receive comm: {})",
+                "connection set-up made no progress for {} ms (send comms: {}, receive comms: {})",
                 w.stall_ms,
-                if !sends {
-                    "not needed"
-                } else if tx.is_some() {
-                    "up"
-                } else {
-                    "pending"
-                },
-                if !receives {
-                    "not needed"
-                } else if rx.is_some() {
-                    "up"
-                } else {
-                    "pending"
-                },
+                state(up_tx, tx.len(), sends),
+                state(up_rx, rx.len(), receives),
             )));
         }
         std::thread::yield_now();

@@ -4,7 +4,7 @@
 //! was seen, to time a dead peer's detection) and the answers to bad handles.
 
 use super::kv::{Fields, Writer};
-use super::net::{RailCounters, RailStats};
+use super::net::{RailCounters, RailStats, Resources};
 use super::{Error, ErrorKind, Result};
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of a host, so a killed
@@ -256,6 +256,117 @@ impl PhaseReport {
     }
 }
 
+/// What this process holds at one moment: the plugin's own figures
+/// (`mpib_resource_stats`, when the library has it) and what the kernel counts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    pub res: Option<Resources>,
+    /// Open file descriptors, threads, resident memory (KiB) of the process.
+    pub fds: u64,
+    pub threads: u64,
+    pub rss_kib: u64,
+}
+
+/// Declares the `mpib_resource_stats_t` fields the report carries, once for both ways.
+macro_rules! resource_fields {
+    ($($f:ident),* $(,)?) => {
+        /// The fields of `mpib_resource_stats_t` by name.
+        pub fn resource_fields(r: &Resources) -> Vec<(&'static str, u64)> {
+            vec![$((stringify!($f), r.$f),)*]
+        }
+
+        fn get_resources(f: &Fields, p: &str) -> Result<Resources> {
+            Ok(Resources { $($f: f.get(&format!("{p}.{}", stringify!($f)))?,)* })
+        }
+    };
+}
+
+resource_fields!(
+    contexts,
+    send_comms,
+    recv_comms,
+    listen_comms,
+    nic_queues,
+    cqs,
+    cq_entries,
+    srqs,
+    srq_wqes,
+    srq_posted,
+    qps,
+    qp_send_wrs,
+    control_bytes,
+    inbox_entries,
+    unrouted_completions,
+);
+
+impl Snapshot {
+    /// This process, now; `res` from the plugin.
+    pub fn now(res: Option<Resources>) -> Snapshot {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let fds = std::fs::read_dir("/proc/self/fd").map(|d| d.count() as u64).unwrap_or(0);
+        Snapshot { res, fds, threads: field("Threads:"), rss_kib: field("VmRSS:") }
+    }
+
+    fn put(&self, w: &mut Writer, p: &str) {
+        w.put(&format!("{p}.fds"), self.fds)
+            .put(&format!("{p}.threads"), self.threads)
+            .put(&format!("{p}.rss_kib"), self.rss_kib);
+        if let Some(r) = &self.res {
+            for (name, v) in resource_fields(r) {
+                w.put(&format!("{p}.{name}"), v);
+            }
+        }
+    }
+
+    fn get(f: &Fields, p: &str) -> Result<Snapshot> {
+        let res = if f.has(&format!("{p}.cqs")) { Some(get_resources(f, p)?) } else { None };
+        Ok(Snapshot {
+            res,
+            fds: f.get(&format!("{p}.fds"))?,
+            threads: f.get(&format!("{p}.threads"))?,
+            rss_kib: f.get(&format!("{p}.rss_kib"))?,
+        })
+    }
+}
+
+/// One round of a workload: its connections opened, used, closed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundReport {
+    /// From the first `listen`/`connect` to the last comm up.
+    pub setup_ns: u64,
+    /// Right after the connections came up, after the phases (before closing), after
+    /// closing them.
+    pub open: Snapshot,
+    pub used: Snapshot,
+    pub closed: Snapshot,
+}
+
+impl RoundReport {
+    fn put(&self, w: &mut Writer, p: &str) {
+        w.put(&format!("{p}.setup_ns"), self.setup_ns);
+        self.open.put(w, &format!("{p}.open"));
+        self.used.put(w, &format!("{p}.used"));
+        self.closed.put(w, &format!("{p}.closed"));
+    }
+
+    fn get(f: &Fields, p: &str) -> Result<RoundReport> {
+        Ok(RoundReport {
+            setup_ns: f.get(&format!("{p}.setup_ns"))?,
+            open: Snapshot::get(f, &format!("{p}.open"))?,
+            used: Snapshot::get(f, &format!("{p}.used"))?,
+            closed: Snapshot::get(f, &format!("{p}.closed"))?,
+        })
+    }
+}
+
 /// The first error a rank hit.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Failure {
@@ -281,6 +392,10 @@ pub struct RankReport {
     /// The plugin's per-rail statistics of this process after the last phase
     /// (`mpib_rail_stats`), when the library has them.
     pub rails: Option<[RailStats; 2]>,
+    /// The process after `init`, before any connection.
+    pub base: Snapshot,
+    /// One entry per round ([`super::spec::Workload::rounds`]) this rank finished.
+    pub rounds: Vec<RoundReport>,
     pub failure: Option<Failure>,
 }
 
@@ -329,6 +444,7 @@ const CALLS: &[&str] = &[
     "finalize",
     "mpib_comm_counters",
     "mpib_rail_stats",
+    "mpib_resource_stats",
 ];
 
 impl RankReport {
@@ -344,7 +460,12 @@ impl RankReport {
             .put("device", &self.device)
             .put("setup_ns", self.setup_ns)
             .put("phases", self.phases.len())
-            .put("bad_handles", self.bad_handles.len());
+            .put("bad_handles", self.bad_handles.len())
+            .put("rounds", self.rounds.len());
+        self.base.put(&mut w, "base");
+        for (i, r) in self.rounds.iter().enumerate() {
+            r.put(&mut w, &format!("round{i}"));
+        }
         for (i, p) in self.phases.iter().enumerate() {
             p.put(&mut w, &format!("p{i}"));
         }
@@ -378,6 +499,10 @@ impl RankReport {
         };
         for i in 0..f.get::<usize>("phases")? {
             r.phases.push(PhaseReport::get(&f, &format!("p{i}"))?);
+        }
+        r.base = Snapshot::get(&f, "base")?;
+        for i in 0..f.get::<usize>("rounds")? {
+            r.rounds.push(RoundReport::get(&f, &format!("round{i}"))?);
         }
         for i in 0..f.get::<usize>("bad_handles")? {
             r.bad_handles.push((f.str(&format!("bad{i}.what"))?.to_string(), f.get(&format!("bad{i}.code"))?));
@@ -429,6 +554,15 @@ mod tests {
             bad_handles: vec![("test(garbage)".into(), 4)],
             rails: Some([rails, RailStats { share: 0.375, ..rails }]),
             failure: Some(Failure { error: Error::call("test", 6), at_ns: 12345 }),
+            base: Snapshot { fds: 9, threads: 3, rss_kib: 1000, res: None },
+            rounds: vec![RoundReport {
+                setup_ns: 77,
+                open: Snapshot {
+                    res: Some(Resources { cqs: 2, control_bytes: 4096, ..Resources::default() }),
+                    ..Snapshot::default()
+                },
+                ..RoundReport::default()
+            }],
             ..RankReport::default()
         };
         assert_eq!(RankReport::from_line(&r.to_line()).unwrap(), r);

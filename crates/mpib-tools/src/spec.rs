@@ -206,17 +206,36 @@ pub struct Workload {
     pub bad_handles: bool,
     /// A rank with requests in flight that sees no progress for this long fails.
     pub stall_ms: u64,
+    /// Connections per direction, all set up through one `init` (one NCCL communicator),
+    /// each with its own listen comm, as NCCL opens one per channel and peer; every phase
+    /// runs on all of them at once.
+    pub comms: u32,
+    /// Open the connections, run the phases, close them: this many times.
+    pub rounds: u32,
     pub phases: Vec<Phase>,
 }
 
 impl Default for Workload {
     fn default() -> Self {
-        Workload { dev: 0, seed: 1, check: true, bidir: false, bad_handles: false, stall_ms: 20_000, phases: vec![] }
+        Workload {
+            dev: 0,
+            seed: 1,
+            check: true,
+            bidir: false,
+            bad_handles: false,
+            stall_ms: 20_000,
+            comms: 1,
+            rounds: 1,
+            phases: vec![],
+        }
     }
 }
 
 impl Workload {
     pub fn check(&self) -> Result<()> {
+        if self.comms == 0 || self.rounds == 0 {
+            return Err(Error::usage(format!("comms {} and rounds {}: at least 1 each", self.comms, self.rounds)));
+        }
         for (i, p) in self.phases.iter().enumerate() {
             p.check(i)?;
         }
@@ -238,6 +257,12 @@ impl Workload {
             .put("bad_handles", self.bad_handles as u8)
             .put("stall_ms", self.stall_ms)
             .put("phases", self.phases.len());
+        // Only when not 1: the lines of one-connection workloads stay as they were.
+        for (name, v) in [("comms", self.comms), ("rounds", self.rounds)] {
+            if v != 1 {
+                w.put(name, v);
+            }
+        }
         for (i, p) in self.phases.iter().enumerate() {
             let sizes: Vec<String> = p.sizes.iter().map(u64::to_string).collect();
             w.put(&format!("p{i}.sizes"), sizes.join(","))
@@ -263,7 +288,8 @@ impl Workload {
 
     pub fn from_line(line: &str) -> Result<Workload> {
         let f = Fields::parse(line)?;
-        let unknown = f.unknown(&["dev", "seed", "check", "bidir", "bad_handles", "stall_ms", "phases", "p*"]);
+        let unknown =
+            f.unknown(&["dev", "seed", "check", "bidir", "bad_handles", "stall_ms", "comms", "rounds", "phases", "p*"]);
         if !unknown.is_empty() {
             return Err(Error::usage(format!("unknown workload fields {unknown:?}")));
         }
@@ -275,6 +301,8 @@ impl Workload {
             bidir: flag("bidir")?,
             bad_handles: flag("bad_handles")?,
             stall_ms: f.get("stall_ms")?,
+            comms: f.get_or("comms", 1)?,
+            rounds: f.get_or("rounds", 1)?,
             phases: Vec::new(),
         };
         for i in 0..f.get::<usize>("phases")? {
@@ -324,6 +352,8 @@ mod tests {
         let w = Workload {
             seed: 99,
             bidir: true,
+            comms: 3,
+            rounds: 2,
             phases: vec![
                 Phase { sizes: vec![0, 1, 1 << 20], count: 5, nrecv: 3, recv: RecvSize::Plus(64), ..Phase::default() },
                 Phase {
@@ -342,6 +372,8 @@ mod tests {
         let line = w.to_line();
         assert_eq!(Workload::from_line(&line).unwrap(), w, "{line}");
         assert!(Workload::from_line(&format!("{line} bogus=1")).is_err());
+        assert!(Workload::from_line(&line.replace("comms=3", "comms=0")).is_err());
+        assert!(!Workload::default().to_line().contains("comms"), "one connection: the line as before");
         assert!(Workload::from_line(&line.replace("p0.nrecv=3", "p0.nrecv=9")).is_err());
         assert!(Workload::from_line(&line.replace("p1.recv=minus:3", "p1.recv=less")).is_err());
         assert!(Workload::from_line(&line.replace("p1.warmup=3", "p1.warmup=0")).is_err(), "budget without warm-up");

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use super::mem::Arena;
-use super::net::{MAX_RECVS, Mr, RecvBuf, RecvComm, Request, SendComm, Sizes};
+use super::net::{MAX_RECVS, Mr, RailCounters, RecvBuf, RecvComm, Request, SendComm, Sizes};
 use super::pattern::{self, CANARY};
 use super::report::{PhaseReport, SideStats, counters_delta, mono_ns};
 use super::spec::{GUARD, Kill, Phase, Side, Workload, tag};
@@ -29,6 +29,9 @@ pub struct At<'w> {
     pub warmup: bool,
     /// [`mono_ns`] when the phase started: the zero of its timeline.
     pub start_ns: u64,
+    /// Which of the workload's connections ([`Workload::comms`]): each has patterns of its
+    /// own, so a byte delivered to the wrong connection is caught.
+    pub comm: u32,
 }
 
 /// Mixed into the pattern seed of warm-ups.
@@ -37,13 +40,15 @@ const WARMUP_SEED: u64 = 0x7761_726d_7570;
 impl<'w> At<'w> {
     /// Phase `index` as the workload writes it, starting now.
     pub fn of(w: &'w Workload, index: usize) -> At<'w> {
-        At { w, index, phase: &w.phases[index], warmup: false, start_ns: mono_ns() }
+        At { w, index, phase: &w.phases[index], warmup: false, start_ns: mono_ns(), comm: 0 }
     }
     fn phase(&self) -> &'w Phase {
         self.phase
     }
     fn key(&self, g: u64, j: usize) -> u64 {
         let seed = if self.warmup { self.w.seed ^ WARMUP_SEED } else { self.w.seed };
+        // Connection 0 keeps the one-connection patterns.
+        let seed = seed ^ (self.comm as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         pattern::key(seed, self.index as u32, g, j as u32)
     }
 }
@@ -478,54 +483,63 @@ pub struct Leftovers {
     pub recv_req: Option<*mut std::ffi::c_void>,
 }
 
-/// Runs phase `at.index` on this rank's comms (either may be absent in one-way runs).
-pub fn run_phase(at: At<'_>, tx: Option<&SendComm<'_>>, rx: Option<&RecvComm<'_>>) -> Result<(PhaseReport, Leftovers)> {
+/// Runs phase `at.index` on this rank's comms (either list may be empty in one-way runs):
+/// all of them at once, one progress step of each in turn. The report sums them.
+pub fn run_phase(at: At<'_>, tx: &[SendComm<'_>], rx: &[RecvComm<'_>]) -> Result<(PhaseReport, Leftovers)> {
     let p = at.phase();
-    let tx_arena = match tx {
-        Some(_) => Some(Arena::new(Sender::arena_bytes(p))?),
-        None => None,
-    };
-    let rx_arena = match rx {
-        Some(_) => Some(Arena::new(Receiver::arena_bytes(p))?),
-        None => None,
-    };
-    let tx_mr = match (tx, &tx_arena) {
-        (Some(c), Some(a)) => Some(c.reg_mr(a).map_err(|e| ctx(e, format!("phase {} send buffers", at.index)))?),
-        _ => None,
-    };
-    let rx_mr = match (rx, &rx_arena) {
-        (Some(c), Some(a)) => Some(c.reg_mr(a).map_err(|e| ctx(e, format!("phase {} receive buffers", at.index)))?),
-        _ => None,
-    };
-    let tx_before = tx.map(|c| c.counters()).transpose()?.flatten();
-    let rx_before = rx.map(|c| c.counters()).transpose()?.flatten();
-    let mut s = match (tx, &tx_mr) {
-        (Some(c), Some(m)) => Some(Sender::new(at, c, m)),
-        _ => None,
-    };
-    let mut r = match (rx, &rx_mr) {
-        (Some(c), Some(m)) => Some(Receiver::new(at, c, m)),
-        _ => None,
-    };
+    let tx_arenas = tx.iter().map(|_| Arena::new(Sender::arena_bytes(p))).collect::<Result<Vec<_>>>()?;
+    let rx_arenas = rx.iter().map(|_| Arena::new(Receiver::arena_bytes(p))).collect::<Result<Vec<_>>>()?;
+    let tx_mrs = tx
+        .iter()
+        .zip(&tx_arenas)
+        .map(|(c, a)| c.reg_mr(a).map_err(|e| ctx(e, format!("phase {} send buffers", at.index))))
+        .collect::<Result<Vec<_>>>()?;
+    let rx_mrs = rx
+        .iter()
+        .zip(&rx_arenas)
+        .map(|(c, a)| c.reg_mr(a).map_err(|e| ctx(e, format!("phase {} receive buffers", at.index))))
+        .collect::<Result<Vec<_>>>()?;
+    let counters = |c: Result<Option<[RailCounters; 2]>>| c;
+    let tx_before = tx.iter().map(|c| counters(c.counters())).collect::<Result<Vec<_>>>()?;
+    let rx_before = rx.iter().map(|c| counters(c.counters())).collect::<Result<Vec<_>>>()?;
+    let at_comm = |i: usize| At { comm: i as u32, ..at };
+    let mut senders: Vec<Sender<'_>> =
+        tx.iter().zip(&tx_mrs).enumerate().map(|(i, (c, m))| Sender::new(at_comm(i), c, m)).collect();
+    let mut receivers: Vec<Receiver<'_>> =
+        rx.iter().zip(&rx_mrs).enumerate().map(|(i, (c, m))| Receiver::new(at_comm(i), c, m)).collect();
     let stall = Duration::from_millis(at.w.stall_ms).as_nanos() as u64;
     let mut last_progress = mono_ns();
     loop {
         let mut progressed = false;
-        if let Some(s) = s.as_mut() {
+        for s in senders.iter_mut().filter(|s| !s.finished()) {
             progressed |= s.step()?;
         }
-        if let Some(r) = r.as_mut() {
+        for r in receivers.iter_mut().filter(|r| !r.finished()) {
             progressed |= r.step()?;
         }
-        let done = s.as_ref().is_none_or(Sender::finished) && r.as_ref().is_none_or(Receiver::finished);
-        if done {
+        if senders.iter().all(Sender::finished) && receivers.iter().all(Receiver::finished) {
             break;
         }
         if progressed {
             last_progress = mono_ns();
         } else {
             if mono_ns() - last_progress > stall {
-                let d: Vec<String> = s.iter().map(Sender::describe).chain(r.iter().map(Receiver::describe)).collect();
+                let unfinished = |d: String| if d.is_empty() { None } else { Some(d) };
+                let d: Vec<String> = senders
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| !s.finished())
+                    .map(|(i, s)| format!("send comm {i}: {}", s.describe()))
+                    .chain(
+                        receivers
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, r)| !r.finished())
+                            .map(|(i, r)| format!("receive comm {i}: {}", r.describe())),
+                    )
+                    .filter_map(unfinished)
+                    .take(8)
+                    .collect();
                 return Err(Error::timeout(format!(
                     "phase {}: no progress for {} ms: {}",
                     at.index,
@@ -538,29 +552,78 @@ pub fn run_phase(at: At<'_>, tx: Option<&SendComm<'_>>, rx: Option<&RecvComm<'_>
     }
     let mut left = Leftovers::default();
     let mut report = PhaseReport::default();
-    if let Some(s) = s {
-        left.send_req = s.last_done();
-        let mut st = s.finish();
-        if let (Some(b), Some(a)) = (tx_before, tx.map(|c| c.counters()).transpose()?.flatten()) {
-            st.counters = Some(counters_delta(&a, &b));
+    if !senders.is_empty() {
+        left.send_req = senders[0].last_done();
+        let mut sum = SideStats::default();
+        for (i, s) in senders.into_iter().enumerate() {
+            let mut st = s.finish();
+            if let (Some(b), Some(a)) = (tx_before[i], tx[i].counters()?) {
+                st.counters = Some(counters_delta(&a, &b));
+            }
+            add_stats(&mut sum, st, i == 0);
         }
-        report.tx = Some(st);
+        report.tx = Some(sum);
     }
-    if let Some(r) = r {
-        left.recv_req = r.last_done();
-        let mut st = r.finish();
-        if let (Some(b), Some(a)) = (rx_before, rx.map(|c| c.counters()).transpose()?.flatten()) {
-            st.counters = Some(counters_delta(&a, &b));
+    if !receivers.is_empty() {
+        left.recv_req = receivers[0].last_done();
+        let mut sum = SideStats::default();
+        for (i, r) in receivers.into_iter().enumerate() {
+            let mut st = r.finish();
+            if let (Some(b), Some(a)) = (rx_before[i], rx[i].counters()?) {
+                st.counters = Some(counters_delta(&a, &b));
+            }
+            add_stats(&mut sum, st, i == 0);
         }
-        report.rx = Some(st);
+        report.rx = Some(sum);
     }
-    if let Some(m) = tx_mr {
-        m.dereg()?;
-    }
-    if let Some(m) = rx_mr {
+    for m in tx_mrs.into_iter().chain(rx_mrs) {
         m.dereg()?;
     }
     Ok((report, left))
+}
+
+/// Adds one connection's figures to the phase's: counts and checksums add up, latencies
+/// and time take the worst, the first connection's timeline and first wrong thing stand
+/// unless it had none.
+fn add_stats(sum: &mut SideStats, s: SideStats, first: bool) {
+    if first {
+        *sum = s;
+        return;
+    }
+    sum.requests += s.requests;
+    sum.messages += s.messages;
+    sum.bytes += s.bytes;
+    sum.elapsed_ns = sum.elapsed_ns.max(s.elapsed_ns);
+    sum.lat_p50_ns = sum.lat_p50_ns.max(s.lat_p50_ns);
+    sum.lat_p99_ns = sum.lat_p99_ns.max(s.lat_p99_ns);
+    sum.lat_max_ns = sum.lat_max_ns.max(s.lat_max_ns);
+    sum.wrong_bytes += s.wrong_bytes;
+    sum.wrong_sizes += s.wrong_sizes;
+    sum.canary_broken += s.canary_broken;
+    sum.checksum = sum.checksum.wrapping_add(s.checksum);
+    if sum.first_wrong.is_empty() {
+        sum.first_wrong = s.first_wrong;
+    }
+    sum.null_requests += s.null_requests;
+    sum.test_calls += s.test_calls;
+    sum.flushes += s.flushes;
+    sum.counters = match (sum.counters, s.counters) {
+        (Some(a), Some(b)) => Some([add_counters(&a[0], &b[0]), add_counters(&a[1], &b[1])]),
+        _ => None,
+    };
+}
+
+fn add_counters(a: &RailCounters, b: &RailCounters) -> RailCounters {
+    RailCounters {
+        wr_posted: a.wr_posted + b.wr_posted,
+        doorbells: a.doorbells + b.doorbells,
+        bytes: a.bytes + b.bytes,
+        imm_sent: a.imm_sent + b.imm_sent,
+        cqe: a.cqe + b.cqe,
+        rnr: a.rnr + b.rnr,
+        zero_byte_imm: a.zero_byte_imm + b.zero_byte_imm,
+        probes: a.probes + b.probes,
+    }
 }
 
 #[cfg(test)]

@@ -59,3 +59,35 @@ pub struct mpib_rail_stats_t {
     /// This rail's part of the payload bytes of both rails (0 … 1).
     pub share: f64,
 }
+
+/// What the plugin holds now, process-wide (`mpib_resource_stats`): comms, contexts, fabric
+/// objects and registered control memory. Every figure but `unrouted_completions` returns to
+/// its earlier value when what was opened is closed again.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct mpib_resource_stats_t {
+    /// Plugin contexts: with ABI v11+ one per NCCL communicator (`init`), else one per process.
+    pub contexts: u64,
+    pub send_comms: u64,
+    pub recv_comms: u64,
+    pub listen_comms: u64,
+    /// Sets of shared queues: one per NIC a context's connections use.
+    pub nic_queues: u64,
+    /// Completion queues and their entries.
+    pub cqs: u64,
+    pub cq_entries: u64,
+    /// Shared receive queues, their depth, and the WQEs posted in them now.
+    pub srqs: u64,
+    pub srq_wqes: u64,
+    pub srq_posted: u64,
+    /// Queue pairs and the sum of their send-queue depths.
+    pub qps: u64,
+    pub qp_send_wrs: u64,
+    /// Bytes of the connections' control regions (CTS FIFO, completion records, scratch),
+    /// once per NIC registration.
+    pub control_bytes: u64,
+    /// Capacity, in completions, of the per-connection completion inboxes.
+    pub inbox_entries: u64,
+    /// Completions no live connection claimed (a closed connection's late ones), so far.
+    pub unrouted_completions: u64,
+}

@@ -15,6 +15,7 @@ use super::props::Props;
 use super::{Error, Result, check};
 use ncclnet_types::mpib::mpib_rail_counters_t;
 use ncclnet_types::mpib::mpib_rail_stats_t;
+use ncclnet_types::mpib::mpib_resource_stats_t;
 use ncclnet_types::types::*;
 
 mod comm;
@@ -36,11 +37,14 @@ pub(super) const OPTIONAL_RECV: *mut c_void = consts::NCCL_NET_OPTIONAL_RECV_COM
 
 type CountersFn = unsafe extern "C" fn(*mut c_void, *mut mpib_rail_counters_t) -> c_int;
 type StatsFn = unsafe extern "C" fn(*mut mpib_rail_stats_t, usize) -> c_int;
+type ResourcesFn = unsafe extern "C" fn(*mut mpib_resource_stats_t, usize) -> c_int;
 
 /// Per-rail counters of a comm (`mpib_comm_counters`): index 0 SOUT, 1 SUP.
 pub type RailCounters = mpib_rail_counters_t;
 /// Per-rail statistics of the whole process (`mpib_rail_stats`): index 0 SOUT, 1 SUP.
 pub type RailStats = mpib_rail_stats_t;
+/// What the plugin holds now, process-wide (`mpib_resource_stats`).
+pub type Resources = mpib_resource_stats_t;
 
 /// A plugin library and the table of the ABI version chosen.
 #[derive(Clone)]
@@ -49,6 +53,7 @@ pub struct Plugin {
     table: Table,
     counters: Option<CountersFn>,
     stats: Option<StatsFn>,
+    resources: Option<ResourcesFn>,
 }
 
 impl Plugin {
@@ -83,7 +88,11 @@ impl Plugin {
             // SAFETY: as above, `mpib_rail_stats` as include/mpib.h declares it.
             unsafe { std::mem::transmute::<*mut c_void, StatsFn>(p) }
         });
-        Ok(Plugin { lib: Arc::new(lib), table, counters, stats })
+        let resources = lib.symbol(c"mpib_resource_stats").map(|p| {
+            // SAFETY: as above, `mpib_resource_stats` as include/mpib.h declares it.
+            unsafe { std::mem::transmute::<*mut c_void, ResourcesFn>(p) }
+        });
+        Ok(Plugin { lib: Arc::new(lib), table, counters, stats, resources })
     }
 
     /// The ABI version in use (6 … 12).
@@ -125,6 +134,17 @@ impl Plugin {
         // SAFETY: two entries of the size we pass, as include/mpib.h asks.
         let rc = unsafe { f(out.as_mut_ptr(), std::mem::size_of::<RailStats>()) };
         check("mpib_rail_stats", rc)?;
+        Ok(Some(out))
+    }
+
+    /// What the plugin holds now (`mpib_resource_stats`; `None`: the library does not
+    /// export it). Process-wide.
+    pub fn resource_stats(&self) -> Result<Option<Resources>> {
+        let Some(f) = self.resources else { return Ok(None) };
+        let mut out = Resources::default();
+        // SAFETY: one entry of the size we pass, as include/mpib.h asks.
+        let rc = unsafe { f(&mut out, std::mem::size_of::<Resources>()) };
+        check("mpib_resource_stats", rc)?;
         Ok(Some(out))
     }
 
