@@ -7,17 +7,18 @@
 use std::time::{Duration, Instant};
 
 use mpib::fabric::MemTypes;
-use mpib::plugin::{self, AbiVersion, BufArg, CommHandle};
+use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, ContextHandle};
 
-fn pair(abi: AbiVersion, ctx_tc: Option<i32>) -> (CommHandle, CommHandle) {
+/// A send and a receive comm of the communicator of `ctx`.
+fn pair(abi: AbiVersion, ctx: ContextHandle) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
-    let listen = plugin::listen(abi, 0, &mut handle).expect("listen");
+    let listen = plugin::listen(abi, Some(ctx), 0, &mut handle).expect("listen");
     let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         assert!(Instant::now() < deadline, "set-up did not finish");
         if send.is_none() {
-            send = plugin::connect(abi, 0, &mut handle, ctx_tc).expect("connect");
+            send = plugin::connect(abi, Some(ctx), 0, &mut handle, None).expect("connect");
         }
         if recv.is_none() {
             recv = plugin::accept(listen).expect("accept");
@@ -33,10 +34,10 @@ fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(3);
     let ctx = {
         plugin::init(AbiVersion::V12).expect("init");
-        plugin::new_context(7, Some(-1))
+        plugin::new_context(7, Some(-1)).expect("context")
     };
     for round in 0..rounds {
-        let (send, recv) = pair(AbiVersion::V12, None);
+        let (send, recv) = pair(AbiVersion::V12, ctx);
         let mut sbuf = vec![7u8; 1 << 16];
         let mut rbuf = vec![0u8; 1 << 16];
         let smr = plugin::reg_mr(send, sbuf.as_mut_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr");

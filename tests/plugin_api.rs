@@ -36,13 +36,13 @@ fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {
 /// Connects a send and a receive comm on device `dev`.
 fn pair_on(abi: AbiVersion, dev: i32) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
-    let listen = plugin::listen(abi, dev, &mut handle).expect("listen");
+    let listen = plugin::listen(abi, None, dev, &mut handle).expect("listen");
     let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         assert!(Instant::now() < deadline, "connect/accept did not finish");
         if send.is_none() {
-            send = plugin::connect(abi, dev, &mut handle, None).expect("connect");
+            send = plugin::connect(abi, None, dev, &mut handle, None).expect("connect");
         }
         if recv.is_none() {
             recv = plugin::accept(listen).expect("accept");
@@ -171,7 +171,7 @@ fn nccl_starts_afresh_after_the_last_finalize() {
     // NCCL 2.28+ unload the plugin with its last communicator and count its NICs again at
     // the next: the devices makeVDevice made must be gone by then.
     plugin::init(AbiVersion::V12).expect("init");
-    let ctx = plugin::new_context(1, None);
+    let ctx = plugin::new_context(1, None).expect("context");
     assert_eq!(plugin::make_vdevice(&[0, 1]).unwrap(), 2);
     assert_eq!(plugin::device_count(AbiVersion::V12).unwrap(), 3);
     plugin::finalize(ctx).unwrap();

@@ -9,20 +9,28 @@ use ncclnet_types::types::*;
 use super::args::{handle_buf, int_size, mem_type, non_null, out, ptr, raw, recv_count};
 use super::guard::run;
 use crate::error::{Error, Result};
-use crate::plugin::{self, AbiVersion, BufArg, CommHandle, ListenHandle, MemHandle, RequestHandle};
+use crate::plugin::{self, AbiVersion, BufArg, CommHandle, ContextHandle, ListenHandle, MemHandle, RequestHandle};
 
 /// Shared body of every `listen`.
-pub fn listen_impl(abi: AbiVersion, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> Result<()> {
+/// Shared body of every `listen`; `ctx`: v11+'s context (older ABIs have none).
+pub fn listen_impl(
+    abi: AbiVersion,
+    ctx: Option<ContextHandle>,
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> Result<()> {
     // SAFETY: NCCL passes an out-pointer for the comm and a 128-byte handle buffer.
     let (comm_out, buf) = unsafe { (out(listen_comm, "listenComm")?, handle_buf(handle)?) };
     *comm_out = std::ptr::null_mut();
-    *comm_out = ptr(Some(plugin::listen(abi, dev, buf)?.0));
+    *comm_out = ptr(Some(plugin::listen(abi, ctx, dev, buf)?.0));
     Ok(())
 }
 
 /// Shared body of every `connect`. `*send_comm` stays NULL until the connection is ready.
 pub fn connect_impl(
     abi: AbiVersion,
+    ctx: Option<ContextHandle>,
     dev: c_int,
     traffic_class: Option<c_int>,
     handle: *mut c_void,
@@ -36,7 +44,7 @@ pub fn connect_impl(
         *d = std::ptr::null_mut();
     }
     *comm_out = std::ptr::null_mut();
-    *comm_out = ptr(plugin::connect(abi, dev, buf, traffic_class)?.map(|c| c.0));
+    *comm_out = ptr(plugin::connect(abi, ctx, dev, buf, traffic_class)?.map(|c| c.0));
     Ok(())
 }
 

@@ -65,7 +65,7 @@ fn init_ctx(
         // SAFETY: NCCL passes NULL or a valid config.
         let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass);
         init_common(abi, log_fn)?;
-        *ctx = ptr(Some(plugin::new_context(comm_id, tc).0));
+        *ctx = ptr(Some(plugin::new_context(comm_id, tc)?.0));
         Ok(())
     })
 }
@@ -260,7 +260,7 @@ get_properties!(get_properties_v12, AbiVersion::V12, ncclNetProperties_v12_t, pr
 macro_rules! listen_no_ctx {
     ($name:ident, $abi:expr) => {
         unsafe extern "C" fn $name(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> ncclResult_t {
-            run("listen", || listen_impl($abi, dev, handle, listen_comm))
+            run("listen", || listen_impl($abi, None, dev, handle, listen_comm))
         }
     };
 }
@@ -276,10 +276,7 @@ unsafe extern "C" fn listen_v11(
     handle: *mut c_void,
     lc: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("listen", || {
-        plugin::check_context(ContextHandle(raw(ctx)))?;
-        listen_impl(AbiVersion::V11, dev, handle, lc)
-    })
+    run("listen", || listen_impl(AbiVersion::V11, Some(ContextHandle(raw(ctx))), dev, handle, lc))
 }
 unsafe extern "C" fn listen_v12(
     ctx: *mut c_void,
@@ -287,14 +284,11 @@ unsafe extern "C" fn listen_v12(
     handle: *mut c_void,
     lc: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("listen", || {
-        plugin::check_context(ContextHandle(raw(ctx)))?;
-        listen_impl(AbiVersion::V12, dev, handle, lc)
-    })
+    run("listen", || listen_impl(AbiVersion::V12, Some(ContextHandle(raw(ctx))), dev, handle, lc))
 }
 
 unsafe extern "C" fn connect_v6(dev: c_int, handle: *mut c_void, sc: *mut *mut c_void) -> ncclResult_t {
-    run("connect", || connect_impl(AbiVersion::V6, dev, None, handle, sc, std::ptr::null_mut()))
+    run("connect", || connect_impl(AbiVersion::V6, None, dev, None, handle, sc, std::ptr::null_mut()))
 }
 macro_rules! connect_devcomm {
     ($name:ident, $abi:expr) => {
@@ -304,7 +298,7 @@ macro_rules! connect_devcomm {
             sc: *mut *mut c_void,
             dc: *mut *mut ncclNetDeviceHandle_v7_t,
         ) -> ncclResult_t {
-            run("connect", || connect_impl($abi, dev, None, handle, sc, dc))
+            run("connect", || connect_impl($abi, None, dev, None, handle, sc, dc))
         }
     };
 }
@@ -322,7 +316,7 @@ unsafe extern "C" fn connect_v10(
     run("connect", || {
         // SAFETY: NCCL passes NULL or a valid comm config.
         let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass);
-        connect_impl(AbiVersion::V10, dev, tc, handle, sc, dc)
+        connect_impl(AbiVersion::V10, None, dev, tc, handle, sc, dc)
     })
 }
 unsafe extern "C" fn connect_v11(
@@ -332,10 +326,8 @@ unsafe extern "C" fn connect_v11(
     sc: *mut *mut c_void,
     dc: *mut *mut ncclNetDeviceHandle_v11_t,
 ) -> ncclResult_t {
-    run("connect", || {
-        let tc = plugin::check_context(ContextHandle(raw(ctx)))?;
-        connect_impl(AbiVersion::V11, dev, tc, handle, sc, dc)
-    })
+    // The traffic class comes with the context.
+    run("connect", || connect_impl(AbiVersion::V11, Some(ContextHandle(raw(ctx))), dev, None, handle, sc, dc))
 }
 unsafe extern "C" fn connect_v12(
     ctx: *mut c_void,
@@ -344,10 +336,7 @@ unsafe extern "C" fn connect_v12(
     sc: *mut *mut c_void,
     dc: *mut *mut ncclNetDeviceHandle_v12_t,
 ) -> ncclResult_t {
-    run("connect", || {
-        let tc = plugin::check_context(ContextHandle(raw(ctx)))?;
-        connect_impl(AbiVersion::V12, dev, tc, handle, sc, dc)
-    })
+    run("connect", || connect_impl(AbiVersion::V12, Some(ContextHandle(raw(ctx))), dev, None, handle, sc, dc))
 }
 
 // ---- the exported tables ---------------------------------------------------------------

@@ -1,7 +1,7 @@
 //! Every `MPIB_*` environment variable, parsed once into one validated [`Config`].
 //!
-//! A bad value (unknown word, out of range, unparsable number, unequal list lengths,
-//! SRQ low ≥ high) is an error naming the variable, the value and what is accepted;
+//! A bad value (unknown word, out of range, unparsable number, unequal list lengths) is an
+//! error naming the variable, the value and what is accepted;
 //! `init` then fails with `ncclInvalidArgument`. An unknown `MPIB_*` name is only warned
 //! about (it is most likely a typo), with the list of known names.
 
@@ -93,8 +93,8 @@ pub struct Config {
     pub split_min_bytes: u64,
     pub sout_qps: u32,
     pub sup_qps: u32,
-    pub srq_low: u32,
-    pub srq_high: u32,
+    /// Depth of the shared receive queue of each NIC a communicator uses.
+    pub srq_depth: u32,
     /// `None` = choose the RoCE v2 GID automatically.
     pub gid_index: Option<u8>,
     /// `None` = the communicator's traffic class, else 0.
@@ -133,8 +133,7 @@ impl Default for Config {
             split_min_bytes: 65536,
             sout_qps: 1,
             sup_qps: 1,
-            srq_low: 64,
-            srq_high: 512,
+            srq_depth: 16384,
             gid_index: None,
             tc: None,
             sl: None,
@@ -221,16 +220,10 @@ pub const VARS: &[VarDoc] = &[
     },
     VarDoc { name: "MPIB_SUP_QP", default: "1", accepted: "1-16", meaning: "data QPs per connection on SUP" },
     VarDoc {
-        name: "MPIB_SRQ_LOW",
-        default: "64",
-        accepted: "1-65535, below MPIB_SRQ_HIGH",
-        meaning: "refill the shared receive queue when fewer WQEs are posted",
-    },
-    VarDoc {
-        name: "MPIB_SRQ_HIGH",
-        default: "512",
-        accepted: "2-65536, above MPIB_SRQ_LOW",
-        meaning: "refill the shared receive queue up to this many WQEs",
+        name: "MPIB_SRQ_DEPTH",
+        default: "16384",
+        accepted: "64-1048576",
+        meaning: "WQEs of the shared receive queue each NIC has per NCCL communicator (at most the device's max_srq_wr); receives beyond it wait (RNR retry)",
     },
     VarDoc {
         name: "MPIB_GID_INDEX",
@@ -301,7 +294,6 @@ impl Config {
         let mut nccl_ib_hca: Option<String> = None;
         let mut hca_sout_set = false;
         let mut hca_sup_set = false;
-        let mut srq_set = (false, false);
         for (k, v) in vars {
             let (name, raw) = (k.as_ref(), v.as_ref());
             if name == "NCCL_SOCKET_IFNAME" {
@@ -350,14 +342,7 @@ impl Config {
                 "MPIB_SPLIT_MIN_BYTES" => parse_int(value, 0, 1 << 30).map(|n| c.split_min_bytes = n as u64),
                 "MPIB_SOUT_QP" => parse_int(value, 1, 16).map(|n| c.sout_qps = n as u32),
                 "MPIB_SUP_QP" => parse_int(value, 1, 16).map(|n| c.sup_qps = n as u32),
-                "MPIB_SRQ_LOW" => parse_int(value, 1, 65535).map(|n| {
-                    srq_set.0 = true;
-                    c.srq_low = n as u32
-                }),
-                "MPIB_SRQ_HIGH" => parse_int(value, 2, 65536).map(|n| {
-                    srq_set.1 = true;
-                    c.srq_high = n as u32
-                }),
+                "MPIB_SRQ_DEPTH" => parse_int(value, 64, 1 << 20).map(|n| c.srq_depth = n as u32),
                 "MPIB_GID_INDEX" => parse_int(value, -1, 255).map(|n| c.gid_index = (n >= 0).then_some(n as u8)),
                 "MPIB_TC" => parse_int(value, 0, 255).map(|n| c.tc = Some(n as u8)),
                 "MPIB_SL" => parse_int(value, 0, 15).map(|n| c.sl = Some(n as u8)),
@@ -403,14 +388,6 @@ impl Config {
                 c.hca_sup.len()
             ));
         }
-        if c.srq_low >= c.srq_high {
-            let which = match srq_set {
-                (true, true) => "MPIB_SRQ_LOW and MPIB_SRQ_HIGH",
-                (true, false) => "MPIB_SRQ_LOW",
-                _ => "MPIB_SRQ_HIGH",
-            };
-            errors.push(format!("{which}: low watermark {} must be below high watermark {}", c.srq_low, c.srq_high));
-        }
         c.unknown.sort();
         if errors.is_empty() { Ok(c) } else { Err(errors) }
     }
@@ -449,7 +426,7 @@ impl fmt::Display for Config {
         };
         write!(
             f,
-            "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} relaxed_ordering={:?} split={split} split_min_bytes={} qps=sout:{}/sup:{} srq={}..{} \
+            "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} relaxed_ordering={:?} split={split} split_min_bytes={} qps=sout:{}/sup:{} srq_depth={} \
              gid_index={} tc={} sl={} timeout={} retry_cnt={} rtt_alpha={} rtt_beta={} probe_interval_us={} \
              stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={}",
             self.fabric,
@@ -461,8 +438,7 @@ impl fmt::Display for Config {
             self.split_min_bytes,
             self.sout_qps,
             self.sup_qps,
-            self.srq_low,
-            self.srq_high,
+            self.srq_depth,
             opt(self.gid_index),
             opt(self.tc),
             opt(self.sl),

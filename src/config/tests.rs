@@ -19,7 +19,7 @@ fn defaults_without_variables() {
     assert_eq!(c.fabric, FabricChoice::Auto);
     assert_eq!(c.split, SplitMode::Auto);
     assert_eq!((c.rtt_alpha, c.rtt_beta), (0.125, 0.25));
-    assert_eq!((c.srq_low, c.srq_high), (64, 512));
+    assert_eq!(c.srq_depth, 16384);
 }
 
 #[test]
@@ -99,15 +99,12 @@ fn gid_index_auto_or_value() {
 }
 
 #[test]
-fn srq_watermarks_must_be_ordered() {
-    let c = parse(&[("MPIB_SRQ_LOW", "8"), ("MPIB_SRQ_HIGH", "16")]).unwrap();
-    assert_eq!((c.srq_low, c.srq_high), (8, 16));
-    let e = one_error(&[("MPIB_SRQ_LOW", "16"), ("MPIB_SRQ_HIGH", "16")]);
-    assert!(e.contains("low watermark 16 must be below high watermark 16"), "{e}");
-    let e = one_error(&[("MPIB_SRQ_LOW", "600")]);
-    assert!(e.starts_with("MPIB_SRQ_LOW:"), "{e}");
-    let e = one_error(&[("MPIB_SRQ_HIGH", "32")]);
-    assert!(e.starts_with("MPIB_SRQ_HIGH:"), "{e}");
+fn srq_depth_in_range() {
+    assert_eq!(parse(&[("MPIB_SRQ_DEPTH", "64")]).unwrap().srq_depth, 64);
+    assert_eq!(parse(&[("MPIB_SRQ_DEPTH", "1048576")]).unwrap().srq_depth, 1 << 20);
+    let e = one_error(&[("MPIB_SRQ_DEPTH", "63")]);
+    assert!(e.contains("MPIB_SRQ_DEPTH"), "{e}");
+    one_error(&[("MPIB_SRQ_DEPTH", "1048577")]);
 }
 
 #[test]

@@ -254,8 +254,8 @@ pub enum Refused {
     RecvCount { n: usize },
     /// An `irecv` beyond the `max` receives in flight.
     TooManyRecvs { max: usize },
-    /// An `irecv` whose CTS slot still holds an outstanding receive.
-    SlotInUse { slot: usize },
+    /// An `irecv` buffer larger than a CTS entry carries (32 bits; NCCL's sizes are int).
+    RecvTooLarge { size: u64 },
     /// An `iflush` beyond the `max` flushes in flight.
     TooManyFlushes { max: usize },
     /// A `test` of a flush request not in flight.
@@ -270,7 +270,7 @@ impl Refused {
     /// Its `ncclResult_t` class: a bad argument, or NCCL's misuse.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Refused::RecvCount { .. } => ErrorKind::InvalidArgument,
+            Refused::RecvCount { .. } | Refused::RecvTooLarge { .. } => ErrorKind::InvalidArgument,
             _ => ErrorKind::Internal,
         }
     }
@@ -289,10 +289,7 @@ impl fmt::Display for Refused {
             TooManyRecvs { max } => {
                 write!(f, "too many receives in flight (at most {max}): NCCL must test and complete earlier ones")
             }
-            SlotInUse { slot } => write!(
-                f,
-                "CTS slot {slot} reused while its receive is still outstanding (a request was never tested to completion)"
-            ),
+            RecvTooLarge { size } => write!(f, "a receive buffer of {size} bytes (at most {} per buffer)", u32::MAX),
             TooManyFlushes { max } => write!(f, "too many flushes in flight (at most {max})"),
             FlushNotInFlight { id } => write!(f, "flush request {id} is not in flight"),
             NoSuchRecv { id } => write!(f, "receive request {id} does not exist"),

@@ -2,37 +2,49 @@
 //! which the sans-IO engine reads and writes them (the plugin backs them with registered
 //! memory, tests with arrays).
 //!
-//! **CTS FIFO** (sender's memory, written by the receiver): 256 slots × 8 entries × 64 B.
+//! Both are sized by what can be outstanding: NCCL keeps at most 32 receives in flight per
+//! comm (`NCCL_NET_MAX_REQUESTS`), so [`SLOTS`] = 32 (net_ib keeps 256 rows, 32 × 8, for the
+//! same window).
+//!
+//! **CTS FIFO** (sender's memory, written by the receiver): 32 slots × 8 entries × 32 B.
 //! ```text
 //!  @0  addr   u64     receive buffer address
-//!  @8  size   u64     posted size
+//!  @8  size   u32     posted size (NCCL reports sizes as int: at most i32::MAX)
+//!  @12 tag    u32     NCCL tag (selects the buffer within a multi-receive)
 //!  @16 rkey   u32 × 2 buffer's rkey on SOUT, on SUP
-//!  @24 tag    u32     NCCL tag (selects the buffer within a multi-receive)
-//!  @28 nreqs  u32     number of receives in this slot
-//!  @32 —      24 B    zero
-//!  @56 word   u64     (seq << 8) | nreqs, seq = 1 + index of the irecv on this connection
+//!  @24 word   u64     (seq << 8) | nreqs, seq = 1 + index of the irecv on this connection
 //! ```
 //! The receiver writes a slot's `n` entries with ONE RDMA WRITE; the sender accepts the
 //! slot when entry 0's word and entry `n-1`'s word (the last 8 bytes of that WRITE) both
-//! show the expected `seq`. Fabrics place the last 8 bytes of a WRITE last (a NIC's in-order
-//! placement; the soft fabric's Release store), so that is a complete, fresh slot.
+//! show the expected `seq`. Fabrics place the last 8 bytes of a WRITE last (a NIC's
+//! in-order placement; the soft fabric's Release store), so that is a complete, fresh slot.
 //!
 //! **Completion records** (receiver's memory, written by the sender's leader rail):
-//! 256 slots × 8 sizes × u64 — the exact byte count of each buffer of a multi-receive, or of a
+//! 32 slots × 8 sizes × u64 — the exact byte count of each buffer of a multi-receive, or of a
 //! single receive larger than `size_q` can encode.
+//!
+//! A slot is reused 32 receives later. The receiver reuses it only once its receive was
+//! tested done, and the sender takes a fresh CTS for it only once the slot's previous chains
+//! completed (`SendEngine::poll_cts`): with 32 slots that wait happens more often than with
+//! 256, as back-pressure (isend answers "not now" while the acknowledgements of data the
+//! receiver already has are on their way), never a deadlock: nothing the old chains wait for
+//! depends on the new send.
 
-/// Slots of the FIFO and of the records (the IMM's 8-bit slot field).
-pub const SLOTS: usize = 256;
+/// Slots of the FIFO and of the records: the request window (the IMM's 8-bit slot field
+/// could address 256).
+pub const SLOTS: usize = 32;
 /// Receives per slot (`maxRecvs`).
 pub const MAX_RECVS: usize = 8;
 /// Bytes of one CTS entry.
-pub const CTS_ENTRY_BYTES: usize = 64;
+pub const CTS_ENTRY_BYTES: usize = 32;
 /// Bytes of one FIFO slot (8 entries).
 pub const CTS_SLOT_BYTES: usize = CTS_ENTRY_BYTES * MAX_RECVS;
 /// Bytes of the whole FIFO.
 pub const CTS_FIFO_BYTES: usize = CTS_SLOT_BYTES * SLOTS;
 /// Offset of the control word in an entry.
-pub const CTS_WORD_OFFSET: usize = 56;
+pub const CTS_WORD_OFFSET: usize = 24;
+/// 64-bit words of one CTS entry.
+pub const CTS_ENTRY_WORDS: usize = CTS_ENTRY_BYTES / 8;
 /// Bytes of one slot of completion records.
 pub const RECORD_SLOT_BYTES: usize = 8 * MAX_RECVS;
 /// Bytes of all completion records.
@@ -42,9 +54,11 @@ pub const RECORDS_BYTES: usize = RECORD_SLOT_BYTES * SLOTS;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtsEntry {
     pub addr: u64,
+    /// At most `u32::MAX` (32 bits on the wire).
     pub size: u64,
     pub rkeys: [u32; 2],
     pub tag: u32,
+    /// The receives of the slot: the low byte of `word` (not written apart).
     pub nreqs: u32,
     /// `(seq << 8) | nreqs`.
     pub word: u64,
@@ -57,30 +71,28 @@ impl CtsEntry {
         ((index + 1) << 8) | n as u64
     }
 
-    /// The entry as eight little-endian 64-bit words, in memory order.
+    /// The entry as four little-endian 64-bit words, in memory order (`nreqs` travels in
+    /// `word`; `size` must fit 32 bits).
     #[inline]
-    pub fn to_words(&self) -> [u64; 8] {
+    pub fn to_words(&self) -> [u64; CTS_ENTRY_WORDS] {
+        debug_assert!(self.size <= u32::MAX as u64);
         [
             self.addr,
-            self.size,
+            self.size & 0xffff_ffff | (self.tag as u64) << 32,
             self.rkeys[0] as u64 | (self.rkeys[1] as u64) << 32,
-            self.tag as u64 | (self.nreqs as u64) << 32,
-            0,
-            0,
-            0,
             self.word,
         ]
     }
 
     #[inline]
-    pub fn from_words(w: &[u64; 8]) -> Self {
+    pub fn from_words(w: &[u64; CTS_ENTRY_WORDS]) -> Self {
         CtsEntry {
             addr: w[0],
-            size: w[1],
+            size: w[1] & 0xffff_ffff,
+            tag: (w[1] >> 32) as u32,
             rkeys: [w[2] as u32, (w[2] >> 32) as u32],
-            tag: w[3] as u32,
-            nreqs: (w[3] >> 32) as u32,
-            word: w[7],
+            nreqs: (w[3] & 0xff) as u32,
+            word: w[3],
         }
     }
 }
@@ -111,7 +123,7 @@ mod tests {
     fn entry_words_round_trip_and_word_is_last() {
         let e = CtsEntry {
             addr: 0x1122_3344_5566_7788,
-            size: 1 << 33,
+            size: i32::MAX as u64,
             rkeys: [7, 0xdead_beef],
             tag: 0xffff_fffe,
             nreqs: 8,
@@ -120,7 +132,9 @@ mod tests {
         let w = e.to_words();
         assert_eq!(CtsEntry::from_words(&w), e);
         assert_eq!(w[CTS_WORD_OFFSET / 8], (42 << 8) | 8);
-        assert_eq!(CTS_FIFO_BYTES, 128 * 1024);
-        assert_eq!(RECORDS_BYTES, 16 * 1024);
+        assert_eq!(CTS_WORD_OFFSET + 8, CTS_ENTRY_BYTES, "the word ends the entry");
+        // 32 receives in flight of up to 8 buffers: 8 KiB of FIFO, 2 KiB of records.
+        assert_eq!(CTS_FIFO_BYTES, 8 * 1024);
+        assert_eq!(RECORDS_BYTES, 2 * 1024);
     }
 }

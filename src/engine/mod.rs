@@ -19,7 +19,7 @@ mod send;
 mod tests;
 
 pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Violation};
-pub use recv::{FLUSH_ID_BASE, FlushBuf, RecvBuf, RecvConfig, RecvDone, RecvEngine};
+pub use recv::{FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{CallerWaits, CpuAccess, SendBuf, SendConfig, SendEngine};
 
 use crate::fabric::SendWr;

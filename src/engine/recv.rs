@@ -1,10 +1,11 @@
 //! The receiver: posts CTS entries (one RDMA WRITE into the sender's FIFO on the fixed CTS
-//! QP of rail `slot % 2`, signalled when `slot` equals the rail index), keeps the shared
-//! receive queues between their watermarks, and completes a receive when every rail named
-//! in the IMM's active mask has delivered exactly one IMM (mask learning, seed 003 §2.3).
+//! QP of rail `slot % 2`, signalled when `slot` equals the rail index), counts the shared
+//! receive queue WQEs its receives may still consume (its claims, which the plugin sums per
+//! NIC to size the refills), and completes a receive when every rail named in the IMM's
+//! active mask has delivered exactly one IMM (mask learning, seed 003 §2.3).
 
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
-use super::layout::{CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
+use super::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
 use super::{
     CompletionFailed, ErrorState, FailedWr, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, Side,
     StrayCompletion, Violation, WrKind, cold,
@@ -16,7 +17,8 @@ use crate::telemetry::StatsHandle;
 /// What the receiver needs to know about the connection.
 #[derive(Clone, Debug)]
 pub struct RecvConfig {
-    /// Most receives in flight (NCCL_NET_MAX_REQUESTS: 8 for v6, 32 after).
+    /// Most receives in flight (NCCL_NET_MAX_REQUESTS: 8 for v6, 32 after; at most
+    /// [`SLOTS`]).
     pub max_requests: usize,
     /// Rails this device has.
     pub rails_mask: RailMask,
@@ -26,9 +28,6 @@ pub struct RecvConfig {
     /// The sender's CTS FIFO: address and rkey per rail.
     pub fifo_addr: u64,
     pub fifo_rkeys: [u32; RAILS],
-    /// Shared receive queue watermarks.
-    pub srq_low: u32,
-    pub srq_high: u32,
     /// Payloads up to this many bytes are posted inline.
     pub max_inline: u32,
     /// Local host word the flush READs land in: address and lkey per rail. Also the
@@ -88,7 +87,7 @@ struct RecvSlot {
 }
 
 /// Flush requests in flight at once.
-const MAX_FLUSHES: usize = 32;
+pub const MAX_FLUSHES: usize = 32;
 /// Request ids from here on are flush requests.
 pub const FLUSH_ID_BASE: u16 = SLOTS as u16;
 
@@ -106,7 +105,9 @@ pub struct RecvEngine {
     /// Receives posted so far; the next slot is `fifo_tail % SLOTS`.
     fifo_tail: u64,
     outstanding: usize,
-    srq_posted: [u32; RAILS],
+    /// Per rail: SRQ WQEs the outstanding receives may still consume (one per receive and
+    /// rail, until its IMM on that rail arrives or it completes without that rail).
+    claims: [u32; RAILS],
     flushes: [FlushReq; MAX_FLUSHES],
     error: ErrorState,
     /// Last completion or post (ns), for keepalives.
@@ -119,14 +120,15 @@ pub struct RecvEngine {
 
 impl RecvEngine {
     /// A receiver publishing its counters into `stats` (SOUT, SUP).
-    pub fn new(cfg: RecvConfig, stats: [StatsHandle; RAILS]) -> Self {
+    pub fn new(mut cfg: RecvConfig, stats: [StatsHandle; RAILS]) -> Self {
+        cfg.max_requests = cfg.max_requests.clamp(1, SLOTS);
         RecvEngine {
             cfg,
             stats,
             slots: Box::new([RecvSlot::default(); SLOTS]),
             fifo_tail: 0,
             outstanding: 0,
-            srq_posted: [0; RAILS],
+            claims: [0; RAILS],
             flushes: [FlushReq::default(); MAX_FLUSHES],
             error: ErrorState::default(),
             last_activity_ns: 0,
@@ -161,22 +163,12 @@ impl RecvEngine {
         self.error.fail(cold(move || v().into()))
     }
 
-    /// SRQ WQEs to post on `rail` now: up to the high watermark once below the low one.
+    /// SRQ WQEs on `rail` that this connection's outstanding receives may still consume: one
+    /// per receive and rail, given back when the receive's IMM on that rail consumed one
+    /// (any receive completion, failed or not) or when it completed without that rail.
     #[inline]
-    pub fn srq_refill(&self, rail: usize) -> u32 {
-        let p = self.srq_posted[rail];
-        if p < self.cfg.srq_low { self.cfg.srq_high - p } else { 0 }
-    }
-
-    /// `n` WQEs were posted on `rail`'s SRQ.
-    #[inline]
-    pub fn srq_posted(&mut self, rail: usize, n: u32) {
-        self.srq_posted[rail] += n;
-    }
-
-    /// WQEs currently posted on `rail`'s SRQ (as far as the engine knows).
-    pub fn srq_level(&self, rail: usize) -> u32 {
-        self.srq_posted[rail]
+    pub fn srq_claims(&self, rail: usize) -> u32 {
+        self.claims[rail]
     }
 
     /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
@@ -197,9 +189,14 @@ impl RecvEngine {
         if self.outstanding >= self.cfg.max_requests {
             return Err(cold(move || Refused::TooManyRecvs { max: self.cfg.max_requests }.into()));
         }
+        if let Some(&RecvBuf { size, .. }) = bufs.iter().find(|b| b.size > u32::MAX as u64) {
+            return Err(cold(move || Refused::RecvTooLarge { size }.into()));
+        }
         let slot = (self.fifo_tail % SLOTS as u64) as usize;
         if self.slots[slot].state != State::Free {
-            return Err(cold(move || Refused::SlotInUse { slot }.into()));
+            // The receive posted SLOTS receives ago is still outstanding (NCCL tested later
+            // ones first): not now. NCCL retries, and tests that older one meanwhile.
+            return Ok(None);
         }
         let word = CtsEntry::word_for(self.fifo_tail, n);
         let rail = self.cts_rail(slot);
@@ -214,7 +211,7 @@ impl RecvEngine {
             mem.write_cts(slot, i, &e);
             s.posted[i] = b.size;
         }
-        let len = (n * 64) as u32;
+        let len = (n * CTS_ENTRY_BYTES) as u32;
         let off = (slot * CTS_SLOT_BYTES) as u64;
         let c = out.push(rail, QpRef::Cts);
         c.push(SendWr {
@@ -229,6 +226,9 @@ impl RecvEngine {
             imm: 0,
         });
         self.stats[rail].count_post(1, 0, 0, 0);
+        for r in self.cfg.rails_mask.iter() {
+            self.claims[r] += 1;
+        }
         self.fifo_tail += 1;
         self.outstanding += 1;
         self.last_activity_ns = now_ns;
@@ -236,7 +236,7 @@ impl RecvEngine {
     }
 
     /// The rail whose fixed CTS QP carries `slot`'s CTS: alternating, as net_ib alternates
-    /// devices, so each CTS QP is signalled once per 256 slots (when `slot == rail`).
+    /// devices, so each CTS QP is signalled once per [`SLOTS`] slots (when `slot == rail`).
     #[inline]
     fn cts_rail(&self, slot: usize) -> usize {
         let rails = self.cfg.rails_mask;
@@ -249,8 +249,10 @@ impl RecvEngine {
         self.last_activity_ns = now_ns;
         let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
         if imm_recv {
-            // Every receive completion, failed or not, consumed one SRQ WQE.
-            self.srq_posted[rail] = self.srq_posted[rail].saturating_sub(1);
+            // Every receive completion, failed or not, consumed one SRQ WQE: a receive's
+            // claim on this rail (none left: a peer sending more IMMs than receives, caught
+            // as a violation below).
+            self.claims[rail] = self.claims[rail].saturating_sub(1);
         }
         // A broken connection interprets nothing more: its peer's IMMs are not trusted.
         self.error.check()?;
@@ -276,10 +278,9 @@ impl RecvEngine {
         }
         match kind {
             WrKind::Cts => {
-                let s = &mut self.slots[slot];
-                if s.state != State::Posted || !s.cts_pending {
+                let Some(s) = self.slots.get_mut(slot).filter(|s| s.state == State::Posted && s.cts_pending) else {
                     return Err(self.error.fail(cold(move || StrayCompletion::CtsNotAwaited { slot }.into())));
-                }
+                };
                 s.cts_pending = false;
                 if s.data_done {
                     s.state = State::Done;
@@ -309,6 +310,9 @@ impl RecvEngine {
     fn on_imm(&mut self, rail: usize, imm: u32, byte_len: u64, mem: &impl RecvMemory) -> Result<()> {
         let Imm { slot, mask, size_q } = Imm::decode(imm);
         let slot = slot as usize;
+        if slot >= SLOTS {
+            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
+        }
         let rails = self.cfg.rails_mask;
         if mask.is_empty() || !mask.is_subset(rails) {
             return Err(self.violation(move || Violation::BadMask { rail, slot, imm, mask, rails }));
@@ -378,6 +382,12 @@ impl RecvEngine {
         st.data_done = true;
         if !st.cts_pending {
             st.state = State::Done;
+        }
+        // The rails the sender left out consumed nothing: their claims go back.
+        if mask != rails {
+            for r in rails.iter().filter(|&r| !mask.contains(r)) {
+                self.claims[r] = self.claims[r].saturating_sub(1);
+            }
         }
         Ok(())
     }

@@ -2,9 +2,10 @@
 //! attributes (seed 002's transport-layer idea), in the spirit of smoltcp's `phy::Device`.
 //!
 //! Objects, as in verbs: a [`Device`] (an opened NIC port with its protection domain;
-//! memory registration), per communicator and rail one [`CompletionQueue`] shared by all
-//! its QPs, one [`SharedRecvQueue`] for the receive side, and reliable-connected
-//! [`QueuePair`]s. QP connection info ([`QpInfo`]) is exchanged out of band by the plugin.
+//! memory registration), [`CompletionQueue`]s, [`SharedRecvQueue`]s and reliable-connected
+//! [`QueuePair`]s. How they are shared (the plugin: one CQ and one SRQ per NIC and NCCL
+//! communicator, for all its connections) is not the fabric's business. QP connection info
+//! ([`QpInfo`]) is exchanged out of band by the plugin.
 //!
 //! The hot path (`post_send`, `post_recv`, `poll`) takes plain data (slices of [`SendWr`],
 //! a count, a slice of [`Completion`]), never allocates, and is dispatched statically:
@@ -316,6 +317,17 @@ pub trait QueuePair: Send + 'static {
     /// whole WRITE. The soft provider stores that word with one Release `AtomicU64` store
     /// after every other byte.
     fn post_send(&mut self, chain: &[SendWr]) -> Result<()>;
+
+    /// Before the QP is dropped from a CQ others keep polling: moves it to the error state
+    /// and posts a signalled WR with `wr_id` `marker` that completes (flushed) after every
+    /// completion of a WR posted before it, so the poller knows when the QP's last
+    /// completion is in. `Ok(false)`: nothing was posted, and the provider does not need it:
+    /// completions of a dropped QP may still reach its CQ, but its QP number is never used
+    /// again by the device, so they can be told apart (the default; the soft fabric).
+    fn drain_marker(&mut self, marker: u64) -> Result<bool> {
+        let _ = marker;
+        Ok(false)
+    }
 }
 
 /// A completion queue, polled by one thread at a time.
@@ -323,6 +335,10 @@ pub trait CompletionQueue: Send + 'static {
     /// Fills `out` with up to `out.len()` completions; returns how many.
     /// The soft provider also makes its progress here (it is the NIC).
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
+
+    /// Makes room for at least `depth` completions (a shared CQ grows as QPs are attached),
+    /// keeping the ones it holds. Never below what it holds; within the device's `max_cqe`.
+    fn resize(&mut self, depth: u32) -> Result<()>;
 }
 
 /// A shared receive queue of generic (0-SGE) WQEs.

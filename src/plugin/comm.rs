@@ -1,33 +1,38 @@
 //! The data path of one connection: the engine plus its fabric objects. Every call runs on
-//! the caller's thread (NCCL's proxy): read the clock once, feed polled completions to the
-//! engine, post the chains it emits with one call each. No allocation, no shared lock.
+//! the caller's thread (NCCL's proxy): read the clock once, feed completions to the engine,
+//! post the chains it emits with one call each. No allocation, and no lock that another
+//! thread may hold while this one waits: completions come from the connection's inboxes
+//! and, when the NIC's poll lock is free, from the NIC's shared CQ (`nic.rs`).
 
 use std::sync::Arc;
 
 use super::devices::DevPair;
+use super::inbox::Inbox;
 use super::mr::{MrInfo, MrMemo};
+use super::nic::{NicQueues, POLL_BATCH};
+use super::resources::{Held, Res};
 use crate::engine::layout::{
-    CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS, RecvMemory, SendMemory,
+    CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS,
+    RECORD_SLOT_BYTES, RecvMemory, SendMemory,
 };
 use crate::engine::{
     CallerWaits, FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold,
 };
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{Completion, CompletionQueue, Device, Progress, QueuePair, SharedRecvQueue};
-
-/// Completions polled per CQ call.
-const POLL_BATCH: usize = 16;
+use crate::fabric::{Completion, Device, Progress, QueuePair};
 
 /// Offsets inside a send comm's control region: the FIFO, then the sizes source, then a
-/// scratch page (the receiver's keepalives land there).
+/// scratch word (the receiver's keepalives land there).
 pub const SEND_SIZES_OFF: usize = CTS_FIFO_BYTES;
 pub const SEND_SCRATCH_OFF: usize = SEND_SIZES_OFF + crate::engine::layout::RECORDS_BYTES;
-/// Offsets inside a receive comm's control region: CTS source, records, scratch page.
+/// Offsets inside a receive comm's control region: CTS source, records, scratch words.
 pub const RECV_RECORDS_OFF: usize = CTS_FIFO_BYTES;
 pub const RECV_SCRATCH_OFF: usize = RECV_RECORDS_OFF + crate::engine::layout::RECORDS_BYTES;
-/// The flush READs land here (inside the scratch page, away from the probe word).
+/// The flush READs land here (away from the probe word).
 pub const RECV_FLUSH_OFF: usize = RECV_SCRATCH_OFF + 64;
+/// Bytes after the scratch offset: the probe word, and the flush/keepalive word at +64.
+pub const SCRATCH_BYTES: usize = 128;
 
 /// `CLOCK_MONOTONIC` nanoseconds (one clock read per ncclNet call).
 #[inline]
@@ -35,17 +40,23 @@ pub fn now_ns() -> u64 {
     crate::fabric::clock::monotonic_ns()
 }
 
-/// One rail of a connection. Field order is drop order: QPs before the queues they use.
+/// One rail of a connection: its QPs on the rail's NIC (whose shared queues it holds), the
+/// registration of its control region there, and its inbox on that NIC.
 pub struct Rail<D: Device> {
     pub qps: Vec<D::Qp>,
     pub flush_qp: Option<D::Qp>,
-    pub srq: Option<D::Srq>,
-    pub cq: D::Cq,
     /// The comm's control region registered on this rail.
     pub region_mr: Option<D::Mr>,
+    pub nic: Arc<NicQueues<D>>,
+    pub inbox: Arc<Inbox>,
+    /// The connection's identity in the NIC's routes.
+    pub owner: u64,
+    /// What `NicQueues::attach` was given: the QPs' send-queue depths, the receive window.
+    pub sq: u64,
+    pub window: u32,
     pub dev: Arc<D>,
     /// What this rail holds, for `mpib_resource_stats`.
-    pub held: Vec<super::resources::Held>,
+    pub held: Vec<Held>,
 }
 
 impl<D: Device> Rail<D> {
@@ -59,16 +70,28 @@ impl<D: Device> Rail<D> {
         qp.ok_or_else(|| cold(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have"))))
     }
 
-    /// Tears the rail down in the order the hardware needs: QPs, then the region's
-    /// registration, then (by field drop) the SRQ and the CQ.
-    fn shutdown(&mut self) {
-        self.qps.clear();
-        self.flush_qp = None;
+    /// Tears the rail down: the QPs drained off the shared CQ and destroyed (`NicQueues::
+    /// detach`), then the region's registration; `claims`: the SRQ WQEs the connection's
+    /// receives still claimed on this rail. Runs once.
+    fn shutdown(&mut self, claims: u32) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut qps = std::mem::take(&mut self.qps);
+        qps.extend(self.flush_qp.take());
+        self.nic.detach(self.owner, qps, self.sq, self.window, claims as i64);
         if let Some(mr) = self.region_mr.take()
             && let Err(e) = self.dev.dereg_mr(mr)
         {
             log::warn!("deregistering a connection's control region: {e}");
         }
+        self.held.clear();
+    }
+}
+
+impl<D: Device> Drop for Rail<D> {
+    fn drop(&mut self) {
+        self.shutdown(0);
     }
 }
 
@@ -117,24 +140,49 @@ fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts, engine: &mut
     fabric(engine, post_chains(rails, posts))
 }
 
-/// Drains `cq`, `POLL_BATCH` completions a call, handing each batch to `on_batch`.
-#[inline]
-fn drain_cq<C: CompletionQueue, E: Engine>(
-    cq: &mut C,
+/// Feeds what `inbox` holds to `on` (the connection's own completions that another caller
+/// polled), in order. An overflowed inbox (a bug: it is sized to what can be outstanding)
+/// fails the connection.
+#[inline(always)]
+fn take_inbox<E: Engine>(
+    inbox: &Inbox,
     wc: &mut [Completion; POLL_BATCH],
     engine: &mut E,
-    mut on_batch: impl FnMut(&mut E, &[Completion]) -> Result<()>,
+    on: impl FnMut(&mut E, &Completion) -> Result<()>,
+) -> Result<()> {
+    if inbox.is_empty() {
+        return Ok(());
+    }
+    take_inbox_slow(inbox, wc, engine, on)
+}
+
+#[inline(never)]
+fn take_inbox_slow<E: Engine>(
+    inbox: &Inbox,
+    wc: &mut [Completion; POLL_BATCH],
+    engine: &mut E,
+    mut on: impl FnMut(&mut E, &Completion) -> Result<()>,
 ) -> Result<()> {
     loop {
-        let n = fabric(engine, cq.poll(wc))?;
-        if n == 0 {
-            return Ok(());
+        let n = inbox.pop_into(wc);
+        for c in &wc[..n] {
+            on(engine, c)?;
         }
-        on_batch(engine, &wc[..n])?;
         if n < POLL_BATCH {
-            return Ok(());
+            break;
         }
     }
+    if inbox.overflowed() {
+        let cap = inbox.capacity();
+        return Err(broken(
+            engine,
+            Error::internal(format!(
+                "a completion for this connection found its inbox full ({cap} entries, sized to what it can have \
+                 outstanding): completions were lost, the connection cannot go on"
+            )),
+        ));
+    }
+    Ok(())
 }
 
 /// Inlined into each caller: as a call, its frame (and the spills around it) cost as much
@@ -153,19 +201,17 @@ struct SendMem<'a>(&'a HostRegion);
 impl SendMemory for SendMem<'_> {
     #[inline]
     fn fifo_word(&self, slot: usize, i: usize) -> u64 {
-        self.0.load_acquire(slot * CTS_SLOT_BYTES + i * 64 + CTS_WORD_OFFSET)
+        self.0.load_acquire(slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES + CTS_WORD_OFFSET)
     }
     #[inline]
     fn fifo_entry(&self, slot: usize, i: usize) -> CtsEntry {
-        let base = slot * CTS_SLOT_BYTES + i * 64;
-        // Words 4..6 are padding (see `CtsEntry::to_words`): not read.
-        let [w0, w1, w2, w3] = self.0.load_words::<4>(base);
-        CtsEntry::from_words(&[w0, w1, w2, w3, 0, 0, 0, self.0.load(base + 56)])
+        let base = slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES;
+        CtsEntry::from_words(&self.0.load_words::<CTS_ENTRY_WORDS>(base))
     }
     #[inline]
     fn write_sizes(&mut self, slot: usize, sizes: &[u64]) {
         for (i, &s) in sizes.iter().enumerate() {
-            self.0.store(SEND_SIZES_OFF + slot * 64 + i * 8, s);
+            self.0.store(SEND_SIZES_OFF + slot * RECORD_SLOT_BYTES + i * 8, s);
         }
     }
 }
@@ -176,11 +222,11 @@ struct RecvMem<'a>(&'a HostRegion);
 impl RecvMemory for RecvMem<'_> {
     #[inline]
     fn write_cts(&mut self, slot: usize, i: usize, e: &CtsEntry) {
-        self.0.store_words(slot * CTS_SLOT_BYTES + i * 64, &e.to_words());
+        self.0.store_words(slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES, &e.to_words());
     }
     #[inline]
     fn record(&self, slot: usize, i: usize) -> u64 {
-        self.0.load_acquire(RECV_RECORDS_OFF + slot * 64 + i * 8)
+        self.0.load_acquire(RECV_RECORDS_OFF + slot * RECORD_SLOT_BYTES + i * 8)
     }
 }
 
@@ -216,7 +262,7 @@ pub struct SendComm<D: Device> {
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
-    _held: super::resources::Held,
+    _held: Held,
 }
 
 impl<D: Device> SendComm<D> {
@@ -234,7 +280,7 @@ impl<D: Device> SendComm<D> {
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
-            _held: super::resources::Held::new(super::resources::Res::SendComms, 1),
+            _held: Held::new(Res::SendComms, 1),
         }
     }
 
@@ -265,18 +311,23 @@ impl<D: Device> SendComm<D> {
         Ok(r)
     }
 
-    /// Polls the CQs of `rails` and feeds the engine (`now`: this call's clock).
+    /// Feeds the engine the completions of `rails` (`now`: this call's clock): what the
+    /// inbox holds, then, when the NIC's poll lock is free, the shared CQ's.
     fn poll(&mut self, rails: RailMask, now: u64) -> Result<()> {
         for rail in 0..RAILS {
             if !rails.contains(rail) {
                 continue;
             }
-            drain_cq(&mut self.rails[rail].cq, &mut self.wc, &mut self.engine, |engine, batch| {
-                for c in batch {
-                    engine.on_completion(now, rail, c)?;
-                }
-                Ok(())
-            })?;
+            let Rail { nic, inbox, owner, .. } = &self.rails[rail];
+            let engine = &mut self.engine;
+            take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c))?;
+            if let Some(mut nic) = nic.try_lock() {
+                // Holding the lock nothing more arrives in the inbox; what did since the
+                // look above came first.
+                take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c))?;
+                let r = nic.poll(*owner, |rail, c| engine.on_completion(now, rail, c));
+                fabric(engine, r)?;
+            }
         }
         Ok(())
     }
@@ -304,7 +355,7 @@ impl<D: Device> SendComm<D> {
 impl<D: Device> Drop for SendComm<D> {
     fn drop(&mut self) {
         for r in &mut self.rails {
-            r.shutdown();
+            r.shutdown(0);
         }
     }
 }
@@ -313,14 +364,15 @@ impl<D: Device> Drop for SendComm<D> {
 pub struct RecvComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
     pub engine: RecvEngine,
-    rnr_seen: [u64; RAILS],
+    /// The engine's SRQ claims per rail as last added to the rails' NICs' `needed`.
+    claimed: [u32; RAILS],
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
     posts: Posts,
     wc: [Completion; POLL_BATCH],
     region: HostRegion,
-    _held: super::resources::Held,
+    _held: Held,
 }
 
 impl<D: Device> RecvComm<D> {
@@ -328,38 +380,53 @@ impl<D: Device> RecvComm<D> {
         RecvComm {
             rails,
             engine,
-            rnr_seen: [0; RAILS],
+            claimed: [0; RAILS],
             dev,
             seqs: Seqs::new(512),
             mr_memo: MrMemo::default(),
             posts: Posts::default(),
             wc: [Completion::default(); POLL_BATCH],
             region,
-            _held: super::resources::Held::new(super::resources::Res::RecvComms, 1),
+            _held: Held::new(Res::RecvComms, 1),
         }
     }
 
-    /// Tops the shared receive queues up between their watermarks (one post per rail).
-    /// Inlined into `irecv` and `test`: no frame on either.
+    /// Tells the NICs what the engine's SRQ claims changed by (see `nic::srq_topup`).
+    #[inline(always)]
+    fn sync_claims(&mut self) {
+        for rail in 0..RAILS {
+            let c = self.engine.srq_claims(rail);
+            if c != self.claimed[rail] {
+                self.rails[rail].nic.add_needed(c as i64 - self.claimed[rail] as i64);
+                self.claimed[rail] = c;
+            }
+        }
+    }
+
+    /// Tops the NICs' SRQs up when they are short of what the receives may consume (a look
+    /// without the lock; the lock only when free).
     #[inline(always)]
     fn refill(&mut self) -> Result<()> {
         for rail in 0..RAILS {
-            let n = self.engine.srq_refill(rail);
-            if n == 0 {
-                continue;
+            let nic = &self.rails[rail].nic;
+            if nic.srq_short()
+                && let Some(mut g) = nic.try_lock()
+            {
+                fabric(&mut self.engine, g.refill())?;
             }
-            let Some(srq) = self.rails[rail].srq.as_mut() else { continue };
-            fabric(&mut self.engine, srq.post_recv(n))?;
-            self.engine.srq_posted(rail, n);
         }
         Ok(())
     }
 
     /// `irecv` of `bufs` (checked against their registrations by the caller).
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
-        self.refill()?;
         self.posts.clear();
         let r = self.engine.irecv(now_ns(), bufs, &mut RecvMem(&self.region), &mut self.posts)?;
+        if r.is_some() {
+            // WQEs for its IMMs before its CTS leaves.
+            self.sync_claims();
+            self.refill()?;
+        }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
     }
@@ -376,46 +443,43 @@ impl<D: Device> RecvComm<D> {
         Ok(r)
     }
 
-    /// Drains both rails' CQs into the engine. Inlined into `test`, its one caller.
+    /// Feeds the engine both rails' completions: the inboxes', then, where the NIC's poll
+    /// lock is free, the shared CQ's (which also tops its SRQ up). Inlined into `test`.
     #[inline(always)]
-    fn poll(&mut self) -> Result<()> {
+    fn poll(&mut self, now: u64) -> Result<()> {
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);
-            drain_cq(&mut self.rails[rail].cq, &mut self.wc, &mut self.engine, |engine, batch| {
-                let now = now_ns();
-                for c in batch {
-                    engine.on_completion(now, rail, c, &mem)?;
+            let Rail { nic, inbox, owner, .. } = &self.rails[rail];
+            let engine = &mut self.engine;
+            take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
+            if let Some(mut nic) = nic.try_lock() {
+                // Holding the lock nothing more arrives in the inbox; what did since the
+                // look above came first.
+                take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
+                let r = nic.poll(*owner, |rail, c| engine.on_completion(now, rail, c, &mem));
+                fabric(engine, r)?;
+                let rnr = nic.take_rnr();
+                if rnr > 0 {
+                    engine.count_rnr(rail, rnr);
                 }
-                Ok(())
-            })?;
+            }
         }
         Ok(())
     }
 
-    /// `test` of request `id`: polls both rails, refills the SRQs; once done, the sizes are
-    /// in `sizes` and their number is returned.
+    /// `test` of request `id`: takes the completions, tells the NICs about the claims they
+    /// settled; once done, the sizes are in `sizes` and their number is returned.
     pub fn test(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
-        self.poll()?;
-        self.refill()?;
-        self.count_rnr();
+        let now = now_ns();
+        self.poll(now)?;
+        self.sync_claims();
         let done = self.engine.test_into(id, sizes)?;
         if done.is_none() {
             self.posts.clear();
-            self.engine.poll_keepalive(now_ns(), &mut self.posts);
+            self.engine.poll_keepalive(now, &mut self.posts);
             post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         }
         Ok(done)
-    }
-
-    /// Publishes the receiver-not-ready waits the SRQs saw since the last call.
-    fn count_rnr(&mut self) {
-        for rail in 0..RAILS {
-            let total = self.rails[rail].srq.as_ref().map_or(0, |s| s.rnr_events());
-            if total > self.rnr_seen[rail] {
-                self.engine.count_rnr(rail, total - self.rnr_seen[rail]);
-                self.rnr_seen[rail] = total;
-            }
-        }
     }
 
     pub fn counters(&self) -> [RailCounts; RAILS] {
@@ -425,8 +489,8 @@ impl<D: Device> RecvComm<D> {
 
 impl<D: Device> Drop for RecvComm<D> {
     fn drop(&mut self) {
-        for r in &mut self.rails {
-            r.shutdown();
+        for (r, &claims) in self.rails.iter_mut().zip(&self.claimed) {
+            r.shutdown(claims);
         }
     }
 }

@@ -1,14 +1,18 @@
 //! The plugin for one fabric provider: its devices and every object NCCL holds a handle
 //! to. All of it is generic over the provider's `Device`; `mod.rs` picks the provider once.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use super::comm::{RecvComm, SendComm};
+use super::context::Context;
 use super::devices::DevPair;
 use super::discover::RailPair;
-use super::handles::{CommHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
+use super::handles::{CommHandle, ContextHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
@@ -37,6 +41,11 @@ pub struct Plugin<D: Device> {
     /// Bumped whenever a registration is released: comms' [`MrMemo`]s older than it are
     /// looked up again.
     mr_epoch: AtomicU64,
+    /// The v11+ contexts NCCL holds (one per communicator, `init` to `finalize`): set-up
+    /// only, never the data path.
+    contexts: Mutex<BTreeMap<u64, Arc<Context<D>>>>,
+    /// The context of ABIs before v11, which have none: every connection of the process.
+    default_ctx: OnceLock<Arc<Context<D>>>,
 }
 
 fn size_ok(size: usize) -> Result<u64> {
@@ -54,7 +63,40 @@ fn size_ok(size: usize) -> Result<u64> {
 impl<D: Device> Plugin<D> {
     pub fn new(kind: FabricKind, pairs: Vec<RailPair<D>>, cfg: &'static Config) -> Self {
         let devices = Devices::new(pairs, cfg.nccl_devices);
-        Plugin { kind, devices, cfg, objs: Table::new(), mr_epoch: AtomicU64::new(1) }
+        Plugin {
+            kind,
+            devices,
+            cfg,
+            objs: Table::new(),
+            mr_epoch: AtomicU64::new(1),
+            contexts: Mutex::new(BTreeMap::new()),
+            default_ctx: OnceLock::new(),
+        }
+    }
+
+    /// A v11+ context for communicator `comm_id` under handle value `id`.
+    pub fn new_context(&self, id: u64, comm_id: u64, traffic_class: Option<i32>) {
+        let c = Arc::new(Context::new(id, comm_id, traffic_class, self.cfg.srq_depth));
+        self.contexts.lock().insert(id, c);
+    }
+
+    /// The context of a call: NCCL's (v11+), or the default one (older ABIs pass none).
+    pub fn context(&self, ctx: Option<ContextHandle>) -> Result<Arc<Context<D>>> {
+        let Some(h) = ctx else {
+            return Ok(self.default_ctx.get_or_init(|| Arc::new(Context::new(0, 0, None, self.cfg.srq_depth))).clone());
+        };
+        self.contexts.lock().get(&h.0).cloned().ok_or_else(|| {
+            Error::invalid_argument(format!("unknown plugin context {:#x} (not from init, or finalized)", h.0))
+        })
+    }
+
+    /// `finalize(ctx)`: NCCL is done with the context. Its queues stay as long as
+    /// connections use them (they may be closed after this).
+    pub fn finalize_context(&self, h: ContextHandle) -> Result<()> {
+        match self.contexts.lock().remove(&h.0) {
+            Some(_) => Ok(()),
+            None => Err(Error::invalid_argument(format!("finalize: unknown plugin context {:#x}", h.0))),
+        }
     }
 
     fn pair(&self, abi: AbiVersion, dev: i32) -> Result<Arc<DevPair<D>>> {
@@ -78,8 +120,15 @@ impl<D: Device> Plugin<D> {
         Params::new(self.cfg, self.kind, abi, tc)
     }
 
-    pub fn listen(&self, abi: AbiVersion, dev: i32, handle: &mut [u8; HANDLE_BYTES]) -> Result<ListenHandle> {
+    pub fn listen(
+        &self,
+        abi: AbiVersion,
+        ctx: Option<ContextHandle>,
+        dev: i32,
+        handle: &mut [u8; HANDLE_BYTES],
+    ) -> Result<ListenHandle> {
         let pair = self.pair(abi, dev)?;
+        let ctx = self.context(ctx)?;
         let (listener, addr) = match self.kind {
             FabricKind::Inproc => OobListener::inproc(),
             _ => OobListener::tcp(self.listen_ip()?)?,
@@ -92,6 +141,7 @@ impl<D: Device> Plugin<D> {
                 Obj::Listen(Box::new(ListenComm {
                     listener,
                     pair,
+                    ctx,
                     p,
                     pending: None,
                     held: super::resources::Held::new(super::resources::Res::ListenComms, 1),
@@ -100,9 +150,11 @@ impl<D: Device> Plugin<D> {
             .map(ListenHandle)
     }
 
+    /// `connect`; `tc`: the traffic class of v10's `connect` config (v11+: the context's).
     pub fn connect(
         &self,
         abi: AbiVersion,
+        ctx: Option<ContextHandle>,
         dev: i32,
         handle: &mut [u8; HANDLE_BYTES],
         tc: Option<i32>,
@@ -110,7 +162,9 @@ impl<D: Device> Plugin<D> {
         let mut token = setup::handle_token(handle);
         if token == 0 {
             let addr = setup::read_handle(handle, self.kind)?;
-            let c = Connecting::start(self.pair(abi, dev)?, self.params(abi, tc), addr)?;
+            let ctx = self.context(ctx)?;
+            let p = self.params(abi, tc.or(ctx.traffic_class));
+            let c = Connecting::start(self.pair(abi, dev)?, p, addr, &ctx)?;
             token = self.objs.insert(Kind::Pending, Obj::Connecting(Box::new(c)))?;
             setup::set_handle_token(handle, token);
         }

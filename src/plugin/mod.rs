@@ -4,7 +4,6 @@
 //! Handles given to NCCL are opaque values checked on every call (see `handles.rs`), so a
 //! bad or stale handle is a clear error, never a crash.
 
-use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -18,11 +17,14 @@ use crate::fabric::{Device, LinkLayer, MemTypes};
 
 mod banner;
 pub mod comm;
+pub mod context;
 pub mod devices;
 pub mod discover;
 pub mod handles;
+pub mod inbox;
 pub mod instance;
 pub mod mr;
+pub mod nic;
 pub mod oob;
 pub mod resources;
 pub mod setup;
@@ -88,23 +90,12 @@ pub struct Properties {
     pub plane: Option<i16>,
 }
 
-struct Global {
-    contexts: BTreeMap<u64, Context>,
-}
-
 /// `init` calls not yet matched by `finalize`. An atomic, not under `GLOBAL`: every data-path
 /// call reads it, and a read-only shared word costs nothing where a shared lock would.
 static REFS: AtomicUsize = AtomicUsize::new(0);
 
-/// What a v11/v12 `init(ctx, commId, config)` gives `listen`/`connect`.
-struct Context {
-    #[allow(dead_code)]
-    comm_id: u64,
-    traffic_class: Option<i32>,
-    _held: resources::Held,
-}
-
-static GLOBAL: Mutex<Global> = Mutex::new(Global { contexts: BTreeMap::new() });
+/// Serializes `init`s (the first opens the devices).
+static GLOBAL: Mutex<()> = Mutex::new(());
 static NEXT_CONTEXT: AtomicU64 = AtomicU64::new(1);
 
 /// The plugin over the provider chosen at the first successful `init`. Devices stay open
@@ -324,33 +315,27 @@ fn device_count_of(a: &Active, abi: AbiVersion) -> usize {
     }
 }
 
-/// A v11/v12 context for one communicator.
-pub fn new_context(comm_id: u64, traffic_class: Option<i32>) -> ContextHandle {
+/// A v11/v12 context for one communicator (see `context.rs`).
+pub fn new_context(comm_id: u64, traffic_class: Option<i32>) -> Result<ContextHandle> {
     let id = NEXT_CONTEXT.fetch_add(1, Ordering::Relaxed);
     let tc = traffic_class.filter(|&t| t >= 0);
-    GLOBAL
-        .lock()
-        .contexts
-        .insert(id, Context { comm_id, traffic_class: tc, _held: resources::Held::new(resources::Res::Contexts, 1) });
-    ContextHandle(id)
+    dispatch!(p => p.new_context(id, comm_id, tc));
+    Ok(ContextHandle(id))
 }
 
 /// Checks a v11/v12 context; returns its traffic class.
 pub fn check_context(ctx: ContextHandle) -> Result<Option<i32>> {
-    let g = GLOBAL.lock();
-    g.contexts.get(&ctx.0).map(|c| c.traffic_class).ok_or_else(|| {
-        Error::invalid_argument(format!("unknown plugin context {:#x} (not from init, or finalized)", ctx.0))
-    })
+    dispatch!(p => p.context(Some(ctx)).map(|c| c.traffic_class))
 }
 
-/// Releases one `init` reference (v11/v12 `finalize(ctx)`).
+/// Releases one `init` reference (v11/v12 `finalize(ctx)`). The context's queues stay with
+/// the connections that still use them.
 pub fn finalize(ctx: ContextHandle) -> Result<()> {
-    let mut g = GLOBAL.lock();
-    if g.contexts.remove(&ctx.0).is_none() {
-        return Err(Error::invalid_argument(format!("finalize: unknown plugin context {:#x}", ctx.0)));
+    {
+        let _g = GLOBAL.lock();
+        dispatch!(p => p.finalize_context(ctx))?;
+        let _ = REFS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
     }
-    let _ = REFS.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
-    drop(g);
     crate::telemetry::stats_flush_now();
     Ok(())
 }
@@ -377,18 +362,26 @@ pub fn make_vdevice(devs: &[i32]) -> Result<i32> {
     dispatch!(p => p.devices.make_vdevice(devs))
 }
 
-pub fn listen(abi: AbiVersion, dev: i32, handle: &mut [u8; HANDLE_BYTES]) -> Result<ListenHandle> {
-    dispatch!(p => p.listen(abi, dev, handle))
+/// `listen` in context `ctx` (v11+; `None`: the default context of older ABIs).
+pub fn listen(
+    abi: AbiVersion,
+    ctx: Option<ContextHandle>,
+    dev: i32,
+    handle: &mut [u8; HANDLE_BYTES],
+) -> Result<ListenHandle> {
+    dispatch!(p => p.listen(abi, ctx, dev, handle))
 }
 
-/// `connect`: `None` until the connection is up (NCCL calls again with the same handle).
+/// `connect` in context `ctx` (as `listen`): `None` until the connection is up (NCCL calls
+/// again with the same handle). `tc`: v10's per-connect traffic class.
 pub fn connect(
     abi: AbiVersion,
+    ctx: Option<ContextHandle>,
     dev: i32,
     handle: &mut [u8; HANDLE_BYTES],
     tc: Option<i32>,
 ) -> Result<Option<CommHandle>> {
-    dispatch!(p => p.connect(abi, dev, handle, tc))
+    dispatch!(p => p.connect(abi, ctx, dev, handle, tc))
 }
 
 /// `accept`: `None` until a peer's connection is up.

@@ -3,8 +3,8 @@
 //!
 //! ```text
 //!  connector (send comm)                       acceptor (receive comm)
-//!  rails: CQ + N QPs per rail, FIFO region
-//!  Hello{qps per rail, QP infos, FIFO keys} ─▶  rails: CQ + SRQ + N QPs (+ flush QP),
+//!  rails: N QPs per rail, FIFO region
+//!  Hello{qps per rail, QP infos, FIFO keys} ─▶  rails: N QPs (+ flush QP) on the SRQ,
 //!                                               records/scratch region; QPs → RTS
 //!  QPs → RTS, wait until ready        ◀─  Reply{QP infos, records + scratch keys}
 //!  Ready ─────────────────────────────▶  wait for Ready and ready QPs
@@ -12,21 +12,42 @@
 //! The acceptor's QPs reach RTS before it replies and the connector's before it says
 //! Ready, so no WRITE ever finds an unconnected QP. Every stage is bounded by
 //! `MPIB_CONNECT_TIMEOUT_MS` once the peer has shown up.
+//!
+//! The QPs are made on the shared queues of each rail's NIC in the connection's context
+//! (`context.rs`, `nic.rs`), with send queues as deep as what can be outstanding on them:
+//!
+//! - a sender's data QP: each rail carries at most one chain per CTS slot in flight (a slot
+//!   is taken again only once its chains completed), chains of at most `MAX_CHAIN` WRs, one
+//!   request per QP round-robin: `ceil(SLOTS / QPs) × MAX_CHAIN`, plus one probe (or
+//!   keepalive) at a time;
+//! - a receiver's CTS QP (its first): the CTS WRITEs of the slots since the last signalled
+//!   one of its rail (signalled when `slot == rail`, once per `SLOTS` slots; a slot is reused
+//!   only after its CTS completed): at most `2 × SLOTS`, plus one keepalive; its other QPs
+//!   post nothing; a flush QP: one READ per flush in flight.
+//!
+//! Every depth is clamped to the device's `max_qp_wr`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm};
+use super::comm::{
+    RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SCRATCH_BYTES, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm,
+};
+use super::context::Context;
 use super::devices::DevPair;
+use super::inbox::Inbox;
 use super::mr::ACCESS;
+use super::nic::{QpSpec, new_owner};
 use super::oob::{OobAddr, OobConn, OobListener};
+use super::resources::{Held, Res};
 use super::wire::{Hello, READY, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::{RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::engine::layout::SLOTS;
+use crate::engine::{MAX_CHAIN, MAX_FLUSHES, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair, Timestamps};
+use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
@@ -49,7 +70,6 @@ pub struct Params {
     pub kind: FabricKind,
     pub abi: AbiVersion,
     pub qps: [u16; RAILS],
-    pub srq: (u32, u32),
     pub connect: ConnectParams,
     pub timeout: Duration,
     pub probe_interval_ns: u64,
@@ -63,7 +83,6 @@ impl Params {
             kind,
             abi,
             qps: [cfg.sout_qps as u16, cfg.sup_qps as u16],
-            srq: (cfg.srq_low, cfg.srq_high),
             connect: ConnectParams {
                 traffic_class: tc,
                 service_level: cfg.sl.unwrap_or(0),
@@ -117,14 +136,20 @@ pub fn set_handle_token(handle: &mut [u8; 128], token: u64) {
     handle[TOKEN_OFF..].copy_from_slice(&token.to_le_bytes());
 }
 
-fn send_caps() -> QpCaps {
-    // Every slot in flight on one QP: its chain plus a probe.
-    QpCaps { max_send_wr: (crate::engine::layout::SLOTS * (MAX_RECVS + 1) + 8) as u32, max_inline: 64 }
+/// Inline bytes of a sender's QPs (probes; small sends from host memory) and of a
+/// receiver's (a CTS of up to 8 entries).
+const SEND_INLINE: u32 = 64;
+const RECV_INLINE: u32 = (MAX_RECVS * crate::engine::layout::CTS_ENTRY_BYTES) as u32;
+
+/// Send-queue depth of each of a sender's `nqps` data QPs on a rail (see the module doc).
+pub fn send_qp_depth(nqps: u16) -> u32 {
+    (SLOTS.div_ceil(nqps.max(1) as usize) * MAX_CHAIN + 1) as u32
 }
 
-fn recv_caps() -> QpCaps {
-    QpCaps { max_send_wr: (2 * crate::engine::layout::SLOTS) as u32, max_inline: 512 }
-}
+/// Send-queue depth of a receiver's CTS QP (see the module doc).
+pub const CTS_QP_DEPTH: u32 = 2 * SLOTS as u32 + 1;
+/// Send-queue depth of a flush QP: a READ per flush in flight.
+pub const FLUSH_QP_DEPTH: u32 = MAX_FLUSHES as u32;
 
 fn clamp_caps<D: Device>(dev: &D, caps: QpCaps) -> QpCaps {
     let a = dev.attrs();
@@ -139,59 +164,84 @@ enum FlushQp {
     Without,
 }
 
-/// Creates one rail's CQ, SRQ (receive side), QPs and registration of `region`.
-fn build_rail<D: Device>(
-    dev: &Arc<D>,
-    nqps: u16,
-    srq_depth: Option<u32>,
+/// What one rail of a connection needs: its QPs (the last one the flush QP, if any), and
+/// the receive window (SRQ WQEs its receives may consume at most).
+struct RailPlan {
+    qps: Vec<QpSpec>,
     flush: FlushQp,
-    caps: QpCaps,
+    window: u32,
+}
+
+/// A sender's rail: `nqps` data QPs.
+fn send_plan(nqps: u16) -> RailPlan {
+    let caps = QpCaps { max_send_wr: send_qp_depth(nqps), max_inline: SEND_INLINE };
+    RailPlan { qps: vec![QpSpec { caps, srq: false }; nqps as usize], flush: FlushQp::Without, window: 0 }
+}
+
+/// A receiver's rail: the CTS QP, `nqps - 1` more that only receive, the flush QP if asked,
+/// and `window` receives in flight.
+fn recv_plan(nqps: u16, flush: FlushQp, window: u32) -> RailPlan {
+    let mut qps = vec![QpSpec { caps: QpCaps { max_send_wr: CTS_QP_DEPTH, max_inline: RECV_INLINE }, srq: true }];
+    qps.extend((1..nqps).map(|_| QpSpec { caps: QpCaps { max_send_wr: 1, max_inline: 0 }, srq: true }));
+    if flush == FlushQp::With {
+        qps.push(QpSpec { caps: QpCaps { max_send_wr: FLUSH_QP_DEPTH, max_inline: 0 }, srq: false });
+    }
+    RailPlan { qps, flush, window }
+}
+
+/// Registers `region` on rail `rail`'s NIC and attaches `plan`'s QPs to the NIC's shared
+/// queues in `ctx`, for connection `owner`.
+fn build_rail<D: Device>(
+    ctx: &Context<D>,
+    dev: &Arc<D>,
+    rail: usize,
+    owner: u64,
+    plan: RailPlan,
     region: &HostRegion,
 ) -> Result<Rail<D>> {
-    let a = dev.attrs();
-    let caps = clamp_caps(dev.as_ref(), caps);
-    let depth = (caps.max_send_wr * (nqps as u32 + 1) + srq_depth.unwrap_or(0)).min(a.max_cqe.max(1));
-    let cq = dev.create_cq(depth, Timestamps::Wanted)?;
-    let srq = match srq_depth {
-        Some(d) => Some(dev.create_srq(d.min(a.max_srq_wr.max(1)))?),
-        None => None,
+    let nic = ctx.queues(dev)?;
+    let specs: Vec<QpSpec> = plan.qps.iter().map(|q| QpSpec { caps: clamp_caps(dev.as_ref(), q.caps), ..*q }).collect();
+    let sq: u64 = specs.iter().map(|q| q.caps.max_send_wr as u64).sum();
+    // Everything that can complete for this rail: each send-queue WR, each receive.
+    let inbox = Arc::new(Inbox::new(sq as usize + plan.window as usize));
+    let region_mr = dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?;
+    let mut qps = match nic.attach(owner, rail, &inbox, &specs, plan.window) {
+        Ok(q) => q,
+        Err(e) => {
+            let _ = dev.dereg_mr(region_mr);
+            return Err(e);
+        }
     };
-    let mut qps = Vec::with_capacity(nqps as usize);
-    for _ in 0..nqps {
-        qps.push(dev.create_qp(&cq, srq.as_ref(), caps)?);
-    }
-    let flush_qp = match flush {
-        FlushQp::With => Some(dev.create_qp(&cq, None, QpCaps { max_send_wr: 64, max_inline: 0 })?),
-        FlushQp::Without => None,
-    };
-    let region_mr = Some(dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?);
-    use super::resources::{Held, Res};
-    let nqp = qps.len() as u64 + flush_qp.is_some() as u64;
-    let sq = caps.max_send_wr as u64 * qps.len() as u64 + if flush_qp.is_some() { 64 } else { 0 };
-    let mut held = vec![
-        Held::new(Res::Cqs, 1),
-        Held::new(Res::CqEntries, depth as u64),
-        Held::new(Res::Qps, nqp),
+    let flush_qp = if plan.flush == FlushQp::With { qps.pop() } else { None };
+    let held = vec![
+        Held::new(Res::Qps, specs.len() as u64),
         Held::new(Res::QpSendWrs, sq),
         Held::new(Res::ControlBytes, region.len() as u64),
+        Held::new(Res::InboxEntries, inbox.capacity() as u64),
     ];
-    if let Some(d) = srq_depth {
-        held.push(Held::new(Res::Srqs, 1));
-        held.push(Held::new(Res::SrqWqes, d.min(a.max_srq_wr.max(1)) as u64));
-    }
-    Ok(Rail { qps, flush_qp, srq, cq, region_mr, dev: dev.clone(), held })
+    Ok(Rail {
+        qps,
+        flush_qp,
+        region_mr: Some(region_mr),
+        nic,
+        inbox,
+        owner,
+        sq,
+        window: plan.window,
+        dev: dev.clone(),
+        held,
+    })
 }
 
 fn build_rails<D: Device>(
+    ctx: &Context<D>,
     pair: &DevPair<D>,
-    qps: [u16; RAILS],
-    srq_depth: Option<u32>,
-    flush: FlushQp,
-    caps: QpCaps,
+    plan: impl Fn(usize) -> RailPlan,
     region: &HostRegion,
 ) -> Result<[Rail<D>; RAILS]> {
-    let r0 = build_rail(&pair.rails[0], qps[0], srq_depth, flush, caps, region)?;
-    let r1 = build_rail(&pair.rails[1], qps[1], srq_depth, flush, caps, region)?;
+    let owner = new_owner();
+    let r0 = build_rail(ctx, &pair.rails[0], 0, owner, plan(0), region)?;
+    let r1 = build_rail(ctx, &pair.rails[1], 1, owner, plan(1), region)?;
     Ok([r0, r1])
 }
 
@@ -254,9 +304,10 @@ pub struct Connecting<D: Device> {
 }
 
 impl<D: Device> Connecting<D> {
-    pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr) -> Result<Self> {
-        let region = HostRegion::new(SEND_SCRATCH_OFF + 4096)?;
-        let rails = build_rails(&pair, p.qps, None, FlushQp::Without, send_caps(), &region)?;
+    /// Starts a send comm to the listener at `addr`, its QPs on the NICs' queues of `ctx`.
+    pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr, ctx: &Context<D>) -> Result<Self> {
+        let region = HostRegion::new(SEND_SCRATCH_OFF + SCRATCH_BYTES)?;
+        let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r]), &region)?;
         let (_, rkeys) = region_keys(&rails);
         let mut conn = OobConn::connect(addr)?;
         let hello = Hello {
@@ -326,7 +377,7 @@ impl<D: Device> Connecting<D> {
         let region = self.region.take().expect("region");
         let reply = self.reply.take().expect("reply");
         let (lkeys, _) = region_keys(&rails);
-        let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(send_caps().max_inline);
+        let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(SEND_INLINE);
         let cfg = SendConfig {
             qps: self.p.qps,
             max_requests: self.p.abi.max_requests() * MAX_RECVS,
@@ -355,6 +406,7 @@ enum AcceptStage {
 /// A receive comm being set up on an accepted connection.
 pub struct Accepting<D: Device> {
     pair: Arc<DevPair<D>>,
+    ctx: Arc<Context<D>>,
     p: Params,
     conn: OobConn,
     stage: AcceptStage,
@@ -365,9 +417,10 @@ pub struct Accepting<D: Device> {
 }
 
 impl<D: Device> Accepting<D> {
-    pub fn new(pair: Arc<DevPair<D>>, p: Params, conn: OobConn) -> Self {
+    pub fn new(pair: Arc<DevPair<D>>, ctx: Arc<Context<D>>, p: Params, conn: OobConn) -> Self {
         Accepting {
             pair,
+            ctx,
             p,
             conn,
             stage: AcceptStage::AwaitHello,
@@ -390,11 +443,12 @@ impl<D: Device> Accepting<D> {
                 AcceptStage::AwaitHello => {
                     let Some(m) = self.conn.poll()? else { return Ok(None) };
                     let hello = Hello::decode(&m, self.p.kind as u8)?;
-                    let region = HostRegion::new(RECV_SCRATCH_OFF + 4096)?;
+                    let region = HostRegion::new(RECV_SCRATCH_OFF + SCRATCH_BYTES)?;
                     let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
                     let flush = if gpu { FlushQp::With } else { FlushQp::Without };
-                    let srq = Some(self.p.srq.1);
-                    let mut rails = build_rails(&self.pair, hello.qps, srq, flush, recv_caps(), &region)?;
+                    let window = self.p.abi.max_requests() as u32;
+                    let plan = |r: usize| recv_plan(hello.qps[r], flush, window);
+                    let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
                     connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
                     let (_, rkeys) = region_keys(&rails);
                     let reply = Reply {
@@ -439,7 +493,7 @@ impl<D: Device> Accepting<D> {
         let region = self.region.take().expect("region");
         let hello = self.hello.take().expect("hello");
         let (lkeys, _) = region_keys(&rails);
-        let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(recv_caps().max_inline);
+        let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(RECV_INLINE);
         let cfg = RecvConfig {
             max_requests: self.p.abi.max_requests(),
             rails_mask: RailMask::BOTH,
@@ -447,8 +501,6 @@ impl<D: Device> Accepting<D> {
             cts_lkeys: lkeys,
             fifo_addr: hello.fifo_addr,
             fifo_rkeys: hello.fifo_rkeys,
-            srq_low: self.p.srq.0,
-            srq_high: self.p.srq.1,
             max_inline,
             flush_addr: region.addr() + RECV_FLUSH_OFF as u64,
             flush_lkeys: lkeys,
@@ -466,9 +518,11 @@ impl<D: Device> Accepting<D> {
 pub struct ListenComm<D: Device> {
     pub listener: OobListener,
     pub pair: Arc<DevPair<D>>,
+    /// The context of the communicator that listens: its receive comms' queues.
+    pub ctx: Arc<Context<D>>,
     pub p: Params,
     pub pending: Option<Accepting<D>>,
-    pub held: super::resources::Held,
+    pub held: Held,
 }
 
 impl<D: Device> ListenComm<D> {
@@ -476,7 +530,9 @@ impl<D: Device> ListenComm<D> {
     pub fn accept(&mut self) -> Result<Option<RecvComm<D>>> {
         if self.pending.is_none() {
             match self.listener.accept()? {
-                Some(conn) => self.pending = Some(Accepting::new(self.pair.clone(), self.p.clone(), conn)),
+                Some(conn) => {
+                    self.pending = Some(Accepting::new(self.pair.clone(), self.ctx.clone(), self.p.clone(), conn))
+                }
                 None => return Ok(None),
             }
         }

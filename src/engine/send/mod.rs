@@ -144,7 +144,7 @@ impl SendEngine {
 
     pub fn new(cfg: SendConfig, split: AnySplit, tel: [RailTelemetry; RAILS]) -> Self {
         assert!(cfg.qps.iter().all(|&q| q >= 1), "each rail needs at least one QP");
-        let n = cfg.max_requests.clamp(1, SLOTS);
+        let n = cfg.max_requests.clamp(1, SLOTS * MAX_RECVS);
         SendEngine {
             split,
             tel,
@@ -367,12 +367,12 @@ impl SendEngine {
         }
         match kind {
             WrKind::DataSignal => {
-                let s = &mut self.slots[slot];
-                if !s.pending.contains(wr_rail) {
+                // (A slot beyond the window: a wr_id the provider made up.)
+                let Some(s) = self.slots.get_mut(slot).filter(|s| s.pending.contains(wr_rail)) else {
                     return Err(self
                         .error
                         .fail(cold(move || StrayCompletion::NoneOutstanding { rail: wr_rail, slot }.into())));
-                }
+                };
                 s.pending = s.pending.without(wr_rail);
                 self.outstanding[wr_rail] -= 1;
                 let sample = Sample { posted_ns: s.posted_ns[wr_rail], completed_ns: t, bytes: s.bytes[wr_rail] };

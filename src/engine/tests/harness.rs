@@ -7,7 +7,10 @@
 use std::collections::VecDeque;
 
 use crate::engine::imm::Imm;
-use crate::engine::layout::{CTS_FIFO_BYTES, CtsEntry, RECORDS_BYTES, RecvMemory, SendMemory};
+use crate::engine::layout::{
+    CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RECORDS_BYTES,
+    RecvMemory, SendMemory,
+};
 use crate::engine::{
     CpuAccess, Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine,
 };
@@ -88,12 +91,12 @@ pub struct SendSide {
 }
 impl SendMemory for SendSide {
     fn fifo_word(&self, slot: usize, i: usize) -> u64 {
-        let off = slot * 512 + i * 64 + 56;
+        let off = slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES + CTS_WORD_OFFSET;
         u64::from_le_bytes(self.space.regions[0][off..off + 8].try_into().unwrap())
     }
     fn fifo_entry(&self, slot: usize, i: usize) -> CtsEntry {
-        let off = slot * 512 + i * 64;
-        let mut w = [0u64; 8];
+        let off = slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES;
+        let mut w = [0u64; CTS_ENTRY_WORDS];
         for (k, x) in w.iter_mut().enumerate() {
             *x = u64::from_le_bytes(self.space.regions[0][off + 8 * k..off + 8 * k + 8].try_into().unwrap());
         }
@@ -112,7 +115,7 @@ pub struct RecvSide {
 impl RecvMemory for RecvSide {
     fn write_cts(&mut self, slot: usize, i: usize, e: &CtsEntry) {
         let bytes: Vec<u8> = e.to_words().iter().flat_map(|w| w.to_le_bytes()).collect();
-        self.space.write(CTS + (slot * 512 + i * 64) as u64, &bytes);
+        self.space.write(CTS + (slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES) as u64, &bytes);
     }
     fn record(&self, slot: usize, i: usize) -> u64 {
         let off = slot * 64 + i * 8;
@@ -168,6 +171,8 @@ pub struct Pair {
     pub cq_r: [VecDeque<Completion>; RAILS],
     /// SRQ WQEs available at the receiver, per rail.
     pub srq: [u32; RAILS],
+    /// Refill below `.0` WQEs, up to `.1`.
+    pub srq_marks: (u32, u32),
     pub rnr: [u64; RAILS],
     pub now: u64,
     pub posts: Posts,
@@ -260,8 +265,6 @@ impl Pair {
                 cts_lkeys: [41, 42],
                 fifo_addr: FIFO,
                 fifo_rkeys: [51, 52],
-                srq_low: o.srq.0,
-                srq_high: o.srq.1,
                 max_inline: 0,
                 flush_addr: 0,
                 flush_lkeys: [0, 0],
@@ -281,6 +284,7 @@ impl Pair {
             cq_s: Default::default(),
             cq_r: Default::default(),
             srq: [0; RAILS],
+            srq_marks: o.srq,
             rnr: [0; RAILS],
             now: 1_000,
             posts: Posts::default(),
@@ -312,13 +316,16 @@ impl Pair {
         self.posts.clear();
     }
 
-    /// Refills the SRQs the way the plugin does (irecv and test).
+    /// Refills the SRQs between watermarks of their own (`Opts::srq`: below `low` WQEs, up
+    /// to `high`), at irecv and test as the plugin does; small ones make writes wait (RNR).
+    /// (The plugin's policy, sized from the receivers' claims, is `plugin::nic`'s.)
     pub fn refill(&mut self) {
         for rail in 0..RAILS {
-            let n = self.r.srq_refill(rail);
-            if n > 0 {
-                self.srq[rail] += n;
-                self.r.srq_posted(rail, n);
+            // As the plugin counts them: a WQE is gone once its completion was polled.
+            let unpolled = self.cq_r[rail].iter().filter(|c| c.opcode == WcOpcode::RecvRdmaWithImm).count() as u32;
+            let seen = self.srq[rail] + unpolled;
+            if seen < self.srq_marks.0 {
+                self.srq[rail] += self.srq_marks.1 - seen;
             }
         }
     }

@@ -143,10 +143,6 @@ fn refused_calls_say_what_nccl_did_wrong() {
             TooManyRecvs { max: 32 },
             "too many receives in flight (at most 32): NCCL must test and complete earlier ones",
         ),
-        (
-            SlotInUse { slot: 0 },
-            "CTS slot 0 reused while its receive is still outstanding (a request was never tested to completion)",
-        ),
         (TooManyFlushes { max: 32 }, "too many flushes in flight (at most 32)"),
         (FlushNotInFlight { id: 300 }, "flush request 300 is not in flight"),
         (NoSuchRecv { id: 999 }, "receive request 999 does not exist"),
@@ -155,6 +151,11 @@ fn refused_calls_say_what_nccl_did_wrong() {
         says(r, ErrorKind::Internal, text);
     }
     says(RecvCount { n: 9 }, ErrorKind::InvalidArgument, "9 receives in one irecv (1..8 allowed)");
+    says(
+        RecvTooLarge { size: 1 << 32 },
+        ErrorKind::InvalidArgument,
+        "a receive buffer of 4294967296 bytes (at most 4294967295 per buffer)",
+    );
 }
 
 #[test]

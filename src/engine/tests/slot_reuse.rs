@@ -1,10 +1,11 @@
-//! A CTS slot comes back every 256 receives. The receiver frees it when its IMMs arrived;
+//! A CTS slot comes back every `SLOTS` (32) receives. The receiver frees it when its IMMs arrived;
 //! the sender's completions for it can come much later (an acknowledgement delayed on one
 //! QP while the others go on). The sender must not take the slot's next CTS until the
 //! previous use's completions were polled: completions carry only (rail, slot), so a late
 //! one would complete the new send before its data left, and the old send never.
 
 use super::harness::*;
+use crate::engine::layout::SLOTS;
 use crate::engine::{SOUT, WrKind};
 use crate::fabric::Completion;
 use crate::split::{AnySplit, Fixed};
@@ -28,7 +29,7 @@ fn sender_waits_for_late_completions_before_reusing_a_slot() {
     let mut p = Pair::new(Opts { qps: [2, 1], split: AnySplit::Fixed(Fixed::percent(100)), ..Opts::default() });
     let mut held: Vec<Completion> = Vec::new();
     let mut sends = Vec::new();
-    for i in 0..256u64 {
+    for i in 0..SLOTS as u64 {
         let (sid, ..) = message(&mut p, 256, i);
         let (qp0, rest): (Vec<_>, Vec<_>) = p.cq_s[SOUT].drain(..).partition(|c| c.qp_num == 0);
         held.extend(qp0);
@@ -40,8 +41,8 @@ fn sender_waits_for_late_completions_before_reusing_a_slot() {
             sends.push(sid);
         }
     }
-    assert_eq!(held.len(), 128);
-    // Receive 256 reuses slot 0 at the receiver (free since its IMM came). The sender
+    assert_eq!(held.len(), SLOTS / 2);
+    // Receive SLOTS reuses slot 0 at the receiver (free since its IMM came). The sender
     // must not take it while slot 0's completion is outstanding.
     let (rid, ra) = p.irecv_one(300);
     p.deliver_all();

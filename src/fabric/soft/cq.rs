@@ -108,6 +108,12 @@ impl CompletionQueue for SoftCq {
         // `CqShared` (not `Clone`; `poll` takes `&mut self`), and QPs only push.
         Ok(unsafe { self.shared.pop_into(out) })
     }
+
+    fn resize(&mut self, depth: u32) -> Result<()> {
+        // SAFETY: as in `poll`: this is the ring's one consumer, not polling now (`&mut self`).
+        unsafe { self.shared.grow(depth) };
+        Ok(())
+    }
 }
 
 /// A soft shared receive queue.

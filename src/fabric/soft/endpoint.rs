@@ -65,6 +65,15 @@ impl CqShared {
         self.work.swap(false, Ordering::AcqRel);
     }
 
+    /// Makes room for `depth` completions.
+    ///
+    /// # Safety
+    /// One consumer: only the CQ's poller calls this (see [`CqRing::grow`]).
+    pub unsafe fn grow(&self, depth: u32) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ring.grow(depth as usize) }
+    }
+
     /// Moves the oldest completions into `out`; returns how many.
     ///
     /// # Safety

@@ -18,6 +18,10 @@
 //! after the Release store of `head` that freed it (its Acquire load pairs with that), so
 //! the consumer's read came first. Room seen by a producer never vanishes while it holds
 //! the lock: the consumer only frees slots.
+//!
+//! Growing (a shared CQ gets more QPs): the consumer, holding the producers' lock, copies
+//! `[head, tail)` into a larger array at the same counts and swaps it in. No producer runs
+//! (the lock) and the consumer is the one growing, so nobody reads the old array then.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -26,10 +30,23 @@ use parking_lot::{Mutex, MutexGuard};
 
 use crate::fabric::Completion;
 
-pub struct CqRing {
+/// The array of a ring: replaced (under the producers' lock, by the consumer) when it grows.
+struct Buf {
     slots: Box<[UnsafeCell<Completion>]>,
     mask: usize,
     cap: usize,
+}
+
+impl Buf {
+    fn new(depth: usize) -> Buf {
+        let cap = depth.max(1);
+        let n = cap.next_power_of_two();
+        Buf { slots: (0..n).map(|_| UnsafeCell::new(Completion::default())).collect(), mask: n - 1, cap }
+    }
+}
+
+pub struct CqRing {
+    buf: UnsafeCell<Buf>,
     /// Completions popped: stored by the consumer only.
     head: AtomicUsize,
     /// Completions pushed: stored by producers only, under `producers`.
@@ -39,17 +56,14 @@ pub struct CqRing {
 
 // SAFETY: the slots (the only part not already `Sync`) are shared between threads only as
 // the module documentation says: written by one producer at a time, under `producers`,
-// while the consumer does not read them; read by the consumer once published.
+// while the consumer does not read them; read by the consumer once published; the array
+// itself replaced only by the consumer with the producers locked out.
 unsafe impl Sync for CqRing {}
 
 impl CqRing {
     pub fn new(depth: usize) -> CqRing {
-        let cap = depth.max(1);
-        let n = cap.next_power_of_two();
         CqRing {
-            slots: (0..n).map(|_| UnsafeCell::new(Completion::default())).collect(),
-            mask: n - 1,
-            cap,
+            buf: UnsafeCell::new(Buf::new(depth)),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
             producers: Mutex::new(()),
@@ -75,13 +89,38 @@ impl CqRing {
             return 0;
         }
         let n = out.len().min(tail.wrapping_sub(head));
+        // SAFETY: only the consumer (the caller) replaces the array.
+        let buf = unsafe { &*self.buf.get() };
         for (i, o) in out[..n].iter_mut().enumerate() {
             // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load
             // of `tail`, and no producer writes it until `head` moves past it (below).
-            *o = unsafe { *self.slots[head.wrapping_add(i) & self.mask].get() };
+            *o = unsafe { *buf.slots[head.wrapping_add(i) & buf.mask].get() };
         }
         self.head.store(head.wrapping_add(n), Ordering::Release);
         n
+    }
+
+    /// Makes room for `depth` completions (never shrinks), keeping those queued.
+    ///
+    /// # Safety
+    /// One consumer: only the ring's consumer calls this, never while in `pop_into`.
+    pub unsafe fn grow(&self, depth: usize) {
+        let _producers = self.producers.lock();
+        // SAFETY: the producers are locked out and the caller is the consumer: nobody else
+        // reads or writes the array until this returns.
+        let buf = unsafe { &mut *self.buf.get() };
+        if depth <= buf.cap {
+            return;
+        }
+        let new = Buf::new(depth);
+        let (head, tail) = (self.head.load(Ordering::Relaxed), self.tail.load(Ordering::Relaxed));
+        let mut c = head;
+        while c != tail {
+            // SAFETY: as above; `c` lies in `[head, tail)`, published.
+            unsafe { *new.slots[c & new.mask].get() = *buf.slots[c & buf.mask].get() };
+            c = c.wrapping_add(1);
+        }
+        *buf = new;
     }
 
     /// Completions queued now (tests).
@@ -105,7 +144,9 @@ impl Producer<'_> {
         let ring = self.ring;
         // Relaxed: only producers store `tail`, under the lock this one holds.
         let tail = ring.tail.load(Ordering::Relaxed);
-        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < ring.cap).then_some(Room { ring, tail })
+        // SAFETY: the array is replaced only under the lock this producer holds.
+        let cap = unsafe { (*ring.buf.get()).cap };
+        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < cap).then_some(Room { ring, tail })
     }
 
     /// Appends `c`; `false` when the ring is full.
@@ -134,8 +175,12 @@ impl Room<'_> {
         let ring = self.ring;
         // SAFETY: the slot at `tail` lies outside `[head, tail)` (`room` checked it, and the
         // consumer only moves `head` on): the consumer does not read it, and no other
-        // producer writes while this one holds the lock (`Room` borrows the `Producer`).
-        unsafe { *ring.slots[self.tail & ring.mask].get() = c };
+        // producer writes (or replaces the array) while this one holds the lock (`Room`
+        // borrows the `Producer`).
+        unsafe {
+            let buf = &*ring.buf.get();
+            *buf.slots[self.tail & buf.mask].get() = c;
+        }
         ring.tail.store(self.tail.wrapping_add(1), Ordering::Release);
     }
 }
@@ -179,6 +224,42 @@ mod tests {
         assert_eq!(popped, pushed);
         // SAFETY: as above.
         assert_eq!(unsafe { r.pop_into(&mut out) }, 0);
+    }
+
+    /// Growing keeps what is queued, in order, across the array's wrap; the new depth holds.
+    #[test]
+    fn a_grown_ring_keeps_its_completions_and_takes_more() {
+        let r = CqRing::new(4);
+        let mut out = [Completion::default(); 8];
+        // Wrap the array once so the queued completions straddle its end.
+        for i in 0..3 {
+            assert!(r.lock().push(c(i)));
+        }
+        // SAFETY: this thread is the only consumer.
+        assert_eq!(unsafe { r.pop_into(&mut out[..3]) }, 3);
+        for i in 3..7 {
+            assert!(r.lock().push(c(i)));
+        }
+        assert!(r.lock().room().is_none(), "full at 4");
+        // SAFETY: as above.
+        unsafe { r.grow(10) };
+        for i in 7..13 {
+            assert!(r.lock().push(c(i)), "room for 10 after growing");
+        }
+        assert!(r.lock().room().is_none(), "full at 10");
+        // SAFETY: as above.
+        unsafe { r.grow(5) };
+        assert!(r.lock().room().is_none(), "never shrinks");
+        let mut got = Vec::new();
+        loop {
+            // SAFETY: as above.
+            let n = unsafe { r.pop_into(&mut out) };
+            if n == 0 {
+                break;
+            }
+            got.extend(out[..n].iter().map(|o| o.wr_id));
+        }
+        assert_eq!(got, (3..13).collect::<Vec<_>>());
     }
 
     /// Three producers and one consumer: every completion once, each producer's in order.

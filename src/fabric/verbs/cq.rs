@@ -292,6 +292,17 @@ impl CompletionQueue for VerbsCq {
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize> {
         if self.inner.ex.is_null() { self.poll_plain(out) } else { self.poll_ex(out) }
     }
+
+    fn resize(&mut self, depth: u32) -> Result<()> {
+        let cqe = depth.max(1).min(i32::MAX as u32) as i32;
+        // SAFETY: a live CQ (an extended one through its ibv_cq view); `&mut self` keeps
+        // every poll of it out while the provider swaps its buffer.
+        let ret = unsafe { ibv::ibv_resize_cq(self.inner.cq, cqe) };
+        if ret != 0 {
+            return Err(self.inner.ctx.failed(&format!("ibv_resize_cq({cqe} entries)"), sys::ret_errno(ret)));
+        }
+        Ok(())
+    }
 }
 
 fn zeroed_wcs() -> Box<[ibv::ibv_wc]> {

@@ -270,6 +270,20 @@ impl QueuePair for VerbsQp {
         }
         Ok(())
     }
+
+    fn drain_marker(&mut self, marker: u64) -> Result<bool> {
+        if !self.connected {
+            return Ok(false); // never connected: nothing was posted
+        }
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut a: ibv::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv::ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut a, ibv::ibv_qp_attr_mask::IBV_QP_STATE, "ERR", None)?;
+        // In the error state a posted WR completes flushed, after every WR before it.
+        let wr = SendWr { wr_id: marker, signaled: true, ..SendWr::default() };
+        self.post_send(&[wr])?;
+        Ok(true)
+    }
 }
 
 impl Drop for VerbsQp {

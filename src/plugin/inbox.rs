@@ -1,0 +1,259 @@
+//! A connection's completion inbox for one rail: the completions another caller polled off
+//! the NIC's shared CQ for it, waiting until the connection's own next call takes them.
+//!
+//! A bounded single-producer single-consumer ring. Producers take turns: only the holder
+//! of the NIC's poll lock pushes (the lock orders one holder's pushes before the next
+//! one's). The consumer is the connection's owner, under its handle's lock. So the ring
+//! needs no lock of its own and the data path takes none that NCCL's other threads take:
+//!
+//! - the producer reads `head` (Acquire), writes the slot at `tail` if `tail - head < cap`,
+//!   then stores `tail + 1` (Release);
+//! - the consumer reads `tail` (Acquire), copies the slots of `[head, tail)`, then stores
+//!   the new `head` (Release).
+//!
+//! Slots are four `AtomicU64` words (Relaxed stores and loads, ordered by `tail`/`head`),
+//! so the ring is plain safe code. A full ring is a bug (it is sized to everything the
+//! connection can have outstanding on the rail): the completion is not queued, the ring
+//! says it overflowed, and the connection fails with that error at its next call; nothing
+//! is dropped silently.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use crate::fabric::{Completion, WcOpcode, WcStatus};
+
+pub struct Inbox {
+    slots: Box<[[AtomicU64; 4]]>,
+    mask: usize,
+    cap: usize,
+    /// Completions taken: stored by the consumer only.
+    head: AtomicUsize,
+    /// Completions queued: stored by the producer (the NIC's poll lock holder) only.
+    tail: AtomicUsize,
+    overflowed: AtomicBool,
+}
+
+/// A completion as four words (the QP number is left out: the route already named the
+/// connection and the rail).
+#[inline]
+fn encode(c: &Completion) -> [u64; 4] {
+    let (kind, code) = match c.status {
+        WcStatus::Success => (0u64, 0u32),
+        WcStatus::LocalError => (1, 0),
+        WcStatus::RemoteAccessError => (2, 0),
+        WcStatus::RemoteOpError => (3, 0),
+        WcStatus::RetryExceeded => (4, 0),
+        WcStatus::RnrRetryExceeded => (5, 0),
+        WcStatus::Flushed => (6, 0),
+        WcStatus::Other(code) => (7, code),
+    };
+    let op = match c.opcode {
+        WcOpcode::RdmaWrite => 0u64,
+        WcOpcode::RdmaRead => 1,
+        WcOpcode::RecvRdmaWithImm => 2,
+    };
+    [c.wr_id, c.imm as u64 | (c.byte_len as u64) << 32, op | kind << 8 | (code as u64) << 32, c.timestamp_ns]
+}
+
+#[inline]
+fn decode(w: [u64; 4]) -> Completion {
+    let status = match (w[2] >> 8) & 0xff {
+        0 => WcStatus::Success,
+        1 => WcStatus::LocalError,
+        2 => WcStatus::RemoteAccessError,
+        3 => WcStatus::RemoteOpError,
+        4 => WcStatus::RetryExceeded,
+        5 => WcStatus::RnrRetryExceeded,
+        6 => WcStatus::Flushed,
+        _ => WcStatus::Other((w[2] >> 32) as u32),
+    };
+    let opcode = match w[2] & 0xff {
+        0 => WcOpcode::RdmaWrite,
+        1 => WcOpcode::RdmaRead,
+        _ => WcOpcode::RecvRdmaWithImm,
+    };
+    Completion {
+        wr_id: w[0],
+        status,
+        opcode,
+        byte_len: (w[1] >> 32) as u32,
+        imm: w[1] as u32,
+        qp_num: 0,
+        timestamp_ns: w[3],
+    }
+}
+
+impl Inbox {
+    /// An inbox for `cap` completions.
+    pub fn new(cap: usize) -> Inbox {
+        let cap = cap.max(1);
+        let n = cap.next_power_of_two();
+        Inbox {
+            slots: (0..n).map(|_| Default::default()).collect(),
+            mask: n - 1,
+            cap,
+            head: AtomicUsize::new(0),
+            tail: AtomicUsize::new(0),
+            overflowed: AtomicBool::new(false),
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Queues `c`; `false` when the ring is full (then it is marked overflowed). Only the
+    /// holder of the NIC's poll lock calls this.
+    #[inline]
+    pub fn push(&self, c: &Completion) -> bool {
+        let tail = self.tail.load(Ordering::Relaxed);
+        if tail.wrapping_sub(self.head.load(Ordering::Acquire)) >= self.cap {
+            self.overflowed.store(true, Ordering::Release);
+            return false;
+        }
+        let slot = &self.slots[tail & self.mask];
+        for (s, v) in slot.iter().zip(encode(c)) {
+            s.store(v, Ordering::Relaxed);
+        }
+        self.tail.store(tail.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Whether completions wait (the consumer's quick check: one load).
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.tail.load(Ordering::Acquire) == self.head.load(Ordering::Relaxed)
+    }
+
+    /// Moves the oldest completions into `out`; returns how many. Only the connection's
+    /// owner calls this.
+    #[inline]
+    pub fn pop_into(&self, out: &mut [Completion]) -> usize {
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Relaxed);
+        let n = out.len().min(tail.wrapping_sub(head));
+        for (i, o) in out[..n].iter_mut().enumerate() {
+            let s = &self.slots[head.wrapping_add(i) & self.mask];
+            *o = decode([
+                s[0].load(Ordering::Relaxed),
+                s[1].load(Ordering::Relaxed),
+                s[2].load(Ordering::Relaxed),
+                s[3].load(Ordering::Relaxed),
+            ]);
+        }
+        if n > 0 {
+            self.head.store(head.wrapping_add(n), Ordering::Release);
+        }
+        n
+    }
+
+    /// Whether a completion found the ring full.
+    #[inline]
+    pub fn overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn c(i: u64) -> Completion {
+        Completion {
+            wr_id: i,
+            status: if i % 3 == 0 { WcStatus::Other(0x1_0005) } else { WcStatus::Flushed },
+            opcode: if i % 2 == 0 { WcOpcode::RecvRdmaWithImm } else { WcOpcode::RdmaRead },
+            byte_len: (i as u32).wrapping_mul(7),
+            imm: !(i as u32),
+            qp_num: 0,
+            timestamp_ns: i << 20,
+        }
+    }
+
+    #[test]
+    fn every_field_round_trips() {
+        for s in [
+            WcStatus::Success,
+            WcStatus::LocalError,
+            WcStatus::RemoteAccessError,
+            WcStatus::RemoteOpError,
+            WcStatus::RetryExceeded,
+            WcStatus::RnrRetryExceeded,
+            WcStatus::Flushed,
+            WcStatus::Other(u32::MAX),
+        ] {
+            for opcode in [WcOpcode::RdmaWrite, WcOpcode::RdmaRead, WcOpcode::RecvRdmaWithImm] {
+                let x = Completion { status: s, opcode, ..c(u64::MAX) };
+                assert_eq!(decode(encode(&x)), x);
+            }
+        }
+    }
+
+    #[test]
+    fn full_is_an_overflow_never_a_silent_drop() {
+        let b = Inbox::new(3);
+        let mut out = [Completion::default(); 4];
+        for round in 0..10u64 {
+            for i in 0..3 {
+                assert!(b.push(&c(round * 3 + i)));
+            }
+            assert!(!b.overflowed());
+            assert_eq!(b.pop_into(&mut out), 3);
+            assert_eq!(
+                out[..3].iter().map(|o| o.wr_id).collect::<Vec<_>>(),
+                (round * 3..round * 3 + 3).collect::<Vec<_>>()
+            );
+        }
+        for i in 0..3 {
+            assert!(b.push(&c(i)));
+        }
+        assert!(!b.push(&c(99)), "a fourth does not fit");
+        assert!(b.overflowed(), "and the inbox says so");
+        assert_eq!(b.pop_into(&mut out), 3);
+        assert!(b.is_empty());
+    }
+
+    /// Producers on other threads taking turns under a lock (as holders of the NIC's poll
+    /// lock do), the consumer on this one: every completion once, in order.
+    #[test]
+    fn producers_taking_turns_and_a_consumer_lose_nothing() {
+        use std::sync::{Arc, Mutex};
+        const PER: u64 = 20_000;
+        let b = Arc::new(Inbox::new(8));
+        let turn = Arc::new(Mutex::new(0u64));
+        let producers: Vec<_> = (0..2)
+            .map(|_| {
+                let (b, turn) = (b.clone(), turn.clone());
+                std::thread::spawn(move || {
+                    loop {
+                        let mut next = turn.lock().unwrap();
+                        if *next == 2 * PER {
+                            return;
+                        }
+                        if b.push(&c(*next)) {
+                            *next += 1;
+                        } else {
+                            drop(next);
+                            std::thread::yield_now();
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut want = 0;
+        let mut out = [Completion::default(); 5];
+        while want < 2 * PER {
+            let n = b.pop_into(&mut out);
+            for o in &out[..n] {
+                assert_eq!(*o, c(want));
+                want += 1;
+            }
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        for p in producers {
+            p.join().unwrap();
+        }
+        // (Each failed push marks the overflow: the test's producers retry on purpose.)
+    }
+}

@@ -1,0 +1,444 @@
+//! The queues one rail NIC shares among the connections of one plugin context (one NCCL
+//! communicator): ONE completion queue for every QP of every connection on the NIC, ONE
+//! shared receive queue for every receive QP (made when the first receive connection comes),
+//! and the routes from a QP number to its connection's completion inbox and rail.
+//!
+//! Polling (the data path, on the caller's thread): a connection first takes what its
+//! inbox holds, then tries the NIC's poll lock, never waiting for it ([`NicQueues::try_lock`]):
+//! a holder is polling and queues this connection's completions in its inbox. Holding the
+//! lock, it polls the CQ dry in batches: its own completions go straight to its engine,
+//! others' into their inboxes; a completion with no route (a closed connection's late one)
+//! is counted and dropped, never charged to the poller. Then the SRQ is topped up.
+//!
+//! Set-up and close take the lock and wait (they are not the data path): creating QPs on
+//! the CQ and SRQ, growing the CQ (`CompletionQueue::resize`) before it could ever fill,
+//! draining a closing connection's QPs and removing its routes.
+//!
+//! Sizes. The CQ holds, at all times, room for every WR in every attached QP's send queue
+//! (a QP in the error state completes each of them, flushed) plus every SRQ WQE that may be
+//! posted: the QPs' send-queue depths and the receive windows are summed as connections
+//! come and go, and the CQ grows ahead of them (never shrinks; it goes with the last
+//! connection). The SRQ is kept at `needed + SRQ_LOW` WQEs or more, `needed` being the
+//! WQEs the receive connections' outstanding receives may still consume (their claims,
+//! summed), posting up to `needed + SRQ_HIGH` in one call, never beyond its depth
+//! (`MPIB_SRQ_DEPTH`, at most the device's `max_srq_wr`): beyond that, writes wait for WQEs
+//! (receiver-not-ready, retried forever), slower but correct.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, MutexGuard};
+
+use super::inbox::Inbox;
+use super::resources::{Held, Res, count_unrouted};
+use crate::error::{Error, Result};
+use crate::fabric::{
+    Completion, CompletionQueue, Device, QpCaps, QueuePair, SharedRecvQueue, Timestamps, WcOpcode, WcStatus,
+};
+
+/// Completions polled per CQ call.
+pub const POLL_BATCH: usize = 16;
+/// `wr_id` of the marker WR a closing connection posts on each of its QPs (kind bits 0xf:
+/// no engine WR has them).
+pub const DRAIN_MARKER: u64 = 0xf << 60;
+/// How long a close waits for its QPs' markers.
+const DRAIN_LIMIT: Duration = Duration::from_secs(2);
+/// The SRQ is topped up when fewer than `needed + SRQ_LOW` WQEs are posted ...
+pub const SRQ_LOW: u32 = 16;
+/// ... to `needed + SRQ_HIGH` (batches of at least 32 WQEs, one call each).
+pub const SRQ_HIGH: u32 = 48;
+/// The CQ's first depth; it grows as connections come.
+const FIRST_CQ_DEPTH: u32 = 1024;
+
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh connection identity (routes name their owner by it).
+pub fn new_owner() -> u64 {
+    NEXT_OWNER.fetch_add(1, Ordering::Relaxed)
+}
+
+/// WQEs to post on an SRQ with `posted` of them, for receives that may consume `needed`,
+/// of depth `depth`: none while `posted ≥ needed + SRQ_LOW`, else up to `needed + SRQ_HIGH`.
+pub fn srq_topup(posted: u32, needed: u32, depth: u32) -> u32 {
+    if posted >= needed.saturating_add(SRQ_LOW).min(depth) {
+        return 0;
+    }
+    needed.saturating_add(SRQ_HIGH).min(depth).saturating_sub(posted)
+}
+
+/// Entries to give a CQ that must hold `need` and holds `have`: at least half as many again
+/// (few resizes while connections come), in units of 256, within `max`.
+pub fn cq_growth(have: u32, need: u64, max: u32) -> Result<u32> {
+    if need <= have as u64 {
+        return Ok(have);
+    }
+    let max = max.max(1);
+    if need > max as u64 {
+        return Err(Error::system(format!(
+            "a NIC's shared completion queue would need {need} entries for this connection, more than the device's \
+             max_cqe {max}: too many connections on one NIC for one communicator"
+        )));
+    }
+    let want = need.max(have as u64 + have as u64 / 2).next_multiple_of(256);
+    Ok(want.min(max as u64) as u32)
+}
+
+/// Hashes a QP number (one multiply: QP numbers are near-sequential, the high bits mix).
+#[derive(Default)]
+struct QpnHasher(u64);
+
+impl Hasher for QpnHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    #[inline]
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// Where the completions of one QP go.
+struct Route {
+    owner: u64,
+    rail: u8,
+    inbox: Arc<Inbox>,
+}
+
+type Routes = HashMap<u32, Route, BuildHasherDefault<QpnHasher>>;
+
+/// What polls: everything behind the NIC's poll lock.
+struct Poll<D: Device> {
+    cq: D::Cq,
+    srq: Option<D::Srq>,
+    srq_posted: u32,
+    srq_depth: u32,
+    rnr_seen: u64,
+    routes: Routes,
+    cq_depth: u32,
+    /// Sum of the attached QPs' send-queue depths, and of the receive windows (WQEs the
+    /// receive connections may consume at most).
+    sq_sum: u64,
+    windows: u64,
+    wc: [Completion; POLL_BATCH],
+    _held_cq: Held,
+    held_cqe: Held,
+    held_srq: Option<[Held; 2]>,
+    held_posted: Held,
+}
+
+impl<D: Device> Poll<D> {
+    /// What the CQ must be able to hold: every send-queue WR and every WQE that may be
+    /// posted (now or by the refills the windows allow).
+    fn cq_need(&self, sq_sum: u64, windows: u64) -> u64 {
+        let srq = if self.srq.is_some() {
+            (windows + SRQ_HIGH as u64).min(self.srq_depth as u64).max(self.srq_posted as u64)
+        } else {
+            0
+        };
+        sq_sum + srq
+    }
+}
+
+/// One NIC's shared queues for one context.
+pub struct NicQueues<D: Device> {
+    pub dev: Arc<D>,
+    poll: Mutex<Poll<D>>,
+    /// Sum of the receive connections' claims (see [`srq_topup`]); updated by their owners.
+    needed: AtomicI64,
+    /// The SRQ's posted WQEs as of the last refill: `irecv`'s look without the lock.
+    posted: AtomicU32,
+    srq_depth: u32,
+    _held: Held,
+}
+
+/// A QP to create on attach.
+#[derive(Clone, Copy, Debug)]
+pub struct QpSpec {
+    pub caps: QpCaps,
+    /// Draws its receives from the NIC's SRQ.
+    pub srq: bool,
+}
+
+impl<D: Device> NicQueues<D> {
+    /// The queues of `dev` for a new context: the CQ now (small; it grows with the
+    /// connections), the SRQ with the first receive connection.
+    pub fn new(dev: Arc<D>, srq_depth: u32) -> Result<NicQueues<D>> {
+        let a = dev.attrs();
+        let depth = FIRST_CQ_DEPTH.min(a.max_cqe.max(1));
+        let cq = dev.create_cq(depth, Timestamps::Wanted)?;
+        let srq_depth = srq_depth.min(a.max_srq_wr.max(1));
+        let poll = Poll {
+            cq,
+            srq: None,
+            srq_posted: 0,
+            srq_depth,
+            rnr_seen: 0,
+            routes: Routes::default(),
+            cq_depth: depth,
+            sq_sum: 0,
+            windows: 0,
+            wc: [Completion::default(); POLL_BATCH],
+            _held_cq: Held::new(Res::Cqs, 1),
+            held_cqe: Held::new(Res::CqEntries, depth as u64),
+            held_srq: None,
+            held_posted: Held::new(Res::SrqPosted, 0),
+        };
+        Ok(NicQueues {
+            poll: Mutex::new(poll),
+            needed: AtomicI64::new(0),
+            posted: AtomicU32::new(0),
+            srq_depth,
+            _held: Held::new(Res::NicQueues, 1),
+            dev,
+        })
+    }
+
+    /// Creates `qps` for connection `owner`'s rail `rail` (whose completions other pollers
+    /// queue in `inbox`) and routes their completions; `window`: the WQEs its receives
+    /// may consume on this NIC. Grows the CQ first so that it can hold everything.
+    pub fn attach(
+        &self,
+        owner: u64,
+        rail: usize,
+        inbox: &Arc<Inbox>,
+        qps: &[QpSpec],
+        window: u32,
+    ) -> Result<Vec<D::Qp>> {
+        let mut p = self.poll.lock();
+        let a = self.dev.attrs();
+        let wants_srq = qps.iter().any(|q| q.srq);
+        if wants_srq && p.srq.is_none() {
+            p.srq = Some(self.dev.create_srq(p.srq_depth)?);
+            p.held_srq = Some([Held::new(Res::Srqs, 1), Held::new(Res::SrqWqes, p.srq_depth as u64)]);
+        }
+        let sq: u64 = qps.iter().map(|q| q.caps.max_send_wr as u64).sum();
+        let windows = p.windows + window as u64;
+        let need = p.cq_need(p.sq_sum + sq, windows);
+        let depth = cq_growth(p.cq_depth, need, a.max_cqe)?;
+        if depth > p.cq_depth {
+            p.cq.resize(depth)?;
+            p.cq_depth = depth;
+            p.held_cqe.set(depth as u64);
+        }
+        let mut made = Vec::with_capacity(qps.len());
+        for q in qps {
+            let srq = if q.srq { p.srq.as_ref() } else { None };
+            made.push(self.dev.create_qp(&p.cq, srq, q.caps)?);
+        }
+        for qp in &made {
+            p.routes.insert(qp.qp_num(), Route { owner, rail: rail as u8, inbox: inbox.clone() });
+        }
+        p.sq_sum += sq;
+        p.windows = windows;
+        Ok(made)
+    }
+
+    /// Detaches connection `owner`'s `qps` (made by [`Self::attach`] with send-queue depths
+    /// summing to `sq` and `window`) and destroys them: each goes to the error state with a
+    /// marker WR behind its last one, the CQ is polled (others' completions queued as ever)
+    /// until every marker came back or [`DRAIN_LIMIT`] passed, then the routes go, so a QP
+    /// number reused later never receives this connection's late completions. `claims`:
+    /// the WQEs its receives still claimed (no longer needed).
+    pub fn detach(&self, owner: u64, qps: Vec<D::Qp>, sq: u64, window: u32, claims: i64) {
+        let mut p = self.poll.lock();
+        let mut qps = qps;
+        let mut markers = 0usize;
+        for qp in qps.iter_mut() {
+            match qp.drain_marker(DRAIN_MARKER) {
+                Ok(true) => markers += 1,
+                Ok(false) => {}
+                Err(e) => log::debug!("closing a connection: no drain marker on QP {}: {e}", qp.qp_num()),
+            }
+        }
+        let end = Instant::now() + DRAIN_LIMIT;
+        while markers > 0 && Instant::now() < end {
+            let p = &mut *p;
+            let n = match p.cq.poll(&mut p.wc) {
+                Ok(n) => n,
+                Err(e) => {
+                    log::warn!("closing a connection: polling its CQ: {e}");
+                    break;
+                }
+            };
+            for c in &p.wc[..n] {
+                if consumed_wqe(c) {
+                    p.srq_posted = p.srq_posted.saturating_sub(1);
+                }
+                match p.routes.get(&c.qp_num) {
+                    Some(r) if r.owner == owner => markers -= (c.wr_id == DRAIN_MARKER) as usize,
+                    Some(r) => {
+                        r.inbox.push(c);
+                    }
+                    None => count_unrouted(1),
+                }
+            }
+            if n == 0 {
+                std::thread::yield_now();
+            }
+        }
+        if markers > 0 {
+            log::warn!("closing a connection: {markers} QP(s) did not drain within {DRAIN_LIMIT:?}; closing anyway");
+        }
+        for qp in &qps {
+            p.routes.remove(&qp.qp_num());
+        }
+        drop(qps);
+        p.sq_sum -= sq.min(p.sq_sum);
+        p.windows -= (window as u64).min(p.windows);
+        self.posted.store(p.srq_posted, Ordering::Relaxed);
+        let posted = p.srq_posted as u64;
+        p.held_posted.set(posted);
+        drop(p);
+        self.needed.fetch_sub(claims, Ordering::Relaxed);
+    }
+
+    /// The poll lock if nobody holds it: the data path never waits for it.
+    #[inline]
+    pub fn try_lock(&self) -> Option<Polling<'_, D>> {
+        self.poll.try_lock().map(|g| Polling { g, nic: self })
+    }
+
+    /// A receive connection's claims changed by `delta` (see `RecvEngine::srq_claims`).
+    #[inline]
+    pub fn add_needed(&self, delta: i64) {
+        self.needed.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// Whether the SRQ is short of its low mark (a look without the lock: `irecv` tops
+    /// it up only then).
+    #[inline]
+    pub fn srq_short(&self) -> bool {
+        let needed = self.needed.load(Ordering::Relaxed).max(0) as u32;
+        self.posted.load(Ordering::Relaxed) < needed.saturating_add(SRQ_LOW).min(self.srq_depth)
+    }
+}
+
+/// Whether a completion consumed an SRQ WQE: every receive completion, and a failed one
+/// whose opcode verbs leaves undefined but whose `wr_id` is the generic WQEs' 0.
+#[inline]
+fn consumed_wqe(c: &Completion) -> bool {
+    c.opcode == WcOpcode::RecvRdmaWithImm || (c.status != WcStatus::Success && c.wr_id == 0)
+}
+
+/// The NIC's poll lock, held.
+pub struct Polling<'a, D: Device> {
+    g: MutexGuard<'a, Poll<D>>,
+    nic: &'a NicQueues<D>,
+}
+
+impl<D: Device> Polling<'_, D> {
+    /// Polls the CQ dry, a batch a call: the completions of connection `owner` go to
+    /// `mine(rail, completion)`, others' to their inboxes. Then tops the SRQ up. The first
+    /// error of `mine` is returned after its batch was dispatched (no completion of another
+    /// connection is lost to it); a CQ or SRQ failure is returned at once.
+    #[inline]
+    pub fn poll(&mut self, owner: u64, mut mine: impl FnMut(usize, &Completion) -> Result<()>) -> Result<()> {
+        let p = &mut *self.g;
+        let mut first = Ok(());
+        loop {
+            let n = p.cq.poll(&mut p.wc)?;
+            for c in &p.wc[..n] {
+                if consumed_wqe(c) {
+                    p.srq_posted = p.srq_posted.saturating_sub(1);
+                }
+                match p.routes.get(&c.qp_num) {
+                    Some(r) if r.owner == owner => {
+                        if let Err(e) = mine(r.rail as usize, c)
+                            && first.is_ok()
+                        {
+                            first = Err(e);
+                        }
+                    }
+                    Some(r) => {
+                        r.inbox.push(c);
+                    }
+                    None => unrouted(c),
+                }
+            }
+            if n < POLL_BATCH || first.is_err() {
+                break;
+            }
+        }
+        self.refill()?;
+        first
+    }
+
+    /// Posts SRQ WQEs if fewer than `needed + SRQ_LOW` are posted (one call).
+    #[inline]
+    pub fn refill(&mut self) -> Result<()> {
+        let p = &mut *self.g;
+        let Some(srq) = p.srq.as_mut() else { return Ok(()) };
+        let needed = self.nic.needed.load(Ordering::Relaxed).clamp(0, u32::MAX as i64) as u32;
+        let n = srq_topup(p.srq_posted, needed, p.srq_depth);
+        if n > 0 {
+            srq.post_recv(n)?;
+            p.srq_posted += n;
+            self.nic.posted.store(p.srq_posted, Ordering::Relaxed);
+            let posted = p.srq_posted as u64;
+            p.held_posted.set(posted);
+        }
+        Ok(())
+    }
+
+    /// Receiver-not-ready waits the SRQ saw since the last call.
+    pub fn take_rnr(&mut self) -> u64 {
+        let p = &mut *self.g;
+        let total = p.srq.as_ref().map_or(0, |s| s.rnr_events());
+        let new = total.saturating_sub(p.rnr_seen);
+        p.rnr_seen = total;
+        new
+    }
+}
+
+/// A completion no live connection claims: counted, dropped.
+#[cold]
+#[inline(never)]
+fn unrouted(c: &Completion) {
+    count_unrouted(1);
+    log::debug!("a completion of QP {} (no connection: closed) dropped: {c:?}", c.qp_num);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_srq_is_topped_up_in_batches_to_what_the_receives_may_consume() {
+        // Enough posted: nothing.
+        assert_eq!(srq_topup(64, 40, 1000), 0);
+        assert_eq!(srq_topup(56, 40, 1000), 0, "at the low mark");
+        // Short: up to needed + SRQ_HIGH in one go.
+        assert_eq!(srq_topup(55, 40, 1000), 40 + SRQ_HIGH - 55);
+        assert_eq!(srq_topup(0, 1, 1000), 1 + SRQ_HIGH);
+        // Never beyond the depth; a full SRQ asks for nothing even when short.
+        assert_eq!(srq_topup(0, 5000, 1000), 1000);
+        assert_eq!(srq_topup(1000, 5000, 1000), 0);
+        assert_eq!(srq_topup(990, 5000, 1000), 10, "to the depth");
+        // Nothing outstanding: a small reserve is kept all the same.
+        assert_eq!(srq_topup(0, 0, 1000), SRQ_HIGH);
+        assert_eq!(srq_topup(SRQ_LOW, 0, 1000), 0);
+    }
+
+    #[test]
+    fn a_shared_cq_grows_ahead_and_within_the_device() {
+        assert_eq!(cq_growth(1024, 1000, 1 << 20).unwrap(), 1024, "enough already");
+        // Half as much again, in units of 256, when that covers the need.
+        assert_eq!(cq_growth(1024, 1100, 1 << 20).unwrap(), 1536);
+        // The need itself when it is larger.
+        assert_eq!(cq_growth(1024, 5000, 1 << 20).unwrap(), 5120);
+        // Capped by the device; refused beyond it, with the reason.
+        assert_eq!(cq_growth(30000, 32000, 32767).unwrap(), 32767);
+        let e = cq_growth(30000, 40000, 32767).unwrap_err();
+        assert!(e.msg().contains("max_cqe 32767"), "{}", e.msg());
+    }
+}
