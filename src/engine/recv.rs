@@ -1,8 +1,8 @@
 //! The receiver: posts CTS entries (one RDMA WRITE into the sender's FIFO on the fixed CTS
-//! QP of rail `slot % 2`, signalled when `slot` equals the rail index), counts the shared
-//! receive queue WQEs its receives may still consume (its claims, which the plugin sums per
-//! NIC to size the refills), and completes a receive when every rail named in the IMM's
-//! active mask has delivered exactly one IMM (mask learning, seed 003 §2.3).
+//! QP of rail `slot % 2`, signalled when `slot` equals the rail index), and completes a
+//! receive when every rail named in the IMM's active mask has delivered exactly one IMM
+//! (mask learning, seed 003 §2.3). The shared receive queues its IMMs consume are the
+//! plugin's: kept stocked per NIC for every receive the connections may have outstanding.
 
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
@@ -105,9 +105,6 @@ pub struct RecvEngine {
     /// Receives posted so far; the next slot is `fifo_tail % SLOTS`.
     fifo_tail: u64,
     outstanding: usize,
-    /// Per rail: SRQ WQEs the outstanding receives may still consume (one per receive and
-    /// rail, until its IMM on that rail arrives or it completes without that rail).
-    claims: [u32; RAILS],
     flushes: [FlushReq; MAX_FLUSHES],
     error: ErrorState,
     /// Last completion or post (ns), for keepalives.
@@ -128,7 +125,6 @@ impl RecvEngine {
             slots: Box::new([RecvSlot::default(); SLOTS]),
             fifo_tail: 0,
             outstanding: 0,
-            claims: [0; RAILS],
             flushes: [FlushReq::default(); MAX_FLUSHES],
             error: ErrorState::default(),
             last_activity_ns: 0,
@@ -161,14 +157,6 @@ impl RecvEngine {
     /// [`cold`]).
     fn violation(&mut self, v: impl FnOnce() -> Violation) -> Error {
         self.error.fail(cold(move || v().into()))
-    }
-
-    /// SRQ WQEs on `rail` that this connection's outstanding receives may still consume: one
-    /// per receive and rail, given back when the receive's IMM on that rail consumed one
-    /// (any receive completion, failed or not) or when it completed without that rail.
-    #[inline]
-    pub fn srq_claims(&self, rail: usize) -> u32 {
-        self.claims[rail]
     }
 
     /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
@@ -226,9 +214,6 @@ impl RecvEngine {
             imm: 0,
         });
         self.stats[rail].count_post(1, 0, 0, 0);
-        for r in self.cfg.rails_mask.iter() {
-            self.claims[r] += 1;
-        }
         self.fifo_tail += 1;
         self.outstanding += 1;
         self.last_activity_ns = now_ns;
@@ -248,12 +233,6 @@ impl RecvEngine {
         self.stats[rail].count_cqes(1);
         self.last_activity_ns = now_ns;
         let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
-        if imm_recv {
-            // Every receive completion, failed or not, consumed one SRQ WQE: a receive's
-            // claim on this rail (none left: a peer sending more IMMs than receives, caught
-            // as a violation below).
-            self.claims[rail] = self.claims[rail].saturating_sub(1);
-        }
         // A broken connection interprets nothing more: its peer's IMMs are not trusted.
         self.error.check()?;
         if imm_recv {
@@ -382,12 +361,6 @@ impl RecvEngine {
         st.data_done = true;
         if !st.cts_pending {
             st.state = State::Done;
-        }
-        // The rails the sender left out consumed nothing: their claims go back.
-        if mask != rails {
-            for r in rails.iter().filter(|&r| !mask.contains(r)) {
-                self.claims[r] = self.claims[r].saturating_sub(1);
-            }
         }
         Ok(())
     }

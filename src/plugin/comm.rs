@@ -49,8 +49,10 @@ pub struct Rail<D: Device> {
     pub region_mr: Option<D::Mr>,
     pub nic: Arc<NicQueues<D>>,
     pub inbox: Arc<Inbox>,
-    /// The connection's identity in the NIC's routes.
+    /// The connection's identity in the NIC's routes, and its first QP's number (the one
+    /// polls tell apart without a route lookup).
     pub owner: u64,
+    pub first_qp: u32,
     /// What `NicQueues::attach` was given: the QPs' send-queue depths, the receive window.
     pub sq: u64,
     pub window: u32,
@@ -71,15 +73,14 @@ impl<D: Device> Rail<D> {
     }
 
     /// Tears the rail down: the QPs drained off the shared CQ and destroyed (`NicQueues::
-    /// detach`), then the region's registration; `claims`: the SRQ WQEs the connection's
-    /// receives still claimed on this rail. Runs once.
-    fn shutdown(&mut self, claims: u32) {
+    /// detach`), then the region's registration. Runs once.
+    fn shutdown(&mut self) {
         if self.held.is_empty() {
             return;
         }
         let mut qps = std::mem::take(&mut self.qps);
         qps.extend(self.flush_qp.take());
-        self.nic.detach(self.owner, qps, self.sq, self.window, claims as i64);
+        self.nic.detach(self.owner, qps, self.sq, self.window);
         if let Some(mr) = self.region_mr.take()
             && let Err(e) = self.dev.dereg_mr(mr)
         {
@@ -91,7 +92,7 @@ impl<D: Device> Rail<D> {
 
 impl<D: Device> Drop for Rail<D> {
     fn drop(&mut self) {
-        self.shutdown(0);
+        self.shutdown();
     }
 }
 
@@ -142,21 +143,23 @@ fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts, engine: &mut
 
 /// Feeds what `inbox` holds to `on` (the connection's own completions that another caller
 /// polled), in order. An overflowed inbox (a bug: it is sized to what can be outstanding)
-/// fails the connection.
+/// fails the connection. Inlined: with connections sharing a CQ (a send and a receive comm
+/// of one communicator) it is the common path, not a slow one.
 #[inline(always)]
 fn take_inbox<E: Engine>(
     inbox: &Inbox,
     wc: &mut [Completion; POLL_BATCH],
     engine: &mut E,
     on: impl FnMut(&mut E, &Completion) -> Result<()>,
-) -> Result<()> {
+) -> Result<bool> {
     if inbox.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
-    take_inbox_slow(inbox, wc, engine, on)
+    take_inbox_slow(inbox, wc, engine, on)?;
+    Ok(true)
 }
 
-#[inline(never)]
+#[inline(always)]
 fn take_inbox_slow<E: Engine>(
     inbox: &Inbox,
     wc: &mut [Completion; POLL_BATCH],
@@ -312,34 +315,59 @@ impl<D: Device> SendComm<D> {
     }
 
     /// Feeds the engine the completions of `rails` (`now`: this call's clock): what the
-    /// inbox holds, then, when the NIC's poll lock is free, the shared CQ's.
+    /// inboxes hold, then, where the NIC's poll lock is free, the shared CQ's.
     fn poll(&mut self, rails: RailMask, now: u64) -> Result<()> {
+        self.take_inboxes(rails, now)?;
+        self.poll_nics(rails, now)
+    }
+
+    /// The completions of `rails` that other callers polled for this connection; whether
+    /// there were any.
+    #[inline(always)]
+    fn take_inboxes(&mut self, rails: RailMask, now: u64) -> Result<bool> {
+        let mut took = false;
+        for rail in 0..RAILS {
+            if rails.contains(rail) {
+                let engine = &mut self.engine;
+                took |=
+                    take_inbox(&self.rails[rail].inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c))?;
+            }
+        }
+        Ok(took)
+    }
+
+    /// Polls the NICs of `rails` whose poll lock is free. (A completion queued in an inbox
+    /// meanwhile is taken at the next call: the engine takes a connection's completions in
+    /// any order.)
+    #[inline(always)]
+    fn poll_nics(&mut self, rails: RailMask, now: u64) -> Result<()> {
         for rail in 0..RAILS {
             if !rails.contains(rail) {
                 continue;
             }
-            let Rail { nic, inbox, owner, .. } = &self.rails[rail];
+            let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
             let engine = &mut self.engine;
-            take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c))?;
             if let Some(mut nic) = nic.try_lock() {
-                // Holding the lock nothing more arrives in the inbox; what did since the
-                // look above came first.
-                take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c))?;
-                let r = nic.poll(*owner, |rail, c| engine.on_completion(now, rail, c));
+                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.on_completion(now, rail, c));
                 fabric(engine, r)?;
             }
         }
         Ok(())
     }
 
-    /// `test` of request `id`: polls, probes idle rails, returns the bytes sent when done.
+    /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
+    /// probes idle rails; returns the bytes sent when done.
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
         // The rails with something to complete, and those where polling is also what
         // answers the peer (the TCP soft NIC: a rail may carry only CTS traffic).
         let now = now_ns();
         let rails = self.poll_always | self.engine.busy_rails();
-        self.poll(rails, now)?;
-        let done = self.engine.test(id)?;
+        // (Only what the inboxes brought can have completed it since the last call.)
+        let mut done = if self.take_inboxes(rails, now)? { self.engine.test(id)? } else { None };
+        if done.is_none() {
+            self.poll_nics(rails, now)?;
+            done = self.engine.test(id)?;
+        }
         self.posts.clear();
         let waits = if done.is_none() { CallerWaits::Yes } else { CallerWaits::No };
         self.engine.poll_probes(now, waits, &mut self.posts);
@@ -355,7 +383,7 @@ impl<D: Device> SendComm<D> {
 impl<D: Device> Drop for SendComm<D> {
     fn drop(&mut self) {
         for r in &mut self.rails {
-            r.shutdown(0);
+            r.shutdown();
         }
     }
 }
@@ -364,8 +392,6 @@ impl<D: Device> Drop for SendComm<D> {
 pub struct RecvComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
     pub engine: RecvEngine,
-    /// The engine's SRQ claims per rail as last added to the rails' NICs' `needed`.
-    claimed: [u32; RAILS],
     pub dev: Arc<DevPair<D>>,
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
@@ -380,7 +406,6 @@ impl<D: Device> RecvComm<D> {
         RecvComm {
             rails,
             engine,
-            claimed: [0; RAILS],
             dev,
             seqs: Seqs::new(512),
             mr_memo: MrMemo::default(),
@@ -391,42 +416,11 @@ impl<D: Device> RecvComm<D> {
         }
     }
 
-    /// Tells the NICs what the engine's SRQ claims changed by (see `nic::srq_topup`).
-    #[inline(always)]
-    fn sync_claims(&mut self) {
-        for rail in 0..RAILS {
-            let c = self.engine.srq_claims(rail);
-            if c != self.claimed[rail] {
-                self.rails[rail].nic.add_needed(c as i64 - self.claimed[rail] as i64);
-                self.claimed[rail] = c;
-            }
-        }
-    }
-
-    /// Tops the NICs' SRQs up when they are short of what the receives may consume (a look
-    /// without the lock; the lock only when free).
-    #[inline(always)]
-    fn refill(&mut self) -> Result<()> {
-        for rail in 0..RAILS {
-            let nic = &self.rails[rail].nic;
-            if nic.srq_short()
-                && let Some(mut g) = nic.try_lock()
-            {
-                fabric(&mut self.engine, g.refill())?;
-            }
-        }
-        Ok(())
-    }
-
-    /// `irecv` of `bufs` (checked against their registrations by the caller).
+    /// `irecv` of `bufs` (checked against their registrations by the caller). The NICs'
+    /// SRQs are stocked for every receive it may have outstanding (`nic.rs`).
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
         self.posts.clear();
         let r = self.engine.irecv(now_ns(), bufs, &mut RecvMem(&self.region), &mut self.posts)?;
-        if r.is_some() {
-            // WQEs for its IMMs before its CTS leaves.
-            self.sync_claims();
-            self.refill()?;
-        }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
     }
@@ -443,20 +437,29 @@ impl<D: Device> RecvComm<D> {
         Ok(r)
     }
 
-    /// Feeds the engine both rails' completions: the inboxes', then, where the NIC's poll
-    /// lock is free, the shared CQ's (which also tops its SRQ up). Inlined into `test`.
+    /// The completions of both rails that other callers polled for this connection;
+    /// whether there were any.
     #[inline(always)]
-    fn poll(&mut self, now: u64) -> Result<()> {
+    fn take_inboxes(&mut self, now: u64) -> Result<bool> {
+        let mut took = false;
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);
-            let Rail { nic, inbox, owner, .. } = &self.rails[rail];
             let engine = &mut self.engine;
-            take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
+            took |=
+                take_inbox(&self.rails[rail].inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
+        }
+        Ok(took)
+    }
+
+    /// Polls both rails' NICs where the poll lock is free (the poll tops the SRQ up).
+    #[inline(always)]
+    fn poll_nics(&mut self, now: u64) -> Result<()> {
+        for rail in 0..RAILS {
+            let mem = RecvMem(&self.region);
+            let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
+            let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
-                // Holding the lock nothing more arrives in the inbox; what did since the
-                // look above came first.
-                take_inbox(inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
-                let r = nic.poll(*owner, |rail, c| engine.on_completion(now, rail, c, &mem));
+                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.on_completion(now, rail, c, &mem));
                 fabric(engine, r)?;
                 let rnr = nic.take_rnr();
                 if rnr > 0 {
@@ -467,12 +470,17 @@ impl<D: Device> RecvComm<D> {
         Ok(())
     }
 
-    /// `test` of request `id`: takes the completions, tells the NICs about the claims they
-    /// settled; once done, the sizes are in `sizes` and their number is returned.
+    /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
+    /// once done, the sizes are in `sizes` and their number is returned.
     pub fn test(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
         let now = now_ns();
-        self.poll(now)?;
-        self.sync_claims();
+        // (Only what the inboxes brought can have completed it since the last call.)
+        if self.take_inboxes(now)?
+            && let Some(n) = self.engine.test_into(id, sizes)?
+        {
+            return Ok(Some(n));
+        }
+        self.poll_nics(now)?;
         let done = self.engine.test_into(id, sizes)?;
         if done.is_none() {
             self.posts.clear();
@@ -489,8 +497,8 @@ impl<D: Device> RecvComm<D> {
 
 impl<D: Device> Drop for RecvComm<D> {
     fn drop(&mut self) {
-        for (r, &claims) in self.rails.iter_mut().zip(&self.claimed) {
-            r.shutdown(claims);
+        for r in &mut self.rails {
+            r.shutdown();
         }
     }
 }

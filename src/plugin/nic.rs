@@ -18,16 +18,24 @@
 //! (a QP in the error state completes each of them, flushed) plus every SRQ WQE that may be
 //! posted: the QPs' send-queue depths and the receive windows are summed as connections
 //! come and go, and the CQ grows ahead of them (never shrinks; it goes with the last
-//! connection). The SRQ is kept at `needed + SRQ_LOW` WQEs or more, `needed` being the
-//! WQEs the receive connections' outstanding receives may still consume (their claims,
-//! summed), posting up to `needed + SRQ_HIGH` in one call, never beyond its depth
-//! (`MPIB_SRQ_DEPTH`, at most the device's `max_srq_wr`): beyond that, writes wait for WQEs
-//! (receiver-not-ready, retried forever), slower but correct.
+//! connection).
+//!
+//! The SRQ is kept stocked for every receive the attached receive connections may have
+//! outstanding: each outstanding receive consumes at most one WQE on each rail, a receive
+//! connection has at most its window outstanding (32 with ABI v7+, 8 with v6), so the NIC
+//! reserves the sum of its connections' windows (per rail it carries). Polling gives back
+//! the WQE of every receive completion (failed or not), and the poller tops the SRQ up when
+//! fewer than `reserved + SRQ_LOW` are posted, to `reserved + SRQ_HIGH`, in one call, never
+//! beyond its depth (`MPIB_SRQ_DEPTH`, at most the device's `max_srq_wr`; beyond it writes
+//! wait for WQEs: receiver-not-ready, retried forever, slower but correct). Why the
+//! windows and not the receives actually outstanding: the depth is allocated when the SRQ
+//! is made, so WQEs posted ahead cost nothing, while counting outstanding receives would
+//! write a counter that every receive connection shares on every `irecv` and completion
+//! (a cache line bounced between NCCL's progress threads before v11); when the windows
+//! exceed the depth, both keep the SRQ full anyway.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -46,9 +54,9 @@ pub const POLL_BATCH: usize = 16;
 pub const DRAIN_MARKER: u64 = 0xf << 60;
 /// How long a close waits for its QPs' markers.
 const DRAIN_LIMIT: Duration = Duration::from_secs(2);
-/// The SRQ is topped up when fewer than `needed + SRQ_LOW` WQEs are posted ...
+/// The SRQ is topped up when fewer than `reserved + SRQ_LOW` WQEs are posted ...
 pub const SRQ_LOW: u32 = 16;
-/// ... to `needed + SRQ_HIGH` (batches of at least 32 WQEs, one call each).
+/// ... to `reserved + SRQ_HIGH` (batches of at least 32 WQEs, one call each).
 pub const SRQ_HIGH: u32 = 48;
 /// The CQ's first depth; it grows as connections come.
 const FIRST_CQ_DEPTH: u32 = 1024;
@@ -60,13 +68,14 @@ pub fn new_owner() -> u64 {
     NEXT_OWNER.fetch_add(1, Ordering::Relaxed)
 }
 
-/// WQEs to post on an SRQ with `posted` of them, for receives that may consume `needed`,
-/// of depth `depth`: none while `posted ≥ needed + SRQ_LOW`, else up to `needed + SRQ_HIGH`.
-pub fn srq_topup(posted: u32, needed: u32, depth: u32) -> u32 {
-    if posted >= needed.saturating_add(SRQ_LOW).min(depth) {
+/// WQEs to post on an SRQ with `posted` of them, for receives that may consume `reserved`,
+/// of depth `depth`: none while `posted ≥ reserved + SRQ_LOW`, else up to
+/// `reserved + SRQ_HIGH` (within the depth).
+pub fn srq_topup(posted: u32, reserved: u32, depth: u32) -> u32 {
+    if posted >= reserved.saturating_add(SRQ_LOW).min(depth) {
         return 0;
     }
-    needed.saturating_add(SRQ_HIGH).min(depth).saturating_sub(posted)
+    reserved.saturating_add(SRQ_HIGH).min(depth).saturating_sub(posted)
 }
 
 /// Entries to give a CQ that must hold `need` and holds `have`: at least half as many again
@@ -86,35 +95,98 @@ pub fn cq_growth(have: u32, need: u64, max: u32) -> Result<u32> {
     Ok(want.min(max as u64) as u32)
 }
 
-/// Hashes a QP number (one multiply: QP numbers are near-sequential, the high bits mix).
-#[derive(Default)]
-struct QpnHasher(u64);
-
-impl Hasher for QpnHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-    #[inline]
-    fn write_u32(&mut self, n: u32) {
-        self.0 = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
 /// Where the completions of one QP go.
 struct Route {
-    owner: u64,
+    qp_num: u32,
     rail: u8,
+    owner: u64,
     inbox: Arc<Inbox>,
 }
 
-type Routes = HashMap<u32, Route, BuildHasherDefault<QpnHasher>>;
+/// QP number → route: open addressing over a power-of-two table at most half full, the
+/// slot from one multiply (QP numbers come near-sequential; the high bits of the product
+/// spread them), linear probing, backward-shift deletion (no tombstones). A lookup is a
+/// multiply, a shift and usually one compare: it runs for every completion polled.
+struct Routes {
+    slots: Box<[Option<Route>]>,
+    shift: u32,
+    len: usize,
+}
+
+impl Routes {
+    fn new() -> Routes {
+        Routes { slots: (0..16).map(|_| None).collect(), shift: 64 - 4, len: 0 }
+    }
+
+    #[inline(always)]
+    fn home(&self, qp_num: u32) -> usize {
+        ((qp_num as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize
+    }
+
+    #[inline(always)]
+    fn get(&self, qp_num: u32) -> Option<&Route> {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(qp_num);
+        loop {
+            match &self.slots[i] {
+                Some(r) if r.qp_num == qp_num => return Some(r),
+                Some(_) => i = (i + 1) & mask,
+                None => return None,
+            }
+        }
+    }
+
+    fn insert(&mut self, r: Route) {
+        self.remove(r.qp_num);
+        if (self.len + 1) * 2 > self.slots.len() {
+            let bigger = (0..self.slots.len() * 2).map(|_| None).collect();
+            let old = std::mem::replace(&mut self.slots, bigger);
+            self.shift -= 1;
+            self.len = 0;
+            for r in old.into_vec().into_iter().flatten() {
+                self.place(r);
+            }
+        }
+        self.place(r);
+    }
+
+    fn place(&mut self, r: Route) {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(r.qp_num);
+        while self.slots[i].is_some() {
+            i = (i + 1) & mask;
+        }
+        self.slots[i] = Some(r);
+        self.len += 1;
+    }
+
+    fn remove(&mut self, qp_num: u32) {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(qp_num);
+        loop {
+            match &self.slots[i] {
+                Some(r) if r.qp_num == qp_num => break,
+                Some(_) => i = (i + 1) & mask,
+                None => return,
+            }
+        }
+        self.slots[i] = None;
+        self.len -= 1;
+        // Backward shift: move later entries of the run into the hole when their home
+        // allows, so that every entry stays reachable from its home without a gap.
+        let mut hole = i;
+        let mut j = (i + 1) & mask;
+        while let Some(r) = &self.slots[j] {
+            let home = self.home(r.qp_num);
+            // `r` may fill the hole if its home is not cyclically in (hole, j].
+            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
+                self.slots[hole] = self.slots[j].take();
+                hole = j;
+            }
+            j = (j + 1) & mask;
+        }
+    }
+}
 
 /// What polls: everything behind the NIC's poll lock.
 struct Poll<D: Device> {
@@ -126,9 +198,14 @@ struct Poll<D: Device> {
     routes: Routes,
     cq_depth: u32,
     /// Sum of the attached QPs' send-queue depths, and of the receive windows (WQEs the
-    /// receive connections may consume at most).
+    /// receive connections may consume at most: the SRQ's reservation).
     sq_sum: u64,
     windows: u64,
+    /// The SRQ is topped up when fewer WQEs than this are posted (0: no SRQ): the one
+    /// compare a poll makes for it, recomputed as the windows change.
+    refill_below: u32,
+    /// Receiver-not-ready waits the SRQ saw, not yet handed to a receive connection.
+    rnr_new: u64,
     wc: [Completion; POLL_BATCH],
     _held_cq: Held,
     held_cqe: Held,
@@ -147,17 +224,46 @@ impl<D: Device> Poll<D> {
         };
         sq_sum + srq
     }
+
+    /// The windows changed: when to top the SRQ up.
+    fn set_reservation(&mut self, windows: u64) {
+        self.windows = windows;
+        let reserved = windows.min(u32::MAX as u64) as u32;
+        self.refill_below = if self.srq.is_some() { reserved.saturating_add(SRQ_LOW).min(self.srq_depth) } else { 0 };
+    }
+
+    /// Posts SRQ WQEs if fewer than `reserved + SRQ_LOW` are posted (one call). Polls only
+    /// compare; the rest is out of line.
+    #[inline(always)]
+    fn refill(&mut self) -> Result<()> {
+        if self.srq_posted >= self.refill_below {
+            return Ok(());
+        }
+        self.topup()
+    }
+
+    #[inline(never)]
+    fn topup(&mut self) -> Result<()> {
+        let Some(srq) = self.srq.as_mut() else { return Ok(()) };
+        let reserved = self.windows.min(u32::MAX as u64) as u32;
+        let n = srq_topup(self.srq_posted, reserved, self.srq_depth);
+        if n > 0 {
+            srq.post_recv(n)?;
+            self.srq_posted += n;
+            self.held_posted.set(self.srq_posted as u64);
+        }
+        // The SRQ ran short: were writers kept waiting? (A statistic only.)
+        let total = srq.rnr_events();
+        self.rnr_new += total.saturating_sub(self.rnr_seen);
+        self.rnr_seen = total;
+        Ok(())
+    }
 }
 
 /// One NIC's shared queues for one context.
 pub struct NicQueues<D: Device> {
     pub dev: Arc<D>,
     poll: Mutex<Poll<D>>,
-    /// Sum of the receive connections' claims (see [`srq_topup`]); updated by their owners.
-    needed: AtomicI64,
-    /// The SRQ's posted WQEs as of the last refill: `irecv`'s look without the lock.
-    posted: AtomicU32,
-    srq_depth: u32,
     _held: Held,
 }
 
@@ -183,29 +289,25 @@ impl<D: Device> NicQueues<D> {
             srq_posted: 0,
             srq_depth,
             rnr_seen: 0,
-            routes: Routes::default(),
+            routes: Routes::new(),
             cq_depth: depth,
             sq_sum: 0,
             windows: 0,
+            refill_below: 0,
+            rnr_new: 0,
             wc: [Completion::default(); POLL_BATCH],
             _held_cq: Held::new(Res::Cqs, 1),
             held_cqe: Held::new(Res::CqEntries, depth as u64),
             held_srq: None,
             held_posted: Held::new(Res::SrqPosted, 0),
         };
-        Ok(NicQueues {
-            poll: Mutex::new(poll),
-            needed: AtomicI64::new(0),
-            posted: AtomicU32::new(0),
-            srq_depth,
-            _held: Held::new(Res::NicQueues, 1),
-            dev,
-        })
+        Ok(NicQueues { poll: Mutex::new(poll), _held: Held::new(Res::NicQueues, 1), dev })
     }
 
     /// Creates `qps` for connection `owner`'s rail `rail` (whose completions other pollers
     /// queue in `inbox`) and routes their completions; `window`: the WQEs its receives
-    /// may consume on this NIC. Grows the CQ first so that it can hold everything.
+    /// may consume on this NIC (reserved in the SRQ, which is stocked before this returns).
+    /// Grows the CQ first so that it can hold everything.
     pub fn attach(
         &self,
         owner: u64,
@@ -236,10 +338,11 @@ impl<D: Device> NicQueues<D> {
             made.push(self.dev.create_qp(&p.cq, srq, q.caps)?);
         }
         for qp in &made {
-            p.routes.insert(qp.qp_num(), Route { owner, rail: rail as u8, inbox: inbox.clone() });
+            p.routes.insert(Route { qp_num: qp.qp_num(), owner, rail: rail as u8, inbox: inbox.clone() });
         }
         p.sq_sum += sq;
-        p.windows = windows;
+        p.set_reservation(windows);
+        p.refill()?;
         Ok(made)
     }
 
@@ -247,9 +350,8 @@ impl<D: Device> NicQueues<D> {
     /// summing to `sq` and `window`) and destroys them: each goes to the error state with a
     /// marker WR behind its last one, the CQ is polled (others' completions queued as ever)
     /// until every marker came back or [`DRAIN_LIMIT`] passed, then the routes go, so a QP
-    /// number reused later never receives this connection's late completions. `claims`:
-    /// the WQEs its receives still claimed (no longer needed).
-    pub fn detach(&self, owner: u64, qps: Vec<D::Qp>, sq: u64, window: u32, claims: i64) {
+    /// number reused later never receives this connection's late completions.
+    pub fn detach(&self, owner: u64, qps: Vec<D::Qp>, sq: u64, window: u32) {
         let mut p = self.poll.lock();
         let mut qps = qps;
         let mut markers = 0usize;
@@ -274,7 +376,7 @@ impl<D: Device> NicQueues<D> {
                 if consumed_wqe(c) {
                     p.srq_posted = p.srq_posted.saturating_sub(1);
                 }
-                match p.routes.get(&c.qp_num) {
+                match p.routes.get(c.qp_num) {
                     Some(r) if r.owner == owner => markers -= (c.wr_id == DRAIN_MARKER) as usize,
                     Some(r) => {
                         r.inbox.push(c);
@@ -290,36 +392,20 @@ impl<D: Device> NicQueues<D> {
             log::warn!("closing a connection: {markers} QP(s) did not drain within {DRAIN_LIMIT:?}; closing anyway");
         }
         for qp in &qps {
-            p.routes.remove(&qp.qp_num());
+            p.routes.remove(qp.qp_num());
         }
         drop(qps);
         p.sq_sum -= sq.min(p.sq_sum);
-        p.windows -= (window as u64).min(p.windows);
-        self.posted.store(p.srq_posted, Ordering::Relaxed);
+        let windows = p.windows - (window as u64).min(p.windows);
+        p.set_reservation(windows);
         let posted = p.srq_posted as u64;
         p.held_posted.set(posted);
-        drop(p);
-        self.needed.fetch_sub(claims, Ordering::Relaxed);
     }
 
     /// The poll lock if nobody holds it: the data path never waits for it.
     #[inline]
     pub fn try_lock(&self) -> Option<Polling<'_, D>> {
-        self.poll.try_lock().map(|g| Polling { g, nic: self })
-    }
-
-    /// A receive connection's claims changed by `delta` (see `RecvEngine::srq_claims`).
-    #[inline]
-    pub fn add_needed(&self, delta: i64) {
-        self.needed.fetch_add(delta, Ordering::Relaxed);
-    }
-
-    /// Whether the SRQ is short of its low mark (a look without the lock: `irecv` tops
-    /// it up only then).
-    #[inline]
-    pub fn srq_short(&self) -> bool {
-        let needed = self.needed.load(Ordering::Relaxed).max(0) as u32;
-        self.posted.load(Ordering::Relaxed) < needed.saturating_add(SRQ_LOW).min(self.srq_depth)
+        self.poll.try_lock().map(|g| Polling { g })
     }
 }
 
@@ -333,16 +419,21 @@ fn consumed_wqe(c: &Completion) -> bool {
 /// The NIC's poll lock, held.
 pub struct Polling<'a, D: Device> {
     g: MutexGuard<'a, Poll<D>>,
-    nic: &'a NicQueues<D>,
 }
 
 impl<D: Device> Polling<'_, D> {
     /// Polls the CQ dry, a batch a call: the completions of connection `owner` go to
-    /// `mine(rail, completion)`, others' to their inboxes. Then tops the SRQ up. The first
+    /// `mine(rail, completion)`, others' to their inboxes. `(qp_num, rail)`: the caller's
+    /// busiest QP, told apart without a route lookup. Then tops the SRQ up. The first
     /// error of `mine` is returned after its batch was dispatched (no completion of another
     /// connection is lost to it); a CQ or SRQ failure is returned at once.
-    #[inline]
-    pub fn poll(&mut self, owner: u64, mut mine: impl FnMut(usize, &Completion) -> Result<()>) -> Result<()> {
+    #[inline(always)]
+    pub fn poll(
+        &mut self,
+        owner: u64,
+        (my_qp, my_rail): (u32, usize),
+        mut mine: impl FnMut(usize, &Completion) -> Result<()>,
+    ) -> Result<()> {
         let p = &mut *self.g;
         let mut first = Ok(());
         loop {
@@ -351,52 +442,39 @@ impl<D: Device> Polling<'_, D> {
                 if consumed_wqe(c) {
                     p.srq_posted = p.srq_posted.saturating_sub(1);
                 }
-                match p.routes.get(&c.qp_num) {
-                    Some(r) if r.owner == owner => {
-                        if let Err(e) = mine(r.rail as usize, c)
-                            && first.is_ok()
-                        {
-                            first = Err(e);
+                let r = if c.qp_num == my_qp {
+                    mine(my_rail, c)
+                } else {
+                    match p.routes.get(c.qp_num) {
+                        Some(r) if r.owner == owner => mine(r.rail as usize, c),
+                        Some(r) => {
+                            r.inbox.push(c);
+                            Ok(())
+                        }
+                        None => {
+                            unrouted(c);
+                            Ok(())
                         }
                     }
-                    Some(r) => {
-                        r.inbox.push(c);
-                    }
-                    None => unrouted(c),
+                };
+                if let Err(e) = r
+                    && first.is_ok()
+                {
+                    first = Err(e);
                 }
             }
             if n < POLL_BATCH || first.is_err() {
                 break;
             }
         }
-        self.refill()?;
+        p.refill()?;
         first
     }
 
-    /// Posts SRQ WQEs if fewer than `needed + SRQ_LOW` are posted (one call).
-    #[inline]
-    pub fn refill(&mut self) -> Result<()> {
-        let p = &mut *self.g;
-        let Some(srq) = p.srq.as_mut() else { return Ok(()) };
-        let needed = self.nic.needed.load(Ordering::Relaxed).clamp(0, u32::MAX as i64) as u32;
-        let n = srq_topup(p.srq_posted, needed, p.srq_depth);
-        if n > 0 {
-            srq.post_recv(n)?;
-            p.srq_posted += n;
-            self.nic.posted.store(p.srq_posted, Ordering::Relaxed);
-            let posted = p.srq_posted as u64;
-            p.held_posted.set(posted);
-        }
-        Ok(())
-    }
-
-    /// Receiver-not-ready waits the SRQ saw since the last call.
+    /// Receiver-not-ready waits the SRQ saw since the last call (seen when it is topped up).
+    #[inline(always)]
     pub fn take_rnr(&mut self) -> u64 {
-        let p = &mut *self.g;
-        let total = p.srq.as_ref().map_or(0, |s| s.rnr_events());
-        let new = total.saturating_sub(p.rnr_seen);
-        p.rnr_seen = total;
-        new
+        std::mem::take(&mut self.g.rnr_new)
     }
 }
 
@@ -413,7 +491,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_srq_is_topped_up_in_batches_to_what_the_receives_may_consume() {
+    fn the_srq_is_topped_up_in_batches_to_its_reservation() {
         // Enough posted: nothing.
         assert_eq!(srq_topup(64, 40, 1000), 0);
         assert_eq!(srq_topup(56, 40, 1000), 0, "at the low mark");
@@ -424,7 +502,7 @@ mod tests {
         assert_eq!(srq_topup(0, 5000, 1000), 1000);
         assert_eq!(srq_topup(1000, 5000, 1000), 0);
         assert_eq!(srq_topup(990, 5000, 1000), 10, "to the depth");
-        // Nothing outstanding: a small reserve is kept all the same.
+        // Nothing reserved: a small stock is kept all the same.
         assert_eq!(srq_topup(0, 0, 1000), SRQ_HIGH);
         assert_eq!(srq_topup(SRQ_LOW, 0, 1000), 0);
     }
@@ -440,5 +518,36 @@ mod tests {
         assert_eq!(cq_growth(30000, 32000, 32767).unwrap(), 32767);
         let e = cq_growth(30000, 40000, 32767).unwrap_err();
         assert!(e.msg().contains("max_cqe 32767"), "{}", e.msg());
+    }
+
+    #[test]
+    fn routes_find_every_qp_through_growth_and_removals() {
+        let inbox = Arc::new(Inbox::new(1));
+        let route = |q: u32| Route { qp_num: q, rail: (q % 2) as u8, owner: q as u64 * 3, inbox: inbox.clone() };
+        let mut r = Routes::new();
+        // Near-sequential numbers (as NICs hand them out) and scattered ones.
+        let qpns: Vec<u32> =
+            (0..300u32).map(|i| if i % 3 == 0 { 0x11_0000 + i } else { i.wrapping_mul(2_654_435_761) >> 8 }).collect();
+        for &q in &qpns {
+            r.insert(route(q));
+        }
+        assert_eq!(r.len, qpns.len());
+        assert!(r.slots.len() >= 2 * r.len, "at most half full");
+        for &q in &qpns {
+            let got = r.get(q).expect("routed");
+            assert_eq!((got.qp_num, got.owner, got.rail), (q, q as u64 * 3, (q % 2) as u8));
+        }
+        assert!(r.get(7).is_none() || qpns.contains(&7));
+        // Remove every other one: the rest stay reachable (backward shift), the removed go.
+        for &q in qpns.iter().step_by(2) {
+            r.remove(q);
+        }
+        for (i, &q) in qpns.iter().enumerate() {
+            assert_eq!(r.get(q).is_some(), i % 2 == 1, "qp {q:#x}");
+        }
+        // A number routed again replaces its old route.
+        r.insert(Route { owner: 99, ..route(qpns[1]) });
+        assert_eq!(r.get(qpns[1]).unwrap().owner, 99);
+        assert_eq!(r.len, qpns.len() / 2);
     }
 }

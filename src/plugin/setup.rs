@@ -213,6 +213,7 @@ fn build_rail<D: Device>(
         }
     };
     let flush_qp = if plan.flush == FlushQp::With { qps.pop() } else { None };
+    let first_qp = qps.first().map_or(0, |q| q.qp_num());
     let held = vec![
         Held::new(Res::Qps, specs.len() as u64),
         Held::new(Res::QpSendWrs, sq),
@@ -226,6 +227,7 @@ fn build_rail<D: Device>(
         nic,
         inbox,
         owner,
+        first_qp,
         sq,
         window: plan.window,
         dev: dev.clone(),

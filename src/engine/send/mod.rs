@@ -368,11 +368,12 @@ impl SendEngine {
         match kind {
             WrKind::DataSignal => {
                 // (A slot beyond the window: a wr_id the provider made up.)
-                let Some(s) = self.slots.get_mut(slot).filter(|s| s.pending.contains(wr_rail)) else {
+                if slot >= SLOTS || !self.slots[slot].pending.contains(wr_rail) {
                     return Err(self
                         .error
                         .fail(cold(move || StrayCompletion::NoneOutstanding { rail: wr_rail, slot }.into())));
-                };
+                }
+                let s = &mut self.slots[slot];
                 s.pending = s.pending.without(wr_rail);
                 self.outstanding[wr_rail] -= 1;
                 let sample = Sample { posted_ns: s.posted_ns[wr_rail], completed_ns: t, bytes: s.bytes[wr_rail] };

@@ -118,14 +118,12 @@ fn failed_probe_breaks_the_sender_and_fails_its_rail() {
 fn flushed_imm_receive_breaks_the_receiver() {
     let mut p = Pair::new(Opts::default());
     let (rid, _) = p.irecv_one(64);
-    assert_eq!(p.r.srq_claims(SUP), 1);
     let c = crate::fabric::Completion {
         status: WcStatus::Flushed,
         opcode: WcOpcode::RecvRdmaWithImm,
         ..crate::fabric::Completion::default()
     };
     let e = rejected(p.inject_recv(SUP, c), failed_wr(SUP, FailedWr::ImmReceive, None, WcStatus::Flushed));
-    assert_eq!(p.r.srq_claims(SUP), 0, "the flushed WQE used the receive's claim on SUP");
     assert_recv_broken(&mut p, &e);
     assert!(p.r.is_live(rid));
 }

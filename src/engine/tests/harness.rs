@@ -318,7 +318,8 @@ impl Pair {
 
     /// Refills the SRQs between watermarks of their own (`Opts::srq`: below `low` WQEs, up
     /// to `high`), at irecv and test as the plugin does; small ones make writes wait (RNR).
-    /// (The plugin's policy, sized from the receivers' claims, is `plugin::nic`'s.)
+    /// (The plugin's policy, stocked for every receive its connections may have outstanding,
+    /// is `plugin::nic`'s.)
     pub fn refill(&mut self) {
         for rail in 0..RAILS {
             // As the plugin counts them: a WQE is gone once its completion was polled.

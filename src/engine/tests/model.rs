@@ -565,8 +565,6 @@ impl Model {
             prop_assert_eq!(rc.wr_posted, on(Dir::ToSend).count() as u64);
             prop_assert_eq!(rc.doorbells, rc.wr_posted);
             prop_assert_eq!(rc.cqe, p.cq_popped(RECV_SIDE, rail));
-            // Every receive is done: every claim on an SRQ WQE was consumed or given back.
-            prop_assert_eq!(p.r.srq_claims(rail), 0, "claims left on rail {}", rail);
         }
         Ok(())
     }

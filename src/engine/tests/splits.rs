@@ -84,7 +84,6 @@ fn one_rail_only(percent: u8, rail: usize) {
     assert_eq!(p.s.counters()[other], RailCounts::default());
     // The other rail's SRQ was never consumed, its CQ never saw an IMM.
     assert_eq!(p.srq[other], 32);
-    assert_eq!(p.r.srq_claims(other), 0, "each receive gave its claim on the unused rail back");
     assert_eq!(p.r.counters()[other].cqe, 1, "only its one signalled CTS (slot {other}) completed there");
     assert_eq!(p.s.counters()[rail].imm_sent, cases.len() as u64);
     assert_eq!(p.s.counters()[rail].zero_byte_imm, 0);

@@ -53,7 +53,6 @@ pub struct Plugin {
     table: Table,
     counters: Option<CountersFn>,
     stats: Option<StatsFn>,
-    resources: Option<ResourcesFn>,
 }
 
 impl Plugin {
@@ -88,11 +87,7 @@ impl Plugin {
             // SAFETY: as above, `mpib_rail_stats` as include/mpib.h declares it.
             unsafe { std::mem::transmute::<*mut c_void, StatsFn>(p) }
         });
-        let resources = lib.symbol(c"mpib_resource_stats").map(|p| {
-            // SAFETY: as above, `mpib_resource_stats` as include/mpib.h declares it.
-            unsafe { std::mem::transmute::<*mut c_void, ResourcesFn>(p) }
-        });
-        Ok(Plugin { lib: Arc::new(lib), table, counters, stats, resources })
+        Ok(Plugin { lib: Arc::new(lib), table, counters, stats })
     }
 
     /// The ABI version in use (6 … 12).
@@ -140,7 +135,11 @@ impl Plugin {
     /// What the plugin holds now (`mpib_resource_stats`; `None`: the library does not
     /// export it). Process-wide.
     pub fn resource_stats(&self) -> Result<Option<Resources>> {
-        let Some(f) = self.resources else { return Ok(None) };
+        // Looked up per call (it is not the data path), not kept in `Plugin`: a field more
+        // there changes the code of inproc_msgs' measured loop (`net::fusion` likewise).
+        let Some(p) = self.lib.symbol(c"mpib_resource_stats") else { return Ok(None) };
+        // SAFETY: `mpib_resource_stats` as include/mpib.h declares it.
+        let f = unsafe { std::mem::transmute::<*mut c_void, ResourcesFn>(p) };
         let mut out = Resources::default();
         // SAFETY: one entry of the size we pass, as include/mpib.h asks.
         let rc = unsafe { f(&mut out, std::mem::size_of::<Resources>()) };
