@@ -106,6 +106,18 @@ fn many_in_flight() {
 
 #[test]
 #[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn shared_cq_grows_and_keeps_its_completions() {
+    checks::shared_cq_grows_and_keeps_its_completions(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn drain_marker_comes_last() {
+    checks::drain_marker_comes_last(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
 fn bad_rkey_is_a_remote_access_error() {
     checks::bad_rkey_is_a_remote_access_error(&open(0), &open(1));
 }

@@ -502,3 +502,40 @@ impl<D: Device> Drop for RecvComm<D> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fake {
+        got: Vec<u64>,
+        error: Option<Error>,
+    }
+
+    impl Engine for Fake {
+        fn set_error(&mut self, e: Error) {
+            self.error.get_or_insert(e);
+        }
+    }
+
+    #[test]
+    fn an_overflowed_inbox_fails_its_connection_after_delivering_what_it_holds() {
+        let inbox = Inbox::new(2);
+        let mut wc = [Completion::default(); POLL_BATCH];
+        let mut e = Fake { got: Vec::new(), error: None };
+        let c = |i| Completion { wr_id: i, ..Completion::default() };
+        assert!(inbox.push(&c(1)) && inbox.push(&c(2)));
+        let on = |e: &mut Fake, c: &Completion| {
+            e.got.push(c.wr_id);
+            Ok(())
+        };
+        assert!(take_inbox(&inbox, &mut wc, &mut e, on).unwrap());
+        assert!(!take_inbox(&inbox, &mut wc, &mut e, on).unwrap(), "empty now");
+        assert!(inbox.push(&c(3)) && inbox.push(&c(4)));
+        assert!(!inbox.push(&c(5)), "full: a bug the connection must hear of");
+        let err = take_inbox(&inbox, &mut wc, &mut e, on).unwrap_err();
+        assert_eq!(e.got, [1, 2, 3, 4], "what the inbox held was delivered first");
+        assert!(err.msg().contains("inbox full (2 entries"), "{}", err.msg());
+        assert_eq!(e.error.as_ref().map(|x| x.msg()), Some(err.msg()), "the connection is broken with it");
+    }
+}

@@ -448,3 +448,72 @@ pub fn decode_info(s: &str) -> QpInfo {
     }
     q
 }
+
+/// Two connections whose QPs on device `a` share one small CQ: it is grown (`resize`)
+/// while it holds completions, which it keeps, in order, and it then takes more than its
+/// first depth.
+pub fn shared_cq_grows_and_keeps_its_completions<D: Device>(da: &Arc<D>, db: &Arc<D>) {
+    let cq = da.create_cq(16, Timestamps::Off).expect("create_cq");
+    let mut a1 = End::with_cq(da, cq, false, 1 << 16);
+    let mut b1 = End::new(db, false, 1 << 16);
+    connect(&mut a1, &mut b1);
+    // The second connection's QP on the same CQ.
+    let mut a2 = End::new(da, false, 1 << 16);
+    let mut b2 = End::new(db, false, 1 << 16);
+    a2.qp = da.create_qp(&a1.cq, None, QpCaps { max_send_wr: 256, max_inline: 0 }).expect("create_qp on the shared CQ");
+    connect(&mut a2, &mut b2);
+    let post = |a: &mut End<D>, b: &End<D>, ids: std::ops::Range<u64>| {
+        for i in ids {
+            let w = wr(WrOpcode::Write, i, Some(a.sge(0, 64)), b.addr(0), b.keys().rkey, 0, true);
+            a.qp.post_send(&[w]).expect("post");
+        }
+    };
+    post(&mut a1, &b1, 0..6);
+    post(&mut a2, &b2, 1000..1006);
+    // Let them complete (into the CQ) before it grows.
+    std::thread::sleep(Duration::from_millis(200));
+    a1.cq.resize(512).expect("resize");
+    post(&mut a1, &b1, 6..100);
+    post(&mut a2, &b2, 1006..1100);
+    let got = poll_until(&mut [&mut a1.cq, &mut b1.cq, &mut b2.cq], &[200, 0, 0]).swap_remove(0);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success), "{got:?}");
+    let q1: Vec<u64> = got.iter().filter(|c| c.qp_num == a1.qp.qp_num()).map(|c| c.wr_id).collect();
+    let q2: Vec<u64> = got.iter().filter(|c| c.qp_num == a2.qp.qp_num()).map(|c| c.wr_id).collect();
+    assert_eq!(q1, (0..100).collect::<Vec<_>>(), "connection 1 in order");
+    assert_eq!(q2, (1000..1100).collect::<Vec<_>>(), "connection 2 in order");
+}
+
+/// A QP that is closed while others keep polling its CQ: `drain_marker` puts it in the
+/// error state and posts a marker that completes after every earlier WR. (A provider that
+/// answers `false` posts nothing: nothing to check.)
+pub fn drain_marker_comes_last<D: Device>(da: &Arc<D>, db: &Arc<D>) {
+    let (mut a, mut b) = (End::new(da, false, 1 << 16), End::new(db, false, 1 << 16));
+    connect(&mut a, &mut b);
+    for i in 0..8u64 {
+        let w = wr(WrOpcode::Write, i, Some(a.sge(0, 4096)), b.addr(0), b.keys().rkey, 0, i % 2 == 1);
+        a.qp.post_send(&[w]).expect("post");
+    }
+    const MARKER: u64 = 0xf << 60;
+    if !a.qp.drain_marker(MARKER).expect("drain_marker") {
+        return;
+    }
+    let t0 = Instant::now();
+    let mut got = Vec::new();
+    let mut out = [Completion::default(); 8];
+    while !got.iter().any(|c: &Completion| c.wr_id == MARKER) {
+        assert!(t0.elapsed() < WAIT, "no marker after {WAIT:?}: {got:?}");
+        let n = a.cq.poll(&mut out).expect("poll");
+        got.extend_from_slice(&out[..n]);
+        b.cq.poll(&mut out).expect("poll");
+    }
+    let last = got.last().unwrap();
+    assert_eq!((last.wr_id, last.status), (MARKER, WcStatus::Flushed), "the marker comes last, flushed: {got:?}");
+    // Before it: the signalled WRs (done or flushed) and any unsignalled one that was
+    // flushed, each once, in posting order.
+    let ids: Vec<u64> = got[..got.len() - 1].iter().map(|c| c.wr_id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]) && ids.iter().all(|&i| i < 8), "{got:?}");
+    for i in [1u64, 3, 5, 7] {
+        assert!(ids.contains(&i), "signalled WR {i} completed before the marker: {got:?}");
+    }
+    assert_quiet(&mut [&mut a.cq], Duration::from_millis(100), "after the marker");
+}
