@@ -186,7 +186,7 @@ fn a_closed_connections_late_completions_are_counted_and_never_fail_the_poller()
     // The in-process fabric executes a WR as it is posted: after this irecv and isend the
     // shared CQ holds the CTS's completion (slot 0 is signalled), the IMM and the send's
     // completion, and nobody has polled.
-    let buf = vec![0u8; 64];
+    let buf = [0u8; 64];
     let (smr, rmr) = (
         plugin::reg_mr(s1, buf.as_ptr() as u64, 64, MemTypes::HOST).unwrap(),
         plugin::reg_mr(r1, buf.as_ptr() as u64, 64, MemTypes::HOST).unwrap(),
