@@ -12,6 +12,7 @@
 # (libtest suites count their tests; other suites count as one test).
 #
 # Env: RXE_TEST_SUITE_TIMEOUT (s per suite, 600), RXE_TEST_VM_TIMEOUT (s for the VM, 1500),
+#      RXE_MANY_COMMS (connections each way of the many-connections suite, 64),
 #      and ci/rxe-vm/run-in-rxe-vm.sh's variables (RXE_VM_CACHE, RXE_VM_MEM, RXE_VM_SMP, ...).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -78,6 +79,19 @@ suite conformance "CONFORMANCE_STALL_MS=120000 NCCL_NET_PLUGIN=\$PWD/libmpib.so 
 build_conformance-gid() { build_conformance "$1"; }
 suite conformance-gid '[ "$RXE_GID_IDX0" = "$RXE_GID_IDX1" ] || { echo "rxe0 and rxe1 have different RoCE v2 GID indexes"; exit 1; }
 NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$RXE_GID_IDX0" ./conformance --test-threads=1 sizes_from split_50 multi_receives'
+
+# Many connections on one communicator (crates/mpib-tools/tests/many_connections.rs) on real
+# verbs: RXE_MANY_COMMS (64) send and 64 receive comms per rank over one init, checksummed
+# traffic on all at once, closed and reopened twice, one CQ and one SRQ per rail NIC, nothing
+# left behind. rxe's CQs hold at most 32,767 entries (max_cqe): one CQ per NIC and
+# communicator must hold every send-queue WR and SRQ WQE of its connections, ~386 per
+# connection each way, so about 84 each way fit; beyond, connect fails with that reason.
+build_many-connections() {
+  cargo build --lib -q || return 1
+  cargo_test_binary many_connections "$1" || return 1
+  cp "$(ls -t target/debug/libmpib.so target/debug/deps/libmpib.so 2>/dev/null | head -n1)" "$1/libmpib.so"
+}
+suite many-connections "MANY_COMMS=${RXE_MANY_COMMS:-64} NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./many_connections --test-threads=1"
 
 # mpib-perf on real verbs: the table users run first (every byte checked; exits non-zero
 # on a wrong byte or an error).
