@@ -111,11 +111,14 @@ impl DataPath {
 fn run(n: u64, window: usize) -> Result<()> {
     let plugin = Plugin::open(&default_plugin(), Some(12))?;
     let net = plugin.init()?;
+    // INPROC_TWO_CONTEXTS=1: the receiver's end on a second `init` (another communicator's
+    // context, as the other rank of a real connection is), so the two ends share no CQ.
+    let net2 = if std::env::var_os("INPROC_TWO_CONTEXTS").is_some() { Some(plugin.init()?) } else { None };
     eprintln!("{} through ncclNetPlugin_v{}, device {:?}", plugin.library(), plugin.version(), net.properties(0)?.name);
 
     // The same-thread loop NCCL's GDR check does: connect and accept must interleave.
     let mut listen = net.listen(0)?;
-    let mut connector = net.connector(0, listen.handle());
+    let mut connector = net2.as_ref().unwrap_or(&net).connector(0, listen.handle());
     let (mut send, mut recv) = (None, None);
     let end = Instant::now() + Duration::from_secs(10);
     while send.is_none() || recv.is_none() {
