@@ -22,6 +22,7 @@ pub mod devices;
 pub mod discover;
 pub mod handles;
 pub mod instance;
+pub mod listen;
 pub mod mr;
 pub mod oob;
 pub mod setup;
