@@ -3,6 +3,8 @@
 //! `child_agent`, which serves line commands on stdin. Between commands the child makes no
 //! fabric call, so everything it does as a responder is done by its helper thread.
 
+mod fabric_checks;
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
@@ -406,4 +408,22 @@ fn silently_vanished_peer_gives_an_error_within_the_bound() {
     assert_eq!(statuses(&c), [(1, WcStatus::RetryExceeded)]);
     assert!(t.elapsed() >= bound && t.elapsed() < bound * 3, "{:?} for a bound of {bound:?}", t.elapsed());
     peer.signal(libc::SIGKILL);
+}
+
+// ---- the provider-independent checks, on two TCP soft devices -------------------------------
+
+fn tcp_pair() -> (Arc<SoftDevice>, Arc<SoftDevice>) {
+    let open = |n: &str| Arc::new(soft::open(&SoftOptions::tcp(n, LOOPBACK)).unwrap());
+    (open("a"), open("b"))
+}
+
+#[test]
+fn registrations_through_the_plugin_cache_are_exact() {
+    let (a, b) = tcp_pair();
+    fabric_checks::bounds::registrations_are_exact(&a, &b);
+}
+
+#[test]
+fn unwritable_memory_is_refused_at_registration() {
+    fabric_checks::bounds::unwritable_memory_is_refused(&tcp_pair().0);
 }

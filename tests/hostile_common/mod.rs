@@ -33,7 +33,7 @@ pub fn child_command(name: &str, env: &[(&str, &str)]) -> Command {
 pub fn in_child(name: &str, env: &[(&str, &str)]) -> String {
     let out = child_command(name, env).output().unwrap();
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed:\n{text}");
+    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed ({}):\n{text}", out.status);
     text
 }
 
