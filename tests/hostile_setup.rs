@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use hostile_common::abi::{Handle, Net};
 use hostile_common::{in_child, is_child};
 use mpib::plugin::oob::OobAddr;
-use mpib::plugin::setup::{FabricKind, read_handle};
+use mpib::plugin::setup::{FabricKind, read_handle, write_handle};
 use ncclnet_types::result::REMOTE_ERROR;
 
 /// Longest wait for the real peer's set-up. `MPIB_CONNECT_TIMEOUT_MS` is set far above it:
@@ -212,4 +212,46 @@ fn a_peer_of_another_version_gets_a_clear_error_on_both_sides() {
     net.close_recv(recv);
     net.close_listen(listen);
     net.close_listen(listen2);
+}
+
+/// The other way round: a listener of another version answers this side's Hello with a
+/// message of its version, and `connect` fails saying so (not a bad magic, not a hang).
+#[test]
+fn a_listener_of_another_version_fails_connect_clearly() {
+    if !is_child() {
+        let out = in_child("a_listener_of_another_version_fails_connect_clearly", CHILD_ENV);
+        assert!(out.contains("set-up version 7, this plugin version"), "connect's error names both:\n{out}");
+        return;
+    }
+    let net = Net::init();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut handle = [0u8; 128];
+    write_handle(&mut handle, FabricKind::Soft, OobAddr::Tcp(l.local_addr().unwrap()));
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        // Its Hello (a length, then a message of this version), answered in version 7.
+        let mut len = [0u8; 4];
+        s.read_exact(&mut len).unwrap();
+        let mut hello = vec![0u8; u32::from_le_bytes(len) as usize];
+        s.read_exact(&mut hello).unwrap();
+        assert_eq!(&hello[..4], b"MPIB");
+        let mut m = b"MPIB".to_vec();
+        m.extend_from_slice(&7u16.to_le_bytes());
+        m.extend_from_slice(&[2, 0]);
+        s.write_all(&(m.len() as u32).to_le_bytes()).unwrap();
+        s.write_all(&m).unwrap();
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest); // until the connector closes
+    });
+    let t0 = Instant::now();
+    let code = loop {
+        assert!(t0.elapsed() < SETUP_WAIT, "connect neither failed nor returned");
+        match net.connect(0, &mut handle) {
+            Err(c) => break c,
+            Ok(None) => std::thread::sleep(Duration::from_millis(1)),
+            Ok(Some(_)) => panic!("a comm to a listener of another version"),
+        }
+    };
+    assert_eq!(code, REMOTE_ERROR);
+    fake.join().unwrap();
 }
