@@ -84,18 +84,28 @@ sout_kbit=$(kbit "$sout_rate") sup_kbit=$(kbit "$sup_rate")
 [[ $(id -u) == 0 ]] || die "needs root (network namespaces, tc)"
 for c in ip tc python3 timeout; do command -v "$c" >/dev/null || die "needs $c"; done
 
+# The release mpib-perf, the plugin it loads and the report's example: where cargo's own
+# report of the build says they are (ci/cargo_artifacts.py), or with --no-build where cargo
+# puts them (CARGO_TARGET_DIR, else target/).
 if ((build)); then
-  cargo build --release --bin mpib-perf --lib
-  cargo build --example netem_report
+  built=$(ci/cargo_artifacts.py bin:mpib-perf cdylib:mpib -- build --release --workspace --bin mpib-perf --lib) ||
+    die "the release build failed"
+  { read -r perf; read -r lib; } <<<"$built"
+  report=$(ci/cargo_artifacts.py example:netem_report -- build --workspace --example netem_report) ||
+    die "building examples/netem_report failed"
+else
+  target=${CARGO_TARGET_DIR:-target}
+  perf=$target/release/mpib-perf lib=$target/release/libmpib.so report=$target/debug/examples/netem_report
 fi
-perf=target/release/mpib-perf report=target/debug/examples/netem_report
-[[ -x $perf && -x $report ]] || die "build first: cargo build --release --bin mpib-perf --lib && cargo build --example netem_report"
+[[ -x $perf && -f $lib && -x $report ]] ||
+  die "build first: cargo build --release --workspace --bin mpib-perf --lib && cargo build --workspace --example netem_report"
 mkdir -p "$out"
 rm -f "$out"/*.json "$out"/*.log "$out"/stats-*.txt
 
 # --- namespaces: rx (rank 0, receives) and tx (rank 1, sends) ---------------------------
 tag=mpibnetem$$
 rx=$tag-rx tx=$tag-tx
+# shellcheck disable=SC2317 # reached through the EXIT trap
 cleanup() {
   local rc=$?
   trap - EXIT INT TERM
@@ -182,7 +192,7 @@ pair() {
   local name=$1 secs=$2
   shift 2
   port=$((port + 1))
-  local common=(--rendezvous "198.18.0.1:$port" --timeout 20 --sizes "$size" --duration "$secs" --quiet "$@")
+  local common=(--plugin "$lib" --rendezvous "198.18.0.1:$port" --timeout 20 --sizes "$size" --duration "$secs" --quiet "$@")
   ip netns exec "$rx" env "${env_rx[@]}" MPIB_STATS_FILE="$out/stats-$name-rx.txt" \
     timeout -k 5 $((secs * 4 + 40)) "$perf" --rank 0 "${common[@]}" >"$out/$name-rx.log" 2>&1 &
   rx_pid=$!
@@ -201,7 +211,7 @@ finish() {
   fi
 }
 
-declare -A files=([sout]= [sup]= [auto]= [static]=)
+declare -A files=([sout]="" [sup]="" [auto]="" [static]="")
 split_of() { case $1 in static) echo 50 ;; *) echo "$1" ;; esac; }
 for ((r = 1; r <= rounds; r++)); do
   for m in sout sup auto static; do
@@ -209,7 +219,7 @@ for ((r = 1; r <= rounds; r++)); do
     pair "$name" "$duration" --split "$(split_of $m)" --json "$out/$name.json"
     finish "$name"
     files[$m]+=${files[$m]:+,}$out/$name.json
-    echo "# round $r $m: $(sed -n 's/.*"gbps": *\([0-9.e-]*\).*/\1/p' "$out/$name.json" | head -1 | awk '{ printf "%.2f Gbit/s", $1 * 8 }')"
+    echo "# round $r $m: $(sed -n 's/.*"gbps": *\([0-9.e-]*\).*/\1/p' "$out/$name.json" | awk 'NR == 1 { printf "%.2f Gbit/s", $1 * 8 }')"
   done
 done
 
