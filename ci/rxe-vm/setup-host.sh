@@ -72,7 +72,9 @@ depmod -b "$KMODROOT" "$KVER"
 # Under TCG, decompressing the xz bzImage costs ~5-10 s per boot. Debian's
 # kernel has CONFIG_PVH, so qemu can boot the uncompressed ELF vmlinux
 # directly: unpack it once here (fallback: the bzImage).
-off=$(LC_ALL=C grep -obUaP '\xfd\x37\x7a\x58\x5a\x00' "$KIMG" | sed -n '1s/:.*//p' || true)
+# The offset of the first match (grep prints OFFSET:MATCH; the match is binary, so sed too
+# runs in the C locale, and reads to the end: pipefail).
+off=$(LC_ALL=C grep -obUaP '\xfd\x37\x7a\x58\x5a\x00' "$KIMG" | LC_ALL=C sed -n '1s/:.*//p' || true)
 if [[ -n $off ]]; then
   tail -c +$((off + 1)) "$KIMG" | xz -dcq > "$KMODROOT/boot/vmlinux-$KVER" 2>/dev/null || true
   notes=$(readelf -n "$KMODROOT/boot/vmlinux-$KVER" 2>/dev/null || true)
