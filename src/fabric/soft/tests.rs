@@ -470,7 +470,9 @@ fn silent_peer_times_out_within_the_bound() {
     let c = poll_n(&mut e.cq, &mut other.cq, 1);
     let bound = silent_peer_bound(&SILENT_PEER_PARAMS);
     assert_eq!(c.first().map(|c| c.status), Some(WcStatus::RetryExceeded));
-    assert!(t.elapsed() >= bound && t.elapsed() < bound * 3, "{:?} for a bound of {bound:?}", t.elapsed());
+    // Never before the bound; after it, within a margin a busy machine cannot exhaust.
+    let took = t.elapsed();
+    assert!(took >= bound && took < bound + Duration::from_secs(2), "{took:?} for a bound of {bound:?}");
 }
 
 #[test]
