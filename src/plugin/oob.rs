@@ -209,6 +209,15 @@ impl OobConn {
         }
     }
 
+    /// Hands what is queued to the kernel now if the connection is up (never blocks, reads
+    /// nothing).
+    pub fn flush(&mut self) -> Result<()> {
+        match self {
+            OobConn::Tcp(c) => c.write_out().map(|_| ()),
+            OobConn::Inproc(_) => Ok(()),
+        }
+    }
+
     /// Whether everything queued has been handed to the kernel.
     pub fn flushed(&self) -> bool {
         match self {
@@ -220,25 +229,8 @@ impl OobConn {
 
 impl TcpConn {
     fn poll(&mut self) -> Result<Option<Vec<u8>>> {
-        if !self.connected {
-            if let Some(e) = self.sock.take_error().map_err(|e| Error::io("set-up socket", &e))? {
-                return Err(Error::remote(format!("cannot connect to {}: {e}", self.peer)));
-            }
-            match self.sock.peer_addr() {
-                Ok(_) => self.connected = true,
-                Err(_) => return Ok(None), // still connecting
-            }
-        }
-        while !self.wbuf.is_empty() {
-            match (&self.sock).write(&self.wbuf) {
-                Ok(0) => return Err(Error::remote(format!("set-up connection to {} closed", self.peer))),
-                Ok(n) => {
-                    self.wbuf.drain(..n);
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
-            }
+        if !self.write_out()? {
+            return Ok(None); // still connecting
         }
         let mut buf = [0u8; 4096];
         loop {
@@ -253,6 +245,32 @@ impl TcpConn {
                 Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
             }
         }
+    }
+
+    /// Hands what is queued to the kernel as far as it takes it; `false` while the TCP
+    /// connect is still in progress.
+    fn write_out(&mut self) -> Result<bool> {
+        if !self.connected {
+            if let Some(e) = self.sock.take_error().map_err(|e| Error::io("set-up socket", &e))? {
+                return Err(Error::remote(format!("cannot connect to {}: {e}", self.peer)));
+            }
+            match self.sock.peer_addr() {
+                Ok(_) => self.connected = true,
+                Err(_) => return Ok(false),
+            }
+        }
+        while !self.wbuf.is_empty() {
+            match (&self.sock).write(&self.wbuf) {
+                Ok(0) => return Err(Error::remote(format!("set-up connection to {} closed", self.peer))),
+                Ok(n) => {
+                    self.wbuf.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
+            }
+        }
+        Ok(true)
     }
 
     fn take_message(&mut self) -> Result<Option<Vec<u8>>> {

@@ -169,10 +169,14 @@ pub struct Connecting<D: Device> {
 impl<D: Device> Connecting<D> {
     /// Starts a send comm to the listener at `addr`, its QPs on the NICs' queues of `ctx`.
     pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr, ctx: &Context<D>) -> Result<Self> {
+        // The TCP connect first: its handshake completes while the QPs are made, so the
+        // Hello goes out at once below. The acceptor drops a connection that says nothing
+        // for HELLO_WITHIN, and NCCL calls `connect` for its other comms in between (each
+        // making its own QPs): a Hello left for the next call could miss that deadline.
+        let mut conn = OobConn::connect(addr)?;
         let region = HostRegion::new(SEND_SCRATCH_OFF + SCRATCH_BYTES)?;
         let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r]), &region)?;
         let (_, rkeys) = region_keys(&rails);
-        let mut conn = OobConn::connect(addr)?;
         let hello = Hello {
             kind: p.kind as u8,
             qps: p.qps,
@@ -182,6 +186,7 @@ impl<D: Device> Connecting<D> {
             qps_info: qp_infos(&rails),
         };
         conn.send(&hello.encode());
+        conn.flush()?;
         Ok(Connecting {
             pair,
             p,
