@@ -70,14 +70,16 @@ suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child 
 # drops packets for a destroyed QP without a NAK), and rxe reads retry_cnt 7 as "retry
 # forever" (rxe_comp.c; real NICs retry 7 times): MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6 bound it
 # at 4.096 us * 2^16 * 7 = 1.9 s, inside the suite's 30 s no-progress limit. Under qemu the
-# 512 MiB message takes ~30 s with no completion before its end: CONFORMANCE_STALL_MS.
+# 512 MiB message takes ~30 s with no completion before its end: CONFORMANCE_STALL_MS; and
+# 100,000 small messages took over the default 180 s per run on a busy host while making
+# steady progress: CONFORMANCE_TIMEOUT_S (the parent's last resort against a rank hung in a call).
 build_conformance() {
   cargo_test_binary conformance "$1" || return 1
   cargo_plugin_library "$1"
 }
 # shellcheck disable=SC2016 # expands in the guest
 VERBS_ENV='MPIB_FABRIC=verbs MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6'
-suite conformance "CONFORMANCE_STALL_MS=120000 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./conformance --test-threads=1"
+suite conformance "CONFORMANCE_STALL_MS=120000 CONFORMANCE_TIMEOUT_S=900 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./conformance --test-threads=1"
 
 # The same protocol with the GID given explicitly (MPIB_GID_INDEX), on a subset. The same
 # stall bound as the conformance suite: under qemu (tcg) on a loaded host a rank took more
@@ -85,7 +87,7 @@ suite conformance "CONFORMANCE_STALL_MS=120000 NCCL_NET_PLUGIN=\$PWD/libmpib.so 
 build_conformance-gid() { build_conformance "$1"; }
 # shellcheck disable=SC2016 # expands in the guest
 suite conformance-gid '[ "$RXE_GID_IDX0" = "$RXE_GID_IDX1" ] || { echo "rxe0 and rxe1 have different RoCE v2 GID indexes"; exit 1; }
-CONFORMANCE_STALL_MS=120000 NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$RXE_GID_IDX0" ./conformance --test-threads=1 sizes_from split_50 multi_receives'
+CONFORMANCE_STALL_MS=120000 CONFORMANCE_TIMEOUT_S=900 NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$RXE_GID_IDX0" ./conformance --test-threads=1 sizes_from split_50 multi_receives'
 
 # Many connections on one communicator (crates/mpib-tools/tests/many_connections.rs) on real
 # verbs: RXE_MANY_COMMS (64) send and 64 receive comms per rank over one init, checksummed
