@@ -204,7 +204,8 @@ fn rank_main(rank: u64, ctl_addr: Option<String>, iters: usize, rounds: usize) -
     let net = plugin.init()?;
     let mut listen = net.listen(0)?;
     ctl.send("handle", listen.handle())?;
-    let peer: [u8; mpib_tools::net::HANDLE_BYTES] = ctl.expect("handle", TIMEOUT)?.try_into().map_err(|_| bad("handle size"))?;
+    let peer: [u8; mpib_tools::net::HANDLE_BYTES] =
+        ctl.expect("handle", TIMEOUT)?.try_into().map_err(|_| bad("handle size"))?;
     let mut connector = net.connector(0, &peer);
     let (mut send, mut recv) = (None, None);
     let end = Instant::now() + TIMEOUT;
@@ -381,7 +382,8 @@ fn parent(iters: usize, rounds: usize) -> Result<()> {
         if let Some(a) = ctl {
             c.env("SOFT_RTT_CTL", a);
         }
-        for (k, v) in [("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")]
+        for (k, v) in
+            [("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")]
         {
             if std::env::var_os(k).is_none() {
                 c.env(k, v);

@@ -11,6 +11,11 @@
 //! - the consumer reads `tail` (Acquire), copies the slots of `[head, tail)`, then stores
 //!   the new `head` (Release).
 //!
+//! A producer may also *reserve* a slot (a WRITE_WITH_IMM whose payload is still arriving
+//! takes its completion's slot when it takes its SRQ WQE, so its completion, or its Flushed
+//! completion if the QP fails, always has room): `limit` is `cap` less the reserved slots,
+//! and plain pushes need `tail - head < limit`. Only producers, under the lock, touch it.
+//!
 //! Why no slot is read and written at once: a producer writes only the slot at `tail`,
 //! outside `[head, tail)` as it last saw `head`, and only while it holds the lock (no other
 //! producer moves `tail`). The consumer reads a slot only after the Release store of `tail`
@@ -29,7 +34,8 @@ use crate::fabric::Completion;
 pub struct CqRing {
     slots: Box<[UnsafeCell<Completion>]>,
     mask: usize,
-    cap: usize,
+    /// The depth less the reserved slots (see the module documentation).
+    limit: AtomicUsize,
     /// Completions popped: stored by the consumer only.
     head: AtomicUsize,
     /// Completions pushed: stored by producers only, under `producers`.
@@ -49,7 +55,7 @@ impl CqRing {
         CqRing {
             slots: (0..n).map(|_| UnsafeCell::new(Completion::default())).collect(),
             mask: n - 1,
-            cap,
+            limit: AtomicUsize::new(cap),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
             producers: Mutex::new(()),
@@ -103,9 +109,34 @@ impl Producer<'_> {
     #[inline(always)]
     pub fn room(&mut self) -> Option<Room<'_>> {
         let ring = self.ring;
-        // Relaxed: only producers store `tail`, under the lock this one holds.
+        // Relaxed: only producers store `tail` and `limit`, under the lock this one holds.
         let tail = ring.tail.load(Ordering::Relaxed);
-        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < ring.cap).then_some(Room { ring, tail })
+        let limit = ring.limit.load(Ordering::Relaxed);
+        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < limit).then_some(Room { ring, tail })
+    }
+
+    /// Reserves a slot for a later [`Self::push_reserved`]; `false` when the ring is full.
+    pub fn reserve(&mut self) -> bool {
+        if self.room().is_none() {
+            return false;
+        }
+        self.ring.limit.fetch_sub(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives a reserved slot back unused.
+    pub fn unreserve(&mut self) {
+        self.ring.limit.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Appends `c` into a slot [`Self::reserve`] took (never full).
+    pub fn push_reserved(&mut self, c: Completion) {
+        self.unreserve();
+        let room = self.room();
+        debug_assert!(room.is_some(), "a reserved slot is always free");
+        if let Some(room) = room {
+            room.push(c);
+        }
     }
 
     /// Appends `c`; `false` when the ring is full.
@@ -179,6 +210,24 @@ mod tests {
         assert_eq!(popped, pushed);
         // SAFETY: as above.
         assert_eq!(unsafe { r.pop_into(&mut out) }, 0);
+    }
+
+    /// A reserved slot is not room for others, and is there when its completion comes.
+    #[test]
+    fn a_reserved_slot_is_kept_for_its_completion() {
+        let r = CqRing::new(2);
+        assert!(r.lock().reserve());
+        assert!(r.lock().push(c(1)));
+        assert!(!r.lock().push(c(2)), "the reserved slot is not free for others");
+        assert!(!r.lock().reserve());
+        r.lock().push_reserved(c(3));
+        assert_eq!(r.len(), 2);
+        let mut out = [Completion::default(); 2];
+        // SAFETY: this thread is the only consumer.
+        assert_eq!(unsafe { r.pop_into(&mut out) }, 2);
+        assert!(r.lock().reserve());
+        r.lock().unreserve();
+        assert!(r.lock().push(c(4)) && r.lock().push(c(5)), "given back");
     }
 
     /// Three producers and one consumer: every completion once, each producer's in order.

@@ -1,0 +1,86 @@
+//! Warnings a peer can provoke, rate-limited: a hostile or broken peer must not be able to
+//! flood the log (issue 16: a connection flood once logged 2,000 lines a second). Each kind
+//! of warning of a device is a [`Limited`]: at most one line per [`PERIOD`], and the next
+//! line says how many were left out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// At most one line per kind per period.
+pub const PERIOD: Duration = Duration::from_secs(5);
+
+/// One kind of warning of one device.
+pub struct Limited {
+    /// When the last line was written, in ns since `epoch` (0: never).
+    last: AtomicU64,
+    /// Lines left out since.
+    dropped: AtomicU64,
+    /// Lines written (tests read it).
+    written: AtomicU64,
+    epoch: Instant,
+}
+
+impl Default for Limited {
+    fn default() -> Self {
+        Limited {
+            last: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            written: AtomicU64::new(0),
+            epoch: Instant::now(),
+        }
+    }
+}
+
+impl Limited {
+    /// Logs `what()` at WARN unless a line of this kind was written less than a period ago.
+    pub fn warn(&self, what: impl FnOnce() -> String) {
+        let now = self.epoch.elapsed().as_nanos() as u64 + 1;
+        let last = self.last.load(Ordering::Relaxed);
+        if last != 0 && now - last < PERIOD.as_nanos() as u64
+            || self.last.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
+        {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.written.fetch_add(1, Ordering::Relaxed);
+        match self.dropped.swap(0, Ordering::Relaxed) {
+            0 => log::warn!("{}", what()),
+            n => log::warn!("{} ({n} more like it in the last {PERIOD:?} not logged)", what()),
+        }
+    }
+
+    /// Lines written so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+}
+
+/// The warnings of one device that a peer can provoke.
+#[derive(Default)]
+pub struct Warnings {
+    /// `accept` failed (descriptors exhausted, ...).
+    pub accept: Limited,
+    /// A connection said nothing valid (no HELLO in time, a bad HELLO, too many waiting).
+    pub hello: Limited,
+    /// A frame or CONNECT no QP expects.
+    pub stray: Limited,
+    /// A QP went to the error state with work outstanding.
+    pub qp: Limited,
+    /// A link broke.
+    pub link: Limited,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_period() {
+        let l = Limited::default();
+        for _ in 0..1000 {
+            l.warn(|| "x".into());
+        }
+        assert_eq!(l.written(), 1);
+        assert_eq!(l.dropped.load(Ordering::Relaxed), 999);
+    }
+}
