@@ -500,17 +500,22 @@ impl<S: Station> LinkState<S> {
     // ---- receive ------------------------------------------------------------------------
 
     /// Reads and dispatches what arrived. Returns whether anything moved and whether the
-    /// read budget ran out; `Err`: the link broke.
+    /// read budget ran out; `Err`: the link broke. A read that returns less than it asked
+    /// for drained the socket: the step reads no more (a read that would find nothing costs
+    /// a system call; new bytes are seen at the next step, or their readiness event).
     fn pump(&mut self, link: &Arc<Link<S>>) -> Result<(bool, bool), String> {
         let mut budget = RX_BUDGET;
-        let mut moved = false;
+        let (mut moved, mut drained) = (false, false);
         loop {
             if self.seg.is_some() {
-                if !self.payload(link, &mut budget)? {
-                    return Ok((moved, false));
+                match self.payload(link, &mut budget, drained)? {
+                    Some(short) => {
+                        drained |= short;
+                        moved = true;
+                        continue;
+                    }
+                    None => return Ok((moved, false)),
                 }
-                moved = true;
-                continue;
             }
             if budget == 0 {
                 return Ok((moved, true));
@@ -522,9 +527,13 @@ impl<S: Station> LinkState<S> {
                 moved = true;
                 continue;
             }
+            if drained {
+                return Ok((moved, false));
+            }
             match self.read_staging(usize::MAX)? {
-                Some(n) => {
+                Some((n, short)) => {
                     budget = budget.saturating_sub(n as u64);
+                    drained = short;
                     moved = true;
                 }
                 None => return Ok((moved, false)),
@@ -536,8 +545,9 @@ impl<S: Station> LinkState<S> {
         self.fd.as_ref().map_or(-1, |f| f.as_raw_fd())
     }
 
-    /// Reads up to `max` more bytes into the staging buffer; `None` when nothing came.
-    fn read_staging(&mut self, max: usize) -> Result<Option<usize>, String> {
+    /// Reads up to `max` more bytes into the staging buffer; `None` when nothing came, else
+    /// how many and whether fewer than asked (the socket is drained).
+    fn read_staging(&mut self, max: usize) -> Result<Option<(usize, bool)>, String> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -550,10 +560,10 @@ impl<S: Station> LinkState<S> {
         let n = free.len().min(max);
         let iov = [libc::iovec { iov_base: free.as_mut_ptr().cast(), iov_len: n }];
         let got = after_read(readv(self.fd(), &iov))?;
-        if let Some(n) = got {
-            self.end += n;
+        if let Some(k) = got {
+            self.end += k;
         }
-        Ok(got)
+        Ok(got.map(|k| (k, k < n)))
     }
 
     fn on_header(&mut self, link: &Arc<Link<S>>, hdr: &[u8; HDR_LEN]) -> Result<(), String> {
@@ -588,8 +598,10 @@ impl<S: Station> LinkState<S> {
     }
 
     /// Moves payload bytes of the current segment: from the staging buffer first, else
-    /// straight from the socket. `false`: nothing more can move now.
-    fn payload(&mut self, link: &Arc<Link<S>>, budget: &mut u64) -> Result<bool, String> {
+    /// straight from the socket (unless it is `drained`). `None`: nothing more can move
+    /// now; else whether a read drained the socket.
+    fn payload(&mut self, link: &Arc<Link<S>>, budget: &mut u64, drained: bool) -> Result<Option<bool>, String> {
+        let mut short = false;
         let avail = (self.end - self.start) as u64;
         let seg = self.seg.as_mut().expect("segment in progress");
         let (from, rest) = (seg.done, seg.len - seg.done);
@@ -614,14 +626,16 @@ impl<S: Station> LinkState<S> {
             self.start += n as usize;
             seg.done += n;
             *budget = budget.saturating_sub(n);
+        } else if drained {
+            return Ok(None);
         } else if !seg.placed.ok {
             // Dropped bytes: read them into the staging buffer and skip them there.
-            return Ok(self.read_staging(rest.min(STAGING as u64) as usize)?.is_some());
+            return Ok(self.read_staging(rest.min(STAGING as u64) as usize)?.map(|(_, short)| short));
         } else {
             let mut buf = IovBuf::new();
             if !dest_iovs(&link.mrs, seg, from, seg.len, &mut buf) {
                 seg.placed.ok = false;
-                return Ok(true);
+                return Ok(Some(false));
             }
             let dest = buf.bytes();
             if self.start == self.end {
@@ -633,9 +647,11 @@ impl<S: Station> LinkState<S> {
             if peek > 0 {
                 buf.push(free.as_mut_ptr(), peek);
             }
+            let asked = buf.bytes();
             let r = readv(self.fd.as_ref().map_or(-1, |f| f.as_raw_fd()), buf.iovs());
             drop(buf);
-            let Some(got) = after_read(r)? else { return Ok(false) };
+            let Some(got) = after_read(r)? else { return Ok(None) };
+            short = got < asked;
             let into_dest = got.min(dest);
             seg.done += into_dest as u64;
             self.end += got - into_dest;
@@ -647,7 +663,7 @@ impl<S: Station> LinkState<S> {
                 qp.on_segment(seg.placed, &mut self.io(link));
             }
         }
-        Ok(true)
+        Ok(Some(short))
     }
 
     // ---- send ---------------------------------------------------------------------------
