@@ -129,6 +129,7 @@ fn child_agent() {
     count_logs();
     let access = std::env::var("MPIB_SOFT_CHILD_ACCESS").unwrap().parse::<u32>().unwrap();
     let mut s = Side::new(len.parse().unwrap(), Access::from_bits_retain(access));
+    let mut many: Vec<SoftQp> = Vec::new();
     let out = std::io::stdout();
     let say = |line: String| {
         let mut o = out.lock();
@@ -211,10 +212,51 @@ fn child_agent() {
                 drop(std::mem::replace(&mut s.qp, other));
                 "ok".to_string()
             }
+            // `many N`: N more QPs; their infos, comma-separated.
+            "many" => {
+                many = (0..num(1)).map(|_| many_qp(&s)).collect();
+                let infos: Vec<String> = many.iter().map(|q| hex(&q.local_info().0)).collect();
+                format!("many {}", infos.join(","))
+            }
+            "many_connect" => {
+                connect_all(&mut many, w[1]);
+                "ok".to_string()
+            }
+            // `many_write FROM TO ADDR RKEY`: an 8-byte WRITE on each of the QPs FROM..TO, the
+            // k-th of them from offset 8 × k of this side's region to ADDR + 8 × its index;
+            // "ok" when every one completed successfully.
+            "many_write" => {
+                let (from, to, addr, rkey) = (num(1) as usize, num(2) as usize, num(3), num(4) as u32);
+                for (i, q) in many.iter_mut().enumerate().take(to).skip(from) {
+                    let local = Sge { addr: s.addr() + 8 * (i - from) as u64, len: 8, lkey: s.key() };
+                    q.post_send(&[wr(i as u64, WrOpcode::Write, local, addr + 8 * i as u64, rkey, true)]).unwrap();
+                }
+                let c = s.poll(to - from, Duration::from_secs(30));
+                let ok = c.len() == to - from && c.iter().all(|c| c.status == WcStatus::Success);
+                if ok { "ok".to_string() } else { format!("failed {:?}", statuses(&c)) }
+            }
             "exit" => return,
             other => panic!("unknown command {other}"),
         };
         say(reply);
+    }
+}
+
+fn many_qp(s: &Side) -> SoftQp {
+    s.dev.create_qp(&s.cq, Some(&s.srq), QpCaps { max_send_wr: 4, max_inline: 0 }).unwrap()
+}
+
+/// Connects `qps[i]` to the `i`-th of the comma-separated hex infos and waits until all are up.
+fn connect_all(qps: &mut [SoftQp], infos: &str) {
+    let infos: Vec<&str> = infos.split(',').collect();
+    assert_eq!(infos.len(), qps.len());
+    for (q, info) in qps.iter_mut().zip(infos) {
+        q.connect(&QpInfo(unhex(info).try_into().unwrap()), &PARAMS).unwrap();
+    }
+    let t = Instant::now();
+    while !qps.iter_mut().all(|q| q.is_ready().unwrap()) {
+        assert!(t.elapsed() < Duration::from_secs(30), "not connected");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -528,4 +570,40 @@ fn a_flood_of_silent_connections_is_bounded_and_quiet() {
     me.qp.post_send(&[wr(1, WrOpcode::Write, local, peer.addr, peer.rkey, true)]).unwrap();
     assert_eq!(statuses(&me.poll(1, Duration::from_secs(5))), [(1, WcStatus::Success)]);
     drop(flood);
+}
+
+/// Issue 18: 1,024 QP connections in each direction between two processes' rails (2,048 QP
+/// pairs; one process writes through the first half, the other through the second) share
+/// one TCP link: each process keeps a bounded number of descriptors (the goal: at most 64 at
+/// 1,024 comms). Both ends are children, so no other test's sockets are counted; the count
+/// is printed for the note (`--nocapture`).
+#[test]
+fn two_thousand_qps_between_two_processes_share_one_socket() {
+    const N: usize = 2048;
+    let fds = |p: &mut Peer| -> usize { p.cmd("fds").strip_prefix("fds ").unwrap().parse().unwrap() };
+    let (mut a, mut b) = (Peer::spawn(8 * N, RW), Peer::spawn(8 * N, RW));
+    let (a0, b0) = (fds(&mut a), fds(&mut b));
+    let infos_a = a.cmd(&format!("many {N}")).strip_prefix("many ").unwrap().to_string();
+    let infos_b = b.cmd(&format!("many {N}")).strip_prefix("many ").unwrap().to_string();
+    // Both connect at once (each waits until its QPs are up, which needs the other's).
+    for (p, infos) in [(&mut a, &infos_b), (&mut b, &infos_a)] {
+        writeln!(p.stdin, "many_connect {infos}").unwrap();
+        p.stdin.flush().unwrap();
+    }
+    for p in [&mut a, &mut b] {
+        let mut l = String::new();
+        p.stdout.read_line(&mut l).unwrap();
+        assert_eq!(l.trim(), "ok");
+    }
+    assert_eq!(a.cmd("fill 7"), "ok");
+    assert_eq!(a.cmd(&format!("many_write 0 {} {} {}", N / 2, b.addr, b.rkey)), "ok");
+    assert_eq!(b.cmd(&format!("check 0 {} 7", 4 * N)), "ok");
+    assert_eq!(b.cmd("fill 9"), "ok");
+    assert_eq!(a.cmd("reset"), "ok");
+    assert_eq!(b.cmd(&format!("many_write {} {N} {} {}", N / 2, a.addr, a.rkey)), "ok");
+    assert_eq!(a.cmd(&format!("check {} {} 9", 4 * N, 4 * N)), "ok");
+    let (a1, b1) = (fds(&mut a), fds(&mut b));
+    println!("soft_fabric_fds: {N} QP pairs between two processes: {a0} -> {a1} and {b0} -> {b1} descriptors");
+    assert!(a1 <= 64 && b1 <= 64, "{a1} and {b1} descriptors open with {N} QPs");
+    assert!(a1 <= a0 + 2 && b1 <= b0 + 2, "QPs opened sockets: {a0} -> {a1}, {b0} -> {b1}");
 }
