@@ -9,9 +9,10 @@ use super::comm::{RecvComm, SendComm};
 use super::devices::DevPair;
 use super::discover::RailPair;
 use super::handles::{CommHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
+use super::listen::ListenComm;
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
-use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
+use super::setup::{self, Connecting, FabricKind, Params};
 use super::table::Devices;
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
@@ -86,9 +87,7 @@ impl<D: Device> Plugin<D> {
         };
         setup::write_handle(handle, self.kind, addr);
         let p = self.params(abi, None);
-        self.objs
-            .insert(Kind::Listen, Obj::Listen(Box::new(ListenComm { listener, pair, p, pending: None })))
-            .map(ListenHandle)
+        self.objs.insert(Kind::Listen, Obj::Listen(Box::new(ListenComm::new(listener, pair, p)))).map(ListenHandle)
     }
 
     pub fn connect(
@@ -131,7 +130,7 @@ impl<D: Device> Plugin<D> {
         let r = {
             let (_, mut g) = self.objs.get(listen.0, Kind::Listen)?;
             match &mut *g {
-                Obj::Listen(l) => l.accept()?,
+                Obj::Listen(l) => l.accept(std::time::Instant::now())?,
                 _ => return Err(Error::internal("listen entry holds something else")),
             }
         };

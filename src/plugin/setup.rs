@@ -10,8 +10,15 @@
 //!  Ready ─────────────────────────────▶  wait for Ready and ready QPs
 //! ```
 //! The acceptor's QPs reach RTS before it replies and the connector's before it says
-//! Ready, so no WRITE ever finds an unconnected QP. Every stage is bounded by
-//! `MPIB_CONNECT_TIMEOUT_MS` once the peer has shown up.
+//! Ready, so no WRITE ever finds an unconnected QP. Either side that gives up after the
+//! Hello sends a Refusal saying why before it closes, so both sides report the cause.
+//!
+//! An accepted connection is a stranger until its first message is a Hello of this
+//! version: one that says nothing within [`HELLO_WITHIN`], closes, or sends anything else
+//! is a stray ([`AcceptFailed::Stray`], `Silent`), which the listener drops
+//! (`listen.rs`) without failing NCCL's `accept`; a Hello of another version or fabric is
+//! an mpib peer that cannot work with this one, a failed set-up. From the Hello on, the
+//! set-up is bounded by `MPIB_CONNECT_TIMEOUT_MS`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,8 +26,8 @@ use std::time::{Duration, Instant};
 use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm};
 use super::devices::DevPair;
 use super::mr::ACCESS;
-use super::oob::{OobAddr, OobConn, OobListener};
-use super::wire::{Hello, READY, Reply};
+use super::oob::{OobAddr, OobConn};
+use super::wire::{self, DecodeError, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
 use crate::engine::{RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
@@ -75,6 +82,18 @@ impl Params {
             cfg,
         }
     }
+}
+
+/// The longest a connection takes to report a peer that stops answering without closing
+/// (frozen, host down, link cut) while this side waits on it: within `KEEPALIVE_NS` of
+/// silence a keepalive (or the data itself) is in flight, and its transport gives up after
+/// the ACK-timeout budget `4.096 µs × 2^MPIB_TIMEOUT × (MPIB_RETRY_CNT + 1)` (the soft
+/// fabric waits at least 100 ms). 34.5 s with the defaults. A killed peer on the soft
+/// fabric is reported at once (its kernel closes the sockets); on verbs only this bound
+/// tells (a NIC drops packets for a QP that no longer exists).
+pub fn silent_peer_bound(p: &ConnectParams) -> Duration {
+    let keepalive = Duration::from_nanos(crate::engine::KEEPALIVE_NS);
+    keepalive + crate::fabric::soft::silent_peer_bound(p)
 }
 
 /// Writes a listen handle.
@@ -266,8 +285,17 @@ impl<D: Device> Connecting<D> {
         })
     }
 
-    /// One step; the send comm once the connection is up.
+    /// One step; the send comm once the connection is up. A failure is also told to the
+    /// acceptor (a Refusal), so both sides report its cause.
     pub fn step(&mut self) -> Result<Option<SendComm<D>>> {
+        let r = self.progress();
+        if let Err(e) = &r {
+            refuse(&mut self.conn, e);
+        }
+        r
+    }
+
+    fn progress(&mut self) -> Result<Option<SendComm<D>>> {
         if self.started.elapsed() > self.p.timeout {
             return Err(Error::remote(format!(
                 "connect: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
@@ -279,7 +307,19 @@ impl<D: Device> Connecting<D> {
             match self.stage {
                 ConnStage::AwaitReply => {
                     let Some(m) = self.conn.poll()? else { return Ok(None) };
-                    let reply = Reply::decode(&m, self.p.qps)?;
+                    let reply = match wire::decode(&m)? {
+                        Msg::Reply(r) if r.qps == self.p.qps => r,
+                        Msg::Reply(r) => {
+                            return Err(Error::remote(format!(
+                                "connect: the peer created {:?} QPs per rail, {:?} were asked for",
+                                r.qps, self.p.qps
+                            )));
+                        }
+                        Msg::Refusal(why) => {
+                            return Err(Error::remote(format!("connect: the listening peer refused: {why}")));
+                        }
+                        _ => return Err(Error::remote("connect: the listening peer sent something else than a Reply")),
+                    };
                     connect_qps(rails, &reply.qps_info, &self.p.connect)?;
                     self.reply = Some(reply);
                     self.stage = ConnStage::AwaitQps;
@@ -289,7 +329,7 @@ impl<D: Device> Connecting<D> {
                     if !all_ready(rails)? {
                         return Ok(None);
                     }
-                    self.conn.send(&READY);
+                    self.conn.send(&wire::ready());
                     self.stage = ConnStage::Flushing;
                 }
                 ConnStage::Flushing => {
@@ -333,8 +373,34 @@ impl<D: Device> Connecting<D> {
     }
 }
 
+/// How long a new set-up connection has to send its Hello (at most
+/// `MPIB_CONNECT_TIMEOUT_MS`). A real connector sends it as soon as its TCP connect
+/// completes, and whatever it sent is read before this deadline is checked, so only a
+/// stranger that says nothing meets it.
+pub const HELLO_WITHIN: Duration = Duration::from_secs(5);
+
+/// Why a pending set-up ended without a receive comm.
+#[derive(Debug)]
+pub enum AcceptFailed {
+    /// Not an mpib peer (closed, reset, garbage, an oversized length, anything but a
+    /// Hello first): the listener drops it; the words say why.
+    Stray(String),
+    /// Not an mpib peer: it sent nothing within [`HELLO_WITHIN`].
+    Silent(String),
+    /// An mpib peer's set-up failed (another version or fabric, or anything after its
+    /// Hello): NCCL's `accept` fails with this error; the peer was told why.
+    Peer(Error),
+}
+
+/// Sends a Refusal saying why this side gives up, and hands it to the kernel (best effort:
+/// the peer may be gone already).
+fn refuse(conn: &mut OobConn, e: &Error) {
+    conn.send(&wire::refusal(&e.msg()));
+    let _ = conn.poll();
+}
+
 enum AcceptStage {
-    AwaitHello,
+    AwaitHello { by: Instant },
     AwaitReady { got_ready: bool },
 }
 
@@ -344,6 +410,7 @@ pub struct Accepting<D: Device> {
     p: Params,
     conn: OobConn,
     stage: AcceptStage,
+    /// When the Hello arrived: the set-up timeout counts from there.
     started: Instant,
     rails: Option<[Rail<D>; RAILS]>,
     region: Option<HostRegion>,
@@ -351,73 +418,132 @@ pub struct Accepting<D: Device> {
 }
 
 impl<D: Device> Accepting<D> {
-    pub fn new(pair: Arc<DevPair<D>>, p: Params, conn: OobConn) -> Self {
+    /// A connection the listener took at `now`.
+    pub fn new(pair: Arc<DevPair<D>>, p: Params, conn: OobConn, now: Instant) -> Self {
+        let by = now + HELLO_WITHIN.min(p.timeout);
         Accepting {
             pair,
             p,
             conn,
-            stage: AcceptStage::AwaitHello,
-            started: Instant::now(),
+            stage: AcceptStage::AwaitHello { by },
+            started: now,
             rails: None,
             region: None,
             hello: None,
         }
     }
 
-    pub fn step(&mut self) -> Result<Option<RecvComm<D>>> {
-        if self.started.elapsed() > self.p.timeout {
+    /// Whether the other end has shown itself an mpib peer (its Hello came).
+    pub fn is_peer(&self) -> bool {
+        matches!(self.stage, AcceptStage::AwaitReady { .. })
+    }
+
+    /// Where the other end is (for log lines).
+    pub fn peer(&self) -> String {
+        self.conn.peer()
+    }
+
+    /// One step at `now`: the receive comm once the connection is fully set up.
+    pub fn step(&mut self, now: Instant) -> std::result::Result<Option<RecvComm<D>>, AcceptFailed> {
+        if let AcceptStage::AwaitHello { by } = self.stage {
+            let Some(hello) = self.hello(now, by)? else { return Ok(None) };
+            self.started = now;
+            if let Err(e) = self.on_hello(hello) {
+                refuse(&mut self.conn, &e);
+                return Err(AcceptFailed::Peer(e));
+            }
+        }
+        self.await_ready(now).map_err(|e| {
+            refuse(&mut self.conn, &e);
+            AcceptFailed::Peer(e)
+        })
+    }
+
+    /// The Hello, once it is in. Anything else first makes the connection a stray, except
+    /// an mpib peer of another version or fabric: a failed set-up, told why.
+    fn hello(&mut self, now: Instant, by: Instant) -> std::result::Result<Option<Hello>, AcceptFailed> {
+        let m = match self.conn.poll() {
+            Ok(Some(m)) => m,
+            Ok(None) if now > by => {
+                let ms = by.saturating_duration_since(self.started).as_millis();
+                return Err(AcceptFailed::Silent(format!(
+                    "{} sent no set-up message within {ms} ms",
+                    self.conn.peer()
+                )));
+            }
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(AcceptFailed::Stray(e.msg().into_owned())),
+        };
+        let e = match wire::decode(&m) {
+            Ok(Msg::Hello(h)) if h.kind == self.p.kind as u8 => return Ok(Some(h)),
+            Ok(Msg::Hello(h)) => Error::remote(format!(
+                "the connecting peer uses fabric {}, this side {:?} ({}): set the same MPIB_FABRIC on every rank",
+                h.kind, self.p.kind, self.p.kind as u8
+            )),
+            Ok(_) => {
+                return Err(AcceptFailed::Stray(format!(
+                    "{} sent a set-up message other than a Hello",
+                    self.conn.peer()
+                )));
+            }
+            Err(DecodeError::Foreign(why)) => return Err(AcceptFailed::Stray(format!("{} {why}", self.conn.peer()))),
+            Err(v @ DecodeError::Version(_)) => Error::from(v),
+        };
+        refuse(&mut self.conn, &e);
+        Err(AcceptFailed::Peer(e))
+    }
+
+    /// Builds the rails for the peer's `hello`, connects them and replies.
+    fn on_hello(&mut self, hello: Hello) -> Result<()> {
+        let region = HostRegion::new(RECV_SCRATCH_OFF + 4096)?;
+        let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
+        let flush = if gpu { FlushQp::With } else { FlushQp::Without };
+        let srq = Some(self.p.srq.1);
+        let mut rails = build_rails(&self.pair, hello.qps, srq, flush, recv_caps(), &region)?;
+        connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
+        let (_, rkeys) = region_keys(&rails);
+        let reply = Reply {
+            qps: hello.qps,
+            records_addr: region.addr() + super::comm::RECV_RECORDS_OFF as u64,
+            records_rkeys: rkeys,
+            scratch_addr: region.addr() + RECV_SCRATCH_OFF as u64,
+            scratch_rkeys: rkeys,
+            qps_info: qp_infos(&rails),
+        };
+        self.conn.send(&reply.encode());
+        self.rails = Some(rails);
+        self.region = Some(region);
+        self.hello = Some(hello);
+        self.stage = AcceptStage::AwaitReady { got_ready: false };
+        Ok(())
+    }
+
+    fn await_ready(&mut self, now: Instant) -> Result<Option<RecvComm<D>>> {
+        if now.saturating_duration_since(self.started) > self.p.timeout {
             return Err(Error::remote(format!(
                 "accept: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
                 self.p.timeout.as_millis()
             )));
         }
-        loop {
-            match self.stage {
-                AcceptStage::AwaitHello => {
-                    let Some(m) = self.conn.poll()? else { return Ok(None) };
-                    let hello = Hello::decode(&m, self.p.kind as u8)?;
-                    let region = HostRegion::new(RECV_SCRATCH_OFF + 4096)?;
-                    let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
-                    let flush = if gpu { FlushQp::With } else { FlushQp::Without };
-                    let srq = Some(self.p.srq.1);
-                    let mut rails = build_rails(&self.pair, hello.qps, srq, flush, recv_caps(), &region)?;
-                    connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
-                    let (_, rkeys) = region_keys(&rails);
-                    let reply = Reply {
-                        qps: hello.qps,
-                        records_addr: region.addr() + super::comm::RECV_RECORDS_OFF as u64,
-                        records_rkeys: rkeys,
-                        scratch_addr: region.addr() + RECV_SCRATCH_OFF as u64,
-                        scratch_rkeys: rkeys,
-                        qps_info: qp_infos(&rails),
-                    };
-                    self.conn.send(&reply.encode());
-                    self.rails = Some(rails);
-                    self.region = Some(region);
-                    self.hello = Some(hello);
-                    self.stage = AcceptStage::AwaitReady { got_ready: false };
-                }
-                AcceptStage::AwaitReady { got_ready } => {
-                    let mut got = got_ready;
-                    if let Some(m) = self.conn.poll()? {
-                        if m != READY {
-                            return Err(Error::remote("accept: the peer sent something else than Ready"));
-                        }
-                        got = true;
-                    }
-                    self.stage = AcceptStage::AwaitReady { got_ready: got };
-                    // Drive the QPs on every call, not only once Ready arrived: a fabric may
-                    // finish its connection set-up inside `is_ready` on both ends (the soft
-                    // fabric's dialing QP sends its HELLO from there), and the peer only
-                    // says Ready when its own QPs are up.
-                    let ready = all_ready(self.rails.as_mut().expect("rails"))?;
-                    if !got || !ready {
-                        return Ok(None);
-                    }
-                    return self.finish().map(Some);
-                }
+        let AcceptStage::AwaitReady { mut got_ready } = self.stage else {
+            return Err(Error::internal("accept: set-up stepped before its Hello"));
+        };
+        if let Some(m) = self.conn.poll()? {
+            match wire::decode(&m)? {
+                Msg::Ready => got_ready = true,
+                Msg::Refusal(why) => return Err(Error::remote(format!("accept: the connecting peer gave up: {why}"))),
+                _ => return Err(Error::remote("accept: the peer sent something else than Ready")),
             }
         }
+        self.stage = AcceptStage::AwaitReady { got_ready };
+        // Drive the QPs on every call, not only once Ready arrived: a fabric may finish its
+        // connection set-up inside `is_ready` on both ends (the soft fabric's dialing QP
+        // sends its HELLO from there), and the peer only says Ready when its own QPs are up.
+        let ready = all_ready(self.rails.as_mut().expect("rails"))?;
+        if !got_ready || !ready {
+            return Ok(None);
+        }
+        self.finish().map(Some)
     }
 
     fn finish(&mut self) -> Result<RecvComm<D>> {
@@ -448,34 +574,21 @@ impl<D: Device> Accepting<D> {
     }
 }
 
-/// A listen comm: its listener and at most one connection being accepted.
-pub struct ListenComm<D: Device> {
-    pub listener: OobListener,
-    pub pair: Arc<DevPair<D>>,
-    pub p: Params,
-    pub pending: Option<Accepting<D>>,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl<D: Device> ListenComm<D> {
-    /// One step of `accept`: the receive comm once a connection is fully set up.
-    pub fn accept(&mut self) -> Result<Option<RecvComm<D>>> {
-        if self.pending.is_none() {
-            match self.listener.accept()? {
-                Some(conn) => self.pending = Some(Accepting::new(self.pair.clone(), self.p.clone(), conn)),
-                None => return Ok(None),
-            }
-        }
-        let r = self.pending.as_mut().expect("pending").step();
-        match r {
-            Ok(Some(c)) => {
-                self.pending = None;
-                Ok(Some(c))
-            }
-            Ok(None) => Ok(None),
-            Err(e) => {
-                self.pending = None;
-                Err(e)
-            }
-        }
+    #[test]
+    fn a_silent_peer_is_reported_within_the_ack_timeout_budget_and_a_keepalive() {
+        let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
+        // The defaults (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
+        let cfg = Config::default();
+        assert_eq!((cfg.timeout, cfg.retry_cnt), (20, 7));
+        assert_eq!(silent_peer_bound(&p(20, 7)), Duration::from_nanos(4096 * (1 << 20) * 8 + 100_000_000));
+        assert_eq!(format!("{:.1?}", silent_peer_bound(&p(20, 7))), "34.5s");
+        // The Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
+        assert_eq!(silent_peer_bound(&p(16, 6)), Duration::from_nanos(4096 * (1 << 16) * 7 + 100_000_000));
+        // Tiny budgets: the soft fabric's 100 ms floor.
+        assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
     }
 }

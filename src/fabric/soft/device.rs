@@ -100,6 +100,10 @@ impl Device for SoftDevice {
     }
 
     fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<SoftMr> {
+        // What the kernel's pinning checks for a verbs NIC: this NIC is the CPU, and a
+        // peer's WRITE into a page that is not mapped writable would be a SIGSEGV.
+        let write = access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        crate::fabric::mem::check_mapped(addr as u64, len as u64, write)?;
         let key = self.mrs.reg(addr as u64, len as u64, access)?;
         Ok(SoftMr { mrs: self.mrs.clone(), key, live: true })
     }

@@ -6,46 +6,30 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::ratelimit::{RateLimit, suppressed};
+
 /// At most one line per kind per period.
 pub const PERIOD: Duration = Duration::from_secs(5);
 
-/// One kind of warning of one device.
+/// One kind of warning of one device: the crate's [`RateLimit`] (one line per period, the
+/// next one says how many were held back), and a count of the lines written (tests read it).
 pub struct Limited {
-    /// When the last line was written, in ns since `epoch` (0: never).
-    last: AtomicU64,
-    /// Lines left out since.
-    dropped: AtomicU64,
-    /// Lines written (tests read it).
+    limit: RateLimit,
     written: AtomicU64,
-    epoch: Instant,
 }
 
 impl Default for Limited {
     fn default() -> Self {
-        Limited {
-            last: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-            written: AtomicU64::new(0),
-            epoch: Instant::now(),
-        }
+        Limited { limit: RateLimit::new(PERIOD), written: AtomicU64::new(0) }
     }
 }
 
 impl Limited {
     /// Logs `what()` at WARN unless a line of this kind was written less than a period ago.
     pub fn warn(&self, what: impl FnOnce() -> String) {
-        let now = self.epoch.elapsed().as_nanos() as u64 + 1;
-        let last = self.last.load(Ordering::Relaxed);
-        if last != 0 && now - last < PERIOD.as_nanos() as u64
-            || self.last.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err()
-        {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
-        self.written.fetch_add(1, Ordering::Relaxed);
-        match self.dropped.swap(0, Ordering::Relaxed) {
-            0 => log::warn!("{}", what()),
-            n => log::warn!("{} ({n} more like it in the last {PERIOD:?} not logged)", what()),
+        if let Some(held) = self.limit.admit(Instant::now()) {
+            self.written.fetch_add(1, Ordering::Relaxed);
+            log::warn!("{}{}", what(), suppressed(held));
         }
     }
 
@@ -81,6 +65,6 @@ mod tests {
             l.warn(|| "x".into());
         }
         assert_eq!(l.written(), 1);
-        assert_eq!(l.dropped.load(Ordering::Relaxed), 999);
+        assert_eq!(l.limit.take_held(), 999);
     }
 }

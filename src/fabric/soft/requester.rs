@@ -118,12 +118,6 @@ impl Requester {
         &mut self.sq[(seq & mask) as usize]
     }
 
-    /// Send-queue slots allocated now (tests).
-    #[cfg(test)]
-    pub fn slots(&self) -> usize {
-        self.sq.len()
-    }
-
     /// Makes room for `more` WRs beyond those queued: doubles the storage (control path:
     /// only while a QP's use deepens, at most log2(depth) times).
     #[cold]

@@ -15,7 +15,12 @@ mod direct;
 mod fake;
 mod links;
 
-const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 14, retry_cnt: 1 };
+// The default liveness bound (~34 s without a byte from the peer): with 134 ms, a transfer
+// fails with RetryExceeded whenever the process waits that long for a core (tests/soft_fabric.rs
+// saw it with both cores busy elsewhere).
+const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 20, retry_cnt: 7 };
+// 4.096 us * 2^14 * 2 = 134 ms: for the fake peer that never answers, whose test waits that long.
+const SILENT_PEER_PARAMS: ConnectParams = ConnectParams { timeout: 14, retry_cnt: 1, ..PARAMS };
 const GUARD: usize = 64;
 
 /// Which kind of soft device a test runs on.
@@ -388,11 +393,6 @@ fn unsafe_word(addr: u64) -> &'static std::sync::atomic::AtomicU64 {
     // SAFETY: test-only: `addr` is an 8-aligned word of a buffer that outlives the test body
     // (leaked through 'static only for the duration of the test).
     unsafe { std::sync::atomic::AtomicU64::from_ptr(addr as *mut u64) }
-}
-
-fn tcp_end() -> End {
-    let p = devices(Mode::Tcp);
-    End::new(p.0.clone(), 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
 }
 
 #[test]
