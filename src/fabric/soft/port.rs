@@ -560,25 +560,36 @@ impl<C: Station> Port<C> {
         let key = LinkKey { remote: src_dev, dials: false };
         let peer = sock.peer_addr().unwrap_or(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), 0));
         let fd = OwnedFd::from(sock);
-        let existing = self.net().links.lock().get(&key).cloned();
-        if let Some(l) = existing {
+        // Looked up and, if missing, inserted under one lock of the table: a QP's `link_for`
+        // may create the awaiting link at the same moment, and a link inserted over it would
+        // leave that QP on a link no socket ever comes to (its peer's CONNECT would arrive
+        // on this one: "another link than this QP's", and the QP would wait forever).
+        let link = loop {
+            let (l, created) = {
+                let mut t = self.net().links.lock();
+                match t.get(&key) {
+                    Some(l) => (l.clone(), false),
+                    None => {
+                        let l = Arc::new(Link::new(key, peer, self.mrs.clone(), self.qps.clone()));
+                        t.insert(key, l.clone());
+                        (l, true)
+                    }
+                }
+            };
             let mut st = l.lock();
             if st.phase == Phase::Awaiting {
                 st.phase = Phase::Up;
                 st.since = Instant::now();
                 self.adopt(&l, &mut st, fd, false);
-                return;
+                if !created {
+                    return;
+                }
+                drop(st);
+                break l;
             }
             // The peer dialed again: it has given up on the link there was.
             self.down(&l, &mut st, "the peer dialed again");
-        }
-        let link = Arc::new(Link::new(key, peer, self.mrs.clone(), self.qps.clone()));
-        {
-            let mut st = link.lock();
-            st.phase = Phase::Up;
-            self.adopt(&link, &mut st, fd, false);
-        }
-        self.net().links.lock().insert(key, link.clone());
+        };
         a.orphans.retain(|w| w.upgrade().is_some_and(|l| l.try_lock().is_none_or(|s| !s.used && s.unused())));
         a.orphans.push_back(Arc::downgrade(&link));
         if a.orphans.len() > MAX_ORPHANS
