@@ -209,10 +209,15 @@ fn the_writer_sleeps_between_writes_and_stops_when_dropped() {
     let n = renders.load(std::sync::atomic::Ordering::Relaxed);
     // About 4 writes; a thread that spun would have written thousands of times.
     assert!((1..=6).contains(&n), "{n} writes in 450 ms at a 100 ms interval");
+    drop(w);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "rail0_x: 1\n");
+    // Stopping wakes the sleeping thread: with a 10-minute interval, a drop that waited for
+    // the deadline would take 10 minutes; 30 s leaves any busy machine room to schedule it.
+    let w = StatsWriter::spawn(path.clone(), Duration::from_secs(600), || String::new()).unwrap();
+    std::thread::sleep(Duration::from_millis(20)); // let the thread reach its sleep
     let t0 = Instant::now();
     drop(w);
-    assert!(t0.elapsed() < Duration::from_millis(90), "stop did not wake the sleeping thread");
-    assert_eq!(std::fs::read_to_string(&path).unwrap(), "rail0_x: 1\n");
+    assert!(t0.elapsed() < Duration::from_secs(30), "stop did not wake the sleeping thread");
     std::fs::remove_dir_all(&d).unwrap();
 }
 
