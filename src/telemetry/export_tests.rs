@@ -213,7 +213,7 @@ fn the_writer_sleeps_between_writes_and_stops_when_dropped() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "rail0_x: 1\n");
     // Stopping wakes the sleeping thread: with a 10-minute interval, a drop that waited for
     // the deadline would take 10 minutes; 30 s leaves any busy machine room to schedule it.
-    let w = StatsWriter::spawn(path.clone(), Duration::from_secs(600), || String::new()).unwrap();
+    let w = StatsWriter::spawn(path.clone(), Duration::from_secs(600), String::new).unwrap();
     std::thread::sleep(Duration::from_millis(20)); // let the thread reach its sleep
     let t0 = Instant::now();
     drop(w);
