@@ -113,25 +113,68 @@ fn memory_that_is_not_mapped_writable_is_refused_at_registration() {
     let (send, recv) = comms(&net);
     let read_only = map(2, libc::PROT_READ);
     let none = map(2, libc::PROT_NONE);
-    let hole = map(3, libc::PROT_READ | libc::PROT_WRITE);
-    // SAFETY: unmaps the middle page of the mapping just made, which nothing else uses.
-    assert_eq!(unsafe { libc::munmap((hole + PAGE as u64) as *mut c_void, PAGE) }, 0);
-    for (what, addr, size) in [
-        ("a read-only mapping", read_only + 100, PAGE),
-        ("a PROT_NONE mapping", none, 64),
-        ("a range with an unmapped page in it", hole + 8, 2 * PAGE),
-        ("a range running off the end of a mapping", hole + 2 * PAGE as u64, 2 * PAGE),
-    ] {
-        match net.reg_mr(recv, addr, size) {
-            Err(code) => assert_eq!(code, INVALID_ARGUMENT, "{what}"),
-            Ok(mh) => {
-                // What the issue saw: the peer's data arriving there kills the process.
-                receive_into(&net, send, recv, addr, mh, size);
-                panic!("{what} was registered (and survived a receive into it)");
+    for (what, addr, size) in [("a read-only mapping", read_only + 100, PAGE), ("a PROT_NONE mapping", none, 64)] {
+        refused(&net, send, recv, what, addr, size);
+    }
+    // An unmapped page is a hole another thread's mmap may fill at any moment (the plugin's
+    // own threads allocate): a registration that succeeded over a hole that is no longer
+    // one was right to, and the case is made again with a fresh hole.
+    for attempt in 0.. {
+        assert!(attempt < 20, "another thread's mappings kept filling the hole");
+        let hole = map(3, libc::PROT_READ | libc::PROT_WRITE);
+        unmap(hole + PAGE as u64); // the middle page
+        let tail = map(4, libc::PROT_READ | libc::PROT_WRITE);
+        unmap(tail + 3 * PAGE as u64); // the last page
+        let mut redo = false;
+        for (what, addr, size, gap) in [
+            ("a range with an unmapped page in it", hole + 8, 2 * PAGE, hole + PAGE as u64),
+            ("a range running off the end of a mapping", tail + 2 * PAGE as u64, 2 * PAGE, tail + 3 * PAGE as u64),
+        ] {
+            match net.reg_mr(recv, addr, size) {
+                Err(code) => assert_eq!(code, INVALID_ARGUMENT, "{what}"),
+                Ok(mh) if !is_unmapped(gap) => {
+                    net.dereg_mr(recv, mh).unwrap();
+                    redo = true;
+                }
+                Ok(mh) => {
+                    receive_into(&net, send, recv, addr, mh, size);
+                    panic!("{what} was registered (and survived a receive into it)");
+                }
             }
         }
+        if !redo {
+            // The writable parts of the same mappings register.
+            let ok = net.reg_mr(recv, hole, PAGE).expect("the mapped page before the hole");
+            net.dereg_mr(recv, ok).unwrap();
+            let ok = net.reg_mr(recv, tail, 3 * PAGE).expect("the mapped pages before the end");
+            net.dereg_mr(recv, ok).unwrap();
+            break;
+        }
     }
-    // The writable parts of the same mappings register.
-    let ok = net.reg_mr(recv, hole, PAGE).expect("the mapped page before the hole");
-    net.dereg_mr(recv, ok).unwrap();
+}
+
+/// `regMr(addr, size)` fails with ncclInvalidArgument; a success is tried for real first.
+fn refused(net: &Net, send: Handle, recv: Handle, what: &str, addr: u64, size: usize) {
+    match net.reg_mr(recv, addr, size) {
+        Err(code) => assert_eq!(code, INVALID_ARGUMENT, "{what}"),
+        Ok(mh) => {
+            // What the issue saw: the peer's data arriving there kills the process.
+            receive_into(net, send, recv, addr, mh, size);
+            panic!("{what} was registered (and survived a receive into it)");
+        }
+    }
+}
+
+/// Unmaps the page at `addr` (of a mapping this test made).
+fn unmap(addr: u64) {
+    // SAFETY: a page of a mapping this test just made and nothing else uses.
+    assert_eq!(unsafe { libc::munmap(addr as *mut c_void, PAGE) }, 0);
+}
+
+/// Whether the page at `addr` is mapped by nobody (msync answers ENOMEM for such a page).
+fn is_unmapped(addr: u64) -> bool {
+    // SAFETY: msync only inspects the mapping at this page-aligned address; nothing is
+    // read or written.
+    let r = unsafe { libc::msync(addr as *mut c_void, PAGE, libc::MS_ASYNC) };
+    r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ENOMEM)
 }
