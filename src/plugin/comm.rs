@@ -325,11 +325,10 @@ impl<D: Device> SendComm<D> {
     #[inline(always)]
     fn take_inboxes(&mut self, rails: RailMask, now: u64) -> Result<bool> {
         let mut took = false;
-        for rail in 0..RAILS {
-            if rails.contains(rail) {
-                let engine = &mut self.engine;
-                took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(now, rail, c))?;
-            }
+        // Only the rails of the set are visited (one, on a single-rail split).
+        for rail in rails.iter() {
+            let engine = &mut self.engine;
+            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(now, rail, c))?;
         }
         Ok(took)
     }
@@ -339,10 +338,7 @@ impl<D: Device> SendComm<D> {
     /// any order.)
     #[inline(always)]
     fn poll_nics(&mut self, rails: RailMask, now: u64) -> Result<()> {
-        for rail in 0..RAILS {
-            if !rails.contains(rail) {
-                continue;
-            }
+        for rail in rails.iter() {
             let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
             let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
