@@ -148,6 +148,26 @@ impl Inbox {
         n
     }
 
+    /// Hands every queued completion to `f`, oldest first, decoded on the stack (no copy
+    /// through a buffer); returns how many. Only the connection's owner calls this.
+    #[inline(always)]
+    pub fn pop_each(&self, mut f: impl FnMut(&Completion)) -> usize {
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Relaxed);
+        let n = tail.wrapping_sub(head);
+        for i in 0..n {
+            let s = &self.slots[head.wrapping_add(i) & self.mask];
+            f(&decode([
+                s[0].load(Ordering::Relaxed),
+                s[1].load(Ordering::Relaxed),
+                s[2].load(Ordering::Relaxed),
+                s[3].load(Ordering::Relaxed),
+            ]));
+        }
+        self.head.store(tail, Ordering::Release);
+        n
+    }
+
     /// Whether a completion found the ring full.
     #[inline]
     pub fn overflowed(&self) -> bool {

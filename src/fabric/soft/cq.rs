@@ -153,6 +153,16 @@ impl CompletionQueue for SoftCq {
         Ok(unsafe { self.shared.pop_into(out) })
     }
 
+    /// The completions are read in the ring (the poller routes each without a copy).
+    #[inline(always)]
+    fn poll_each(&mut self, buf: &mut [Completion], f: impl FnMut(&Completion)) -> Result<usize> {
+        if self.shared.has_work() {
+            self.step();
+        }
+        // SAFETY: as in `poll`: this is the ring's one consumer.
+        Ok(unsafe { self.shared.pop_each(buf.len(), f) })
+    }
+
     fn resize(&mut self, depth: u32) -> Result<()> {
         // SAFETY: as in `poll`: this is the ring's one consumer, not polling now (`&mut self`).
         unsafe { self.shared.grow(depth) };

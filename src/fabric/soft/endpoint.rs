@@ -83,6 +83,16 @@ impl CqShared {
         // SAFETY: forwarded from the caller.
         unsafe { self.ring.pop_into(out) }
     }
+
+    /// Hands up to `max` of the oldest completions to `f` in place; returns how many.
+    ///
+    /// # Safety
+    /// One consumer: only the CQ's poller calls this (see [`CqRing::pop_each`]).
+    #[inline(always)]
+    pub unsafe fn pop_each(&self, max: usize, f: impl FnMut(&crate::fabric::Completion)) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ring.pop_each(max, f) }
+    }
 }
 
 /// The connections attached to a CQ: its poll steps them. Held by the CQ and by each

@@ -108,6 +108,32 @@ impl CqRing {
         n
     }
 
+    /// Hands up to `max` of the oldest completions to `f` where they lie (no copy); returns
+    /// how many. They are released (`head` moves past them) after the last `f` returns.
+    ///
+    /// # Safety
+    /// One consumer: no other thread may be in `pop_into`/`pop_each` on this ring at the
+    /// same time.
+    #[inline(always)]
+    pub unsafe fn pop_each(&self, max: usize, mut f: impl FnMut(&Completion)) -> usize {
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Relaxed);
+        if tail == head {
+            return 0;
+        }
+        let n = max.min(tail.wrapping_sub(head));
+        // SAFETY: only the consumer (the caller) replaces the array.
+        let buf = unsafe { &*self.buf.get() };
+        for i in 0..n {
+            // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load
+            // of `tail`, and no producer writes it until `head` moves past it (below, after
+            // `f` is done with it).
+            f(unsafe { &*buf.slots[head.wrapping_add(i) & buf.mask].get() });
+        }
+        self.head.store(head.wrapping_add(n), Ordering::Release);
+        n
+    }
+
     /// Makes room for `depth` completions (never shrinks), keeping those queued.
     ///
     /// # Safety
