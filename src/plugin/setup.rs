@@ -288,10 +288,13 @@ impl<D: Device> Connecting<D> {
 }
 
 /// How long a new set-up connection has to send its Hello (at most
-/// `MPIB_CONNECT_TIMEOUT_MS`). A real connector sends it as soon as its TCP connect
-/// completes, and whatever it sent is read before this deadline is checked, so only a
-/// stranger that says nothing meets it.
-pub const HELLO_WITHIN: Duration = Duration::from_secs(5);
+/// `MPIB_CONNECT_TIMEOUT_MS`). A real connector sends it once its TCP connect completed and
+/// its QPs are made, and whatever it sent is read before this deadline is checked. Not
+/// short: a stranger that says nothing costs only a pending slot (the listener keeps up to
+/// `MAX_PENDING` and makes room by dropping the oldest silent one), while a deadline a real
+/// peer can miss fails its `connect` (5 s did: 64 connects on one communicator, Soft-RoCE
+/// under qemu on a busy host, each making its QPs before the next).
+pub const HELLO_WITHIN: Duration = Duration::from_secs(30);
 
 /// Why a pending set-up ended without a receive comm.
 #[derive(Debug)]
