@@ -7,6 +7,7 @@ mod gpu_memory;
 mod harness;
 mod interleavings;
 mod keepalive;
+mod memory;
 mod messages;
 mod model;
 mod probes;
