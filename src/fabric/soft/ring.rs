@@ -88,24 +88,18 @@ impl CqRing {
     /// loads.
     ///
     /// # Safety
-    /// One consumer: no other thread may be in `pop_into` on this ring at the same time.
+    /// One consumer: no other thread may be in `pop_into`/`pop_each` on this ring at the
+    /// same time.
     #[inline]
     pub unsafe fn pop_into(&self, out: &mut [Completion]) -> usize {
-        let tail = self.tail.load(Ordering::Acquire);
-        let head = self.head.load(Ordering::Relaxed);
-        if tail == head {
-            return 0;
+        let mut n = 0;
+        // SAFETY: the caller is the one consumer (this function's own contract).
+        unsafe {
+            self.pop_each(out.len(), |c| {
+                out[n] = *c;
+                n += 1;
+            })
         }
-        let n = out.len().min(tail.wrapping_sub(head));
-        // SAFETY: only the consumer (the caller) replaces the array.
-        let buf = unsafe { &*self.buf.get() };
-        for (i, o) in out[..n].iter_mut().enumerate() {
-            // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load
-            // of `tail`, and no producer writes it until `head` moves past it (below).
-            *o = unsafe { *buf.slots[head.wrapping_add(i) & buf.mask].get() };
-        }
-        self.head.store(head.wrapping_add(n), Ordering::Release);
-        n
     }
 
     /// Hands up to `max` of the oldest completions to `f` where they lie (no copy); returns
