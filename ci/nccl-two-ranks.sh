@@ -279,8 +279,8 @@ run_nccl_tests() {
   for t in sendrecv_perf all_reduce_perf alltoall_perf; do
     [[ -x $bindir/$t ]] || { fail "nccl-tests: $bindir/$t is missing"; return; }
   done
-  # Captured first: `ldd | grep -q` under pipefail failed at random (grep -q exits at the
-  # first match, ldd then dies of SIGPIPE and the pipeline fails) and reported "no MPI".
+  # Captured first: piping ldd into an early-exiting grep failed at random under pipefail
+  # (grep leaves at the first match, ldd then dies of SIGPIPE) and reported "no MPI".
   local linked mpirun_version
   linked=$(ldd "$bindir/sendrecv_perf" 2>/dev/null || true)
   if ! grep -q 'libmpi' <<<"$linked"; then

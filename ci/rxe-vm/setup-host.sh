@@ -10,7 +10,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=ci/rxe-vm/lib.sh
 . "$HERE/lib.sh"
 
-# (No `dpkg-query | grep -q` here: under pipefail, grep -q's early exit can fail the pipeline.)
+# (dpkg-query's output is not piped into an early-exiting grep: under pipefail that can fail.)
 installed() {
   local status
   status=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
