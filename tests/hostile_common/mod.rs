@@ -7,34 +7,29 @@ pub mod abi;
 
 use std::process::Command;
 
-/// Set in a child: the test it runs is the scenario itself.
-pub const CHILD: &str = "HOSTILE_TEST_CHILD";
+#[path = "../common/mod.rs"]
+mod common;
+
+pub use common::is_child;
 
 /// The soft fabric on loopback, both rails.
 pub const SOFT: &[(&str, &str)] =
     &[("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")];
 
-pub fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
-}
-
 /// A command that runs test `name` of this binary as a child with `env` (the soft fabric on
 /// loopback first, `env` after it).
 pub fn child_command(name: &str, env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
-    for (k, v) in SOFT.iter().chain(env) {
-        cmd.env(k, v);
-    }
-    cmd
+    common::child_command(name, &with_soft(env))
 }
 
-/// Runs test `name` in a child with `env`; asserts it passed; returns its output.
+/// Runs test `name` in a child on the soft fabric with `env`; asserts it passed; returns
+/// its output.
 pub fn in_child(name: &str, env: &[(&str, &str)]) -> String {
-    let out = child_command(name, env).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed ({}):\n{text}", out.status);
-    text
+    common::child_output(name, &with_soft(env))
+}
+
+fn with_soft<'a>(env: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    SOFT.iter().chain(env).copied().collect()
 }
 
 pub fn hex(b: &[u8]) -> String {
