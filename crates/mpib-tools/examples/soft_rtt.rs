@@ -202,26 +202,11 @@ fn rank_main(rank: u64, ctl_addr: Option<String>, iters: usize, rounds: usize) -
     // The plugin: one send comm and one receive comm each way, on device 0.
     let plugin = Plugin::open(&default_plugin(), None)?;
     let net = plugin.init()?;
-    let mut listen = net.listen(0)?;
+    let listen = net.listen(0)?;
     ctl.send("handle", listen.handle())?;
     let peer: [u8; mpib_tools::net::HANDLE_BYTES] =
         ctl.expect("handle", TIMEOUT)?.try_into().map_err(|_| bad("handle size"))?;
-    let mut connector = net.connector(0, &peer);
-    let (mut send, mut recv) = (None, None);
-    let end = Instant::now() + TIMEOUT;
-    while send.is_none() || recv.is_none() {
-        if send.is_none() {
-            send = connector.poll()?;
-        }
-        if recv.is_none() {
-            recv = listen.accept()?;
-        }
-        if Instant::now() > end {
-            return Err(Error::timeout("connect/accept did not finish"));
-        }
-    }
-    listen.close()?;
-    let (send, recv) = (send.expect("connected"), recv.expect("accepted"));
+    let (send, recv) = mpib_tools::net::connect_same_thread(&mut net.connector(0, &peer), listen, TIMEOUT)?;
     let (sa, ra) = (Arena::new(4096)?, Arena::new(4096)?);
     let (smr, rmr) = (send.reg_mr(&sa)?, recv.reg_mr(&ra)?);
     if rank == 0 {
