@@ -107,8 +107,12 @@ pub struct RecvEngine {
     outstanding: usize,
     flushes: [FlushReq; MAX_FLUSHES],
     error: ErrorState,
-    /// Last completion or post (ns), for keepalives.
-    last_activity_ns: u64,
+    /// A completion or a post happened since the last keepalive check. A flag, not a time:
+    /// the data path reads no clock for it (two clock reads a message, ~35 instructions);
+    /// the next check that finds it set starts the quiet period then.
+    active: bool,
+    /// When the current quiet period started (ns): the first keepalive check after activity.
+    quiet_since_ns: u64,
     /// The rail a keepalive is in flight on, if any.
     keepalive: Option<usize>,
     /// Keepalives sent so far (they alternate rails).
@@ -127,7 +131,8 @@ impl RecvEngine {
             outstanding: 0,
             flushes: [FlushReq::default(); MAX_FLUSHES],
             error: ErrorState::default(),
-            last_activity_ns: 0,
+            active: false,
+            quiet_since_ns: 0,
             keepalive: None,
             keepalives: 0,
         }
@@ -162,13 +167,7 @@ impl RecvEngine {
     /// `irecv`: writes the CTS entries into `mem` and appends the CTS chain to `out`.
     /// Inlined into the comm's `irecv`, its one caller (saves a frame on every receive).
     #[inline(always)]
-    pub fn irecv(
-        &mut self,
-        now_ns: u64,
-        bufs: &[RecvBuf],
-        mem: &mut impl RecvMemory,
-        out: &mut Posts,
-    ) -> Result<Option<u16>> {
+    pub fn irecv(&mut self, bufs: &[RecvBuf], mem: &mut impl RecvMemory, out: &mut Posts) -> Result<Option<u16>> {
         self.error.check()?;
         let n = bufs.len();
         if n == 0 || n > MAX_RECVS {
@@ -217,7 +216,7 @@ impl RecvEngine {
         self.stats[rail].count_post(1, 0, 0, 0);
         self.fifo_tail += 1;
         self.outstanding += 1;
-        self.last_activity_ns = now_ns;
+        self.active = true;
         Ok(Some(slot as u16))
     }
 
@@ -230,9 +229,9 @@ impl RecvEngine {
     }
 
     /// A completion polled from `rail`'s CQ.
-    pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
+    pub fn on_completion(&mut self, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
         self.stats[rail].count_cqes(1);
-        self.last_activity_ns = now_ns;
+        self.active = true;
         let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
         // A broken connection interprets nothing more: its peer's IMMs are not trusted.
         self.error.check()?;
@@ -436,11 +435,19 @@ impl RecvEngine {
     /// While receives wait and nothing has completed for [`KEEPALIVE_NS`](super::KEEPALIVE_NS),
     /// a tiny signalled WRITE to the sender's scratch word (alternating rails, one at a time):
     /// RC gives a receiver whose sender died no completion at all, the keepalive fails.
+    ///
+    /// The silence is timed from the first call after the last activity (a receive posted,
+    /// a completion), not from the activity itself: the data path records activity as a
+    /// flag, without reading the clock. A caller that waits calls this at once (NCCL polls
+    /// `test` in a loop), so the period starts within one poll of the activity.
     pub fn poll_keepalive(&mut self, now_ns: u64, out: &mut Posts) {
+        if std::mem::take(&mut self.active) {
+            self.quiet_since_ns = now_ns;
+        }
         if self.error.is_set() || self.outstanding == 0 || self.keepalive.is_some() {
             return;
         }
-        if now_ns.saturating_sub(self.last_activity_ns) < super::KEEPALIVE_NS {
+        if now_ns.saturating_sub(self.quiet_since_ns) < super::KEEPALIVE_NS {
             return;
         }
         let rails = self.cfg.rails_mask;
@@ -465,7 +472,7 @@ impl RecvEngine {
         self.stats[rail].counters.probes.add(1);
         self.keepalive = Some(rail);
         self.keepalives += 1;
-        self.last_activity_ns = now_ns;
+        self.quiet_since_ns = now_ns;
     }
 
     /// Whether request `id` is in flight.

@@ -412,7 +412,7 @@ impl<D: Device> RecvComm<D> {
     /// SRQs are stocked for every receive it may have outstanding (`nic.rs`).
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
         self.posts.clear();
-        let r = self.engine.irecv(now_ns(), bufs, &mut RecvMem(&self.region), &mut self.posts)?;
+        let r = self.engine.irecv(bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         Ok(r)
     }
@@ -432,25 +432,25 @@ impl<D: Device> RecvComm<D> {
     /// The completions of both rails that other callers polled for this connection;
     /// whether there were any.
     #[inline(always)]
-    fn take_inboxes(&mut self, now: u64) -> Result<bool> {
+    fn take_inboxes(&mut self) -> Result<bool> {
         let mut took = false;
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);
             let engine = &mut self.engine;
-            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
+            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(rail, c, &mem))?;
         }
         Ok(took)
     }
 
     /// Polls both rails' NICs where the poll lock is free (the poll tops the SRQ up).
     #[inline(always)]
-    fn poll_nics(&mut self, now: u64) -> Result<()> {
+    fn poll_nics(&mut self) -> Result<()> {
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);
             let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
             let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
-                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.on_completion(now, rail, c, &mem));
+                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.on_completion(rail, c, &mem));
                 fabric(engine, r)?;
                 let rnr = nic.take_rnr();
                 if rnr > 0 {
@@ -464,18 +464,18 @@ impl<D: Device> RecvComm<D> {
     /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
     /// once done, the sizes are in `sizes` and their number is returned.
     pub fn test(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
-        let now = now_ns();
         // (Only what the inboxes brought can have completed it since the last call.)
-        if self.take_inboxes(now)?
+        if self.take_inboxes()?
             && let Some(n) = self.engine.test_into(id, sizes)?
         {
             return Ok(Some(n));
         }
-        self.poll_nics(now)?;
+        self.poll_nics()?;
         let done = self.engine.test_into(id, sizes)?;
         if done.is_none() {
+            // The clock is read only here, by a caller that waits (keepalives).
             self.posts.clear();
-            self.engine.poll_keepalive(now, &mut self.posts);
+            self.engine.poll_keepalive(now_ns(), &mut self.posts);
             post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         }
         Ok(done)

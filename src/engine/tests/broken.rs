@@ -26,7 +26,7 @@ pub fn assert_recv_broken(p: &mut Pair, first: &Error) {
     let want = failed_earlier(first);
     let ra = p.recv_buf(64);
     let errs = [
-        p.r.irecv(p.now, &[rbuf(ra, 64, 0)], &mut p.rs, &mut p.posts).unwrap_err(),
+        p.r.irecv(&[rbuf(ra, 64, 0)], &mut p.rs, &mut p.posts).unwrap_err(),
         p.r.test(0).unwrap_err(),
         p.r.iflush(FlushBuf { addr: ra, rkeys: [61, 62] }, &mut p.posts).unwrap_err(),
         // A well-formed IMM for the posted slot is no longer interpreted.

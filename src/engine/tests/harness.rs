@@ -228,7 +228,7 @@ impl Pair {
 
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Option<u16> {
         self.refill();
-        let id = self.r.irecv(self.now, bufs, &mut self.rs, &mut self.posts).expect("irecv");
+        let id = self.r.irecv(bufs, &mut self.rs, &mut self.posts).expect("irecv");
         self.enqueue(Dir::ToSend);
         id
     }
@@ -406,7 +406,7 @@ impl Pair {
 
     /// Hands the receiver a completion as if polled from `rail`'s CQ.
     pub fn inject_recv(&mut self, rail: usize, c: Completion) -> crate::Result<()> {
-        self.r.on_completion(self.now, rail, &c, &self.rs)
+        self.r.on_completion(rail, &c, &self.rs)
     }
 
     /// Hands the sender a completion as if polled from `rail`'s CQ.
@@ -428,7 +428,7 @@ impl Pair {
     pub fn poll_recv(&mut self) -> crate::Result<()> {
         for rail in 0..RAILS {
             while let Some(c) = self.cq_r[rail].pop_front() {
-                self.r.on_completion(self.now, rail, &c, &self.rs)?;
+                self.r.on_completion(rail, &c, &self.rs)?;
             }
         }
         Ok(())

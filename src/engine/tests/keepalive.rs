@@ -59,9 +59,11 @@ fn a_receiver_waiting_in_silence_writes_one_keepalive_to_the_sender_scratch() {
     p.keepalive();
     assert!(p.log.iter().all(|(_, _, _, wr)| wr.wr_id >> 60 != 4), "no receive outstanding: no keepalive");
     let (id, _) = p.irecv_one(64);
+    p.keepalive(); // the first check after the receive starts the silence
+    let n = p.log.len();
     p.now += KEEPALIVE_NS - 1;
     p.keepalive();
-    let n = p.log.len();
+    assert_eq!(p.log.len(), n, "nothing before KEEPALIVE_NS of silence");
     p.now += 1;
     p.keepalive();
     assert_eq!(p.log.len(), n + 1, "one keepalive after KEEPALIVE_NS of silence");
@@ -72,23 +74,49 @@ fn a_receiver_waiting_in_silence_writes_one_keepalive_to_the_sender_scratch() {
     p.keepalive();
     assert_eq!(p.log.len(), n + 1, "at most one in flight");
     p.deliver_all();
-    p.poll_recv().unwrap();
+    p.poll_recv().unwrap(); // the keepalive's completion: activity, the silence restarts
+    p.keepalive();
     p.now += KEEPALIVE_NS;
     p.keepalive();
+    assert_eq!(p.log.len(), n + 2);
     assert_eq!(p.log.last().unwrap().1, SUP, "the next one goes on the other rail");
     assert_eq!(p.r.counters()[SOUT].probes + p.r.counters()[SUP].probes, 2);
     assert_eq!(p.r.test(id).unwrap(), None, "keepalives complete no receive");
+}
+
+/// Activity (a receive posted, a completion) restarts the silence: the engine keeps it as a
+/// flag the next check turns into a start time (the data path reads no clock).
+#[test]
+fn activity_restarts_the_receivers_silence() {
+    let mut p = Pair::new(Opts::default());
+    let is_keepalive = |wr: &crate::fabric::SendWr| wr.wr_id >> 60 == WrKind::Probe.id(SOUT, 0) >> 60;
+    let keepalives = |p: &Pair| p.log.iter().filter(|(_, _, _, wr)| is_keepalive(wr)).count();
+    p.irecv_one(64);
+    p.keepalive();
+    p.now += KEEPALIVE_NS / 2;
+    p.irecv_one(64); // activity half-way through the silence
+    p.now += KEEPALIVE_NS / 2;
+    p.keepalive();
+    assert_eq!(keepalives(&p), 0, "the second receive restarted the silence");
+    p.now += KEEPALIVE_NS - 1;
+    p.keepalive();
+    assert_eq!(keepalives(&p), 0, "not before KEEPALIVE_NS since the restart");
+    p.now += 1;
+    p.keepalive();
+    assert_eq!(keepalives(&p), 1, "one after KEEPALIVE_NS of silence since the restart");
 }
 
 #[test]
 fn a_failed_keepalive_is_the_error_the_waiting_receiver_sees() {
     let mut p = Pair::new(Opts::default());
     let (id, _) = p.irecv_one(64);
+    p.keepalive();
     p.now += KEEPALIVE_NS;
     p.keepalive();
+    assert!(p.log.iter().any(|(_, _, _, wr)| wr.wr_id == WrKind::Probe.id(SOUT, 0)), "the keepalive went out");
     let wr_id = WrKind::Probe.id(SOUT, 0);
     let c = Completion { wr_id, status: WcStatus::RetryExceeded, opcode: WcOpcode::RdmaWrite, ..Completion::default() };
-    let e = p.r.on_completion(p.now, SOUT, &c, &p.rs).unwrap_err();
+    let e = p.r.on_completion(SOUT, &c, &p.rs).unwrap_err();
     let want = CompletionFailed { rail: SOUT, what: FailedWr::ProbeWrite, slot: None, status: WcStatus::RetryExceeded };
     assert_eq!(e.cause, Cause::CompletionFailed(want));
     let later = p.r.test(id).unwrap_err();

@@ -197,7 +197,7 @@ fn a_slot_still_outstanding_makes_irecv_wait_without_breaking_the_connection() {
         assert_eq!(p.test_recv(i).unwrap().unwrap().sizes[0], 64);
     }
     let ra = p.recv_buf(64);
-    let r = p.r.irecv(p.now, &[rbuf(ra, 64, 0)], &mut p.rs, &mut p.posts).expect("not an error");
+    let r = p.r.irecv(&[rbuf(ra, 64, 0)], &mut p.rs, &mut p.posts).expect("not an error");
     assert_eq!(r, None, "not now: slot 0 is still outstanding");
     assert_eq!(p.posts.n, 0, "nothing posted for the deferred receive");
     assert!(p.r.error().is_none(), "waiting does not break the connection");
@@ -214,7 +214,7 @@ fn too_many_receives_in_flight_are_refused_without_breaking_the_connection() {
     for (i, &ra) in ras[..32].iter().enumerate() {
         assert_eq!(p.irecv(&[rbuf(ra, 64, 0)]), Some(i as u16));
     }
-    let e = p.r.irecv(p.now, &[rbuf(ras[32], 64, 0)], &mut p.rs, &mut p.posts);
+    let e = p.r.irecv(&[rbuf(ras[32], 64, 0)], &mut p.rs, &mut p.posts);
     rejected(e, Refused::TooManyRecvs { max: 32 });
     assert_eq!(p.posts.n, 0);
     assert!(p.r.error().is_none());
