@@ -449,7 +449,11 @@ impl<D: Device> Accepting<D> {
         let AcceptStage::AwaitReady { mut got_ready } = self.stage else {
             return Err(Error::internal("accept: set-up stepped before its Hello"));
         };
-        if let Some(m) = self.conn.poll()? {
+        // Once Ready is read the set-up channel has done its job: the connector closes it as
+        // soon as Ready left (it is connected then), so it is not read again. Reading it
+        // while this side's QPs were still coming up took that EOF for a failed set-up
+        // (many_connections under load: "peer closed the set-up connection").
+        if !got_ready && let Some(m) = self.conn.poll()? {
             match wire::decode(&m)? {
                 Msg::Ready => got_ready = true,
                 Msg::Refusal(why) => return Err(Error::remote(format!("accept: the connecting peer gave up: {why}"))),
