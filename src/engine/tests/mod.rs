@@ -2,7 +2,9 @@
 //! the fake fabric of `harness.rs`.
 
 mod broken;
+mod failover;
 mod failures;
+mod faults;
 mod gpu_memory;
 mod harness;
 mod interleavings;
