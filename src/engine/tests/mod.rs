@@ -3,6 +3,7 @@
 
 mod broken;
 mod failover;
+mod failover_cases;
 mod failures;
 mod faults;
 mod gpu_memory;
