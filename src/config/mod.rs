@@ -102,6 +102,15 @@ pub struct Config {
     pub sl: Option<u8>,
     pub timeout: u8,
     pub retry_cnt: u8,
+    /// Rail failover (issue 19): a rail failure is survived while the other rail works.
+    /// Off: any rail failure fails the connection.
+    pub failover: bool,
+    /// A rail with signalled work outstanding and no completion for this long has failed
+    /// (0 = only the fabric's own detection).
+    pub stall_ms: u64,
+    /// Re-admission of a failed rail: first back-off, and its cap.
+    pub readmit_ms: u64,
+    pub readmit_max_ms: u64,
     pub rtt_alpha: f64,
     pub rtt_beta: f64,
     /// 0 = no probes.
@@ -139,6 +148,10 @@ impl Default for Config {
             sl: None,
             timeout: 20,
             retry_cnt: 7,
+            failover: true,
+            stall_ms: 2000,
+            readmit_ms: 100,
+            readmit_max_ms: 5000,
             rtt_alpha: 0.125,
             rtt_beta: 0.25,
             probe_interval_us: 1000,
@@ -240,6 +253,30 @@ pub const VARS: &[VarDoc] = &[
         meaning: "QP ACK timeout exponent (4.096 us * 2^n)",
     },
     VarDoc { name: "MPIB_RETRY_CNT", default: "7", accepted: "0-7", meaning: "QP transport retry count" },
+    VarDoc {
+        name: "MPIB_FAILOVER",
+        default: "1",
+        accepted: "0, 1",
+        meaning: "1: a rail failure is survived on the other rail (only missing parts resent); 0: it fails the connection",
+    },
+    VarDoc {
+        name: "MPIB_STALL_MS",
+        default: "2000",
+        accepted: "0-600000 (0 = off)",
+        meaning: "a rail with work outstanding and no completion for this long has failed",
+    },
+    VarDoc {
+        name: "MPIB_READMIT_MS",
+        default: "100",
+        accepted: "10-60000",
+        meaning: "first back-off before a failed rail is tried again (doubles per failed attempt)",
+    },
+    VarDoc {
+        name: "MPIB_READMIT_MAX_MS",
+        default: "5000",
+        accepted: "100-600000",
+        meaning: "cap of the re-admission back-off",
+    },
     VarDoc { name: "MPIB_RTT_ALPHA", default: "0.125", accepted: "0 < a <= 1", meaning: "SRTT gain (RFC 6298 alpha)" },
     VarDoc { name: "MPIB_RTT_BETA", default: "0.25", accepted: "0 < b <= 1", meaning: "RTTVAR gain (RFC 6298 beta)" },
     VarDoc {
@@ -348,6 +385,10 @@ impl Config {
                 "MPIB_SL" => parse_int(value, 0, 15).map(|n| c.sl = Some(n as u8)),
                 "MPIB_TIMEOUT" => parse_int(value, 1, 31).map(|n| c.timeout = n as u8),
                 "MPIB_RETRY_CNT" => parse_int(value, 0, 7).map(|n| c.retry_cnt = n as u8),
+                "MPIB_FAILOVER" => parse_word(value, &[("0", false), ("1", true)]).map(|b| c.failover = b),
+                "MPIB_STALL_MS" => parse_int(value, 0, 600_000).map(|n| c.stall_ms = n as u64),
+                "MPIB_READMIT_MS" => parse_int(value, 10, 60_000).map(|n| c.readmit_ms = n as u64),
+                "MPIB_READMIT_MAX_MS" => parse_int(value, 100, 600_000).map(|n| c.readmit_max_ms = n as u64),
                 "MPIB_RTT_ALPHA" => parse_gain(value).map(|g| c.rtt_alpha = g),
                 "MPIB_RTT_BETA" => parse_gain(value).map(|g| c.rtt_beta = g),
                 "MPIB_PROBE_INTERVAL_US" => parse_int(value, 0, 10_000_000).map(|n| c.probe_interval_us = n as u64),
