@@ -19,10 +19,8 @@ mod send;
 #[cfg(test)]
 mod tests;
 
-pub use failover::{
-    Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, FailoverPosts, RailState,
-};
 pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Violation};
+pub use failover::{Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, FailoverPosts, RailState};
 pub use recv::{FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{CallerWaits, CpuAccess, SendBuf, SendConfig, SendEngine};
 

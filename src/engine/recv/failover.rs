@@ -12,8 +12,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, oth
 use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
 use crate::engine::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, RecvMemory, SLOTS};
 use crate::engine::{
-    Action, CompletionFailed, CtlMemory, DownReason, Event, FailedWr, FailoverConfig, FailoverPosts, QpRef, RAILS,
-    RAIL_NAMES, RailMask, RailState, Violation, WrKind,
+    Action, CompletionFailed, CtlMemory, DownReason, Event, FailedWr, FailoverConfig, FailoverPosts, QpRef, RAIL_NAMES,
+    RAILS, RailMask, RailState, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
@@ -56,11 +56,7 @@ impl RecvEngine {
 
     /// The failover work of one call: fences to ask for, lost CTS writes to re-post,
     /// `Fenced` reports to write, the sender's control messages to read.
-    pub fn poll_failover(
-        &mut self,
-        mem: &mut (impl RecvMemory + CtlMemory),
-        out: &mut FailoverPosts,
-    ) -> Result<()> {
+    pub fn poll_failover(&mut self, mem: &mut (impl RecvMemory + CtlMemory), out: &mut FailoverPosts) -> Result<()> {
         self.error.check()?;
         if !self.fo.cfg.enabled {
             return Ok(());
@@ -187,14 +183,19 @@ impl RecvEngine {
     #[inline(never)]
     fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
         if !self.fo.cfg.enabled {
-            return Err(self.error.fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
+            return Err(self
+                .error
+                .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
         }
         if !self.fo.mark_failed(rail) {
             return Ok(());
         }
         self.live_rails = self.live_rails.without(rail);
         if self.live_rails.is_empty() {
-            log::warn!("recv: {} rail failed ({why:?}) and no other rail is up: the connection fails", RAIL_NAMES[rail]);
+            log::warn!(
+                "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails",
+                RAIL_NAMES[rail]
+            );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         log::warn!("recv: {} rail failed ({why:?}); fencing it before reporting to the sender", RAIL_NAMES[rail]);

@@ -11,8 +11,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS};
 use crate::engine::{
-    Action, CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, FailoverConfig, FailoverPosts, RAILS,
-    RAIL_NAMES, RailMask, RailState, SOUT, StrayCompletion, SUP, Violation, WrKind,
+    Action, CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, FailoverConfig, FailoverPosts, RAIL_NAMES,
+    RAILS, RailMask, RailState, SOUT, SUP, StrayCompletion, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
@@ -97,14 +97,19 @@ impl SendEngine {
     #[inline(never)]
     fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
         if !self.fo.cfg.enabled {
-            return Err(self.error.fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
+            return Err(self
+                .error
+                .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
         }
         if !self.fo.mark_failed(rail) {
             return Ok(());
         }
         self.tel[rail].on_error(); // the split no longer uses it, probes stop
         if self.fo.failed() == RailMask::BOTH {
-            log::warn!("send: {} rail failed ({why:?}) and the other rail is down: the connection fails", RAIL_NAMES[rail]);
+            log::warn!(
+                "send: {} rail failed ({why:?}) and the other rail is down: the connection fails",
+                RAIL_NAMES[rail]
+            );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         log::warn!(

@@ -125,7 +125,16 @@ impl Model {
         self.p.enqueue(Dir::ToSend);
         let Some(rid) = rid else { return Ok(()) }; // the slot's previous receive is out
         let n = spec.bufs.len();
-        self.live.push(Live { spec, seed, rid: Some(rid), addrs, sids: vec![None; n], sent: 0, recv_done: false, sends_done: 0 });
+        self.live.push(Live {
+            spec,
+            seed,
+            rid: Some(rid),
+            addrs,
+            sids: vec![None; n],
+            sent: 0,
+            recv_done: false,
+            sends_done: 0,
+        });
         self.next_recv += 1;
         Ok(())
     }
@@ -158,7 +167,8 @@ impl Model {
             .enumerate()
             .flat_map(|(i, l)| {
                 let r = (!l.recv_done).then_some((i, None));
-                r.into_iter().chain(l.sids.iter().enumerate().filter(|(_, s)| s.is_some()).map(move |(j, _)| (i, Some(j))))
+                r.into_iter()
+                    .chain(l.sids.iter().enumerate().filter(|(_, s)| s.is_some()).map(move |(j, _)| (i, Some(j))))
             })
             .collect();
         if reqs.is_empty() {
@@ -298,8 +308,15 @@ impl Model {
     /// What a plugin does until everything completed: bounded, or the case fails (a hang).
     fn settle(&mut self) -> Result<(), TestCaseError> {
         for _ in 0..200 {
-            let fenced = |st: [RailState; 2]| self.failed_rail.is_none_or(|r| st[r] != RailState::Up && st[r] != (RailState::Failed { epoch: 0, fenced: false }));
-            if self.live.is_empty() && self.next_recv == self.specs.len() && fenced(self.p.s.rail_states()) && fenced(self.p.r.rail_states()) {
+            let fenced = |st: [RailState; 2]| {
+                self.failed_rail
+                    .is_none_or(|r| st[r] != RailState::Up && st[r] != (RailState::Failed { epoch: 0, fenced: false }))
+            };
+            if self.live.is_empty()
+                && self.next_recv == self.specs.len()
+                && fenced(self.p.s.rail_states())
+                && fenced(self.p.r.rail_states())
+            {
                 return Ok(());
             }
             self.irecv()?;
@@ -340,7 +357,8 @@ fn recv_spec() -> impl Strategy<Value = RecvSpec> {
     prop::collection::vec((size(), size(), any::<bool>()), 1..=8).prop_flat_map(|v| {
         let n = v.len();
         // Mostly sends that fit; some truncated (a send larger than its receive).
-        let bufs: Vec<(usize, usize)> = v.into_iter().map(|(a, b, fit)| if fit { (a.max(b), a.min(b)) } else { (a, b) }).collect();
+        let bufs: Vec<(usize, usize)> =
+            v.into_iter().map(|(a, b, fit)| if fit { (a.max(b), a.min(b)) } else { (a, b) }).collect();
         Just((0..n).collect::<Vec<_>>()).prop_shuffle().prop_map(move |order| RecvSpec { bufs: bufs.clone(), order })
     })
 }

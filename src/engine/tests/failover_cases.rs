@@ -115,7 +115,10 @@ fn a_duplicate_replayed_part_is_ignored_and_a_part_outside_the_mask_is_a_violati
     let _ = p.irecv_one(64);
     let bad = Imm::replayed(Imm { slot: 1, mask: RailMask::SUP, size_q: 1 }.encode());
     let e = p.inject_recv(SUP, cqe(bad, 64)).unwrap_err();
-    assert!(is_cause(&e, |c| matches!(c, Cause::Violation(Violation::MaskOmitsRail { rail: SOUT, slot: 1, .. }))), "{e}");
+    assert!(
+        is_cause(&e, |c| matches!(c, Cause::Violation(Violation::MaskOmitsRail { rail: SOUT, slot: 1, .. }))),
+        "{e}"
+    );
 }
 
 #[test]

@@ -326,7 +326,8 @@ impl Pair {
                 if self.wires[dir as usize][c.rail as usize][qp].err {
                     let side = if dir == Dir::ToRecv { SEND_SIDE } else { RECV_SIDE };
                     let qp_num = (c.rail as usize * 100 + qp) as u32;
-                    let flushed = Completion { wr_id: wr.wr_id, status: WcStatus::Flushed, qp_num, ..Completion::default() };
+                    let flushed =
+                        Completion { wr_id: wr.wr_id, status: WcStatus::Flushed, qp_num, ..Completion::default() };
                     self.push_cq(side, c.rail as usize, flushed);
                     self.fate.push(Fate::Failed);
                     continue;
