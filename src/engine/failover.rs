@@ -315,9 +315,11 @@ pub(crate) struct Failover {
     /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
     /// fence is done and whose `Fenced` is still to be written.
     pub(crate) report_due: RailMask,
-    /// Counters: rail failures survived, parts replayed and their bytes, duplicate IMMs
-    /// ignored, CTS writes re-posted.
+    /// Counters: rail failures survived, parts confirmed, parts replayed and their bytes,
+    /// duplicate IMMs ignored, CTS writes re-posted.
     pub(crate) failovers: u64,
+    /// Sender: parts whose completion was lost with the rail but that the report confirms.
+    pub(crate) confirmed_parts: u64,
     pub(crate) replayed_parts: u64,
     pub(crate) replayed_bytes: u64,
     pub(crate) duplicates: u64,
@@ -328,6 +330,7 @@ pub(crate) struct Failover {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FailoverCounts {
     pub failovers: u64,
+    pub confirmed_parts: u64,
     pub replayed_parts: u64,
     pub replayed_bytes: u64,
     pub duplicates: u64,
@@ -338,6 +341,7 @@ impl Failover {
     pub(crate) fn counts(&self) -> FailoverCounts {
         FailoverCounts {
             failovers: self.failovers,
+            confirmed_parts: self.confirmed_parts,
             replayed_parts: self.replayed_parts,
             replayed_bytes: self.replayed_bytes,
             duplicates: self.duplicates,

@@ -151,6 +151,7 @@ impl SendEngine {
             self.tel[rail].on_abandon(bytes);
             if m.part_seen(ps.seq) {
                 confirmed += 1;
+                self.fo.confirmed_parts += 1;
                 let ps = &mut self.slots[slot];
                 ps.pending = ps.pending.without(rail);
                 if ps.pending.is_empty() {

@@ -55,9 +55,19 @@ pub enum Op {
     Irecv,
     Isend,
     Step(usize),
-    Poll { side: usize, rail: usize },
+    Poll {
+        side: usize,
+        rail: usize,
+    },
     Test(usize),
     Pump,
+    /// The sender's QP `qp` of `rail` gets its acknowledgements late (they arrive when
+    /// released, or are lost if the QP fails meanwhile).
+    Acks {
+        rail: usize,
+        qp: usize,
+        late: bool,
+    },
     Fault(Fault),
 }
 
@@ -301,6 +311,17 @@ impl Model {
             }
             Op::Test(k) => self.test(k),
             Op::Pump => Ok(self.p.pump_failover(&mut self.fo)?),
+            Op::Acks { rail, qp, late } => {
+                let qp = qp % self.p.late_acks[rail].len();
+                if self.p.s.rail_states()[rail] == RailState::Up && !self.p.wires[Dir::ToRecv as usize][rail][qp].err {
+                    if late {
+                        self.p.hold_acks(rail, qp);
+                    } else {
+                        self.p.release_acks(rail, qp);
+                    }
+                }
+                Ok(())
+            }
             Op::Fault(f) => self.fault(f),
         }
     }
@@ -325,6 +346,12 @@ impl Model {
             }
             self.p.refill();
             self.p.deliver_all();
+            // Late acknowledgements of a live QP arrive in the end; a fenced one's were lost.
+            for rail in 0..2 {
+                for qp in 0..self.p.late_acks[rail].len() {
+                    self.p.release_acks(rail, qp);
+                }
+            }
             self.p.poll_send()?;
             self.p.poll_recv()?;
             self.p.pump_failover(&mut self.fo)?;
@@ -381,6 +408,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0..2usize, 0..2usize).prop_map(|(side, rail)| Op::Poll { side, rail }),
         3 => any::<usize>().prop_map(Op::Test),
         2 => Just(Op::Pump),
+        1 => (0..2usize, 0..4usize, prop::bool::weighted(0.7)).prop_map(|(rail, qp, late)| Op::Acks { rail, qp, late }),
     ]
 }
 
@@ -431,14 +459,16 @@ fn run_case(qps: [u16; 2], pct: u8, warmup: usize, specs: Vec<RecvSpec>, ops: &[
             t.0 += 1;
             t.1 += c.replayed_parts;
             t.2 += m.p.r.failover_counts().cts_reposts;
+            t.3 += c.confirmed_parts;
         });
     }
     Ok(m)
 }
 
 thread_local! {
-    /// (cases with a failover, parts replayed, CTS writes re-posted) over a run.
-    static STATS: std::cell::RefCell<(u64, u64, u64)> = const { std::cell::RefCell::new((0, 0, 0)) };
+    /// (cases with a failover, parts replayed, CTS writes re-posted, parts confirmed by the
+    /// report although their completion was lost) over a run.
+    static STATS: std::cell::RefCell<(u64, u64, u64, u64)> = const { std::cell::RefCell::new((0, 0, 0, 0)) };
 }
 
 proptest! {
@@ -452,14 +482,18 @@ proptest! {
     }
 }
 
-/// The model above must exercise what it claims: over its cases, parts were replayed and
-/// CTS writes re-posted (a run where none ever was would prove nothing).
+/// The model above must exercise what it claims: over its cases, parts were replayed, parts
+/// whose completion was lost were confirmed by the report (landed, ACK lost), CTS writes
+/// were re-posted (a run where none ever was would prove nothing).
 #[test]
 fn the_model_replays_parts_and_reposts_cts() {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 300, ..ProptestConfig::default() });
-    STATS.with(|t| *t.borrow_mut() = (0, 0, 0));
+    STATS.with(|t| *t.borrow_mut() = (0, 0, 0, 0));
     runner.run(&case(), |(qps, pct, warmup, specs, ops)| run_case(qps, pct, warmup, specs, &ops).map(|_| ())).unwrap();
-    let (cases, replayed, reposts) = STATS.with(|t| *t.borrow());
-    println!("failover model: {cases} cases with a rail failure, {replayed} parts replayed, {reposts} CTS re-posted");
-    assert!(cases > 200 && replayed > 50 && reposts > 5, "{cases} {replayed} {reposts}");
+    let (cases, replayed, reposts, confirmed) = STATS.with(|t| *t.borrow());
+    println!(
+        "failover model: {cases} cases with a rail failure, {replayed} parts replayed, {confirmed} confirmed \
+         (completion lost, part arrived), {reposts} CTS re-posted"
+    );
+    assert!(cases > 200 && replayed > 50 && reposts > 5 && confirmed > 5, "{cases} {replayed} {confirmed} {reposts}");
 }
