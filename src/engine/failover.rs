@@ -273,6 +273,13 @@ impl CtlChannel {
         true
     }
 
+    /// Whether the peer's next message is in place: one load and one compare, for the
+    /// plugin's `test` on a request that is not complete.
+    #[inline]
+    pub(crate) fn waiting(&self, mem: &impl CtlMemory) -> bool {
+        mem.ctl_seq((self.consumed % CTL_ENTRIES as u64) as usize) == self.consumed + 1
+    }
+
     /// The peer's messages consumed so far (the last one's sequence number).
     pub(crate) fn consumed(&self) -> u64 {
         self.consumed

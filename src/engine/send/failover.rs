@@ -38,6 +38,14 @@ impl SendEngine {
         !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty())
     }
 
+    /// Whether the peer wrote a control message not yet read (one load, one compare): the
+    /// plugin checks it where a call did not complete a request, and then calls
+    /// [`Self::poll_failover`]. Failover off: never.
+    #[inline]
+    pub fn control_waiting(&self, mem: &impl CtlMemory) -> bool {
+        self.fo.cfg.enabled && self.fo.ctl.waiting(mem)
+    }
+
     /// What the plugin saw or did.
     pub fn on_event(&mut self, ev: Event) -> Result<()> {
         self.error.check()?;

@@ -171,8 +171,9 @@ impl Pair {
         dst.write(wr.remote_addr, &data);
     }
 
-    /// One round of the plugin's failover work: both engines' control rings read, their
-    /// chains posted, fences performed (the receiver's fenced rail drained into its
+    /// One round of the plugin's failover work: both engines' control rings read (the
+    /// receiver's only when `control_waiting` or `failover_due`; the sender's every round,
+    /// for its stall check), their chains posted, fences performed (the receiver's fenced rail drained into its
     /// engine before FenceDone, as LAST_WQE_REACHED and a CQ drain give).
     pub fn pump_failover(&mut self, fo: &mut FoOut) -> crate::Result<()> {
         fo.s.clear();
@@ -184,6 +185,11 @@ impl Pair {
             self.s.on_event(Event::FenceDone { rail })?;
         }
         fo.r.clear();
+        // As the plugin does: only when a message waits or the engine has output (the
+        // sender's RailDown must reach a receiver that saw nothing wrong itself).
+        if !(self.r.control_waiting(&self.rs) || self.r.failover_due()) {
+            return Ok(());
+        }
         self.r.poll_failover(&mut self.rs, &mut fo.r)?;
         self.enqueue_chains(Dir::ToSend, &fo.r.chains);
         for &a in &fo.r.actions {
