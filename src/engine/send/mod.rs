@@ -371,10 +371,19 @@ impl SendEngine {
             .unwrap_or(0);
     }
 
-    /// Whether `rail` carries this connection's transfers (SOUT before any).
+    /// Whether `rail` carries this connection's transfers (SOUT before any), for keepalives.
+    /// A failed rail carries nothing (failover: the connection goes on without it); when
+    /// every rail that carried has failed, the first healthy one does, so a sender whose
+    /// last rail dies silently still hears of it.
     #[inline]
     fn carries(&self, rail: usize) -> bool {
-        self.carried.contains(rail) || (rail == SOUT && self.carried.is_empty())
+        let failed = self.failed_rails();
+        let live = RailMask::from_fn(|r| self.carried.contains(r) && !failed.contains(r));
+        if live.is_empty() {
+            RailMask::from_fn(|r| !failed.contains(r)).first() == Some(rail)
+        } else {
+            live.contains(rail)
+        }
     }
 
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.

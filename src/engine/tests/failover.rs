@@ -92,6 +92,8 @@ struct Model {
     next_recv: usize,
     next_send: usize,
     failed_rail: Option<usize>,
+    /// Faults may hit both rails (the both-rails-down model).
+    both_rails: bool,
 }
 
 fn fail<T>(msg: String) -> Result<T, TestCaseError> {
@@ -116,7 +118,16 @@ impl Model {
             p.test_recv(rid).unwrap().unwrap();
             p.test_send(sid).unwrap().unwrap();
         }
-        Model { p, fo: FoOut::default(), specs, live: Vec::new(), next_recv: 0, next_send: 0, failed_rail: None }
+        Model {
+            p,
+            fo: FoOut::default(),
+            specs,
+            live: Vec::new(),
+            next_recv: 0,
+            next_send: 0,
+            failed_rail: None,
+            both_rails: false,
+        }
     }
 
     fn irecv(&mut self) -> Result<(), TestCaseError> {
@@ -252,7 +263,7 @@ impl Model {
 
     fn fault(&mut self, f: Fault) -> Result<(), TestCaseError> {
         let rail = f.rail();
-        if self.failed_rail.is_some_and(|r| r != rail) {
+        if !self.both_rails && self.failed_rail.is_some_and(|r| r != rail) {
             return Ok(()); // one rail fails per case here; both: the deterministic tests
         }
         self.failed_rail = Some(rail);
@@ -414,17 +425,25 @@ fn op() -> impl Strategy<Value = Op> {
 
 /// A case: configuration, receives, and the interleaving with 1 or 2 faults (one rail).
 fn case() -> impl Strategy<Value = ([u16; 2], u8, usize, Vec<RecvSpec>, Vec<Op>)> {
+    case_on(false)
+}
+
+/// A case whose faults hit one rail, or (`both`) the first rail and then the other.
+fn case_on(both: bool) -> impl Strategy<Value = ([u16; 2], u8, usize, Vec<RecvSpec>, Vec<Op>)> {
     (
         prop::sample::select(vec![[1u16, 1], [2, 1], [1, 3]]),
         prop::sample::select(vec![0u8, 13, 50, 87, 100]),
         prop_oneof![Just(0usize), 20usize..=40],
         prop::collection::vec(recv_spec(), 1..=10),
         prop::collection::vec(op(), 0..=120),
-        prop::collection::vec((any::<prop::sample::Index>(), fault()), 1..=2),
+        prop::collection::vec((any::<prop::sample::Index>(), fault()), if both { 2..=2 } else { 1..=2 }),
     )
-        .prop_map(|(qps, pct, warmup, specs, mut ops, faults)| {
-            let rail = faults[0].1.rail();
-            for (at, f) in faults {
+        .prop_map(move |(qps, pct, warmup, specs, mut ops, mut faults)| {
+            let first = faults[0].1.rail();
+            // The second fault comes after the first (faults are inserted in order).
+            faults.sort_by_key(|(at, _)| at.index(ops.len() + 1));
+            for (n, (at, f)) in faults.into_iter().enumerate() {
+                let rail = if both && n == 1 { first ^ 1 } else { first };
                 let f = match f {
                     Fault::FailHead { to_send, k, partial, .. } => Fault::FailHead { rail, to_send, k, partial },
                     Fault::LandThenFail { to_send, k, .. } => Fault::LandThenFail { rail, to_send, k },
@@ -471,8 +490,79 @@ thread_local! {
     static STATS: std::cell::RefCell<(u64, u64, u64, u64)> = const { std::cell::RefCell::new((0, 0, 0, 0)) };
 }
 
+/// Both rails fail (the second while the first is failing over or after): the connection
+/// fails with `BothRailsFailed` — never a hang, never a wrong byte in a receive that did
+/// complete. Once the rails are dead for good, every request still outstanding fails, and
+/// so does every later call of a side that failed.
+fn run_both(qps: [u16; 2], pct: u8, warmup: usize, specs: Vec<RecvSpec>, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut m = Model::new(qps, pct, warmup, specs);
+    m.both_rails = true;
+    let both = |e: &TestCaseError| e.to_string().contains("both rails have failed");
+    let mut r = ops.iter().try_for_each(|op| m.apply(op));
+    if r.is_ok() {
+        r = m.settle();
+    }
+    match r {
+        Err(e) if both(&e) => {}
+        Err(e) => return Err(e),
+        Ok(()) => return fail("both rails failed and the connection went on".into()),
+    }
+    // The links are dead: every QP of both rails on both sides is in the error state. Time
+    // passes; keepalives and flushed WRs tell each side.
+    for rail in 0..2 {
+        m.p.fence(SEND_SIDE, rail);
+        m.p.fence(RECV_SIDE, rail);
+    }
+    for _ in 0..6 {
+        m.p.now += crate::engine::KEEPALIVE_NS + 1;
+        m.p.keepalive();
+        m.p.probes_waiting(crate::engine::CallerWaits::Yes);
+        let _ = m.p.poll_send();
+        let _ = m.p.poll_recv();
+        let _ = m.p.pump_failover(&mut m.fo);
+    }
+    // An outstanding request fails, or completes if all its data had landed (exactly);
+    // none may still be pending: that would be a hang.
+    for i in 0..m.live.len() {
+        let l = &m.live[i];
+        if !l.recv_done {
+            match m.p.r.test(l.rid.unwrap()) {
+                Ok(None) => return fail(format!("receive {} still pending after both rails died", l.seed)),
+                Ok(Some(d)) => m.check_recv(i, &d.sizes[..d.n])?,
+                Err(_) => {}
+            }
+        }
+        let l = &m.live[i];
+        for sid in l.sids.iter().flatten() {
+            if let Ok(None) = m.p.s.test(*sid) {
+                return fail(format!(
+                    "send {sid} still pending after both rails died: {:?} {:?} {:?} busy {:?}",
+                    m.p.s.rail_states(),
+                    m.p.s.error().map(|e| e.to_string()),
+                    m.p.r.error().map(|e| e.to_string()),
+                    m.p.s.busy_rails()
+                ));
+            }
+        }
+    }
+    if m.p.s.error().is_some() && m.p.s.isend(m.p.now, sbuf(0, 8, 0), &mut m.p.ss, &mut m.p.posts).is_ok() {
+        return fail("a later isend succeeded".into());
+    }
+    if m.p.r.error().is_some() && m.p.r.irecv(m.p.now, &[rbuf(0, 8, 0)], &mut m.p.rs, &mut m.p.posts).is_ok() {
+        return fail("a later irecv succeeded".into());
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    #[test]
+    fn both_rails_fail_anywhere_and_every_request_errors_without_a_hang(
+        (qps, pct, warmup, specs, ops) in case_on(true)
+    ) {
+        run_both(qps, pct, warmup, specs, &ops)?;
+    }
 
     #[test]
     fn one_rail_fails_anywhere_and_every_request_completes_exactly(

@@ -107,6 +107,9 @@ impl Pair {
     /// poster sees it fail and its QP goes to the error state. False: nothing to run.
     pub fn land_then_fail(&mut self, dir: Dir, rail: usize, qp: usize) -> bool {
         let Some(&(_, wr)) = self.wires[dir as usize][rail][qp].q.front() else { return false };
+        if self.fenced[dir as usize][rail] {
+            return false; // its responder is fenced: it cannot land
+        }
         if dir == Dir::ToRecv {
             self.hold_acks(rail, qp);
         }
