@@ -16,10 +16,11 @@ transport. Needs: a CUDA GPU, PyTorch with NCCL (for the collectives), cargo if 
 not built yet. Every file goes to --out (default target/nccl-proof/<date-time>).
 
 Steps
-  1. Plugin library: --lib, else target/release/libnccl-net-mpib.so (built with
-     ci/build-plugin.sh when missing). ci/elf_check.py then checks it loads here as it is:
-     NEEDED libraries (libibverbs must not be one), the highest GLIBC version it needs and the
-     host's glibc, the machine, ldd, the exported ncclNetPlugin_v<N> symbols.
+  1. Plugin library: --lib, else libnccl-net-mpib.so in cargo's release folder
+     (\$CARGO_TARGET_DIR/release, else target/release; built with ci/build-plugin.sh when
+     missing). ci/elf_check.py then checks it loads here as it is: NEEDED libraries
+     (libibverbs must not be one), the highest GLIBC version it needs and the host's glibc,
+     the machine, ldd, the exported ncclNetPlugin_v<N> symbols.
   2. PyTorch through the plugin: ci/torch_collectives.py spawns 2 ranks (torch.distributed,
      env:// on 127.0.0.1, both on --gpu) running all_reduce, all_gather, reduce_scatter,
      all_to_all and send/recv over 1 KiB ... 256 MiB, compares every element, and times them.
@@ -52,7 +53,7 @@ Options
   --fabric soft|verbs|auto  MPIB_FABRIC for the plugin runs (default soft: a software RDMA NIC
                             over TCP, needs no RDMA hardware; verbs: needs devices listed by
                             ibv_devices; auto: verbs when ibv_devices lists any, else soft)
-  --lib PATH                plugin library to load (default target/release/libnccl-net-mpib.so)
+  --lib PATH                plugin library to load (default: step 1)
   --out DIR                 where logs, statistics, JSON results and the table go
   --gpu N                   CUDA device both ranks use (default 0)
   --min-bytes S, --max-bytes S   sizes for PyTorch (default 1K and 256M; K/M/G = 2^10/2^20/2^30)
@@ -130,18 +131,26 @@ rdma_devices() {
 }
 
 # version_ge A B: A >= B for dotted versions.
-version_ge() { [[ $(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n1) == "$2" ]]; }
+# (sed reads all of sort's output: a reader that stops early fails the pipeline under pipefail.)
+version_ge() { [[ $(printf '%s\n%s\n' "$1" "$2" | sort -V | sed -n 1p) == "$2" ]]; }
 
 # ---- 1. the library ----------------------------------------------------------------------
 step "plugin library"
 if [[ -z $LIB ]]; then
-  LIB=$ROOT/target/release/libnccl-net-mpib.so
+  # Where ci/build-plugin.sh puts it: cargo's target folder (CARGO_TARGET_DIR, relative to the
+  # root where the scripts run cargo, else target/).
+  target=${CARGO_TARGET_DIR:-target}
+  [[ $target == /* ]] || target=$ROOT/$target
+  LIB=$target/release/libnccl-net-mpib.so
   if [[ ! -e $LIB ]]; then
     if ((DRY)); then
       echo "  (would build it: ci/build-plugin.sh)"
     else
       command -v cargo >/dev/null || die "$LIB is not built and cargo is missing: build it elsewhere and pass --lib"
-      "$ROOT/ci/build-plugin.sh"
+      # Its last line names the link it made, next to the library cargo reported.
+      built=$("$ROOT/ci/build-plugin.sh") || die "building the plugin failed (ci/build-plugin.sh)"
+      echo "$built"
+      LIB=${built##*plugin: }
     fi
   fi
 fi
@@ -270,13 +279,18 @@ run_nccl_tests() {
   for t in sendrecv_perf all_reduce_perf alltoall_perf; do
     [[ -x $bindir/$t ]] || { fail "nccl-tests: $bindir/$t is missing"; return; }
   done
-  if ! ldd "$bindir/sendrecv_perf" 2>/dev/null | grep -q 'libmpi'; then
+  # Captured first: piping ldd into an early-exiting grep failed at random under pipefail
+  # (grep leaves at the first match, ldd then dies of SIGPIPE) and reported "no MPI".
+  local linked mpirun_version
+  linked=$(ldd "$bindir/sendrecv_perf" 2>/dev/null || true)
+  if ! grep -q 'libmpi' <<<"$linked"; then
     fail "nccl-tests in $bindir was built without MPI: two ranks on one GPU need two processes; rebuild with: make MPI=1 MPI_HOME=<mpi prefix>"
     return
   fi
   command -v "$mpirun" >/dev/null || { fail "nccl-tests: $mpirun not found (set MPIRUN)"; return; }
   local mpi=(-np 2)
-  if "$mpirun" --version 2>&1 | grep -qi 'open mpi\|open-rte\|openrte'; then
+  mpirun_version=$("$mpirun" --version 2>&1 || true)
+  if grep -qi 'open mpi\|open-rte\|openrte' <<<"$mpirun_version"; then
     mpi+=(--bind-to none)
     [[ $(id -u) == 0 ]] && mpi+=(--allow-run-as-root)
   fi

@@ -15,8 +15,7 @@
 #      RXE_MANY_COMMS (connections each way of the many-connections suite, 64),
 #      and ci/rxe-vm/run-in-rxe-vm.sh's variables (RXE_VM_CACHE, RXE_VM_MEM, RXE_VM_SMP, ...).
 set -uo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$PWD
+cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
 export RXE_VM_CACHE=${RXE_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpib-rxe-vm}
 SUITE_TIMEOUT=${RXE_TEST_SUITE_TIMEOUT:-600}
 VM_TIMEOUT=${RXE_TEST_VM_TIMEOUT:-1500}
@@ -31,21 +30,27 @@ SUITES=()
 declare -A SUITE_CMD
 suite() { SUITES+=("$1"); SUITE_CMD[$1]=$2; }
 
-# Copies the executable of cargo test target $1 into DIR $2 as $1.
+# Copies the executable of cargo test target $1 into DIR $2 as $1. Its path comes from
+# cargo's own report (ci/cargo_artifacts.py): CARGO_TARGET_DIR and the workspace's layout
+# move it, and cargo also builds the package's binaries for an integration test.
 cargo_test_binary() {
   local exe
-  # The test target's own artifact: cargo also builds the package's binaries for an
-  # integration test (mpib-perf), and the order of the artifacts is whichever finished last.
-  exe=$(cargo test --test "$1" --no-run --message-format=json 2>/dev/null |
-    grep -F '"kind":["test"]' | grep -F "\"name\":\"$1\"" |
-    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n1)
-  [[ -n $exe && -x $exe ]] || { cargo test --test "$1" --no-run >&2; log "cannot build test target $1"; return 1; }
+  exe=$(ci/cargo_artifacts.py "test:$1" -- test -q --workspace --test "$1" --no-run) || { log "cannot build test target $1"; return 1; }
   cp "$exe" "$2/$1"
+}
+
+# Copies the plugin library (debug) into DIR $1 as libmpib.so: the file `cargo build` just
+# reported (cargo test rebuilds the copy in deps/, cargo build the one it names).
+cargo_plugin_library() {
+  local lib
+  lib=$(ci/cargo_artifacts.py cdylib:mpib -- build -q -p mpib --lib) || { log "cannot build the plugin library"; return 1; }
+  cp "$lib" "$1/libmpib.so"
 }
 
 # The rig itself: both ports active, and rdma-core's own RC ping-pong from rxe1 to rxe0
 # over the virtual wire. If this fails, the failures below are the rig's, not mpib's.
 build_rig() { :; }
+# shellcheck disable=SC2016 # expands in the guest
 suite rig 'for d in $RXE_DEV0 $RXE_DEV1; do grep -q ACTIVE /sys/class/infiniband/$d/ports/1/state || { echo "$d not ACTIVE"; exit 1; }; done
 ibv_rc_pingpong -d $RXE_DEV0 -g $RXE_GID_IDX0 -n 200 > /tmp/pp-server.log 2>&1 &
 sleep 1
@@ -65,20 +70,24 @@ suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child 
 # drops packets for a destroyed QP without a NAK), and rxe reads retry_cnt 7 as "retry
 # forever" (rxe_comp.c; real NICs retry 7 times): MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6 bound it
 # at 4.096 us * 2^16 * 7 = 1.9 s, inside the suite's 30 s no-progress limit. Under qemu the
-# 512 MiB message takes ~30 s with no completion before its end: CONFORMANCE_STALL_MS.
+# 512 MiB message takes ~30 s with no completion before its end: CONFORMANCE_STALL_MS; and
+# 100,000 small messages took over the default 180 s per run on a busy host while making
+# steady progress: CONFORMANCE_TIMEOUT_S (the parent's last resort against a rank hung in a call).
 build_conformance() {
-  cargo build --lib -q || return 1
   cargo_test_binary conformance "$1" || return 1
-  # The newer of cargo's two copies (cargo test refreshes deps/, cargo build the other).
-  cp "$(ls -t target/debug/libmpib.so target/debug/deps/libmpib.so 2>/dev/null | head -n1)" "$1/libmpib.so"
+  cargo_plugin_library "$1"
 }
+# shellcheck disable=SC2016 # expands in the guest
 VERBS_ENV='MPIB_FABRIC=verbs MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6'
-suite conformance "CONFORMANCE_STALL_MS=120000 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./conformance --test-threads=1"
+suite conformance "CONFORMANCE_STALL_MS=120000 CONFORMANCE_TIMEOUT_S=900 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./conformance --test-threads=1"
 
-# The same protocol with the GID given explicitly (MPIB_GID_INDEX), on a subset.
+# The same protocol with the GID given explicitly (MPIB_GID_INDEX), on a subset. The same
+# stall bound as the conformance suite: under qemu (tcg) on a loaded host a rank took more
+# than the default 20 s to connect (multi_receives, with another VM on the same 2 cores).
 build_conformance-gid() { build_conformance "$1"; }
+# shellcheck disable=SC2016 # expands in the guest
 suite conformance-gid '[ "$RXE_GID_IDX0" = "$RXE_GID_IDX1" ] || { echo "rxe0 and rxe1 have different RoCE v2 GID indexes"; exit 1; }
-NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$RXE_GID_IDX0" ./conformance --test-threads=1 sizes_from split_50 multi_receives'
+CONFORMANCE_STALL_MS=120000 CONFORMANCE_TIMEOUT_S=900 NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$RXE_GID_IDX0" ./conformance --test-threads=1 sizes_from split_50 multi_receives'
 
 # Many connections on one communicator (crates/mpib-tools/tests/many_connections.rs) on real
 # verbs: RXE_MANY_COMMS (64) send and 64 receive comms per rank over one init, checksummed
@@ -87,19 +96,20 @@ NCCL_NET_PLUGIN=$PWD/libmpib.so CONFORMANCE_ENV="'"$VERBS_ENV"' MPIB_GID_INDEX=$
 # communicator must hold every send-queue WR and SRQ WQE of its connections, ~386 per
 # connection each way, so about 84 each way fit; beyond, connect fails with that reason.
 build_many-connections() {
-  cargo build --lib -q || return 1
   cargo_test_binary many_connections "$1" || return 1
-  cp "$(ls -t target/debug/libmpib.so target/debug/deps/libmpib.so 2>/dev/null | head -n1)" "$1/libmpib.so"
+  cargo_plugin_library "$1"
 }
 suite many-connections "MANY_COMMS=${RXE_MANY_COMMS:-64} NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./many_connections --test-threads=1"
 
 # mpib-perf on real verbs: the table users run first (every byte checked; exits non-zero
 # on a wrong byte or an error).
 build_perf() {
-  cargo build --lib --bin mpib-perf -q || return 1
-  cp target/debug/mpib-perf "$1/"
-  cp "$(ls -t target/debug/libmpib.so target/debug/deps/libmpib.so 2>/dev/null | head -n1)" "$1/libmpib.so"
+  local perf
+  perf=$(ci/cargo_artifacts.py bin:mpib-perf -- build -q --workspace --bin mpib-perf) || return 1
+  cp "$perf" "$1/mpib-perf"
+  cargo_plugin_library "$1"
 }
+# shellcheck disable=SC2016 # expands in the guest
 suite perf 'MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 ./mpib-perf --fabric verbs --plugin $PWD/libmpib.so --sizes 8:1M --duration 5'
 
 # Takes rxe1's link down and up again: keep it last.

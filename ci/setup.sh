@@ -1,19 +1,91 @@
 #!/usr/bin/env bash
-# Installs the build and test prerequisites on Debian 12 (idempotent). README "Set-up".
+# Installs what the build, and with `test` the tests, need on Debian 12, saying what it
+# installs and why; does nothing when everything is there. Nobody has to run it first:
+# ci/mpib-perf.sh runs `ci/setup.sh build`, ci/test.sh runs `ci/setup.sh test`.
+#
+#   ci/setup.sh [build|test]      (default: test, which includes build)
+#
+# apt-get runs as root, through sudo when this is not root. Rust itself (cargo) must already
+# be there (https://rustup.rs); its rustfmt and clippy components are added for `test`.
+# ci/rxe-test.sh installs the Soft-RoCE rig's packages itself (ci/rxe-vm/setup-host.sh).
 set -euo pipefail
-# cmake + libclang-dev: rdma-mummy-sys builds its libibverbs dlopen stub with cmake and
-# runs bindgen (libclang) on its vendored rdma-core headers. No rdma-core -dev package needed.
-# iproute2 (ip, tc) + python3: ci/netem-rails.sh's namespaces, veth rails and shaping.
-pkgs=(build-essential pkg-config binutils valgrind cmake libclang-dev iproute2 python3)
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if ((${#missing[@]})); then
-  sudo=; [[ $(id -u) == 0 ]] || sudo=sudo
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+what=${1:-test}
+[[ $what == build || $what == test ]] || { echo "usage: ci/setup.sh [build|test]" >&2; exit 2; }
+say() { echo "ci/setup.sh: $*" >&2; }
+
+# Each entry: "package: why". rdma-mummy-sys (the libibverbs bindings) builds its dlopen
+# stub of libibverbs with cmake and runs bindgen, which needs libclang, on its vendored
+# rdma-core headers; no rdma-core -dev package is needed.
+packages=(
+  "build-essential: the C compiler and linker (rdma-mummy-sys's stub, the cdylib, the C tests)"
+  "cmake: rdma-mummy-sys builds its libibverbs stub with cmake"
+  "libclang-dev: bindgen (in rdma-mummy-sys's build) parses the rdma-core headers with libclang"
+  "python3: ci/cargo_artifacts.py reads cargo's report of where it put the binaries"
+)
+if [[ $what == test ]]; then
+  packages+=(
+    "binutils: nm and readelf for the exported-symbol and ELF tests"
+    "valgrind: the leak test (tests/leaks.rs)"
+    "iproute2: ip and tc for ci/netem-rails.sh's namespaces and shaped rails"
+    "shellcheck: ci/test.sh lints every shell script"
+  )
 fi
-rustup component add rustfmt clippy >/dev/null 2>&1 || true
-cargo --version
+
+command -v cargo >/dev/null || { say "cargo is missing: install Rust first (https://rustup.rs), then run this again"; exit 1; }
+
+# Packages not installed, from dpkg's own status.
+missing=() why=()
+installed() {
+  local status
+  status=$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) || return 1
+  [[ $status == "install ok installed" ]]
+}
+if command -v dpkg-query >/dev/null; then
+  for entry in "${packages[@]}"; do
+    p=${entry%%:*}
+    installed "$p" || { missing+=("$p"); why+=("$entry"); }
+  done
+else
+  say "no dpkg here (not Debian?): make sure these are installed:"
+  printf '  %s\n' "${packages[@]}" >&2
+fi
+
+if ((${#missing[@]})); then
+  say "installing ${#missing[@]} Debian package(s) the $what needs:"
+  printf '  %s\n' "${why[@]}" >&2
+  sudo=()
+  if [[ $(id -u) != 0 ]]; then
+    command -v sudo >/dev/null || {
+      say "not root and no sudo: as root, run  apt-get install ${missing[*]}"
+      exit 1
+    }
+    sudo=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  # Another apt or dpkg (a parallel job) holds the lock for a while: wait for it.
+  apt=("${sudo[@]}" apt-get -o DPkg::Lock::Timeout=600 -qq)
+  t0=$(date +%s)
+  if ! "${apt[@]}" update || ! "${apt[@]}" install -y --no-install-recommends "${missing[@]}" >/dev/null; then
+    say "could not install ${missing[*]} (see apt-get's message above); install them, then run this again"
+    exit 1
+  fi
+  say "installed ${missing[*]} in $(($(date +%s) - t0))s"
+else
+  say "the $what's Debian packages are all installed (${packages[*]%%:*})"
+fi
+
+if [[ $what == test ]]; then
+  # cargo's subcommand, and the rustup component that provides it.
+  for pair in fmt:rustfmt clippy:clippy; do
+    if ! cargo "${pair%%:*}" --version >/dev/null 2>&1; then
+      say "adding the Rust component ${pair#*:} (ci/test.sh checks formatting and lints)"
+      rustup component add "${pair#*:}" >&2
+    fi
+  done
+  # The soft fabric's frame decoder is fuzzed in ci/test.sh. ~45 s once per machine.
+  if ! command -v cargo-fuzz >/dev/null; then
+    say "installing cargo-fuzz (ci/test.sh fuzzes the soft fabric's frame decoder)"
+    cargo install cargo-fuzz --locked
+  fi
+fi

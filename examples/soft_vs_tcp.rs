@@ -1,8 +1,8 @@
-//! Bandwidth of 4 MiB RDMA WRITEs through the soft fabric against raw TCP, over loopback,
+//! Bandwidth of RDMA WRITEs (4 MiB unless told) through the soft fabric against raw TCP, over loopback,
 //! one socket each, in the same run. Prints the figures and, last, `soft_vs_tcp: <ratio>`
 //! (soft with a polling receiver, as NCCL's proxy thread polls, over raw TCP).
 //!
-//! `cargo run --release --example soft_vs_tcp [seconds per run, default 1] [rounds, default 3]`
+//! `cargo run --release --example soft_vs_tcp [seconds per run, default 1] [rounds, default 3] [MiB per write, default 4]`
 //! (rounds interleave the modes so load from other processes hits them alike; medians).
 
 use std::io::{Read, Write};
@@ -14,19 +14,17 @@ use std::time::{Duration, Instant};
 
 use soft_link::{bandwidth, link};
 
-const SIZE: usize = 4 << 20;
-
 fn gbps(bytes: u64, t: Duration) -> f64 {
     bytes as f64 / t.as_secs_f64() / 1e9
 }
 
-fn raw_tcp(run: Duration) -> f64 {
+fn raw_tcp(run: Duration, size: usize) -> f64 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let rx = std::thread::spawn(move || {
         let (mut s, _) = l.accept().unwrap();
         s.set_nodelay(true).unwrap();
-        let mut buf = vec![0u8; SIZE];
+        let mut buf = vec![0u8; size];
         let mut total = 0u64;
         let mut start = None;
         loop {
@@ -42,7 +40,7 @@ fn raw_tcp(run: Duration) -> f64 {
     });
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_nodelay(true).unwrap();
-    let buf = vec![7u8; SIZE];
+    let buf = vec![7u8; size];
     let t = Instant::now();
     while t.elapsed() < run {
         s.write_all(&buf).unwrap();
@@ -52,8 +50,8 @@ fn raw_tcp(run: Duration) -> f64 {
     gbps(bytes, took)
 }
 
-fn soft(run: Duration, receiver_polls: bool) -> f64 {
-    let mut l = link(SIZE);
+fn soft(run: Duration, receiver_polls: bool, size: usize) -> f64 {
+    let mut l = link(size);
     l.src.fill(7);
     let bw = l.with_responder(receiver_polls, |l| bandwidth(l, run));
     assert!(l.dst.iter().all(|b| *b == 7), "the data arrived");
@@ -68,13 +66,17 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let secs: f64 = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(1.0);
     let rounds: usize = std::env::args().nth(2).and_then(|s| s.parse().ok()).unwrap_or(3);
+    let mib: usize = std::env::args().nth(3).and_then(|s| s.parse().ok()).unwrap_or(4);
+    let size = mib << 20;
     let run = Duration::from_secs_f64(secs);
-    println!("4 MiB writes over loopback, one socket each; {rounds} interleaved rounds of {secs} s per mode, medians");
+    println!(
+        "{mib} MiB writes over loopback, one socket each; {rounds} interleaved rounds of {secs} s per mode, medians"
+    );
     let (mut tcp, mut polled, mut idle) = (Vec::new(), Vec::new(), Vec::new());
     for r in 0..rounds {
-        tcp.push(raw_tcp(run));
-        polled.push(soft(run, true));
-        idle.push(soft(run, false));
+        tcp.push(raw_tcp(run, size));
+        polled.push(soft(run, true, size));
+        idle.push(soft(run, false, size));
         println!(
             "round {r}: raw TCP {:.2} GB/s, soft polled {:.2} GB/s, soft idle {:.2} GB/s",
             tcp[r], polled[r], idle[r]

@@ -11,6 +11,7 @@
 //! split/    split policies        telemetry/  RTT estimators and statistics
 //! fabric/   the transport trait and its providers (soft, verbs)
 //! rail.rs   rail indices and rail sets (RailMask), a leaf every layer uses
+//! ratelimit.rs  rate-limited log lines (one a second per cause), a leaf
 //! ```
 
 pub mod abi;
@@ -20,6 +21,7 @@ pub mod error;
 pub mod fabric;
 pub mod plugin;
 pub mod rail;
+pub mod ratelimit;
 pub mod split;
 pub mod telemetry;
 

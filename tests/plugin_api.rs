@@ -4,29 +4,14 @@
 //! of this test binary so that it gets its own environment (the configuration is read once
 //! per process).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mpib::fabric::MemTypes;
 use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, MemHandle, RequestHandle};
 
-const CHILD: &str = "MPIB_PLUGIN_API_CHILD";
+mod common;
 
-/// Runs test `name` of this binary in a child with `env`; asserts it passed.
-fn in_child(name: &str, env: &[(&str, &str)]) {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed:\n{text}");
-}
-
-fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
-}
+use common::{in_child, is_child};
 
 /// Connects a send and a receive comm on device 0 (same thread, non-blocking calls).
 fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {

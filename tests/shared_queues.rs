@@ -6,29 +6,15 @@
 //! progress threads of a pre-v11 process meeting at a NIC's poll lock without waiting.
 //! Each scenario runs in a child process (the configuration is read once per process).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mpib::fabric::MemTypes;
 use mpib::plugin::resources::{Resources, snapshot};
 use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, ContextHandle, RequestHandle};
 
-const CHILD: &str = "MPIB_SHARED_QUEUES_CHILD";
+mod common;
 
-fn in_child(name: &str, env: &[(&str, &str)]) {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let out = cmd.output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed:\n{text}");
-}
-
-fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
-}
+use common::{in_child, is_child};
 
 /// A send and a receive comm on device 0 in context `ctx` (`None`: an older ABI's).
 fn pair(abi: AbiVersion, ctx: Option<ContextHandle>) -> (CommHandle, CommHandle) {

@@ -3,7 +3,10 @@
 //! `child_agent`, which serves line commands on stdin. Between commands the child makes no
 //! fabric call, so everything it does as a responder is done by its helper thread.
 
+mod fabric_checks;
+
 use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,11 +17,50 @@ use mpib::fabric::{
     SharedRecvQueue, Timestamps, WcStatus, WrOpcode,
 };
 
-const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 14, retry_cnt: 1 };
+// The default liveness bound (MPIB_TIMEOUT 20, MPIB_RETRY_CNT 7: ~34 s without a byte from
+// the peer). With the silent-peer test's 134 ms, a 64 MiB WRITE failed with RetryExceeded
+// while both processes waited that long for a core (both cores busy elsewhere).
+const PARAMS: ConnectParams = ConnectParams { traffic_class: 0, service_level: 0, timeout: 20, retry_cnt: 7 };
+// 4.096 us * 2^14 * 2 = 134 ms: the silent-peer test waits that long rather than 34 s.
+const SILENT_PEER_PARAMS: ConnectParams = ConnectParams { timeout: 14, retry_cnt: 1, ..PARAMS };
 const GUARD: usize = 4096;
 const FILL: u8 = 0xAA;
 
 const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
+/// Counts this process's log records (the soft fabric's warnings are what the hostile-input
+/// tests look at); installed once per process.
+struct Counting(std::sync::Mutex<Vec<(log::Level, String)>>);
+
+impl log::Log for Counting {
+    fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if r.target().starts_with("mpib") {
+            self.0.lock().unwrap().push((r.level(), r.args().to_string()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+static LOGS: Counting = Counting(std::sync::Mutex::new(Vec::new()));
+
+fn count_logs() {
+    if log::set_logger(&LOGS).is_ok() {
+        log::set_max_level(log::LevelFilter::Debug);
+    }
+}
+
+/// Warnings (and errors) logged so far whose text contains `what`.
+fn warnings(what: &str) -> usize {
+    LOGS.0.lock().unwrap().iter().filter(|(l, m)| *l <= log::Level::Warn && m.contains(what)).count()
+}
+
+/// Open file descriptors of this process (`usize::MAX` when none is left to look).
+fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map_or(usize::MAX, |d| d.count())
+}
 
 fn pattern(seed: u64, i: usize) -> u8 {
     ((i as u64).wrapping_mul(131).wrapping_add(seed * 7) ^ (i as u64 >> 9)) as u8
@@ -34,7 +76,7 @@ fn unhex(s: &str) -> Vec<u8> {
 
 /// A process's side: device, CQ, SRQ, one QP, a registered region with guards around it.
 struct Side {
-    _dev: Arc<SoftDevice>,
+    dev: Arc<SoftDevice>,
     cq: SoftCq,
     srq: SoftSrq,
     qp: SoftQp,
@@ -50,7 +92,7 @@ impl Side {
         let qp = dev.create_qp(&cq, Some(&srq), QpCaps { max_send_wr: 1024, max_inline: 0 }).unwrap();
         let mut buf = vec![FILL; len + 2 * GUARD];
         let mr = dev.reg_mr(buf[GUARD..].as_mut_ptr(), len, access).unwrap();
-        Side { _dev: dev, cq, srq, qp, buf, mr }
+        Side { dev, cq, srq, qp, buf, mr }
     }
 
     fn addr(&self) -> u64 {
@@ -91,8 +133,10 @@ impl Side {
 #[ignore = "the responder process of the other tests; runs only when they start it"]
 fn child_agent() {
     let Ok(len) = std::env::var("MPIB_SOFT_CHILD") else { return };
+    count_logs();
     let access = std::env::var("MPIB_SOFT_CHILD_ACCESS").unwrap().parse::<u32>().unwrap();
     let mut s = Side::new(len.parse().unwrap(), Access::from_bits_retain(access));
+    let mut many: Vec<SoftQp> = Vec::new();
     let out = std::io::stdout();
     let say = |line: String| {
         let mut o = out.lock();
@@ -141,16 +185,85 @@ fn child_agent() {
                 "ok".to_string()
             }
             "srq" => format!("srq {}", s.srq.rnr_events()),
+            "port" => {
+                let info = s.qp.local_info().0;
+                format!("port {}", u16::from_le_bytes([info[2], info[3]]))
+            }
+            // Lowers the open-file limit to the descriptors open now plus `extra`.
+            "limit_fds" => {
+                let lim = (open_fds() + num(1) as usize) as libc::rlim_t;
+                let r = libc::rlimit { rlim_cur: lim, rlim_max: lim };
+                // SAFETY: plain syscall with a valid struct.
+                assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) }, 0);
+                "ok".to_string()
+            }
+            "fds" => format!("fds {}", open_fds()),
+            "warnings" => format!("warnings {}", warnings(w[1])),
+            "wait_error" => {
+                let t = Instant::now();
+                while s.qp.is_ready().is_ok() {
+                    assert!(t.elapsed() < Duration::from_secs(10), "the QP did not fail");
+                    let mut wc = [Completion::default(); 4];
+                    s.cq.poll(&mut wc).unwrap();
+                }
+                "ok".to_string()
+            }
             "poll" => {
                 let c = s.poll(num(1) as usize, Duration::from_millis(num(2)));
                 let items: Vec<String> =
                     c.iter().map(|c| format!("{:?}:{}:{}:{}", c.status, c.imm, c.byte_len, c.qp_num)).collect();
                 format!("cqes {}", items.join(" "))
             }
+            "drop_qp" => {
+                let other = s.dev.create_qp(&s.cq, Some(&s.srq), QpCaps { max_send_wr: 4, max_inline: 0 }).unwrap();
+                drop(std::mem::replace(&mut s.qp, other));
+                "ok".to_string()
+            }
+            // `many N`: N more QPs; their infos, comma-separated.
+            "many" => {
+                many = (0..num(1)).map(|_| many_qp(&s)).collect();
+                let infos: Vec<String> = many.iter().map(|q| hex(&q.local_info().0)).collect();
+                format!("many {}", infos.join(","))
+            }
+            "many_connect" => {
+                connect_all(&mut many, w[1]);
+                "ok".to_string()
+            }
+            // `many_write FROM TO ADDR RKEY`: an 8-byte WRITE on each of the QPs FROM..TO, the
+            // k-th of them from offset 8 × k of this side's region to ADDR + 8 × its index;
+            // "ok" when every one completed successfully.
+            "many_write" => {
+                let (from, to, addr, rkey) = (num(1) as usize, num(2) as usize, num(3), num(4) as u32);
+                for (i, q) in many.iter_mut().enumerate().take(to).skip(from) {
+                    let local = Sge { addr: s.addr() + 8 * (i - from) as u64, len: 8, lkey: s.key() };
+                    q.post_send(&[wr(i as u64, WrOpcode::Write, local, addr + 8 * i as u64, rkey, true)]).unwrap();
+                }
+                let c = s.poll(to - from, Duration::from_secs(30));
+                let ok = c.len() == to - from && c.iter().all(|c| c.status == WcStatus::Success);
+                if ok { "ok".to_string() } else { format!("failed {:?}", statuses(&c)) }
+            }
             "exit" => return,
             other => panic!("unknown command {other}"),
         };
         say(reply);
+    }
+}
+
+fn many_qp(s: &Side) -> SoftQp {
+    s.dev.create_qp(&s.cq, Some(&s.srq), QpCaps { max_send_wr: 4, max_inline: 0 }).unwrap()
+}
+
+/// Connects `qps[i]` to the `i`-th of the comma-separated hex infos and waits until all are up.
+fn connect_all(qps: &mut [SoftQp], infos: &str) {
+    let infos: Vec<&str> = infos.split(',').collect();
+    assert_eq!(infos.len(), qps.len());
+    for (q, info) in qps.iter_mut().zip(infos) {
+        q.connect(&QpInfo(unhex(info).try_into().unwrap()), &PARAMS).unwrap();
+    }
+    let t = Instant::now();
+    while !qps.iter_mut().all(|q| q.is_ready().unwrap()) {
+        assert!(t.elapsed() < Duration::from_secs(30), "not connected");
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
@@ -242,9 +355,13 @@ impl Drop for Peer {
 
 /// This process's side, connected to a child responder with a `len`-byte region.
 fn connected(len: usize, child_access: Access) -> (Side, Peer) {
+    connected_with(len, child_access, &PARAMS)
+}
+
+fn connected_with(len: usize, child_access: Access, params: &ConnectParams) -> (Side, Peer) {
     let mut me = Side::new(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ);
     let mut peer = Peer::spawn(len, child_access);
-    me.qp.connect(&peer.info, &PARAMS).unwrap();
+    me.qp.connect(&peer.info, params).unwrap();
     let info = hex(&me.qp.local_info().0);
     writeln!(peer.stdin, "connect {info}").unwrap();
     peer.stdin.flush().unwrap();
@@ -396,14 +513,129 @@ fn killed_peer_fails_the_waiting_wr_and_flushes_the_rest() {
 
 #[test]
 fn silently_vanished_peer_gives_an_error_within_the_bound() {
-    let (mut me, peer) = connected(4096, RW);
+    let (mut me, peer) = connected_with(4096, RW, &SILENT_PEER_PARAMS);
     peer.signal(libc::SIGSTOP); // no RST, no FIN: the kernel still acknowledges TCP
     let local = Sge { addr: me.addr(), len: 8, lkey: me.key() };
     me.qp.post_send(&[wr(1, WrOpcode::Write, local, peer.addr, peer.rkey, true)]).unwrap();
     let t = Instant::now();
     let c = me.poll(1, Duration::from_secs(5));
-    let bound = mpib::fabric::soft::silent_peer_bound(&PARAMS);
+    let bound = mpib::fabric::soft::silent_peer_bound(&SILENT_PEER_PARAMS);
     assert_eq!(statuses(&c), [(1, WcStatus::RetryExceeded)]);
-    assert!(t.elapsed() >= bound && t.elapsed() < bound * 3, "{:?} for a bound of {bound:?}", t.elapsed());
+    // Never before the bound; after it, within a margin that a busy machine's scheduling
+    // cannot exhaust (the default bound is ~34 s: 2 s more still proves it is this one).
+    let took = t.elapsed();
+    assert!(took >= bound && took < bound + Duration::from_secs(2), "{took:?} for a bound of {bound:?}");
     peer.signal(libc::SIGKILL);
+}
+
+/// Issue 16, item 5: a peer that closes its QP in order (nothing of this side waits on it)
+/// is not a warning; one that goes while requests wait on it is.
+#[test]
+fn an_orderly_close_is_not_a_warning_and_a_lost_peer_is() {
+    count_logs();
+    let (mut me, mut peer) = connected(4096, RW);
+    let before = warnings("to error state");
+    assert_eq!(peer.cmd("drop_qp"), "ok");
+    let t = Instant::now();
+    while me.qp.is_ready().is_ok() {
+        assert!(t.elapsed() < Duration::from_secs(10), "the peer's close was not seen");
+        me.poll(0, Duration::from_millis(1));
+    }
+    assert_eq!(warnings("to error state"), before, "an orderly close logged a warning");
+    // Requests waiting on a peer that goes: a warning.
+    let (mut me, mut peer) = connected(4096, RW);
+    let local = Sge { addr: me.addr(), len: 8, lkey: me.key() };
+    let imm = wr(1, WrOpcode::WriteImm, local, peer.addr, peer.rkey, true); // waits: no WQE
+    me.qp.post_send(&[imm]).unwrap();
+    assert!(me.poll(1, Duration::from_millis(100)).is_empty());
+    let before = warnings("to error state");
+    assert_eq!(peer.cmd("drop_qp"), "ok");
+    let c = me.poll(1, Duration::from_secs(10));
+    assert_eq!(statuses(&c).len(), 1);
+    assert_ne!(c[0].status, WcStatus::Success);
+    assert_eq!(warnings("to error state"), before + 1, "requests were lost: a warning");
+}
+
+/// Issue 16, item 4: a flood of connections that never say who they are neither exhausts
+/// the rail's descriptors nor floods the log, and a real connection still comes up.
+#[test]
+fn a_flood_of_silent_connections_is_bounded_and_quiet() {
+    let mut me = Side::new(4096, RW);
+    let mut peer = Peer::spawn(4096, RW);
+    let port: u16 = peer.cmd("port").strip_prefix("port ").unwrap().parse().unwrap();
+    assert_eq!(peer.cmd("limit_fds 100"), "ok");
+    let base: usize = peer.cmd("fds").strip_prefix("fds ").unwrap().parse().unwrap();
+    let flood: Vec<TcpStream> = (0..300).filter_map(|_| TcpStream::connect(("127.0.0.1", port)).ok()).collect();
+    assert!(flood.len() > 150, "the kernel's backlog took {}", flood.len());
+    std::thread::sleep(Duration::from_millis(1500));
+    let fds: usize = peer.cmd("fds").strip_prefix("fds ").unwrap().parse().unwrap();
+    let warned: usize = peer.cmd("warnings accept").strip_prefix("warnings ").unwrap().parse().unwrap();
+    assert!(warned <= 3, "{warned} warnings about accepting in 1.5 s");
+    assert!(fds <= base + 70, "{fds} descriptors open (MAX: none left), {base} before the flood");
+    // A real connection while the flood holds on.
+    me.qp.connect(&peer.info, &PARAMS).unwrap();
+    writeln!(peer.stdin, "connect {}", hex(&me.qp.local_info().0)).unwrap();
+    peer.stdin.flush().unwrap();
+    me.wait_ready();
+    let mut l = String::new();
+    peer.stdout.read_line(&mut l).unwrap();
+    assert_eq!(l.trim(), "ok");
+    let local = Sge { addr: me.addr(), len: 64, lkey: me.key() };
+    me.qp.post_send(&[wr(1, WrOpcode::Write, local, peer.addr, peer.rkey, true)]).unwrap();
+    assert_eq!(statuses(&me.poll(1, Duration::from_secs(5))), [(1, WcStatus::Success)]);
+    drop(flood);
+}
+
+/// Issue 18: 1,024 QP connections in each direction between two processes' rails (2,048 QP
+/// pairs; one process writes through the first half, the other through the second) share
+/// one TCP link: each process keeps a bounded number of descriptors (the goal: at most 64 at
+/// 1,024 comms). Both ends are children, so no other test's sockets are counted; the count
+/// is printed for the note (`--nocapture`).
+#[test]
+fn two_thousand_qps_between_two_processes_share_one_socket() {
+    const N: usize = 2048;
+    let fds = |p: &mut Peer| -> usize { p.cmd("fds").strip_prefix("fds ").unwrap().parse().unwrap() };
+    let (mut a, mut b) = (Peer::spawn(8 * N, RW), Peer::spawn(8 * N, RW));
+    let (a0, b0) = (fds(&mut a), fds(&mut b));
+    let infos_a = a.cmd(&format!("many {N}")).strip_prefix("many ").unwrap().to_string();
+    let infos_b = b.cmd(&format!("many {N}")).strip_prefix("many ").unwrap().to_string();
+    // Both connect at once (each waits until its QPs are up, which needs the other's).
+    for (p, infos) in [(&mut a, &infos_b), (&mut b, &infos_a)] {
+        writeln!(p.stdin, "many_connect {infos}").unwrap();
+        p.stdin.flush().unwrap();
+    }
+    for p in [&mut a, &mut b] {
+        let mut l = String::new();
+        p.stdout.read_line(&mut l).unwrap();
+        assert_eq!(l.trim(), "ok");
+    }
+    assert_eq!(a.cmd("fill 7"), "ok");
+    assert_eq!(a.cmd(&format!("many_write 0 {} {} {}", N / 2, b.addr, b.rkey)), "ok");
+    assert_eq!(b.cmd(&format!("check 0 {} 7", 4 * N)), "ok");
+    assert_eq!(b.cmd("fill 9"), "ok");
+    assert_eq!(a.cmd("reset"), "ok");
+    assert_eq!(b.cmd(&format!("many_write {} {N} {} {}", N / 2, a.addr, a.rkey)), "ok");
+    assert_eq!(a.cmd(&format!("check {} {} 9", 4 * N, 4 * N)), "ok");
+    let (a1, b1) = (fds(&mut a), fds(&mut b));
+    println!("soft_fabric_fds: {N} QP pairs between two processes: {a0} -> {a1} and {b0} -> {b1} descriptors");
+    assert!(a1 <= 64 && b1 <= 64, "{a1} and {b1} descriptors open with {N} QPs");
+    assert!(a1 <= a0 + 2 && b1 <= b0 + 2, "QPs opened sockets: {a0} -> {a1}, {b0} -> {b1}");
+}
+
+// ---- the provider-independent checks, on two TCP soft devices -------------------------------
+
+fn tcp_pair() -> (Arc<SoftDevice>, Arc<SoftDevice>) {
+    let open = |n: &str| Arc::new(soft::open(&SoftOptions::tcp(n, LOOPBACK)).unwrap());
+    (open("a"), open("b"))
+}
+
+#[test]
+fn registrations_through_the_plugin_cache_are_exact() {
+    let (a, b) = tcp_pair();
+    fabric_checks::bounds::registrations_are_exact(&a, &b);
+}
+
+#[test]
+fn unwritable_memory_is_refused_at_registration() {
+    fabric_checks::bounds::unwritable_memory_is_refused(&tcp_pair().0);
 }

@@ -124,6 +124,18 @@ fn bad_rkey_is_a_remote_access_error() {
 
 #[test]
 #[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn registrations_are_exact() {
+    checks::bounds::registrations_are_exact(&open(0), &open(1));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn unwritable_memory_is_refused() {
+    checks::bounds::unwritable_memory_is_refused(&open(0));
+}
+
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
 fn rnr_with_empty_srq_recovers() {
     checks::rnr_with_empty_srq_recovers(&open(0), &open(1));
 }

@@ -1,3 +1,5 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2034 # every setting here is used by the scripts that source this file
 # Common settings for the rxe-vm scripts (sourced, not run).
 # Everything big lives in the cache directory, never next to the scripts.
 RXE_VM_CACHE=${RXE_VM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mpib-rxe-vm}

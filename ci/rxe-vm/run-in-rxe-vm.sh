@@ -30,9 +30,10 @@
 # Exit codes: the command's, or 124 on timeout, 125 if setup/boot failed.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=ci/rxe-vm/lib.sh
 . "$HERE/lib.sh"
 
-TIMEOUT=600 SHARE=9p WIRE=1 VERBOSE=0 LOG= LIBS=()
+TIMEOUT=600 SHARE=9p WIRE=1 VERBOSE=0 LOG='' LIBS=()
 while (($#)); do
   case $1 in
     -t|--timeout) TIMEOUT=$2; shift 2 ;;
@@ -63,6 +64,7 @@ if [[ ! -f $OUT || ! -f $RXE_VM_CACHE/kernel.env ]] ||
    [[ -n $(find "$HERE" -maxdepth 1 \( -name 'guest-*.sh' -o -name build-initramfs.sh -o -name lib.sh -o -name setup-host.sh \) -newer "$OUT") ]]; then
   "$HERE/build-initramfs.sh"
 fi
+# shellcheck source=/dev/null # written by setup-host.sh into the cache at run time
 . "$RXE_VM_CACHE/kernel.env"
 LOG=${LOG:-$RXE_VM_CACHE/last-run.log}
 
@@ -100,15 +102,18 @@ if [[ $ACCEL == auto ]]; then
   ACCEL=tcg
   if [[ -w /dev/kvm ]] && grep -qwE 'vmx|svm' /proc/cpuinfo; then ACCEL=kvm; fi
 fi
+# shellcheck disable=SC2054 # the commas are inside qemu's option values, not between elements
 if [[ $ACCEL == kvm ]]; then ACC=(-accel kvm -cpu host); else ACC=(-accel tcg,thread=multi -cpu max); fi
 APPEND="console=ttyS0 panic=-1 mitigations=off"
 ((VERBOSE)) && APPEND+=" loglevel=7" || APPEND+=" quiet loglevel=3"
 BIOS=(); [[ -f /usr/share/qemu/qboot.rom ]] && BIOS=(-bios /usr/share/qemu/qboot.rom)
 NICS=()
+# shellcheck disable=SC2054 # as above
 [[ ${RXE_VM_NICS:-1} == 1 ]] && NICS=(
   -netdev hubport,id=n0,hubid=0 -device virtio-net-pci,netdev=n0,romfile=
   -netdev hubport,id=n1,hubid=0 -device virtio-net-pci,netdev=n1,romfile=)
 SHAREDEV=()
+# shellcheck disable=SC2054 # as above
 [[ $SHARE == 9p ]] && SHAREDEV=(
   -fsdev "local,id=fs0,path=${DIR//,/,,},security_model=none"
   -device virtio-9p-pci,fsdev=fs0,mount_tag=host0)
@@ -132,6 +137,6 @@ if [[ -z $RC ]]; then
     rxe_vm_log "guest ended without an exit code (qemu rc $QRC)"; RC=125
   fi
 fi
-BOOT=$(grep -a 'running command' "$TMP/console.log" | head -n1 | sed -n 's/^\[rxe-vm \([0-9.]*\)s\].*/\1/p' || true)
+BOOT=$(grep -a 'running command' "$TMP/console.log" | sed -n '1s/^\[rxe-vm \([0-9.]*\)s\].*/\1/p' || true)
 rxe_vm_log "exit code $RC; wall $(awk "BEGIN{printf \"%.1f\", $T_END-$T_START}")s; guest uptime at command start ${BOOT:-?}s"
 exit "$RC"

@@ -11,6 +11,9 @@ CI = os.path.dirname(TESTS)
 ROOT = os.path.dirname(CI)
 FAKES = os.path.join(TESTS, "fakes")
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+# Where cargo puts its output: CARGO_TARGET_DIR (relative to where cargo ran: ci/test.sh runs
+# it, and these tests, from the root) when set, else the workspace's target/.
+TARGET = os.path.join(ROOT, os.environ.get("CARGO_TARGET_DIR") or "target")
 if CI not in sys.path:
     sys.path.insert(0, CI)
 

@@ -112,9 +112,10 @@ class BuiltPlugin(unittest.TestCase):
     """The library this checkout built, where there is one (ci/build-plugin.sh or cargo test)."""
 
     def test_built_plugin_loads_here(self):
-        libs = [p for p in (os.path.join(helpers.ROOT, LIB), *glob.glob(os.path.join(helpers.ROOT, "target", "debug", "libmpib.so"))) if os.path.exists(p)]
+        built = os.path.join(helpers.TARGET, "release", "libnccl-net-mpib.so")
+        libs = [p for p in (built, *glob.glob(os.path.join(helpers.TARGET, "debug", "libmpib.so"))) if os.path.exists(p)]
         if not libs:
-            self.skipTest("no built plugin in target/")
+            self.skipTest(f"no built plugin in {helpers.TARGET}")
         for lib in libs:
             rep = ec.check(lib)
             self.assertEqual(rep.problems, [], rep.render())

@@ -147,6 +147,16 @@ class DryRun(WithLibrary):
         self.assertIn("libibverbs.so.1 is NEEDED", r.stdout)
         self.assertIn("the library would not load", r.stderr)
 
+    def test_default_library_is_where_cargo_puts_it(self):
+        # No --lib: ci/build-plugin.sh's link in cargo's release folder, CARGO_TARGET_DIR's
+        # when it is set (a shared build cache), not the checkout's target/.
+        target = os.path.join(self.dir, "cargo-target")
+        os.makedirs(os.path.join(target, "release"))
+        shutil.copy(self.lib, os.path.join(target, "release", "libnccl-net-mpib.so"))
+        r = script("--check-lib-only", "--out", self.out, env={"CARGO_TARGET_DIR": target})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(os.path.join(target, "release", "libnccl-net-mpib.so"), r.stdout)
+
 
 class WholeFlow(WithLibrary):
     """The script end to end with the stand-in worker (tests/fixtures logs and figures)."""

@@ -5,7 +5,7 @@
 use std::mem::size_of;
 
 use super::guard::run;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::telemetry::{RailTotals, process_totals};
 use ncclnet_types::mpib::*;
 use ncclnet_types::types::ncclResult_t;
@@ -48,25 +48,11 @@ impl From<&RailTotals> for mpib_rail_stats_t {
 pub unsafe extern "C" fn mpib_rail_stats(out: *mut mpib_rail_stats_t, size: usize) -> ncclResult_t {
     super::logger::install();
     run("mpib_rail_stats", || {
-        if out.is_null() {
-            return Err(Error::invalid_argument("out is NULL"));
-        }
-        if size < size_of::<u64>() {
-            return Err(Error::invalid_argument(format!("size {size}: at least 8 (sizeof(mpib_rail_stats_t))")));
-        }
-        let n = size.min(size_of::<mpib_rail_stats_t>());
+        let n = prefix_len::<mpib_rail_stats_t>(out.is_null(), size, "mpib_rail_stats_t")?;
         for (i, t) in process_totals().iter().enumerate() {
-            let s = mpib_rail_stats_t::from(t);
-            // SAFETY: `s` is a plain struct of `n` or more bytes; the caller gives 2 × `size`
-            // writable bytes at `out`, so `[i·size, i·size + n)` lies inside them; byte
-            // copies need no alignment.
-            unsafe {
-                std::ptr::copy_nonoverlapping(
-                    (&s as *const mpib_rail_stats_t).cast::<u8>(),
-                    out.cast::<u8>().add(i * size),
-                    n,
-                )
-            };
+            // SAFETY: the caller gives 2 × `size` writable bytes at `out`, so
+            // `[i·size, i·size + n)` (n ≤ size) lies inside them.
+            unsafe { write_prefix(&mpib_rail_stats_t::from(t), out.cast::<u8>().add(i * size), n) };
         }
         Ok(())
     })
@@ -107,21 +93,35 @@ impl From<&crate::plugin::resources::Resources> for mpib_resource_stats_t {
 pub unsafe extern "C" fn mpib_resource_stats(out: *mut mpib_resource_stats_t, size: usize) -> ncclResult_t {
     super::logger::install();
     run("mpib_resource_stats", || {
-        if out.is_null() {
-            return Err(Error::invalid_argument("out is NULL"));
-        }
-        if size < size_of::<u64>() {
-            return Err(Error::invalid_argument(format!("size {size}: at least 8 (sizeof(mpib_resource_stats_t))")));
-        }
-        let n = size.min(size_of::<mpib_resource_stats_t>());
+        let n = prefix_len::<mpib_resource_stats_t>(out.is_null(), size, "mpib_resource_stats_t")?;
         let s = mpib_resource_stats_t::from(&crate::plugin::resources::snapshot());
-        // SAFETY: `s` is a plain struct of at least `n` bytes and the caller gives `size`
-        // (≥ `n`) writable bytes at `out`; byte copies need no alignment.
-        unsafe {
-            std::ptr::copy_nonoverlapping((&s as *const mpib_resource_stats_t).cast::<u8>(), out.cast::<u8>(), n)
-        };
+        // SAFETY: the caller gives `size` (≥ `n`) writable bytes at `out`.
+        unsafe { write_prefix(&s, out.cast::<u8>(), n) };
         Ok(())
     })
+}
+
+/// How many bytes of a `T` to write for a caller compiled with `sizeof(T) == size` (an
+/// older, shorter header gets only the fields it knows); an error for a NULL `out` or a
+/// `size` below one field.
+fn prefix_len<T>(out_is_null: bool, size: usize, type_name: &str) -> Result<usize> {
+    if out_is_null {
+        return Err(Error::invalid_argument("out is NULL"));
+    }
+    if size < size_of::<u64>() {
+        return Err(Error::invalid_argument(format!("size {size}: at least 8 (sizeof({type_name}))")));
+    }
+    Ok(size.min(size_of::<T>()))
+}
+
+/// Copies the first `n` bytes of `v` to `dst`.
+///
+/// # Safety
+/// `n ≤ size_of::<T>()` (what [`prefix_len`] returns) and `dst` points to `n` writable
+/// bytes; byte copies need no alignment.
+unsafe fn write_prefix<T: Copy>(v: &T, dst: *mut u8, n: usize) {
+    // SAFETY: `v` is a plain struct of at least `n` bytes; the caller vouches for `dst`.
+    unsafe { std::ptr::copy_nonoverlapping((v as *const T).cast::<u8>(), dst, n) };
 }
 
 #[cfg(test)]

@@ -406,7 +406,7 @@ impl Config {
                 }
             };
             if let Err(accepted) = r {
-                errors.push(format!("{name}={raw:?} is not valid: accepted {accepted}"));
+                errors.push(format!("{name}={} is not valid: accepted {accepted}", shown(raw)));
             }
         }
         // NCCL_IB_HCA is NCCL's own variable: the same selection for mpib's automatic
@@ -418,7 +418,8 @@ impl Config {
             match HcaFilter::parse(&v) {
                 Ok(f) => (c.hca_filter, c.hca_filter_var) = (Some(f), "NCCL_IB_HCA"),
                 Err(accepted) => c.ignored.push(format!(
-                    "NCCL_IB_HCA={v:?} is not understood (accepted: {accepted}); automatic pairing uses every active port"
+                    "NCCL_IB_HCA={} is not understood (accepted: {accepted}); automatic pairing uses every active port",
+                    shown(&v)
                 )),
             }
         }
@@ -439,7 +440,9 @@ impl Config {
             return None;
         }
         let known: Vec<&str> = VARS.iter().map(|v| v.name).collect();
-        Some(format!("ignoring unknown variable(s) {} (a typo?); known: {}", self.unknown.join(", "), known.join(", ")))
+        let names: Vec<String> =
+            self.unknown.iter().map(|n| if n.len() > SHOWN_BYTES { shown(n) } else { n.clone() }).collect();
+        Some(format!("ignoring unknown variable(s) {} (a typo?); known: {}", names.join(", "), known.join(", ")))
     }
 }
 
@@ -488,7 +491,11 @@ impl fmt::Display for Config {
             self.rtt_alpha,
             self.rtt_beta,
             self.probe_interval_us,
-            self.stats_file.as_deref().unwrap_or("off"),
+            self.stats_file.as_deref().map_or("off".to_string(), |f| if f.len() > SHOWN_BYTES {
+                shown(f)
+            } else {
+                f.to_string()
+            }),
             self.stats_interval_ms,
             addr(&self.soft_sout_addr),
             addr(&self.soft_sup_addr),
@@ -540,6 +547,38 @@ fn parse_rail_addr(value: &str) -> std::result::Result<RailAddr, String> {
         && value.len() < libc::IFNAMSIZ
         && value.chars().all(|ch| ch.is_ascii_alphanumeric() || "_-.@".contains(ch));
     if valid { Ok(RailAddr::Interface(value.to_string())) } else { Err(accepted()) }
+}
+
+/// Bytes of a value (or name) a log line shows; the rest is cut, with its length said.
+const SHOWN_BYTES: usize = 64;
+
+/// `s` quoted for a log line, cut to [`SHOWN_BYTES`] (at a character boundary) with its
+/// length after it: a 100 KB value must not become a 100 KB WARN line.
+pub fn shown(s: &str) -> String {
+    match split_long(s) {
+        None => format!("{s:?}"),
+        Some(head) => format!("{head:?}… ({} bytes)", s.len()),
+    }
+}
+
+/// As [`shown`], unquoted (names and paths).
+pub fn cut(s: &str) -> String {
+    match split_long(s) {
+        None => s.to_string(),
+        Some(head) => format!("{head}… ({} bytes)", s.len()),
+    }
+}
+
+/// The first [`SHOWN_BYTES`] of `s` (at a character boundary) when it is longer.
+fn split_long(s: &str) -> Option<&str> {
+    if s.len() <= SHOWN_BYTES {
+        return None;
+    }
+    let mut at = SHOWN_BYTES;
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    Some(&s[..at])
 }
 
 static PROCESS_CONFIG: OnceLock<std::result::Result<Config, Vec<String>>> = OnceLock::new();

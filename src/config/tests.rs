@@ -213,3 +213,26 @@ fn failover_switch_and_timings() {
     let e = one_error(&[("MPIB_READMIT_MAX_MS", "50")]);
     assert!(e.contains("from 100 to 600000"), "{e}");
 }
+
+#[test]
+fn a_huge_value_is_cut_in_its_warn_line() {
+    let huge = "x".repeat(100 * 1024);
+    let e = one_error(&[("MPIB_SPLIT", huge.as_str())]);
+    assert!(e.len() < 300, "{} bytes of WARN line", e.len());
+    assert!(e.starts_with("MPIB_SPLIT=\"xxxx") && e.contains("(102400 bytes)"), "{e}");
+    // Multi-byte characters are cut at a character boundary.
+    let wide = "é".repeat(50_000);
+    let e = one_error(&[("MPIB_FABRIC", wide.as_str())]);
+    assert!(e.len() < 300 && e.contains("(100000 bytes)"), "{e}");
+    // NCCL's own variable, ignored with a WARN, and a long unknown name.
+    let name = format!("MPIB_{}", "Y".repeat(100_000));
+    let bad_hca = format!("{huge}:port");
+    let c = parse(&[("NCCL_IB_HCA", bad_hca.as_str()), (name.as_str(), "1")]).unwrap();
+    assert_eq!(c.ignored.len(), 1);
+    assert!(c.ignored[0].len() < 400 && c.ignored[0].contains("(102405 bytes)"), "{}", c.ignored[0].len());
+    let w = c.unknown_warning().unwrap();
+    assert!(w.len() < 1000 && w.contains("MPIB_YYYY") && w.contains("(100005 bytes)"), "{} bytes", w.len());
+    assert!(cut("short") == "short" && cut(&huge).ends_with("… (102400 bytes)"));
+    // A short value is shown whole, as before.
+    assert!(one_error(&[("MPIB_SPLIT", "half")]).contains("MPIB_SPLIT=\"half\" is not valid"));
+}

@@ -111,9 +111,83 @@ impl Drop for HostRegion {
     }
 }
 
+/// Checks that every byte of `[addr, addr + len)` is mapped in this process, readable, and
+/// writable when `write`: what the kernel's pinning checks when a verbs NIC registers
+/// memory, for a fabric whose "NIC" is the CPU (the soft fabric), which would otherwise
+/// take a SIGSEGV when a peer's data arrives. Reads `/proc/self/maps`: registration is
+/// rare, and a process has thousands of mappings at most. A mapping changed after the
+/// check (memory freed while registered) is the application's error, as with verbs.
+pub fn check_mapped(addr: u64, len: u64, write: bool) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|e| Error::io("read /proc/self/maps", &e))?;
+    check_maps(&maps, addr, len, write)
+}
+
+/// [`check_mapped`] against a `/proc/<pid>/maps` text (ascending, one mapping per line:
+/// `start-end perms ...`).
+fn check_maps(maps: &str, addr: u64, len: u64, write: bool) -> Result<()> {
+    let what = |why: String| Error::invalid_argument(format!("{len} bytes at {addr:#x} cannot be registered: {why}"));
+    let end = addr.checked_add(len).ok_or_else(|| what("the range wraps around".into()))?;
+    let mut at = addr;
+    for line in maps.lines() {
+        let mut f = line.split_whitespace();
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else { continue };
+        let Some((s, e)) = range.split_once('-') else { continue };
+        let (Ok(s), Ok(e)) = (u64::from_str_radix(s, 16), u64::from_str_radix(e, 16)) else { continue };
+        if e <= at {
+            continue;
+        }
+        if s > at {
+            break; // a hole at `at`
+        }
+        let p = perms.as_bytes();
+        if p.first() != Some(&b'r') || (write && p.get(1) != Some(&b'w')) {
+            let how = if write { "readable and writable (peers write into registered memory)" } else { "readable" };
+            return Err(what(format!("the mapping at {s:#x} ({perms}) is not {how}")));
+        }
+        at = e;
+        if at >= end {
+            return Ok(());
+        }
+    }
+    Err(what(format!("nothing is mapped at {at:#x}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mappings_must_cover_the_range_with_the_rights_asked() {
+        let maps = "\
+1000-3000 rw-p 00000000 00:00 0
+3000-4000 r--p 00000000 00:00 0   /lib/x.so
+5000-6000 rw-s 00000000 00:00 0   [shared]
+6000-7000 ---p 00000000 00:00 0
+";
+        let ok = |a, l, w| check_maps(maps, a, l, w).is_ok();
+        assert!(ok(0x1000, 0x2000, true) && ok(0x1fff, 1, true));
+        assert!(ok(0x2000, 0x2000, false), "read-only is enough to be read");
+        assert!(!ok(0x2000, 0x1001, true), "a read-only page in the range");
+        let e = check_maps(maps, 0x3800, 0x1000, false).unwrap_err();
+        assert!(e.msg().contains("nothing is mapped at 0x4000"), "{e}");
+        assert!(ok(0x5000, 0x1000, true), "a shared writable mapping");
+        let e = check_maps(maps, 0x6000, 8, false).unwrap_err();
+        assert!(e.msg().contains("(---p) is not readable"), "{e}");
+        assert!(!ok(0x800, 0x1000, false), "starts in a hole");
+        assert!(!ok(0x6ff0, 0x20, false));
+        assert!(!ok(u64::MAX - 4, 8, false), "wraps");
+    }
+
+    #[test]
+    fn this_process_heap_is_mapped_and_a_freed_page_is_not() {
+        let r = HostRegion::new(3 * PAGE).unwrap();
+        assert!(check_mapped(r.addr() + 5, 2 * PAGE as u64, true).is_ok());
+        assert!(check_mapped(0, 0, true).is_ok(), "nothing to check");
+        assert!(check_mapped(8, 8, false).is_err(), "page 0 is never mapped");
+    }
 
     #[test]
     fn zeroed_page_aligned_words() {

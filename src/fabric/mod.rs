@@ -336,6 +336,18 @@ pub trait CompletionQueue: Send + 'static {
     /// The soft provider also makes its progress here (it is the NIC).
     fn poll(&mut self, out: &mut [Completion]) -> Result<usize>;
 
+    /// Hands up to `buf.len()` completions to `f`, oldest first; returns how many. Where the
+    /// provider can, `f` reads them where they lie (no copy out: the shared CQ's poller
+    /// routes each one once); otherwise they are polled into `buf` first (the default).
+    #[inline(always)]
+    fn poll_each(&mut self, buf: &mut [Completion], mut f: impl FnMut(&Completion)) -> Result<usize> {
+        let n = self.poll(buf)?;
+        for c in &buf[..n] {
+            f(c);
+        }
+        Ok(n)
+    }
+
     /// Makes room for at least `depth` completions (a shared CQ grows as QPs are attached),
     /// keeping the ones it holds. Never below what it holds; within the device's `max_cqe`.
     fn resize(&mut self, depth: u32) -> Result<()>;

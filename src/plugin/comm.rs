@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::devices::DevPair;
 use super::inbox::Inbox;
 use super::mr::{MrInfo, MrMemo};
-use super::nic::{NicQueues, POLL_BATCH};
+use super::nic::NicQueues;
 use super::resources::{Held, Res};
 use crate::engine::layout::{
     CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS,
@@ -148,33 +148,34 @@ fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts, engine: &mut
 #[inline(always)]
 fn take_inbox<E: Engine>(
     inbox: &Inbox,
-    wc: &mut [Completion; POLL_BATCH],
     engine: &mut E,
     on: impl FnMut(&mut E, &Completion) -> Result<()>,
 ) -> Result<bool> {
     if inbox.is_empty() {
         return Ok(false);
     }
-    take_inbox_slow(inbox, wc, engine, on)?;
+    take_inbox_slow(inbox, engine, on)?;
     Ok(true)
 }
 
 #[inline(always)]
 fn take_inbox_slow<E: Engine>(
     inbox: &Inbox,
-    wc: &mut [Completion; POLL_BATCH],
     engine: &mut E,
     mut on: impl FnMut(&mut E, &Completion) -> Result<()>,
 ) -> Result<()> {
-    loop {
-        let n = inbox.pop_into(wc);
-        for c in &wc[..n] {
-            on(engine, c)?;
-        }
-        if n < POLL_BATCH {
-            break;
-        }
-    }
+    // Everything queued, decoded straight into `on`; after a failure the rest is dropped
+    // (the connection is broken by it).
+    let mut r = Ok(());
+    inbox.pop_each(
+        #[inline(always)]
+        |c| {
+            if r.is_ok() {
+                r = on(engine, c);
+            }
+        },
+    );
+    r?;
     if inbox.overflowed() {
         let cap = inbox.capacity();
         return Err(broken(
@@ -263,7 +264,6 @@ pub struct SendComm<D: Device> {
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
     posts: Posts,
-    wc: [Completion; POLL_BATCH],
     region: HostRegion,
     _held: Held,
 }
@@ -281,7 +281,6 @@ impl<D: Device> SendComm<D> {
             seqs: Seqs::new(512),
             mr_memo: MrMemo::default(),
             posts: Posts::default(),
-            wc: [Completion::default(); POLL_BATCH],
             region,
             _held: Held::new(Res::SendComms, 1),
         }
@@ -326,12 +325,10 @@ impl<D: Device> SendComm<D> {
     #[inline(always)]
     fn take_inboxes(&mut self, rails: RailMask, now: u64) -> Result<bool> {
         let mut took = false;
-        for rail in 0..RAILS {
-            if rails.contains(rail) {
-                let engine = &mut self.engine;
-                took |=
-                    take_inbox(&self.rails[rail].inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c))?;
-            }
+        // Only the rails of the set are visited (one, on a single-rail split).
+        for rail in rails.iter() {
+            let engine = &mut self.engine;
+            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(now, rail, c))?;
         }
         Ok(took)
     }
@@ -341,10 +338,7 @@ impl<D: Device> SendComm<D> {
     /// any order.)
     #[inline(always)]
     fn poll_nics(&mut self, rails: RailMask, now: u64) -> Result<()> {
-        for rail in 0..RAILS {
-            if !rails.contains(rail) {
-                continue;
-            }
+        for rail in rails.iter() {
             let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
             let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
@@ -396,7 +390,6 @@ pub struct RecvComm<D: Device> {
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
     posts: Posts,
-    wc: [Completion; POLL_BATCH],
     region: HostRegion,
     _held: Held,
 }
@@ -410,7 +403,6 @@ impl<D: Device> RecvComm<D> {
             seqs: Seqs::new(512),
             mr_memo: MrMemo::default(),
             posts: Posts::default(),
-            wc: [Completion::default(); POLL_BATCH],
             region,
             _held: Held::new(Res::RecvComms, 1),
         }
@@ -445,8 +437,7 @@ impl<D: Device> RecvComm<D> {
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);
             let engine = &mut self.engine;
-            took |=
-                take_inbox(&self.rails[rail].inbox, &mut self.wc, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
+            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(now, rail, c, &mem))?;
         }
         Ok(took)
     }
@@ -521,7 +512,6 @@ mod tests {
     #[test]
     fn an_overflowed_inbox_fails_its_connection_after_delivering_what_it_holds() {
         let inbox = Inbox::new(2);
-        let mut wc = [Completion::default(); POLL_BATCH];
         let mut e = Fake { got: Vec::new(), error: None };
         let c = |i| Completion { wr_id: i, ..Completion::default() };
         assert!(inbox.push(&c(1)) && inbox.push(&c(2)));
@@ -529,11 +519,11 @@ mod tests {
             e.got.push(c.wr_id);
             Ok(())
         };
-        assert!(take_inbox(&inbox, &mut wc, &mut e, on).unwrap());
-        assert!(!take_inbox(&inbox, &mut wc, &mut e, on).unwrap(), "empty now");
+        assert!(take_inbox(&inbox, &mut e, on).unwrap());
+        assert!(!take_inbox(&inbox, &mut e, on).unwrap(), "empty now");
         assert!(inbox.push(&c(3)) && inbox.push(&c(4)));
         assert!(!inbox.push(&c(5)), "full: a bug the connection must hear of");
-        let err = take_inbox(&inbox, &mut wc, &mut e, on).unwrap_err();
+        let err = take_inbox(&inbox, &mut e, on).unwrap_err();
         assert_eq!(e.got, [1, 2, 3, 4], "what the inbox held was delivered first");
         assert!(err.msg().contains("inbox full (2 entries"), "{}", err.msg());
         assert_eq!(e.error.as_ref().map(|x| x.msg()), Some(err.msg()), "the connection is broken with it");

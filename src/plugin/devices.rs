@@ -84,7 +84,8 @@ impl<D: Device> DevPair<D> {
         &self.nics
     }
 
-    /// Registers `[addr, addr+len)` on both rails; `mem` is its one memory type.
+    /// Registers exactly `[addr, addr+len)` on both rails (see `mr.rs`); `mem` is its one
+    /// memory type.
     pub fn reg_mr(self: &Arc<Self>, addr: u64, len: u64, mem: MemTypes) -> Result<MrHandle> {
         let gpu = if mem == MemTypes::HOST {
             false
@@ -97,21 +98,18 @@ impl<D: Device> DevPair<D> {
                 self.props.mem_types
             )));
         };
-        if addr == 0 && len > 0 {
-            return Err(Error::invalid_argument("regMr of a NULL buffer"));
-        }
-        let (k0, s0, e0) = self.nics[0].cache.acquire(addr, len)?;
-        let (k1, s1, e1) = match self.nics[1].cache.acquire(addr, len) {
-            Ok(r) => r,
+        let k0 = self.nics[0].cache.acquire(addr, len)?;
+        let k1 = match self.nics[1].cache.acquire(addr, len) {
+            Ok(k) => k,
             Err(e) => {
-                let _ = self.nics[0].cache.release(s0, e0);
+                let _ = self.nics[0].cache.release(addr, len);
                 return Err(e);
             }
         };
         let me = self.clone();
         let release = Box::new(move || {
-            let a = me.nics[0].cache.release(s0, e0);
-            let b = me.nics[1].cache.release(s1, e1);
+            let a = me.nics[0].cache.release(addr, len);
+            let b = me.nics[1].cache.release(addr, len);
             a.and(b)
         });
         Ok(MrHandle::new(MrInfo { addr, len, gpu, keys: [k0, k1] }, release))
@@ -124,6 +122,11 @@ impl<D: Device> DevPair<D> {
                 "regMrDmaBuf on {}, which does not support DMA-BUF",
                 self.props.name.to_string_lossy()
             )));
+        }
+        super::mr::check_range(addr, len)?;
+        if len == 0 {
+            // As `reg_mr`: an empty registration registers nothing, carries no keys.
+            return Ok(MrHandle::new(MrInfo { addr, len, gpu: true, keys: Default::default() }, Box::new(|| Ok(()))));
         }
         let access = super::mr::ACCESS;
         let m0 = self.rails[0].reg_dmabuf_mr(fd, offset, len as usize, addr, access)?;

@@ -126,26 +126,46 @@ impl Inbox {
         self.tail.load(Ordering::Acquire) == self.head.load(Ordering::Relaxed)
     }
 
-    /// Moves the oldest completions into `out`; returns how many. Only the connection's
-    /// owner calls this.
-    #[inline]
+    /// Moves the oldest completions into `out`; returns how many (tests: batches smaller
+    /// than what is queued). Only the connection's owner calls this.
+    #[cfg(test)]
     pub fn pop_into(&self, out: &mut [Completion]) -> usize {
         let tail = self.tail.load(Ordering::Acquire);
         let head = self.head.load(Ordering::Relaxed);
         let n = out.len().min(tail.wrapping_sub(head));
         for (i, o) in out[..n].iter_mut().enumerate() {
-            let s = &self.slots[head.wrapping_add(i) & self.mask];
-            *o = decode([
-                s[0].load(Ordering::Relaxed),
-                s[1].load(Ordering::Relaxed),
-                s[2].load(Ordering::Relaxed),
-                s[3].load(Ordering::Relaxed),
-            ]);
+            *o = self.load(head.wrapping_add(i));
         }
         if n > 0 {
             self.head.store(head.wrapping_add(n), Ordering::Release);
         }
         n
+    }
+
+    /// Hands every queued completion to `f`, oldest first, decoded on the stack (no copy
+    /// through a buffer); returns how many. Only the connection's owner calls this.
+    #[inline(always)]
+    pub fn pop_each(&self, mut f: impl FnMut(&Completion)) -> usize {
+        let tail = self.tail.load(Ordering::Acquire);
+        let head = self.head.load(Ordering::Relaxed);
+        let n = tail.wrapping_sub(head);
+        for i in 0..n {
+            f(&self.load(head.wrapping_add(i)));
+        }
+        self.head.store(tail, Ordering::Release);
+        n
+    }
+
+    /// The completion queued at count `at` (in `[head, tail)`, published).
+    #[inline(always)]
+    fn load(&self, at: usize) -> Completion {
+        let s = &self.slots[at & self.mask];
+        decode([
+            s[0].load(Ordering::Relaxed),
+            s[1].load(Ordering::Relaxed),
+            s[2].load(Ordering::Relaxed),
+            s[3].load(Ordering::Relaxed),
+        ])
     }
 
     /// Whether a completion found the ring full.

@@ -13,9 +13,10 @@ use super::context::Context;
 use super::devices::DevPair;
 use super::discover::RailPair;
 use super::handles::{CommHandle, ContextHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
+use super::listen::ListenComm;
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::oob::OobListener;
-use super::setup::{self, Connecting, FabricKind, ListenComm, Params};
+use super::setup::{self, Connecting, FabricKind, Params};
 use super::table::Devices;
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
@@ -135,19 +136,8 @@ impl<D: Device> Plugin<D> {
         };
         setup::write_handle(handle, self.kind, addr);
         let p = self.params(abi, None);
-        self.objs
-            .insert(
-                Kind::Listen,
-                Obj::Listen(Box::new(ListenComm {
-                    listener,
-                    pair,
-                    ctx,
-                    p,
-                    pending: None,
-                    held: super::resources::Held::new(super::resources::Res::ListenComms, 1),
-                })),
-            )
-            .map(ListenHandle)
+        let listen = ListenComm::new(listener, pair, ctx, p);
+        self.objs.insert(Kind::Listen, Obj::Listen(Box::new(listen))).map(ListenHandle)
     }
 
     /// `connect`; `tc`: the traffic class of v10's `connect` config (v11+: the context's).
@@ -194,7 +184,7 @@ impl<D: Device> Plugin<D> {
         let r = {
             let (_, mut g) = self.objs.get(listen.0, Kind::Listen)?;
             match &mut *g {
-                Obj::Listen(l) => l.accept()?,
+                Obj::Listen(l) => l.accept(std::time::Instant::now())?,
                 _ => return Err(Error::internal("listen entry holds something else")),
             }
         };

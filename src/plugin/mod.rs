@@ -23,9 +23,11 @@ pub mod discover;
 pub mod handles;
 pub mod inbox;
 pub mod instance;
+pub mod listen;
 pub mod mr;
 pub mod nic;
 pub mod oob;
+mod rails;
 pub mod resources;
 pub mod setup;
 pub mod table;
@@ -159,10 +161,17 @@ pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
             log::warn!(target: "mpib::config", "{w}");
         }
         log::info!(target: "mpib::config", "configuration: {cfg}");
+        let bound = setup::silent_peer_bound(&setup::Params::new(cfg, FabricKind::Soft, abi, None).connect);
+        log::info!(
+            target: "mpib::config",
+            "a peer that stops answering (frozen, host down) is reported within {bound:.1?} (MPIB_TIMEOUT={}, MPIB_RETRY_CNT={}); a killed one on the soft fabric at once",
+            cfg.timeout,
+            cfg.retry_cnt
+        );
         let a = open(cfg)?;
         let _ = ACTIVE.set(a);
         if let Err(e) = crate::telemetry::start_stats_export(cfg) {
-            log::warn!("statistics file: {e}");
+            log::warn!("{e}");
         }
         for line in banner_lines(ACTIVE.get().expect("set"), abi, cfg) {
             log::info!(target: "mpib::abi", "{line}");

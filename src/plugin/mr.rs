@@ -1,8 +1,24 @@
 //! Memory registration: one handle holds the keys of both rails. Host and CUDA
-//! registrations go through a page-range, reference-counted cache per device (like
-//! net_ib's), so NCCL registering the same buffer for several comms or channels costs one
-//! NIC registration. DMA-BUF registrations are not cached (the fd is only valid during
-//! the call).
+//! registrations go through a reference-counted cache per NIC, so NCCL registering the same
+//! buffer for several comms or channels costs one NIC registration. DMA-BUF registrations
+//! are not cached (the fd is only valid during the call).
+//!
+//! **Exact bounds.** Each registration covers exactly `[data, data + size)` of what NCCL
+//! registered, and the cache shares only registrations of exactly that range: the rkey a
+//! peer receives reaches those bytes and no others (a NIC checks an rkey against its
+//! registration's bytes; the soft fabric does the same). net_ib rounds registrations out to
+//! whole pages and shares any that covers the range, which hands a peer up to 4,095 bytes
+//! on either side of the buffer; mpib does not. The cost: one NIC registration per distinct
+//! `(data, size)` instead of one per distinct page range; NCCL registers a few large
+//! buffers per connection (one per protocol buffer, and user buffers), so that is a handful
+//! of MRs per connection and rail, where a NIC holds millions.
+//!
+//! **Input.** What cannot be registered is refused here, before any NIC sees it: a NULL
+//! buffer, a range whose end wraps around the address space or lies beyond `isize::MAX`
+//! bytes. An empty registration (`size` 0) registers nothing and carries no keys (a 0-byte
+//! transfer uses none). Whether the range is mapped, and writable (peers write into every
+//! registration), is the fabric's to check: the kernel pins the pages for verbs, the soft
+//! fabric reads the process's mappings.
 
 use std::sync::Arc;
 
@@ -12,21 +28,36 @@ use crate::engine::{CpuAccess, RAILS, SendBuf};
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Device, MrKeys};
 
-const PAGE: u64 = 4096;
-
 /// Access rights of every registration: peers write into receive buffers and read
 /// from them (the flush READ), send buffers are read locally.
 pub const ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
 
+/// Checks `[addr, addr + len)` as a range a NIC could register: not NULL, no wrap, at most
+/// `isize::MAX` bytes (no process has more).
+pub fn check_range(addr: u64, len: u64) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    if addr == 0 {
+        return Err(Error::invalid_argument(format!("regMr of {len} bytes at NULL")));
+    }
+    if len > isize::MAX as u64 || addr.checked_add(len).is_none() {
+        return Err(Error::invalid_argument(format!(
+            "regMr of {len} bytes at {addr:#x}: the range runs past the end of the address space"
+        )));
+    }
+    Ok(())
+}
+
 struct Entry<D: Device> {
-    start: u64,
-    end: u64,
+    addr: u64,
+    len: u64,
     refs: usize,
     keys: MrKeys,
     mr: Option<D::Mr>,
 }
 
-/// The registration cache of one device.
+/// The registration cache of one NIC.
 pub struct MrCache<D: Device> {
     dev: Arc<D>,
     entries: Mutex<Vec<Entry<D>>>,
@@ -37,31 +68,38 @@ impl<D: Device> MrCache<D> {
         MrCache { dev, entries: Mutex::new(Vec::new()) }
     }
 
-    /// Registers the pages under `[addr, addr+len)` (or reuses a registration covering
-    /// them); returns the keys and the page range to release.
-    pub fn acquire(&self, addr: u64, len: u64) -> Result<(MrKeys, u64, u64)> {
-        let start = addr / PAGE * PAGE;
-        let end = (addr + len.max(1)).div_ceil(PAGE) * PAGE;
+    /// Registers exactly `[addr, addr + len)` (checked by [`check_range`]), or takes one
+    /// more reference to the registration of exactly that range; its keys. Release with
+    /// [`MrCache::release`] of the same range. An empty range registers nothing (keys 0).
+    pub fn acquire(&self, addr: u64, len: u64) -> Result<MrKeys> {
+        check_range(addr, len)?;
+        if len == 0 {
+            return Ok(MrKeys::default());
+        }
         let mut es = self.entries.lock();
-        if let Some(e) = es.iter_mut().find(|e| e.start <= start && e.end >= end) {
+        if let Some(e) = es.iter_mut().find(|e| e.addr == addr && e.len == len) {
             e.refs += 1;
-            return Ok((e.keys, e.start, e.end));
+            return Ok(e.keys);
         }
         let mr = self
             .dev
-            .reg_mr(start as *mut u8, (end - start) as usize, ACCESS)
-            .map_err(|e| e.context(format!("registering {} bytes at {addr:#x} on {}", len, self.dev.attrs().name)))?;
+            .reg_mr(addr as *mut u8, len as usize, ACCESS)
+            .map_err(|e| e.context(format!("registering {len} bytes at {addr:#x} on {}", self.dev.attrs().name)))?;
         let keys = D::mr_keys(&mr);
-        es.push(Entry { start, end, refs: 1, keys, mr: Some(mr) });
-        Ok((keys, start, end))
+        es.push(Entry { addr, len, refs: 1, keys, mr: Some(mr) });
+        Ok(keys)
     }
 
-    /// Drops one reference to the registration `[start, end)`; deregisters it at zero.
-    pub fn release(&self, start: u64, end: u64) -> Result<()> {
+    /// Drops one reference to the registration of `[addr, addr + len)`; deregisters it at
+    /// zero.
+    pub fn release(&self, addr: u64, len: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
         let mr = {
             let mut es = self.entries.lock();
-            let Some(i) = es.iter().position(|e| e.start == start && e.end == end) else {
-                return Err(Error::internal(format!("no cached registration [{start:#x}, {end:#x})")));
+            let Some(i) = es.iter().position(|e| e.addr == addr && e.len == len) else {
+                return Err(Error::internal(format!("no cached registration of {len} bytes at {addr:#x}")));
             };
             es[i].refs -= 1;
             if es[i].refs > 0 {
@@ -75,7 +113,7 @@ impl<D: Device> MrCache<D> {
         }
     }
 
-    /// Registrations currently cached (for tests and statistics).
+    /// NIC registrations held now (for tests and statistics).
     pub fn len(&self) -> usize {
         self.entries.lock().len()
     }
@@ -164,6 +202,49 @@ impl Drop for MrHandle {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::soft::{self, SoftDevice, SoftOptions};
+
+    fn cache() -> MrCache<SoftDevice> {
+        MrCache::new(Arc::new(soft::open(&SoftOptions::inproc("mr")).unwrap()))
+    }
+
+    #[test]
+    fn registrations_are_exact_and_shared_only_for_the_same_range() {
+        let c = cache();
+        let buf = vec![0u8; 3 * 4096];
+        let a = buf.as_ptr() as u64 + 100;
+        let k = c.acquire(a, 1000).unwrap();
+        assert_eq!(c.acquire(a, 1000).unwrap(), k, "the same range: shared");
+        // Inside the same pages, but not the same range: registrations of their own (a page
+        // cache would have handed out `k`, whose rkey reaches all of `a`'s pages).
+        let k2 = c.acquire(a + 1000, 1000).unwrap();
+        let k3 = c.acquire(a, 999).unwrap();
+        assert!(k2 != k && k3 != k && k2 != k3);
+        assert_eq!(c.len(), 3, "one NIC registration per distinct range");
+        for (addr, len) in [(a, 1000), (a, 1000), (a + 1000, 1000), (a, 999)] {
+            c.release(addr, len).unwrap();
+        }
+        assert!(c.is_empty());
+        assert!(c.release(a, 1000).is_err(), "released once too often");
+    }
+
+    #[test]
+    fn ranges_that_cannot_be_registered_are_refused_before_the_nic() {
+        let c = cache();
+        let buf = vec![0u8; 4096];
+        let a = buf.as_ptr() as u64;
+        let k = c.acquire(a, 4096).unwrap();
+        for (addr, len) in [(a, u64::MAX), (4096u64.wrapping_neg(), 8192), (a, 1 << 63), (0, 8)] {
+            let e = c.acquire(addr, len).unwrap_err();
+            assert_eq!(e.kind, crate::error::ErrorKind::InvalidArgument, "{addr:#x}+{len}: {e}");
+        }
+        assert_eq!(c.len(), 1, "no other entry, and never another entry's keys");
+        assert_eq!(c.acquire(a, 0).unwrap(), MrKeys::default(), "an empty range: nothing registered");
+        assert_eq!(c.len(), 1);
+        c.release(a, 0).unwrap();
+        c.release(a, 4096).unwrap();
+        let _ = k;
+    }
 
     #[test]
     fn a_gpu_registration_gives_sends_the_cpu_may_not_read() {

@@ -436,33 +436,38 @@ impl<D: Device> Polling<'_, D> {
     ) -> Result<()> {
         let p = &mut *self.g;
         let mut first = Ok(());
+        let Poll { cq, wc, routes, srq_posted, .. } = p;
         loop {
-            let n = p.cq.poll(&mut p.wc)?;
-            for c in &p.wc[..n] {
-                if consumed_wqe(c) {
-                    p.srq_posted = p.srq_posted.saturating_sub(1);
-                }
-                let r = if c.qp_num == my_qp {
-                    mine(my_rail, c)
-                } else {
-                    match p.routes.get(c.qp_num) {
-                        Some(r) if r.owner == owner => mine(r.rail as usize, c),
-                        Some(r) => {
-                            r.inbox.push(c);
-                            Ok(())
-                        }
-                        None => {
-                            unrouted(c);
-                            Ok(())
-                        }
+            // Each completion is routed where the CQ holds it (no copy out first).
+            let n = cq.poll_each(
+                wc,
+                #[inline(always)]
+                |c| {
+                    if consumed_wqe(c) {
+                        *srq_posted = srq_posted.saturating_sub(1);
                     }
-                };
-                if let Err(e) = r
-                    && first.is_ok()
-                {
-                    first = Err(e);
-                }
-            }
+                    let r = if c.qp_num == my_qp {
+                        mine(my_rail, c)
+                    } else {
+                        match routes.get(c.qp_num) {
+                            Some(r) if r.owner == owner => mine(r.rail as usize, c),
+                            Some(r) => {
+                                r.inbox.push(c);
+                                Ok(())
+                            }
+                            None => {
+                                unrouted(c);
+                                Ok(())
+                            }
+                        }
+                    };
+                    if let Err(e) = r
+                        && first.is_ok()
+                    {
+                        first = Err(e);
+                    }
+                },
+            )?;
             if n < POLL_BATCH || first.is_err() {
                 break;
             }

@@ -1,6 +1,8 @@
 //! The out-of-band channel of connection set-up: where the listen handle points, and
-//! length-prefixed messages over it. TCP (non-blocking: connect/accept are state machines
-//! that NCCL calls again and again) or, with the in-process fabric, queues in memory.
+//! length-prefixed messages over it ([`Frames`]: a length above the largest set-up message
+//! is refused before its body is read). TCP (non-blocking: connect/accept are state
+//! machines that NCCL calls again and again) or, with the in-process fabric, queues in
+//! memory.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
@@ -11,10 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use socket2::{Domain, Socket, Type};
 
+use super::wire::{DecodeError, Frames};
 use crate::error::{Error, Result};
-
-/// Largest set-up message accepted (a peer sending more is broken or hostile).
-const MAX_MSG: usize = 64 * 1024;
 
 /// Where a listener can be reached, as written into the 128-byte handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -88,13 +88,23 @@ impl OobListener {
         (OobListener::Inproc(id), OobAddr::Inproc(id))
     }
 
-    /// A connection that arrived, if any (never blocks).
-    pub fn accept(&self) -> Result<Option<OobConn>> {
+    /// The address a TCP listener is bound to (for log lines).
+    pub fn local(&self) -> String {
+        match self {
+            OobListener::Tcp(l) => l.local_addr().map_or_else(|_| "?".to_string(), |a| a.to_string()),
+            OobListener::Inproc(id) => format!("in-process {id}"),
+        }
+    }
+
+    /// A connection that arrived, if any (never blocks). Errors are the OS's, for the
+    /// caller to tell a connection that failed (reset before it was taken, out of file
+    /// descriptors) from a broken listener.
+    pub fn accept(&self) -> std::io::Result<Option<OobConn>> {
         match self {
             OobListener::Tcp(l) => match l.accept() {
-                Ok((s, _)) => Ok(Some(OobConn::tcp_connected(s)?)),
+                Ok((s, peer)) => Ok(Some(OobConn::tcp_connected(s, peer)?)),
                 Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
-                Err(e) => Err(Error::io("accept a set-up connection", &e)),
+                Err(e) => Err(e),
             },
             OobListener::Inproc(id) => Ok(INPROC.lock().get_mut(id).and_then(|q| q.pop_front()).map(OobConn::Inproc)),
         }
@@ -126,7 +136,7 @@ pub struct TcpConn {
     connected: bool,
     peer: SocketAddr,
     wbuf: Vec<u8>,
-    rbuf: Vec<u8>,
+    rbuf: Frames,
 }
 
 impl OobConn {
@@ -143,7 +153,13 @@ impl OobConn {
                     Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) || e.kind() == ErrorKind::WouldBlock => {}
                     Err(e) => return Err(Error::io(&format!("connect to {sa}"), &e)),
                 }
-                Ok(OobConn::Tcp(TcpConn { sock, connected: false, peer: sa, wbuf: Vec::new(), rbuf: Vec::new() }))
+                Ok(OobConn::Tcp(TcpConn {
+                    sock,
+                    connected: false,
+                    peer: sa,
+                    wbuf: Vec::new(),
+                    rbuf: Frames::default(),
+                }))
             }
             OobAddr::Inproc(id) => {
                 let (a, b): (Pipe, Pipe) = Default::default();
@@ -157,20 +173,22 @@ impl OobConn {
         }
     }
 
-    fn tcp_connected(s: TcpStream) -> Result<OobConn> {
-        s.set_nonblocking(true).map_err(|e| Error::io("set the socket non-blocking", &e))?;
+    fn tcp_connected(s: TcpStream, peer: SocketAddr) -> std::io::Result<OobConn> {
+        s.set_nonblocking(true)?;
         let _ = s.set_nodelay(true);
-        let peer = s.peer_addr().map_err(|e| Error::io("peer address", &e))?;
-        Ok(OobConn::Tcp(TcpConn { sock: Socket::from(s), connected: true, peer, wbuf: Vec::new(), rbuf: Vec::new() }))
+        Ok(OobConn::Tcp(TcpConn {
+            sock: Socket::from(s),
+            connected: true,
+            peer,
+            wbuf: Vec::new(),
+            rbuf: Frames::default(),
+        }))
     }
 
     /// Queues one message.
     pub fn send(&mut self, msg: &[u8]) {
         match self {
-            OobConn::Tcp(c) => {
-                c.wbuf.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-                c.wbuf.extend_from_slice(msg);
-            }
+            OobConn::Tcp(c) => Frames::put(&mut c.wbuf, msg),
             OobConn::Inproc(c) => c.tx.lock().push_back(msg.to_vec()),
         }
     }
@@ -180,6 +198,23 @@ impl OobConn {
         match self {
             OobConn::Inproc(c) => Ok(c.rx.lock().pop_front()),
             OobConn::Tcp(c) => c.poll(),
+        }
+    }
+
+    /// Where the other end is (for log lines).
+    pub fn peer(&self) -> String {
+        match self {
+            OobConn::Tcp(c) => c.peer.to_string(),
+            OobConn::Inproc(_) => "this process".to_string(),
+        }
+    }
+
+    /// Hands what is queued to the kernel now if the connection is up (never blocks, reads
+    /// nothing).
+    pub fn flush(&mut self) -> Result<()> {
+        match self {
+            OobConn::Tcp(c) => c.write_out().map(|_| ()),
+            OobConn::Inproc(_) => Ok(()),
         }
     }
 
@@ -194,13 +229,34 @@ impl OobConn {
 
 impl TcpConn {
     fn poll(&mut self) -> Result<Option<Vec<u8>>> {
+        if !self.write_out()? {
+            return Ok(None); // still connecting
+        }
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(m) = self.take_message()? {
+                return Ok(Some(m));
+            }
+            match (&self.sock).read(&mut buf) {
+                Ok(0) => return Err(Error::remote(format!("peer {} closed the set-up connection", self.peer))),
+                Ok(n) => self.rbuf.push(&buf[..n]),
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
+            }
+        }
+    }
+
+    /// Hands what is queued to the kernel as far as it takes it; `false` while the TCP
+    /// connect is still in progress.
+    fn write_out(&mut self) -> Result<bool> {
         if !self.connected {
             if let Some(e) = self.sock.take_error().map_err(|e| Error::io("set-up socket", &e))? {
                 return Err(Error::remote(format!("cannot connect to {}: {e}", self.peer)));
             }
             match self.sock.peer_addr() {
                 Ok(_) => self.connected = true,
-                Err(_) => return Ok(None), // still connecting
+                Err(_) => return Ok(false),
             }
         }
         while !self.wbuf.is_empty() {
@@ -214,35 +270,14 @@ impl TcpConn {
                 Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
             }
         }
-        let mut buf = [0u8; 4096];
-        loop {
-            if let Some(m) = self.take_message()? {
-                return Ok(Some(m));
-            }
-            match (&self.sock).read(&mut buf) {
-                Ok(0) => return Err(Error::remote(format!("peer {} closed the set-up connection", self.peer))),
-                Ok(n) => self.rbuf.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(None),
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::remote(format!("set-up connection to {}: {e}", self.peer))),
-            }
-        }
+        Ok(true)
     }
 
     fn take_message(&mut self) -> Result<Option<Vec<u8>>> {
-        if self.rbuf.len() < 4 {
-            return Ok(None);
-        }
-        let len = u32::from_le_bytes(self.rbuf[..4].try_into().expect("4 bytes")) as usize;
-        if len > MAX_MSG {
-            return Err(Error::remote(format!("set-up message of {len} bytes from {} (at most {MAX_MSG})", self.peer)));
-        }
-        if self.rbuf.len() < 4 + len {
-            return Ok(None);
-        }
-        let m = self.rbuf[4..4 + len].to_vec();
-        self.rbuf.drain(..4 + len);
-        Ok(Some(m))
+        self.rbuf.next_msg().map_err(|e| match e {
+            DecodeError::Foreign(why) => Error::remote(format!("{} {why}", self.peer)),
+            v => Error::from(v),
+        })
     }
 }
 
@@ -254,7 +289,7 @@ mod tests {
     fn exchange(addr: OobAddr, l: &OobListener) {
         let mut a = OobConn::connect(addr).unwrap();
         a.send(b"hello");
-        a.send(&vec![7u8; 10_000]);
+        a.send(&vec![7u8; 1_500]);
         let deadline = Instant::now() + Duration::from_secs(5);
         let mut b = None;
         let mut got = Vec::new();
@@ -271,7 +306,7 @@ mod tests {
             }
         }
         assert_eq!(got[0], b"hello");
-        assert_eq!(got[1], vec![7u8; 10_000]);
+        assert_eq!(got[1], vec![7u8; 1_500]);
     }
 
     #[test]

@@ -10,22 +10,18 @@
 //!  Ready ─────────────────────────────▶  wait for Ready and ready QPs
 //! ```
 //! The acceptor's QPs reach RTS before it replies and the connector's before it says
-//! Ready, so no WRITE ever finds an unconnected QP. Every stage is bounded by
-//! `MPIB_CONNECT_TIMEOUT_MS` once the peer has shown up.
+//! Ready, so no WRITE ever finds an unconnected QP. Either side that gives up after the
+//! Hello sends a Refusal saying why before it closes, so both sides report the cause.
 //!
-//! The QPs are made on the shared queues of each rail's NIC in the connection's context
-//! (`context.rs`, `nic.rs`), with send queues as deep as what can be outstanding on them:
+//! An accepted connection is a stranger until its first message is a Hello of this
+//! version: one that says nothing within [`HELLO_WITHIN`], closes, or sends anything else
+//! is a stray ([`AcceptFailed::Stray`], `Silent`), which the listener drops
+//! (`listen.rs`) without failing NCCL's `accept`; a Hello of another version or fabric is
+//! an mpib peer that cannot work with this one, a failed set-up. From the Hello on, the
+//! set-up is bounded by `MPIB_CONNECT_TIMEOUT_MS`.
 //!
-//! - a sender's data QP: each rail carries at most one chain per CTS slot in flight (a slot
-//!   is taken again only once its chains completed), chains of at most `MAX_CHAIN` WRs, one
-//!   request per QP round-robin: `ceil(SLOTS / QPs) × MAX_CHAIN`, plus one probe (or
-//!   keepalive) at a time;
-//! - a receiver's CTS QP (its first): the CTS WRITEs of the slots since the last signalled
-//!   one of its rail (signalled when `slot == rail`, once per `SLOTS` slots; a slot is reused
-//!   only after its CTS completed): at most `2 × SLOTS`, plus one keepalive; its other QPs
-//!   post nothing; a flush QP: one READ per flush in flight.
-//!
-//! Every depth is clamped to the device's `max_qp_wr`.
+//! The QPs are made on the shared queues of each rail's NIC in the connection's context,
+//! with send queues as deep as what can be outstanding on them (`rails.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,19 +31,17 @@ use super::comm::{
 };
 use super::context::Context;
 use super::devices::DevPair;
-use super::inbox::Inbox;
-use super::mr::ACCESS;
-use super::nic::{QpSpec, new_owner};
-use super::oob::{OobAddr, OobConn, OobListener};
-use super::resources::{Held, Res};
-use super::wire::{Hello, READY, Reply};
+use super::oob::{OobAddr, OobConn};
+use super::rails::{
+    FlushQp, RECV_INLINE, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys, send_plan,
+};
+use super::wire::{self, DecodeError, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::layout::SLOTS;
-use crate::engine::{MAX_CHAIN, MAX_FLUSHES, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::engine::{RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair};
+use crate::fabric::{ConnectParams, Device, MemTypes};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
@@ -96,6 +90,18 @@ impl Params {
     }
 }
 
+/// The longest a connection takes to report a peer that stops answering without closing
+/// (frozen, host down, link cut) while this side waits on it: within `KEEPALIVE_NS` of
+/// silence a keepalive (or the data itself) is in flight, and its transport gives up after
+/// the ACK-timeout budget `4.096 µs × 2^MPIB_TIMEOUT × (MPIB_RETRY_CNT + 1)` (the soft
+/// fabric waits at least 100 ms). 34.5 s with the defaults. A killed peer on the soft
+/// fabric is reported at once (its kernel closes the sockets); on verbs only this bound
+/// tells (a NIC drops packets for a QP that no longer exists).
+pub fn silent_peer_bound(p: &ConnectParams) -> Duration {
+    let keepalive = Duration::from_nanos(crate::engine::KEEPALIVE_NS);
+    keepalive + crate::fabric::soft::silent_peer_bound(p)
+}
+
 /// Writes a listen handle.
 pub fn write_handle(handle: &mut [u8; 128], kind: FabricKind, addr: OobAddr) {
     handle.fill(0);
@@ -136,151 +142,6 @@ pub fn set_handle_token(handle: &mut [u8; 128], token: u64) {
     handle[TOKEN_OFF..].copy_from_slice(&token.to_le_bytes());
 }
 
-/// Inline bytes of a sender's QPs (probes; small sends from host memory) and of a
-/// receiver's (a CTS of up to 8 entries).
-const SEND_INLINE: u32 = 64;
-const RECV_INLINE: u32 = (MAX_RECVS * crate::engine::layout::CTS_ENTRY_BYTES) as u32;
-
-/// Send-queue depth of each of a sender's `nqps` data QPs on a rail (see the module doc).
-pub fn send_qp_depth(nqps: u16) -> u32 {
-    (SLOTS.div_ceil(nqps.max(1) as usize) * MAX_CHAIN + 1) as u32
-}
-
-/// Send-queue depth of a receiver's CTS QP (see the module doc).
-pub const CTS_QP_DEPTH: u32 = 2 * SLOTS as u32 + 1;
-/// Send-queue depth of a flush QP: a READ per flush in flight.
-pub const FLUSH_QP_DEPTH: u32 = MAX_FLUSHES as u32;
-
-fn clamp_caps<D: Device>(dev: &D, caps: QpCaps) -> QpCaps {
-    let a = dev.attrs();
-    QpCaps { max_send_wr: caps.max_send_wr.min(a.max_qp_wr.max(1)), max_inline: caps.max_inline.min(a.max_inline) }
-}
-
-/// Whether a connection's rails get a loopback flush QP each (a receiver of GPU memory:
-/// `iflush` READs through it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum FlushQp {
-    With,
-    Without,
-}
-
-/// What one rail of a connection needs: its QPs (the last one the flush QP, if any), and
-/// the receive window (SRQ WQEs its receives may consume at most).
-struct RailPlan {
-    qps: Vec<QpSpec>,
-    flush: FlushQp,
-    window: u32,
-}
-
-/// A sender's rail: `nqps` data QPs.
-fn send_plan(nqps: u16) -> RailPlan {
-    let caps = QpCaps { max_send_wr: send_qp_depth(nqps), max_inline: SEND_INLINE };
-    RailPlan { qps: vec![QpSpec { caps, srq: false }; nqps as usize], flush: FlushQp::Without, window: 0 }
-}
-
-/// A receiver's rail: the CTS QP, `nqps - 1` more that only receive, the flush QP if asked,
-/// and `window` receives in flight.
-fn recv_plan(nqps: u16, flush: FlushQp, window: u32) -> RailPlan {
-    let mut qps = vec![QpSpec { caps: QpCaps { max_send_wr: CTS_QP_DEPTH, max_inline: RECV_INLINE }, srq: true }];
-    qps.extend((1..nqps).map(|_| QpSpec { caps: QpCaps { max_send_wr: 1, max_inline: 0 }, srq: true }));
-    if flush == FlushQp::With {
-        qps.push(QpSpec { caps: QpCaps { max_send_wr: FLUSH_QP_DEPTH, max_inline: 0 }, srq: false });
-    }
-    RailPlan { qps, flush, window }
-}
-
-/// Registers `region` on rail `rail`'s NIC and attaches `plan`'s QPs to the NIC's shared
-/// queues in `ctx`, for connection `owner`.
-fn build_rail<D: Device>(
-    ctx: &Context<D>,
-    dev: &Arc<D>,
-    rail: usize,
-    owner: u64,
-    plan: RailPlan,
-    region: &HostRegion,
-) -> Result<Rail<D>> {
-    let nic = ctx.queues(dev)?;
-    let specs: Vec<QpSpec> = plan.qps.iter().map(|q| QpSpec { caps: clamp_caps(dev.as_ref(), q.caps), ..*q }).collect();
-    let sq: u64 = specs.iter().map(|q| q.caps.max_send_wr as u64).sum();
-    // Everything that can complete for this rail: each send-queue WR, each receive.
-    let inbox = Arc::new(Inbox::new(sq as usize + plan.window as usize));
-    let region_mr = dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?;
-    let mut qps = match nic.attach(owner, rail, &inbox, &specs, plan.window) {
-        Ok(q) => q,
-        Err(e) => {
-            let _ = dev.dereg_mr(region_mr);
-            return Err(e);
-        }
-    };
-    let flush_qp = if plan.flush == FlushQp::With { qps.pop() } else { None };
-    let first_qp = qps.first().map_or(0, |q| q.qp_num());
-    let held = vec![
-        Held::new(Res::Qps, specs.len() as u64),
-        Held::new(Res::QpSendWrs, sq),
-        Held::new(Res::ControlBytes, region.len() as u64),
-        Held::new(Res::InboxEntries, inbox.capacity() as u64),
-    ];
-    Ok(Rail {
-        qps,
-        flush_qp,
-        region_mr: Some(region_mr),
-        nic,
-        inbox,
-        owner,
-        first_qp,
-        sq,
-        window: plan.window,
-        dev: dev.clone(),
-        held,
-    })
-}
-
-fn build_rails<D: Device>(
-    ctx: &Context<D>,
-    pair: &DevPair<D>,
-    plan: impl Fn(usize) -> RailPlan,
-    region: &HostRegion,
-) -> Result<[Rail<D>; RAILS]> {
-    let owner = new_owner();
-    let r0 = build_rail(ctx, &pair.rails[0], 0, owner, plan(0), region)?;
-    let r1 = build_rail(ctx, &pair.rails[1], 1, owner, plan(1), region)?;
-    Ok([r0, r1])
-}
-
-fn region_keys<D: Device>(rails: &[Rail<D>; RAILS]) -> ([u32; RAILS], [u32; RAILS]) {
-    let k = |r: &Rail<D>| D::mr_keys(r.region_mr.as_ref().expect("registered"));
-    ([k(&rails[0]).lkey, k(&rails[1]).lkey], [k(&rails[0]).rkey, k(&rails[1]).rkey])
-}
-
-fn qp_infos<D: Device>(rails: &[Rail<D>; RAILS]) -> Vec<QpInfo> {
-    rails.iter().flat_map(|r| r.qps.iter().map(|q| q.local_info())).collect()
-}
-
-fn connect_qps<D: Device>(rails: &mut [Rail<D>; RAILS], infos: &[QpInfo], p: &ConnectParams) -> Result<()> {
-    let mut it = infos.iter();
-    for r in rails.iter_mut() {
-        for q in r.qps.iter_mut() {
-            q.connect(it.next().ok_or_else(|| Error::remote("peer sent too few QP infos"))?, p)?;
-        }
-        if let Some(f) = r.flush_qp.as_mut() {
-            let me = f.local_info();
-            f.connect(&me, p)?;
-        }
-    }
-    Ok(())
-}
-
-fn all_ready<D: Device>(rails: &mut [Rail<D>; RAILS]) -> Result<bool> {
-    for r in rails.iter_mut() {
-        for q in r.qps.iter_mut().chain(r.flush_qp.as_mut()) {
-            if !q.is_ready()? {
-                return Ok(false);
-            }
-        }
-    }
-    Ok(true)
-}
-
 fn telemetry<D: Device>(pair: &DevPair<D>, p: &Params) -> [RailTelemetry; RAILS] {
     let t =
         |i: usize| RailTelemetry::registered(TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps), i);
@@ -308,10 +169,14 @@ pub struct Connecting<D: Device> {
 impl<D: Device> Connecting<D> {
     /// Starts a send comm to the listener at `addr`, its QPs on the NICs' queues of `ctx`.
     pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr, ctx: &Context<D>) -> Result<Self> {
+        // The TCP connect first: its handshake completes while the QPs are made, so the
+        // Hello goes out at once below. The acceptor drops a connection that says nothing
+        // for HELLO_WITHIN, and NCCL calls `connect` for its other comms in between (each
+        // making its own QPs): a Hello left for the next call could miss that deadline.
+        let mut conn = OobConn::connect(addr)?;
         let region = HostRegion::new(SEND_SCRATCH_OFF + SCRATCH_BYTES)?;
         let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r]), &region)?;
         let (_, rkeys) = region_keys(&rails);
-        let mut conn = OobConn::connect(addr)?;
         let hello = Hello {
             kind: p.kind as u8,
             qps: p.qps,
@@ -321,6 +186,7 @@ impl<D: Device> Connecting<D> {
             qps_info: qp_infos(&rails),
         };
         conn.send(&hello.encode());
+        conn.flush()?;
         Ok(Connecting {
             pair,
             p,
@@ -333,8 +199,17 @@ impl<D: Device> Connecting<D> {
         })
     }
 
-    /// One step; the send comm once the connection is up.
+    /// One step; the send comm once the connection is up. A failure is also told to the
+    /// acceptor (a Refusal), so both sides report its cause.
     pub fn step(&mut self) -> Result<Option<SendComm<D>>> {
+        let r = self.progress();
+        if let Err(e) = &r {
+            refuse(&mut self.conn, e);
+        }
+        r
+    }
+
+    fn progress(&mut self) -> Result<Option<SendComm<D>>> {
         if self.started.elapsed() > self.p.timeout {
             return Err(Error::remote(format!(
                 "connect: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
@@ -346,7 +221,19 @@ impl<D: Device> Connecting<D> {
             match self.stage {
                 ConnStage::AwaitReply => {
                     let Some(m) = self.conn.poll()? else { return Ok(None) };
-                    let reply = Reply::decode(&m, self.p.qps)?;
+                    let reply = match wire::decode(&m)? {
+                        Msg::Reply(r) if r.qps == self.p.qps => r,
+                        Msg::Reply(r) => {
+                            return Err(Error::remote(format!(
+                                "connect: the peer created {:?} QPs per rail, {:?} were asked for",
+                                r.qps, self.p.qps
+                            )));
+                        }
+                        Msg::Refusal(why) => {
+                            return Err(Error::remote(format!("connect: the listening peer refused: {why}")));
+                        }
+                        _ => return Err(Error::remote("connect: the listening peer sent something else than a Reply")),
+                    };
                     connect_qps(rails, &reply.qps_info, &self.p.connect)?;
                     self.reply = Some(reply);
                     self.stage = ConnStage::AwaitQps;
@@ -356,7 +243,7 @@ impl<D: Device> Connecting<D> {
                     if !all_ready(rails)? {
                         return Ok(None);
                     }
-                    self.conn.send(&READY);
+                    self.conn.send(&wire::ready());
                     self.stage = ConnStage::Flushing;
                 }
                 ConnStage::Flushing => {
@@ -400,18 +287,49 @@ impl<D: Device> Connecting<D> {
     }
 }
 
+/// How long a new set-up connection has to send its Hello (at most
+/// `MPIB_CONNECT_TIMEOUT_MS`). A real connector sends it once its TCP connect completed and
+/// its QPs are made, and whatever it sent is read before this deadline is checked. Not
+/// short: a stranger that says nothing costs only a pending slot (the listener keeps up to
+/// `MAX_PENDING` and makes room by dropping the oldest silent one), while a deadline a real
+/// peer can miss fails its `connect` (5 s did: 64 connects on one communicator, Soft-RoCE
+/// under qemu on a busy host, each making its QPs before the next).
+pub const HELLO_WITHIN: Duration = Duration::from_secs(30);
+
+/// Why a pending set-up ended without a receive comm.
+#[derive(Debug)]
+pub enum AcceptFailed {
+    /// Not an mpib peer (closed, reset, garbage, an oversized length, anything but a
+    /// Hello first): the listener drops it; the words say why.
+    Stray(String),
+    /// Not an mpib peer: it sent nothing within [`HELLO_WITHIN`].
+    Silent(String),
+    /// An mpib peer's set-up failed (another version or fabric, or anything after its
+    /// Hello): NCCL's `accept` fails with this error; the peer was told why.
+    Peer(Error),
+}
+
+/// Sends a Refusal saying why this side gives up, and hands it to the kernel (best effort:
+/// the peer may be gone already).
+fn refuse(conn: &mut OobConn, e: &Error) {
+    conn.send(&wire::refusal(&e.msg()));
+    let _ = conn.poll();
+}
+
 enum AcceptStage {
-    AwaitHello,
+    AwaitHello { by: Instant },
     AwaitReady { got_ready: bool },
 }
 
 /// A receive comm being set up on an accepted connection.
 pub struct Accepting<D: Device> {
     pair: Arc<DevPair<D>>,
+    /// The listening communicator's context: the receive comm's queues.
     ctx: Arc<Context<D>>,
     p: Params,
     conn: OobConn,
     stage: AcceptStage,
+    /// When the Hello arrived: the set-up timeout counts from there.
     started: Instant,
     rails: Option<[Rail<D>; RAILS]>,
     region: Option<HostRegion>,
@@ -419,75 +337,134 @@ pub struct Accepting<D: Device> {
 }
 
 impl<D: Device> Accepting<D> {
-    pub fn new(pair: Arc<DevPair<D>>, ctx: Arc<Context<D>>, p: Params, conn: OobConn) -> Self {
+    /// A connection the listener took at `now`.
+    pub fn new(pair: Arc<DevPair<D>>, ctx: Arc<Context<D>>, p: Params, conn: OobConn, now: Instant) -> Self {
+        let by = now + HELLO_WITHIN.min(p.timeout);
         Accepting {
             pair,
             ctx,
             p,
             conn,
-            stage: AcceptStage::AwaitHello,
-            started: Instant::now(),
+            stage: AcceptStage::AwaitHello { by },
+            started: now,
             rails: None,
             region: None,
             hello: None,
         }
     }
 
-    pub fn step(&mut self) -> Result<Option<RecvComm<D>>> {
-        if self.started.elapsed() > self.p.timeout {
+    /// Whether the other end has shown itself an mpib peer (its Hello came).
+    pub fn is_peer(&self) -> bool {
+        matches!(self.stage, AcceptStage::AwaitReady { .. })
+    }
+
+    /// Where the other end is (for log lines).
+    pub fn peer(&self) -> String {
+        self.conn.peer()
+    }
+
+    /// One step at `now`: the receive comm once the connection is fully set up.
+    pub fn step(&mut self, now: Instant) -> std::result::Result<Option<RecvComm<D>>, AcceptFailed> {
+        if let AcceptStage::AwaitHello { by } = self.stage {
+            let Some(hello) = self.hello(now, by)? else { return Ok(None) };
+            self.started = now;
+            if let Err(e) = self.on_hello(hello) {
+                refuse(&mut self.conn, &e);
+                return Err(AcceptFailed::Peer(e));
+            }
+        }
+        self.await_ready(now).map_err(|e| {
+            refuse(&mut self.conn, &e);
+            AcceptFailed::Peer(e)
+        })
+    }
+
+    /// The Hello, once it is in. Anything else first makes the connection a stray, except
+    /// an mpib peer of another version or fabric: a failed set-up, told why.
+    fn hello(&mut self, now: Instant, by: Instant) -> std::result::Result<Option<Hello>, AcceptFailed> {
+        let m = match self.conn.poll() {
+            Ok(Some(m)) => m,
+            Ok(None) if now > by => {
+                let ms = by.saturating_duration_since(self.started).as_millis();
+                return Err(AcceptFailed::Silent(format!(
+                    "{} sent no set-up message within {ms} ms",
+                    self.conn.peer()
+                )));
+            }
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(AcceptFailed::Stray(e.msg().into_owned())),
+        };
+        let e = match wire::decode(&m) {
+            Ok(Msg::Hello(h)) if h.kind == self.p.kind as u8 => return Ok(Some(h)),
+            Ok(Msg::Hello(h)) => Error::remote(format!(
+                "the connecting peer uses fabric {}, this side {:?} ({}): set the same MPIB_FABRIC on every rank",
+                h.kind, self.p.kind, self.p.kind as u8
+            )),
+            Ok(_) => {
+                return Err(AcceptFailed::Stray(format!(
+                    "{} sent a set-up message other than a Hello",
+                    self.conn.peer()
+                )));
+            }
+            Err(DecodeError::Foreign(why)) => return Err(AcceptFailed::Stray(format!("{} {why}", self.conn.peer()))),
+            Err(v @ DecodeError::Version(_)) => Error::from(v),
+        };
+        refuse(&mut self.conn, &e);
+        Err(AcceptFailed::Peer(e))
+    }
+
+    /// Builds the rails for the peer's `hello`, connects them and replies.
+    fn on_hello(&mut self, hello: Hello) -> Result<()> {
+        let region = HostRegion::new(RECV_SCRATCH_OFF + SCRATCH_BYTES)?;
+        let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
+        let flush = if gpu { FlushQp::With } else { FlushQp::Without };
+        let window = self.p.abi.max_requests() as u32;
+        let plan = |r: usize| recv_plan(hello.qps[r], flush, window);
+        let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
+        connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
+        let (_, rkeys) = region_keys(&rails);
+        let reply = Reply {
+            qps: hello.qps,
+            records_addr: region.addr() + super::comm::RECV_RECORDS_OFF as u64,
+            records_rkeys: rkeys,
+            scratch_addr: region.addr() + RECV_SCRATCH_OFF as u64,
+            scratch_rkeys: rkeys,
+            qps_info: qp_infos(&rails),
+        };
+        self.conn.send(&reply.encode());
+        self.rails = Some(rails);
+        self.region = Some(region);
+        self.hello = Some(hello);
+        self.stage = AcceptStage::AwaitReady { got_ready: false };
+        Ok(())
+    }
+
+    fn await_ready(&mut self, now: Instant) -> Result<Option<RecvComm<D>>> {
+        if now.saturating_duration_since(self.started) > self.p.timeout {
             return Err(Error::remote(format!(
                 "accept: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
                 self.p.timeout.as_millis()
             )));
         }
-        loop {
-            match self.stage {
-                AcceptStage::AwaitHello => {
-                    let Some(m) = self.conn.poll()? else { return Ok(None) };
-                    let hello = Hello::decode(&m, self.p.kind as u8)?;
-                    let region = HostRegion::new(RECV_SCRATCH_OFF + SCRATCH_BYTES)?;
-                    let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
-                    let flush = if gpu { FlushQp::With } else { FlushQp::Without };
-                    let window = self.p.abi.max_requests() as u32;
-                    let plan = |r: usize| recv_plan(hello.qps[r], flush, window);
-                    let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
-                    connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
-                    let (_, rkeys) = region_keys(&rails);
-                    let reply = Reply {
-                        qps: hello.qps,
-                        records_addr: region.addr() + super::comm::RECV_RECORDS_OFF as u64,
-                        records_rkeys: rkeys,
-                        scratch_addr: region.addr() + RECV_SCRATCH_OFF as u64,
-                        scratch_rkeys: rkeys,
-                        qps_info: qp_infos(&rails),
-                    };
-                    self.conn.send(&reply.encode());
-                    self.rails = Some(rails);
-                    self.region = Some(region);
-                    self.hello = Some(hello);
-                    self.stage = AcceptStage::AwaitReady { got_ready: false };
-                }
-                AcceptStage::AwaitReady { got_ready } => {
-                    let mut got = got_ready;
-                    if let Some(m) = self.conn.poll()? {
-                        if m != READY {
-                            return Err(Error::remote("accept: the peer sent something else than Ready"));
-                        }
-                        got = true;
-                    }
-                    self.stage = AcceptStage::AwaitReady { got_ready: got };
-                    // Drive the QPs on every call, not only once Ready arrived: a fabric may
-                    // finish its connection set-up inside `is_ready` on both ends (the soft
-                    // fabric's dialing QP sends its HELLO from there), and the peer only
-                    // says Ready when its own QPs are up.
-                    let ready = all_ready(self.rails.as_mut().expect("rails"))?;
-                    if !got || !ready {
-                        return Ok(None);
-                    }
-                    return self.finish().map(Some);
-                }
+        let AcceptStage::AwaitReady { mut got_ready } = self.stage else {
+            return Err(Error::internal("accept: set-up stepped before its Hello"));
+        };
+        if let Some(m) = self.conn.poll()? {
+            match wire::decode(&m)? {
+                Msg::Ready => got_ready = true,
+                Msg::Refusal(why) => return Err(Error::remote(format!("accept: the connecting peer gave up: {why}"))),
+                _ => return Err(Error::remote("accept: the peer sent something else than Ready")),
             }
         }
+        self.stage = AcceptStage::AwaitReady { got_ready };
+        // Drive the QPs on every call, not only once Ready arrived: a fabric may finish its
+        // connection set-up inside `is_ready` on both ends (the soft fabric's dialing QP
+        // sends its HELLO from there), and the peer only says Ready when its own QPs are up.
+        let ready = all_ready(self.rails.as_mut().expect("rails"))?;
+        if !got_ready || !ready {
+            return Ok(None);
+        }
+        self.finish().map(Some)
     }
 
     fn finish(&mut self) -> Result<RecvComm<D>> {
@@ -516,39 +493,21 @@ impl<D: Device> Accepting<D> {
     }
 }
 
-/// A listen comm: its listener and at most one connection being accepted.
-pub struct ListenComm<D: Device> {
-    pub listener: OobListener,
-    pub pair: Arc<DevPair<D>>,
-    /// The context of the communicator that listens: its receive comms' queues.
-    pub ctx: Arc<Context<D>>,
-    pub p: Params,
-    pub pending: Option<Accepting<D>>,
-    pub held: Held,
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl<D: Device> ListenComm<D> {
-    /// One step of `accept`: the receive comm once a connection is fully set up.
-    pub fn accept(&mut self) -> Result<Option<RecvComm<D>>> {
-        if self.pending.is_none() {
-            match self.listener.accept()? {
-                Some(conn) => {
-                    self.pending = Some(Accepting::new(self.pair.clone(), self.ctx.clone(), self.p.clone(), conn))
-                }
-                None => return Ok(None),
-            }
-        }
-        let r = self.pending.as_mut().expect("pending").step();
-        match r {
-            Ok(Some(c)) => {
-                self.pending = None;
-                Ok(Some(c))
-            }
-            Ok(None) => Ok(None),
-            Err(e) => {
-                self.pending = None;
-                Err(e)
-            }
-        }
+    #[test]
+    fn a_silent_peer_is_reported_within_the_ack_timeout_budget_and_a_keepalive() {
+        let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
+        // The defaults (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
+        let cfg = Config::default();
+        assert_eq!((cfg.timeout, cfg.retry_cnt), (20, 7));
+        assert_eq!(silent_peer_bound(&p(20, 7)), Duration::from_nanos(4096 * (1 << 20) * 8 + 100_000_000));
+        assert_eq!(format!("{:.1?}", silent_peer_bound(&p(20, 7))), "34.5s");
+        // The Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
+        assert_eq!(silent_peer_bound(&p(16, 6)), Duration::from_nanos(4096 * (1 << 16) * 7 + 100_000_000));
+        // Tiny budgets: the soft fabric's 100 ms floor.
+        assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
     }
 }

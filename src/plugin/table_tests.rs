@@ -163,11 +163,16 @@ fn registrations_are_shared_by_every_device_on_a_nic() {
     let (fused, alone) = (t.get(V12, f).unwrap(), t.get(V12, 0).unwrap());
     let buf = vec![0u8; 8192];
     let m1 = fused.reg_mr(buf.as_ptr() as u64, 8192, crate::fabric::MemTypes::HOST).unwrap();
-    let m2 = alone.reg_mr(buf.as_ptr() as u64, 4096, crate::fabric::MemTypes::HOST).unwrap();
+    let m2 = alone.reg_mr(buf.as_ptr() as u64, 8192, crate::fabric::MemTypes::HOST).unwrap();
     assert_eq!(fused.cached_registrations(), [1, 1], "one registration per NIC");
     assert_eq!(m1.info.keys[0], m2.info.keys[0], "the same NIC registration through both devices");
+    // A part of the buffer is a registration of its own (its rkey reaches that part only).
+    let m3 = alone.reg_mr(buf.as_ptr() as u64, 4096, crate::fabric::MemTypes::HOST).unwrap();
+    assert_eq!(fused.cached_registrations(), [2, 1]);
+    assert_ne!(m3.info.keys[0], m1.info.keys[0]);
     m1.release().unwrap();
     m2.release().unwrap();
+    m3.release().unwrap();
     assert_eq!(fused.cached_registrations(), [0, 0]);
 }
 

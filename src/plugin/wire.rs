@@ -1,22 +1,56 @@
-//! Set-up messages exchanged over the out-of-band channel (little-endian, fixed layout,
-//! every field validated: a malformed or foreign message is a clear error).
+//! Set-up messages exchanged over the out-of-band channel: little-endian, fixed layouts,
+//! every field validated. The decoder is total — any bytes give a message or a
+//! [`DecodeError`], never a panic or an allocation sized by the peer (fuzzed:
+//! `fuzz/fuzz_targets/setup_decode.rs`) — and tells a stranger on the set-up port
+//! ([`DecodeError::Foreign`]: dropped by the listener) from an mpib peer of another version
+//! ([`DecodeError::Version`]: an error on both sides).
+//!
+//! On the wire each message is a `u32` length, then the message (see [`Frames`]); a length
+//! above [`MAX_MSG`] is refused as soon as its four bytes are in. Every message starts with
+//! the same header, so every later version can tell its peers apart:
+//!
+//! ```text
+//!  @0 magic "MPIB"   @4 version u16   @6 type u8 (1 Hello, 2 Reply, 3 Ready, 4 Refusal)   @7 0
+//!  Hello   @8  fabric u8, 0, QPs per rail u16 × 2, FIFO addr u64, FIFO rkeys u32 × 2,
+//!              scratch addr u64, one QpInfo (48 B) per QP
+//!  Reply   @8  QPs per rail u16 × 2, records addr u64, records rkeys u32 × 2,
+//!              scratch addr u64, scratch rkeys u32 × 2, one QpInfo per QP
+//!  Ready   nothing more
+//!  Refusal @8  why, UTF-8, at most 256 bytes (sent before a close, so the peer can say why)
+//! ```
+//! Version 1 (before issue 16) had a magic per message (`MPIH`, `MPIR`, `MPIY`); such a
+//! peer is recognized as version 1.
+
+use std::fmt;
 
 use crate::engine::RAILS;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::fabric::{QP_INFO_LEN, QpInfo};
 
-const HELLO_MAGIC: &[u8; 4] = b"MPIH";
-const REPLY_MAGIC: &[u8; 4] = b"MPIR";
+const MAGIC: [u8; 4] = *b"MPIB";
 /// Bumped on any change of these layouts.
-const VERSION: u16 = 1;
-/// The connector's last message: its QPs are ready.
-pub const READY: [u8; 4] = *b"MPIY";
+pub const VERSION: u16 = 2;
+const HEADER: usize = 8;
 /// Most QPs per rail (`MPIB_SOUT_QP`/`MPIB_SUP_QP` accept 1–16).
-const MAX_QPS: u16 = 16;
+pub const MAX_QPS: u16 = 16;
+const HELLO_FIXED: usize = 2 + 4 + 8 + 8 + 8;
+const REPLY_FIXED: usize = 4 + 8 + 8 + 8 + 8;
+/// Longest reason a Refusal carries.
+pub const MAX_REFUSAL: usize = 256;
+/// The largest valid set-up message (a Reply with 16 QPs per rail): anything announcing
+/// more is not an mpib peer.
+pub const MAX_MSG: usize = HEADER + REPLY_FIXED + 2 * MAX_QPS as usize * QP_INFO_LEN;
+const _: () = assert!(HEADER + HELLO_FIXED <= HEADER + REPLY_FIXED && HEADER + MAX_REFUSAL <= MAX_MSG);
+
+const HELLO: u8 = 1;
+const REPLY: u8 = 2;
+const READY: u8 = 3;
+const REFUSAL: u8 = 4;
 
 /// Connector → acceptor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Hello {
+    /// The connector's fabric (`setup::FabricKind`).
     pub kind: u8,
     pub qps: [u16; RAILS],
     pub fifo_addr: u64,
@@ -37,59 +71,203 @@ pub struct Reply {
     pub qps_info: Vec<QpInfo>,
 }
 
+/// One set-up message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Msg {
+    Hello(Hello),
+    Reply(Reply),
+    /// The connector's last message: its QPs are ready.
+    Ready,
+    /// The sender gives up on this set-up, and says why (printable ASCII only).
+    Refusal(String),
+}
+
+/// Why bytes are not a set-up message this side can use.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Not mpib's set-up protocol: whoever sent it is not an mpib peer.
+    Foreign(Foreign),
+    /// mpib's set-up protocol of another version: an mpib peer built from another release.
+    Version(u16),
+}
+
+/// What made a message foreign.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Foreign {
+    /// A length prefix above [`MAX_MSG`].
+    TooLong(u32),
+    /// Does not start with "MPIB".
+    BadMagic,
+    UnknownType(u8),
+    /// A byte this version keeps 0 is not.
+    Reserved(&'static str),
+    Truncated(&'static str),
+    Trailing(&'static str, usize),
+    /// QP counts outside 1..=16 (no mpib peer asks for them).
+    BadQps([u16; RAILS]),
+}
+
+impl fmt::Display for Foreign {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Foreign::TooLong(n) => write!(f, "announced a {n}-byte message (set-up messages are at most {MAX_MSG})"),
+            Foreign::BadMagic => f.write_str("sent bytes that are not an mpib set-up message (bad magic)"),
+            Foreign::UnknownType(t) => write!(f, "sent a set-up message of unknown type {t}"),
+            Foreign::Reserved(what) => write!(f, "sent a {what} with a reserved byte set"),
+            Foreign::Truncated(what) => write!(f, "sent a truncated {what}"),
+            Foreign::Trailing(what, n) => write!(f, "sent a {what} with {n} trailing bytes"),
+            Foreign::BadQps(q) => write!(f, "asked for {q:?} QPs per rail (1..={MAX_QPS} allowed)"),
+        }
+    }
+}
+
+impl fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DecodeError::Foreign(why) => write!(f, "the peer is not an mpib peer: it {why}"),
+            DecodeError::Version(v) => write!(
+                f,
+                "the peer speaks mpib set-up version {v}, this plugin version {VERSION}: run the same mpib on every rank"
+            ),
+        }
+    }
+}
+
+impl From<DecodeError> for Error {
+    fn from(e: DecodeError) -> Error {
+        Error::remote(e.to_string())
+    }
+}
+
 struct Reader<'a> {
     b: &'a [u8],
     what: &'static str,
 }
 
 impl Reader<'_> {
-    fn take(&mut self, n: usize) -> Result<&[u8]> {
+    fn take(&mut self, n: usize) -> Result<&[u8], DecodeError> {
         if self.b.len() < n {
-            return Err(Error::remote(format!("set-up {} message is truncated", self.what)));
+            return Err(DecodeError::Foreign(Foreign::Truncated(self.what)));
         }
         let (h, t) = self.b.split_at(n);
         self.b = t;
         Ok(h)
     }
-    fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2")))
+    fn u16(&mut self) -> Result<u16, DecodeError> {
+        let b = self.take(2)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
     }
-    fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4")))
+    fn u32(&mut self) -> Result<u32, DecodeError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
     }
-    fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8")))
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
     }
-    fn header(&mut self, magic: &[u8; 4]) -> Result<()> {
-        if self.take(4)? != magic {
-            return Err(Error::remote(format!("set-up {} message has a bad magic (not an mpib peer?)", self.what)));
-        }
-        let v = self.u16()?;
-        if v != VERSION {
-            return Err(Error::remote(format!(
-                "peer speaks set-up version {v}, this plugin {VERSION}: run the same mpib on every rank"
-            )));
-        }
-        Ok(())
+    fn pair32(&mut self) -> Result<[u32; RAILS], DecodeError> {
+        Ok([self.u32()?, self.u32()?])
     }
-    fn qps(&mut self) -> Result<[u16; RAILS]> {
+    fn qps(&mut self) -> Result<[u16; RAILS], DecodeError> {
         let q = [self.u16()?, self.u16()?];
         if q.iter().any(|&n| n == 0 || n > MAX_QPS) {
-            return Err(Error::remote(format!("peer asks for {q:?} QPs per rail (1..{MAX_QPS} allowed)")));
+            return Err(DecodeError::Foreign(Foreign::BadQps(q)));
         }
         Ok(q)
     }
-    fn infos(&mut self, qps: [u16; RAILS]) -> Result<Vec<QpInfo>> {
+    /// The QP infos of `qps`, which must be all that is left.
+    fn infos(&mut self, qps: [u16; RAILS]) -> Result<Vec<QpInfo>, DecodeError> {
         let n = (qps[0] + qps[1]) as usize;
-        let mut v = Vec::with_capacity(n);
-        for _ in 0..n {
-            v.push(QpInfo(self.take(QP_INFO_LEN)?.try_into().expect("QP info")));
+        if self.b.len() != n * QP_INFO_LEN {
+            return Err(DecodeError::Foreign(if self.b.len() < n * QP_INFO_LEN {
+                Foreign::Truncated(self.what)
+            } else {
+                Foreign::Trailing(self.what, self.b.len() - n * QP_INFO_LEN)
+            }));
         }
-        if !self.b.is_empty() {
-            return Err(Error::remote(format!("set-up {} message has {} trailing bytes", self.what, self.b.len())));
-        }
+        // Bounded: n ≤ 32 (checked by `qps`).
+        let v = self.b.chunks_exact(QP_INFO_LEN).map(|c| QpInfo(c.try_into().expect("48-byte chunk"))).collect();
+        self.b = &[];
         Ok(v)
     }
+    fn end(&self) -> Result<(), DecodeError> {
+        match self.b.len() {
+            0 => Ok(()),
+            n => Err(DecodeError::Foreign(Foreign::Trailing(self.what, n))),
+        }
+    }
+}
+
+/// Decodes one message (the bytes after its length prefix).
+pub fn decode(b: &[u8]) -> Result<Msg, DecodeError> {
+    if b.len() < HEADER {
+        return Err(legacy(b).unwrap_or(DecodeError::Foreign(Foreign::Truncated("set-up message header"))));
+    }
+    if b[..4] != MAGIC {
+        return Err(legacy(b).unwrap_or(DecodeError::Foreign(Foreign::BadMagic)));
+    }
+    let version = u16::from_le_bytes([b[4], b[5]]);
+    if version != VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    if b[7] != 0 {
+        return Err(DecodeError::Foreign(Foreign::Reserved("set-up message header")));
+    }
+    let body = &b[HEADER..];
+    match b[6] {
+        HELLO => {
+            let mut r = Reader { b: body, what: "Hello" };
+            let kind = match r.take(2)? {
+                &[k, 0] => k,
+                _ => return Err(DecodeError::Foreign(Foreign::Reserved("Hello"))),
+            };
+            let qps = r.qps()?;
+            let fifo_addr = r.u64()?;
+            let fifo_rkeys = r.pair32()?;
+            let scratch_addr = r.u64()?;
+            let qps_info = r.infos(qps)?;
+            Ok(Msg::Hello(Hello { kind, qps, fifo_addr, fifo_rkeys, scratch_addr, qps_info }))
+        }
+        REPLY => {
+            let mut r = Reader { b: body, what: "Reply" };
+            let qps = r.qps()?;
+            let records_addr = r.u64()?;
+            let records_rkeys = r.pair32()?;
+            let scratch_addr = r.u64()?;
+            let scratch_rkeys = r.pair32()?;
+            let qps_info = r.infos(qps)?;
+            Ok(Msg::Reply(Reply { qps, records_addr, records_rkeys, scratch_addr, scratch_rkeys, qps_info }))
+        }
+        READY => Reader { b: body, what: "Ready" }.end().map(|()| Msg::Ready),
+        REFUSAL if body.len() > MAX_REFUSAL => Err(DecodeError::Foreign(Foreign::Trailing("Refusal", body.len()))),
+        REFUSAL => Ok(Msg::Refusal(printable(body))),
+        t => Err(DecodeError::Foreign(Foreign::UnknownType(t))),
+    }
+}
+
+/// A version 1 message (its own magic per type, then the version), if `b` is one.
+fn legacy(b: &[u8]) -> Option<DecodeError> {
+    if b == b"MPIY" {
+        return Some(DecodeError::Version(1));
+    }
+    let magic = b.get(..4)?;
+    let v = b.get(4..6)?;
+    (magic == b"MPIH" || magic == b"MPIR").then(|| DecodeError::Version(u16::from_le_bytes([v[0], v[1]])))
+}
+
+/// A peer's text as it may appear in a log line: printable ASCII, anything else `?`.
+fn printable(b: &[u8]) -> String {
+    b.iter().map(|&c| if (b' '..=b'~').contains(&c) { c as char } else { '?' }).collect()
+}
+
+fn header(t: u8, body: usize) -> Vec<u8> {
+    let mut o = Vec::with_capacity(HEADER + body);
+    o.extend_from_slice(&MAGIC);
+    o.extend_from_slice(&VERSION.to_le_bytes());
+    o.extend_from_slice(&[t, 0]);
+    o
 }
 
 fn put_infos(out: &mut Vec<u8>, infos: &[QpInfo]) {
@@ -100,11 +278,8 @@ fn put_infos(out: &mut Vec<u8>, infos: &[QpInfo]) {
 
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
-        let mut o = Vec::with_capacity(32 + self.qps_info.len() * QP_INFO_LEN);
-        o.extend_from_slice(HELLO_MAGIC);
-        o.extend_from_slice(&VERSION.to_le_bytes());
-        o.push(self.kind);
-        o.push(0);
+        let mut o = header(HELLO, HELLO_FIXED + self.qps_info.len() * QP_INFO_LEN);
+        o.extend_from_slice(&[self.kind, 0]);
         for q in self.qps {
             o.extend_from_slice(&q.to_le_bytes());
         }
@@ -116,31 +291,11 @@ impl Hello {
         put_infos(&mut o, &self.qps_info);
         o
     }
-
-    /// Decodes a Hello from a peer that must use fabric `kind`.
-    pub fn decode(b: &[u8], kind: u8) -> Result<Hello> {
-        let mut r = Reader { b, what: "Hello" };
-        r.header(HELLO_MAGIC)?;
-        let k = r.take(2)?[0];
-        if k != kind {
-            return Err(Error::remote(format!(
-                "the connecting peer uses fabric {k}, this side {kind}: set the same MPIB_FABRIC on every rank"
-            )));
-        }
-        let qps = r.qps()?;
-        let fifo_addr = r.u64()?;
-        let fifo_rkeys = [r.u32()?, r.u32()?];
-        let scratch_addr = r.u64()?;
-        let qps_info = r.infos(qps)?;
-        Ok(Hello { kind, qps, fifo_addr, fifo_rkeys, scratch_addr, qps_info })
-    }
 }
 
 impl Reply {
     pub fn encode(&self) -> Vec<u8> {
-        let mut o = Vec::with_capacity(48 + self.qps_info.len() * QP_INFO_LEN);
-        o.extend_from_slice(REPLY_MAGIC);
-        o.extend_from_slice(&VERSION.to_le_bytes());
+        let mut o = header(REPLY, REPLY_FIXED + self.qps_info.len() * QP_INFO_LEN);
         for q in self.qps {
             o.extend_from_slice(&q.to_le_bytes());
         }
@@ -155,89 +310,66 @@ impl Reply {
         put_infos(&mut o, &self.qps_info);
         o
     }
+}
 
-    /// Decodes a Reply; the acceptor must mirror the QP counts `qps` the connector asked for.
-    pub fn decode(b: &[u8], qps: [u16; RAILS]) -> Result<Reply> {
-        let mut r = Reader { b, what: "Reply" };
-        r.header(REPLY_MAGIC)?;
-        let got = r.qps()?;
-        if got != qps {
-            return Err(Error::remote(format!("peer created {got:?} QPs per rail, {qps:?} were asked for")));
+/// The Ready message.
+pub fn ready() -> Vec<u8> {
+    header(READY, 0)
+}
+
+/// A Refusal saying `why` (cut to [`MAX_REFUSAL`] bytes).
+pub fn refusal(why: &str) -> Vec<u8> {
+    let mut cut = why.len().min(MAX_REFUSAL);
+    while !why.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut o = header(REFUSAL, cut);
+    o.extend_from_slice(&why.as_bytes()[..cut]);
+    o
+}
+
+/// Reassembles length-prefixed messages from a byte stream: the TCP set-up channel pushes
+/// what it reads and takes whole messages out. Nothing the peer announces is allocated: a
+/// length above [`MAX_MSG`] is an error as soon as its four bytes are in.
+#[derive(Default)]
+pub struct Frames {
+    buf: Vec<u8>,
+}
+
+impl Frames {
+    /// `msg` with its length prefix, appended to `out`.
+    pub fn put(out: &mut Vec<u8>, msg: &[u8]) {
+        out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        out.extend_from_slice(msg);
+    }
+
+    /// Appends received bytes.
+    pub fn push(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+
+    /// The next whole message, if one is in.
+    pub fn next_msg(&mut self) -> Result<Option<Vec<u8>>, DecodeError> {
+        let Some(prefix) = self.buf.first_chunk::<4>() else { return Ok(None) };
+        let len = u32::from_le_bytes(*prefix);
+        if len as usize > MAX_MSG {
+            return Err(DecodeError::Foreign(Foreign::TooLong(len)));
         }
-        let records_addr = r.u64()?;
-        let records_rkeys = [r.u32()?, r.u32()?];
-        let scratch_addr = r.u64()?;
-        let scratch_rkeys = [r.u32()?, r.u32()?];
-        let qps_info = r.infos(qps)?;
-        Ok(Reply { qps, records_addr, records_rkeys, scratch_addr, scratch_rkeys, qps_info })
+        let end = 4 + len as usize;
+        if self.buf.len() < end {
+            return Ok(None);
+        }
+        let m = self.buf[4..end].to_vec();
+        self.buf.drain(..end);
+        Ok(Some(m))
+    }
+
+    /// Bytes buffered (at most a message and one read beyond it).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn info(b: u8) -> QpInfo {
-        QpInfo([b; QP_INFO_LEN])
-    }
-
-    #[test]
-    fn hello_and_reply_round_trip() {
-        let h = Hello {
-            kind: 1,
-            qps: [2, 1],
-            fifo_addr: 0x1000,
-            fifo_rkeys: [5, 6],
-            scratch_addr: 0x9000,
-            qps_info: vec![info(1), info(2), info(3)],
-        };
-        assert_eq!(Hello::decode(&h.encode(), 1).unwrap(), h);
-        let r = Reply {
-            qps: [2, 1],
-            records_addr: 7,
-            records_rkeys: [8, 9],
-            scratch_addr: 10,
-            scratch_rkeys: [11, 12],
-            qps_info: vec![info(4), info(5), info(6)],
-        };
-        assert_eq!(Reply::decode(&r.encode(), [2, 1]).unwrap(), r);
-    }
-
-    #[test]
-    fn malformed_messages_are_errors() {
-        let h = Hello {
-            kind: 1,
-            qps: [1, 1],
-            fifo_addr: 0,
-            fifo_rkeys: [0, 0],
-            scratch_addr: 0,
-            qps_info: vec![info(1), info(2)],
-        };
-        let good = h.encode();
-        for n in 0..good.len() {
-            assert!(Hello::decode(&good[..n], 1).is_err(), "truncated to {n}");
-        }
-        let mut long = good.clone();
-        long.push(0);
-        assert!(Hello::decode(&long, 1).unwrap_err().msg().contains("trailing"));
-        assert!(Hello::decode(&good, 2).unwrap_err().msg().contains("MPIB_FABRIC"));
-        let mut bad = good.clone();
-        bad[0] = b'X';
-        assert!(Hello::decode(&bad, 1).unwrap_err().msg().contains("magic"));
-        let mut ver = good.clone();
-        ver[4] = 9;
-        assert!(Hello::decode(&ver, 1).unwrap_err().msg().contains("version"));
-        let mut qps = good;
-        qps[8] = 0;
-        assert!(Hello::decode(&qps, 1).unwrap_err().msg().contains("QPs per rail"));
-        let r = Reply {
-            qps: [1, 1],
-            records_addr: 0,
-            records_rkeys: [0; 2],
-            scratch_addr: 0,
-            scratch_rkeys: [0; 2],
-            qps_info: vec![info(0), info(0)],
-        };
-        assert!(Reply::decode(&r.encode(), [2, 1]).unwrap_err().msg().contains("were asked for"));
-    }
-}
+#[path = "wire_tests.rs"]
+mod tests;

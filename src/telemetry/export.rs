@@ -67,20 +67,55 @@ pub fn expand_path(template: &str, pid: u32) -> PathBuf {
 }
 
 /// Replaces `path` with `contents` atomically: write a temporary file next to it, then
-/// rename it over `path` (one directory, one filesystem, so the rename is atomic).
+/// rename it over `path` (one directory, one filesystem, so the rename is atomic). An error
+/// names the step that failed, the file it acted on and the real cause (a directory that
+/// does not exist, a path component that is a file, the path itself a directory), keeping
+/// the OS's error kind.
 pub fn write_atomic(path: &Path, contents: &str) -> std::io::Result<()> {
+    if path.is_dir() {
+        // Said first: the temporary file next to it may fail for a reason of its own.
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::IsADirectory,
+            format!("{} is a directory", path.display()),
+        ));
+    }
     let name = path.file_name().ok_or_else(|| std::io::Error::other(format!("{}: not a file name", path.display())))?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let mut tmp_name = std::ffi::OsString::from(".");
     tmp_name.push(name);
     tmp_name.push(format!(".tmp{}", std::process::id()));
     let tmp = path.with_file_name(tmp_name);
-    let result = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(contents.as_bytes()))
-        .and_then(|()| std::fs::rename(&tmp, path));
+    let failed = |e: std::io::Error, step: String, why: Option<String>| {
+        std::io::Error::new(e.kind(), format!("{step}: {}", why.unwrap_or_else(|| e.to_string())))
+    };
+    let mut f = std::fs::File::create(&tmp).map_err(|e| {
+        let step = format!("cannot create the temporary file {}", tmp.display());
+        failed(e, step, dir_problem(dir))
+    })?;
+    let result = f
+        .write_all(contents.as_bytes())
+        .map_err(|e| failed(e, format!("cannot write the temporary file {}", tmp.display()), None))
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|e| {
+                let is_dir = path.is_dir().then(|| format!("{} is a directory", path.display()));
+                failed(e, format!("cannot rename {} to {}", tmp.display(), path.display()), is_dir)
+            })
+        });
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// What is wrong with `dir` as a place for a file, if anything is: it does not exist, or
+/// one of its components is not a directory.
+fn dir_problem(dir: &Path) -> Option<String> {
+    // The longest part of the path that exists says which.
+    let existing = dir.ancestors().find(|a| a.exists())?;
+    if !existing.is_dir() {
+        return Some(format!("{} is not a directory", existing.display()));
+    }
+    (existing != dir).then(|| format!("the directory {} does not exist", dir.display()))
 }
 
 /// Writes a text to a file every interval from its own thread, and on demand.
@@ -116,7 +151,8 @@ impl Shared {
             }
             Err(e) if !st.failing => {
                 st.failing = true;
-                log::warn!(target: "mpib::stats", "cannot write the statistics file {}: {e}", self.path.display());
+                let path = crate::config::cut(&self.path.to_string_lossy());
+                log::warn!(target: "mpib::stats", "cannot write the statistics file {path}: {e}");
             }
             Err(_) => {}
         }
@@ -125,39 +161,45 @@ impl Shared {
 }
 
 impl StatsWriter {
-    /// Starts the thread writing `render()` to `path` every `interval`.
+    /// Writes `render()` to `path` now, then starts the thread writing it every
+    /// `interval`. A first write that fails is the error (nothing is started), so the
+    /// caller can say at once what is wrong with the path.
     pub fn spawn(
         path: PathBuf,
         interval: Duration,
         render: impl Fn() -> String + Send + Sync + 'static,
     ) -> std::io::Result<StatsWriter> {
+        write_atomic(&path, &render())?;
         let shared = Arc::new(Shared {
             path,
             render: Box::new(render),
-            write_lock: Mutex::new(WriteState::default()),
+            write_lock: Mutex::new(WriteState { failing: false, writes: 1 }),
             stop: Mutex::new(false),
             wake: Condvar::new(),
         });
         let s = shared.clone();
-        let thread = std::thread::Builder::new().name("mpib-stats".into()).spawn(move || {
-            let mut next = Instant::now() + interval;
-            let mut stop = s.stop.lock();
-            loop {
-                // Sleeps in the kernel until the deadline or a stop; never spins.
-                while !*stop && !s.wake.wait_until(&mut stop, next).timed_out() {}
-                if *stop {
-                    return;
+        let thread = std::thread::Builder::new().name("mpib-stats".into());
+        let thread = thread
+            .spawn(move || {
+                let mut next = Instant::now() + interval;
+                let mut stop = s.stop.lock();
+                loop {
+                    // Sleeps in the kernel until the deadline or a stop; never spins.
+                    while !*stop && !s.wake.wait_until(&mut stop, next).timed_out() {}
+                    if *stop {
+                        return;
+                    }
+                    parking_lot::MutexGuard::unlocked(&mut stop, || {
+                        let _ = s.write();
+                    });
+                    next += interval;
+                    let now = Instant::now();
+                    if next < now {
+                        next = now + interval; // fell behind (a slow disk): do not catch up in a burst
+                    }
                 }
-                parking_lot::MutexGuard::unlocked(&mut stop, || {
-                    let _ = s.write();
-                });
-                next += interval;
-                let now = Instant::now();
-                if next < now {
-                    next = now + interval; // fell behind (a slow disk): do not catch up in a burst
-                }
-            }
-        })?;
+            })
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot start the statistics writer thread: {e}")))?;
         Ok(StatsWriter { shared, thread: Some(thread) })
     }
 
@@ -202,7 +244,8 @@ pub fn start_stats_export(cfg: &Config) -> Result<()> {
                 Some(w)
             }
             Err(e) => {
-                failed = Some(Error::io("cannot start the statistics writer thread", &e));
+                let path = crate::config::cut(&path.to_string_lossy());
+                failed = Some(Error::system(format!("cannot write the statistics file {path}: {e}; none is written")));
                 None
             }
         }

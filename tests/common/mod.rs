@@ -75,3 +75,34 @@ pub fn run_loader(loader: &Path, lib: &str, mode: &str, env: &[(&str, &str)]) ->
 pub fn device_mode() -> (&'static str, Vec<(&'static str, &'static str)>) {
     ("dev", vec![("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")])
 }
+
+/// Set in a child: the test it runs is the scenario itself (a scenario runs in a child
+/// process of its test binary because the configuration is read once per process).
+pub const CHILD: &str = "TEST_SCENARIO_CHILD"; // not MPIB_*: the plugin warns of unknown MPIB_ names
+
+pub fn is_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
+/// A command that runs test `name` of this binary as a child with `env`.
+pub fn child_command(name: &str, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
+}
+
+/// Runs test `name` in a child with `env`; asserts it passed.
+pub fn in_child(name: &str, env: &[(&str, &str)]) {
+    child_output(name, env);
+}
+
+/// Runs test `name` in a child with `env`; asserts it passed; returns its output.
+pub fn child_output(name: &str, env: &[(&str, &str)]) -> String {
+    let out = child_command(name, env).output().unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed ({}):\n{text}", out.status);
+    text
+}

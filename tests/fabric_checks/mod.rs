@@ -3,6 +3,8 @@
 //! run them against its own devices. Each check panics with what it saw.
 #![allow(dead_code)]
 
+pub mod bounds;
+
 use std::alloc::Layout;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
@@ -114,7 +116,9 @@ pub fn connect<D: Device>(a: &mut End<D>, b: &mut End<D>) {
     a.qp.connect(&ib, &params()).expect("connect a");
     b.qp.connect(&ia, &params()).expect("connect b");
     let t0 = Instant::now();
-    while !(a.qp.is_ready().unwrap() && b.qp.is_ready().unwrap()) {
+    // Both asked on every round: a provider may do its part of the connection inside
+    // `is_ready` (the soft fabric's dialing QP), so `&&` must not skip the second.
+    while !(a.qp.is_ready().unwrap() & b.qp.is_ready().unwrap()) {
         assert!(t0.elapsed() < WAIT, "connection not ready after {WAIT:?}");
         let mut out = [Completion::default(); 4];
         a.cq.poll(&mut out).unwrap();

@@ -111,26 +111,15 @@ impl DataPath {
 fn run(n: u64, window: usize) -> Result<()> {
     let plugin = Plugin::open(&default_plugin(), Some(12))?;
     let net = plugin.init()?;
+    // INPROC_TWO_CONTEXTS=1: the receiver's end on a second `init` (another communicator's
+    // context, as the other rank of a real connection is), so the two ends share no CQ.
+    let net2 = if std::env::var_os("INPROC_TWO_CONTEXTS").is_some() { Some(plugin.init()?) } else { None };
     eprintln!("{} through ncclNetPlugin_v{}, device {:?}", plugin.library(), plugin.version(), net.properties(0)?.name);
 
     // The same-thread loop NCCL's GDR check does: connect and accept must interleave.
-    let mut listen = net.listen(0)?;
-    let mut connector = net.connector(0, listen.handle());
-    let (mut send, mut recv) = (None, None);
-    let end = Instant::now() + Duration::from_secs(10);
-    while send.is_none() || recv.is_none() {
-        if send.is_none() {
-            send = connector.poll()?;
-        }
-        if recv.is_none() {
-            recv = listen.accept()?;
-        }
-        if Instant::now() > end {
-            return Err(Error::timeout("in-process connect/accept did not finish in 10 s"));
-        }
-    }
-    listen.close()?;
-    let (send, recv) = (send.expect("connected"), recv.expect("accepted"));
+    let listen = net.listen(0)?;
+    let mut connector = net2.as_ref().unwrap_or(&net).connector(0, listen.handle());
+    let (send, recv) = mpib_tools::net::connect_same_thread(&mut connector, listen, Duration::from_secs(10))?;
 
     let (sa, ra) = (Arena::new(8 * window)?, Arena::new(8 * window)?);
     let (smr, rmr) = (send.reg_mr(&sa)?, recv.reg_mr(&ra)?);

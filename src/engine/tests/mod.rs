@@ -10,6 +10,7 @@ mod gpu_memory;
 mod harness;
 mod interleavings;
 mod keepalive;
+mod memory;
 mod messages;
 mod model;
 mod probes;

@@ -1,46 +1,46 @@
-//! One QP's connection: the state machine that makes a byte stream (or an in-process peer)
-//! behave as an RC queue pair. Shared (`Arc<Conn>`) by the QP handle (posting), its CQ
-//! (polling) and the device's helper thread; whoever holds `st` makes progress.
+//! One QP's connection: the state machine that makes a TCP link (shared with the device's
+//! other QPs to the same peer device) or an in-process peer behave as an RC queue pair.
+//! Shared (`Arc<Conn>`) by the QP handle (posting), its CQ (polling), its link (frames in and
+//! out) and, in TCP mode, the device's helper thread.
 //!
 //! The state is made of parts that each own their rules: the requester (send queue,
-//! completions in order), the responder (request order, refusals, placement), the silent-
-//! peer timer, the link (TCP socket or in-process peer), and the TCP receive and send
-//! halves. The parts never reach into each other or into the connection: the receive and
-//! send halves and the in-process executor take the parts they need and report a [`Fault`]
-//! when the QP must go to the error state. This file wires them: posting, one progress
-//! step, retiring, and the error state.
+//! completions in order), the responder (request order, refusals, placement), the receive
+//! and send sides of the QP on its link, the transport ([`Wire`]: a link, or an in-process
+//! peer). The parts never reach into each other or into the connection: they take the parts
+//! they need and report a [`Fault`] when the QP must go to the error state. This file wires
+//! them: posting, retiring, the error state, and in-process progress; the QP's part on its
+//! link is `wire.rs`.
+//!
+//! Locks: a TCP connection's state is locked only while its link's lock is held (link
+//! first), so a link's receive and send paths, which lock the QPs they serve, never wait on
+//! a thread that holds a QP and wants the link.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::direct;
 use super::endpoint::{Attached, Endpoint};
 use super::fault::Fault;
-use super::frame::Frame;
-use super::liveness::Liveness;
-use super::port::{Accept, Port};
+use super::link::Link;
+use super::port::Port;
 use super::requester::Requester;
 use super::responder::Responder;
-use super::rx::{Rx, RxEnv};
-use super::transport::{CLOSED, DirectEnd, Link, READY};
-use super::tx::{Ctl, Tx, TxEnv};
-use super::watch::Watcher;
+use super::rx::QpRx;
+use super::transport::{CLOSED, DirectEnd, READY};
+use super::tx::QpTx;
 use crate::error::Result;
 use crate::fabric::{Completion, QpCaps, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 /// Where a connection is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// Created; `connect` not called yet.
     Created,
-    /// TCP dialer: non-blocking connect under way; re-dialed after a refusal.
-    Dialing {
-        deadline: Instant,
-        retry_at: Option<Instant>,
-    },
-    /// Acceptor: waiting for the dialer's HELLO.
+    /// `connect` called: waiting for the peer QP's CONNECT (TCP) or for the peer to
+    /// connect (in-process); fails at the deadline.
     Waiting {
         deadline: Instant,
     },
@@ -54,23 +54,40 @@ pub struct Remote {
     pub qpn: u32,
     pub nonce: u64,
     pub addr: Option<std::net::SocketAddr>,
+    /// The peer device's identity (its links' key).
+    pub dev: u64,
+}
+
+/// A CONNECT that came before `connect` named the peer: from QP `qpn` (`nonce`) on `link`.
+pub struct Parked {
+    pub link: Arc<Link<Conn>>,
+    pub qpn: u32,
+    pub nonce: u64,
+}
+
+/// Most CONNECTs parked on one QP (a peer that knows the QP's nonce can send more, but
+/// not crowd out the one `connect` names beyond this).
+pub const MAX_PARKED: usize = 4;
+
+/// What carries a connection's WRs.
+pub enum Wire {
+    /// The link to the peer's device (TCP).
+    Tcp(Arc<Link<Conn>>),
+    /// In-process mode: no stream, WRs execute directly (see `direct.rs`).
+    Direct(DirectEnd),
 }
 
 /// A connection (one QP).
 pub struct Conn {
     /// This side: QP number, registrations, CQ, SRQ.
     pub ep: Endpoint,
-    /// A random u64 that names the QP (the HELLO quotes it; in-process QPs are found by it).
+    /// A random u64 that names the QP (a CONNECT quotes it; in-process QPs are found by it).
     pub nonce: u64,
-    /// The device's port: QP table, listener, the helper's epoll set (where a TCP
-    /// connection arms and forgets its socket).
+    /// The device's port: QP table, listener, links.
     pub port: Arc<Port<Conn>>,
     /// The connections attached to this QP's CQ (the QP detaches itself when dropped).
     pub attached: Arc<Attached<Conn>>,
     pub st: Mutex<ConnState>,
-    /// Bumped by every progress step a caller (not the helper) makes on this connection:
-    /// the helper steps in only when it stops moving.
-    pub caller_epoch: AtomicU64,
     /// In-process mode (no stream: WRs execute directly, see `direct.rs`).
     pub inproc: bool,
     /// In-process mode: set while WRs wait to execute or retire, or once the peer closed;
@@ -84,37 +101,38 @@ pub struct Conn {
 /// The state of a connection, under its lock.
 pub struct ConnState {
     pub phase: Phase,
-    /// The link to the peer, once there is one (set up by `qp.rs`, or by a dialer's HELLO:
-    /// [`Accept`] below).
-    pub link: Option<Link>,
-    /// Acceptor: a dialer's link that arrived before `connect` named its peer.
-    pub parked: Option<(Link, u32, u64)>,
+    /// What carries the WRs, once `connect` chose it (TCP: `None` again while a waiting QP
+    /// looks for a new link after its link broke).
+    pub wire: Option<Wire>,
+    /// TCP: CONNECTs that arrived before `connect` named the peer.
+    pub parked: Vec<Parked>,
+    /// In-process: the dialer's end, when it connected before `connect` named it.
+    pub direct_parked: Option<(DirectEnd, u32, u64)>,
     pub remote: Option<Remote>,
-    req: Requester,
-    resp: Responder,
-    rx: Rx,
-    tx: Tx,
-    live: Liveness,
+    pub req: Requester,
+    pub resp: Responder,
+    pub rx: QpRx,
+    pub tx: QpTx,
     /// Error state: the WR that failed, with its status.
-    fail_at: Option<(u32, WcStatus)>,
-    /// Error state: a WQE consumed by a half-received WRITE_WITH_IMM, to complete `Flushed`.
-    recv_flush: bool,
+    pub fail_at: Option<(u32, WcStatus)>,
+    /// How long a silent peer is given (from `ConnectParams`).
+    pub bound: Duration,
 }
 
 impl ConnState {
     fn new(max_send_wr: u32, max_inline: usize) -> ConnState {
         ConnState {
             phase: Phase::Created,
-            link: None,
-            parked: None,
+            wire: None,
+            parked: Vec::new(),
+            direct_parked: None,
             remote: None,
             req: Requester::new(max_send_wr, max_inline),
             resp: Responder::new(),
-            rx: Rx::new(),
-            tx: Tx::new(),
-            live: Liveness::new(),
+            rx: QpRx::default(),
+            tx: QpTx::default(),
             fail_at: None,
-            recv_flush: false,
+            bound: Duration::from_secs(30),
         }
     }
 
@@ -122,34 +140,17 @@ impl ConnState {
         matches!(self.phase, Phase::Error)
     }
 
-    /// Whether requests wait on the peer (posted and not yet executed).
-    fn waiting_on_peer(&self) -> bool {
-        self.req.oldest_unacked().is_some() && matches!(self.phase, Phase::Ready)
+    /// TCP: whether requests wait on the peer for an answer (its silence then counts).
+    pub fn waiting(&self) -> bool {
+        matches!(self.phase, Phase::Ready) && self.req.waiting()
     }
 
-    /// The silent-peer bound (see `liveness.rs`).
-    pub fn bound(&self) -> std::time::Duration {
-        self.live.bound()
-    }
-
-    pub fn set_bound(&mut self, bound: std::time::Duration) {
-        self.live.set_bound(bound);
-    }
-
-    /// Dialer: the HELLO goes first on the new link.
-    pub fn queue_hello(&mut self, hello: Frame) {
-        self.tx.push_ctl(Ctl::Hello(hello));
-    }
-
-    /// Whether bytes wait for room in the socket.
-    pub fn wants_write(&self) -> bool {
-        self.tx.pending() || self.req.next_unsent().is_some()
-    }
-
-    /// Whether the helper should revisit this connection on a timer even without socket
-    /// events: it waits for an SRQ WQE or for CQ room, which no socket event announces.
-    pub fn needs_timer(&self) -> bool {
-        matches!(self.phase, Phase::Ready) && self.rx.stalled()
+    /// The connection's link, if it is on one.
+    pub fn link(&self) -> Option<&Arc<Link<Conn>>> {
+        match &self.wire {
+            Some(Wire::Tcp(l)) => Some(l),
+            _ => None,
+        }
     }
 
     /// [`Requester::enqueue`], out of line and called with the state: the in-process post
@@ -168,13 +169,11 @@ impl ConnState {
     }
 
     /// The peer's end when the connection is idle: nothing queued, the peer there and
-    /// connected. (`Ready` also means nothing to flush: `recv_flush` is set only on the way
-    /// to the error state.)
+    /// connected.
     #[inline(always)]
     fn idle_end(&self) -> Option<&DirectEnd> {
-        match &self.link {
-            Some(Link::Direct(e)) if self.req.idle() && matches!(self.phase, Phase::Ready) && e.state() == READY => {
-                debug_assert!(!self.recv_flush);
+        match &self.wire {
+            Some(Wire::Direct(e)) if self.req.idle() && matches!(self.phase, Phase::Ready) && e.state() == READY => {
                 Some(e)
             }
             _ => None,
@@ -193,7 +192,6 @@ impl Conn {
             port,
             attached,
             st: Mutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
-            caller_epoch: Default::default(),
             work: Default::default(),
             inproc_peer: OnceLock::new(),
         }
@@ -203,11 +201,6 @@ impl Conn {
         self.ep.qp_num
     }
 
-    /// TCP: the helper's epoll set.
-    fn watcher(&self) -> Option<&Watcher<Conn>> {
-        self.port.net.as_ref().map(|n| &n.watcher)
-    }
-
     /// Validates and queues a chain; nothing is queued when it fails.
     pub fn post(&self, st: &mut ConnState, chain: &[SendWr]) -> Result<()> {
         st.req.check_chain(matches!(st.phase, Phase::Created), chain, self.ep.qp_num)?;
@@ -215,166 +208,61 @@ impl Conn {
         Ok(())
     }
 
-    /// The connection is established on `link`.
-    pub fn attach(self: &Arc<Self>, st: &mut ConnState, mut link: Link) {
-        if let (Some(w), Link::Tcp(t)) = (self.watcher(), &mut link) {
-            t.set_user_timeout(st.live.bound());
-            let (token, added) = w.add(self, self.caller_epoch.load(Ordering::Relaxed), t.raw_fd(), true);
-            if let Err(e) = added {
-                log::warn!(
-                    "soft fabric: QP {}: epoll_ctl ADD failed ({e}); served by its callers only",
-                    self.ep.qp_num
-                );
-            }
-            t.token = Some(token);
-            t.out_armed = true;
-        }
-        if let Link::Direct(end) = &link {
-            end.set_ready();
-        }
-        st.link = Some(link);
+    /// In-process mode: the connection is established on `end`.
+    pub fn attach_direct(&self, st: &mut ConnState, end: DirectEnd) {
+        end.set_ready();
+        st.wire = Some(Wire::Direct(end));
         st.phase = Phase::Ready;
     }
 
-    /// One progress step: read and execute what arrived, send what is queued, retire what
-    /// completed. Returns whether anything moved.
-    pub fn progress(&self, st: &mut ConnState, by_caller: bool) -> bool {
-        if self.inproc {
-            return self.progress_inproc(st);
-        }
-        if by_caller {
-            self.caller_epoch.fetch_add(1, Ordering::Relaxed);
-        }
-        let mut moved = false;
-        if matches!(st.phase, Phase::Ready) {
-            moved |= self.pump_rx(st);
-            if !st.is_error() {
-                moved |= self.flush_tx(st);
-            }
-            if by_caller {
-                self.want_write(st);
-            }
-            if moved {
-                st.live.moved();
-            } else if st.waiting_on_peer()
-                && let Some(why) = st.live.idle()
-            {
-                self.fail_link(st, &why);
-            }
-        }
-        moved |= self.retire(st);
-        moved
-    }
-
-    /// Runs the receive half; applies what it reports.
-    fn pump_rx(&self, st: &mut ConnState) -> bool {
-        let ConnState { link, req, resp, rx, tx, .. } = st;
-        match rx.pump(&mut RxEnv { ep: &self.ep, link: link.as_ref(), req, resp, tx }) {
-            Ok(step) => {
-                if step.send_now {
-                    // An RNR notice: out at once, and not counted as the peer moving.
-                    self.flush_tx(st);
-                }
-                step.moved
-            }
-            Err(fault) => {
-                self.apply(st, fault);
-                true
-            }
-        }
-    }
-
-    /// Runs the send half; applies what it reports.
-    fn flush_tx(&self, st: &mut ConnState) -> bool {
-        let dst_qpn = st.remote.map_or(0, |r| r.qpn);
-        let ConnState { link, req, resp, tx, .. } = st;
-        match tx.flush(&mut TxEnv { mrs: &self.ep.mrs, link: link.as_ref(), req, resp, dst_qpn }) {
-            Ok(moved) => moved,
-            Err(fault) => {
-                self.apply(st, fault);
-                true
-            }
-        }
-    }
-
-    /// A caller's step left bytes waiting for room in the socket: let the helper finish
-    /// sending should callers stop (armed once per helper visit, so a busy caller pays one
-    /// `epoll_ctl`, not one a poll).
-    fn want_write(&self, st: &mut ConnState) {
-        let ConnState { link, tx, req, .. } = st;
-        if let (Some(w), Some(Link::Tcp(t))) = (self.watcher(), link.as_mut())
-            && !t.out_armed
-            && (tx.pending() || req.next_unsent().is_some())
-            && let Some(token) = t.token
-        {
-            w.rearm(t.raw_fd(), token, true);
-            t.out_armed = true;
-        }
-    }
-
-    /// Moves the QP to the error state for `fault`.
-    fn apply(&self, st: &mut ConnState, fault: Fault) {
-        match fault {
-            Fault::PeerLost(why) => self.fail_link(st, &why),
-            Fault::Qp { at, why } => self.fail(st, at, &why),
-        }
-    }
-
-    /// The peer is gone (closed, reset, silent): the oldest WR waiting on it fails with
-    /// `RetryExceeded` (what a NIC reports when acknowledgements stop), the rest flush.
-    pub fn fail_link(&self, st: &mut ConnState, why: &str) {
-        let at = st.req.oldest_unacked().map(|seq| (seq, WcStatus::RetryExceeded));
-        self.fail(st, at, why);
+    /// In-process mode: moves the QP to the error state for `fault`.
+    fn apply_inproc(&self, st: &mut ConnState, fault: Fault) {
+        let Fault::Qp { at, why } = fault;
+        self.fail(st, at, &why, true);
     }
 
     /// Moves the QP to the error state: `at` fails with its status, every other WR not
-    /// yet completed flushes, the link is closed so the peer learns of it.
-    pub fn fail(&self, st: &mut ConnState, at: Option<(u32, WcStatus)>, why: &str) {
+    /// yet completed flushes, the transport is let go so the peer learns of it (TCP: the
+    /// caller sends the CLOSE, `wire.rs`). `loud`: work was lost (a warning, else a debug
+    /// line: an orderly close is not a warning).
+    pub fn fail(&self, st: &mut ConnState, at: Option<(u32, WcStatus)>, why: &str, loud: bool) {
         if st.is_error() {
             return;
         }
-        log::warn!("soft fabric: QP {} to error state: {why}", self.ep.qp_num);
+        if loud {
+            let qpn = self.ep.qp_num;
+            self.port.warn.qp.warn(|| format!("soft fabric: QP {qpn} to error state: {why}"));
+        } else {
+            log::debug!("soft fabric: QP {} to error state: {why}", self.ep.qp_num);
+        }
         st.phase = Phase::Error;
         st.fail_at = at;
-        st.recv_flush = st.rx.wqe_taken();
-        st.rx.reset();
-        st.tx.reset();
-        st.req.clear_reads();
-        self.close_link(st);
-        st.parked = None;
-        self.retire(st);
-    }
-
-    /// Closes the link (the peer sees EOF, or the in-process peer its end closed) and takes
-    /// its socket out of the helper's set first.
-    pub fn close_link(&self, st: &mut ConnState) {
-        if let Some(link) = st.link.take() {
-            link.shutdown();
-            if let (Some(fd), Some(w)) = (link.fd(), self.watcher()) {
-                w.forget(fd);
-            }
-        }
-    }
-
-    /// Completes finished WRs in order (and, in the error state, flushes the rest) while
-    /// the CQ has room.
-    pub fn retire(&self, st: &mut ConnState) -> bool {
-        if st.req.idle() && !st.recv_flush {
-            return false;
-        }
-        let mut ring = self.ep.cq.lock();
-        if st.recv_flush {
+        if st.rx.take_wqe() {
+            // Its CQ slot was reserved with the WQE: the Flushed completion has room.
             let c = Completion {
                 status: WcStatus::Flushed,
                 opcode: WcOpcode::RecvRdmaWithImm,
                 qp_num: self.ep.qp_num,
                 ..Completion::default()
             };
-            if !ring.push(c) {
-                return false;
-            }
-            st.recv_flush = false;
+            self.ep.cq.lock().push_reserved(c);
         }
+        st.req.clear_reads();
+        if matches!(st.wire, Some(Wire::Direct(_))) {
+            // The in-process peer sees its end closed.
+            st.wire = None;
+        }
+        self.retire(st);
+    }
+
+    /// Completes finished WRs in order (and, in the error state, flushes the rest) while
+    /// the CQ has room; a TCP connection whose completions found the CQ full is retired
+    /// again by the CQ's polls.
+    pub fn retire(&self, st: &mut ConnState) -> bool {
+        if st.req.idle() {
+            return false;
+        }
+        let mut ring = self.ep.cq.lock();
         let failed = st.is_error().then_some(st.fail_at);
         st.req.retire(&mut ring, self.ep.qp_num, failed)
     }
@@ -430,7 +318,7 @@ impl Conn {
     /// Executes `wr` of a chain being posted and completes it. `false`: it was not executed
     /// (it waits or fails: the queued way decides, with its checks and messages).
     fn run_now(&self, st: &mut ConnState, wr: &SendWr) -> bool {
-        let Some(Link::Direct(end)) = &st.link else { return false };
+        let Some(Wire::Direct(end)) = &st.wire else { return false };
         let done = direct::run_posted(&self.ep.mrs, end, wr);
         if done {
             let _ = self.retire_now(st, wr, wr.bytes());
@@ -465,18 +353,24 @@ impl Conn {
     pub fn progress_inproc(&self, st: &mut ConnState) -> bool {
         let mut moved = false;
         if matches!(st.phase, Phase::Ready)
-            && let Some(Link::Direct(end)) = &st.link
+            && let Some(Wire::Direct(end)) = &st.wire
         {
             let state = end.state();
             if state & CLOSED != 0 {
-                self.fail_link(st, "the peer closed the connection");
+                let loud = !st.req.idle();
+                self.fail(
+                    st,
+                    st.req.oldest_unacked().map(|s| (s, WcStatus::RetryExceeded)),
+                    "the peer closed the connection",
+                    loud,
+                );
                 moved = true;
             } else if state & READY != 0 {
                 moved |= self.execute(st);
             }
         }
         moved |= self.retire(st);
-        let work = !st.req.idle() || st.recv_flush;
+        let work = !st.req.idle();
         // Stored only when it changes: the flag is read by both sides' polls, and a WR
         // that waits is stepped at every poll.
         if self.work.load(Ordering::Relaxed) != work {
@@ -485,7 +379,7 @@ impl Conn {
         if work {
             // Polls of this side's CQ and of the peer's step this connection again.
             self.ep.cq.raise_work();
-            if let Some(Link::Direct(end)) = &st.link {
+            if let Some(Wire::Direct(end)) = &st.wire {
                 end.peer().cq.raise_work();
             }
         }
@@ -494,33 +388,13 @@ impl Conn {
 
     /// Executes queued WRs in order until one must wait or fails.
     fn execute(&self, st: &mut ConnState) -> bool {
-        let ConnState { link: Some(Link::Direct(end)), req, resp, .. } = st else { return false };
+        let ConnState { wire: Some(Wire::Direct(end)), req, resp, .. } = st else { return false };
         match direct::execute(req, resp, &self.ep.mrs, end) {
             Ok(moved) => moved,
             Err(fault) => {
-                self.apply(st, fault);
+                self.apply_inproc(st, fault);
                 true
             }
         }
-    }
-}
-
-impl Accept for Conn {
-    fn nonce(&self) -> u64 {
-        self.nonce
-    }
-
-    /// A dialer's link: parked until `connect` names the peer, attached if it is the peer
-    /// this QP waits for, refused otherwise.
-    fn accept(self: &Arc<Self>, link: Link, src_qpn: u32, src_nonce: u64) -> bool {
-        let mut st = self.st.lock();
-        match st.phase {
-            Phase::Created => st.parked = Some((link, src_qpn, src_nonce)),
-            Phase::Waiting { .. } if st.remote.is_some_and(|r| r.qpn == src_qpn && r.nonce == src_nonce) => {
-                self.attach(&mut st, link)
-            }
-            _ => return false,
-        }
-        true
     }
 }

@@ -1,12 +1,20 @@
 //! Completion queue and shared receive queue of the soft fabric.
 //!
 //! A CQ is a fixed ring of completions (`ring.rs`) plus the list of QPs attached to it,
-//! both shared with the connections (`endpoint.rs`). `poll` is where the soft NIC runs,
-//! making one progress step on every attached connection
-//! (in-process mode: on each one and its peer that has work) before it hands out
-//! completions. Connections that find the ring full stop producing completions (they stop
-//! reading) until it drains, so a CQ never overflows. Producers (the attached QPs, the
-//! device's helper thread, in-process peers) take the ring's lock; the poller takes none.
+//! both shared with the connections (`endpoint.rs`). `poll` is where the soft NIC runs
+//! before it hands out completions:
+//!
+//! - TCP: it steps links, not QPs, so its cost does not grow with the QPs attached. A CQ
+//!   whose QPs are all on one link (one peer) steps that link (one `readv` when nothing
+//!   came); one whose QPs use several asks the device's readiness set which links moved
+//!   (one non-blocking `epoll_wait`) and steps those, and the links queued to be stepped
+//!   again. QPs whose completions found the ring full are retired again by the next polls.
+//! - In-process mode: it steps each attached connection, and its peer, that has work.
+//!
+//! A CQ never overflows: requesters whose completions find it full keep them until it
+//! drains; a WRITE_WITH_IMM reserves its slot before it is accepted (else RNR). Producers
+//! (the attached QPs, the device's helper thread, in-process peers) take the ring's lock;
+//! the poller takes none.
 //!
 //! An SRQ is a counter of generic WQEs (`endpoint.rs`): posting adds, a WRITE_WITH_IMM
 //! takes one.
@@ -20,6 +28,8 @@ use std::sync::atomic::Ordering;
 
 use super::conn::Conn;
 use super::endpoint::{Attached, CqShared, SrqShared};
+use super::link::Link;
+use super::port::Port;
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
@@ -33,21 +43,63 @@ pub struct SoftCq {
     /// A TCP connection is attached: every poll steps (the NIC answers its peer when polled),
     /// so each step raises `work` again for the next.
     any_tcp: bool,
+    /// TCP: the device, and the distinct links of the attached QPs.
+    port: Option<Arc<Port<Conn>>>,
+    links: Vec<Arc<Link<Conn>>>,
+    events: Box<[libc::epoll_event; 64]>,
 }
 
 impl SoftCq {
     pub(super) fn new(depth: u32) -> SoftCq {
         let shared = CqShared::new(depth);
         let attached = Arc::new(Attached::new(shared.clone()));
-        SoftCq { shared, attached, conns: Vec::new(), seen_generation: u64::MAX, any_tcp: false }
+        SoftCq {
+            shared,
+            attached,
+            conns: Vec::new(),
+            seen_generation: u64::MAX,
+            any_tcp: false,
+            port: None,
+            links: Vec::new(),
+            events: Box::new([libc::epoll_event { events: 0, u64: 0 }; 64]),
+        }
     }
 
-    /// Takes a fresh copy of the attached QPs (control path: QPs come and go).
+    /// Takes a fresh copy of the attached QPs (control path: QPs come and go, and move to
+    /// links).
     #[cold]
     fn refresh(&mut self, generation: u64) {
         self.conns = self.attached.snapshot();
         self.seen_generation = generation;
         self.any_tcp = self.conns.iter().any(|c| !c.inproc);
+        self.links.clear();
+        for c in self.conns.iter().filter(|c| !c.inproc) {
+            self.port.get_or_insert_with(|| c.port.clone());
+            if let Some(l) = c.st.lock().link()
+                && !self.links.iter().any(|x| Arc::ptr_eq(x, l))
+            {
+                self.links.push(l.clone());
+            }
+        }
+        // Only the in-process connections are stepped one by one.
+        self.conns.retain(|c| c.inproc);
+    }
+
+    /// TCP: steps the links of the attached QPs (see the module documentation).
+    #[inline(never)]
+    fn step_tcp(&mut self) {
+        let Some(port) = &self.port else { return };
+        match self.links.as_slice() {
+            [] => {}
+            [one] => {
+                port.step_try(one, false);
+                port.step_again();
+            }
+            _ => port.poll_ready(&mut self.events[..]),
+        }
+        for c in self.attached.take_blocked() {
+            c.retire_blocked();
+        }
     }
 
     /// One progress step on the attached connections that may need one.
@@ -61,19 +113,11 @@ impl SoftCq {
         }
         if self.any_tcp {
             self.shared.raise_work();
+            self.step_tcp();
         }
         for c in &self.conns {
-            if c.inproc { step_direct(c) } else { step_conn(c) }
+            step_direct(c);
         }
-    }
-}
-
-/// One progress step on TCP connection `c` from a caller (skipped while the helper or
-/// another caller holds it: they make the same progress).
-#[inline(never)]
-pub fn step_conn(c: &Conn) {
-    if let Some(mut st) = c.st.try_lock() {
-        c.progress(&mut st, true);
     }
 }
 
@@ -107,6 +151,16 @@ impl CompletionQueue for SoftCq {
         // SAFETY: this is the ring's one consumer: a `SoftCq` is the only poller of its
         // `CqShared` (not `Clone`; `poll` takes `&mut self`), and QPs only push.
         Ok(unsafe { self.shared.pop_into(out) })
+    }
+
+    /// The completions are read in the ring (the poller routes each without a copy).
+    #[inline(always)]
+    fn poll_each(&mut self, buf: &mut [Completion], f: impl FnMut(&Completion)) -> Result<usize> {
+        if self.shared.has_work() {
+            self.step();
+        }
+        // SAFETY: as in `poll`: this is the ring's one consumer.
+        Ok(unsafe { self.shared.pop_each(buf.len(), f) })
     }
 
     fn resize(&mut self, depth: u32) -> Result<()> {

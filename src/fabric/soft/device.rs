@@ -53,17 +53,31 @@ impl SoftDevice {
             Some((ip, bind_iface)) => Some(Net::listen(&attrs.name, ip, bind_iface)?),
         };
         let first_qpn = (random_u64() as u32 & 0xFFFF) + 1;
-        let port = Arc::new(Port::new(attrs.name.clone(), attrs.guid, connect_timeout, first_qpn, net));
+        let mrs = Arc::new(MrTable::default());
+        let name = attrs.name.clone();
+        let port = Arc::new(Port::new(name, random_u64(), connect_timeout, first_qpn, mrs.clone(), net));
         let helper = match port.net {
             Some(_) => Some(Helper::start(&port, &attrs.name)?),
             None => None,
         };
-        Ok(SoftDevice { attrs, mrs: Arc::new(MrTable::default()), port, helper })
+        Ok(SoftDevice { attrs, mrs, port, helper })
     }
 
     /// The TCP address peers dial (`None` in in-process mode).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.port.net.as_ref().map(|n| n.local)
+    }
+
+    /// TCP: the links open now (to peer devices: one each, shared by their QPs).
+    pub fn links(&self) -> usize {
+        self.port.net.as_ref().map_or(0, |n| n.links().len())
+    }
+
+    /// Warnings a peer provoked, as logged (each kind at most once per 5 s).
+    #[doc(hidden)]
+    pub fn warnings_logged(&self) -> u64 {
+        let w = &self.port.warn;
+        [&w.accept, &w.hello, &w.stray, &w.qp, &w.link].iter().map(|l| l.written()).sum()
     }
 }
 
@@ -86,6 +100,10 @@ impl Device for SoftDevice {
     }
 
     fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<SoftMr> {
+        // What the kernel's pinning checks for a verbs NIC: this NIC is the CPU, and a
+        // peer's WRITE into a page that is not mapped writable would be a SIGSEGV.
+        let write = access.intersects(Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        crate::fabric::mem::check_mapped(addr as u64, len as u64, write)?;
         let key = self.mrs.reg(addr as u64, len as u64, access)?;
         Ok(SoftMr { mrs: self.mrs.clone(), key, live: true })
     }
@@ -131,7 +149,7 @@ impl Device for SoftDevice {
         let qp_num = self.port.next_qpn();
         let ep = Endpoint { qp_num, mrs: self.mrs.clone(), cq: cq.shared.clone(), srq: srq.map(|s| s.shared.clone()) };
         let conn = Arc::new(Conn::new(ep, random_u64(), self.port.clone(), cq.attached.clone(), caps));
-        self.port.register_qp(qp_num, &conn);
+        self.port.qps.insert(qp_num, &conn);
         if self.port.net.is_none() {
             qp::inproc_register(&conn);
         }

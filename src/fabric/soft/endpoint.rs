@@ -83,6 +83,16 @@ impl CqShared {
         // SAFETY: forwarded from the caller.
         unsafe { self.ring.pop_into(out) }
     }
+
+    /// Hands up to `max` of the oldest completions to `f` in place; returns how many.
+    ///
+    /// # Safety
+    /// One consumer: only the CQ's poller calls this (see [`CqRing::pop_each`]).
+    #[inline(always)]
+    pub unsafe fn pop_each(&self, max: usize, f: impl FnMut(&crate::fabric::Completion)) -> usize {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ring.pop_each(max, f) }
+    }
 }
 
 /// The connections attached to a CQ: its poll steps them. Held by the CQ and by each
@@ -90,13 +100,46 @@ impl CqShared {
 pub struct Attached<C> {
     cq: Arc<CqShared>,
     conns: Mutex<Vec<Arc<C>>>,
-    /// Changes whenever `conns` does.
+    /// Changes whenever `conns` does, or a connection's transport does.
     generation: AtomicU64,
+    /// TCP connections whose completions found the CQ full: the CQ's polls retire them.
+    blocked: Mutex<Vec<Arc<C>>>,
+    any_blocked: AtomicBool,
 }
 
 impl<C> Attached<C> {
     pub fn new(cq: Arc<CqShared>) -> Attached<C> {
-        Attached { cq, conns: Mutex::new(Vec::new()), generation: AtomicU64::new(0) }
+        Attached {
+            cq,
+            conns: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            blocked: Mutex::new(Vec::new()),
+            any_blocked: AtomicBool::new(false),
+        }
+    }
+
+    /// A connection changed in a way the poller's copy must see (its transport).
+    pub fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::Release);
+        self.cq.raise_work();
+    }
+
+    /// `c` has completions waiting for room in the CQ: the CQ's polls retire them.
+    pub fn block(&self, c: &Arc<C>) {
+        let mut b = self.blocked.lock();
+        if !b.iter().any(|x| Arc::ptr_eq(x, c)) {
+            b.push(c.clone());
+        }
+        self.any_blocked.store(true, Ordering::Release);
+    }
+
+    /// The connections waiting for room (emptied; each blocks itself again if it must).
+    pub fn take_blocked(&self) -> Vec<Arc<C>> {
+        if !self.any_blocked.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.any_blocked.store(false, Ordering::Release);
+        std::mem::take(&mut *self.blocked.lock())
     }
 
     pub fn attach(&self, c: Arc<C>) {
@@ -107,6 +150,7 @@ impl<C> Attached<C> {
 
     pub fn detach(&self, c: &Arc<C>) {
         self.conns.lock().retain(|x| !Arc::ptr_eq(x, c));
+        self.blocked.lock().retain(|x| !Arc::ptr_eq(x, c));
         self.generation.fetch_add(1, Ordering::Release);
         // The next poll refreshes its copy (and lets go of `c`).
         self.cq.raise_work();

@@ -9,9 +9,6 @@ use crate::fabric::WcStatus;
 /// A reason to move the QP to the error state.
 #[derive(Debug)]
 pub enum Fault {
-    /// The peer is gone (closed, reset, silent): the oldest WR waiting on it fails with
-    /// `RetryExceeded` (what a NIC reports when acknowledgements stop), the rest flush.
-    PeerLost(String),
     /// A protocol or memory error: WR `at` (if any) fails with its status, the rest flush.
     Qp { at: Option<(u32, WcStatus)>, why: String },
 }

@@ -1,32 +1,52 @@
-//! The soft fabric's wire format: every frame is a fixed 32-byte header, followed by
-//! `payload_len()` bytes of data for the frames that carry data (WRITE, WRITE_IMM, a
-//! successful READ_RESP). One TCP connection carries one QP pair; both directions carry
-//! requests (WRITE, WRITE_IMM, READ_REQ) and responses (ACK, NAK, READ_RESP).
+//! The soft fabric's wire format. One TCP connection (a *link*) joins two devices (rails)
+//! and carries the frames of every QP pair between them; each frame names the QP it is for.
+//! A frame is a fixed 32-byte header, followed by `payload_len()` bytes for the frames that
+//! carry data. A payload longer than [`SEGMENT`] is cut into segments: the request (WRITE,
+//! WRITE_IMM) or the READ response carries the first, DATA frames the rest, so the frames of
+//! other QPs interleave with a large transfer and never wait behind all of it.
 //!
 //! ```text
 //! offset size field
-//!  0     1    magic 0xB7
-//!  1     1    kind (1 WRITE, 2 WRITE_IMM, 3 READ_REQ, 4 READ_RESP, 5 ACK, 6 NAK, 7 HELLO,
-//!             8 RNR)
-//!  2     1    status (READ_RESP, NAK; 0 elsewhere)
-//!  3     1    reserved, 0
-//!  4     4    dst_qpn   the receiving QP's number (HELLO: the acceptor's)
-//!  8     4    seq       request sequence number (HELLO: the dialer's QP number)
-//! 12     4    len       bytes written/read (≤ MAX_MSG)
-//! 16     8    addr      remote address (HELLO: the acceptor's nonce)
-//! 24     4    rkey      (HELLO: low half of the dialer's nonce)
-//! 28     4    imm       big-endian immediate (HELLO: high half of the dialer's nonce)
+//!  0     1    magic 0xB8 (wire version 2)
+//!  1     1    kind: 1 WRITE, 2 WRITE_IMM, 3 READ_REQ, 4 READ_RESP, 5 ACK, 6 NAK, 7 HELLO,
+//!             8 RNR, 9 DATA, 10 CONNECT, 11 CLOSE
+//!  2     1    status (READ_RESP, NAK: the refusal; CLOSE: 1 = the QP failed; 0 elsewhere)
+//!  3     1    flags: bit 0 ACK_REQ (WRITE, WRITE_IMM only: acknowledge at once); 0 elsewhere
+//!  4     4    dst_qpn   the receiving QP (HELLO: 0)
+//!  8     4    seq       request sequence number (CONNECT, CLOSE: the sending QP's number;
+//!                       HELLO: the wire version, 2)
+//! 12     4    len       WRITE, READ_REQ, READ_RESP: the whole transfer (≤ MAX_MSG);
+//!                       DATA: this segment (1 ..= SEGMENT)
+//! 16     8    addr      remote address (CONNECT: the receiving QP's nonce; HELLO: the
+//!                       receiving device's identity)
+//! 24     4    rkey      (CONNECT, HELLO: low half of the sender's nonce / identity)
+//! 28     4    imm       big-endian immediate (CONNECT, HELLO: the high half)
 //! ```
 //! Integers are little-endian except `imm`, which is big-endian as on an RDMA wire.
+//!
+//! - HELLO opens a link: the dialing device names itself and the device it dialed.
+//! - CONNECT: a QP names itself to its peer QP (the QP-level handshake); CLOSE: it is gone
+//!   (destroyed, or failed: status 1).
+//! - ACK `seq`: every request up to `seq` was executed. NAK `seq`: the ones before it were,
+//!   `seq` was refused, later ones were discarded. RNR `seq`: the ones before it were
+//!   executed, `seq` found the receiver not ready (no SRQ WQE, or no room for its
+//!   completion) and was not executed, later ones were discarded: the requester sends them
+//!   again from `seq`, after a delay.
+//!
 //! [`decode`] accepts exactly the headers [`encode`] can produce; anything else is an error,
 //! never a panic (property-tested and fuzzed).
 
 /// Size of every frame header.
 pub const HDR_LEN: usize = 32;
-/// First byte of every header.
-pub const MAGIC: u8 = 0xB7;
+/// First byte of every header (wire version 2; version 1 used 0xB7).
+pub const MAGIC: u8 = 0xB8;
+/// The wire version a HELLO carries.
+pub const WIRE_VERSION: u32 = 2;
 /// Largest message (as verbs' usual `max_msg_sz`, 2 GiB).
 pub const MAX_MSG: u32 = 1 << 31;
+/// Payload bytes of one segment: a request or READ response carries at most this much,
+/// DATA frames the rest, `SEGMENT` bytes each but the last.
+pub const SEGMENT: u32 = 256 << 10;
 
 const K_WRITE: u8 = 1;
 const K_WRITE_IMM: u8 = 2;
@@ -36,6 +56,11 @@ const K_ACK: u8 = 5;
 const K_NAK: u8 = 6;
 const K_HELLO: u8 = 7;
 const K_RNR: u8 = 8;
+const K_DATA: u8 = 9;
+const K_CONNECT: u8 = 10;
+const K_CLOSE: u8 = 11;
+
+const F_ACK_REQ: u8 = 1;
 
 /// Why a responder refused a request (status byte of NAK and READ_RESP).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,21 +84,28 @@ impl NakCode {
 /// A decoded header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Frame {
-    /// RDMA WRITE (`imm: None`) or WRITE_WITH_IMM; `len` payload bytes follow.
-    Write { dst_qpn: u32, seq: u32, addr: u64, rkey: u32, len: u32, imm: Option<u32> },
+    /// RDMA WRITE (`imm: None`) or WRITE_WITH_IMM of `len` bytes; the first segment follows.
+    /// `ack_req`: the requester waits for this one (signalled): acknowledge it at once.
+    Write { dst_qpn: u32, seq: u32, addr: u64, rkey: u32, len: u32, imm: Option<u32>, ack_req: bool },
     /// RDMA READ request of `len` bytes at `addr`/`rkey`.
     ReadReq { dst_qpn: u32, seq: u32, addr: u64, rkey: u32, len: u32 },
-    /// READ response: `Ok` with `len` payload bytes, or refused (no payload).
+    /// READ response: `Ok` with `len` bytes in all (the first segment follows), or refused.
     ReadResp { dst_qpn: u32, seq: u32, result: Result<u32, NakCode> },
+    /// A further segment of request (or READ response) `seq`: `len` bytes follow.
+    Data { dst_qpn: u32, seq: u32, len: u32 },
     /// Every request up to and including `seq` was executed.
     Ack { dst_qpn: u32, seq: u32 },
     /// Requests before `seq` were executed; `seq` was refused; later ones were discarded.
     Nak { dst_qpn: u32, seq: u32, code: NakCode },
-    /// Receiver not ready: request `seq` waits for an SRQ WQE (sent when the wait starts
-    /// and while it lasts, so the requester knows the peer is alive).
+    /// Receiver not ready: requests before `seq` were executed, `seq` and later ones were
+    /// not (send them again from `seq`).
     Rnr { dst_qpn: u32, seq: u32 },
-    /// First frame of a connection, from the dialer: which QP it wants and who it is.
-    Hello { dst_qpn: u32, src_qpn: u32, dst_nonce: u64, src_nonce: u64 },
+    /// First frame of a link, from the dialing device.
+    Hello { dst_dev: u64, src_dev: u64 },
+    /// QP `src_qpn` (nonce `src_nonce`) is connected to QP `dst_qpn` (`dst_nonce`).
+    Connect { dst_qpn: u32, src_qpn: u32, dst_nonce: u64, src_nonce: u64 },
+    /// QP `src_qpn`, the peer of `dst_qpn`, is gone: destroyed, or failed (`error`).
+    Close { dst_qpn: u32, src_qpn: u32, error: bool },
 }
 
 /// A header that is not one [`encode`] produces.
@@ -85,16 +117,22 @@ pub enum DecodeError {
     NonZero(&'static str),
     BadStatus(u8),
     TooLong(u32),
+    /// A DATA frame of 0 bytes or more than a segment.
+    BadSegment(u32),
+    /// A HELLO of another wire version.
+    Version(u32),
 }
 
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            DecodeError::BadMagic(b) => write!(f, "bad magic byte {b:#04x}"),
+            DecodeError::BadMagic(b) => write!(f, "bad magic byte {b:#04x} (not soft-fabric wire version 2)"),
             DecodeError::UnknownKind(k) => write!(f, "unknown frame kind {k}"),
             DecodeError::NonZero(field) => write!(f, "field {field} must be 0 for this frame kind"),
             DecodeError::BadStatus(s) => write!(f, "bad status byte {s}"),
             DecodeError::TooLong(l) => write!(f, "length {l} above the {MAX_MSG}-byte maximum"),
+            DecodeError::BadSegment(l) => write!(f, "DATA segment of {l} bytes (1 ..= {SEGMENT})"),
+            DecodeError::Version(v) => write!(f, "HELLO of wire version {v} (this is {WIRE_VERSION})"),
         }
     }
 }
@@ -103,22 +141,25 @@ impl Frame {
     /// Payload bytes that follow the header.
     pub fn payload_len(&self) -> u32 {
         match *self {
-            Frame::Write { len, .. } => len,
-            Frame::ReadResp { result: Ok(len), .. } => len,
+            Frame::Write { len, .. } | Frame::ReadResp { result: Ok(len), .. } => len.min(SEGMENT),
+            Frame::Data { len, .. } => len,
             _ => 0,
         }
     }
 
-    /// The QP the frame is addressed to.
+    /// The QP the frame is addressed to (HELLO: 0).
     pub fn dst_qpn(&self) -> u32 {
         match *self {
             Frame::Write { dst_qpn, .. }
             | Frame::ReadReq { dst_qpn, .. }
             | Frame::ReadResp { dst_qpn, .. }
+            | Frame::Data { dst_qpn, .. }
             | Frame::Ack { dst_qpn, .. }
             | Frame::Nak { dst_qpn, .. }
             | Frame::Rnr { dst_qpn, .. }
-            | Frame::Hello { dst_qpn, .. } => dst_qpn,
+            | Frame::Connect { dst_qpn, .. }
+            | Frame::Close { dst_qpn, .. } => dst_qpn,
+            Frame::Hello { .. } => 0,
         }
     }
 }
@@ -126,6 +167,7 @@ impl Frame {
 struct Raw {
     kind: u8,
     status: u8,
+    flags: u8,
     dst_qpn: u32,
     seq: u32,
     len: u32,
@@ -136,27 +178,42 @@ struct Raw {
 
 /// Serializes a header.
 pub fn encode(f: &Frame) -> [u8; HDR_LEN] {
-    let z = |kind| Raw { kind, status: 0, dst_qpn: f.dst_qpn(), seq: 0, len: 0, addr: 0, rkey: 0, imm: 0 };
+    let z = |kind| Raw { kind, status: 0, flags: 0, dst_qpn: f.dst_qpn(), seq: 0, len: 0, addr: 0, rkey: 0, imm: 0 };
+    let split = |v: u64| (v as u32, (v >> 32) as u32);
     let r = match *f {
-        Frame::Write { seq, addr, rkey, len, imm, .. } => {
-            Raw { seq, addr, rkey, len, imm: imm.unwrap_or(0), ..z(if imm.is_some() { K_WRITE_IMM } else { K_WRITE }) }
-        }
+        Frame::Write { seq, addr, rkey, len, imm, ack_req, .. } => Raw {
+            seq,
+            addr,
+            rkey,
+            len,
+            imm: imm.unwrap_or(0),
+            flags: if ack_req { F_ACK_REQ } else { 0 },
+            ..z(if imm.is_some() { K_WRITE_IMM } else { K_WRITE })
+        },
         Frame::ReadReq { seq, addr, rkey, len, .. } => Raw { seq, addr, rkey, len, ..z(K_READ_REQ) },
         Frame::ReadResp { seq, result, .. } => match result {
             Ok(len) => Raw { seq, len, ..z(K_READ_RESP) },
             Err(code) => Raw { seq, status: code as u8, ..z(K_READ_RESP) },
         },
+        Frame::Data { seq, len, .. } => Raw { seq, len, ..z(K_DATA) },
         Frame::Ack { seq, .. } => Raw { seq, ..z(K_ACK) },
         Frame::Nak { seq, code, .. } => Raw { seq, status: code as u8, ..z(K_NAK) },
         Frame::Rnr { seq, .. } => Raw { seq, ..z(K_RNR) },
-        Frame::Hello { src_qpn, dst_nonce, src_nonce, .. } => {
-            Raw { seq: src_qpn, addr: dst_nonce, rkey: src_nonce as u32, imm: (src_nonce >> 32) as u32, ..z(K_HELLO) }
+        Frame::Hello { dst_dev, src_dev } => {
+            let (rkey, imm) = split(src_dev);
+            Raw { seq: WIRE_VERSION, addr: dst_dev, rkey, imm, ..z(K_HELLO) }
         }
+        Frame::Connect { src_qpn, dst_nonce, src_nonce, .. } => {
+            let (rkey, imm) = split(src_nonce);
+            Raw { seq: src_qpn, addr: dst_nonce, rkey, imm, ..z(K_CONNECT) }
+        }
+        Frame::Close { src_qpn, error, .. } => Raw { seq: src_qpn, status: error as u8, ..z(K_CLOSE) },
     };
     let mut b = [0u8; HDR_LEN];
     b[0] = MAGIC;
     b[1] = r.kind;
     b[2] = r.status;
+    b[3] = r.flags;
     b[4..8].copy_from_slice(&r.dst_qpn.to_le_bytes());
     b[8..12].copy_from_slice(&r.seq.to_le_bytes());
     b[12..16].copy_from_slice(&r.len.to_le_bytes());
@@ -175,12 +232,10 @@ pub fn decode(b: &[u8; HDR_LEN]) -> Result<Frame, DecodeError> {
     if b[0] != MAGIC {
         return Err(DecodeError::BadMagic(b[0]));
     }
-    if b[3] != 0 {
-        return Err(DecodeError::NonZero("reserved"));
-    }
     let r = Raw {
         kind: b[1],
         status: b[2],
+        flags: b[3],
         dst_qpn: u32_at(b, 4),
         seq: u32_at(b, 8),
         len: u32_at(b, 12),
@@ -192,19 +247,27 @@ pub fn decode(b: &[u8; HDR_LEN]) -> Result<Frame, DecodeError> {
     if r.len > MAX_MSG {
         return Err(DecodeError::TooLong(r.len));
     }
-    if r.kind != K_READ_RESP && r.kind != K_NAK {
+    if !matches!(r.kind, K_READ_RESP | K_NAK | K_CLOSE) {
         zero(r.status as u64, "status")?;
     }
+    if !matches!(r.kind, K_WRITE | K_WRITE_IMM) {
+        zero(r.flags as u64, "flags")?;
+    }
     let (dst_qpn, seq) = (r.dst_qpn, r.seq);
+    let joined = r.rkey as u64 | (r.imm as u64) << 32;
     match r.kind {
         K_WRITE | K_WRITE_IMM => {
+            if r.flags & !F_ACK_REQ != 0 {
+                return Err(DecodeError::NonZero("flags"));
+            }
             let imm = if r.kind == K_WRITE_IMM {
                 Some(r.imm)
             } else {
                 zero(r.imm as u64, "imm")?;
                 None
             };
-            Ok(Frame::Write { dst_qpn, seq, addr: r.addr, rkey: r.rkey, len: r.len, imm })
+            let ack_req = r.flags & F_ACK_REQ != 0;
+            Ok(Frame::Write { dst_qpn, seq, addr: r.addr, rkey: r.rkey, len: r.len, imm, ack_req })
         }
         K_READ_REQ => {
             zero(r.imm as u64, "imm")?;
@@ -221,21 +284,41 @@ pub fn decode(b: &[u8; HDR_LEN]) -> Result<Frame, DecodeError> {
             };
             Ok(Frame::ReadResp { dst_qpn, seq, result })
         }
+        K_DATA => {
+            zero(r.addr | r.rkey as u64 | r.imm as u64, "addr/rkey/imm")?;
+            if r.len == 0 || r.len > SEGMENT {
+                return Err(DecodeError::BadSegment(r.len));
+            }
+            Ok(Frame::Data { dst_qpn, seq, len: r.len })
+        }
         K_ACK | K_NAK | K_RNR => {
             zero(r.len as u64 | r.addr | r.rkey as u64 | r.imm as u64, "len/addr/rkey/imm")?;
-            if r.kind == K_ACK {
-                return Ok(Frame::Ack { dst_qpn, seq });
+            match r.kind {
+                K_ACK => Ok(Frame::Ack { dst_qpn, seq }),
+                K_RNR => Ok(Frame::Rnr { dst_qpn, seq }),
+                _ => {
+                    let code = NakCode::from_u8(r.status).ok_or(DecodeError::BadStatus(r.status))?;
+                    Ok(Frame::Nak { dst_qpn, seq, code })
+                }
             }
-            if r.kind == K_RNR {
-                return Ok(Frame::Rnr { dst_qpn, seq });
-            }
-            let code = NakCode::from_u8(r.status).ok_or(DecodeError::BadStatus(r.status))?;
-            Ok(Frame::Nak { dst_qpn, seq, code })
         }
         K_HELLO => {
+            zero(r.len as u64 | dst_qpn as u64, "len/dst_qpn")?;
+            if seq != WIRE_VERSION {
+                return Err(DecodeError::Version(seq));
+            }
+            Ok(Frame::Hello { dst_dev: r.addr, src_dev: joined })
+        }
+        K_CONNECT => {
             zero(r.len as u64, "len")?;
-            let src_nonce = r.rkey as u64 | (r.imm as u64) << 32;
-            Ok(Frame::Hello { dst_qpn, src_qpn: seq, dst_nonce: r.addr, src_nonce })
+            Ok(Frame::Connect { dst_qpn, src_qpn: seq, dst_nonce: r.addr, src_nonce: joined })
+        }
+        K_CLOSE => {
+            zero(r.len as u64 | r.addr | r.rkey as u64 | r.imm as u64, "len/addr/rkey/imm")?;
+            if r.status > 1 {
+                return Err(DecodeError::BadStatus(r.status));
+            }
+            Ok(Frame::Close { dst_qpn, src_qpn: seq, error: r.status == 1 })
         }
         k => Err(DecodeError::UnknownKind(k)),
     }
@@ -262,8 +345,16 @@ mod tests {
     fn any_frame() -> impl Strategy<Value = Frame> {
         let code = prop_oneof![Just(NakCode::RemoteAccess), Just(NakCode::InvalidRequest)];
         prop_oneof![
-            (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>(), 0..=MAX_MSG, any::<Option<u32>>())
-                .prop_map(|(dst_qpn, seq, addr, rkey, len, imm)| Frame::Write { dst_qpn, seq, addr, rkey, len, imm }),
+            (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>(), 0..=MAX_MSG, any::<Option<u32>>(), any::<bool>())
+                .prop_map(|(dst_qpn, seq, addr, rkey, len, imm, ack_req)| Frame::Write {
+                    dst_qpn,
+                    seq,
+                    addr,
+                    rkey,
+                    len,
+                    imm,
+                    ack_req
+                }),
             (any::<u32>(), any::<u32>(), any::<u64>(), any::<u32>(), 0..=MAX_MSG)
                 .prop_map(|(dst_qpn, seq, addr, rkey, len)| Frame::ReadReq { dst_qpn, seq, addr, rkey, len }),
             (any::<u32>(), any::<u32>(), 0..=MAX_MSG).prop_map(|(dst_qpn, seq, len)| Frame::ReadResp {
@@ -276,12 +367,19 @@ mod tests {
                 seq,
                 result: Err(c)
             }),
+            (any::<u32>(), any::<u32>(), 1..=SEGMENT).prop_map(|(dst_qpn, seq, len)| Frame::Data { dst_qpn, seq, len }),
             (any::<u32>(), any::<u32>()).prop_map(|(dst_qpn, seq)| Frame::Ack { dst_qpn, seq }),
             (any::<u32>(), any::<u32>()).prop_map(|(dst_qpn, seq)| Frame::Rnr { dst_qpn, seq }),
             (any::<u32>(), any::<u32>(), code).prop_map(|(dst_qpn, seq, code)| Frame::Nak { dst_qpn, seq, code }),
+            (any::<u64>(), any::<u64>()).prop_map(|(dst_dev, src_dev)| Frame::Hello { dst_dev, src_dev }),
             (any::<u32>(), any::<u32>(), any::<u64>(), any::<u64>()).prop_map(
-                |(dst_qpn, src_qpn, dst_nonce, src_nonce)| { Frame::Hello { dst_qpn, src_qpn, dst_nonce, src_nonce } }
+                |(dst_qpn, src_qpn, dst_nonce, src_nonce)| Frame::Connect { dst_qpn, src_qpn, dst_nonce, src_nonce }
             ),
+            (any::<u32>(), any::<u32>(), any::<bool>()).prop_map(|(dst_qpn, src_qpn, error)| Frame::Close {
+                dst_qpn,
+                src_qpn,
+                error
+            }),
         ]
     }
 
@@ -296,6 +394,16 @@ mod tests {
             // Accepted headers are canonical: nothing the decoder accepts is lost or guessed.
             if let Ok(f) = decode(&b) {
                 prop_assert_eq!(encode(&f), b);
+            }
+        }
+
+        #[test]
+        fn any_header_with_the_magic_decodes_or_is_rejected(mut b in any::<[u8; HDR_LEN]>(), kind in 0u8..13) {
+            b[0] = MAGIC;
+            b[1] = kind;
+            if let Ok(f) = decode(&b) {
+                prop_assert_eq!(encode(&f), b);
+                prop_assert!(f.payload_len() <= SEGMENT);
             }
         }
 
@@ -319,37 +427,62 @@ mod tests {
     #[test]
     fn rejects_what_is_not_a_frame() {
         let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
-        b[0] = 0;
-        assert_eq!(decode(&b), Err(DecodeError::BadMagic(0)));
+        b[0] = 0xB7;
+        assert_eq!(decode(&b), Err(DecodeError::BadMagic(0xB7)), "wire version 1");
         let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
         b[1] = 99;
         assert_eq!(decode(&b), Err(DecodeError::UnknownKind(99)));
         let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
         b[12] = 1;
         assert_eq!(decode(&b), Err(DecodeError::NonZero("len/addr/rkey/imm")));
-        let b = encode(&Frame::Write { dst_qpn: 0, seq: 0, addr: 0, rkey: 0, len: MAX_MSG, imm: None });
+        let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
+        b[3] = 1;
+        assert_eq!(decode(&b), Err(DecodeError::NonZero("flags")), "ACK_REQ only on requests");
+        let b = encode(&Frame::Write { dst_qpn: 0, seq: 0, addr: 0, rkey: 0, len: MAX_MSG, imm: None, ack_req: false });
         let mut c = b;
         c[12..16].copy_from_slice(&(MAX_MSG + 1).to_le_bytes());
         assert_eq!(decode(&c), Err(DecodeError::TooLong(MAX_MSG + 1)));
         let mut n = encode(&Frame::Nak { dst_qpn: 0, seq: 0, code: NakCode::RemoteAccess });
         n[2] = 7;
         assert_eq!(decode(&n), Err(DecodeError::BadStatus(7)));
+        let mut d = encode(&Frame::Data { dst_qpn: 0, seq: 0, len: 1 });
+        d[12..16].copy_from_slice(&0u32.to_le_bytes());
+        assert_eq!(decode(&d), Err(DecodeError::BadSegment(0)));
+        d[12..16].copy_from_slice(&(SEGMENT + 1).to_le_bytes());
+        assert_eq!(decode(&d), Err(DecodeError::BadSegment(SEGMENT + 1)));
+        let mut h = encode(&Frame::Hello { dst_dev: 1, src_dev: 2 });
+        h[8] = 1;
+        assert_eq!(decode(&h), Err(DecodeError::Version(1)));
     }
 
     #[test]
     fn imm_is_big_endian_on_the_wire() {
-        let b = encode(&Frame::Write { dst_qpn: 0, seq: 0, addr: 0, rkey: 0, len: 0, imm: Some(0x0102_0304) });
+        let b = encode(&Frame::Write {
+            dst_qpn: 0,
+            seq: 0,
+            addr: 0,
+            rkey: 0,
+            len: 0,
+            imm: Some(0x0102_0304),
+            ack_req: true,
+        });
         assert_eq!(&b[28..32], &[1, 2, 3, 4]);
+        assert_eq!(b[3], 1, "ACK_REQ");
     }
 
     #[test]
-    fn a_stream_skips_payloads() {
-        let mut s = encode(&Frame::Write { dst_qpn: 3, seq: 0, addr: 0, rkey: 0, len: 5, imm: None }).to_vec();
+    fn a_stream_skips_payloads_a_segment_at_a_time() {
+        let w = Frame::Write { dst_qpn: 3, seq: 0, addr: 0, rkey: 0, len: SEGMENT + 5, imm: None, ack_req: false };
+        assert_eq!(w.payload_len(), SEGMENT, "the request carries the first segment");
+        let mut s = encode(&w).to_vec();
+        s.extend_from_slice(&vec![0xFF; SEGMENT as usize]);
+        s.extend_from_slice(&encode(&Frame::Ack { dst_qpn: 4, seq: 9 }));
+        s.extend_from_slice(&encode(&Frame::Data { dst_qpn: 3, seq: 0, len: 5 }));
         s.extend_from_slice(&[0xFF; 5]);
         s.extend_from_slice(&encode(&Frame::Ack { dst_qpn: 3, seq: 0 }));
         let mut out = Vec::new();
         decode_stream(&s, &mut out).unwrap();
-        assert_eq!(out.len(), 2);
-        assert_eq!(out[1], Frame::Ack { dst_qpn: 3, seq: 0 });
+        assert_eq!(out.len(), 4);
+        assert_eq!(out[3], Frame::Ack { dst_qpn: 3, seq: 0 });
     }
 }

@@ -2,40 +2,42 @@
 //! this process makes no calls (a responder sitting in a GPU kernel, a test child waiting
 //! on its stdin). It sleeps in `epoll_wait` and never spins:
 //!
-//! - every connection's socket is in the epoll set with `EPOLLONESHOT`, so an event wakes
-//!   the helper once and the socket stays quiet until the helper re-arms it;
-//! - on an event the helper compares the connection's `caller_epoch` with what it saw last
-//!   time. If a caller (post/poll) moved it since, the caller is making progress: the helper
-//!   leaves the socket disarmed and looks again after [`IDLE`] (connections due within
-//!   half a period are looked at together). A busy NCCL proxy therefore costs the helper
-//!   one wake-up per `IDLE` per device, not one per message or per connection;
-//! - once a connection's callers have been quiet for a whole `IDLE`, the helper makes the
+//! - every link's socket is in its epoll set with `EPOLLONESHOT`, so an event wakes the
+//!   helper once and the socket stays quiet until the helper re-arms it;
+//! - on an event the helper compares the link's `caller_epoch` (and the device's, which
+//!   callers that ask the readiness set bump) with what it saw last time. If a caller moved
+//!   it since, callers are making progress: the helper leaves the socket disarmed and looks
+//!   again after [`IDLE`] (links due within half a period are looked at together). A busy
+//!   NCCL proxy therefore costs the helper one wake-up per `IDLE` per device, not one per
+//!   message, link or connection;
+//! - once a link's callers have been quiet for a whole `IDLE`, the helper makes the
 //!   progress step itself (read, place, acknowledge, send) and re-arms the socket
 //!   (`EPOLLOUT` too while bytes wait for room), so from then on it serves at full speed;
-//! - a connection waiting for an SRQ WQE or CQ room (no socket event announces those) is
-//!   revisited every `IDLE`, like an RNR retry timer.
+//! - while the device has links, every `IDLE` it sweeps them (`Port::sweep`): a link no
+//!   caller stepped is stepped (RNR retries, sends left over), a silent peer is detected,
+//!   a dial refused is tried again, a link that never carried a QP expires.
 //!
 //! The listener is in the set too: the helper accepts connections and reads their HELLO
 //! so a dialer is attached even while the accepting side is busy elsewhere. The set itself
-//! is `watch.rs`; the listener and the QP table are the device's `Port`.
+//! is `watch.rs`; the listener and the links are the device's `Port`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::conn::{Conn, Phase};
+use super::conn::Conn;
+use super::link::{Link, Phase};
 use super::port::Port;
-use super::transport::Link;
-use super::watch::{T_LISTENER, T_WAKE, Watcher};
+use super::watch::{T_LISTENER, T_WAKE};
 use crate::error::{Error, Result};
 
-/// How long a connection's callers must have been quiet before the helper steps in; also
-/// the helper's retry period for RNR waits and pending accepts. Measured with
-/// `examples/soft_progress` on 2 cores, both processes busy-polling: at 1 ms the helpers'
-/// ~2000 wake-ups/s cost ~2.5% of a core and triple the p99 round trip of 8-byte WRITEs
-/// (~33 µs against ~11 µs); at 10 ms they cost ~0.2% and leave the p99 alone. A quiet
-/// process's first request then waits up to 10 ms, later ones are served at once.
+/// How long a link's callers must have been quiet before the helper steps in; also the
+/// helper's period for sweeps and pending accepts. Measured with `examples/soft_progress`
+/// on 2 cores, both processes busy-polling: at 1 ms the helpers' ~2000 wake-ups/s cost
+/// ~2.5% of a core and triple the p99 round trip of 8-byte WRITEs (~33 µs against
+/// ~11 µs); at 10 ms they cost ~0.2% and leave the p99 alone. A quiet process's first
+/// request then waits up to 10 ms, later ones are served at once.
 pub const IDLE: Duration = Duration::from_millis(10);
 
 static IDLE_MS: AtomicU64 = AtomicU64::new(IDLE.as_millis() as u64);
@@ -83,13 +85,17 @@ impl Helper {
 }
 
 fn run(port: &Port<Conn>, stop: &AtomicBool) {
-    let w = &port.net.as_ref().expect("TCP device").watcher;
+    let net = port.net.as_ref().expect("TCP device");
+    let w = &net.watcher;
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut watch: Vec<(usize, Instant)> = Vec::with_capacity(64);
     let mut due: Vec<usize> = Vec::with_capacity(64);
     let mut accepting = false;
+    let mut next_sweep = Instant::now();
+    let mut seen_epoll = net.epoll_epoch.load(Ordering::Relaxed);
     while !stop.load(Ordering::Acquire) {
-        let timeout = if watch.is_empty() && !accepting { -1 } else { idle().as_millis().max(1) as i32 };
+        let links = !net.links().is_empty();
+        let timeout = if watch.is_empty() && !accepting && !links { -1 } else { idle().as_millis().max(1) as i32 };
         let n = w.wait(&mut events, timeout);
         if stop.load(Ordering::Acquire) {
             break;
@@ -105,9 +111,21 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         if accepting {
             accepting = port.drive_accept();
         }
-        // Visit every watched connection due within half a period: one wake-up serves them
-        // all, so a device costs one wake-up per IDLE however many connections it has.
         let now = Instant::now();
+        // Callers that ask the readiness set serve every link of the device.
+        let epoll = net.epoll_epoch.load(Ordering::Relaxed);
+        let callers_poll = epoll != seen_epoll && !idle().is_zero();
+        if now >= next_sweep {
+            seen_epoll = epoll;
+            next_sweep = now + idle().max(Duration::from_millis(1));
+            port.sweep(now, |l| {
+                let e = l.caller_epoch.load(Ordering::Relaxed);
+                let quiet = e == l.swept.swap(e, Ordering::Relaxed);
+                quiet && !callers_poll
+            });
+        }
+        // Visit every watched link due within half a period: one wake-up serves them all,
+        // so a device costs one wake-up per IDLE however many links it has.
         let horizon = now + idle() / 2;
         watch.retain(|&(t, at)| {
             let ready = at <= horizon;
@@ -119,30 +137,36 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         due.sort_unstable();
         due.dedup();
         for &t in &due {
-            if let Some(again) = visit(w, t) {
+            if let Some(again) = visit(port, t, callers_poll) {
                 watch.push((t, now + again));
             }
         }
     }
 }
 
-/// Serves connection `t` if its callers are quiet. Returns when to look again, if needed.
-fn visit(w: &Watcher<Conn>, t: usize) -> Option<Duration> {
-    let (conn, seen) = w.get(t)?;
-    let epoch = conn.caller_epoch.load(Ordering::Relaxed);
+/// Serves link `t` if its callers are quiet. Returns when to look again, if needed.
+fn visit(port: &Port<Conn>, t: usize, callers_poll: bool) -> Option<Duration> {
+    let w = &port.net.as_ref().expect("TCP device").watcher;
+    let (link, seen) = w.get(t)?;
+    let epoch = link.caller_epoch.load(Ordering::Relaxed);
     let idle = idle();
-    if epoch != seen && !idle.is_zero() {
+    if (epoch != seen || callers_poll) && !idle.is_zero() {
         w.set_seen(t, epoch);
         return Some(idle);
     }
-    let Some(mut st) = conn.st.try_lock() else { return Some(idle.max(Duration::from_millis(1))) };
-    conn.progress(&mut st, false);
-    if !matches!(st.phase, Phase::Ready) {
+    serve(port, &link, t, idle)
+}
+
+fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize, idle: Duration) -> Option<Duration> {
+    let w = &port.net.as_ref().expect("TCP device").watcher;
+    let Some(mut st) = link.try_lock() else { return Some(idle.max(Duration::from_millis(1))) };
+    port.step_locked(link, &mut st, false);
+    if matches!(st.phase, Phase::Down) {
         return None;
     }
-    let wants = st.wants_write();
-    let Some(Link::Tcp(link)) = st.link.as_mut() else { return None };
-    link.out_armed = wants;
-    w.rearm(link.raw_fd(), t, wants);
-    st.needs_timer().then_some(idle.max(Duration::from_millis(1)))
+    let wants = st.wants_write() || matches!(st.phase, Phase::Dialing { .. });
+    let fd = std::os::fd::AsRawFd::as_raw_fd(st.fd.as_ref()?);
+    st.out_armed = wants;
+    w.rearm(fd, t, wants);
+    None
 }

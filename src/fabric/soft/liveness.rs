@@ -31,11 +31,6 @@ impl Liveness {
         Liveness { bound: Duration::from_secs(30), idle_since: None }
     }
 
-    /// The bound (set from `ConnectParams` at `connect`).
-    pub fn bound(&self) -> Duration {
-        self.bound
-    }
-
     pub fn set_bound(&mut self, bound: Duration) {
         self.bound = bound;
     }

@@ -8,26 +8,28 @@
 //!
 //! ```text
 //! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
-//! qp          SoftQp: QpInfo, dialing and accepting, connect, post_send
-//! cq          SoftCq (its poll is one progress step on each attached connection), SoftSrq
-//! helper      the helper thread: serves connections whose callers are quiet
-//! conn        Conn: one QP's connection; wires its parts, posts, steps, retires, fails
-//! rx          the TCP receive half: reads, checks, places; reports a Fault
-//! tx  direct  the TCP send half; in-process execution of WRs against the peer's endpoint
+//! qp          SoftQp: QpInfo, connect, is_ready, post_send, drop
+//! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
+//! helper      the helper thread: serves links whose callers are quiet, sweeps them
+//! wire        a connection on its link: what the link asks of a QP, CONNECT and CLOSE
+//! conn        Conn: one QP's connection; wires its parts, posts, retires, fails
+//! rx          a QP's receive side on its link: checks, placement decisions, RNR
+//! tx direct   a QP's send side on its link; in-process execution of WRs
 //! requester   the send queue: posting checks, WRs in flight, completions in order
 //! responder   request order, refusals, RNR counting, placement order (final word last)
-//! port        what a device's QPs share: QP table, TCP listener, HELLO reading
-//! transport   the link: a TCP socket (vectored I/O) or an in-process peer's end
+//! port        what a device's QPs share: QP table, listener, HELLOs, the links
+//! link        one TCP connection per device pair: the frames of all its QPs
+//! transport   vectored socket I/O; an in-process peer's end
 //! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
 //! fault       why a QP goes to the error state
-//! addr frame liveness mr ring watch
+//! addr frame liveness logs mr ring watch
 //!             leaves: interface facts and random names, the wire format, the silent-peer
-//!             timer, the key table, the CQ ring, the helper's epoll set
+//!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets
 //! ```
 //!
-//! `port`, `endpoint` (a CQ's attachments) and `watch` hold connections without knowing
-//! their type (a type parameter, `Conn` above): what a connection is, only `conn` and the
-//! files above it know.
+//! `port`, `link`, `endpoint` (a CQ's attachments) and `watch` hold connections (or links)
+//! without knowing their type (a type parameter, `Conn` above; a link asks its QPs through
+//! the `Station` trait): what a connection is, only `conn` and the files above it know.
 //!
 //! # Semantics (what the engine may rely on)
 //!
@@ -99,7 +101,9 @@ mod endpoint;
 mod fault;
 pub mod frame;
 mod helper;
+mod link;
 mod liveness;
+mod logs;
 mod mr;
 mod port;
 mod qp;
@@ -110,6 +114,7 @@ mod rx;
 mod transport;
 mod tx;
 mod watch;
+mod wire;
 
 use std::net::IpAddr;
 use std::time::Duration;

@@ -1,63 +1,95 @@
-//! What a soft device's QPs share: the QP table (numbers, the `max_qp` limit, HELLO
-//! dispatch) and, on TCP, the rail's "port": a listener bound to the rail's local address,
-//! the dialers whose HELLO has not fully arrived, and the helper thread's epoll set. Every
-//! connection holds its device's port, as a verbs QP holds its device.
+//! What a soft device's QPs share: the QP table and, on TCP, the rail's "port": a listener
+//! bound to the rail's local address, the links to peer devices (one per device pair,
+//! shared by every QP between them: `link.rs`), the connections that have not said who
+//! they are yet, and the readiness sets (`watch.rs`). Every connection holds its device's
+//! port, as a verbs QP holds its device.
 //!
-//! Generic over the connection type `C`: the port keeps connections (by QP number) and
-//! hands a dialer's socket to the one its HELLO names ([`Accept`]); what a connection does
-//! with it is the connection's business (`conn.rs`), which sits above.
+//! - **Links.** The device with the smaller identity dials (a device's links to itself: one
+//!   end each way); the dialer sends HELLO first. A link lives while a QP is on it or a
+//!   CONNECT for one is parked, and closes when the last one goes. The peer dialing again
+//!   replaces the old link (the dialer only dials when it has none).
+//! - **Hostile input** (issue 16). At most [`MAX_PENDING`] accepted connections may be
+//!   waiting for their HELLO (a new one closes the oldest), each for at most
+//!   [`HELLO_TIMEOUT`]; at most [`MAX_ORPHANS`] links may carry no QP, each for at most the
+//!   connect timeout. `accept` failing (descriptors exhausted) pauses accepting, from
+//!   [`BACKOFF_FIRST`] doubling to [`BACKOFF_MAX`], instead of spinning. Every warning a
+//!   peer can provoke is rate-limited (`logs.rs`).
+//!
+//! Generic over the connection type `C`, which sits above (`conn.rs`). The accepting side
+//! (listener, HELLOs, the bounds on strangers) is in `port/accept.rs`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io::Read;
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+use socket2::{Domain, Protocol, SockAddr, Socket, Type};
 
-use super::frame::{Frame, HDR_LEN, decode};
-use super::transport::{Link, TcpLink};
+use super::frame::{Frame, HDR_LEN, decode, encode};
+use super::link::{Link, LinkKey, LinkState, Phase, QpTable, Station, Step};
+use super::logs::Warnings;
+use super::mr::MrTable;
 use super::watch::Watcher;
 use crate::error::{Error, Result};
 
-/// What the port asks of the connection a dialer's HELLO names.
-pub trait Accept {
-    /// The random number that names the QP (the HELLO must quote it).
-    fn nonce(&self) -> u64;
-    /// The dialer (QP `src_qpn`, nonce `src_nonce`) connected on `link`. `false`: this QP
-    /// does not expect it (the link is closed).
-    fn accept(self: &Arc<Self>, link: Link, src_qpn: u32, src_nonce: u64) -> bool;
-}
+mod accept;
+
+/// Accepted connections waiting for their HELLO, at most.
+pub const MAX_PENDING: usize = 64;
+/// How long an accepted connection may take to send its HELLO (or the connect timeout, if
+/// shorter).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+/// Accepted links that carry no QP yet, at most.
+pub const MAX_ORPHANS: usize = 64;
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(50);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// A dial refused is tried again after this long.
+const REDIAL: Duration = Duration::from_millis(20);
 
 /// The shared part of a device (see the module documentation).
-pub struct Port<C> {
+pub struct Port<C: Station> {
     /// The device's name, for messages.
     pub name: String,
-    pub guid: u64,
+    /// This opening of the device: a random identity, the key of its peers' links to it.
+    pub dev_id: u64,
     pub connect_timeout: Duration,
-    qps: Mutex<HashMap<u32, Weak<C>>>,
+    pub mrs: Arc<MrTable>,
+    pub qps: Arc<QpTable<C>>,
     next_qpn: AtomicU32,
     /// `None`: in-process mode.
     pub net: Option<Net<C>>,
+    pub warn: Warnings,
 }
 
 /// The TCP side of a device.
-pub struct Net<C> {
+pub struct Net<C: Station> {
     /// The rail's local address, with the listener's port.
     pub local: SocketAddr,
     /// Interface to bind outgoing sockets to (`SO_BINDTODEVICE`), when the rail was named
     /// by interface.
     pub bind_iface: Option<String>,
-    acceptor: Mutex<Acceptor>,
-    /// The helper thread's epoll set (the listener is in it).
-    pub watcher: Watcher<C>,
+    acceptor: Mutex<Acceptor<C>>,
+    links: Mutex<HashMap<LinkKey, Arc<Link<C>>>>,
+    /// The readiness sets (the listener is in the helper's).
+    pub watcher: Watcher<Link<C>>,
+    /// Links to step again without a socket event (a read budget spent, a timer, a lock
+    /// that was busy when their event came).
+    again: Mutex<Vec<Arc<Link<C>>>>,
+    any_again: AtomicBool,
+    /// Bumped by every poll that asks the callers' readiness set: callers serve all links.
+    pub epoll_epoch: AtomicU64,
 }
 
-struct Acceptor {
+struct Acceptor<C: Station> {
     listener: TcpListener,
-    pending: Vec<Pending>,
+    pending: VecDeque<Pending>,
+    paused_until: Option<Instant>,
+    backoff: Duration,
+    orphans: VecDeque<Weak<Link<C>>>,
 }
 
 /// An accepted socket whose HELLO has not fully arrived.
@@ -68,7 +100,7 @@ struct Pending {
     since: Instant,
 }
 
-impl<C> Net<C> {
+impl<C: Station> Net<C> {
     /// Listens on `ip` (any port) for the device `name`.
     pub fn listen(name: &str, ip: IpAddr, bind_iface: Option<String>) -> Result<Net<C>> {
         let listener =
@@ -76,19 +108,85 @@ impl<C> Net<C> {
         listener.set_nonblocking(true).map_err(|e| Error::io("soft fabric: listener", &e))?;
         let local = listener.local_addr().map_err(|e| Error::io("soft fabric: listener address", &e))?;
         let watcher = Watcher::new(listener.as_raw_fd())?;
-        Ok(Net { local, bind_iface, acceptor: Mutex::new(Acceptor { listener, pending: Vec::new() }), watcher })
+        let acceptor = Acceptor {
+            listener,
+            pending: VecDeque::new(),
+            paused_until: None,
+            backoff: BACKOFF_FIRST,
+            orphans: VecDeque::new(),
+        };
+        Ok(Net {
+            local,
+            bind_iface,
+            acceptor: Mutex::new(acceptor),
+            links: Mutex::new(HashMap::new()),
+            watcher,
+            again: Mutex::new(Vec::new()),
+            any_again: AtomicBool::new(false),
+            epoll_epoch: AtomicU64::new(0),
+        })
+    }
+
+    /// The links now (control path).
+    pub fn links(&self) -> Vec<Arc<Link<C>>> {
+        self.links.lock().values().cloned().collect()
     }
 }
 
-impl<C: Accept> Port<C> {
-    /// `first_qpn`: the first QP number handed out.
-    pub fn new(name: String, guid: u64, connect_timeout: Duration, first_qpn: u32, net: Option<Net<C>>) -> Port<C> {
-        Port { name, guid, connect_timeout, qps: Mutex::new(HashMap::new()), next_qpn: AtomicU32::new(first_qpn), net }
+/// Whether a non-blocking connect on `fd` finished: `Ok(false)` still under way, `Err` it
+/// failed (or `fd` is not a connecting socket).
+pub fn dial_result(fd: i32) -> std::io::Result<bool> {
+    let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one live pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n == 0 {
+        return Ok(false);
+    }
+    if p.revents & libc::POLLNVAL != 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+    }
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_ERROR writes one c_int into `err`; `len` says so.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut libc::c_int).cast(), &mut len)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if err != 0 {
+        return Err(std::io::Error::from_raw_os_error(err));
+    }
+    Ok(true)
+}
+
+impl<C: Station> Port<C> {
+    pub fn new(
+        name: String,
+        dev_id: u64,
+        connect_timeout: Duration,
+        first_qpn: u32,
+        mrs: Arc<MrTable>,
+        net: Option<Net<C>>,
+    ) -> Port<C> {
+        Port {
+            name,
+            dev_id,
+            connect_timeout,
+            mrs,
+            qps: Arc::new(QpTable::new()),
+            next_qpn: AtomicU32::new(first_qpn),
+            net,
+            warn: Warnings::default(),
+        }
     }
 
     /// QPs alive now.
     pub fn qp_count(&self) -> usize {
-        self.qps.lock().len()
+        self.qps.len()
     }
 
     /// A new QP number.
@@ -96,71 +194,288 @@ impl<C: Accept> Port<C> {
         self.next_qpn.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub fn register_qp(&self, qpn: u32, c: &Arc<C>) {
-        self.qps.lock().insert(qpn, Arc::downgrade(c));
+    fn net(&self) -> &Net<C> {
+        self.net.as_ref().expect("TCP device")
     }
 
-    pub fn forget_qp(&self, qpn: u32) {
-        self.qps.lock().remove(&qpn);
+    /// The link `key` to the device listening at `addr`: the one there is, else a new one
+    /// (dialing, or awaiting the peer's dial).
+    pub fn link_for(&self, key: LinkKey, addr: SocketAddr) -> Result<Arc<Link<C>>> {
+        let net = self.net();
+        let fresh = {
+            let mut t = net.links.lock();
+            if let Some(l) = t.get(&key) {
+                return Ok(l.clone());
+            }
+            let l = Arc::new(Link::new(key, addr, self.mrs.clone(), self.qps.clone()));
+            t.insert(key, l.clone());
+            l
+        };
+        if key.dials {
+            let mut st = fresh.lock();
+            if let Err(e) = self.dial(&fresh, &mut st) {
+                st.phase = Phase::Down;
+                drop(st);
+                self.remove(&fresh);
+                return Err(e);
+            }
+        }
+        Ok(fresh)
     }
 
-    /// Accepts dialers and reads their HELLOs; attaches (or parks) each at its QP.
-    /// Returns whether HELLOs are still incomplete.
-    pub fn drive_accept(&self) -> bool {
-        let Some(net) = &self.net else { return false };
-        let mut a = net.acceptor.lock();
-        loop {
-            match a.listener.accept() {
-                Ok((sock, _)) => {
-                    if sock.set_nonblocking(true).is_err() || sock.set_nodelay(true).is_err() {
-                        continue;
+    /// Starts a non-blocking connect from the rail's address to the link's peer; the HELLO
+    /// goes first once it is up.
+    fn dial(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) -> Result<()> {
+        let net = self.net();
+        let to = link.remote_addr;
+        let what = |e: std::io::Error| Error::io(&format!("soft fabric {}: connecting to {to}", self.name), &e);
+        let s = Socket::new(Domain::for_address(to), Type::STREAM, Some(Protocol::TCP)).map_err(what)?;
+        s.set_nonblocking(true).map_err(what)?;
+        s.set_tcp_nodelay(true).map_err(what)?;
+        if let Some(iface) = &net.bind_iface
+            && let Err(e) = s.bind_device(Some(iface.as_bytes()))
+        {
+            log::debug!("soft fabric: SO_BINDTODEVICE {iface}: {e} (source address binding only)");
+        }
+        s.bind(&SockAddr::from(SocketAddr::new(net.local.ip(), 0))).map_err(what)?;
+        match s.connect(&SockAddr::from(to)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(what(e)),
+        }
+        st.phase = Phase::Dialing { retry_at: None };
+        st.set_hello(encode(&Frame::Hello { dst_dev: link.key.remote, src_dev: self.dev_id }));
+        self.adopt(link, st, OwnedFd::from(s), true);
+        Ok(())
+    }
+
+    /// Gives `link` its socket and puts it in the readiness sets.
+    fn adopt(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>, fd: OwnedFd, write: bool) {
+        let raw = fd.as_raw_fd();
+        if !st.bound.is_zero() {
+            let _ = socket2::SockRef::from(&fd).set_tcp_user_timeout(Some(st.bound));
+        }
+        st.fd = Some(fd);
+        let (token, added) = self.net().watcher.add(link, link.caller_epoch.load(Ordering::Relaxed), raw, write);
+        if let Err(e) = added {
+            log::warn!("soft fabric {}: epoll_ctl ADD failed ({e}); a link served by its callers only", self.name);
+        }
+        st.token = Some(token);
+        st.out_armed = write;
+    }
+
+    /// Takes the socket out of the readiness sets and closes it.
+    fn release_fd(&self, st: &mut LinkState<C>, fd: Option<OwnedFd>) {
+        if let (Some(fd), Some(token)) = (fd, st.token.take()) {
+            self.net().watcher.forget(token, fd.as_raw_fd());
+        }
+    }
+
+    fn remove(&self, link: &Arc<Link<C>>) {
+        let mut t = self.net().links.lock();
+        if t.get(&link.key).is_some_and(|l| Arc::ptr_eq(l, link)) {
+            t.remove(&link.key);
+        }
+    }
+
+    /// A dialing link: whether its connect finished (re-dials after a refusal).
+    fn check_dial(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) {
+        let Phase::Dialing { retry_at } = st.phase else { return };
+        if let Some(at) = retry_at {
+            if Instant::now() < at {
+                return;
+            }
+            if let Err(e) = self.dial(link, st) {
+                log::debug!("soft fabric {}: {e}", self.name);
+                st.phase = Phase::Dialing { retry_at: Some(Instant::now() + REDIAL) };
+            }
+            return;
+        }
+        let Some(fd) = st.fd.as_ref().map(|f| f.as_raw_fd()) else { return };
+        match dial_result(fd) {
+            Ok(false) => {}
+            Ok(true) => st.phase = Phase::Up,
+            Err(e) => {
+                log::debug!("soft fabric {}: connect to {}: {e}", self.name, link.remote_addr);
+                let fd = st.fd.take();
+                self.release_fd(st, fd);
+                st.phase = Phase::Dialing { retry_at: Some(Instant::now() + REDIAL) };
+            }
+        }
+    }
+
+    /// One step on a locked link (`by_caller`: a caller's, not the helper's), and what
+    /// follows from it: a link broken or unused is closed, work left is queued.
+    pub fn step_locked(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>, by_caller: bool) {
+        if by_caller {
+            link.caller_epoch.fetch_add(1, Ordering::Relaxed);
+        }
+        if matches!(st.phase, Phase::Dialing { .. }) {
+            self.check_dial(link, st);
+        }
+        let s = st.step(link);
+        self.finish(link, st, s);
+    }
+
+    /// Sends what is queued on a locked link (a post's doorbell).
+    pub fn step_tx(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) {
+        if matches!(st.phase, Phase::Dialing { .. }) {
+            self.check_dial(link, st);
+        }
+        let s = st.send(link);
+        self.finish(link, st, s);
+    }
+
+    /// A caller's step, unless another thread is on the link (it makes the same progress);
+    /// `queue`: then the link is stepped again at the next poll (its event is consumed).
+    pub fn step_try(&self, link: &Arc<Link<C>>, queue: bool) {
+        match link.try_lock() {
+            Some(mut st) => self.step_locked(link, &mut st, true),
+            None if queue => self.requeue(link),
+            None => {}
+        }
+    }
+
+    fn requeue(&self, link: &Arc<Link<C>>) {
+        let net = self.net();
+        if !link.queued.swap(true, Ordering::AcqRel) {
+            net.again.lock().push(link.clone());
+            net.any_again.store(true, Ordering::Release);
+        }
+    }
+
+    fn finish(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>, s: Step) {
+        if let Some(why) = s.down {
+            self.down(link, st, &why);
+            return;
+        }
+        if st.used && st.unused() && st.phase != Phase::Down {
+            self.close(link, st);
+            return;
+        }
+        if s.again {
+            self.requeue(link);
+        }
+        if !st.out_armed
+            && st.wants_write()
+            && let (Some(fd), Some(token)) = (st.fd.as_ref(), st.token)
+        {
+            // Bytes wait for room: the helper finishes sending should callers stop.
+            self.net().watcher.rearm(fd.as_raw_fd(), token, true);
+            st.out_armed = true;
+        }
+    }
+
+    /// The link broke: its QPs are told, it is closed and forgotten.
+    pub fn down(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>, why: &str) {
+        if st.phase == Phase::Down {
+            return;
+        }
+        if st.qps.is_empty() {
+            log::debug!("soft fabric {}: link to {} closed: {why}", self.name, link.remote_addr);
+        } else {
+            log::info!("soft fabric {}: link to {} ({} QPs) down: {why}", self.name, link.remote_addr, st.qps.len());
+        }
+        let fd = st.down(link, why);
+        self.release_fd(st, fd);
+        self.remove(link);
+    }
+
+    /// Nothing uses the link any more: the peer reads to the end of what was sent (FIN), the
+    /// link is forgotten.
+    fn close(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) {
+        log::debug!("soft fabric {}: link to {} closed: no QP uses it", self.name, link.remote_addr);
+        if let Some(fd) = st.fd.as_ref() {
+            // SAFETY: plain syscall on a descriptor the link owns.
+            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) };
+        }
+        let fd = st.down(link, "closed");
+        self.release_fd(st, fd);
+        self.remove(link);
+    }
+
+    /// A CONNECT parked on a QP for `link` is let go.
+    pub fn unpark(&self, link: &Arc<Link<C>>) {
+        let mut st = link.lock();
+        st.parked -= 1;
+        if st.used && st.unused() && st.phase != Phase::Down {
+            self.close(link, &mut st);
+        }
+    }
+
+    /// Callers whose CQ's QPs use several links: steps the links whose sockets moved and
+    /// those queued to be stepped again (one `epoll_wait`, whatever the number of links).
+    pub fn poll_ready(&self, events: &mut [libc::epoll_event]) {
+        let Some(net) = &self.net else { return };
+        net.epoll_epoch.fetch_add(1, Ordering::Relaxed);
+        let n = net.watcher.moved(events);
+        for ev in &events[..n] {
+            if let Some((link, _)) = net.watcher.get(ev.u64 as usize) {
+                self.step_try(&link, true);
+            }
+        }
+        self.step_again();
+    }
+
+    /// Steps the links queued to be stepped again.
+    pub fn step_again(&self) {
+        let Some(net) = &self.net else { return };
+        if !net.any_again.load(Ordering::Acquire) {
+            return;
+        }
+        net.any_again.store(false, Ordering::Release);
+        let again = std::mem::take(&mut *net.again.lock());
+        for l in again {
+            l.queued.store(false, Ordering::Release);
+            self.step_try(&l, true);
+        }
+    }
+
+    /// The helper, every period: links that are dialing again, silent, orphaned or served
+    /// by nobody. `quiet(link)`: no caller stepped it since the last sweep.
+    pub fn sweep(&self, now: Instant, quiet: impl Fn(&Link<C>) -> bool) {
+        let Some(net) = &self.net else { return };
+        for l in net.links() {
+            let Some(mut st) = l.try_lock() else { continue };
+            match st.phase {
+                Phase::Dialing { .. } | Phase::Awaiting if st.unused() => self.close(&l, &mut st),
+                Phase::Dialing { .. } => self.step_locked(&l, &mut st, false),
+                Phase::Up if !st.used && st.unused() && now.duration_since(st.since) > self.connect_timeout => {
+                    let (name, to) = (&self.name, l.remote_addr);
+                    self.warn.hello.warn(|| format!("soft fabric {name}: a link from {to} carried no QP; closed"));
+                    self.close(&l, &mut st);
+                }
+                Phase::Up => {
+                    if let Some(why) = st.silent() {
+                        self.down(&l, &mut st, &why);
+                    } else if quiet(&l) {
+                        self.step_locked(&l, &mut st, false);
                     }
-                    a.pending.push(Pending { sock, hdr: [0; HDR_LEN], got: 0, since: Instant::now() });
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    log::warn!("soft fabric {}: accept failed: {e}", self.name);
-                    break;
-                }
+                _ => {}
             }
         }
-        let mut i = 0;
-        while i < a.pending.len() {
-            let p = &mut a.pending[i];
-            let r = (&p.sock).read(&mut p.hdr[p.got..]);
-            let keep = match r {
-                Ok(0) => false,
-                Ok(n) => {
-                    p.got += n;
-                    true
-                }
-                Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
-            };
-            if keep && p.got < HDR_LEN && p.since.elapsed() < self.connect_timeout {
-                i += 1;
-                continue;
-            }
-            let p = a.pending.swap_remove(i);
-            if p.got == HDR_LEN {
-                self.dispatch(p.sock, &p.hdr);
-            }
-        }
-        !a.pending.is_empty()
     }
+}
 
-    fn dispatch(&self, sock: TcpStream, hdr: &[u8; HDR_LEN]) {
-        let Ok(Frame::Hello { dst_qpn, src_qpn, dst_nonce, src_nonce }) = decode(hdr) else {
-            log::warn!("soft fabric {}: a connection did not start with a HELLO; closed", self.name);
-            return;
-        };
-        let conn = self.qps.lock().get(&dst_qpn).and_then(|w| w.upgrade());
-        let Some(conn) = conn.filter(|c| c.nonce() == dst_nonce) else {
-            log::warn!("soft fabric {}: HELLO for unknown QP {dst_qpn}; closed", self.name);
-            return;
-        };
-        let link = Link::Tcp(TcpLink::new(OwnedFd::from(sock)));
-        if !conn.accept(link, src_qpn, src_nonce) {
-            log::warn!("soft fabric {}: unexpected HELLO for QP {dst_qpn} from QP {src_qpn}; closed", self.name);
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connect that "finished" on a descriptor that is not a socket is an error, not a
+    /// connection (SO_ERROR's own failure is checked).
+    #[test]
+    fn dial_result_checks_getsockopt() {
+        let mut fds = [0; 2];
+        // SAFETY: plain syscall filling two descriptors.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        let r = dial_result(fds[1]);
+        assert!(r.is_err(), "a pipe's write end is not a connected socket: {r:?}");
+        // SAFETY: closes the two descriptors just opened.
+        unsafe {
+            libc::close(fds[0]);
+            libc::close(fds[1]);
         }
+        assert!(dial_result(fds[1]).is_err(), "a closed descriptor");
     }
 }

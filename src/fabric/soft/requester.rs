@@ -8,6 +8,17 @@
 //! was executed by the peer, `tx_done` that every one below it left in full, `sent` that
 //! every one below it started to leave, `tail` is the next to be posted. (In-process mode
 //! moves `acked`, `tx_done` and `sent` together: a WR is executed as it is sent.)
+//!
+//! Storage is sized to use: the send queue and its inline slots start at
+//! [`FIRST_SLOTS`] entries and double when posting needs more, up to the QP's depth
+//! (`max_send_wr`), so a QP that keeps one or two WRs in flight holds a few KiB, not the
+//! depth × `max_inline` bytes its caps allow.
+//!
+//! Acknowledgements (TCP): a request the requester waits for carries ACK_REQ (a signalled
+//! WR, and at least every quarter of the queue's depth, so unsignalled WRs retire too); the
+//! responder acknowledges those at once and lets the others ride along with later frames.
+//! The requester waits on the peer (the silent-peer check runs) only while a request that
+//! must be answered (ACK_REQ, or a READ) is not.
 
 use super::fault::{Fault, nak_status};
 use super::frame::{Frame, MAX_MSG, NakCode};
@@ -18,6 +29,9 @@ use crate::fabric::{Access, Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 /// Most READs a requester has outstanding (verbs' `max_rd_atomic`).
 pub const MAX_RD_ATOMIC: usize = 16;
+
+/// Send-queue entries a QP starts with (the queue doubles as posting needs, up to its depth).
+pub const FIRST_SLOTS: usize = 8;
 
 /// `a < b` in wrapping sequence space.
 #[inline]
@@ -36,10 +50,22 @@ pub struct SqEntry {
 
 /// The send queue of one QP (see the module documentation).
 pub struct Requester {
-    sq: Box<[SqEntry]>,
+    /// A power of two of entries, at most the depth rounded up; `seq & mask` is the slot.
+    sq: Vec<SqEntry>,
+    mask: u32,
+    /// The depth (`max_send_wr`): WRs posted and not completed at most.
+    depth: u32,
     /// Inline payloads, `max_inline` bytes per send-queue slot, copied at post time.
-    inline: Box<[u8]>,
+    inline: Vec<u8>,
     max_inline: usize,
+    /// The last request that must be answered (ACK_REQ or READ), and the last ACK_REQ.
+    need: Option<u32>,
+    last_ack_req: u32,
+    /// Bumped when the requester goes back to resend (RNR): notes of frames sent before
+    /// are stale.
+    round: u32,
+    /// The last retire found the CQ full.
+    blocked: bool,
     head: u32,
     tx_done: u32,
     sent: u32,
@@ -53,11 +79,18 @@ pub struct Requester {
 
 impl Requester {
     pub fn new(max_send_wr: u32, max_inline: usize) -> Requester {
-        let cap = max_send_wr.max(1) as usize;
+        let depth = max_send_wr.max(1);
+        let n = (depth as usize).next_power_of_two().min(FIRST_SLOTS);
         Requester {
-            sq: (0..cap).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect(),
-            inline: vec![0; cap * max_inline].into_boxed_slice(),
+            sq: (0..n).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect(),
+            mask: n as u32 - 1,
+            depth,
+            inline: vec![0; n * max_inline],
             max_inline,
+            need: None,
+            last_ack_req: 0,
+            round: 0,
+            blocked: false,
             head: 0,
             tx_done: 0,
             sent: 0,
@@ -71,18 +104,43 @@ impl Requester {
 
     #[inline]
     fn cap(&self) -> u32 {
-        self.sq.len() as u32
+        self.depth
     }
 
     #[inline]
     pub fn entry(&self, seq: u32) -> &SqEntry {
-        &self.sq[(seq % self.cap()) as usize]
+        &self.sq[(seq & self.mask) as usize]
     }
 
     #[inline]
     fn entry_mut(&mut self, seq: u32) -> &mut SqEntry {
-        let cap = self.cap();
-        &mut self.sq[(seq % cap) as usize]
+        let mask = self.mask;
+        &mut self.sq[(seq & mask) as usize]
+    }
+
+    /// Makes room for `more` WRs beyond those queued: doubles the storage (control path:
+    /// only while a QP's use deepens, at most log2(depth) times).
+    #[cold]
+    fn grow(&mut self, more: u32) {
+        let want = (self.tail.wrapping_sub(self.head) + more) as usize;
+        let mut n = self.sq.len();
+        while n < want {
+            n *= 2;
+        }
+        let mut sq: Vec<SqEntry> =
+            (0..n).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect();
+        let mut inline = vec![0; n * self.max_inline];
+        let (old, new) = (self.mask as usize, n - 1);
+        let mut seq = self.head;
+        while seq != self.tail {
+            let (a, b) = (seq as usize & old, seq as usize & new);
+            let e = &self.sq[a];
+            sq[b] = SqEntry { wr: e.wr, bad_local: e.bad_local, read_done: e.read_done };
+            let m = self.max_inline;
+            inline[b * m..(b + 1) * m].copy_from_slice(&self.inline[a * m..(a + 1) * m]);
+            seq = seq.wrapping_add(1);
+        }
+        (self.sq, self.inline, self.mask) = (sq, inline, new as u32);
     }
 
     #[inline(always)]
@@ -153,11 +211,17 @@ impl Requester {
 
     /// Queues a checked chain (inline payloads are copied now, from registrations in `mrs`).
     pub fn enqueue(&mut self, mrs: &MrTable, chain: &[SendWr]) {
+        if self.tail.wrapping_sub(self.head) as usize + chain.len() > self.sq.len() {
+            self.grow(chain.len() as u32);
+        }
         for wr in chain {
             let seq = self.tail;
             let mut bad_local = false;
+            if wr.signaled || wr.opcode == WrOpcode::Read {
+                self.need = Some(seq);
+            }
             if wr.inline {
-                let at = (seq % self.cap()) as usize * self.max_inline;
+                let at = (seq & self.mask) as usize * self.max_inline;
                 let mut off = at;
                 for sge in &wr.sge[..wr.num_sge as usize] {
                     match mrs.pin_range(sge.lkey, sge.addr, sge.len as u64, Access::empty()) {
@@ -211,13 +275,20 @@ impl Requester {
                     ..Completion::default()
                 };
                 if !ring.push(c) {
-                    break;
+                    self.blocked = true;
+                    return moved;
                 }
             }
             self.head = seq.wrapping_add(1);
             moved = true;
         }
+        self.blocked = false;
         moved
+    }
+
+    /// The last [`Self::retire`] stopped at a full CQ.
+    pub fn blocked(&self) -> bool {
+        self.blocked
     }
 
     /// The error state: no READ response is awaited any more.
@@ -255,24 +326,65 @@ impl Requester {
         self.tx_done = seq.wrapping_add(1);
     }
 
-    /// The frame header of request `seq` (`len` and `imm` from its WR).
-    pub fn header(&self, seq: u32, dst_qpn: u32) -> Frame {
-        let wr = &self.entry(seq).wr;
+    /// The frame header of request `seq` (`len` and `imm` from its WR), as it is sent now:
+    /// ACK_REQ when the requester waits for it (signalled), or when a quarter of the
+    /// queue's depth went without one (unsignalled WRs retire on acknowledgements too).
+    pub fn header(&mut self, seq: u32, dst_qpn: u32) -> Frame {
+        let wr = self.entry(seq).wr;
         let len = wr.bytes() as u32;
+        let ack_req = wr.signaled || seq.wrapping_sub(self.last_ack_req) >= (self.depth / 4).max(1);
+        if ack_req && wr.opcode != WrOpcode::Read {
+            self.last_ack_req = seq;
+            self.need = Some(self.need.map_or(seq, |n| if seq_lt(n, seq) { seq } else { n }));
+        }
+        let (addr, rkey) = (wr.remote_addr, wr.rkey);
         match wr.opcode {
-            WrOpcode::Write => Frame::Write { dst_qpn, seq, addr: wr.remote_addr, rkey: wr.rkey, len, imm: None },
-            WrOpcode::WriteImm => {
-                Frame::Write { dst_qpn, seq, addr: wr.remote_addr, rkey: wr.rkey, len, imm: Some(wr.imm) }
-            }
-            WrOpcode::Read => Frame::ReadReq { dst_qpn, seq, addr: wr.remote_addr, rkey: wr.rkey, len },
+            WrOpcode::Write => Frame::Write { dst_qpn, seq, addr, rkey, len, imm: None, ack_req },
+            WrOpcode::WriteImm => Frame::Write { dst_qpn, seq, addr, rkey, len, imm: Some(wr.imm), ack_req },
+            WrOpcode::Read => Frame::ReadReq { dst_qpn, seq, addr, rkey, len },
         }
     }
 
-    /// Request `seq`'s inline payload from byte `from` on.
+    /// Request `seq`'s inline payload.
     #[inline]
-    pub fn inline_from(&self, seq: u32, from: usize) -> &[u8] {
-        let at = (seq % self.cap()) as usize * self.max_inline;
-        &self.inline[at + from..]
+    pub fn inline_of(&self, seq: u32) -> &[u8] {
+        let at = (seq & self.mask) as usize * self.max_inline;
+        &self.inline[at..at + self.entry(seq).wr.bytes() as usize]
+    }
+
+    /// Whether a request that must be answered (ACK_REQ, READ) is not answered yet: the
+    /// peer owes a frame, and its silence for too long means it is gone.
+    #[inline]
+    pub fn waiting(&self) -> bool {
+        self.need.is_some_and(|n| !seq_lt(n, self.acked))
+    }
+
+    /// The generation of frames sent now (see [`Self::rnr`]).
+    pub fn round(&self) -> u32 {
+        self.round
+    }
+
+    /// Receiver not ready for request `seq`: the ones before it were executed, it and
+    /// later ones were not; they are sent again from `seq`. READs among them no longer
+    /// await a response.
+    pub fn on_rnr(&mut self, seq: u32) -> Result<(), Fault> {
+        if seq_lt(seq, self.acked) || !seq_lt(seq, self.sent) {
+            return Err(Fault::qp(format!("RNR {seq} outside the requests in flight [{}, {})", self.acked, self.sent)));
+        }
+        self.acked = seq;
+        self.sent = seq;
+        if seq_lt(seq, self.tx_done) {
+            self.tx_done = seq;
+        }
+        while self.reads_len > 0 {
+            let last = self.reads[(self.reads_head + self.reads_len - 1) % MAX_RD_ATOMIC];
+            if seq_lt(last, seq) {
+                break;
+            }
+            self.reads_len -= 1;
+        }
+        self.round = self.round.wrapping_add(1);
+        Ok(())
     }
 
     // Responses from the peer (TCP).
@@ -301,14 +413,6 @@ impl Requester {
         }
         self.acked = seq;
         Fault::wr(seq, nak_status(code), format!("peer refused request {seq}: {code:?}"))
-    }
-
-    /// RNR notice for request `seq` (the peer is alive; nothing changes).
-    pub fn on_rnr(&self, seq: u32) -> Result<(), Fault> {
-        if seq_lt(seq, self.acked) || !seq_lt(seq, self.sent) {
-            return Err(Fault::qp(format!("RNR {seq} outside the requests in flight [{}, {})", self.acked, self.sent)));
-        }
-        Ok(())
     }
 
     /// READ response header for `seq`: the READ whose data follows (`Ok(len)`), checked
@@ -351,7 +455,7 @@ impl Requester {
     /// Where WR `seq`'s inline payload lies (its slot), for an in-process copy.
     #[inline]
     pub fn inline_addr(&self, seq: u32) -> u64 {
-        self.inline.as_ptr() as u64 + ((seq % self.cap()) as usize * self.max_inline) as u64
+        self.inline.as_ptr() as u64 + ((seq & self.mask) as usize * self.max_inline) as u64
     }
 
     /// WR `seq` was executed at the peer (a READ: its data is in place).
@@ -367,6 +471,9 @@ impl Requester {
     /// retires the queued way.
     #[cold]
     pub fn push_executed(&mut self, wr: &SendWr) {
+        if self.tail.wrapping_sub(self.head) as usize == self.sq.len() {
+            self.grow(1);
+        }
         let seq = self.tail;
         *self.entry_mut(seq) = SqEntry { wr: *wr, bad_local: false, read_done: true };
         let next = seq.wrapping_add(1);
@@ -414,7 +521,7 @@ mod tests {
         assert_eq!(r.oldest_unacked(), Some(2));
         assert_eq!(drain(&ring), [(1, WcStatus::Success)], "WR 2 is unsignalled");
         assert!(matches!(r.on_nak(1, NakCode::RemoteAccess), Fault::Qp { at: None, .. }), "NAK of an ACKed one");
-        let Fault::Qp { at, .. } = r.on_nak(3, NakCode::RemoteAccess) else { panic!() };
+        let Fault::Qp { at, .. } = r.on_nak(3, NakCode::RemoteAccess);
         assert_eq!(at, Some((3, WcStatus::RemoteAccessError)));
         r.retire(&mut ring.lock(), 7, Some(at));
         assert_eq!(

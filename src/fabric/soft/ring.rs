@@ -11,6 +11,11 @@
 //! - the consumer reads `tail` (Acquire), copies the slots of `[head, tail)`, then stores
 //!   the new `head` (Release).
 //!
+//! A producer may also *reserve* a slot (a WRITE_WITH_IMM whose payload is still arriving
+//! takes its completion's slot when it takes its SRQ WQE, so its completion, or its Flushed
+//! completion if the QP fails, always has room): `reserved` counts them, and plain pushes
+//! need `tail - head < cap - reserved`. Only producers, under the lock, touch it.
+//!
 //! Why no slot is read and written at once: a producer writes only the slot at `tail`,
 //! outside `[head, tail)` as it last saw `head`, and only while it holds the lock (no other
 //! producer moves `tail`). The consumer reads a slot only after the Release store of `tail`
@@ -47,6 +52,8 @@ impl Buf {
 
 pub struct CqRing {
     buf: UnsafeCell<Buf>,
+    /// Slots reserved for completions to come (see the module documentation).
+    reserved: AtomicUsize,
     /// Completions popped: stored by the consumer only.
     head: AtomicUsize,
     /// Completions pushed: stored by producers only, under `producers`.
@@ -64,6 +71,7 @@ impl CqRing {
     pub fn new(depth: usize) -> CqRing {
         CqRing {
             buf: UnsafeCell::new(Buf::new(depth)),
+            reserved: AtomicUsize::new(0),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
             producers: Mutex::new(()),
@@ -80,21 +88,41 @@ impl CqRing {
     /// loads.
     ///
     /// # Safety
-    /// One consumer: no other thread may be in `pop_into` on this ring at the same time.
+    /// One consumer: no other thread may be in `pop_into`/`pop_each` on this ring at the
+    /// same time.
     #[inline]
     pub unsafe fn pop_into(&self, out: &mut [Completion]) -> usize {
+        let mut n = 0;
+        // SAFETY: the caller is the one consumer (this function's own contract).
+        unsafe {
+            self.pop_each(out.len(), |c| {
+                out[n] = *c;
+                n += 1;
+            })
+        }
+    }
+
+    /// Hands up to `max` of the oldest completions to `f` where they lie (no copy); returns
+    /// how many. They are released (`head` moves past them) after the last `f` returns.
+    ///
+    /// # Safety
+    /// One consumer: no other thread may be in `pop_into`/`pop_each` on this ring at the
+    /// same time.
+    #[inline(always)]
+    pub unsafe fn pop_each(&self, max: usize, mut f: impl FnMut(&Completion)) -> usize {
         let tail = self.tail.load(Ordering::Acquire);
         let head = self.head.load(Ordering::Relaxed);
         if tail == head {
             return 0;
         }
-        let n = out.len().min(tail.wrapping_sub(head));
+        let n = max.min(tail.wrapping_sub(head));
         // SAFETY: only the consumer (the caller) replaces the array.
         let buf = unsafe { &*self.buf.get() };
-        for (i, o) in out[..n].iter_mut().enumerate() {
+        for i in 0..n {
             // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load
-            // of `tail`, and no producer writes it until `head` moves past it (below).
-            *o = unsafe { *buf.slots[head.wrapping_add(i) & buf.mask].get() };
+            // of `tail`, and no producer writes it until `head` moves past it (below, after
+            // `f` is done with it).
+            f(unsafe { &*buf.slots[head.wrapping_add(i) & buf.mask].get() });
         }
         self.head.store(head.wrapping_add(n), Ordering::Release);
         n
@@ -142,11 +170,37 @@ impl Producer<'_> {
     #[inline(always)]
     pub fn room(&mut self) -> Option<Room<'_>> {
         let ring = self.ring;
-        // Relaxed: only producers store `tail`, under the lock this one holds.
+        // Relaxed: only producers store `tail` and `reserved`, under the lock this one holds.
         let tail = ring.tail.load(Ordering::Relaxed);
         // SAFETY: the array is replaced only under the lock this producer holds.
         let cap = unsafe { (*ring.buf.get()).cap };
-        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < cap).then_some(Room { ring, tail })
+        // Never below 0: a slot is reserved only where there was room (`reserve`).
+        let limit = cap - ring.reserved.load(Ordering::Relaxed);
+        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < limit).then_some(Room { ring, tail })
+    }
+
+    /// Reserves a slot for a later [`Self::push_reserved`]; `false` when the ring is full.
+    pub fn reserve(&mut self) -> bool {
+        if self.room().is_none() {
+            return false;
+        }
+        self.ring.reserved.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
+    /// Gives a reserved slot back unused.
+    pub fn unreserve(&mut self) {
+        self.ring.reserved.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Appends `c` into a slot [`Self::reserve`] took (never full).
+    pub fn push_reserved(&mut self, c: Completion) {
+        self.unreserve();
+        let room = self.room();
+        debug_assert!(room.is_some(), "a reserved slot is always free");
+        if let Some(room) = room {
+            room.push(c);
+        }
     }
 
     /// Appends `c`; `false` when the ring is full.
@@ -297,5 +351,23 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(r.len(), 0);
+    }
+
+    /// A reserved slot is not room for others, and is there when its completion comes.
+    #[test]
+    fn a_reserved_slot_is_kept_for_its_completion() {
+        let r = CqRing::new(2);
+        assert!(r.lock().reserve());
+        assert!(r.lock().push(c(1)));
+        assert!(!r.lock().push(c(2)), "the reserved slot is not free for others");
+        assert!(!r.lock().reserve());
+        r.lock().push_reserved(c(3));
+        assert_eq!(r.len(), 2);
+        let mut out = [Completion::default(); 2];
+        // SAFETY: this thread is the only consumer.
+        assert_eq!(unsafe { r.pop_into(&mut out) }, 2);
+        assert!(r.lock().reserve());
+        r.lock().unreserve();
+        assert!(r.lock().push(c(4)) && r.lock().push(c(5)), "given back");
     }
 }

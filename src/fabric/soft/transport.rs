@@ -1,19 +1,17 @@
-//! The transport under one QP connection: its [`Link`] to the peer.
+//! What moves bytes under a connection:
 //!
-//! - TCP: a non-blocking socket, moved with vectored calls on raw `iovec`s, so the TCP path
-//!   reads and writes registered memory directly (the only copy is the kernel's) and never
-//!   holds a Rust reference to memory a peer may write. The socket is registered with the
-//!   device's helper thread once the connection is established.
-//! - In-process: no stream. Both ends share a small state word (ready, closed) and each end
-//!   holds the peer's [`Endpoint`], against which its WRs execute directly (`direct.rs`).
-//!   When either end goes away or fails, the other sees it at its next step as the TCP path
-//!   sees EOF.
+//! - TCP: [`IovBuf`], the `iovec`s of one vectored call on a link's non-blocking socket, so
+//!   the TCP path reads and writes registered memory directly (the only copy is the
+//!   kernel's) and never holds a Rust reference to memory a peer may write; [`readv`] and
+//!   [`writev`] on a raw socket.
+//! - In-process: no stream ([`DirectEnd`]). Both ends share a small state word (ready,
+//!   closed) and each end holds the peer's [`Endpoint`], against which its WRs execute
+//!   directly (`direct.rs`). When either end goes away or fails, the other sees it at its
+//!   next step as the TCP path sees EOF.
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::time::Duration;
 
 use super::endpoint::{CqShared, Endpoint};
 use super::mr::{MrTable, Pinned};
@@ -21,6 +19,40 @@ use crate::fabric::Access;
 
 /// Most `iovec`s one call takes.
 pub const MAX_IOV: usize = 64;
+
+/// Zero bytes to send in place of memory that must not be read any more (the rest of a
+/// segment already begun when its QP failed).
+pub static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+/// Reads into `iov` in order. `Ok(0)`: the peer closed. `WouldBlock`: nothing yet.
+///
+/// The iovecs must point to memory that stays valid and writable for the call.
+pub fn readv(fd: i32, iov: &[libc::iovec]) -> io::Result<usize> {
+    // SAFETY: the caller guarantees every iovec is valid, writable memory for this call;
+    // the count is at most the slice length (≤ MAX_IOV ≤ IOV_MAX).
+    let n = unsafe { libc::readv(fd, iov.as_ptr(), iov.len() as i32) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
+
+/// Writes `iov` in order; returns how many bytes were taken. `WouldBlock`: no room.
+///
+/// The iovecs must point to memory that stays valid and readable for the call.
+pub fn writev(fd: i32, iov: &[libc::iovec]) -> io::Result<usize> {
+    let msg = libc::msghdr {
+        msg_name: std::ptr::null_mut(),
+        msg_namelen: 0,
+        msg_iov: iov.as_ptr() as *mut libc::iovec,
+        msg_iovlen: iov.len(),
+        msg_control: std::ptr::null_mut(),
+        msg_controllen: 0,
+        msg_flags: 0,
+    };
+    // SAFETY: the caller guarantees every iovec is valid, readable memory for this call;
+    // `msg` points at them. MSG_NOSIGNAL: a closed peer is EPIPE, not a SIGPIPE that kills
+    // the process.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
+}
 
 /// The iovecs of one vectored call; the registrations they point into stay pinned until
 /// this drops (after the call).
@@ -83,103 +115,6 @@ impl<'a> IovBuf<'a> {
             seg_off += len;
         }
         true
-    }
-}
-
-/// The link of one connection.
-pub enum Link {
-    Tcp(TcpLink),
-    /// In-process mode: no stream, WRs execute directly (see `direct.rs`).
-    Direct(DirectEnd),
-}
-
-/// A connection's socket and its registration with the device's helper thread.
-pub struct TcpLink {
-    fd: OwnedFd,
-    /// The socket's token in the helper's epoll set, once registered.
-    pub token: Option<usize>,
-    /// Whether `EPOLLOUT` is armed for it.
-    pub out_armed: bool,
-}
-
-impl TcpLink {
-    pub fn new(fd: OwnedFd) -> TcpLink {
-        TcpLink { fd, token: None, out_armed: false }
-    }
-
-    pub fn raw_fd(&self) -> i32 {
-        self.fd.as_raw_fd()
-    }
-
-    /// The kernel gives up on unacknowledged data after `bound` (as the silent-peer check).
-    pub fn set_user_timeout(&self, bound: Duration) {
-        let _ = socket2::SockRef::from(&self.fd).set_tcp_user_timeout(Some(bound));
-    }
-}
-
-/// A direct link moves no bytes through `readv`/`writev`: its WRs never reach a stream.
-fn no_stream() -> io::Error {
-    io::Error::from(io::ErrorKind::Unsupported)
-}
-
-impl Link {
-    /// Reads into `iov` in order. `Ok(0)`: the peer closed. `WouldBlock`: nothing yet.
-    ///
-    /// The iovecs must point to memory that stays valid and writable for the call.
-    pub fn readv(&self, iov: &[libc::iovec]) -> io::Result<usize> {
-        match self {
-            Link::Tcp(t) => {
-                // SAFETY: the caller guarantees every iovec is valid, writable memory for
-                // this call; the count is at most the slice length (≤ MAX_IOV ≤ IOV_MAX).
-                let n = unsafe { libc::readv(t.fd.as_raw_fd(), iov.as_ptr(), iov.len() as i32) };
-                if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-            }
-            Link::Direct(_) => Err(no_stream()),
-        }
-    }
-
-    /// Writes `iov` in order; returns how many bytes were taken. `WouldBlock`: no room.
-    ///
-    /// The iovecs must point to memory that stays valid and readable for the call.
-    pub fn writev(&self, iov: &[libc::iovec]) -> io::Result<usize> {
-        match self {
-            Link::Tcp(t) => {
-                let msg = libc::msghdr {
-                    msg_name: std::ptr::null_mut(),
-                    msg_namelen: 0,
-                    msg_iov: iov.as_ptr() as *mut libc::iovec,
-                    msg_iovlen: iov.len(),
-                    msg_control: std::ptr::null_mut(),
-                    msg_controllen: 0,
-                    msg_flags: 0,
-                };
-                // SAFETY: the caller guarantees every iovec is valid, readable memory for
-                // this call; `msg` points at them. MSG_NOSIGNAL: a closed peer is EPIPE,
-                // not a SIGPIPE that kills the process.
-                let n = unsafe { libc::sendmsg(t.fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
-                if n < 0 { Err(io::Error::last_os_error()) } else { Ok(n as usize) }
-            }
-            Link::Direct(_) => Err(no_stream()),
-        }
-    }
-
-    /// Tells the peer this end is gone (TCP: FIN; memory: closed).
-    pub fn shutdown(&self) {
-        match self {
-            Link::Tcp(t) => {
-                // SAFETY: plain syscall on a descriptor this Link owns.
-                unsafe { libc::shutdown(t.fd.as_raw_fd(), libc::SHUT_RDWR) };
-            }
-            Link::Direct(end) => end.close(),
-        }
-    }
-
-    /// The socket, for the helper's epoll set (memory links have none).
-    pub fn fd(&self) -> Option<i32> {
-        match self {
-            Link::Tcp(t) => Some(t.fd.as_raw_fd()),
-            Link::Direct(_) => None,
-        }
     }
 }
 

@@ -1,266 +1,336 @@
-//! The send half of a connection: a small batch of frames in transmission order, written
-//! with one `sendmsg` per batch. Responses (ACK, NAK, READ_RESP, RNR) and the dialer's
-//! HELLO go before queued requests. A frame's payload is referenced, not copied: the
-//! iovecs point into the registered buffer (pinned for the call) or the WR's inline slot,
-//! so many small WRs leave in one system call and a large one goes from its buffer to the
-//! socket with only the kernel's copy.
+//! What one QP sends on its link (TCP), a turn at a time (`link.rs` takes the turns): its
+//! CONNECT, its responses (NAK, RNR, READ refusals, the cumulative ACK), its CLOSE, and at
+//! most one payload segment: the next of a transfer under way, else the first of a READ
+//! response or of the next request. Responses go before requests.
 //!
-//! The send half works on what its connection lends it for one step ([`TxEnv`]) and
-//! reports a [`Fault`] instead of moving the QP to the error state itself.
+//! Requests after an RNR wait: the requester goes back to the refused one and sends again
+//! from there after a delay that doubles (from [`RNR_FIRST`] to [`RNR_MAX`]) while the
+//! receiver stays not ready, and starts again at [`RNR_FIRST`] after an acknowledgement.
+//!
+//! Every response this side can owe is bounded by what the peer may have outstanding, so
+//! the queues have fixed bounds and a peer that goes beyond them breaks the protocol (the
+//! QP fails) instead of growing them: one NAK (after it every request is dropped), one RNR
+//! per request sent again, one READ refusal or response per READ (at most
+//! [`MAX_RD_ATOMIC`] outstanding), one cumulative ACK.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::fault::Fault;
-use super::frame::{Frame, HDR_LEN, NakCode, encode};
-use super::mr::MrTable;
+use super::frame::{Frame, NakCode, SEGMENT, encode};
+use super::link::{Filler, Src, Station};
 use super::requester::{MAX_RD_ATOMIC, Requester};
-use super::responder::Responder;
-use super::transport::{IovBuf, Link};
 use crate::fabric::{Access, MAX_SGE, WcStatus, WrOpcode};
 
-/// Frames in one transmission batch.
-const TX_FRAMES: usize = 32;
-/// Responses waiting to be sent.
-const CTL_CAP: usize = 2 * MAX_RD_ATOMIC + 8;
+/// The first delay before requests refused with RNR go again, and the longest.
+pub const RNR_FIRST: Duration = Duration::from_micros(100);
+pub const RNR_MAX: Duration = Duration::from_millis(10);
+/// Responses other than READ responses and the ACK waiting to go out, at most.
+const CTL_CAP: usize = MAX_RD_ATOMIC + 4;
 
-/// A response or connection frame waiting to go out.
+/// A response waiting to go out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ctl {
-    Hello(Frame),
-    Ack(u32),
     Nak(u32, NakCode),
-    ReadResp { seq: u32, rkey: u32, addr: u64, len: u64 },
-    ReadRespErr(u32, NakCode),
     Rnr(u32),
+    ReadRespErr(u32, NakCode),
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Src {
-    None,
-    /// Payload from the WR's SGEs (registered memory).
-    Sges(u32),
-    /// Payload from the WR's inline slot.
-    Inline(u32),
-    /// READ response payload from this side's registered memory.
-    ReadResp {
-        rkey: u32,
-        addr: u64,
-    },
+/// A payload being sent a segment at a time.
+#[derive(Clone, Copy)]
+enum Out {
+    Request { seq: u32, off: u64 },
+    ReadResp { seq: u32, rkey: u32, addr: u64, len: u64, off: u64 },
 }
 
-struct TxFrame {
-    hdr: [u8; HDR_LEN],
-    src: Src,
-    /// The request (send-queue position) this frame carries, if it is one.
-    request: Option<u32>,
-    total: u64,
-    off: u64,
-}
-
-/// What the send half works with for one step, lent by its connection.
-pub struct TxEnv<'a> {
-    pub mrs: &'a MrTable,
-    pub link: Option<&'a Link>,
-    pub req: &'a mut Requester,
-    pub resp: &'a mut Responder,
-    /// The peer's QP number (0 before it is known).
-    pub dst_qpn: u32,
-}
-
-/// The send half of one connection (see the module documentation).
-pub struct Tx {
+/// The send side of one QP.
+pub struct QpTx {
+    /// In the link's ready list, owed-ACK list, timer list.
+    pub listed: bool,
+    pub owe_listed: bool,
+    pub timer_listed: bool,
+    connect: Option<Frame>,
+    close: Option<Frame>,
     ctl: VecDeque<Ctl>,
-    frames: VecDeque<TxFrame>,
+    /// The cumulative ACK to send, and whether at once (else with the next frame).
+    ack: Option<u32>,
+    ack_now: bool,
+    reads: VecDeque<(u32, u32, u64, u64)>,
+    cur: Option<Out>,
+    /// Requests wait until then (RNR).
+    pub rnr_until: Option<Instant>,
+    backoff: Duration,
+    /// The link must drop this QP's requests not begun (RNR).
+    pub purge_requests: bool,
 }
 
-impl Tx {
-    pub fn new() -> Tx {
-        Tx { ctl: VecDeque::with_capacity(CTL_CAP), frames: VecDeque::with_capacity(TX_FRAMES) }
+impl Default for QpTx {
+    fn default() -> Self {
+        QpTx {
+            listed: false,
+            owe_listed: false,
+            timer_listed: false,
+            connect: None,
+            close: None,
+            ctl: VecDeque::new(),
+            ack: None,
+            ack_now: false,
+            reads: VecDeque::new(),
+            cur: None,
+            rnr_until: None,
+            backoff: RNR_FIRST,
+            purge_requests: false,
+        }
+    }
+}
+
+/// The bits of a requester generation a note keeps.
+pub const GEN_MASK: u32 = 0x1FFF_FFFF;
+
+/// A note for [`Station::sent`] and `source_lost`: a segment of request `seq` (of
+/// generation `round`), its `last`, or of the response to READ `seq` (`read`).
+pub fn note(seq: u32, round: u32, last: bool, read: bool) -> u64 {
+    1 << 63 | (last as u64) << 62 | (read as u64) << 61 | ((round & GEN_MASK) as u64) << 32 | seq as u64
+}
+
+/// A note's request, generation, last-segment and READ-response bits.
+pub fn of_note(note: u64) -> (u32, u32, bool, bool) {
+    (note as u32, (note >> 32) as u32 & GEN_MASK, note >> 62 & 1 == 1, note >> 61 & 1 == 1)
+}
+
+impl QpTx {
+    /// The QP's CONNECT, first.
+    pub fn connect(&mut self, f: Frame) {
+        self.connect = Some(f);
     }
 
-    pub fn reset(&mut self) {
-        self.ctl.clear();
-        self.frames.clear();
+    /// The error state or a close: nothing goes any more but `close` (if the peer is to
+    /// hear of it).
+    pub fn reset(&mut self, close: Option<Frame>) {
+        let (listed, owe_listed, timer_listed) = (self.listed, self.owe_listed, self.timer_listed);
+        *self = QpTx { listed, owe_listed, timer_listed, close, ..QpTx::default() };
     }
 
-    pub fn ctl_room(&self) -> usize {
-        CTL_CAP - self.ctl.len()
+    /// The link went down: no list holds this QP any more.
+    pub fn unlisted(&mut self) {
+        (self.listed, self.owe_listed, self.timer_listed) = (false, false, false);
+        self.cur = None;
     }
 
-    /// Queues a response; `false` when full (the receive path checks room first).
-    pub fn push_ctl(&mut self, c: Ctl) -> bool {
+    /// Queues a response; a peer that provokes more than the bound breaks the protocol.
+    pub fn push(&mut self, c: Ctl) -> Result<(), Fault> {
         if self.ctl.len() == CTL_CAP {
-            return false;
+            return Err(Fault::qp(format!("the peer provoked more than {CTL_CAP} responses without reading them")));
         }
         self.ctl.push_back(c);
-        true
+        Ok(())
     }
 
-    /// Queues an ACK, folding it into a queued ACK: ACKs are cumulative.
-    pub fn push_ack(&mut self, seq: u32) {
-        if let Some(Ctl::Ack(s)) = self.ctl.back_mut() {
-            *s = seq;
-        } else {
-            self.push_ctl(Ctl::Ack(seq));
+    /// Queues the response to READ `seq`.
+    pub fn read_response(&mut self, seq: u32, rkey: u32, addr: u64, len: u64) -> Result<(), Fault> {
+        let inflight = self.reads.len() + matches!(self.cur, Some(Out::ReadResp { .. })) as usize;
+        if inflight == MAX_RD_ATOMIC {
+            return Err(Fault::qp(format!("the peer has more than {MAX_RD_ATOMIC} READs outstanding")));
+        }
+        self.reads.push_back((seq, rkey, addr, len));
+        Ok(())
+    }
+
+    /// Request `seq` was executed: acknowledge it (cumulatively), at once when `now`.
+    pub fn ack(&mut self, seq: u32, now: bool) {
+        self.ack = Some(seq);
+        self.ack_now |= now;
+    }
+
+    /// The peer acknowledged something: a later RNR waits the shortest delay again.
+    pub fn acked(&mut self) {
+        self.backoff = RNR_FIRST;
+    }
+
+    /// The peer refused a request with RNR: requests wait, then go again from it.
+    pub fn rnr(&mut self) {
+        self.rnr_until = Some(Instant::now() + self.backoff);
+        self.backoff = (self.backoff * 2).min(RNR_MAX);
+        self.purge_requests = true;
+        if matches!(self.cur, Some(Out::Request { .. })) {
+            self.cur = None;
         }
     }
 
-    /// Bytes wait to be written.
-    pub fn pending(&self) -> bool {
-        !self.frames.is_empty() || !self.ctl.is_empty()
+    /// The RNR delay is over.
+    pub fn rnr_over(&mut self, now: Instant) -> bool {
+        match self.rnr_until {
+            Some(t) if t <= now => {
+                self.rnr_until = None;
+                true
+            }
+            _ => false,
+        }
     }
-}
 
-fn hdr_frame(hdr: [u8; HDR_LEN], src: Src, request: Option<u32>, payload: u64) -> TxFrame {
-    TxFrame { hdr, src, request, total: HDR_LEN as u64 + payload, off: 0 }
-}
+    /// Something must go now (`ready`: the QP is connected, requests may go).
+    pub fn wants(&self, req: &Requester, ready: bool) -> bool {
+        self.connect.is_some()
+            || self.close.is_some()
+            || !self.ctl.is_empty()
+            || self.ack_now
+            || ready && (self.cur.is_some() || !self.reads.is_empty() || self.request_due(req))
+    }
 
-impl Tx {
-    /// Moves responses, then requests, into the batch while it has room.
-    fn fill_batch(&mut self, req: &mut Requester, dst_qpn: u32) -> Result<(), Fault> {
-        while self.frames.len() < TX_FRAMES {
-            if let Some(c) = self.ctl.pop_front() {
-                let f = match c {
-                    Ctl::Hello(f) => hdr_frame(encode(&f), Src::None, None, 0),
-                    Ctl::Ack(seq) => hdr_frame(encode(&Frame::Ack { dst_qpn, seq }), Src::None, None, 0),
-                    Ctl::Nak(seq, code) => hdr_frame(encode(&Frame::Nak { dst_qpn, seq, code }), Src::None, None, 0),
-                    Ctl::Rnr(seq) => hdr_frame(encode(&Frame::Rnr { dst_qpn, seq }), Src::None, None, 0),
-                    Ctl::ReadRespErr(seq, code) => {
-                        hdr_frame(encode(&Frame::ReadResp { dst_qpn, seq, result: Err(code) }), Src::None, None, 0)
-                    }
-                    Ctl::ReadResp { seq, rkey, addr, len } => {
-                        let hdr = encode(&Frame::ReadResp { dst_qpn, seq, result: Ok(len as u32) });
-                        let src = if len > 0 { Src::ReadResp { rkey, addr } } else { Src::None };
-                        hdr_frame(hdr, src, None, len)
-                    }
-                };
-                self.frames.push_back(f);
-                continue;
-            }
-            let Some(seq) = req.next_unsent() else { break };
-            let e = req.entry(seq);
-            if e.bad_local {
-                return Err(Fault::wr(seq, WcStatus::LocalError, "inline SGE outside any registration".into()));
-            }
-            let (opcode, len, inline) = (e.wr.opcode, e.wr.bytes(), e.wr.inline);
-            if opcode == WrOpcode::Read {
-                if req.reads_full() {
-                    break;
-                }
-                req.start_read(seq);
-            }
-            let hdr = encode(&req.header(seq, dst_qpn));
-            let (src, payload) = match opcode {
-                WrOpcode::Read => (Src::None, 0),
-                _ if len == 0 => (Src::None, 0),
-                _ if inline => (Src::Inline(seq), len),
-                _ => (Src::Sges(seq), len),
+    /// An acknowledgement may wait for other frames.
+    pub fn owes(&self) -> bool {
+        self.ack.is_some()
+    }
+
+    fn request_due(&self, req: &Requester) -> bool {
+        self.rnr_until.is_none()
+            && req.next_unsent().is_some_and(|seq| req.entry(seq).wr.opcode != WrOpcode::Read || !req.reads_full())
+    }
+
+    /// Pushes the owed acknowledgement only.
+    pub fn fill_ack<S: Station>(&mut self, me: &Arc<S>, dst_qpn: u32, out: &mut Filler<'_, S>) {
+        if let Some(seq) = self.ack.take() {
+            self.ack_now = false;
+            out.push(me, encode(&Frame::Ack { dst_qpn, seq }), Src::None, 0, 0, false);
+        }
+    }
+
+    /// Pushes this QP's frames for one turn (see the module documentation); `ready`: the
+    /// QP is connected. Returns whether more could go now.
+    pub fn fill<S: Station>(
+        &mut self,
+        me: &Arc<S>,
+        req: &mut Requester,
+        dst_qpn: u32,
+        ready: bool,
+        out: &mut Filler<'_, S>,
+    ) -> Result<bool, Fault> {
+        let hdr = |f: Frame| encode(&f);
+        if let Some(f) = self.connect.take() {
+            out.push(me, hdr(f), Src::None, 0, 0, false);
+        }
+        while let Some(c) = self.ctl.pop_front() {
+            let f = match c {
+                Ctl::Nak(seq, code) => Frame::Nak { dst_qpn, seq, code },
+                Ctl::Rnr(seq) => Frame::Rnr { dst_qpn, seq },
+                Ctl::ReadRespErr(seq, code) => Frame::ReadResp { dst_qpn, seq, result: Err(code) },
             };
-            self.frames.push_back(hdr_frame(hdr, src, Some(seq), payload));
-            req.mark_sent(seq);
+            out.push(me, hdr(f), Src::None, 0, 0, false);
+        }
+        self.fill_ack(me, dst_qpn, out);
+        if let Some(f) = self.close.take() {
+            out.push(me, hdr(f), Src::None, 0, 0, false);
+            return Ok(false);
+        }
+        if !ready {
+            return Ok(false);
+        }
+        if !out.room() {
+            return Ok(self.cur.is_some() || !self.reads.is_empty() || self.request_due(req));
+        }
+        if let Some(o) = self.cur {
+            self.next_segment(o, me, req, dst_qpn, out);
+        } else if let Some((seq, rkey, addr, len)) = self.reads.pop_front() {
+            let seg = len.min(SEGMENT as u64);
+            let src = Src::Mem { segs: one(rkey, addr, len), nseg: 1, base: 0, need: Access::REMOTE_READ };
+            let n = note(seq, 0, seg == len, true);
+            out.push(me, hdr(Frame::ReadResp { dst_qpn, seq, result: Ok(len as u32) }), src, seg, n, false);
+            if seg < len {
+                self.cur = Some(Out::ReadResp { seq, rkey, addr, len, off: seg });
+            }
+        } else if self.request_due(req) {
+            let seq = req.next_unsent().expect("due");
+            self.start_request(seq, me, req, dst_qpn, out)?;
+        }
+        Ok(self.cur.is_some() || !self.reads.is_empty() || self.request_due(req))
+    }
+
+    fn start_request<S: Station>(
+        &mut self,
+        seq: u32,
+        me: &Arc<S>,
+        req: &mut Requester,
+        dst_qpn: u32,
+        out: &mut Filler<'_, S>,
+    ) -> Result<(), Fault> {
+        let e = req.entry(seq);
+        if e.bad_local {
+            return Err(Fault::wr(seq, WcStatus::LocalError, "inline SGE outside any registration".into()));
+        }
+        let (opcode, len, inline) = (e.wr.opcode, e.wr.bytes(), e.wr.inline);
+        let segs = sges(req, seq);
+        if opcode == WrOpcode::Read {
+            req.start_read(seq);
+        }
+        let h = encode(&req.header(seq, dst_qpn));
+        let seg = len.min(SEGMENT as u64);
+        let n = note(seq, req.round(), seg == len, false);
+        req.mark_sent(seq);
+        if opcode == WrOpcode::Read || len == 0 {
+            out.push(me, h, Src::None, 0, n, true);
+        } else if inline {
+            out.push_bytes(me, h, req.inline_of(seq), n, true);
+        } else {
+            out.push(me, h, Src::Mem { segs, nseg: MAX_SGE, base: 0, need: Access::empty() }, seg, n, true);
+            if seg < len {
+                self.cur = Some(Out::Request { seq, off: seg });
+            }
         }
         Ok(())
     }
 
-    /// Writes what is queued until the socket is full. Returns whether anything moved.
-    pub fn flush(&mut self, env: &mut TxEnv<'_>) -> Result<bool, Fault> {
-        let mut moved = false;
-        loop {
-            self.fill_batch(env.req, env.dst_qpn)?;
-            if self.frames.is_empty() {
-                return Ok(moved);
+    fn next_segment<S: Station>(
+        &mut self,
+        o: Out,
+        me: &Arc<S>,
+        req: &Requester,
+        dst_qpn: u32,
+        out: &mut Filler<'_, S>,
+    ) {
+        let (seq, len, off, src, read) = match o {
+            Out::Request { seq, off } => {
+                let len = req.entry(seq).wr.bytes();
+                (
+                    seq,
+                    len,
+                    off,
+                    Src::Mem { segs: sges(req, seq), nseg: MAX_SGE, base: off, need: Access::empty() },
+                    false,
+                )
             }
-            let mut buf = IovBuf::new();
-            let mut bad: Option<usize> = None;
-            let req = &*env.req;
-            for (i, f) in self.frames.iter_mut().enumerate() {
-                if buf.room() < 1 + MAX_SGE {
-                    break;
-                }
-                if f.off < HDR_LEN as u64 {
-                    let h = &f.hdr[f.off as usize..];
-                    buf.push(h.as_ptr(), h.len());
-                }
-                let (from, to) = (f.off.saturating_sub(HDR_LEN as u64), f.total - HDR_LEN as u64);
-                let ok = match f.src {
-                    Src::None => true,
-                    Src::Inline(seq) => {
-                        buf.push(req.inline_from(seq, from as usize).as_ptr(), (to - from) as usize);
-                        true
-                    }
-                    Src::Sges(seq) => {
-                        let wr = &req.entry(seq).wr;
-                        let segs = wr.sge[..wr.num_sge as usize].iter().map(|s| (s.lkey, s.addr, s.len as u64));
-                        buf.push_segments(env.mrs, segs, from, to, Access::empty())
-                    }
-                    Src::ReadResp { rkey, addr } => {
-                        buf.push_segments(env.mrs, std::iter::once((rkey, addr, to)), from, to, Access::REMOTE_READ)
-                    }
-                };
-                if !ok {
-                    bad = Some(i);
-                    break;
-                }
-            }
-            let bytes = buf.bytes();
-            if let Some(i) = bad {
-                drop(buf);
-                self.source_lost(i, env.resp, env.dst_qpn)?;
-                continue;
-            }
-            let Some(link) = env.link else { return Ok(moved) };
-            let r = link.writev(buf.iovs());
-            drop(buf);
-            match r {
-                Ok(w) => {
-                    moved = true;
-                    self.advance(env.req, w as u64);
-                    if w < bytes {
-                        return Ok(moved);
-                    }
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(moved),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Fault::PeerLost(format!("send failed: {e}"))),
-            }
-        }
+            Out::ReadResp { seq, rkey, addr, len, off } => (
+                seq,
+                len,
+                off,
+                Src::Mem { segs: one(rkey, addr, len), nseg: 1, base: off, need: Access::REMOTE_READ },
+                true,
+            ),
+        };
+        let seg = (len - off).min(SEGMENT as u64);
+        let last = off + seg == len;
+        let f = Frame::Data { dst_qpn, seq, len: seg as u32 };
+        out.push(me, encode(&f), src, seg, note(seq, req.round(), last, read), !read);
+        self.cur = match o {
+            _ if last => None,
+            Out::Request { seq, .. } => Some(Out::Request { seq, off: off + seg }),
+            Out::ReadResp { seq, rkey, addr, len, .. } => Some(Out::ReadResp { seq, rkey, addr, len, off: off + seg }),
+        };
     }
+}
 
-    /// Frame `i`'s source memory is no longer registered. A READ response not yet begun
-    /// becomes a refusal (and sending goes on); anything else fails the QP.
-    fn source_lost(&mut self, i: usize, resp: &mut Responder, dst_qpn: u32) -> Result<(), Fault> {
-        let f = &mut self.frames[i];
-        match (f.src, f.request) {
-            (Src::ReadResp { .. }, _) if f.off == 0 => {
-                let seq = u32::from_le_bytes(f.hdr[8..12].try_into().expect("4"));
-                *f = hdr_frame(
-                    encode(&Frame::ReadResp { dst_qpn, seq, result: Err(NakCode::RemoteAccess) }),
-                    Src::None,
-                    None,
-                    0,
-                );
-                resp.refuse();
-                Ok(())
-            }
-            (_, Some(seq)) => {
-                Err(Fault::wr(seq, WcStatus::LocalError, "local memory of a WR deregistered or out of bounds".into()))
-            }
-            _ => Err(Fault::qp("memory of a READ response deregistered while it was being sent".into())),
-        }
+/// The SGEs of request `seq` as (lkey, address, length) (unused ones are empty).
+fn sges(req: &Requester, seq: u32) -> [(u32, u64, u64); MAX_SGE] {
+    let wr = &req.entry(seq).wr;
+    let mut s = [(0, 0, 0); MAX_SGE];
+    for (d, g) in s.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
+        *d = (g.lkey, g.addr, g.len as u64);
     }
+    s
+}
 
-    fn advance(&mut self, req: &mut Requester, mut w: u64) {
-        while w > 0 {
-            let f = self.frames.front_mut().expect("written bytes belong to queued frames");
-            let take = w.min(f.total - f.off);
-            f.off += take;
-            w -= take;
-            if f.off == f.total {
-                if let Some(seq) = f.request {
-                    req.mark_transmitted(seq);
-                }
-                self.frames.pop_front();
-            }
-        }
-    }
+fn one(key: u32, addr: u64, len: u64) -> [(u32, u64, u64); MAX_SGE] {
+    let mut s = [(0, 0, 0); MAX_SGE];
+    s[0] = (key, addr, len);
+    s
 }

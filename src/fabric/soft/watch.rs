@@ -1,10 +1,16 @@
-//! The epoll set of a TCP soft device's helper thread (see `helper.rs`): the listener, an
-//! eventfd that wakes the thread, and every established connection's socket with the token
-//! that names it. Generic over what is watched, so the connections (which arm and forget
-//! their own sockets) and the helper (which serves them) both sit above it.
+//! The readiness sets of a TCP soft device: which links have bytes to read or room to
+//! write. Generic over what is watched (the links), so the links' owner (`port.rs`) and the
+//! helper thread that serves them both sit above it.
 //!
-//! Sockets are added with `EPOLLONESHOT`: an event wakes the helper once and the socket
-//! stays quiet until it is re-armed.
+//! Two epoll sets hold every link's socket under the same token:
+//! - the helper's (`epfd`), with `EPOLLONESHOT`: an event wakes the helper thread once and
+//!   the socket stays quiet until the helper re-arms it. The listener and an eventfd that
+//!   wakes the thread are in it too;
+//! - the callers' (`cfd`), edge-triggered: a caller polling a CQ whose QPs use several links
+//!   asks it with one non-blocking `epoll_wait` which links moved, instead of trying a read
+//!   on each (the cost of a poll does not grow with the links or the QPs on them).
+//!
+//! Tokens index a slot table with a free list: adding and forgetting are O(1).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
@@ -20,16 +26,22 @@ pub const T_LISTENER: u64 = u64::MAX - 1;
 
 struct Watched<T> {
     item: Weak<T>,
-    fd: i32,
     /// What the helper last saw of the item's caller epoch.
     seen_epoch: u64,
 }
 
-/// The epoll set (see the module documentation).
+struct Slots<T> {
+    slots: Vec<Option<Watched<T>>>,
+    free: Vec<usize>,
+}
+
+/// The readiness sets (see the module documentation).
 pub struct Watcher<T> {
     epfd: OwnedFd,
+    cfd: OwnedFd,
     evfd: OwnedFd,
-    slab: Mutex<Vec<Option<Watched<T>>>>,
+    listener: i32,
+    slab: Mutex<Slots<T>>,
 }
 
 fn ctl(epfd: i32, op: i32, fd: i32, events: u32, token: u64) -> std::io::Result<()> {
@@ -49,76 +61,108 @@ fn interest(write: bool) -> u32 {
     e as u32
 }
 
+const CALLER_INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+
+fn epoll() -> Result<OwnedFd> {
+    // SAFETY: plain syscall; the result is checked before it is owned.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(Error::io("soft fabric: epoll_create1", &std::io::Error::last_os_error()));
+    }
+    // SAFETY: just created, owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
 impl<T> Watcher<T> {
-    /// An epoll set with the wake-up eventfd and `listener_fd` in it.
+    /// The sets, with the wake-up eventfd and `listener_fd` in the helper's.
     pub fn new(listener_fd: i32) -> Result<Watcher<T>> {
-        // SAFETY: plain syscalls; each result is checked before it is owned.
-        let (ep, ev) = unsafe {
-            (libc::epoll_create1(libc::EPOLL_CLOEXEC), libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK))
-        };
-        if ep < 0 || ev < 0 {
-            return Err(Error::io("soft fabric: epoll/eventfd", &std::io::Error::last_os_error()));
+        let (epfd, cfd) = (epoll()?, epoll()?);
+        // SAFETY: plain syscall; the result is checked before it is owned.
+        let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if ev < 0 {
+            return Err(Error::io("soft fabric: eventfd", &std::io::Error::last_os_error()));
         }
-        // SAFETY: both descriptors were just created and are owned by nobody else.
-        let (epfd, evfd) = unsafe { (OwnedFd::from_raw_fd(ep), OwnedFd::from_raw_fd(ev)) };
-        let w = Watcher { epfd, evfd, slab: Mutex::new(Vec::new()) };
+        // SAFETY: just created, owned by nobody else.
+        let evfd = unsafe { OwnedFd::from_raw_fd(ev) };
+        let w =
+            Watcher { epfd, cfd, evfd, listener: listener_fd, slab: Mutex::new(Slots { slots: vec![], free: vec![] }) };
+        let ep = w.epfd.as_raw_fd();
         let e = ctl(ep, libc::EPOLL_CTL_ADD, ev, libc::EPOLLIN as u32, T_WAKE)
             .and_then(|_| ctl(ep, libc::EPOLL_CTL_ADD, listener_fd, libc::EPOLLIN as u32, T_LISTENER));
         e.map_err(|e| Error::io("soft fabric: epoll_ctl", &e))?;
         Ok(w)
     }
 
-    /// Adds an established connection's socket (`epoch`: its caller epoch now); returns its
-    /// token, and the error if epoll refused it (it is then served by its callers only).
+    /// Adds a socket (`epoch`: its item's caller epoch now) to both sets, armed for the
+    /// helper (`EPOLLOUT` too when `write`); returns its token, and the error if epoll
+    /// refused it (it is then served by its callers only).
     pub fn add(&self, item: &Arc<T>, epoch: u64, fd: i32, write: bool) -> (usize, std::io::Result<()>) {
-        let mut slab = self.slab.lock();
-        let entry = Watched { item: Arc::downgrade(item), fd, seen_epoch: epoch };
-        let token = match slab.iter().position(|e| e.is_none()) {
+        let mut s = self.slab.lock();
+        let entry = Watched { item: Arc::downgrade(item), seen_epoch: epoch };
+        let token = match s.free.pop() {
             Some(i) => {
-                slab[i] = Some(entry);
+                s.slots[i] = Some(entry);
                 i
             }
             None => {
-                slab.push(Some(entry));
-                slab.len() - 1
+                s.slots.push(Some(entry));
+                s.slots.len() - 1
             }
         };
-        (token, ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, interest(write), token as u64))
+        drop(s);
+        let r = ctl(self.cfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, CALLER_INTEREST, token as u64)
+            .and_then(|_| ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, interest(write), token as u64));
+        (token, r)
     }
 
-    /// Drops a socket from the set (before it is closed).
-    pub fn forget(&self, fd: i32) {
+    /// Drops socket `fd` of `token` from both sets (before it is closed).
+    pub fn forget(&self, token: usize, fd: i32) {
         let _ = ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0);
-        for e in self.slab.lock().iter_mut() {
-            if e.as_ref().is_some_and(|e| e.fd == fd) {
-                *e = None;
-            }
+        let _ = ctl(self.cfd.as_raw_fd(), libc::EPOLL_CTL_DEL, fd, 0, 0);
+        let mut s = self.slab.lock();
+        if let Some(slot) = s.slots.get_mut(token)
+            && slot.take().is_some()
+        {
+            s.free.push(token);
         }
     }
 
-    /// Re-arms a socket (`EPOLLOUT` too when `write`).
+    /// Re-arms a socket for the helper (`EPOLLOUT` too when `write`).
     pub fn rearm(&self, fd: i32, token: usize, write: bool) {
         let _ = ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, fd, interest(write), token as u64);
     }
 
+    /// Turns the listener's events on or off (off while accepting must back off).
+    pub fn listen(&self, on: bool) {
+        let ev = if on { libc::EPOLLIN as u32 } else { 0 };
+        let _ = ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, self.listener, ev, T_LISTENER);
+    }
+
     /// The item of `token` (if it is still alive) and the caller epoch last seen of it.
     pub fn get(&self, token: usize) -> Option<(Arc<T>, u64)> {
-        let slab = self.slab.lock();
-        let e = slab.get(token)?.as_ref()?;
+        let s = self.slab.lock();
+        let e = s.slots.get(token)?.as_ref()?;
         Some((e.item.upgrade()?, e.seen_epoch))
     }
 
     /// Records the caller epoch seen of `token`'s item.
     pub fn set_seen(&self, token: usize, epoch: u64) {
-        if let Some(Some(e)) = self.slab.lock().get_mut(token) {
+        if let Some(Some(e)) = self.slab.lock().slots.get_mut(token) {
             e.seen_epoch = epoch;
         }
     }
 
-    /// Waits for events (`timeout` ms, -1: forever); returns how many were filled in.
+    /// The helper: waits for events (`timeout` ms, -1: forever); returns how many.
     pub fn wait(&self, events: &mut [libc::epoll_event], timeout: i32) -> usize {
         // SAFETY: `events` is a live array of the length passed.
         let n = unsafe { libc::epoll_wait(self.epfd.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, timeout) };
+        n.max(0) as usize
+    }
+
+    /// A caller: the links whose sockets moved since the last call (never waits).
+    pub fn moved(&self, events: &mut [libc::epoll_event]) -> usize {
+        // SAFETY: `events` is a live array of the length passed.
+        let n = unsafe { libc::epoll_wait(self.cfd.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, 0) };
         n.max(0) as usize
     }
 
@@ -134,5 +178,34 @@ impl<T> Watcher<T> {
         let mut buf = 0u64;
         // SAFETY: reads 8 bytes into a live u64 from our eventfd.
         unsafe { libc::read(self.evfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Forgetting frees exactly its own slot, and the next add takes it again.
+    #[test]
+    fn tokens_are_reused_and_forgetting_touches_only_its_own() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let w: Watcher<u32> = Watcher::new(a.as_raw_fd()).unwrap();
+        let items: Vec<Arc<u32>> = (0..3).map(Arc::new).collect();
+        let socks: Vec<_> = (0..3).map(|_| std::os::unix::net::UnixStream::pair().unwrap()).collect();
+        let toks: Vec<usize> = items.iter().zip(&socks).map(|(i, s)| w.add(i, 0, s.0.as_raw_fd(), false).0).collect();
+        assert_eq!(toks, [0, 1, 2]);
+        w.forget(toks[1], socks[1].0.as_raw_fd());
+        assert!(w.get(toks[1]).is_none());
+        assert_eq!(*w.get(toks[0]).unwrap().0, 0);
+        assert_eq!(*w.get(toks[2]).unwrap().0, 2);
+        let again = w.add(&items[1], 0, socks[1].0.as_raw_fd(), false).0;
+        assert_eq!(again, 1, "the freed slot is taken again");
+        // The callers' set reports a socket with bytes to read.
+        use std::io::Write;
+        (&socks[2].1).write_all(b"x").unwrap();
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        let n = w.moved(&mut ev);
+        assert!(ev[..n].iter().any(|e| e.u64 == 2 && e.events & libc::EPOLLIN as u32 != 0));
+        drop(b);
     }
 }

@@ -344,6 +344,31 @@ impl<'n> ListenComm<'n> {
     }
 }
 
+/// Connects `connector` to `listen` from one thread, calling `connect` and `accept` in
+/// turn as NCCL's same-thread set-up does (neither may block the other), then closes the
+/// listen comm; a timeout error after `within`.
+pub fn connect_same_thread<'n>(
+    connector: &mut Connector<'n>,
+    mut listen: ListenComm<'n>,
+    within: std::time::Duration,
+) -> Result<(SendComm<'n>, RecvComm<'n>)> {
+    let (mut send, mut recv) = (None, None);
+    let end = std::time::Instant::now() + within;
+    while send.is_none() || recv.is_none() {
+        if send.is_none() {
+            send = connector.poll()?;
+        }
+        if recv.is_none() {
+            recv = listen.accept()?;
+        }
+        if std::time::Instant::now() > end {
+            return Err(Error::timeout(format!("connect/accept did not finish in {within:?}")));
+        }
+    }
+    listen.close()?;
+    Ok((send.expect("connected"), recv.expect("accepted")))
+}
+
 impl Drop for ListenComm<'_> {
     fn drop(&mut self) {
         if !self.closed {

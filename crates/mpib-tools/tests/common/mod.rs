@@ -76,13 +76,16 @@ pub fn plugin_path() -> String {
 
 /// A run of `w` between two processes on [`fabric_env`], newest ABI on both.
 pub fn pair(w: Workload) -> PairSpec {
-    PairSpec {
-        plugin: plugin_path(),
-        abi: [None, None],
-        env: fabric_env(),
-        workload: w,
-        timeout: std::time::Duration::from_secs(180),
-    }
+    PairSpec { plugin: plugin_path(), abi: [None, None], env: fabric_env(), workload: w, timeout: pair_timeout() }
+}
+
+/// The parent's last-resort limit for a run (a rank hung inside a call cannot report
+/// itself; a run that stops making progress is caught sooner by the ranks' own stall
+/// bound): `CONFORMANCE_TIMEOUT_S`, 180 s by default. Slow rigs raise it (Soft-RoCE under
+/// qemu on a busy host took over 180 s for 100,000 messages that made steady progress).
+fn pair_timeout() -> std::time::Duration {
+    let s = std::env::var("CONFORMANCE_TIMEOUT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(180);
+    std::time::Duration::from_secs(s)
 }
 
 /// Runs `spec` with this test binary as both ranks; prints how long it took.

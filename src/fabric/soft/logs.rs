@@ -1,0 +1,70 @@
+//! Warnings a peer can provoke, rate-limited: a hostile or broken peer must not be able to
+//! flood the log (issue 16: a connection flood once logged 2,000 lines a second). Each kind
+//! of warning of a device is a [`Limited`]: at most one line per [`PERIOD`], and the next
+//! line says how many were left out.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::ratelimit::{RateLimit, suppressed};
+
+/// At most one line per kind per period.
+pub const PERIOD: Duration = Duration::from_secs(5);
+
+/// One kind of warning of one device: the crate's [`RateLimit`] (one line per period, the
+/// next one says how many were held back), and a count of the lines written (tests read it).
+pub struct Limited {
+    limit: RateLimit,
+    written: AtomicU64,
+}
+
+impl Default for Limited {
+    fn default() -> Self {
+        Limited { limit: RateLimit::new(PERIOD), written: AtomicU64::new(0) }
+    }
+}
+
+impl Limited {
+    /// Logs `what()` at WARN unless a line of this kind was written less than a period ago.
+    pub fn warn(&self, what: impl FnOnce() -> String) {
+        if let Some(held) = self.limit.admit(Instant::now()) {
+            self.written.fetch_add(1, Ordering::Relaxed);
+            log::warn!("{}{}", what(), suppressed(held));
+        }
+    }
+
+    /// Lines written so far.
+    pub fn written(&self) -> u64 {
+        self.written.load(Ordering::Relaxed)
+    }
+}
+
+/// The warnings of one device that a peer can provoke.
+#[derive(Default)]
+pub struct Warnings {
+    /// `accept` failed (descriptors exhausted, ...).
+    pub accept: Limited,
+    /// A connection said nothing valid (no HELLO in time, a bad HELLO, too many waiting).
+    pub hello: Limited,
+    /// A frame or CONNECT no QP expects.
+    pub stray: Limited,
+    /// A QP went to the error state with work outstanding.
+    pub qp: Limited,
+    /// A link broke.
+    pub link: Limited,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_line_per_period() {
+        let l = Limited::default();
+        for _ in 0..1000 {
+            l.warn(|| "x".into());
+        }
+        assert_eq!(l.written(), 1);
+        assert_eq!(l.limit.take_held(), 999);
+    }
+}

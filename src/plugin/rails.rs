@@ -1,0 +1,175 @@
+//! A connection's rails: the QPs of each rail, made on the shared queues of the rail's NIC
+//! in the connection's context (`context.rs`, `nic.rs`), and the registration of its
+//! control region, with send queues as deep as what can be outstanding on them:
+//!
+//! - a sender's data QP: each rail carries at most one chain per CTS slot in flight (a slot
+//!   is taken again only once its chains completed), chains of at most `MAX_CHAIN` WRs, one
+//!   request per QP round-robin: `ceil(SLOTS / QPs) × MAX_CHAIN`, plus one probe (or
+//!   keepalive) at a time;
+//! - a receiver's CTS QP (its first): the CTS WRITEs of the slots since the last signalled
+//!   one of its rail (signalled when `slot == rail`, once per `SLOTS` slots; a slot is reused
+//!   only after its CTS completed): at most `2 × SLOTS`, plus one keepalive; its other QPs
+//!   post nothing; a flush QP: one READ per flush in flight.
+//!
+//! Every depth is clamped to the device's `max_qp_wr`.
+
+use std::sync::Arc;
+
+use super::MAX_RECVS;
+use super::comm::Rail;
+use super::context::Context;
+use super::devices::DevPair;
+use super::inbox::Inbox;
+use super::mr::ACCESS;
+use super::nic::{QpSpec, new_owner};
+use super::resources::{Held, Res};
+use crate::engine::layout::SLOTS;
+use crate::engine::{MAX_CHAIN, MAX_FLUSHES, RAILS};
+use crate::error::{Error, Result};
+use crate::fabric::mem::HostRegion;
+use crate::fabric::{ConnectParams, Device, QpCaps, QpInfo, QueuePair};
+
+/// Inline bytes of a sender's QPs (probes; small sends from host memory) and of a
+/// receiver's (a CTS of up to 8 entries).
+pub(super) const SEND_INLINE: u32 = 64;
+pub(super) const RECV_INLINE: u32 = (MAX_RECVS * crate::engine::layout::CTS_ENTRY_BYTES) as u32;
+
+/// Send-queue depth of each of a sender's `nqps` data QPs on a rail (see the module doc).
+pub fn send_qp_depth(nqps: u16) -> u32 {
+    (SLOTS.div_ceil(nqps.max(1) as usize) * MAX_CHAIN + 1) as u32
+}
+
+/// Send-queue depth of a receiver's CTS QP (see the module doc).
+pub const CTS_QP_DEPTH: u32 = 2 * SLOTS as u32 + 1;
+/// Send-queue depth of a flush QP: a READ per flush in flight.
+pub const FLUSH_QP_DEPTH: u32 = MAX_FLUSHES as u32;
+
+pub(super) fn clamp_caps<D: Device>(dev: &D, caps: QpCaps) -> QpCaps {
+    let a = dev.attrs();
+    QpCaps { max_send_wr: caps.max_send_wr.min(a.max_qp_wr.max(1)), max_inline: caps.max_inline.min(a.max_inline) }
+}
+
+/// Whether a connection's rails get a loopback flush QP each (a receiver of GPU memory:
+/// `iflush` READs through it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FlushQp {
+    With,
+    Without,
+}
+
+/// What one rail of a connection needs: its QPs (the last one the flush QP, if any), and
+/// the receive window (SRQ WQEs its receives may consume at most).
+pub(super) struct RailPlan {
+    qps: Vec<QpSpec>,
+    flush: FlushQp,
+    window: u32,
+}
+
+/// A sender's rail: `nqps` data QPs.
+pub(super) fn send_plan(nqps: u16) -> RailPlan {
+    let caps = QpCaps { max_send_wr: send_qp_depth(nqps), max_inline: SEND_INLINE };
+    RailPlan { qps: vec![QpSpec { caps, srq: false }; nqps as usize], flush: FlushQp::Without, window: 0 }
+}
+
+/// A receiver's rail: the CTS QP, `nqps - 1` more that only receive, the flush QP if asked,
+/// and `window` receives in flight.
+pub(super) fn recv_plan(nqps: u16, flush: FlushQp, window: u32) -> RailPlan {
+    let mut qps = vec![QpSpec { caps: QpCaps { max_send_wr: CTS_QP_DEPTH, max_inline: RECV_INLINE }, srq: true }];
+    qps.extend((1..nqps).map(|_| QpSpec { caps: QpCaps { max_send_wr: 1, max_inline: 0 }, srq: true }));
+    if flush == FlushQp::With {
+        qps.push(QpSpec { caps: QpCaps { max_send_wr: FLUSH_QP_DEPTH, max_inline: 0 }, srq: false });
+    }
+    RailPlan { qps, flush, window }
+}
+
+/// Registers `region` on rail `rail`'s NIC and attaches `plan`'s QPs to the NIC's shared
+/// queues in `ctx`, for connection `owner`.
+pub(super) fn build_rail<D: Device>(
+    ctx: &Context<D>,
+    dev: &Arc<D>,
+    rail: usize,
+    owner: u64,
+    plan: RailPlan,
+    region: &HostRegion,
+) -> Result<Rail<D>> {
+    let nic = ctx.queues(dev)?;
+    let specs: Vec<QpSpec> = plan.qps.iter().map(|q| QpSpec { caps: clamp_caps(dev.as_ref(), q.caps), ..*q }).collect();
+    let sq: u64 = specs.iter().map(|q| q.caps.max_send_wr as u64).sum();
+    // Everything that can complete for this rail: each send-queue WR, each receive.
+    let inbox = Arc::new(Inbox::new(sq as usize + plan.window as usize));
+    let region_mr = dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?;
+    let mut qps = match nic.attach(owner, rail, &inbox, &specs, plan.window) {
+        Ok(q) => q,
+        Err(e) => {
+            let _ = dev.dereg_mr(region_mr);
+            return Err(e);
+        }
+    };
+    let flush_qp = if plan.flush == FlushQp::With { qps.pop() } else { None };
+    let first_qp = qps.first().map_or(0, |q| q.qp_num());
+    let held = vec![
+        Held::new(Res::Qps, specs.len() as u64),
+        Held::new(Res::QpSendWrs, sq),
+        Held::new(Res::ControlBytes, region.len() as u64),
+        Held::new(Res::InboxEntries, inbox.capacity() as u64),
+    ];
+    Ok(Rail {
+        qps,
+        flush_qp,
+        region_mr: Some(region_mr),
+        nic,
+        inbox,
+        owner,
+        first_qp,
+        sq,
+        window: plan.window,
+        dev: dev.clone(),
+        held,
+    })
+}
+
+pub(super) fn build_rails<D: Device>(
+    ctx: &Context<D>,
+    pair: &DevPair<D>,
+    plan: impl Fn(usize) -> RailPlan,
+    region: &HostRegion,
+) -> Result<[Rail<D>; RAILS]> {
+    let owner = new_owner();
+    let r0 = build_rail(ctx, &pair.rails[0], 0, owner, plan(0), region)?;
+    let r1 = build_rail(ctx, &pair.rails[1], 1, owner, plan(1), region)?;
+    Ok([r0, r1])
+}
+
+pub(super) fn region_keys<D: Device>(rails: &[Rail<D>; RAILS]) -> ([u32; RAILS], [u32; RAILS]) {
+    let k = |r: &Rail<D>| D::mr_keys(r.region_mr.as_ref().expect("registered"));
+    ([k(&rails[0]).lkey, k(&rails[1]).lkey], [k(&rails[0]).rkey, k(&rails[1]).rkey])
+}
+
+pub(super) fn qp_infos<D: Device>(rails: &[Rail<D>; RAILS]) -> Vec<QpInfo> {
+    rails.iter().flat_map(|r| r.qps.iter().map(|q| q.local_info())).collect()
+}
+
+pub(super) fn connect_qps<D: Device>(rails: &mut [Rail<D>; RAILS], infos: &[QpInfo], p: &ConnectParams) -> Result<()> {
+    let mut it = infos.iter();
+    for r in rails.iter_mut() {
+        for q in r.qps.iter_mut() {
+            q.connect(it.next().ok_or_else(|| Error::remote("peer sent too few QP infos"))?, p)?;
+        }
+        if let Some(f) = r.flush_qp.as_mut() {
+            let me = f.local_info();
+            f.connect(&me, p)?;
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn all_ready<D: Device>(rails: &mut [Rail<D>; RAILS]) -> Result<bool> {
+    for r in rails.iter_mut() {
+        for q in r.qps.iter_mut().chain(r.flush_qp.as_mut()) {
+            if !q.is_ready()? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
