@@ -99,6 +99,7 @@ mod device;
 mod direct;
 mod endpoint;
 mod fault;
+mod fence;
 pub mod frame;
 mod helper;
 mod link;
