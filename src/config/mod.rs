@@ -111,6 +111,9 @@ pub struct Config {
     /// Re-admission of a failed rail: first back-off, and its cap.
     pub readmit_ms: u64,
     pub readmit_max_ms: u64,
+    /// Fault drill (soft fabric): `(rails, n)`: a send comm's `n`-th isend drops the
+    /// connections of the rails in the mask (bit 0 SOUT, bit 1 SUP).
+    pub fault_rail: Option<(u8, u64)>,
     pub rtt_alpha: f64,
     pub rtt_beta: f64,
     /// 0 = no probes.
@@ -152,6 +155,7 @@ impl Default for Config {
             stall_ms: 2000,
             readmit_ms: 100,
             readmit_max_ms: 5000,
+            fault_rail: None,
             rtt_alpha: 0.125,
             rtt_beta: 0.25,
             probe_interval_us: 1000,
@@ -277,6 +281,12 @@ pub const VARS: &[VarDoc] = &[
         accepted: "100-600000",
         meaning: "cap of the re-admission back-off",
     },
+    VarDoc {
+        name: "MPIB_FAULT_RAIL",
+        default: "(none)",
+        accepted: "sout:N, sup:N, both:N (N >= 1)",
+        meaning: "fault drill, soft fabric: each send comm's N-th isend drops that rail's QP connections (both ways)",
+    },
     VarDoc { name: "MPIB_RTT_ALPHA", default: "0.125", accepted: "0 < a <= 1", meaning: "SRTT gain (RFC 6298 alpha)" },
     VarDoc { name: "MPIB_RTT_BETA", default: "0.25", accepted: "0 < b <= 1", meaning: "RTTVAR gain (RFC 6298 beta)" },
     VarDoc {
@@ -389,6 +399,7 @@ impl Config {
                 "MPIB_STALL_MS" => parse_int(value, 0, 600_000).map(|n| c.stall_ms = n as u64),
                 "MPIB_READMIT_MS" => parse_int(value, 10, 60_000).map(|n| c.readmit_ms = n as u64),
                 "MPIB_READMIT_MAX_MS" => parse_int(value, 100, 600_000).map(|n| c.readmit_max_ms = n as u64),
+                "MPIB_FAULT_RAIL" => parse_fault(value).map(|f| c.fault_rail = Some(f)),
                 "MPIB_RTT_ALPHA" => parse_gain(value).map(|g| c.rtt_alpha = g),
                 "MPIB_RTT_BETA" => parse_gain(value).map(|g| c.rtt_beta = g),
                 "MPIB_PROBE_INTERVAL_US" => parse_int(value, 0, 10_000_000).map(|n| c.probe_interval_us = n as u64),
@@ -517,6 +528,15 @@ fn parse_int(value: &str, min: i64, max: i64) -> std::result::Result<i64, String
     let accepted = || format!("an integer from {min} to {max}");
     let n: i64 = value.parse().map_err(|_| accepted())?;
     if (min..=max).contains(&n) { Ok(n) } else { Err(accepted()) }
+}
+
+/// `sout:N`, `sup:N`, `both:N`: the rails (a mask) and the isend that drops them.
+fn parse_fault(value: &str) -> std::result::Result<(u8, u64), String> {
+    let accepted = || "sout:N, sup:N or both:N with N from 1 to 2^40".to_string();
+    let (rail, n) = value.split_once(':').ok_or_else(accepted)?;
+    let mask = parse_word(rail, &[("sout", 1u8), ("sup", 2), ("both", 3)]).map_err(|_| accepted())?;
+    let n = parse_int(n, 1, 1 << 40).map_err(|_| accepted())?;
+    Ok((mask, n as u64))
 }
 
 fn parse_gain(value: &str) -> std::result::Result<f64, String> {

@@ -212,6 +212,12 @@ fn failover_switch_and_timings() {
     assert!(e.contains("accepted 0, 1"), "{e}");
     let e = one_error(&[("MPIB_READMIT_MAX_MS", "50")]);
     assert!(e.contains("from 100 to 600000"), "{e}");
+    assert_eq!(d.fault_rail, None, "no drill by default");
+    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "SUP:7")]).unwrap().fault_rail, Some((2, 7)));
+    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "both:1")]).unwrap().fault_rail, Some((3, 1)));
+    for bad in ["sup", "sup:0", "up:3", "sout:x"] {
+        assert!(one_error(&[("MPIB_FAULT_RAIL", bad)]).contains("sout:N, sup:N or both:N"), "{bad}");
+    }
 }
 
 #[test]

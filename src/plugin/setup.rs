@@ -26,11 +26,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::comm::{
-    RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SCRATCH_BYTES, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm,
-};
+use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm};
 use super::context::Context;
 use super::devices::DevPair;
+use super::failover::{FoSide, RECV_CTL_OFF, RECV_REGION_BYTES, SEND_CTL_OFF, SEND_REGION_BYTES, failover_config};
 use super::oob::{OobAddr, OobConn};
 use super::rails::{
     FlushQp, RECV_INLINE, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys, send_plan,
@@ -174,8 +173,8 @@ impl<D: Device> Connecting<D> {
         // for HELLO_WITHIN, and NCCL calls `connect` for its other comms in between (each
         // making its own QPs): a Hello left for the next call could miss that deadline.
         let mut conn = OobConn::connect(addr)?;
-        let region = HostRegion::new(SEND_SCRATCH_OFF + SCRATCH_BYTES)?;
-        let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r]), &region)?;
+        let region = HostRegion::new(SEND_REGION_BYTES)?;
+        let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r], p.cfg.failover), &region)?;
         let (_, rkeys) = region_keys(&rails);
         let hello = Hello {
             kind: p.kind as u8,
@@ -279,11 +278,19 @@ impl<D: Device> Connecting<D> {
             max_inline,
             probe_interval_ns: self.p.probe_interval_ns,
         };
-        let engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
+        let mut engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
+        engine.set_failover(failover_config(
+            self.p.cfg,
+            region.addr(),
+            SEND_CTL_OFF,
+            lkeys,
+            reply.scratch_addr,
+            reply.scratch_rkeys,
+        ));
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
-        Ok(SendComm::new(rails, engine, self.pair.clone(), region))
+        Ok(SendComm::new(rails, engine, self.pair.clone(), region, FoSide::new(self.p.cfg, true)))
     }
 }
 
@@ -415,11 +422,11 @@ impl<D: Device> Accepting<D> {
 
     /// Builds the rails for the peer's `hello`, connects them and replies.
     fn on_hello(&mut self, hello: Hello) -> Result<()> {
-        let region = HostRegion::new(RECV_SCRATCH_OFF + SCRATCH_BYTES)?;
+        let region = HostRegion::new(RECV_REGION_BYTES)?;
         let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
         let flush = if gpu { FlushQp::With } else { FlushQp::Without };
         let window = self.p.abi.max_requests() as u32;
-        let plan = |r: usize| recv_plan(hello.qps[r], flush, window);
+        let plan = |r: usize| recv_plan(hello.qps[r], flush, window, self.p.cfg.failover);
         let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
         connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
         let (_, rkeys) = region_keys(&rails);
@@ -489,7 +496,16 @@ impl<D: Device> Accepting<D> {
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
         let stats = [StatsHandle::register(0), StatsHandle::register(1)];
-        Ok(RecvComm::new(rails, RecvEngine::new(cfg, stats), self.pair.clone(), region))
+        let mut engine = RecvEngine::new(cfg, stats);
+        engine.set_failover(failover_config(
+            self.p.cfg,
+            region.addr(),
+            RECV_CTL_OFF,
+            lkeys,
+            hello.scratch_addr,
+            hello.fifo_rkeys,
+        ));
+        Ok(RecvComm::new(rails, engine, self.pair.clone(), region, FoSide::new(self.p.cfg, false)))
     }
 }
 

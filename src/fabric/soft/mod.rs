@@ -12,6 +12,7 @@
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
 //! wire        a connection on its link: what the link asks of a QP, CONNECT and CLOSE
+//! fence       a QP to the error state on command: failover's fence, the link-loss drill
 //! conn        Conn: one QP's connection; wires its parts, posts, retires, fails
 //! rx          a QP's receive side on its link: checks, placement decisions, RNR
 //! tx direct   a QP's send side on its link; in-process execution of WRs
