@@ -48,8 +48,9 @@ fn run_with_fault(name: &str, s: u64, rails: &str, stall_ms: u64) -> (PairOutcom
     let nrecv = 1 + rng.below(2) as usize;
     let sizes = vec![4 * KIB, MIB + 7, 64 * KIB, 3 * MIB, 1, 256 * KIB + 3];
     // In the first three quarters of the stream: a receiver learns of a rail the sender
-    // dropped at its next irecv or waiting test, and one whose last receives all completed
-    // makes no more calls (DESIGN.md "Rail failover", what is left).
+    // dropped at its next call that waits (a test not done, an irecv answering "not now"),
+    // and one whose last receives all completed makes no more calls (DESIGN.md "Rail
+    // failover", what is left).
     let at = 1 + rng.below(count * nrecv as u64 * 3 / 4);
     let phase = Phase { sizes, count, nrecv, inflight: 1 + rng.below(4) as usize, ..Phase::default() };
     let w = Workload { seed: s, stall_ms, phases: vec![phase], ..Workload::default() };
@@ -86,6 +87,12 @@ fn one_rail_dropped_mid_stream_loses_nothing_and_reports_nothing() {
             replayed_or_confirmed += 1;
         }
         replayed += sender.lines().filter_map(replayed_parts).sum::<u64>();
+        // mpib_rail_stats: both sides counted the failure of the dropped rail.
+        let r = if rail == "sout" { 0 } else { 1 };
+        for rank in 0..2 {
+            let rails = out.ranks[rank].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
+            assert_eq!((rails[r].failovers, rails[1 - r].failovers), (1, 0), "seed {s}, rank {rank}");
+        }
     }
     assert!(replayed_or_confirmed > 0, "no run went through the fence-and-report path");
     eprintln!(

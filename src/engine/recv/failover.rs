@@ -207,6 +207,7 @@ impl RecvEngine {
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         log::warn!("recv: {} rail failed ({why:?}); fencing it before reporting to the sender", RAIL_NAMES[rail]);
+        self.stats[rail].count_failover();
         self.fo.fence_due = self.fo.fence_due.with(rail);
         if self.keepalive == Some(rail) {
             self.keepalive = None;

@@ -126,6 +126,7 @@ impl SendEngine {
             self.outstanding[rail],
             RAIL_NAMES[other(rail)]
         );
+        self.tel[rail].stats().count_failover();
         self.fo.fence_due = self.fo.fence_due.with(rail);
         if why != DownReason::Peer {
             self.fo.report_due = self.fo.report_due.with(rail);
@@ -247,6 +248,7 @@ impl SendEngine {
         ps.replay = ps.replay.with(part);
         self.fo.replayed_parts += 1;
         self.fo.replayed_bytes += bytes;
+        self.tel[part].stats().count_replayed(bytes);
     }
 
     /// A replay's signal or a control WRITE completed (on `rail`'s CQ; `wr_rail` is the
