@@ -154,7 +154,7 @@ impl Default for Config {
             timeout: 16,
             retry_cnt: 6,
             failover: true,
-            stall_ms: 2000,
+            stall_ms: 5000,
             readmit_ms: 100,
             readmit_max_ms: 5000,
             fault_rail: None,
@@ -272,9 +272,9 @@ pub const VARS: &[VarDoc] = &[
     },
     VarDoc {
         name: "MPIB_STALL_MS",
-        default: "2000",
+        default: "5000",
         accepted: "0-600000 (0 = off)",
-        meaning: "a rail with work outstanding and no completion for this long has failed",
+        meaning: "a rail with work outstanding and no completion for this long (+8 ns per byte of its oldest part) has failed",
     },
     VarDoc {
         name: "MPIB_READMIT_MS",

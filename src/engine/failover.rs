@@ -14,7 +14,7 @@ use super::{Chain, MAX_CHAIN, QpRef, RAILS, RailMask, WrKind};
 use crate::fabric::{SendWr, Sge, WrOpcode};
 
 /// Entries of a control ring (each side has one, written by its peer).
-pub const CTL_ENTRIES: usize = 16;
+pub const CTL_ENTRIES: usize = 8;
 /// Bytes of one control-ring entry: seven payload words, then the sequence word.
 pub const CTL_ENTRY_BYTES: usize = 64;
 /// 64-bit words of one entry.
@@ -23,7 +23,8 @@ pub const CTL_WORDS: usize = CTL_ENTRY_BYTES / 8;
 pub const CTL_RING_BYTES: usize = CTL_ENTRIES * CTL_ENTRY_BYTES;
 /// Messages a side may have written that its peer has not yet acknowledged: the protocol
 /// never has more than two outstanding per rail and side (DESIGN.md), half the ring.
-pub const CTL_MAX_UNACKED: u64 = (CTL_ENTRIES / 2) as u64;
+/// Every send queue that carries control writes holds this many more WRs.
+pub const CTL_MAX_UNACKED: u64 = (2 * RAILS) as u64;
 /// Receive sequence numbers one `Fenced` bitmap covers: the receive window.
 pub const FENCE_WINDOW: u64 = SLOTS as u64;
 
@@ -322,6 +323,8 @@ pub(crate) struct Failover {
     /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
     /// fence is done and whose `Fenced` is still to be written.
     pub(crate) report_due: RailMask,
+    /// Sender: replays waiting for their slot's chain on the surviving rail to complete.
+    pub(crate) replays_waiting: u32,
     /// Counters: rail failures survived, parts confirmed, parts replayed and their bytes,
     /// duplicate IMMs ignored, CTS writes re-posted.
     pub(crate) failovers: u64,
@@ -389,7 +392,7 @@ mod tests {
         bad = w;
         bad[0] |= 2 << 8;
         assert_eq!(CtlMsg::from_words(&bad), None, "rail 2 does not exist");
-        assert_eq!(CTL_RING_BYTES, 1024);
+        assert_eq!(CTL_RING_BYTES, 512);
     }
 
     #[test]

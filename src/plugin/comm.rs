@@ -444,8 +444,7 @@ impl<D: Device> RecvComm<D> {
         self.posts.clear();
         let r = self.engine.irecv(now_ns(), bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
-        // Every irecv looks at the control ring (one load, one compare): a receiver whose
-        // tests all complete at once must still hear the sender's `RailDown`.
+        // "Not now": a call that waits looks at the control ring (`failover.rs`).
         if r.is_none() && self.failover_wanted() {
             self.failover_round()?;
         }

@@ -12,9 +12,11 @@
 //!   post nothing; a flush QP: one READ per flush in flight.
 //!
 //! With rail failover on, the surviving rail also carries what the failed one owed: a
-//! sender's data QPs the replays (one chain per slot at most) and its first QP the control
-//! writes, so their depth doubles plus [`CTL_MAX_UNACKED`]; a receiver's CTS QP every
-//! slot's CTS, the re-posted ones ([`SLOTS`]) and the control writes.
+//! sender's data QPs the replays (the engine posts a slot's replay only once the slot's own
+//! chain on that rail completed, so a slot still has one chain per rail at a time) and its
+//! first QP the control writes: [`CTL_MAX_UNACKED`] more; a receiver's CTS QP every slot's
+//! CTS, the re-posted ones (those the failed rail carried: every other slot's, `SLOTS / 2`)
+//! and the control writes.
 //!
 //! Every depth is clamped to the device's `max_qp_wr`.
 
@@ -43,13 +45,13 @@ pub(super) const RECV_INLINE: u32 = (MAX_RECVS * crate::engine::layout::CTS_ENTR
 /// Send-queue depth of each of a sender's `nqps` data QPs on a rail (see the module doc).
 pub fn send_qp_depth(nqps: u16, failover: bool) -> u32 {
     let chains = SLOTS.div_ceil(nqps.max(1) as usize) * MAX_CHAIN;
-    if failover { (2 * chains + 1) as u32 + CTL_MAX_UNACKED as u32 } else { (chains + 1) as u32 }
+    (chains + 1) as u32 + if failover { CTL_MAX_UNACKED as u32 } else { 0 }
 }
 
 /// Send-queue depth of a receiver's CTS QP (see the module doc).
 pub const CTS_QP_DEPTH: u32 = 2 * SLOTS as u32 + 1;
 /// The same with rail failover on (see the module doc).
-pub const CTS_QP_DEPTH_FAILOVER: u32 = CTS_QP_DEPTH + SLOTS as u32 + CTL_MAX_UNACKED as u32;
+pub const CTS_QP_DEPTH_FAILOVER: u32 = CTS_QP_DEPTH + SLOTS as u32 / 2 + CTL_MAX_UNACKED as u32;
 /// Send-queue depth of a flush QP: a READ per flush in flight.
 pub const FLUSH_QP_DEPTH: u32 = MAX_FLUSHES as u32;
 

@@ -17,6 +17,10 @@ use crate::engine::{
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
 
+/// The stall bound's allowance per byte of the oldest part outstanding on a rail: 8 ns, the
+/// time a byte takes at 1 Gb/s (a stall detector catches hangs, not slow links).
+pub const STALL_NS_PER_BYTE: u64 = 8;
+
 impl SendEngine {
     /// Turns failover on or off and says where control messages go (before traffic).
     pub fn set_failover(&mut self, cfg: FailoverConfig) {
@@ -35,7 +39,7 @@ impl SendEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// while any rail is not [`RailState::Up`], to read the control ring).
     pub fn failover_due(&self) -> bool {
-        !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty())
+        !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty()) || self.fo.replays_waiting != 0
     }
 
     /// Whether the peer wrote a control message not yet read (one load, one compare): the
@@ -73,6 +77,9 @@ impl SendEngine {
             if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
                 self.fo.report_due = self.fo.report_due.without(rail);
             }
+        }
+        if self.fo.replays_waiting != 0 {
+            self.replay_ready(out);
         }
         while let Some(msg) = self.fo.ctl.poll(mem) {
             let seq = self.fo.ctl.consumed();
@@ -166,6 +173,13 @@ impl SendEngine {
                 if ps.pending.is_empty() {
                     self.complete_slot(slot);
                 }
+            } else if self.slots[slot].pending.contains(other(rail)) {
+                // The slot's own chain on the surviving rail is still out: its replay
+                // follows once that completed (`replay_ready`).
+                replayed += 1;
+                let ps = &mut self.slots[slot];
+                ps.replay_wait = ps.replay_wait.with(rail);
+                self.fo.replays_waiting += 1;
             } else {
                 replayed += 1;
                 self.replay_part(slot, rail, out);
@@ -178,6 +192,23 @@ impl SendEngine {
             RAIL_NAMES[other(rail)]
         );
         Ok(())
+    }
+
+    /// Posts the waiting replays whose slot has no chain left on the surviving rail.
+    #[cold]
+    #[inline(never)]
+    fn replay_ready(&mut self, out: &mut FailoverPosts) {
+        for slot in 0..SLOTS {
+            let wait = self.slots[slot].replay_wait;
+            for part in wait.iter() {
+                if !self.slots[slot].pending.contains(other(part)) {
+                    let ps = &mut self.slots[slot];
+                    ps.replay_wait = ps.replay_wait.without(part);
+                    self.fo.replays_waiting -= 1;
+                    self.replay_part(slot, part, out);
+                }
+            }
+        }
     }
 
     /// Re-posts `part` of `slot` on the other rail: the same bytes from the same source to
@@ -285,12 +316,14 @@ impl SendEngine {
             // The oldest original part still out on the rail (replays ride the other one).
             let oldest = (0..SLOTS)
                 .filter(|&s| self.slots[s].pending.contains(rail) && !self.slots[s].replay.contains(rail))
-                .map(|s| self.slots[s].posted_ns[rail])
+                .map(|s| (self.slots[s].posted_ns[rail], self.slots[s].bytes[rail]))
                 .min();
-            let Some(oldest) = oldest else { continue };
-            // The last data completion on the rail moves `drain_start_ns` forward.
+            let Some((oldest, bytes)) = oldest else { continue };
+            // The last data completion on the rail moves `drain_start_ns` forward. A large
+            // part completes only at its end: it gets the time it takes at 1 Gb/s on top
+            // (a 512 MiB part moving slowly on the soft fabric is no stall).
             let last = oldest.max(self.tel[rail].view().drain_start_ns);
-            if now_ns.saturating_sub(last) > stall {
+            if now_ns.saturating_sub(last) > stall + bytes.saturating_mul(STALL_NS_PER_BYTE) {
                 self.rail_down(rail, DownReason::Stall)?;
             }
         }

@@ -101,6 +101,9 @@ struct PostedSlot {
     seq: u64,
     imm: u32,
     replay: RailMask,
+    /// Parts whose replay waits for the slot's own chain on the other rail to complete, so
+    /// that a slot never has two chains on one rail (the send queues hold one per slot).
+    replay_wait: RailMask,
 }
 
 /// Where one send's bytes came from and went: what a replay re-posts (failover).
