@@ -70,7 +70,8 @@ suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child 
 # drops packets for a destroyed QP without a NAK), and rxe reads retry_cnt 7 as "retry
 # forever" (rxe_comp.c; real NICs retry 7 times): MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6 bound it
 # at 4.096 us * 2^16 * 7 = 1.9 s, inside the suite's 30 s no-progress limit. Under qemu the
-# 512 MiB message takes ~30 s with no completion before its end: CONFORMANCE_STALL_MS; and
+# 512 MiB message takes ~30 s with no completion before its end: CONFORMANCE_STALL_MS, and
+# MPIB_STALL_MS=0 (the failover stall bound would take that rail for stalled); and
 # 100,000 small messages took over the default 180 s per run on a busy host while making
 # steady progress: CONFORMANCE_TIMEOUT_S (the parent's last resort against a rank hung in a call).
 build_conformance() {
@@ -78,7 +79,7 @@ build_conformance() {
   cargo_plugin_library "$1"
 }
 # shellcheck disable=SC2016 # expands in the guest
-VERBS_ENV='MPIB_FABRIC=verbs MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6'
+VERBS_ENV='MPIB_FABRIC=verbs MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 MPIB_TIMEOUT=16 MPIB_RETRY_CNT=6 MPIB_STALL_MS=0'
 suite conformance "CONFORMANCE_STALL_MS=120000 CONFORMANCE_TIMEOUT_S=900 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./conformance --test-threads=1"
 
 # The same protocol with the GID given explicitly (MPIB_GID_INDEX), on a subset. The same

@@ -135,6 +135,16 @@ typedef struct {
    * This rail's part of the payload bytes of both rails (0 … 1).
    */
   double share;
+  /**
+   * Failures of this rail survived on the other rail (rail failover), and the bytes of
+   * its parts re-sent there.
+   */
+  uint64_t failovers;
+  uint64_t replayed_bytes;
+  /**
+   * Connection sides open now whose side of this rail is failed.
+   */
+  uint64_t failed_connections;
 } mpib_rail_stats_t;
 
 /**

@@ -31,6 +31,9 @@ impl From<&RailTotals> for mpib_rail_stats_t {
             bw_bytes_per_s: t.bw_bytes_per_s,
             live_connections: t.live,
             share: t.share,
+            failovers: c.failovers,
+            replayed_bytes: c.replayed_bytes,
+            failed_connections: t.failed,
         }
     }
 }

@@ -11,6 +11,9 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 
+mod vars;
+pub use vars::{VARS, VarDoc};
+
 /// Which fabric provider carries the rails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FabricChoice {
@@ -102,6 +105,18 @@ pub struct Config {
     pub sl: Option<u8>,
     pub timeout: u8,
     pub retry_cnt: u8,
+    /// Rail failover (issue 19): a rail failure is survived while the other rail works.
+    /// Off: any rail failure fails the connection.
+    pub failover: bool,
+    /// A rail with signalled work outstanding and no completion for this long has failed
+    /// (0 = only the fabric's own detection).
+    pub stall_ms: u64,
+    /// Re-admission of a failed rail: first back-off, and its cap.
+    pub readmit_ms: u64,
+    pub readmit_max_ms: u64,
+    /// Fault drill (soft fabric): `(rails, n)`: a send comm's `n`-th isend drops the
+    /// connections of the rails in the mask (bit 0 SOUT, bit 1 SUP).
+    pub fault_rail: Option<(u8, u64)>,
     pub rtt_alpha: f64,
     pub rtt_beta: f64,
     /// 0 = no probes.
@@ -137,8 +152,15 @@ impl Default for Config {
             gid_index: None,
             tc: None,
             sl: None,
-            timeout: 20,
-            retry_cnt: 7,
+            // 4.096 µs × 2^16 × 7 ≈ 1.9 s before a silent link errors, well under NCCL's
+            // ~34 s (20/7), so rail failover starts in time; DESIGN.md "Rail failover".
+            timeout: 16,
+            retry_cnt: 6,
+            failover: true,
+            stall_ms: 5000,
+            readmit_ms: 100,
+            readmit_max_ms: 5000,
+            fault_rail: None,
             rtt_alpha: 0.125,
             rtt_beta: 0.25,
             probe_interval_us: 1000,
@@ -153,132 +175,6 @@ impl Default for Config {
         }
     }
 }
-
-/// One known variable: its name, default (as shown to users) and what it accepts.
-pub struct VarDoc {
-    pub name: &'static str,
-    pub default: &'static str,
-    pub accepted: &'static str,
-    pub meaning: &'static str,
-}
-
-/// Every variable mpib reads. README's table is this list.
-pub const VARS: &[VarDoc] = &[
-    VarDoc {
-        name: "MPIB_FABRIC",
-        default: "auto",
-        accepted: "auto, verbs, soft, inproc",
-        meaning: "fabric provider; auto = verbs when RDMA devices exist, else soft; inproc = soft with both ends in one process (tests)",
-    },
-    VarDoc {
-        name: "MPIB_HCA",
-        default: "(NCCL_IB_HCA, else every active port)",
-        accepted: "[^][=]device[:port[:rail[:plane]]], comma list (NCCL_IB_HCA syntax)",
-        meaning: "the ports automatic pairing may use: ^ excludes, = exact names, else name prefixes",
-    },
-    VarDoc {
-        name: "MPIB_HCA_SOUT",
-        default: "(auto)",
-        accepted: "device[:port[:rail[:plane]]], comma list",
-        meaning: "scale-out rail devices; pair i = (SOUT[i], SUP[i])",
-    },
-    VarDoc {
-        name: "MPIB_HCA_SUP",
-        default: "(auto)",
-        accepted: "device[:port[:rail[:plane]]], comma list, as long as MPIB_HCA_SOUT",
-        meaning: "scale-up rail devices",
-    },
-    VarDoc {
-        name: "MPIB_NCCL_DEVICES",
-        default: "auto",
-        accepted: "auto, pairs, nics",
-        meaning: "what NCCL's devices are: pairs = one per rail pair; nics = the NICs, fused into pairs by NCCL (ABI v9+); auto = nics for pairs of two PCI NICs on one NUMA node",
-    },
-    VarDoc {
-        name: "MPIB_PCI_RELAXED_ORDERING",
-        default: "2",
-        accepted: "0, 1, 2",
-        meaning: "PCI relaxed ordering of registrations (verbs): 0 off, 1 on, 2 on where libibverbs has ibv_reg_mr_iova2",
-    },
-    VarDoc {
-        name: "MPIB_SPLIT",
-        default: "auto",
-        accepted: "auto, sout, sup, or 0-100 (% of bytes on SOUT)",
-        meaning: "how each send is divided between the rails",
-    },
-    VarDoc {
-        name: "MPIB_SPLIT_MIN_BYTES",
-        default: "65536",
-        accepted: "0-1073741824",
-        meaning: "auto split: smaller sends go whole to the rail that finishes them first",
-    },
-    VarDoc {
-        name: "MPIB_SOUT_QP",
-        default: "1",
-        accepted: "1-16",
-        meaning: "data QPs per connection on SOUT (round-robin per request)",
-    },
-    VarDoc { name: "MPIB_SUP_QP", default: "1", accepted: "1-16", meaning: "data QPs per connection on SUP" },
-    VarDoc {
-        name: "MPIB_SRQ_DEPTH",
-        default: "16384",
-        accepted: "64-1048576",
-        meaning: "WQEs of the shared receive queue each NIC has per NCCL communicator (at most the device's max_srq_wr); receives beyond it wait (RNR retry)",
-    },
-    VarDoc {
-        name: "MPIB_GID_INDEX",
-        default: "-1 (auto)",
-        accepted: "-1, 0-255",
-        meaning: "RoCE GID index; auto prefers RoCE v2 IPv4-mapped",
-    },
-    VarDoc { name: "MPIB_TC", default: "(comm's, else 0)", accepted: "0-255", meaning: "traffic class of the QPs" },
-    VarDoc { name: "MPIB_SL", default: "0", accepted: "0-15", meaning: "InfiniBand service level" },
-    VarDoc {
-        name: "MPIB_TIMEOUT",
-        default: "20",
-        accepted: "1-31",
-        meaning: "QP ACK timeout exponent (4.096 us * 2^n)",
-    },
-    VarDoc { name: "MPIB_RETRY_CNT", default: "7", accepted: "0-7", meaning: "QP transport retry count" },
-    VarDoc { name: "MPIB_RTT_ALPHA", default: "0.125", accepted: "0 < a <= 1", meaning: "SRTT gain (RFC 6298 alpha)" },
-    VarDoc { name: "MPIB_RTT_BETA", default: "0.25", accepted: "0 < b <= 1", meaning: "RTTVAR gain (RFC 6298 beta)" },
-    VarDoc {
-        name: "MPIB_PROBE_INTERVAL_US",
-        default: "1000",
-        accepted: "0-10000000 (0 = off)",
-        meaning: "probe a rail idle for this long",
-    },
-    VarDoc {
-        name: "MPIB_STATS_FILE",
-        default: "(off)",
-        accepted: "a path; %p = pid",
-        meaning: "write per-rail statistics to this file",
-    },
-    VarDoc {
-        name: "MPIB_STATS_INTERVAL_MS",
-        default: "1000",
-        accepted: "10-3600000",
-        meaning: "how often the statistics file is rewritten",
-    },
-    VarDoc {
-        name: "MPIB_SOFT_SOUT_ADDR",
-        default: "(NCCL_SOCKET_IFNAME, else first up non-loopback, else loopback)",
-        accepted: "IP address or interface name",
-        meaning: "soft fabric: local address of the SOUT rail",
-    },
-    VarDoc {
-        name: "MPIB_SOFT_SUP_ADDR",
-        default: "(as MPIB_SOFT_SOUT_ADDR)",
-        accepted: "IP address or interface name",
-        meaning: "soft fabric: local address of the SUP rail",
-    },
-    VarDoc {
-        name: "MPIB_CONNECT_TIMEOUT_MS",
-        default: "30000",
-        accepted: "100-3600000",
-        meaning: "connect/accept give up after this long without the peer",
-    },
-];
 
 impl Config {
     /// Parses a set of `(name, value)` pairs (normally the process environment).
@@ -348,6 +244,11 @@ impl Config {
                 "MPIB_SL" => parse_int(value, 0, 15).map(|n| c.sl = Some(n as u8)),
                 "MPIB_TIMEOUT" => parse_int(value, 1, 31).map(|n| c.timeout = n as u8),
                 "MPIB_RETRY_CNT" => parse_int(value, 0, 7).map(|n| c.retry_cnt = n as u8),
+                "MPIB_FAILOVER" => parse_word(value, &[("0", false), ("1", true)]).map(|b| c.failover = b),
+                "MPIB_STALL_MS" => parse_int(value, 0, 600_000).map(|n| c.stall_ms = n as u64),
+                "MPIB_READMIT_MS" => parse_int(value, 10, 60_000).map(|n| c.readmit_ms = n as u64),
+                "MPIB_READMIT_MAX_MS" => parse_int(value, 100, 600_000).map(|n| c.readmit_max_ms = n as u64),
+                "MPIB_FAULT_RAIL" => parse_fault(value).map(|f| c.fault_rail = Some(f)),
                 "MPIB_RTT_ALPHA" => parse_gain(value).map(|g| c.rtt_alpha = g),
                 "MPIB_RTT_BETA" => parse_gain(value).map(|g| c.rtt_beta = g),
                 "MPIB_PROBE_INTERVAL_US" => parse_int(value, 0, 10_000_000).map(|n| c.probe_interval_us = n as u64),
@@ -476,6 +377,15 @@ fn parse_int(value: &str, min: i64, max: i64) -> std::result::Result<i64, String
     let accepted = || format!("an integer from {min} to {max}");
     let n: i64 = value.parse().map_err(|_| accepted())?;
     if (min..=max).contains(&n) { Ok(n) } else { Err(accepted()) }
+}
+
+/// `sout:N`, `sup:N`, `both:N`: the rails (a mask) and the isend that drops them.
+fn parse_fault(value: &str) -> std::result::Result<(u8, u64), String> {
+    let accepted = || "sout:N, sup:N or both:N with N from 1 to 2^40".to_string();
+    let (rail, n) = value.split_once(':').ok_or_else(accepted)?;
+    let mask = parse_word(rail, &[("sout", 1u8), ("sup", 2), ("both", 3)]).map_err(|_| accepted())?;
+    let n = parse_int(n, 1, 1 << 40).map_err(|_| accepted())?;
+    Ok((mask, n as u64))
 }
 
 fn parse_gain(value: &str) -> std::result::Result<f64, String> {

@@ -203,6 +203,24 @@ fn relaxed_ordering_and_nccl_devices_words() {
 }
 
 #[test]
+fn failover_switch_and_timings() {
+    let d = parse(&[]).unwrap();
+    assert_eq!((d.failover, d.stall_ms, d.readmit_ms, d.readmit_max_ms), (true, 5000, 100, 5000), "on by default");
+    let c = parse(&[("MPIB_FAILOVER", "0"), ("MPIB_STALL_MS", "0"), ("MPIB_READMIT_MS", "250")]).unwrap();
+    assert_eq!((c.failover, c.stall_ms, c.readmit_ms), (false, 0, 250));
+    let e = one_error(&[("MPIB_FAILOVER", "yes")]);
+    assert!(e.contains("accepted 0, 1"), "{e}");
+    let e = one_error(&[("MPIB_READMIT_MAX_MS", "50")]);
+    assert!(e.contains("from 100 to 600000"), "{e}");
+    assert_eq!(d.fault_rail, None, "no drill by default");
+    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "SUP:7")]).unwrap().fault_rail, Some((2, 7)));
+    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "both:1")]).unwrap().fault_rail, Some((3, 1)));
+    for bad in ["sup", "sup:0", "up:3", "sout:x"] {
+        assert!(one_error(&[("MPIB_FAULT_RAIL", bad)]).contains("sout:N, sup:N or both:N"), "{bad}");
+    }
+}
+
+#[test]
 fn a_huge_value_is_cut_in_its_warn_line() {
     let huge = "x".repeat(100 * 1024);
     let e = one_error(&[("MPIB_SPLIT", huge.as_str())]);

@@ -48,6 +48,9 @@ pub enum Violation {
     /// Entry `entry` of a CTS slot whose control word or count differs from the slot's
     /// first word `expected_word` and count `expected_n` (sender).
     CtsInconsistent { slot: usize, entry: usize, word: u64, nreqs: u32, expected_word: u64, expected_n: usize },
+    /// Control-ring message number `seq` does not decode, or says what its receiver can
+    /// never be told (failover).
+    BadControl { seq: u64, word0: u64 },
 }
 
 impl Violation {
@@ -65,7 +68,7 @@ impl Violation {
             | SizeForMultiRecv { rail, .. }
             | BytesMismatch { rail, .. }
             | RecordTooLarge { rail, .. } => Some(rail),
-            CtsBadCount { .. } | CtsInconsistent { .. } => None,
+            CtsBadCount { .. } | CtsInconsistent { .. } | BadControl { .. } => None,
         }
     }
 }
@@ -108,6 +111,7 @@ impl fmt::Display for Violation {
                 f,
                 "CTS slot {slot} entry {entry} is inconsistent (word {word:#x}, nreqs {nreqs}, expected {expected_word:#x}, {expected_n})"
             ),
+            BadControl { seq, word0 } => write!(f, "control message {seq} is not one mpib writes (word 0 {word0:#x})"),
         }
     }
 }
@@ -125,6 +129,8 @@ pub enum FailedWr {
     ProbeWrite,
     /// A flush READ (receiver).
     FlushRead,
+    /// A control-ring WRITE (failover).
+    ControlWrite,
     /// A receive WQE a WRITE_WITH_IMM consumed (receiver): which slot, it does not say.
     ImmReceive,
     /// A WR whose `wr_id` mpib never made (a flushed generic SRQ WQE).
@@ -135,11 +141,12 @@ impl FailedWr {
     /// The failed WR that a `wr_id` of `kind` names.
     pub(crate) fn of(kind: WrKind) -> FailedWr {
         match kind {
-            WrKind::DataSignal => FailedWr::WriteWithImm,
+            WrKind::DataSignal | WrKind::ReplaySignal => FailedWr::WriteWithImm,
             WrKind::Data => FailedWr::DataWrite,
             WrKind::Cts => FailedWr::CtsWrite,
             WrKind::Probe => FailedWr::ProbeWrite,
             WrKind::Flush => FailedWr::FlushRead,
+            WrKind::Control => FailedWr::ControlWrite,
         }
     }
 }
@@ -172,6 +179,7 @@ impl fmt::Display for CompletionFailed {
             FailedWr::CtsWrite => write!(f, "the CTS WRITE of slot {slot}"),
             FailedWr::ProbeWrite => f.write_str("a probe WRITE"),
             FailedWr::FlushRead => write!(f, "the READ of flush {slot}"),
+            FailedWr::ControlWrite => f.write_str("a control-ring WRITE"),
             FailedWr::ImmReceive => f.write_str("receiving an IMM"),
             FailedWr::Unknown => f.write_str("a work request"),
         }?;

@@ -2,7 +2,10 @@
 //! and masks, never bitfields:
 //!
 //! ```text
-//!  [ 7:0]   slot         CTS slot of the request (0..255)
+//!  [ 4:0]   slot         CTS slot of the request (0..31, `layout::SLOTS`)
+//!  [ 6:5]   zero         (a slot byte of 32..127 is a violation: no receive waiting)
+//!  [ 7]     replay       this IMM delivers the OTHER rail's part (rail failover, issue 19):
+//!                        part = arrival rail XOR this bit
 //!  [ 9:8]   active mask  rails that carry the transfer: bit0 SOUT, bit1 SUP (1, 2 or 3)
 //!  [31:10]  size_q       ceil(bytes / 128) for a single receive; all ones = sentinel
 //!                        "read the sizes from the completion records"
@@ -20,6 +23,11 @@ pub const SIZEQ_SENTINEL: u32 = (1 << SIZEQ_BITS) - 1;
 pub const MAX_FAST_SIZE: u64 = (SIZEQ_SENTINEL as u64 - 1) * SIZE_GRANULE;
 
 use crate::rail::RailMask;
+
+/// The slot byte's replay bit: the IMM delivers the part of the rail it did not arrive on
+/// (a part re-posted on the surviving rail after a failover). The decoded `slot` keeps it,
+/// so the receiver's data path (`slot >= SLOTS`) sends every replayed IMM to its cold path.
+pub const REPLAY_FLAG: u8 = 0x80;
 
 /// Decoded immediate data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +50,12 @@ impl Imm {
     #[inline]
     pub fn decode(v: u32) -> Imm {
         Imm { slot: (v & 0xff) as u8, mask: RailMask::from_bits_truncate((v >> 8) as u8), size_q: v >> 10 }
+    }
+
+    /// The same IMM marked as a replay (see [`REPLAY_FLAG`]).
+    #[inline]
+    pub fn replayed(v: u32) -> u32 {
+        v | REPLAY_FLAG as u32
     }
 
     /// `size_q` for a single receive of `bytes`, or the sentinel when it does not fit.
@@ -73,6 +87,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn replay_flag_is_bit_7_of_the_slot_byte() {
+        let v = Imm { slot: 31, mask: RailMask::BOTH, size_q: 9 }.encode();
+        let r = Imm::decode(Imm::replayed(v));
+        assert_eq!((r.slot, r.mask, r.size_q), (31 | REPLAY_FLAG, RailMask::BOTH, 9));
+        const { assert!(crate::engine::layout::SLOTS <= REPLAY_FLAG as usize) };
     }
 
     #[test]

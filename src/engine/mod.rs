@@ -11,6 +11,7 @@
 
 mod error;
 mod error_state;
+pub mod failover;
 pub mod imm;
 pub mod layout;
 mod recv;
@@ -19,6 +20,7 @@ mod send;
 mod tests;
 
 pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Violation};
+pub use failover::{Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, FailoverPosts, RailState};
 pub use recv::{FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{CallerWaits, CpuAccess, SendBuf, SendConfig, SendEngine};
 
@@ -118,6 +120,11 @@ pub enum WrKind {
     Probe,
     /// A flush READ (receiver); `slot` is the flush request index.
     Flush,
+    /// A control-ring WRITE (failover); `slot` is the ring entry.
+    Control,
+    /// The signalled last WR of a replayed part (failover); `rail` is the PART it delivers,
+    /// the CQ it completes on is the surviving rail's.
+    ReplaySignal,
 }
 
 impl WrKind {
@@ -129,6 +136,8 @@ impl WrKind {
             WrKind::Cts => 3,
             WrKind::Probe => 4,
             WrKind::Flush => 5,
+            WrKind::Control => 6,
+            WrKind::ReplaySignal => 7,
         };
         k << 60 | (rail as u64) << 8 | slot as u64
     }
@@ -142,6 +151,8 @@ impl WrKind {
             3 => WrKind::Cts,
             4 => WrKind::Probe,
             5 => WrKind::Flush,
+            6 => WrKind::Control,
+            7 => WrKind::ReplaySignal,
             _ => return None,
         };
         let rail = ((id >> 8) & 0xff) as usize;

@@ -4,6 +4,7 @@
 //! (mask learning, seed 003 §2.3). The shared receive queues its IMMs consume are the
 //! plugin's: kept stocked per NIC for every receive the connections may have outstanding.
 
+use super::failover::Failover;
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
 use super::{
@@ -13,6 +14,8 @@ use super::{
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::telemetry::StatsHandle;
+
+mod failover;
 
 /// What the receiver needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -117,6 +120,12 @@ pub struct RecvEngine {
     keepalive: Option<usize>,
     /// Keepalives sent so far (they alternate rails).
     keepalives: u64,
+    /// The device's rails that have not failed (CTS writes and keepalives go there).
+    live_rails: RailMask,
+    fo: Failover,
+    /// Failover: slots whose CTS WRITE failed or was flushed on a dead rail, bit per slot;
+    /// re-posted on the surviving rail while their receive still waits for data.
+    cts_redo: u32,
 }
 
 impl RecvEngine {
@@ -124,6 +133,9 @@ impl RecvEngine {
     pub fn new(mut cfg: RecvConfig, stats: [StatsHandle; RAILS]) -> Self {
         cfg.max_requests = cfg.max_requests.clamp(1, SLOTS);
         RecvEngine {
+            live_rails: cfg.rails_mask,
+            fo: Failover::default(),
+            cts_redo: 0,
             cfg,
             stats,
             slots: Box::new([RecvSlot::default(); SLOTS]),
@@ -224,7 +236,7 @@ impl RecvEngine {
     /// devices, so each CTS QP is signalled once per [`SLOTS`] slots (when `slot == rail`).
     #[inline]
     fn cts_rail(&self, slot: usize) -> usize {
-        let rails = self.cfg.rails_mask;
+        let rails = self.live_rails;
         if rails == RailMask::BOTH { slot % RAILS } else { rails.first().unwrap_or(SOUT) }
     }
 
@@ -237,6 +249,9 @@ impl RecvEngine {
         self.error.check()?;
         if imm_recv {
             if c.status != WcStatus::Success {
+                if self.fo.cfg.enabled {
+                    return self.on_rail_error(rail, None, c.status);
+                }
                 return Err(self.error.fail(cold(move || {
                     CompletionFailed { rail, what: FailedWr::ImmReceive, slot: None, status: c.status }.into()
                 })));
@@ -245,6 +260,9 @@ impl RecvEngine {
         }
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             if c.status != WcStatus::Success {
+                if self.fo.cfg.enabled {
+                    return self.on_rail_error(rail, None, c.status);
+                }
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
                 return Err(self.error.fail(cold(move || {
                     CompletionFailed { rail, what: FailedWr::Unknown, slot: None, status: c.status }.into()
@@ -253,6 +271,10 @@ impl RecvEngine {
             return Err(self.error.unknown_wr_id(rail, c.wr_id));
         };
         if c.status != WcStatus::Success {
+            // A flush READ goes on the rail's loopback QP: its failure is not the link's.
+            if self.fo.cfg.enabled && kind != WrKind::Flush {
+                return self.on_rail_error(rail, Some((kind, slot)), c.status);
+            }
             return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
         }
         match kind {
@@ -280,6 +302,7 @@ impl RecvEngine {
                 self.keepalive = None;
                 Ok(())
             }
+            WrKind::Control if self.fo.cfg.enabled => Ok(()),
             _ => Err(self
                 .error
                 .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Receive }.into()))),
@@ -290,7 +313,8 @@ impl RecvEngine {
         let Imm { slot, mask, size_q } = Imm::decode(imm);
         let slot = slot as usize;
         if slot >= SLOTS {
-            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
+            // Replays (the slot byte's bit 7) take the cold path.
+            return self.on_odd_imm(rail, imm, byte_len, mem);
         }
         let rails = self.cfg.rails_mask;
         if mask.is_empty() || !mask.is_subset(rails) {
@@ -318,10 +342,28 @@ impl RecvEngine {
         if size_q != SIZEQ_SENTINEL && n != 1 {
             return Err(self.violation(move || Violation::SizeForMultiRecv { rail, slot, n }));
         }
+        self.accept(rail, rail, slot, mask, size_q, byte_len, mem)
+    }
+
+    /// Records part `part` of `slot` (arrived on `rail`) as seen; completes the slot's data
+    /// when every part of its mask is.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn accept(
+        &mut self,
+        rail: usize,
+        part: usize,
+        slot: usize,
+        mask: RailMask,
+        size_q: u32,
+        byte_len: u64,
+        mem: &impl RecvMemory,
+    ) -> Result<()> {
         let s = &mut self.slots[slot];
+        let n = s.n as usize;
         s.expected = mask;
         s.size_q = size_q;
-        s.seen = s.seen.with(rail);
+        s.seen = s.seen.with(part);
         s.byte_sum += byte_len;
         if s.seen != s.expected {
             return Ok(());
@@ -450,7 +492,7 @@ impl RecvEngine {
         if now_ns.saturating_sub(self.quiet_since_ns) < super::KEEPALIVE_NS {
             return;
         }
-        let rails = self.cfg.rails_mask;
+        let rails = self.live_rails;
         let rail = if rails == RailMask::BOTH {
             (self.keepalives % RAILS as u64) as usize
         } else {

@@ -328,6 +328,22 @@ pub trait QueuePair: Send + 'static {
         let _ = marker;
         Ok(false)
     }
+
+    /// Rail failover's fence (DESIGN.md "Rail failover"): moves the QP to the error state,
+    /// so that its responder accepts nothing more (soft: every later frame for it is
+    /// dropped and the peer QP is told; verbs: `ibv_modify_qp` to ERR) and every WR not yet
+    /// completed flushes. Verbs: a QP attached to an SRQ may still consume WQEs until
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`; waiting for that event is not done yet (the caller
+    /// drains the CQ at once). Idempotent.
+    fn to_error(&mut self) -> Result<()>;
+
+    /// A fault drill (soft fabric only; `MPIB_FAULT_RAIL`): the QP fails as if its link to
+    /// the peer were lost: the oldest WR not acknowledged fails with `RetryExceeded`, the
+    /// rest flush, and the peer QP goes to the error state too (both directions are lost).
+    /// `Ok(false)`: the provider cannot inject it (verbs).
+    fn inject_link_loss(&mut self) -> Result<bool> {
+        Ok(false)
+    }
 }
 
 /// A completion queue, polled by one thread at a time.

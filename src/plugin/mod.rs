@@ -20,6 +20,7 @@ pub mod comm;
 pub mod context;
 pub mod devices;
 pub mod discover;
+pub mod failover;
 pub mod handles;
 pub mod inbox;
 pub mod instance;

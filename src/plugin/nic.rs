@@ -402,6 +402,12 @@ impl<D: Device> NicQueues<D> {
         p.held_posted.set(posted);
     }
 
+    /// The poll lock, waiting for it: only a rail's fence (failover), which must see every
+    /// completion the fabric delivered for its connection.
+    pub fn lock(&self) -> Polling<'_, D> {
+        Polling { g: self.poll.lock() }
+    }
+
     /// The poll lock if nobody holds it: the data path never waits for it.
     #[inline]
     pub fn try_lock(&self) -> Option<Polling<'_, D>> {

@@ -11,6 +11,13 @@
 //!   only after its CTS completed): at most `2 × SLOTS`, plus one keepalive; its other QPs
 //!   post nothing; a flush QP: one READ per flush in flight.
 //!
+//! With rail failover on, the surviving rail also carries what the failed one owed: a
+//! sender's data QPs the replays (the engine posts a slot's replay only once the slot's own
+//! chain on that rail completed, so a slot still has one chain per rail at a time) and its
+//! first QP the control writes: [`CTL_MAX_UNACKED`] more; a receiver's CTS QP every slot's
+//! CTS, the re-posted ones (those the failed rail carried: every other slot's, `SLOTS / 2`)
+//! and the control writes.
+//!
 //! Every depth is clamped to the device's `max_qp_wr`.
 
 use std::sync::Arc;
@@ -23,6 +30,7 @@ use super::inbox::Inbox;
 use super::mr::ACCESS;
 use super::nic::{QpSpec, new_owner};
 use super::resources::{Held, Res};
+use crate::engine::failover::CTL_MAX_UNACKED;
 use crate::engine::layout::SLOTS;
 use crate::engine::{MAX_CHAIN, MAX_FLUSHES, RAILS};
 use crate::error::{Error, Result};
@@ -35,12 +43,15 @@ pub(super) const SEND_INLINE: u32 = 64;
 pub(super) const RECV_INLINE: u32 = (MAX_RECVS * crate::engine::layout::CTS_ENTRY_BYTES) as u32;
 
 /// Send-queue depth of each of a sender's `nqps` data QPs on a rail (see the module doc).
-pub fn send_qp_depth(nqps: u16) -> u32 {
-    (SLOTS.div_ceil(nqps.max(1) as usize) * MAX_CHAIN + 1) as u32
+pub fn send_qp_depth(nqps: u16, failover: bool) -> u32 {
+    let chains = SLOTS.div_ceil(nqps.max(1) as usize) * MAX_CHAIN;
+    (chains + 1) as u32 + if failover { CTL_MAX_UNACKED as u32 } else { 0 }
 }
 
 /// Send-queue depth of a receiver's CTS QP (see the module doc).
 pub const CTS_QP_DEPTH: u32 = 2 * SLOTS as u32 + 1;
+/// The same with rail failover on (see the module doc).
+pub const CTS_QP_DEPTH_FAILOVER: u32 = CTS_QP_DEPTH + SLOTS as u32 / 2 + CTL_MAX_UNACKED as u32;
 /// Send-queue depth of a flush QP: a READ per flush in flight.
 pub const FLUSH_QP_DEPTH: u32 = MAX_FLUSHES as u32;
 
@@ -66,15 +77,16 @@ pub(super) struct RailPlan {
 }
 
 /// A sender's rail: `nqps` data QPs.
-pub(super) fn send_plan(nqps: u16) -> RailPlan {
-    let caps = QpCaps { max_send_wr: send_qp_depth(nqps), max_inline: SEND_INLINE };
+pub(super) fn send_plan(nqps: u16, failover: bool) -> RailPlan {
+    let caps = QpCaps { max_send_wr: send_qp_depth(nqps, failover), max_inline: SEND_INLINE };
     RailPlan { qps: vec![QpSpec { caps, srq: false }; nqps as usize], flush: FlushQp::Without, window: 0 }
 }
 
 /// A receiver's rail: the CTS QP, `nqps - 1` more that only receive, the flush QP if asked,
 /// and `window` receives in flight.
-pub(super) fn recv_plan(nqps: u16, flush: FlushQp, window: u32) -> RailPlan {
-    let mut qps = vec![QpSpec { caps: QpCaps { max_send_wr: CTS_QP_DEPTH, max_inline: RECV_INLINE }, srq: true }];
+pub(super) fn recv_plan(nqps: u16, flush: FlushQp, window: u32, failover: bool) -> RailPlan {
+    let cts = if failover { CTS_QP_DEPTH_FAILOVER } else { CTS_QP_DEPTH };
+    let mut qps = vec![QpSpec { caps: QpCaps { max_send_wr: cts, max_inline: RECV_INLINE }, srq: true }];
     qps.extend((1..nqps).map(|_| QpSpec { caps: QpCaps { max_send_wr: 1, max_inline: 0 }, srq: true }));
     if flush == FlushQp::With {
         qps.push(QpSpec { caps: QpCaps { max_send_wr: FLUSH_QP_DEPTH, max_inline: 0 }, srq: false });

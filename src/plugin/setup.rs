@@ -26,11 +26,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::comm::{
-    RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SCRATCH_BYTES, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm,
-};
+use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm};
 use super::context::Context;
 use super::devices::DevPair;
+use super::failover::{FoSide, RECV_CTL_OFF, RECV_REGION_BYTES, SEND_CTL_OFF, SEND_REGION_BYTES, failover_config};
 use super::oob::{OobAddr, OobConn};
 use super::rails::{
     FlushQp, RECV_INLINE, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys, send_plan,
@@ -94,7 +93,7 @@ impl Params {
 /// (frozen, host down, link cut) while this side waits on it: within `KEEPALIVE_NS` of
 /// silence a keepalive (or the data itself) is in flight, and its transport gives up after
 /// the ACK-timeout budget `4.096 µs × 2^MPIB_TIMEOUT × (MPIB_RETRY_CNT + 1)` (the soft
-/// fabric waits at least 100 ms). 34.5 s with the defaults. A killed peer on the soft
+/// fabric waits at least 100 ms). 2.0 s with the defaults (16, 6; NCCL's own 20, 7 give 34.5 s). A killed peer on the soft
 /// fabric is reported at once (its kernel closes the sockets); on verbs only this bound
 /// tells (a NIC drops packets for a QP that no longer exists).
 pub fn silent_peer_bound(p: &ConnectParams) -> Duration {
@@ -174,8 +173,8 @@ impl<D: Device> Connecting<D> {
         // for HELLO_WITHIN, and NCCL calls `connect` for its other comms in between (each
         // making its own QPs): a Hello left for the next call could miss that deadline.
         let mut conn = OobConn::connect(addr)?;
-        let region = HostRegion::new(SEND_SCRATCH_OFF + SCRATCH_BYTES)?;
-        let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r]), &region)?;
+        let region = HostRegion::new(SEND_REGION_BYTES)?;
+        let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r], p.cfg.failover), &region)?;
         let (_, rkeys) = region_keys(&rails);
         let hello = Hello {
             kind: p.kind as u8,
@@ -279,11 +278,19 @@ impl<D: Device> Connecting<D> {
             max_inline,
             probe_interval_ns: self.p.probe_interval_ns,
         };
-        let engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
+        let mut engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
+        engine.set_failover(failover_config(
+            self.p.cfg,
+            region.addr(),
+            SEND_CTL_OFF,
+            lkeys,
+            reply.scratch_addr,
+            reply.scratch_rkeys,
+        ));
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
-        Ok(SendComm::new(rails, engine, self.pair.clone(), region))
+        Ok(SendComm::new(rails, engine, self.pair.clone(), region, FoSide::new(self.p.cfg, true)))
     }
 }
 
@@ -415,11 +422,11 @@ impl<D: Device> Accepting<D> {
 
     /// Builds the rails for the peer's `hello`, connects them and replies.
     fn on_hello(&mut self, hello: Hello) -> Result<()> {
-        let region = HostRegion::new(RECV_SCRATCH_OFF + SCRATCH_BYTES)?;
+        let region = HostRegion::new(RECV_REGION_BYTES)?;
         let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
         let flush = if gpu { FlushQp::With } else { FlushQp::Without };
         let window = self.p.abi.max_requests() as u32;
-        let plan = |r: usize| recv_plan(hello.qps[r], flush, window);
+        let plan = |r: usize| recv_plan(hello.qps[r], flush, window, self.p.cfg.failover);
         let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
         connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
         let (_, rkeys) = region_keys(&rails);
@@ -493,7 +500,16 @@ impl<D: Device> Accepting<D> {
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
         let stats = [StatsHandle::register(0), StatsHandle::register(1)];
-        Ok(RecvComm::new(rails, RecvEngine::new(cfg, stats), self.pair.clone(), region))
+        let mut engine = RecvEngine::new(cfg, stats);
+        engine.set_failover(failover_config(
+            self.p.cfg,
+            region.addr(),
+            RECV_CTL_OFF,
+            lkeys,
+            hello.scratch_addr,
+            hello.fifo_rkeys,
+        ));
+        Ok(RecvComm::new(rails, engine, self.pair.clone(), region, FoSide::new(self.p.cfg, false)))
     }
 }
 
@@ -504,12 +520,12 @@ mod tests {
     #[test]
     fn a_silent_peer_is_reported_within_the_ack_timeout_budget_and_a_keepalive() {
         let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
-        // The defaults (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
+        // NCCL's settings (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
         let cfg = Config::default();
-        assert_eq!((cfg.timeout, cfg.retry_cnt), (20, 7));
+        assert_eq!((cfg.timeout, cfg.retry_cnt), (16, 6), "the defaults: rail failover starts in ~2 s");
         assert_eq!(silent_peer_bound(&p(20, 7)), Duration::from_nanos(4096 * (1 << 20) * 8 + 100_000_000));
         assert_eq!(format!("{:.1?}", silent_peer_bound(&p(20, 7))), "34.5s");
-        // The Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
+        // The defaults, and the Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
         assert_eq!(silent_peer_bound(&p(16, 6)), Duration::from_nanos(4096 * (1 << 16) * 7 + 100_000_000));
         // Tiny budgets: the soft fabric's 100 ms floor.
         assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));

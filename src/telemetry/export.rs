@@ -42,6 +42,7 @@ pub fn format_stats(totals: &[RailTotals; 2]) -> String {
             line(key, &value);
         }
         line("live_connections", &t.live);
+        line("failed_connections", &t.failed);
     }
     s
 }

@@ -29,6 +29,8 @@ pub struct RailTotals {
     pub bw_bytes_per_s: u64,
     /// Live connections with statistics on this rail.
     pub live: u64,
+    /// Live connections whose side of this rail is failed now (failover).
+    pub failed: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -101,6 +103,7 @@ impl Registry {
             let (mut gauge_sum, mut with_samples) = (Gauges::default(), 0u64);
             for s in inner.live.iter().filter(|s| s.rail() == rail) {
                 t.live += 1;
+                t.failed += s.gauges.failed.get();
                 counts.add(&s.counters.load());
                 latency.add_live(&s.latency);
                 if let Some(g) = Gauges::of(s) {

@@ -65,6 +65,10 @@ rail_counters! {
     rtt_samples,
     /// RTT samples above SRTT + 4·RTTVAR.
     congestion_events,
+    /// Failures of this rail that the connection survived on the other rail (failover).
+    failovers,
+    /// Bytes of this rail's parts re-sent on the other rail after it failed.
+    replayed_bytes,
 }
 
 /// The current estimates of a rail (gauges, overwritten by each sample).
@@ -74,6 +78,8 @@ pub struct RailGauges {
     pub rttvar_ns: Counter,
     pub base_ns: Counter,
     pub bw_bytes_per_s: Counter,
+    /// 1 while this rail of the connection is failed (failover), else 0.
+    pub failed: Counter,
 }
 
 /// Everything published about one rail of one connection.
@@ -120,6 +126,19 @@ impl RailStats {
     #[inline]
     pub fn count_cqes(&self, n: u64) {
         self.counters.cqe.add(n);
+    }
+
+    /// The rail failed and the connection goes on without it (failover).
+    #[cold]
+    pub fn count_failover(&self) {
+        self.counters.failovers.add(1);
+        self.gauges.failed.set(1);
+    }
+
+    /// `n` bytes of this rail's parts re-sent on the other rail.
+    #[cold]
+    pub fn count_replayed(&self, n: u64) {
+        self.counters.replayed_bytes.add(n);
     }
 
     /// `n` receiver-not-ready events.

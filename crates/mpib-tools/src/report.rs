@@ -184,6 +184,9 @@ rail_stats_fields!(
     base_latency_ns,
     bw_bytes_per_s,
     live_connections,
+    failovers,
+    replayed_bytes,
+    failed_connections,
 );
 
 /// The counters' fields by name, in the order of `mpib_rail_counters_t`.

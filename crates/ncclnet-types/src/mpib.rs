@@ -58,6 +58,12 @@ pub struct mpib_rail_stats_t {
     pub live_connections: u64,
     /// This rail's part of the payload bytes of both rails (0 … 1).
     pub share: f64,
+    /// Failures of this rail survived on the other rail (rail failover), and the bytes of
+    /// its parts re-sent there.
+    pub failovers: u64,
+    pub replayed_bytes: u64,
+    /// Connection sides open now whose side of this rail is failed.
+    pub failed_connections: u64,
 }
 
 /// What the plugin holds now, process-wide (`mpib_resource_stats`): comms, contexts, fabric

@@ -2,6 +2,7 @@
 //! split of each send immediately before posting, emits one chain per active rail (nothing
 //! on an inactive rail), and completes sends when every active rail's signalled WR did.
 
+use super::failover::Failover;
 use super::layout::{CtsEntry, MAX_RECVS, SLOTS, SendMemory};
 use super::{
     Chain, CompletionFailed, ErrorState, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side,
@@ -12,6 +13,7 @@ use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, Sample};
 
+mod failover;
 mod post;
 
 /// What the sender needs to know about the connection.
@@ -94,6 +96,27 @@ struct PostedSlot {
     pending: RailMask,
     posted_ns: [u64; RAILS],
     bytes: [u64; RAILS],
+    /// Failover: the receive sequence number (0-based) of the slot's CTS, its IMM, and the
+    /// parts whose replay on the other rail has not completed yet.
+    seq: u64,
+    imm: u32,
+    replay: RailMask,
+    /// Parts whose replay waits for the slot's own chain on the other rail to complete, so
+    /// that a slot never has two chains on one rail (the send queues hold one per slot).
+    replay_wait: RailMask,
+}
+
+/// Where one send's bytes came from and went: what a replay re-posts (failover).
+#[derive(Clone, Copy, Debug, Default)]
+struct PartSrc {
+    src: u64,
+    lkeys: [u32; RAILS],
+    dst: u64,
+    rkeys: [u32; RAILS],
+    /// Bytes on SOUT (the first part of the buffer); the rest of `size` went on SUP.
+    sout: u64,
+    size: u64,
+    cpu: CpuAccess,
 }
 
 /// The slot being matched: its CTS entries and which send took each (its request and
@@ -115,6 +138,8 @@ pub struct SendEngine {
     reqs: Box<[SendReq]>,
     free: Vec<u16>,
     slots: Box<[PostedSlot; SLOTS]>,
+    /// Per slot, its sends' sources and destinations (failover replays from them).
+    srcs: Box<[[PartSrc; MAX_RECVS]; SLOTS]>,
     /// CTS slots consumed so far; the next slot is `fifo_head % SLOTS`.
     fifo_head: u64,
     /// The slot being matched, when `matching` (kept in place: no copies per send).
@@ -132,6 +157,7 @@ pub struct SendEngine {
     /// idle interval seen by the last full check. Posts only move those ends later, so it
     /// is a lower bound, and `test` skips the check with one compare until then.
     probe_check_ns: u64,
+    fo: Failover,
 }
 
 impl SendEngine {
@@ -151,6 +177,7 @@ impl SendEngine {
             reqs: vec![SendReq::default(); n].into_boxed_slice(),
             free: (0..n as u16).rev().collect(),
             slots: Box::new([PostedSlot::default(); SLOTS]),
+            srcs: Box::new([[PartSrc::default(); MAX_RECVS]; SLOTS]),
             fifo_head: 0,
             cur: Matching::default(),
             matching: false,
@@ -160,6 +187,7 @@ impl SendEngine {
             error: ErrorState::default(),
             truncations: 0,
             probe_check_ns: 0,
+            fo: Failover::default(),
             cfg,
         }
     }
@@ -346,10 +374,20 @@ impl SendEngine {
             .unwrap_or(0);
     }
 
-    /// Whether `rail` carries this connection's transfers (SOUT before any).
-    #[inline]
+    /// Whether `rail` carries this connection's transfers (SOUT before any), for keepalives.
+    /// A failed rail carries nothing (failover: the connection goes on without it); when
+    /// every rail that carried has failed, the first healthy one does, so a sender whose
+    /// last rail dies silently still hears of it. Out of line: it runs only when a probe or
+    /// keepalive may be due, and inlined it cost the data path ~15 instructions a message.
+    #[inline(never)]
     fn carries(&self, rail: usize) -> bool {
-        self.carried.contains(rail) || (rail == SOUT && self.carried.is_empty())
+        let failed = self.failed_rails();
+        let live = RailMask::from_fn(|r| self.carried.contains(r) && !failed.contains(r));
+        if live.is_empty() {
+            RailMask::from_fn(|r| !failed.contains(r)).first() == Some(rail)
+        } else {
+            live.contains(rail)
+        }
     }
 
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
@@ -362,6 +400,10 @@ impl SendEngine {
         };
         let t = if c.timestamp_ns != 0 { c.timestamp_ns } else { now_ns };
         if c.status != WcStatus::Success {
+            if self.fo.cfg.enabled {
+                // The rail of the CQ: a replay's wr_id names the part, not the rail.
+                return self.on_rail_error(rail, kind, slot, c.status);
+            }
             self.tel[wr_rail].on_error();
             return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
         }
@@ -369,21 +411,16 @@ impl SendEngine {
             WrKind::DataSignal => {
                 // (A slot beyond the window: a wr_id the provider made up.)
                 if slot >= SLOTS || !self.slots[slot].pending.contains(wr_rail) {
-                    return Err(self
-                        .error
-                        .fail(cold(move || StrayCompletion::NoneOutstanding { rail: wr_rail, slot }.into())));
+                    return self.stray_signal(wr_rail, slot);
                 }
                 let s = &mut self.slots[slot];
                 s.pending = s.pending.without(wr_rail);
                 self.outstanding[wr_rail] -= 1;
                 let sample = Sample { posted_ns: s.posted_ns[wr_rail], completed_ns: t, bytes: s.bytes[wr_rail] };
                 let done = s.pending.is_empty();
-                let (n, reqs) = (s.n as usize, s.reqs);
                 self.tel[wr_rail].on_complete(sample);
                 if done {
-                    for &id in &reqs[..n] {
-                        self.reqs[id as usize].state = ReqState::Done;
-                    }
+                    self.complete_slot(slot);
                 }
                 Ok(())
             }
@@ -396,10 +433,34 @@ impl SendEngine {
                 self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
+            WrKind::ReplaySignal | WrKind::Control if self.fo.cfg.enabled => {
+                self.on_failover_completion(rail, kind, wr_rail, slot)
+            }
             _ => Err(self
                 .error
                 .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Send }.into()))),
         }
+    }
+
+    /// Every send of `slot` is complete.
+    #[inline]
+    fn complete_slot(&mut self, slot: usize) {
+        let s = &self.slots[slot];
+        for &id in &s.reqs[..s.n as usize] {
+            self.reqs[id as usize].state = ReqState::Done;
+        }
+    }
+
+    /// A data completion for a part that is not outstanding: after a failover, the dead
+    /// rail's late acknowledgements of parts the receiver's report already settled;
+    /// otherwise a completion the engine never asked for.
+    #[cold]
+    #[inline(never)]
+    fn stray_signal(&mut self, rail: usize, slot: usize) -> Result<()> {
+        if self.fo.cfg.enabled && self.fo.failed().contains(rail) {
+            return Ok(());
+        }
+        Err(self.error.fail(StrayCompletion::NoneOutstanding { rail, slot }.into()))
     }
 
     /// `test`: the bytes sent once request `id` is complete (then `id` is free again).

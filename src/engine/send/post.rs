@@ -4,7 +4,7 @@
 //! other slot writes its data and then a signalling WRITE_WITH_IMM, the leader rail's
 //! carrying the sizes into the receiver's completion records.
 
-use super::{CpuAccess, PostedSlot, SendBuf, SendEngine};
+use super::{CpuAccess, PartSrc, PostedSlot, SendBuf, SendEngine};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
 use crate::engine::{MAX_CHAIN, Posts, QpRef, RailMask, SOUT, SUP, WrKind};
@@ -50,7 +50,7 @@ impl SendEngine {
 
     /// The next data QP of `rail` (round robin).
     #[inline]
-    fn next_qp(&mut self, rail: usize) -> QpRef {
+    pub(super) fn next_qp(&mut self, rail: usize) -> QpRef {
         let qp = self.rr[rail];
         // Kept below the QP count: no division per post.
         self.rr[rail] = if qp + 1 >= self.cfg.qps[rail] { 0 } else { qp + 1 };
@@ -109,7 +109,11 @@ impl SendEngine {
         let imm = Imm { slot: slot as u8, mask, size_q: SIZEQ_SENTINEL }.encode();
         let leader = if mask.contains(SOUT) { SOUT } else { SUP };
         mem.write_sizes(slot, &sizes[..n]);
-        self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, ..PostedSlot::default() };
+        let seq = self.fifo_head;
+        self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, seq, imm, ..PostedSlot::default() };
+        for i in 0..n {
+            self.srcs[slot][i] = PartSrc::of(&self.cur.bufs[i], &self.cur.entries[i], sout[i], sizes[i]);
+        }
         for rail in [SOUT, SUP] {
             if !mask.contains(rail) {
                 continue; // an inactive rail sends nothing at all
@@ -142,7 +146,8 @@ impl SendEngine {
         let mask = or_empty_rail(rails_carrying(s, size), failed);
         let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
         let ps = &mut self.slots[slot];
-        (ps.n, ps.reqs[0], ps.pending) = (1, id, mask);
+        (ps.n, ps.reqs[0], ps.pending, ps.seq, ps.imm) = (1, id, mask, self.fifo_head, imm);
+        self.srcs[slot][0] = PartSrc::of(&self.cur.bufs[0], &self.cur.entries[0], s, size);
         for rail in [SOUT, SUP] {
             if !mask.contains(rail) {
                 continue; // an inactive rail sends nothing at all
@@ -212,5 +217,19 @@ impl SendEngine {
             wr.sge[0] = Sge { addr: self.cfg.sizes_addr + off, len, lkey: self.cfg.sizes_lkeys[rail] };
         }
         wr
+    }
+}
+
+impl PartSrc {
+    /// What a replay of `buf`'s parts needs: sources, destinations, the split.
+    #[inline(always)]
+    fn of(buf: &SendBuf, entry: &CtsEntry, sout: u64, size: u64) -> PartSrc {
+        PartSrc { src: buf.addr, lkeys: buf.lkeys, dst: entry.addr, rkeys: entry.rkeys, sout, size, cpu: buf.cpu }
+    }
+
+    /// The byte range (offset, length) of the part that went on `rail`.
+    #[inline]
+    pub(super) fn range(&self, rail: usize) -> (u64, u64) {
+        if rail == SOUT { (0, self.sout) } else { (self.sout, self.size - self.sout) }
     }
 }

@@ -32,6 +32,8 @@ pub enum Dir {
 #[derive(Default)]
 pub struct Wire {
     pub q: VecDeque<(usize, SendWr)>,
+    /// The poster's QP is in the error state: every WR posted completes as flushed.
+    pub err: bool,
 }
 
 /// What became of a posted WR (parallel to [`Pair::log`]).
@@ -82,6 +84,9 @@ pub struct Pair {
     pub cq_pushed: [[u64; RAILS]; 2],
     /// Per sender QP (`[rail][qp]`): completions held back while its acks are late.
     pub late_acks: [Vec<LateAcks>; RAILS],
+    /// `[dir][rail]`: the responders of WRs travelling `dir` on `rail` are fenced (in the
+    /// error state): such a WR fails when it reaches the head of its wire (`faults.rs`).
+    pub fenced: [[bool; RAILS]; 2],
 }
 
 /// One posted chain, as a range of [`Pair::log`].
@@ -188,12 +193,21 @@ impl Pair {
             fate: Vec::new(),
             cq_pushed: [[0; RAILS]; 2],
             late_acks: [vec![None; o.qps[0] as usize], vec![None; o.qps[1] as usize]],
+            fenced: [[false; RAILS]; 2],
         }
     }
 
-    fn enqueue(&mut self, dir: Dir) {
+    pub fn enqueue(&mut self, dir: Dir) {
         let posts = std::mem::take(&mut self.posts);
-        for c in posts.chains() {
+        self.enqueue_chains(dir, posts.chains());
+        self.posts = posts;
+        self.posts.clear();
+    }
+
+    /// Puts `chains` on their wires; on a wire whose QP is in the error state each WR
+    /// completes as flushed at once, as a post to an errored QP does.
+    pub fn enqueue_chains(&mut self, dir: Dir, chains: &[crate::engine::Chain]) {
+        for c in chains {
             let qp = match c.qp {
                 QpRef::Data(i) => i as usize,
                 QpRef::Cts => 0,
@@ -202,13 +216,21 @@ impl Pair {
             let start = self.log.len();
             self.chains.push(ChainRec { dir, rail: c.rail as usize, qp: c.qp, start, len: c.wrs().len() });
             for wr in c.wrs() {
-                self.wires[dir as usize][c.rail as usize][qp].q.push_back((self.log.len(), *wr));
+                let idx = self.log.len();
                 self.log.push((dir, c.rail as usize, c.qp, *wr));
+                if self.wires[dir as usize][c.rail as usize][qp].err {
+                    let side = if dir == Dir::ToRecv { SEND_SIDE } else { RECV_SIDE };
+                    let qp_num = (c.rail as usize * 100 + qp) as u32;
+                    let flushed =
+                        Completion { wr_id: wr.wr_id, status: WcStatus::Flushed, qp_num, ..Completion::default() };
+                    self.push_cq(side, c.rail as usize, flushed);
+                    self.fate.push(Fate::Failed);
+                    continue;
+                }
+                self.wires[dir as usize][c.rail as usize][qp].q.push_back((idx, *wr));
                 self.fate.push(Fate::Queued);
             }
         }
-        self.posts = posts;
-        self.posts.clear();
     }
 
     /// Refills the SRQs between watermarks of their own (`Opts::srq`: below `low` WQEs, up
@@ -264,6 +286,13 @@ impl Pair {
     /// Executes the head WR of one wire. Returns false when it cannot (empty, or RNR).
     pub fn step(&mut self, dir: Dir, rail: usize, qp: usize) -> bool {
         let Some((idx, wr)) = self.wires[dir as usize][rail][qp].q.front().copied() else { return false };
+        if self.fenced[dir as usize][rail] {
+            // The responder is in the error state: the WR is never placed, the requester
+            // runs out of retries and its QP fails.
+            self.fail_head(dir, rail, qp, WcStatus::RetryExceeded);
+            self.wires[dir as usize][rail][qp].err = true;
+            return true;
+        }
         if wr.opcode == WrOpcode::WriteImm && dir == Dir::ToRecv {
             if self.srq[rail] == 0 {
                 self.rnr[rail] += 1;
@@ -332,7 +361,7 @@ impl Pair {
     }
 
     /// Appends `c` to `side`'s CQ of `rail`; returns its position in that CQ's history.
-    fn push_cq(&mut self, side: usize, rail: usize, c: Completion) -> u64 {
+    pub(super) fn push_cq(&mut self, side: usize, rail: usize, c: Completion) -> u64 {
         let cq = if side == SEND_SIDE { &mut self.cq_s[rail] } else { &mut self.cq_r[rail] };
         cq.push_back(c);
         self.cq_pushed[side][rail] += 1;

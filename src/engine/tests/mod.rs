@@ -2,7 +2,10 @@
 //! the fake fabric of `harness.rs`.
 
 mod broken;
+mod failover;
+mod failover_cases;
 mod failures;
+mod faults;
 mod gpu_memory;
 mod harness;
 mod interleavings;

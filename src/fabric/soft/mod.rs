@@ -12,6 +12,7 @@
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
 //! wire        a connection on its link: what the link asks of a QP, CONNECT and CLOSE
+//! fence       a QP to the error state on command: failover's fence, the link-loss drill
 //! conn        Conn: one QP's connection; wires its parts, posts, retires, fails
 //! rx          a QP's receive side on its link: checks, placement decisions, RNR
 //! tx direct   a QP's send side on its link; in-process execution of WRs
@@ -65,7 +66,7 @@
 //!   QPs are not affected. A peer that goes silent without closing (host down, process
 //!   stopped) is detected when requests wait on it and no byte moved for
 //!   `4.096 µs × 2^timeout × (retry_cnt + 1)` (from `ConnectParams`, at least 100 ms; the
-//!   defaults `MPIB_TIMEOUT=20`, `MPIB_RETRY_CNT=7` give 34 s); `TCP_USER_TIMEOUT` is set
+//!   defaults `MPIB_TIMEOUT=16`, `MPIB_RETRY_CNT=6` give 1.9 s); `TCP_USER_TIMEOUT` is set
 //!   to the same bound.
 //! - **Deregistration.** `dereg_mr` returns only when no placement into (or send from) the
 //!   region is running; after it no byte lands there (see `mr.rs`).
@@ -99,6 +100,7 @@ mod device;
 mod direct;
 mod endpoint;
 mod fault;
+mod fence;
 pub mod frame;
 mod helper;
 mod link;

@@ -192,6 +192,16 @@ impl QueuePair for SoftQp {
         }
         self.conn.post_tcp(chain)
     }
+
+    fn to_error(&mut self) -> Result<()> {
+        self.conn.to_error(false, "fenced (rail failover)");
+        Ok(())
+    }
+
+    fn inject_link_loss(&mut self) -> Result<bool> {
+        self.conn.to_error(true, "link lost (fault drill, MPIB_FAULT_RAIL)");
+        Ok(true)
+    }
 }
 
 impl Drop for SoftQp {

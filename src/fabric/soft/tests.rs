@@ -13,6 +13,7 @@ use crate::fabric::{
 
 mod direct;
 mod fake;
+mod fence;
 mod links;
 
 // The default liveness bound (~34 s without a byte from the peer): with 134 ms, a transfer

@@ -198,7 +198,7 @@ impl Conn {
     /// The error state on a link: the QP's frames not begun are dropped (one begun sends
     /// zeros for the rest), and the peer QP is told (`close`: CLOSE, with the error bit
     /// when `error`).
-    fn fail_tcp(
+    pub(super) fn fail_tcp(
         self: &Arc<Self>,
         st: &mut ConnState,
         io: &mut Io<'_, Self>,

@@ -271,6 +271,16 @@ impl QueuePair for VerbsQp {
         Ok(())
     }
 
+    fn to_error(&mut self) -> Result<()> {
+        if !self.connected {
+            return Ok(()); // never connected: nothing can arrive
+        }
+        // SAFETY: all-zero is a valid ibv_qp_attr.
+        let mut a: ibv::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        a.qp_state = ibv::ibv_qp_state::IBV_QPS_ERR;
+        self.modify(&mut a, ibv::ibv_qp_attr_mask::IBV_QP_STATE, "ERR", None)
+    }
+
     fn drain_marker(&mut self, marker: u64) -> Result<bool> {
         if !self.connected {
             return Ok(false); // never connected: nothing was posted

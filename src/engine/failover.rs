@@ -1,0 +1,406 @@
+//! Rail failover, the parts both engines share (DESIGN.md "Rail failover (issue 19)"): the
+//! configuration, each rail's state, the control ring's messages and their encoding, and
+//! what the engines ask the plugin for (actions out) and learn from it (events in).
+//!
+//! A rail failure no longer breaks the connection: the receiver fences the rail (its QPs
+//! of that rail to the error state, their CQ drained), reports which parts of which
+//! transfers arrived (`Fenced`), and the sender replays only the missing parts on the
+//! surviving rail. Control messages travel as one RDMA WRITE each into the peer's control
+//! ring ([`CTL_ENTRIES`] entries of [`CTL_ENTRY_BYTES`]), on the surviving rail's CTS QP.
+//! Nothing here runs on the data path of a connection whose rails are healthy.
+
+use super::layout::SLOTS;
+use super::{Chain, MAX_CHAIN, QpRef, RAILS, RailMask, WrKind};
+use crate::fabric::{SendWr, Sge, WrOpcode};
+
+/// Entries of a control ring (each side has one, written by its peer).
+pub const CTL_ENTRIES: usize = 8;
+/// Bytes of one control-ring entry: seven payload words, then the sequence word.
+pub const CTL_ENTRY_BYTES: usize = 64;
+/// 64-bit words of one entry.
+pub const CTL_WORDS: usize = CTL_ENTRY_BYTES / 8;
+/// Bytes of a control ring.
+pub const CTL_RING_BYTES: usize = CTL_ENTRIES * CTL_ENTRY_BYTES;
+/// Messages a side may have written that its peer has not yet acknowledged: the protocol
+/// never has more than two outstanding per rail and side (DESIGN.md), half the ring.
+/// Every send queue that carries control writes holds this many more WRs.
+pub const CTL_MAX_UNACKED: u64 = (2 * RAILS) as u64;
+/// Receive sequence numbers one `Fenced` bitmap covers: the receive window.
+pub const FENCE_WINDOW: u64 = SLOTS as u64;
+
+/// The failover settings a connection's engines get (`MPIB_FAILOVER`, `MPIB_STALL_MS`) and
+/// where its control messages go. The default is off: the engines behave as before issue
+/// 19 (any rail failure fails the connection) until the plugin configures a control ring.
+#[derive(Clone, Debug, Default)]
+pub struct FailoverConfig {
+    /// Failover on: a rail failure is survived while the other rail works.
+    pub enabled: bool,
+    /// Sender: a rail with signalled work outstanding and no completion for this long has
+    /// failed (0 = never).
+    pub stall_ns: u64,
+    /// Local source of the outgoing control messages ([`CTL_ENTRIES`] entries of
+    /// [`CTL_ENTRY_BYTES`], the one of message `seq` at `(seq - 1) % CTL_ENTRIES`): address
+    /// and lkey per rail.
+    pub ctl_out_addr: u64,
+    pub ctl_out_lkeys: [u32; RAILS],
+    /// The peer's control ring: address and rkey per rail.
+    pub ctl_ring_addr: u64,
+    pub ctl_ring_rkeys: [u32; RAILS],
+}
+
+/// A rail's failover state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RailState {
+    /// Healthy at its current epoch.
+    #[default]
+    Up,
+    /// Failed at `epoch`. Receiver: `fenced` once its `Fenced` report is posted. Sender:
+    /// `fenced` once the receiver's `Fenced` report was applied (every part of the rail
+    /// is either confirmed or replayed).
+    Failed { epoch: u32, fenced: bool },
+}
+
+/// Why a rail failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DownReason {
+    /// A completion on the rail failed.
+    Completion,
+    /// Sender: signalled work outstanding and no completion for `MPIB_STALL_MS`.
+    Stall,
+    /// The plugin saw it: a port-down async event (verbs), the peer's rail connection lost
+    /// (soft).
+    Port,
+    /// The peer reported it (`RailDown` or `Fenced`).
+    Peer,
+}
+
+/// A side effect an engine asks of the plugin (performed on the fabric, answered with an
+/// [`Event`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Move every QP of `rail` of this connection to the error state (its responders then
+    /// accept nothing more), wait until that is final (verbs: `IBV_EVENT_QP_LAST_WQE_REACHED`
+    /// for an SRQ-attached QP, bounded; soft: at once), feed the engine every completion
+    /// the rail's CQ still holds for the connection, then answer [`Event::FenceDone`].
+    FenceQps { rail: usize },
+}
+
+/// What the plugin tells an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// [`Action::FenceQps`] is done and the rail's completions were all fed in.
+    FenceDone { rail: usize },
+    /// The plugin saw `rail` fail (a port-down async event, the soft fabric's link lost).
+    RailDown { rail: usize },
+}
+
+/// What one failover poll produced: control writes, replays and CTS re-posts (each a chain
+/// on the surviving rail), and actions. Built once with room for a full window; reused.
+#[derive(Debug)]
+pub struct FailoverPosts {
+    pub chains: Vec<Chain>,
+    pub actions: Vec<Action>,
+}
+
+impl Default for FailoverPosts {
+    fn default() -> Self {
+        FailoverPosts { chains: Vec::with_capacity(SLOTS + 8), actions: Vec::with_capacity(4) }
+    }
+}
+
+impl FailoverPosts {
+    pub fn clear(&mut self) {
+        self.chains.clear();
+        self.actions.clear();
+    }
+
+    /// A new chain for `rail` on `qp`; the caller fills its WRs.
+    pub(crate) fn push(&mut self, rail: usize, qp: QpRef) -> &mut Chain {
+        self.chains.push(Chain { rail: rail as u8, qp, len: 0, ..Chain::default() });
+        self.chains.last_mut().expect("just pushed")
+    }
+}
+
+impl Chain {
+    /// Appends `wr` (failover chains; at most [`MAX_CHAIN`] WRs).
+    pub(crate) fn add(&mut self, wr: SendWr) {
+        debug_assert!((self.len as usize) < MAX_CHAIN);
+        self.wrs[self.len as usize] = wr;
+        self.len += 1;
+    }
+}
+
+/// The kind of a control message (word 0, bits 7:0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtlKind {
+    /// Sender → receiver: "rail `rail` failed at `epoch` here; fence it and report".
+    RailDown = 1,
+    /// Receiver → sender: "rail `rail` is fenced at `epoch`; these parts arrived".
+    Fenced = 2,
+    /// Re-admission (DESIGN.md; a later session): the sender's new QPs of `rail`.
+    Rebuild = 3,
+    /// Re-admission: the receiver's new QPs of `rail`, answering `Rebuild`.
+    Rebuilt = 4,
+}
+
+/// One control message, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtlMsg {
+    pub kind: CtlKind,
+    pub rail: u8,
+    pub epoch: u32,
+    /// `Fenced`: receives before this sequence number all arrived.
+    pub base_seq: u64,
+    /// `Fenced`: bit `i`: part `rail` of receive `base_seq + i` arrived.
+    pub bitmap: u32,
+    /// `Rebuild`/`Rebuilt`: QP records (plugin-defined), and `(index << 1) | more` in
+    /// `flags` for a message that spans entries.
+    pub payload: [u64; 4],
+    pub flags: u16,
+}
+
+impl CtlMsg {
+    pub fn new(kind: CtlKind, rail: usize, epoch: u32) -> Self {
+        CtlMsg { kind, rail: rail as u8, epoch, base_seq: 0, bitmap: 0, payload: [0; 4], flags: 0 }
+    }
+
+    /// The entry's words: `seq` (1-based count of messages this side wrote) last, `ack`
+    /// (messages of the peer consumed so far) beside the bitmap.
+    pub fn to_words(&self, seq: u64, ack: u64) -> [u64; CTL_WORDS] {
+        [
+            self.kind as u64 | (self.rail as u64) << 8 | (self.flags as u64) << 16 | (self.epoch as u64) << 32,
+            self.base_seq,
+            self.bitmap as u64 | (ack & 0xffff_ffff) << 32,
+            self.payload[0],
+            self.payload[1],
+            self.payload[2],
+            self.payload[3],
+            seq,
+        ]
+    }
+
+    /// Decodes an entry: the message and the peer's ack; `None` for a kind or rail mpib
+    /// never writes (a protocol violation).
+    pub fn from_words(w: &[u64; CTL_WORDS]) -> Option<(CtlMsg, u32)> {
+        let kind = match w[0] & 0xff {
+            1 => CtlKind::RailDown,
+            2 => CtlKind::Fenced,
+            3 => CtlKind::Rebuild,
+            4 => CtlKind::Rebuilt,
+            _ => return None,
+        };
+        let rail = ((w[0] >> 8) & 0xff) as u8;
+        if rail as usize >= RAILS {
+            return None;
+        }
+        let msg = CtlMsg {
+            kind,
+            rail,
+            flags: (w[0] >> 16) as u16,
+            epoch: (w[0] >> 32) as u32,
+            base_seq: w[1],
+            bitmap: w[2] as u32,
+            payload: [w[3], w[4], w[5], w[6]],
+        };
+        Some((msg, (w[2] >> 32) as u32))
+    }
+
+    /// `Fenced`: whether part `rail` of receive `seq` arrived. Receives before the window
+    /// completed (their slot was reused); after it, they were posted after the fence.
+    pub fn part_seen(&self, seq: u64) -> bool {
+        if seq < self.base_seq {
+            return true;
+        }
+        let i = seq - self.base_seq;
+        i < FENCE_WINDOW && self.bitmap & (1 << i) != 0
+    }
+}
+
+/// Reading the control ring this side's peer writes, and the local source of the messages
+/// this side writes. The plugin backs it with registered memory, tests with arrays.
+pub trait CtlMemory {
+    /// Acquire-load of the sequence word (the last) of ring entry `i`.
+    fn ctl_seq(&self, i: usize) -> u64;
+    /// Ring entry `i`; called only after its sequence word was seen.
+    fn ctl_entry(&self, i: usize) -> [u64; CTL_WORDS];
+    /// Writes outgoing message entry `i` into the local source of its RDMA WRITE.
+    fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]);
+}
+
+/// One side's control channel: sequence numbers out and in.
+#[derive(Debug, Default)]
+pub(crate) struct CtlChannel {
+    /// Messages written so far.
+    sent: u64,
+    /// The peer's messages consumed so far.
+    consumed: u64,
+    /// Our messages the peer has acknowledged.
+    acked: u64,
+}
+
+impl CtlChannel {
+    /// Writes `msg` into the local source and appends its WRITE (signalled, on `rail`'s CTS
+    /// QP, after everything that QP already carries) to `out`. `false`: the ring is full
+    /// of unacknowledged messages (the protocol never gets there: a peer that does not
+    /// read its ring).
+    pub(crate) fn send(
+        &mut self,
+        cfg: &FailoverConfig,
+        msg: &CtlMsg,
+        rail: usize,
+        mem: &mut impl CtlMemory,
+        out: &mut FailoverPosts,
+    ) -> bool {
+        if self.sent - self.acked >= CTL_MAX_UNACKED {
+            return false;
+        }
+        self.sent += 1;
+        let i = ((self.sent - 1) % CTL_ENTRIES as u64) as usize;
+        mem.write_ctl_out(i, &msg.to_words(self.sent, self.consumed));
+        let off = (i * CTL_ENTRY_BYTES) as u64;
+        out.push(rail, QpRef::Cts).add(SendWr {
+            wr_id: WrKind::Control.id(rail, i),
+            opcode: WrOpcode::Write,
+            signaled: true,
+            num_sge: 1,
+            sge: [
+                Sge { addr: cfg.ctl_out_addr + off, len: CTL_ENTRY_BYTES as u32, lkey: cfg.ctl_out_lkeys[rail] },
+                Sge::default(),
+            ],
+            remote_addr: cfg.ctl_ring_addr + off,
+            rkey: cfg.ctl_ring_rkeys[rail],
+            ..SendWr::default()
+        });
+        true
+    }
+
+    /// Whether the peer's next message is in place: one load and one compare, for the
+    /// plugin's `test` on a request that is not complete.
+    #[inline]
+    pub(crate) fn waiting(&self, mem: &impl CtlMemory) -> bool {
+        mem.ctl_seq((self.consumed % CTL_ENTRIES as u64) as usize) == self.consumed + 1
+    }
+
+    /// The peer's messages consumed so far (the last one's sequence number).
+    pub(crate) fn consumed(&self) -> u64 {
+        self.consumed
+    }
+
+    /// The peer's next message if it is in place: `Some(None)` for an entry that does not
+    /// decode (a violation).
+    pub(crate) fn poll(&mut self, mem: &impl CtlMemory) -> Option<Option<CtlMsg>> {
+        let want = self.consumed + 1;
+        let i = (self.consumed % CTL_ENTRIES as u64) as usize;
+        if mem.ctl_seq(i) != want {
+            return None;
+        }
+        self.consumed = want;
+        let Some((msg, ack)) = CtlMsg::from_words(&mem.ctl_entry(i)) else { return Some(None) };
+        // The ack is the low 32 bits of the peer's count: widen it against ours.
+        let acked = (self.sent & !0xffff_ffff) | ack as u64;
+        let acked = if acked > self.sent { acked.wrapping_sub(1 << 32) } else { acked };
+        self.acked = self.acked.max(acked);
+        Some(Some(msg))
+    }
+}
+
+/// The other rail.
+#[inline]
+pub(crate) fn other(rail: usize) -> usize {
+    rail ^ 1
+}
+
+/// Failover state of one side of a connection.
+#[derive(Debug, Default)]
+pub(crate) struct Failover {
+    pub(crate) cfg: FailoverConfig,
+    pub(crate) state: [RailState; RAILS],
+    /// Each rail's epoch: 0 when the connection came up, +1 per re-admission.
+    pub(crate) epoch: [u32; RAILS],
+    pub(crate) ctl: CtlChannel,
+    /// Rails whose fence (receiver: FenceQps) or report is still to be emitted.
+    pub(crate) fence_due: RailMask,
+    /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
+    /// fence is done and whose `Fenced` is still to be written.
+    pub(crate) report_due: RailMask,
+    /// Sender: replays waiting for their slot's chain on the surviving rail to complete.
+    pub(crate) replays_waiting: u32,
+    /// Counters: rail failures survived, parts confirmed, parts replayed and their bytes,
+    /// duplicate IMMs ignored, CTS writes re-posted.
+    pub(crate) failovers: u64,
+    /// Sender: parts whose completion was lost with the rail but that the report confirms.
+    pub(crate) confirmed_parts: u64,
+    pub(crate) replayed_parts: u64,
+    pub(crate) replayed_bytes: u64,
+    pub(crate) duplicates: u64,
+    pub(crate) cts_reposts: u64,
+}
+
+/// What failover has counted on one side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FailoverCounts {
+    pub failovers: u64,
+    pub confirmed_parts: u64,
+    pub replayed_parts: u64,
+    pub replayed_bytes: u64,
+    pub duplicates: u64,
+    pub cts_reposts: u64,
+}
+
+impl Failover {
+    pub(crate) fn counts(&self) -> FailoverCounts {
+        FailoverCounts {
+            failovers: self.failovers,
+            confirmed_parts: self.confirmed_parts,
+            replayed_parts: self.replayed_parts,
+            replayed_bytes: self.replayed_bytes,
+            duplicates: self.duplicates,
+            cts_reposts: self.cts_reposts,
+        }
+    }
+
+    /// The rails that have failed (any epoch, not re-admitted).
+    pub(crate) fn failed(&self) -> RailMask {
+        RailMask::from_fn(|r| self.state[r] != RailState::Up)
+    }
+
+    /// Marks `rail` failed at its epoch; false when it already was.
+    pub(crate) fn mark_failed(&mut self, rail: usize) -> bool {
+        if self.state[rail] != RailState::Up {
+            return false;
+        }
+        self.state[rail] = RailState::Failed { epoch: self.epoch[rail], fenced: false };
+        self.failovers += 1;
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_words_round_trip_and_seq_is_last() {
+        let mut m = CtlMsg::new(CtlKind::Fenced, 1, 0xdead_beef);
+        (m.base_seq, m.bitmap, m.flags, m.payload) = (1 << 40, 0x8000_0001, 0x1234, [1, 2, 3, 4]);
+        let w = m.to_words(77, 5);
+        assert_eq!(w[CTL_WORDS - 1], 77, "the sequence word ends the entry");
+        assert_eq!(CtlMsg::from_words(&w), Some((m, 5)));
+        let mut bad = w;
+        bad[0] = bad[0] & !0xff | 9;
+        assert_eq!(CtlMsg::from_words(&bad), None);
+        bad = w;
+        bad[0] |= 2 << 8;
+        assert_eq!(CtlMsg::from_words(&bad), None, "rail 2 does not exist");
+        assert_eq!(CTL_RING_BYTES, 512);
+    }
+
+    #[test]
+    fn fenced_window_rules() {
+        let mut m = CtlMsg::new(CtlKind::Fenced, 0, 0);
+        (m.base_seq, m.bitmap) = (100, 0b101);
+        assert!(m.part_seen(99), "before the window: completed");
+        assert!(m.part_seen(100) && !m.part_seen(101) && m.part_seen(102));
+        assert!(!m.part_seen(131) && !m.part_seen(132), "after the window: posted after the fence");
+    }
+}

@@ -1,0 +1,263 @@
+//! The receiver's side of rail failover (DESIGN.md "Rail failover (issue 19)"). The
+//! receiver alone knows which parts arrived, so it fences before it reports: when a rail
+//! fails (its own error completion, the plugin's word, the sender's `RailDown`) it asks the
+//! plugin to move its QPs of that rail to the error state and drain their completions
+//! ([`Action::FenceQps`]); once that is done ([`Event::FenceDone`]) no IMM can arrive on
+//! the rail any more, and it writes `Fenced`: for each receive of the window, whether the
+//! dead rail's part arrived. Its CTS writes lost on the dead rail are re-posted on the
+//! surviving one. Replayed parts arrive flagged; a duplicate is ignored and counted.
+
+use super::{RecvEngine, State};
+use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, other};
+use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
+use crate::engine::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, RecvMemory, SLOTS};
+use crate::engine::{
+    Action, CompletionFailed, CtlMemory, DownReason, Event, FailedWr, FailoverConfig, FailoverPosts, QpRef, RAIL_NAMES,
+    RAILS, RailMask, RailState, Violation, WrKind,
+};
+use crate::error::{Cause, Error, ErrorKind, Result};
+use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
+
+impl RecvEngine {
+    /// Turns failover on or off and says where control messages go (before traffic).
+    pub fn set_failover(&mut self, cfg: FailoverConfig) {
+        self.fo.cfg = cfg;
+    }
+
+    /// Each rail's failover state.
+    pub fn rail_states(&self) -> [RailState; RAILS] {
+        self.fo.state
+    }
+
+    pub fn failover_counts(&self) -> FailoverCounts {
+        self.fo.counts()
+    }
+
+    /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
+    /// regularly to read the control ring).
+    pub fn failover_due(&self) -> bool {
+        !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty()) || self.cts_redo != 0
+    }
+
+    /// Whether the peer wrote a control message not yet read (one load, one compare): the
+    /// plugin checks it where a call did not complete a request, and then calls
+    /// [`Self::poll_failover`]. Failover off: never.
+    #[inline]
+    pub fn control_waiting(&self, mem: &impl CtlMemory) -> bool {
+        self.fo.cfg.enabled && self.fo.ctl.waiting(mem)
+    }
+
+    /// What the plugin saw or did.
+    pub fn on_event(&mut self, ev: Event) -> Result<()> {
+        self.error.check()?;
+        match ev {
+            Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
+            Event::FenceDone { rail } => {
+                // Every IMM of the rail is in now: report what arrived.
+                if self.fo.state[rail] != RailState::Up {
+                    self.fo.report_due = self.fo.report_due.with(rail);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The failover work of one call: fences to ask for, lost CTS writes to re-post,
+    /// `Fenced` reports to write, the sender's control messages to read.
+    pub fn poll_failover(&mut self, mem: &mut (impl RecvMemory + CtlMemory), out: &mut FailoverPosts) -> Result<()> {
+        self.error.check()?;
+        if !self.fo.cfg.enabled {
+            return Ok(());
+        }
+        while let Some(msg) = self.fo.ctl.poll(mem) {
+            let seq = self.fo.ctl.consumed();
+            match msg {
+                Some(m) if m.kind == CtlKind::RailDown => {
+                    let rail = m.rail as usize;
+                    if m.epoch == self.fo.epoch[rail] {
+                        self.rail_down(rail, DownReason::Peer)?;
+                    }
+                }
+                _ => {
+                    let word0 = msg.map_or(0, |m| m.to_words(0, 0)[0]);
+                    return Err(self.error.fail(Violation::BadControl { seq, word0 }.into()));
+                }
+            }
+        }
+        for rail in self.fo.fence_due.iter() {
+            out.actions.push(Action::FenceQps { rail });
+        }
+        self.fo.fence_due = RailMask::NONE;
+        self.repost_cts(out);
+        for rail in self.fo.report_due.iter() {
+            let msg = self.fenced_report(rail);
+            if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
+                self.fo.report_due = self.fo.report_due.without(rail);
+                self.fo.state[rail] = RailState::Failed { epoch: msg.epoch, fenced: true };
+                log::warn!(
+                    "recv: {} rail fenced: {} of the last {} receives had its part, reported to the sender",
+                    RAIL_NAMES[rail],
+                    msg.bitmap.count_ones(),
+                    FENCE_WINDOW
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// `Fenced` for `rail`: receives before `base_seq` completed; bit `i` says whether
+    /// part `rail` of receive `base_seq + i` arrived (a receive whose data is all in, or
+    /// that completed, has every part).
+    fn fenced_report(&self, rail: usize) -> CtlMsg {
+        let tail = self.fifo_tail;
+        let base = tail.saturating_sub(FENCE_WINDOW);
+        let mut m = CtlMsg::new(CtlKind::Fenced, rail, self.fo.epoch[rail]);
+        m.base_seq = base;
+        for seq in base..tail {
+            let s = &self.slots[(seq % SLOTS as u64) as usize];
+            let seen = s.state != State::Posted || s.data_done || s.seen.contains(rail);
+            m.bitmap |= (seen as u32) << (seq - base);
+        }
+        m
+    }
+
+    /// Re-posts, on the surviving rail's CTS QP, the CTS of each slot whose CTS WRITE died
+    /// with its rail while the slot's receive still waits for data (its entries are still
+    /// in the local source). Identical content: if the first copy did land, the sender's
+    /// sequence check ignores the second. Later CTS writes of the slot go on the same QP,
+    /// after this one.
+    fn repost_cts(&mut self, out: &mut FailoverPosts) {
+        let Some(rail) = self.live_rails.first() else { return };
+        while self.cts_redo != 0 {
+            let slot = self.cts_redo.trailing_zeros() as usize;
+            self.cts_redo &= self.cts_redo - 1;
+            let s = &mut self.slots[slot];
+            if s.state != State::Posted || s.data_done {
+                continue;
+            }
+            // Signalled: the slot is done only once this copy is placed.
+            s.cts_pending = true;
+            let len = (s.n as usize * CTS_ENTRY_BYTES) as u32;
+            let off = (slot * CTS_SLOT_BYTES) as u64;
+            out.push(rail, QpRef::Cts).add(SendWr {
+                wr_id: WrKind::Cts.id(rail, slot),
+                opcode: WrOpcode::Write,
+                signaled: true,
+                inline: len <= self.cfg.max_inline,
+                num_sge: 1,
+                sge: [Sge { addr: self.cfg.cts_addr + off, len, lkey: self.cfg.cts_lkeys[rail] }, Sge::default()],
+                remote_addr: self.cfg.fifo_addr + off,
+                rkey: self.cfg.fifo_rkeys[rail],
+                imm: 0,
+            });
+            self.stats[rail].count_post(1, 0, 0, 0);
+            self.fo.cts_reposts += 1;
+        }
+    }
+
+    /// A failed completion on `rail` (failover on): `wr` is the WR it names, if any.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn on_rail_error(&mut self, rail: usize, wr: Option<(WrKind, usize)>, status: WcStatus) -> Result<()> {
+        match wr {
+            Some((WrKind::Cts, slot)) if slot < SLOTS => {
+                // The WR is dead: no completion will follow. Re-post it if still needed.
+                let s = &mut self.slots[slot];
+                if s.state == State::Posted && s.cts_pending {
+                    s.cts_pending = false;
+                    if s.data_done {
+                        s.state = State::Done;
+                    }
+                }
+                self.cts_redo |= 1 << slot;
+            }
+            Some((WrKind::Probe, _)) if self.keepalive == Some(rail) => self.keepalive = None,
+            _ => {}
+        }
+        if self.fo.failed().contains(rail) {
+            return Ok(()); // flushed WRs of a rail already down
+        }
+        let what = match wr {
+            Some((kind, slot)) => CompletionFailed::posted(rail, kind, slot, status),
+            None => CompletionFailed { rail, what: FailedWr::ImmReceive, slot: None, status },
+        };
+        log::warn!("{what}");
+        self.rail_down(rail, DownReason::Completion)
+    }
+
+    /// `rail` failed: CTS writes and keepalives go on the other rail, and the rail is
+    /// fenced before the sender hears what arrived on it.
+    #[cold]
+    #[inline(never)]
+    fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
+        if !self.fo.cfg.enabled {
+            return Err(self
+                .error
+                .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
+        }
+        if !self.fo.mark_failed(rail) {
+            return Ok(());
+        }
+        self.live_rails = self.live_rails.without(rail);
+        if self.live_rails.is_empty() {
+            log::warn!(
+                "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails",
+                RAIL_NAMES[rail]
+            );
+            return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+        }
+        log::warn!("recv: {} rail failed ({why:?}); fencing it before reporting to the sender", RAIL_NAMES[rail]);
+        self.stats[rail].count_failover();
+        self.fo.fence_due = self.fo.fence_due.with(rail);
+        if self.keepalive == Some(rail) {
+            self.keepalive = None;
+        }
+        Ok(())
+    }
+
+    /// An IMM whose slot byte is not a slot: a replay (bit 7) when failover is on, a
+    /// violation otherwise.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn on_odd_imm(&mut self, rail: usize, imm: u32, byte_len: u64, mem: &impl RecvMemory) -> Result<()> {
+        let Imm { slot, mask, size_q } = Imm::decode(imm);
+        let (slot, replay) = ((slot & !REPLAY_FLAG) as usize, slot & REPLAY_FLAG != 0);
+        if !self.fo.cfg.enabled || !replay || slot >= SLOTS {
+            let slot = slot | if replay { REPLAY_FLAG as usize } else { 0 };
+            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
+        }
+        let part = other(rail);
+        let rails = self.cfg.rails_mask;
+        if mask.is_empty() || !mask.is_subset(rails) {
+            return Err(self.violation(move || Violation::BadMask { rail, slot, imm, mask, rails }));
+        }
+        if !mask.contains(part) || self.fo.state[part] == RailState::Up {
+            // A part outside the mask, or the replay of a part whose rail never failed here.
+            return Err(self.violation(move || Violation::MaskOmitsRail { rail: part, slot, mask }));
+        }
+        let s = &self.slots[slot];
+        let (state, data_done, expected, seen, prev_q, n) = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
+        if state == State::Free {
+            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
+        }
+        if seen.contains(part) && expected == mask {
+            // Delivered already: ignored, counted, never a second completion.
+            self.fo.duplicates += 1;
+            return Ok(());
+        }
+        if data_done {
+            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
+        }
+        if !expected.is_empty() && expected != mask {
+            return Err(self.violation(move || Violation::MaskChanged { rail, slot, mask, earlier: expected }));
+        }
+        if !expected.is_empty() && prev_q != size_q {
+            return Err(self.violation(move || Violation::SizeQChanged { rail, slot, size_q, earlier: prev_q }));
+        }
+        if size_q != SIZEQ_SENTINEL && n != 1 {
+            let n = n as usize;
+            return Err(self.violation(move || Violation::SizeForMultiRecv { rail, slot, n }));
+        }
+        self.accept(rail, part, slot, mask, size_q, byte_len, mem)
+    }
+}

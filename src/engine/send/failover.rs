@@ -1,0 +1,332 @@
+//! The sender's side of rail failover (DESIGN.md "Rail failover (issue 19)"). When a rail
+//! fails (an error completion, a stall, the plugin's word, the receiver's report) it gets
+//! no new traffic; its QPs are fenced; the receiver is told (`RailDown`). The receiver's
+//! `Fenced` report says, per transfer, whether the dead rail's part arrived: a part that
+//! did is confirmed, one that did not is re-posted on the surviving rail from the same
+//! source to the same destination, its IMM flagged "the other rail's part". Only what is
+//! missing is sent again. Both rails down: the connection fails.
+
+use super::{PartSrc, SendEngine};
+use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
+use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
+use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS};
+use crate::engine::{
+    Action, CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, FailoverConfig, FailoverPosts, RAIL_NAMES,
+    RAILS, RailMask, RailState, SOUT, SUP, StrayCompletion, Violation, WrKind,
+};
+use crate::error::{Cause, Error, ErrorKind, Result};
+use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
+
+/// The stall bound's allowance per byte of the oldest part outstanding on a rail: 8 ns, the
+/// time a byte takes at 1 Gb/s (a stall detector catches hangs, not slow links).
+pub const STALL_NS_PER_BYTE: u64 = 8;
+
+impl SendEngine {
+    /// Turns failover on or off and says where control messages go (before traffic).
+    pub fn set_failover(&mut self, cfg: FailoverConfig) {
+        self.fo.cfg = cfg;
+    }
+
+    /// Each rail's failover state.
+    pub fn rail_states(&self) -> [RailState; RAILS] {
+        self.fo.state
+    }
+
+    pub fn failover_counts(&self) -> FailoverCounts {
+        self.fo.counts()
+    }
+
+    /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
+    /// while any rail is not [`RailState::Up`], to read the control ring).
+    pub fn failover_due(&self) -> bool {
+        !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty()) || self.fo.replays_waiting != 0
+    }
+
+    /// Whether the peer wrote a control message not yet read (one load, one compare): the
+    /// plugin checks it where a call did not complete a request, and then calls
+    /// [`Self::poll_failover`]. Failover off: never.
+    #[inline]
+    pub fn control_waiting(&self, mem: &impl CtlMemory) -> bool {
+        self.fo.cfg.enabled && self.fo.ctl.waiting(mem)
+    }
+
+    /// What the plugin saw or did.
+    pub fn on_event(&mut self, ev: Event) -> Result<()> {
+        self.error.check()?;
+        match ev {
+            Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
+            // The sender's own fence needs no follow-up: it only stops its QPs of the rail.
+            Event::FenceDone { .. } => Ok(()),
+        }
+    }
+
+    /// The failover work of one call: stalls, fences and `RailDown`s to emit, the
+    /// receiver's control messages (a `Fenced` report replays the missing parts).
+    pub fn poll_failover(&mut self, now_ns: u64, mem: &mut impl CtlMemory, out: &mut FailoverPosts) -> Result<()> {
+        self.error.check()?;
+        if !self.fo.cfg.enabled {
+            return Ok(());
+        }
+        self.check_stalls(now_ns)?;
+        for rail in self.fo.fence_due.iter() {
+            out.actions.push(Action::FenceQps { rail });
+        }
+        self.fo.fence_due = RailMask::NONE;
+        for rail in self.fo.report_due.iter() {
+            let msg = CtlMsg::new(CtlKind::RailDown, rail, self.fo.epoch[rail]);
+            if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
+                self.fo.report_due = self.fo.report_due.without(rail);
+            }
+        }
+        if self.fo.replays_waiting != 0 {
+            self.replay_ready(out);
+        }
+        while let Some(msg) = self.fo.ctl.poll(mem) {
+            let seq = self.fo.ctl.consumed();
+            match msg {
+                Some(m) if m.kind == CtlKind::Fenced => self.on_fenced(&m, out)?,
+                // Re-admission is a later session's: nothing else may come yet.
+                _ => {
+                    let word0 = msg.map_or(0, |m| m.to_words(0, 0)[0]);
+                    return Err(self.error.fail(Violation::BadControl { seq, word0 }.into()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A failed completion on `rail` (failover on): the rail has failed; the connection
+    /// goes on unless it was the last rail.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn on_rail_error(&mut self, rail: usize, kind: WrKind, slot: usize, status: WcStatus) -> Result<()> {
+        if self.fo.failed().contains(rail) {
+            return Ok(()); // flushed WRs of a rail already down
+        }
+        log::warn!("{}", CompletionFailed::posted(rail, kind, slot, status));
+        self.rail_down(rail, DownReason::Completion)
+    }
+
+    /// `rail` failed: no new traffic on it, its QPs fenced, the receiver told.
+    #[cold]
+    #[inline(never)]
+    fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
+        if !self.fo.cfg.enabled {
+            return Err(self
+                .error
+                .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
+        }
+        if !self.fo.mark_failed(rail) {
+            return Ok(());
+        }
+        self.tel[rail].on_error(); // the split no longer uses it, probes stop
+        if self.fo.failed() == RailMask::BOTH {
+            log::warn!(
+                "send: {} rail failed ({why:?}) and the other rail is down: the connection fails",
+                RAIL_NAMES[rail]
+            );
+            return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+        }
+        log::warn!(
+            "send: {} rail failed ({why:?}); {} transfers wait for the receiver's report, traffic goes on {}",
+            RAIL_NAMES[rail],
+            self.outstanding[rail],
+            RAIL_NAMES[other(rail)]
+        );
+        self.tel[rail].stats().count_failover();
+        self.fo.fence_due = self.fo.fence_due.with(rail);
+        if why != DownReason::Peer {
+            self.fo.report_due = self.fo.report_due.with(rail);
+        }
+        Ok(())
+    }
+
+    /// The receiver's report on a fenced rail: settles every outstanding part of it.
+    fn on_fenced(&mut self, m: &CtlMsg, out: &mut FailoverPosts) -> Result<()> {
+        let rail = m.rail as usize;
+        if m.epoch != self.fo.epoch[rail] {
+            return Ok(()); // about an earlier life of the rail
+        }
+        match self.fo.state[rail] {
+            RailState::Up => {
+                self.rail_down(rail, DownReason::Peer)?;
+            }
+            RailState::Failed { fenced: true, .. } => return Ok(()), // settled already
+            RailState::Failed { fenced: false, .. } => {}
+        }
+        // The receiver knows: no RailDown owed any more.
+        self.fo.report_due = self.fo.report_due.without(rail);
+        let (mut confirmed, mut replayed) = (0u32, 0u32);
+        for slot in 0..SLOTS {
+            let ps = &self.slots[slot];
+            if !ps.pending.contains(rail) || ps.replay.contains(rail) {
+                continue;
+            }
+            let bytes = ps.bytes[rail];
+            self.outstanding[rail] -= 1;
+            self.tel[rail].on_abandon(bytes);
+            if m.part_seen(ps.seq) {
+                confirmed += 1;
+                self.fo.confirmed_parts += 1;
+                let ps = &mut self.slots[slot];
+                ps.pending = ps.pending.without(rail);
+                if ps.pending.is_empty() {
+                    self.complete_slot(slot);
+                }
+            } else if self.slots[slot].pending.contains(other(rail)) {
+                // The slot's own chain on the surviving rail is still out: its replay
+                // follows once that completed (`replay_ready`).
+                replayed += 1;
+                let ps = &mut self.slots[slot];
+                ps.replay_wait = ps.replay_wait.with(rail);
+                self.fo.replays_waiting += 1;
+            } else {
+                replayed += 1;
+                self.replay_part(slot, rail, out);
+            }
+        }
+        self.fo.state[rail] = RailState::Failed { epoch: m.epoch, fenced: true };
+        log::warn!(
+            "send: {} rail fenced by the receiver: {confirmed} parts had arrived, {replayed} replayed on {}",
+            RAIL_NAMES[rail],
+            RAIL_NAMES[other(rail)]
+        );
+        Ok(())
+    }
+
+    /// Posts the waiting replays whose slot has no chain left on the surviving rail.
+    #[cold]
+    #[inline(never)]
+    fn replay_ready(&mut self, out: &mut FailoverPosts) {
+        for slot in 0..SLOTS {
+            let wait = self.slots[slot].replay_wait;
+            for part in wait.iter() {
+                if !self.slots[slot].pending.contains(other(part)) {
+                    let ps = &mut self.slots[slot];
+                    ps.replay_wait = ps.replay_wait.without(part);
+                    self.fo.replays_waiting -= 1;
+                    self.replay_part(slot, part, out);
+                }
+            }
+        }
+    }
+
+    /// Re-posts `part` of `slot` on the other rail: the same bytes from the same source to
+    /// the same destination (the surviving rail's keys), ended by a WRITE_WITH_IMM whose
+    /// IMM is the original's with the replay flag; for a multi-receive or oversized slot
+    /// whose leader part this is, that WR also writes the completion records again.
+    fn replay_part(&mut self, slot: usize, part: usize, out: &mut FailoverPosts) {
+        let via = other(part);
+        let ps = self.slots[slot];
+        let orig = Imm::decode(ps.imm);
+        let imm = Imm::replayed(ps.imm);
+        let qp = self.next_qp(via);
+        let (max_inline, n) = (self.cfg.max_inline as u64, ps.n as usize);
+        let c = out.push(via, qp);
+        let mut bytes = 0u64;
+        let wr = |p: &PartSrc, kind: WrKind, imm: Option<u32>| {
+            let (off, len) = p.range(part);
+            let mut wr = SendWr {
+                wr_id: kind.id(if imm.is_some() { part } else { via }, slot),
+                opcode: if imm.is_some() { WrOpcode::WriteImm } else { WrOpcode::Write },
+                signaled: imm.is_some(),
+                inline: p.cpu == CpuAccess::Readable && len > 0 && len <= max_inline,
+                remote_addr: p.dst + off,
+                rkey: p.rkeys[via],
+                imm: imm.unwrap_or(0),
+                ..SendWr::default()
+            };
+            if len > 0 {
+                wr.num_sge = 1;
+                wr.sge[0] = Sge { addr: p.src + off, len: len as u32, lkey: p.lkeys[via] };
+            }
+            (wr, len)
+        };
+        if n == 1 && orig.size_q != SIZEQ_SENTINEL {
+            let (w, len) = wr(&self.srcs[slot][0], WrKind::ReplaySignal, Some(imm));
+            c.add(w);
+            bytes += len;
+        } else {
+            for p in &self.srcs[slot][..n] {
+                let (w, len) = wr(p, WrKind::Data, None);
+                if len > 0 {
+                    c.add(w);
+                    bytes += len;
+                }
+            }
+            let leader = if orig.mask.contains(SOUT) { SOUT } else { SUP };
+            let off = (slot * RECORD_SLOT_BYTES) as u64;
+            let mut w = SendWr {
+                wr_id: WrKind::ReplaySignal.id(part, slot),
+                opcode: WrOpcode::WriteImm,
+                signaled: true,
+                remote_addr: self.cfg.records_addr + off,
+                rkey: self.cfg.records_rkeys[via],
+                imm,
+                ..SendWr::default()
+            };
+            if part == leader {
+                let len = (n * 8) as u32;
+                (w.num_sge, w.inline) = (1, len <= self.cfg.max_inline);
+                w.sge[0] = Sge { addr: self.cfg.sizes_addr + off, len, lkey: self.cfg.sizes_lkeys[via] };
+            }
+            c.add(w);
+        }
+        let wrs = c.len as u64;
+        self.tel[via].stats().count_post(wrs, 1, bytes, bytes);
+        self.outstanding[via] += 1;
+        let ps = &mut self.slots[slot];
+        ps.replay = ps.replay.with(part);
+        self.fo.replayed_parts += 1;
+        self.fo.replayed_bytes += bytes;
+        self.tel[part].stats().count_replayed(bytes);
+    }
+
+    /// A replay's signal or a control WRITE completed (on `rail`'s CQ; `wr_rail` is the
+    /// part a replay delivered).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn on_failover_completion(&mut self, rail: usize, kind: WrKind, part: usize, slot: usize) -> Result<()> {
+        if kind == WrKind::Control {
+            return Ok(());
+        }
+        if slot >= SLOTS || !self.slots[slot].replay.contains(part) {
+            return Err(self.error.fail(StrayCompletion::NoneOutstanding { rail, slot }.into()));
+        }
+        self.outstanding[rail] -= 1;
+        let ps = &mut self.slots[slot];
+        ps.replay = ps.replay.without(part);
+        ps.pending = ps.pending.without(part);
+        if ps.pending.is_empty() {
+            self.complete_slot(slot);
+        }
+        Ok(())
+    }
+
+    /// A healthy rail with signalled work out and no completion for the stall time fails.
+    fn check_stalls(&mut self, now_ns: u64) -> Result<()> {
+        let stall = self.fo.cfg.stall_ns;
+        if stall == 0 {
+            return Ok(());
+        }
+        for rail in 0..RAILS {
+            if self.fo.state[rail] != RailState::Up || self.outstanding[rail] == 0 {
+                continue;
+            }
+            // The oldest original part still out on the rail (replays ride the other one).
+            let oldest = (0..SLOTS)
+                .filter(|&s| self.slots[s].pending.contains(rail) && !self.slots[s].replay.contains(rail))
+                .map(|s| (self.slots[s].posted_ns[rail], self.slots[s].bytes[rail]))
+                .min();
+            let Some((oldest, bytes)) = oldest else { continue };
+            // The last data completion on the rail moves `drain_start_ns` forward. A large
+            // part completes only at its end: it gets the time it takes at 1 Gb/s on top
+            // (a 512 MiB part moving slowly on the soft fabric is no stall).
+            let last = oldest.max(self.tel[rail].view().drain_start_ns);
+            if now_ns.saturating_sub(last) > stall + bytes.saturating_mul(STALL_NS_PER_BYTE) {
+                self.rail_down(rail, DownReason::Stall)?;
+            }
+        }
+        Ok(())
+    }
+}

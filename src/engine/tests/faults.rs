@@ -1,0 +1,208 @@
+//! The fake fabric's faults and the plugin's share of failover, for `failover.rs`: control
+//! rings on both sides, fencing a side's QPs of a rail (its requesters flush, its
+//! responders reject), a WR that lands but whose acknowledgement is lost, and one round of
+//! what the plugin does with the engines' failover output (post the chains, perform the
+//! fences, drain the fenced rail's CQ, report the fence done).
+
+use super::harness::*;
+use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
+use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts};
+use crate::fabric::{Completion, WcStatus};
+
+/// Each side's control ring (written by the peer) and its outgoing messages' source.
+pub const CTL_RING: u64 = base(3);
+pub const CTL_OUT: u64 = base(4);
+
+fn ring_word(space: &Space, addr: u64, i: usize, k: usize) -> u64 {
+    let off = (addr & ((1 << 40) - 1)) as usize + i * CTL_ENTRY_BYTES + 8 * k;
+    let r = &space.regions[(addr >> 40) as usize];
+    u64::from_le_bytes(r[off..off + 8].try_into().unwrap())
+}
+
+fn entry(space: &Space, i: usize) -> [u64; CTL_WORDS] {
+    std::array::from_fn(|k| ring_word(space, CTL_RING, i, k))
+}
+
+fn write_out(space: &mut Space, i: usize, words: &[u64; CTL_WORDS]) {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    space.write(CTL_OUT + (i * CTL_ENTRY_BYTES) as u64, &bytes);
+}
+
+impl CtlMemory for SendSide {
+    fn ctl_seq(&self, i: usize) -> u64 {
+        ring_word(&self.space, CTL_RING, i, CTL_WORDS - 1)
+    }
+    fn ctl_entry(&self, i: usize) -> [u64; CTL_WORDS] {
+        entry(&self.space, i)
+    }
+    fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]) {
+        write_out(&mut self.space, i, words)
+    }
+}
+
+impl CtlMemory for RecvSide {
+    fn ctl_seq(&self, i: usize) -> u64 {
+        ring_word(&self.space, CTL_RING, i, CTL_WORDS - 1)
+    }
+    fn ctl_entry(&self, i: usize) -> [u64; CTL_WORDS] {
+        entry(&self.space, i)
+    }
+    fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]) {
+        write_out(&mut self.space, i, words)
+    }
+}
+
+/// The plugin's failover output buffers.
+#[derive(Default)]
+pub struct FoOut {
+    pub s: FailoverPosts,
+    pub r: FailoverPosts,
+}
+
+/// Turns failover on for both engines (right after [`Pair::new`]: the rings take the
+/// regions after the fixed ones). `stall_ns`: the sender's stall bound (0 = off).
+pub fn enable_failover(p: &mut Pair, stall_ns: u64) {
+    for space in [&mut p.ss.space, &mut p.rs.space] {
+        assert_eq!(space.add(CTL_RING_BYTES), CTL_RING);
+        assert_eq!(space.add(CTL_RING_BYTES), CTL_OUT);
+    }
+    let cfg = |lk: u32, rk: u32| FailoverConfig {
+        enabled: true,
+        stall_ns,
+        ctl_out_addr: CTL_OUT,
+        ctl_out_lkeys: [lk, lk + 1],
+        ctl_ring_addr: CTL_RING,
+        ctl_ring_rkeys: [rk, rk + 1],
+    };
+    p.s.set_failover(cfg(91, 93));
+    p.r.set_failover(cfg(95, 97));
+}
+
+impl Pair {
+    /// Fences `side`'s QPs of `rail`: its requesters' queued WRs flush (and later posts
+    /// flush at once); WRs reaching its responders fail at the peer.
+    pub fn fence(&mut self, side: usize, rail: usize) {
+        let (own, peer) = if side == SEND_SIDE { (Dir::ToRecv, Dir::ToSend) } else { (Dir::ToSend, Dir::ToRecv) };
+        for qp in 0..self.wires[own as usize][rail].len() {
+            if !self.wires[own as usize][rail][qp].q.is_empty() {
+                self.fail_head(own, rail, qp, WcStatus::Flushed);
+            }
+            self.wires[own as usize][rail][qp].err = true;
+        }
+        self.fenced[peer as usize][rail] = true;
+        // Acknowledgements held back on a fenced sender QP never come: those WRs landed,
+        // the sender sees them fail (the ACK-lost case).
+        if side == SEND_SIDE {
+            for qp in 0..self.late_acks[rail].len() {
+                for (idx, c) in self.late_acks[rail][qp].take().unwrap_or_default() {
+                    let failed = Completion { status: WcStatus::RetryExceeded, ..c };
+                    self.push_cq(SEND_SIDE, rail, failed);
+                    self.fate[idx] = Fate::Failed;
+                }
+            }
+        }
+    }
+
+    /// The head WR of a wire lands (data and IMM), but its acknowledgement is lost: the
+    /// poster sees it fail and its QP goes to the error state. False: nothing to run.
+    pub fn land_then_fail(&mut self, dir: Dir, rail: usize, qp: usize) -> bool {
+        let Some(&(_, wr)) = self.wires[dir as usize][rail][qp].q.front() else { return false };
+        if self.fenced[dir as usize][rail] {
+            return false; // its responder is fenced: it cannot land
+        }
+        if dir == Dir::ToRecv {
+            self.hold_acks(rail, qp);
+        }
+        if !self.step(dir, rail, qp) {
+            return false; // RNR: it waits
+        }
+        let side = if dir == Dir::ToRecv { SEND_SIDE } else { RECV_SIDE };
+        let qp_num = (rail * 100 + qp) as u32;
+        let mut lost: Vec<u64> = Vec::new();
+        if dir == Dir::ToRecv {
+            // Every completion held back on the QP (the head's, if signalled) is lost.
+            for (idx, c) in self.late_acks[rail][qp].take().unwrap_or_default() {
+                self.fate[idx] = Fate::Failed;
+                lost.push(c.wr_id);
+            }
+        } else if wr.signaled {
+            // The receiver's signalled WR completed: take that success back.
+            self.cq_r[rail].pop_back();
+            self.cq_pushed[RECV_SIDE][rail] -= 1;
+        }
+        if !wr.signaled || dir == Dir::ToSend {
+            lost.push(wr.wr_id);
+        }
+        for (k, wr_id) in lost.into_iter().enumerate() {
+            let status = if k == 0 { WcStatus::RetryExceeded } else { WcStatus::Flushed };
+            self.push_cq(side, rail, Completion { wr_id, status, qp_num, ..Completion::default() });
+        }
+        if !self.wires[dir as usize][rail][qp].q.is_empty() {
+            self.fail_head(dir, rail, qp, WcStatus::Flushed);
+        }
+        self.wires[dir as usize][rail][qp].err = true;
+        true
+    }
+
+    /// The head WR of a wire fails without landing and its QP goes to the error state.
+    pub fn fail_qp(&mut self, dir: Dir, rail: usize, qp: usize, status: WcStatus) -> bool {
+        if self.wires[dir as usize][rail][qp].q.is_empty() {
+            return false;
+        }
+        self.fail_head(dir, rail, qp, status);
+        self.wires[dir as usize][rail][qp].err = true;
+        true
+    }
+
+    /// Writes the first `len` bytes of the head WR's payload at its destination without
+    /// completing it (a WRITE cut off mid-way; what follows decides its fate).
+    pub fn land_partly(&mut self, dir: Dir, rail: usize, qp: usize, len: usize) {
+        let Some(&(_, wr)) = self.wires[dir as usize][rail][qp].q.front() else { return };
+        if wr.num_sge == 0 || wr.inline && dir == Dir::ToSend {
+            return;
+        }
+        let sge = wr.sge[0];
+        let len = len.min(sge.len as usize);
+        let (src, dst) = match dir {
+            Dir::ToRecv => (&mut self.ss.space, &mut self.rs.space),
+            Dir::ToSend => (&mut self.rs.space, &mut self.ss.space),
+        };
+        if src.virtual_len[(sge.addr >> 40) as usize] > 0 || dst.virtual_len[(wr.remote_addr >> 40) as usize] > 0 {
+            return;
+        }
+        let data = src.read(sge.addr, len);
+        dst.write(wr.remote_addr, &data);
+    }
+
+    /// One round of the plugin's failover work: both engines' control rings read (the
+    /// receiver's only when `control_waiting` or `failover_due`; the sender's every round,
+    /// for its stall check), their chains posted, fences performed (the receiver's fenced rail drained into its
+    /// engine before FenceDone, as LAST_WQE_REACHED and a CQ drain give).
+    pub fn pump_failover(&mut self, fo: &mut FoOut) -> crate::Result<()> {
+        fo.s.clear();
+        self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?;
+        self.enqueue_chains(Dir::ToRecv, &fo.s.chains);
+        for &a in &fo.s.actions {
+            let Action::FenceQps { rail } = a;
+            self.fence(SEND_SIDE, rail);
+            self.s.on_event(Event::FenceDone { rail })?;
+        }
+        fo.r.clear();
+        // As the plugin does: only when a message waits or the engine has output (the
+        // sender's RailDown must reach a receiver that saw nothing wrong itself).
+        if !(self.r.control_waiting(&self.rs) || self.r.failover_due()) {
+            return Ok(());
+        }
+        self.r.poll_failover(&mut self.rs, &mut fo.r)?;
+        self.enqueue_chains(Dir::ToSend, &fo.r.chains);
+        for &a in &fo.r.actions {
+            let Action::FenceQps { rail } = a;
+            self.fence(RECV_SIDE, rail);
+            while let Some(c) = self.cq_r[rail].pop_front() {
+                self.r.on_completion(rail, &c, &self.rs)?;
+            }
+            self.r.on_event(Event::FenceDone { rail })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,235 @@
+//! Rail failover in the plugin (DESIGN.md "Rail failover (issue 19)"): the control ring in
+//! each comm's registered control region, the engine's failover rounds (its control
+//! messages, replays and CTS re-posts posted, its fences performed on the fabric and
+//! answered), and the soft fabric's fault drill (`MPIB_FAULT_RAIL`).
+//!
+//! Nothing here runs on a data path that completes: a comm enters a round only from a
+//! call that did not complete a request (`test` not done, `isend`/`irecv` answering "not
+//! now") and only when the engine has failover work due, the peer's next control message
+//! is in place (one load, one compare), or the sender's stall check is due
+//! (`MPIB_STALL_MS / 4`).
+//!
+//! Control region layout (both sides): after the scratch words, the control ring this
+//! side's peer writes ([`CTL_RING_BYTES`]), then the local source of the messages this
+//! side writes (as many bytes). The peer's ring is at its exchanged scratch address +
+//! [`SCRATCH_BYTES`], under the rkeys exchanged with it: no set-up field is added.
+
+use super::comm::{RECV_SCRATCH_OFF, Rail, RecvComm, RecvMem, SCRATCH_BYTES, SEND_SCRATCH_OFF, SendComm, SendMem};
+use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
+use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, RAIL_NAMES, RAILS};
+use crate::error::Result;
+use crate::fabric::{Completion, Device, QueuePair};
+
+/// Offsets of the control ring (in) and of the outgoing messages' source in a send comm's
+/// region, and the region's size.
+pub const SEND_CTL_OFF: usize = SEND_SCRATCH_OFF + SCRATCH_BYTES;
+pub const SEND_REGION_BYTES: usize = SEND_CTL_OFF + 2 * CTL_RING_BYTES;
+/// The same in a receive comm's region.
+pub const RECV_CTL_OFF: usize = RECV_SCRATCH_OFF + SCRATCH_BYTES;
+pub const RECV_REGION_BYTES: usize = RECV_CTL_OFF + 2 * CTL_RING_BYTES;
+
+/// The engine's failover settings for a comm whose region starts at `region_addr` (its
+/// control ring at `ctl_off`, registered with `lkeys`) and whose peer's scratch words are
+/// at `peer_scratch` (its control ring follows them, under `peer_rkeys`).
+pub fn failover_config(
+    cfg: &crate::config::Config,
+    region_addr: u64,
+    ctl_off: usize,
+    lkeys: [u32; RAILS],
+    peer_scratch: u64,
+    peer_rkeys: [u32; RAILS],
+) -> FailoverConfig {
+    FailoverConfig {
+        enabled: cfg.failover,
+        stall_ns: cfg.stall_ms * 1_000_000,
+        ctl_out_addr: region_addr + (ctl_off + CTL_RING_BYTES) as u64,
+        ctl_out_lkeys: lkeys,
+        ctl_ring_addr: peer_scratch + SCRATCH_BYTES as u64,
+        ctl_ring_rkeys: peer_rkeys,
+    }
+}
+
+/// A comm's failover state in the plugin: the engine's output buffers (allocated once),
+/// when the next periodic round is due, and the fault drill.
+pub struct FoSide {
+    out: FailoverPosts,
+    /// Periodic rounds (the sender's stall check): every `period_ns` while a call waits;
+    /// 0 = none.
+    period_ns: u64,
+    next_ns: u64,
+    /// Fault drill: the rails (mask) dropped at isend number `drill.1`; isends so far.
+    drill: Option<(u8, u64)>,
+    isends: u64,
+}
+
+impl FoSide {
+    pub fn new(cfg: &crate::config::Config, sender: bool) -> Box<FoSide> {
+        let period_ns = if sender && cfg.failover { cfg.stall_ms * 1_000_000 / 4 } else { 0 };
+        let drill = if sender { cfg.fault_rail } else { None };
+        Box::new(FoSide { out: FailoverPosts::default(), period_ns, next_ns: 0, drill, isends: 0 })
+    }
+
+    /// Whether the periodic round is due at `now`.
+    #[inline]
+    fn periodic(&self, now: u64) -> bool {
+        self.period_ns != 0 && now >= self.next_ns
+    }
+}
+
+macro_rules! ctl_memory {
+    ($t:ident, $off:expr) => {
+        impl CtlMemory for $t<'_> {
+            #[inline]
+            fn ctl_seq(&self, i: usize) -> u64 {
+                self.0.load_acquire($off + i * CTL_ENTRY_BYTES + (CTL_WORDS - 1) * 8)
+            }
+            fn ctl_entry(&self, i: usize) -> [u64; CTL_WORDS] {
+                self.0.load_words::<CTL_WORDS>($off + i * CTL_ENTRY_BYTES)
+            }
+            fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]) {
+                self.0.store_words($off + CTL_RING_BYTES + i * CTL_ENTRY_BYTES, words);
+            }
+        }
+    };
+}
+ctl_memory!(SendMem, SEND_CTL_OFF);
+ctl_memory!(RecvMem, RECV_CTL_OFF);
+
+/// Rounds one call may run back to back (a fence answered, then its report written).
+const MAX_ROUNDS: usize = 4;
+
+/// Moves every QP of `rail` to the error state (the fence): its responders accept nothing
+/// more. A QP that refuses is logged: the rail is being given up either way.
+fn fence_rail<D: Device>(rail: &mut Rail<D>, name: &str) {
+    for qp in rail.qps.iter_mut().chain(rail.flush_qp.as_mut()) {
+        if let Err(e) = qp.to_error() {
+            log::warn!("failover: moving QP {} of the {name} rail to the error state: {e}", qp.qp_num());
+        }
+    }
+}
+
+/// Feeds `on` every completion of `rail` that is in: the NIC's CQ (waiting for its poll
+/// lock: after `fence_rail`, what the fabric delivered is in the CQ or in the inbox of
+/// this connection, and the inbox is filled only under that lock), then the inbox.
+fn drain_rail<D: Device>(rail: &Rail<D>, idx: usize, mut on: impl FnMut(&Completion) -> Result<()>) -> Result<()> {
+    let mut first = Ok(());
+    {
+        let mut nic = rail.nic.lock();
+        nic.poll(rail.owner, (rail.first_qp, idx), |_, c| on(c))?;
+    }
+    rail.inbox.pop_each(|c| {
+        if first.is_ok() {
+            first = on(c);
+        }
+    });
+    first
+}
+
+impl<D: Device> SendComm<D> {
+    /// Whether a call that did not complete must run a failover round.
+    #[inline(always)]
+    pub(super) fn failover_wanted(&self, now: u64) -> bool {
+        self.engine.failover_due() || self.engine.control_waiting(&SendMem(&self.region)) || self.fo.periodic(now)
+    }
+
+    /// One failover round (see the module doc).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn failover_round(&mut self, now: u64) -> Result<()> {
+        self.fo.next_ns = now + self.fo.period_ns;
+        for _ in 0..MAX_ROUNDS {
+            self.fo.out.clear();
+            self.engine.poll_failover(now, &mut SendMem(&self.region), &mut self.fo.out)?;
+            for c in &self.fo.out.chains {
+                let r = self.rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
+                if let Err(e) = r {
+                    self.engine.set_error(e.clone());
+                    return Err(e);
+                }
+            }
+            let mut fenced = false;
+            for i in 0..self.fo.out.actions.len() {
+                let Action::FenceQps { rail } = self.fo.out.actions[i];
+                fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
+                let engine = &mut self.engine;
+                drain_rail(&self.rails[rail], rail, |c| engine.on_completion(now, rail, c))?;
+                self.engine.on_event(Event::FenceDone { rail })?;
+                fenced = true;
+            }
+            if !fenced && !self.engine.failover_due() {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// The fault drill: counts isends; at the chosen one, drops the chosen rails' QP
+    /// connections as a lost link would (soft fabric).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn fault_drill(&mut self) {
+        let Some((mask, at)) = self.fo.drill else { return };
+        self.fo.isends += 1;
+        if self.fo.isends != at {
+            return;
+        }
+        for (r, rail) in self.rails.iter_mut().enumerate() {
+            if mask & (1 << r) == 0 {
+                continue;
+            }
+            log::warn!("MPIB_FAULT_RAIL: dropping the {} rail's connections at isend {at}", RAIL_NAMES[r]);
+            for qp in rail.qps.iter_mut() {
+                match qp.inject_link_loss() {
+                    Ok(true) => {}
+                    Ok(false) => log::warn!("MPIB_FAULT_RAIL: this fabric cannot drop a QP's link (soft only)"),
+                    Err(e) => log::warn!("MPIB_FAULT_RAIL: {e}"),
+                }
+            }
+        }
+    }
+
+    #[inline]
+    pub(super) fn has_drill(&self) -> bool {
+        self.fo.drill.is_some()
+    }
+}
+
+impl<D: Device> RecvComm<D> {
+    /// Whether a call that did not complete must run a failover round.
+    #[inline(always)]
+    pub(super) fn failover_wanted(&self) -> bool {
+        self.engine.failover_due() || self.engine.control_waiting(&RecvMem(&self.region))
+    }
+
+    /// One failover round (see the module doc): the sender's messages read, fences
+    /// performed and answered, the `Fenced` reports and CTS re-posts posted.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn failover_round(&mut self) -> Result<()> {
+        for _ in 0..MAX_ROUNDS {
+            self.fo.out.clear();
+            self.engine.poll_failover(&mut RecvMem(&self.region), &mut self.fo.out)?;
+            for c in &self.fo.out.chains {
+                let r = self.rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
+                if let Err(e) = r {
+                    self.engine.set_error(e.clone());
+                    return Err(e);
+                }
+            }
+            let mut fenced = false;
+            for i in 0..self.fo.out.actions.len() {
+                let Action::FenceQps { rail } = self.fo.out.actions[i];
+                fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
+                let mem = RecvMem(&self.region);
+                let engine = &mut self.engine;
+                drain_rail(&self.rails[rail], rail, |c| engine.on_completion(rail, c, &mem))?;
+                self.engine.on_event(Event::FenceDone { rail })?;
+                fenced = true;
+            }
+            if !fenced && !self.engine.failover_due() {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
