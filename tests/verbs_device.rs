@@ -98,6 +98,30 @@ fn write_imm_through_srq_with_extended_cqs() {
     checks::assert_quiet(&mut [&mut a.cq, &mut b.cq], Duration::from_millis(200), "after the last completion");
 }
 
+/// Rail failover's fence on verbs: an SRQ-attached responder moved to the error state
+/// (`to_error`) returns only once the device raised its `IBV_EVENT_QP_LAST_WQE_REACHED`, so
+/// the receives it completed are final when the caller drains its CQ; a second fence is a
+/// no-op; the WQEs still on the SRQ complete nothing on the fenced side. (What the peer's
+/// later WRITEs do is the peer's business: with the suites' retry count rxe retries them
+/// for ever.)
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn fence_waits_for_last_wqe_and_nothing_lands_after_it() {
+    let (d0, d1) = (open(0), open(1));
+    let (mut a, mut b) = (checks::End::new(&d0, false, 1 << 16), checks::End::new(&d1, true, 1 << 16));
+    checks::write_imm_on(&mut a, &mut b);
+    mpib::fabric::SharedRecvQueue::post_recv(b.srq.as_mut().unwrap(), 4).expect("post_recv");
+    let before = d1.last_wqe_events();
+    let t0 = Instant::now();
+    b.qp.to_error().expect("fence");
+    let waited = t0.elapsed();
+    assert_eq!(d1.last_wqe_events(), before + 1, "to_error returned before LAST_WQE_REACHED ({waited:?})");
+    assert!(waited < Duration::from_millis(100), "the fence timed out waiting for the event: {waited:?}");
+    b.qp.to_error().expect("a second fence");
+    assert_eq!(d1.last_wqe_events(), before + 1, "a second fence is a no-op");
+    checks::assert_quiet(&mut [&mut b.cq], Duration::from_millis(200), "on the fenced side");
+}
+
 #[test]
 #[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
 fn many_in_flight() {

@@ -102,7 +102,7 @@ pub const VARS: &[VarDoc] = &[
         name: "MPIB_STALL_MS",
         default: "5000",
         accepted: "0-600000 (0 = off)",
-        meaning: "a rail with work outstanding and no completion for this long (+8 ns per byte of its oldest part) has failed",
+        meaning: "a rail with work outstanding and no completion for this long (+32 ns per byte of its oldest part) has failed",
     },
     VarDoc {
         name: "MPIB_READMIT_MS",

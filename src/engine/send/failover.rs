@@ -17,9 +17,10 @@ use crate::engine::{
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
 
-/// The stall bound's allowance per byte of the oldest part outstanding on a rail: 8 ns, the
-/// time a byte takes at 1 Gb/s (a stall detector catches hangs, not slow links).
-pub const STALL_NS_PER_BYTE: u64 = 8;
+/// The stall bound's allowance per byte of the oldest part outstanding on a rail: 32 ns, the
+/// time a byte takes at 250 Mb/s (a stall detector catches hangs, not slow links: 8 ns, 1
+/// Gb/s, failed a rail under a 512 MiB message of a debug build on a loaded 2-core host).
+pub const STALL_NS_PER_BYTE: u64 = 32;
 
 impl SendEngine {
     /// Turns failover on or off and says where control messages go (before traffic).

@@ -45,6 +45,11 @@ impl Ctx {
         format!("{}:{}", self.name, self.port)
     }
 
+    /// Whether a thread reads this port's async events (a fence waits for one only then).
+    pub fn reads_events(&self) -> bool {
+        self.events.is_some()
+    }
+
     /// The error for a failed verbs call on this port.
     pub fn failed(&self, call: &str, code: i32) -> Error {
         sys::call_failed(call, &self.name, self.port, code)

@@ -222,6 +222,12 @@ impl VerbsDevice {
         self.ctx.health.events.load(Ordering::Relaxed)
     }
 
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` events read on this device so far (a fence of an
+    /// SRQ-attached QP waits for its own).
+    pub fn last_wqe_events(&self) -> u64 {
+        self.ctx.health.last_wqe_events.load(Ordering::Relaxed)
+    }
+
     /// An extended CQ (`ibv_create_cq_ex`), with timestamps when the device has them; for
     /// tests of the extended poll path on devices without timestamps.
     pub fn create_cq_extended(&self, depth: u32) -> Result<VerbsCq> {

@@ -3,9 +3,12 @@
 //! it; it wakes only when the kernel has an event, logs it, records port/device health and
 //! acknowledges it. It never spins.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
+
+use parking_lot::Mutex;
 
 use rdma_mummy_sys as ibv;
 
@@ -20,6 +23,11 @@ pub struct Health {
     pub events: AtomicU64,
     /// QP errors (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR) seen so far.
     pub qp_errors: AtomicU64,
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED` events seen so far.
+    pub last_wqe_events: AtomicU64,
+    /// QPs whose fence waits for their `LAST_WQE_REACHED` (QP number → seen): only those a
+    /// fence is waiting on, so the map stays as small as the failovers in progress.
+    last_wqe: Mutex<HashMap<u32, Arc<AtomicBool>>>,
 }
 
 impl Health {
@@ -29,6 +37,28 @@ impl Health {
             device_fatal: AtomicBool::new(false),
             events: AtomicU64::new(0),
             qp_errors: AtomicU64::new(0),
+            last_wqe_events: AtomicU64::new(0),
+            last_wqe: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Registers QP `qpn` as waiting for its `LAST_WQE_REACHED` (before it is moved to the
+    /// error state, so the event cannot come first); the flag turns true when it arrives.
+    pub fn expect_last_wqe(&self, qpn: u32) -> Arc<AtomicBool> {
+        let seen = Arc::new(AtomicBool::new(false));
+        self.last_wqe.lock().insert(qpn, seen.clone());
+        seen
+    }
+
+    /// QP `qpn` waits no more.
+    pub fn forget_last_wqe(&self, qpn: u32) {
+        self.last_wqe.lock().remove(&qpn);
+    }
+
+    fn on_last_wqe(&self, qpn: u32) {
+        self.last_wqe_events.fetch_add(1, Ordering::Relaxed);
+        if let Some(seen) = self.last_wqe.lock().get(&qpn) {
+            seen.store(true, Ordering::Release);
         }
     }
 }
@@ -172,6 +202,11 @@ fn report(ev: &RawAsyncEvent, label: &str, port: u8, health: &Health) {
     {
         health.qp_errors.fetch_add(1, Ordering::Relaxed);
         log::warn!("{label}: async event {name} on QP {}: the QP is in the error state", qp_num());
+    } else if t == e::IBV_EVENT_QP_LAST_WQE_REACHED as u32 {
+        // Every SRQ-attached QP raises it once in the error state: a fence waits for it
+        // (`qp.rs`), a closing QP's is routine (not worth a line per connection).
+        health.on_last_wqe(qp_num());
+        log::debug!("{label}: async event {name} on QP {}", qp_num());
     } else if t == e::IBV_EVENT_DEVICE_FATAL as u32 {
         health.device_fatal.store(true, Ordering::Release);
         log::warn!("{label}: async event {name}: the device must be reopened");

@@ -3,6 +3,8 @@
 //! translated into the QP's preallocated WR pool.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use rdma_mummy_sys as ibv;
 
@@ -14,6 +16,10 @@ use super::sys::{self, LINK_LAYER_ETHERNET};
 use super::wr_pool::SendPool;
 use crate::error::{Error, Result};
 use crate::fabric::{ConnectParams, MAX_SGE, QpCaps, QpInfo, QueuePair, SendWr};
+
+/// How long a fence waits for `IBV_EVENT_QP_LAST_WQE_REACHED` (a NIC raises it within
+/// microseconds; the bound keeps a device that never does from holding the caller).
+const LAST_WQE_WAIT: Duration = Duration::from_millis(100);
 
 /// RNR NAK timer the responder asks for (12 = 0.64 ms, as net_ib).
 const MIN_RNR_TIMER: u8 = 12;
@@ -73,6 +79,8 @@ pub struct VerbsQp {
     port: PortInfo,
     pool: SendPool,
     connected: bool,
+    /// Moved to the error state by a fence (`to_error`), once.
+    fenced: bool,
     ctx: Arc<Ctx>,
     // Kept alive (and destroyed after the QP) by these handles.
     _cq: Arc<CqInner>,
@@ -102,6 +110,7 @@ impl VerbsQp {
             port,
             pool: SendPool::new(caps.max_send_wr as usize),
             connected: false,
+            fenced: false,
             ctx: ctx.clone(),
             _cq: cq.inner.clone(),
             _srq: srq.map(|s| s.inner.clone()),
@@ -272,13 +281,38 @@ impl QueuePair for VerbsQp {
     }
 
     fn to_error(&mut self) -> Result<()> {
-        if !self.connected {
-            return Ok(()); // never connected: nothing can arrive
+        if !self.connected || self.fenced {
+            return Ok(()); // never connected: nothing can arrive; fenced: done before
         }
+        // A QP on an SRQ may go on consuming WQEs (and completing receives) until the
+        // device raises IBV_EVENT_QP_LAST_WQE_REACHED for it; only then is the set of
+        // receives it completed final, so the fence waits for that event (bounded).
+        let health = &self.ctx.health;
+        let seen = (self._srq.is_some() && self.ctx.reads_events()).then(|| health.expect_last_wqe(self.qpn));
         // SAFETY: all-zero is a valid ibv_qp_attr.
         let mut a: ibv::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv::ibv_qp_state::IBV_QPS_ERR;
-        self.modify(&mut a, ibv::ibv_qp_attr_mask::IBV_QP_STATE, "ERR", None)
+        let r = self.modify(&mut a, ibv::ibv_qp_attr_mask::IBV_QP_STATE, "ERR", None);
+        if let (Ok(()), Some(seen)) = (&r, &seen) {
+            let t0 = Instant::now();
+            while !seen.load(Ordering::Acquire) && t0.elapsed() < LAST_WQE_WAIT {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            if !seen.load(Ordering::Acquire) {
+                log::warn!(
+                    "{}: QP {} raised no IBV_EVENT_QP_LAST_WQE_REACHED within {:?} of the error state; \
+                     the fence goes on without it",
+                    self.ctx.label(),
+                    self.qpn,
+                    LAST_WQE_WAIT
+                );
+            }
+        }
+        if seen.is_some() {
+            health.forget_last_wqe(self.qpn);
+        }
+        self.fenced = r.is_ok();
+        r
     }
 
     fn drain_marker(&mut self, marker: u64) -> Result<bool> {
