@@ -115,10 +115,22 @@ fn fence_waits_for_last_wqe_and_nothing_lands_after_it() {
     let t0 = Instant::now();
     b.qp.to_error().expect("fence");
     let waited = t0.elapsed();
-    assert_eq!(d1.last_wqe_events(), before + 1, "to_error returned before LAST_WQE_REACHED ({waited:?})");
-    assert!(waited < Duration::from_millis(100), "the fence timed out waiting for the event: {waited:?}");
+    if d1.last_wqe_missing() {
+        // The device raised no event within the bound (Soft-RoCE on Linux 6.1): the fence
+        // waited the bound once and the device is marked, so no later fence waits.
+        assert_eq!(d1.last_wqe_events(), before, "marked missing although the event came");
+        assert!(waited >= Duration::from_millis(100), "gave up early: {waited:?}");
+        let (mut p, mut c) = (checks::End::new(&d0, false, 4096), checks::End::new(&d1, true, 4096));
+        checks::connect(&mut p, &mut c);
+        let t1 = Instant::now();
+        c.qp.to_error().expect("fence on a marked device");
+        assert!(t1.elapsed() < Duration::from_millis(50), "waited again: {:?}", t1.elapsed());
+    } else {
+        assert_eq!(d1.last_wqe_events(), before + 1, "to_error returned before LAST_WQE_REACHED ({waited:?})");
+    }
+    let t2 = Instant::now();
     b.qp.to_error().expect("a second fence");
-    assert_eq!(d1.last_wqe_events(), before + 1, "a second fence is a no-op");
+    assert!(t2.elapsed() < Duration::from_millis(50), "a second fence is a no-op: {:?}", t2.elapsed());
     checks::assert_quiet(&mut [&mut b.cq], Duration::from_millis(200), "on the fenced side");
 }
 

@@ -228,6 +228,12 @@ impl VerbsDevice {
         self.ctx.health.last_wqe_events.load(Ordering::Relaxed)
     }
 
+    /// Whether a fence found this device raising no `IBV_EVENT_QP_LAST_WQE_REACHED` (its
+    /// fences no longer wait for it).
+    pub fn last_wqe_missing(&self) -> bool {
+        self.ctx.health.last_wqe_missing.load(Ordering::Relaxed)
+    }
+
     /// An extended CQ (`ibv_create_cq_ex`), with timestamps when the device has them; for
     /// tests of the extended poll path on devices without timestamps.
     pub fn create_cq_extended(&self, depth: u32) -> Result<VerbsCq> {

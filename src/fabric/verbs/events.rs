@@ -25,6 +25,9 @@ pub struct Health {
     pub qp_errors: AtomicU64,
     /// `IBV_EVENT_QP_LAST_WQE_REACHED` events seen so far.
     pub last_wqe_events: AtomicU64,
+    /// A fence waited for a `LAST_WQE_REACHED` that did not come: the device does not raise
+    /// it (Soft-RoCE on Linux 6.1 does not), so later fences do not wait for it.
+    pub last_wqe_missing: AtomicBool,
     /// QPs whose fence waits for their `LAST_WQE_REACHED` (QP number → seen): only those a
     /// fence is waiting on, so the map stays as small as the failovers in progress.
     last_wqe: Mutex<HashMap<u32, Arc<AtomicBool>>>,
@@ -38,6 +41,7 @@ impl Health {
             events: AtomicU64::new(0),
             qp_errors: AtomicU64::new(0),
             last_wqe_events: AtomicU64::new(0),
+            last_wqe_missing: AtomicBool::new(false),
             last_wqe: Mutex::new(HashMap::new()),
         }
     }
