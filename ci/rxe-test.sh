@@ -113,6 +113,15 @@ build_perf() {
 # shellcheck disable=SC2016 # expands in the guest
 suite perf 'MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 ./mpib-perf --fabric verbs --plugin $PWD/libmpib.so --sizes 8:1M --duration 5'
 
+# Rail failover on real verbs (crates/mpib-tools/tests/link_down.rs): rxe1's netdev taken
+# down mid-stream, the port-down event fails SUP over to SOUT; clean, exact, counted; the
+# link comes back up at the end. Toggles a link: after the suites that need both up.
+build_link-down() {
+  cargo_test_binary link_down "$1" || return 1
+  cargo_plugin_library "$1"
+}
+suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_mid_stream_loses_nothing_and_reports_nothing --test-threads=1"
+
 # Takes rxe1's link down and up again: keep it last.
 build_verbs-port-down() { cargo_test_binary verbs_device "$1"; }
 suite verbs-port-down 'MPIB_TEST_LINK_TOGGLE=1 ./verbs_device --ignored --exact port_down_is_seen_and_skipped --test-threads=1'

@@ -295,6 +295,14 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// An RC QP whose send and receive completions go to `cq`, drawing its receive WQEs
     /// from `srq` when given (a QP without an SRQ never receives a WRITE_WITH_IMM).
     fn create_qp(&self, cq: &Self::Cq, srq: Option<&Self::Srq>, caps: QpCaps) -> Result<Self::Qp>;
+
+    /// How many times the port has gone down since the device was opened (verbs: async
+    /// `IBV_EVENT_PORT_ERR` events on this port), and whether it is down now. A caller that
+    /// sees the count move learns of a link loss before any WR times out. Providers without
+    /// port events (the soft fabric): never down.
+    fn port_downs(&self) -> (u64, bool) {
+        (0, false)
+    }
 }
 
 /// A reliable-connected queue pair.

@@ -60,13 +60,34 @@ pub struct FoSide {
     /// Fault drill: the rails (mask) dropped at isend number `drill.1`; isends so far.
     drill: Option<(u8, u64)>,
     isends: u64,
+    /// Each rail's port-down count (`Device::port_downs`) this comm has acted on.
+    port_downs: [u64; RAILS],
+    failover: bool,
 }
 
 impl FoSide {
-    pub fn new(cfg: &crate::config::Config, sender: bool) -> Box<FoSide> {
+    /// `rails`: the comm's rails, whose ports' down counts start here (a port that went
+    /// down before the comm existed is the set-up's business).
+    pub fn new<D: Device>(cfg: &crate::config::Config, sender: bool, rails: &[Rail<D>; RAILS]) -> Box<FoSide> {
         let period_ns = if sender && cfg.failover { cfg.stall_ms * 1_000_000 / 4 } else { 0 };
         let drill = if sender { cfg.fault_rail } else { None };
-        Box::new(FoSide { out: FailoverPosts::default(), period_ns, next_ns: 0, drill, isends: 0 })
+        let port_downs = std::array::from_fn(|r| rails[r].dev.port_downs().0);
+        Box::new(FoSide {
+            out: FailoverPosts::default(),
+            period_ns,
+            next_ns: 0,
+            drill,
+            isends: 0,
+            port_downs,
+            failover: cfg.failover,
+        })
+    }
+
+    /// Whether a rail's port went down since this comm last looked (two loads; verbs only
+    /// ever moves them).
+    #[inline(always)]
+    fn port_news<D: Device>(&self, rails: &[Rail<D>; RAILS]) -> bool {
+        self.failover && (0..RAILS).any(|r| rails[r].dev.port_downs().0 != self.port_downs[r])
     }
 
     /// Whether the periodic round is due at `now`.
@@ -74,6 +95,26 @@ impl FoSide {
     fn periodic(&self, now: u64) -> bool {
         self.period_ns != 0 && now >= self.next_ns
     }
+}
+
+/// Tells `on_event` of each rail whose port went down since `seen` (and is down still):
+/// failover starts from the async event, before any WR times out.
+fn feed_port_downs<D: Device>(
+    rails: &[Rail<D>; RAILS],
+    seen: &mut [u64; RAILS],
+    mut on_event: impl FnMut(Event) -> Result<()>,
+) -> Result<()> {
+    for (r, rail) in rails.iter().enumerate() {
+        let (downs, down) = rail.dev.port_downs();
+        if downs != seen[r] {
+            seen[r] = downs;
+            if down {
+                log::warn!("failover: the {} rail's port is down (async event): failing the rail over", RAIL_NAMES[r]);
+                on_event(Event::RailDown { rail: r })?;
+            }
+        }
+    }
+    Ok(())
 }
 
 macro_rules! ctl_memory {
@@ -129,7 +170,10 @@ impl<D: Device> SendComm<D> {
     /// Whether a call that did not complete must run a failover round.
     #[inline(always)]
     pub(super) fn failover_wanted(&self, now: u64) -> bool {
-        self.engine.failover_due() || self.engine.control_waiting(&SendMem(&self.region)) || self.fo.periodic(now)
+        self.engine.failover_due()
+            || self.engine.control_waiting(&SendMem(&self.region))
+            || self.fo.periodic(now)
+            || self.fo.port_news(&self.rails)
     }
 
     /// One failover round (see the module doc).
@@ -137,6 +181,10 @@ impl<D: Device> SendComm<D> {
     #[inline(never)]
     pub(super) fn failover_round(&mut self, now: u64) -> Result<()> {
         self.fo.next_ns = now + self.fo.period_ns;
+        if self.fo.failover {
+            let engine = &mut self.engine;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.on_event(e))?;
+        }
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
             self.engine.poll_failover(now, &mut SendMem(&self.region), &mut self.fo.out)?;
@@ -198,7 +246,9 @@ impl<D: Device> RecvComm<D> {
     /// Whether a call that did not complete must run a failover round.
     #[inline(always)]
     pub(super) fn failover_wanted(&self) -> bool {
-        self.engine.failover_due() || self.engine.control_waiting(&RecvMem(&self.region))
+        self.engine.failover_due()
+            || self.engine.control_waiting(&RecvMem(&self.region))
+            || self.fo.port_news(&self.rails)
     }
 
     /// One failover round (see the module doc): the sender's messages read, fences
@@ -206,6 +256,10 @@ impl<D: Device> RecvComm<D> {
     #[cold]
     #[inline(never)]
     pub(super) fn failover_round(&mut self) -> Result<()> {
+        if self.fo.failover {
+            let engine = &mut self.engine;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.on_event(e))?;
+        }
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
             self.engine.poll_failover(&mut RecvMem(&self.region), &mut self.fo.out)?;

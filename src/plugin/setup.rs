@@ -290,7 +290,8 @@ impl<D: Device> Connecting<D> {
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
-        Ok(SendComm::new(rails, engine, self.pair.clone(), region, FoSide::new(self.p.cfg, true)))
+        let fo = FoSide::new(self.p.cfg, true, &rails);
+        Ok(SendComm::new(rails, engine, self.pair.clone(), region, fo))
     }
 }
 
@@ -509,7 +510,8 @@ impl<D: Device> Accepting<D> {
             hello.scratch_addr,
             hello.fifo_rkeys,
         ));
-        Ok(RecvComm::new(rails, engine, self.pair.clone(), region, FoSide::new(self.p.cfg, false)))
+        let fo = FoSide::new(self.p.cfg, false, &rails);
+        Ok(RecvComm::new(rails, engine, self.pair.clone(), region, fo))
     }
 }
 

@@ -247,6 +247,11 @@ impl Device for VerbsDevice {
     type Srq = VerbsSrq;
     type Qp = VerbsQp;
 
+    fn port_downs(&self) -> (u64, bool) {
+        let h = &self.ctx.health;
+        (h.port_downs.load(Ordering::Acquire), !h.port_active.load(Ordering::Acquire))
+    }
+
     fn attrs(&self) -> &DeviceAttrs {
         &self.attrs
     }

@@ -18,6 +18,8 @@ use super::sys::{self, RawAsyncEvent};
 #[derive(Debug)]
 pub struct Health {
     pub port_active: AtomicBool,
+    /// PORT_ERR events on this port so far.
+    pub port_downs: AtomicU64,
     pub device_fatal: AtomicBool,
     /// Events seen so far (all kinds).
     pub events: AtomicU64,
@@ -37,6 +39,7 @@ impl Health {
     pub fn new() -> Health {
         Health {
             port_active: AtomicBool::new(true),
+            port_downs: AtomicU64::new(0),
             device_fatal: AtomicBool::new(false),
             events: AtomicU64::new(0),
             qp_errors: AtomicU64::new(0),
@@ -193,6 +196,7 @@ fn report(ev: &RawAsyncEvent, label: &str, port: u8, health: &Health) {
     if t == e::IBV_EVENT_PORT_ERR as u32 {
         if event_port == port as i32 {
             health.port_active.store(false, Ordering::Release);
+            health.port_downs.fetch_add(1, Ordering::Release);
         }
         log::warn!("{label}: async event {name} on port {event_port}: the link is down");
     } else if t == e::IBV_EVENT_PORT_ACTIVE as u32 {

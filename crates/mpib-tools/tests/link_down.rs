@@ -1,0 +1,98 @@
+//! Rail failover on real verbs (issue 19), in the Soft-RoCE guest only: while checksummed
+//! traffic streams over both rails, the SUP rail's netdev is taken down. rxe raises a
+//! port-down async event on both ranks' SUP device; each comm feeds it to its engine at its
+//! next call that waits, and the connection goes on over SOUT. The run must end clean:
+//! every byte as the pattern says, every size exact, no error code on either rank, and
+//! each rank's `mpib_rail_stats` counting one failover on SUP and none on SOUT. The link is
+//! brought up again afterwards (re-admission is another test's business).
+//!
+//! `ci/rxe-test.sh link-down` runs it (`MPIB_TEST_LINK_TOGGLE=1`, `RXE_NETDEV1`, the verbs
+//! environment in `CONFORMANCE_ENV`); anywhere else it is ignored.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{RANK_ENTRY, pair};
+use mpib_tools::pair::{Launcher, child_main, run_pair_observed};
+use mpib_tools::rank::PhaseStart;
+use mpib_tools::spec::{Phase, Workload};
+
+const KIB: u64 = 1024;
+const MIB: u64 = 1024 * 1024;
+
+/// Re-executed as a rank by the two-process test (see `common::RANK_ENTRY`).
+#[test]
+fn rank_child() {
+    child_main();
+}
+
+fn ip_link(netdev: &str, state: &str) {
+    let ok = Command::new("/usr/bin/ip").args(["link", "set", netdev, state]).status().is_ok_and(|s| s.success());
+    assert!(ok, "ip link set {netdev} {state}");
+}
+
+/// Brings the link up again however the test ends.
+struct LinkUp(String);
+
+impl Drop for LinkUp {
+    fn drop(&mut self) {
+        ip_link(&self.0, "up");
+    }
+}
+
+#[test]
+#[ignore = "takes a netdev down: only in the Soft-RoCE guest (ci/rxe-test.sh link-down)"]
+fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
+    if std::env::var("MPIB_TEST_LINK_TOGGLE").as_deref() != Ok("1") {
+        eprintln!("MPIB_TEST_LINK_TOGGLE is not 1: skipped");
+        return;
+    }
+    let netdev = std::env::var("RXE_NETDEV1").expect("RXE_NETDEV1");
+    let _up = LinkUp(netdev.clone());
+    // Long enough under qemu that the link goes down well inside it (~130 MB).
+    let phase = Phase {
+        sizes: vec![4 * KIB, MIB + 7, 64 * KIB, 256 * KIB + 3],
+        count: 400,
+        nrecv: 1,
+        inflight: 4,
+        warmup: 4,
+        ..Phase::default()
+    };
+    let w = Workload { seed: 19, stall_ms: 120_000, phases: vec![phase], ..Workload::default() };
+    let mut spec = pair(w);
+    spec.env.push(("MPIB_SPLIT".into(), "50".into()));
+    // 1.5 s into the sender's measured phase (after its warm-up), from a thread: the
+    // observer runs in the parent's event loop.
+    let mut triggered = false;
+    let mut observer = |rank: usize, p: &PhaseStart| {
+        if rank != 1 || p.warmup || triggered {
+            return;
+        }
+        triggered = true;
+        let netdev = netdev.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            ip_link(&netdev, "down");
+            eprintln!("link_down: {netdev} down");
+        });
+    };
+    let t0 = Instant::now();
+    let out = run_pair_observed(&spec, &Launcher::test_binary(RANK_ENTRY), &mut observer).expect("start the ranks");
+    eprintln!("link down mid-stream: {:.2} s", t0.elapsed().as_secs_f64());
+    if let Err(e) = out.check_clean() {
+        panic!("{e}");
+    }
+    for rank in 0..2 {
+        let rails = out.ranks[rank].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
+        assert_eq!(
+            (rails[0].failovers, rails[1].failovers),
+            (0, 1),
+            "rank {rank}: SUP failed over once, SOUT never (was the link taken down before the stream ended?)\n{}",
+            out.describe()
+        );
+    }
+    let sender = &out.ranks[1].stderr;
+    assert!(sender.contains("port is down (async event)"), "the port-down event did not start the failover\n{sender}");
+}
