@@ -147,6 +147,11 @@ struct TxFrame<S> {
 struct Sched<S> {
     ready: VecDeque<Arc<S>>,
     owed: Vec<Arc<S>>,
+    /// An owed acknowledgement is one a requester waits for (ACK_REQ).
+    urgent: bool,
+    /// ... and it outlived the step that placed its data: the next flush sends it, frames
+    /// or not.
+    ripe: bool,
     timers: Vec<(Instant, Arc<S>)>,
     waiting: isize,
 }
@@ -270,6 +275,10 @@ impl<S: Station> Io<'_, S> {
     pub fn owe(&mut self, s: &Arc<S>) {
         self.sched.owed.push(s.clone());
     }
+    /// An acknowledgement owed (see [`Self::owe`]) is one a requester waits for.
+    pub fn owe_urgent(&mut self) {
+        self.sched.urgent = true;
+    }
     /// Calls `s`'s [`Station::timer`] at `at` (listed once, as above).
     pub fn timer(&mut self, s: &Arc<S>, at: Instant) {
         self.sched.timers.push((at, s.clone()));
@@ -360,7 +369,14 @@ impl<S: Station> Link<S> {
             frames: VecDeque::with_capacity(TX_FRAMES),
             tx_payload: 0,
             arena: Vec::new(),
-            sched: Sched { ready: VecDeque::new(), owed: Vec::new(), timers: Vec::new(), waiting: 0 },
+            sched: Sched {
+                ready: VecDeque::new(),
+                owed: Vec::new(),
+                urgent: false,
+                ripe: false,
+                timers: Vec::new(),
+                waiting: 0,
+            },
             live: Liveness::new(),
         };
         Link {
@@ -414,8 +430,9 @@ impl<S: Station> LinkState<S> {
     }
 
     /// One step on an established link: read and dispatch, run due timers, send, check for
-    /// a silent peer.
-    pub fn step(&mut self, link: &Arc<Link<S>>) -> Step {
+    /// a silent peer. `hold`: a caller's step, which may hold an acknowledgement for its
+    /// next one (see [`Self::after_flush`]).
+    pub fn step(&mut self, link: &Arc<Link<S>>, hold: bool) -> Step {
         let mut s = Step::default();
         if self.phase != Phase::Up {
             return s;
@@ -432,7 +449,7 @@ impl<S: Station> LinkState<S> {
             self.run_timers(link, Instant::now());
             s.again = true;
         }
-        match self.flush(link) {
+        match self.flush(link).and_then(|m| Ok(self.after_flush(link, hold)? | m)) {
             Ok(m) => s.moved = m,
             Err(why) => {
                 s.down = Some(why);
@@ -454,12 +471,31 @@ impl<S: Station> LinkState<S> {
     pub fn send(&mut self, link: &Arc<Link<S>>) -> Step {
         let mut s = Step::default();
         if self.phase == Phase::Up {
-            match self.flush(link) {
+            match self.flush(link).and_then(|m| Ok(self.after_flush(link, true)? | m)) {
                 Ok(m) => s.moved = m,
                 Err(why) => s.down = Some(why),
             }
         }
         s
+    }
+
+    /// After a flush: an acknowledgement a requester waits for is still owed, so nothing
+    /// else went with it. A caller's step (`hold`) keeps it for its next step on the link
+    /// (a post's doorbell or a poll: the frames of the call that follows the completion,
+    /// a CTS or a reply, carry it), which then sends it with or without other frames; the
+    /// helper's next sweep sends it should the callers not come back (`port.rs`). The
+    /// helper's own step sends it now. Returns whether anything moved.
+    fn after_flush(&mut self, link: &Arc<Link<S>>, hold: bool) -> Result<bool, String> {
+        if !self.sched.urgent {
+            return Ok(false);
+        }
+        self.sched.ripe = true;
+        if hold { Ok(false) } else { self.flush(link) }
+    }
+
+    /// An acknowledgement a requester waits for is held for the caller's next step.
+    pub fn acks_held(&self) -> bool {
+        self.sched.urgent
     }
 
     /// The silent-peer check alone (the helper's sweep of links no caller steps).
@@ -499,6 +535,7 @@ impl<S: Station> LinkState<S> {
         self.hello = None;
         self.sched.ready.clear();
         self.sched.owed.clear();
+        (self.sched.urgent, self.sched.ripe) = (false, false);
         self.sched.timers.clear();
         self.fd.take()
     }

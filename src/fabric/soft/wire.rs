@@ -172,9 +172,14 @@ impl Conn {
                 st.tx.listed = true;
                 io.ready(self);
             }
-        } else if st.tx.owes() && !st.tx.owe_listed {
-            st.tx.owe_listed = true;
-            io.owe(self);
+        } else if st.tx.owes() {
+            if !st.tx.owe_listed {
+                st.tx.owe_listed = true;
+                io.owe(self);
+            }
+            if st.tx.owes_urgent() {
+                io.owe_urgent();
+            }
         }
         if let Some(at) = st.tx.rnr_until
             && !st.tx.timer_listed
