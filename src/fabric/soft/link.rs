@@ -53,6 +53,11 @@ const TX_FRAMES: usize = 64;
 const TX_BYTES: u64 = 1 << 20;
 /// Inline bytes the arena holds before it is compacted.
 const ARENA: usize = 256 << 10;
+/// The longest a caller's steps hold an acknowledgement a requester waits for, waiting for
+/// frames to carry it (see `LinkState::after_flush`). Longer than a busy caller takes to
+/// post the reply or CTS that follows a completion (a few µs), short against the round
+/// trip of an idle link's ACK it saves.
+pub const ACK_HOLD: Duration = Duration::from_micros(20);
 
 /// Which link: the remote device's identity, and whether this side dialed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -149,8 +154,9 @@ struct Sched<S> {
     owed: Vec<Arc<S>>,
     /// An owed acknowledgement is one a requester waits for (ACK_REQ).
     urgent: bool,
-    /// ... and it outlived the step that placed its data: the next flush sends it, frames
-    /// or not.
+    /// When a caller's step began to hold it, and whether it is due: the next flush sends
+    /// it, frames or not.
+    held_at: Option<Instant>,
     ripe: bool,
     timers: Vec<(Instant, Arc<S>)>,
     waiting: isize,
@@ -373,6 +379,7 @@ impl<S: Station> Link<S> {
                 ready: VecDeque::new(),
                 owed: Vec::new(),
                 urgent: false,
+                held_at: None,
                 ripe: false,
                 timers: Vec::new(),
                 waiting: 0,
@@ -437,6 +444,7 @@ impl<S: Station> LinkState<S> {
         if self.phase != Phase::Up {
             return s;
         }
+        self.ripen();
         let (rx_moved, spent) = match self.pump(link) {
             Ok(r) => r,
             Err(why) => {
@@ -471,6 +479,7 @@ impl<S: Station> LinkState<S> {
     pub fn send(&mut self, link: &Arc<Link<S>>) -> Step {
         let mut s = Step::default();
         if self.phase == Phase::Up {
+            self.ripen();
             match self.flush(link).and_then(|m| Ok(self.after_flush(link, true)? | m)) {
                 Ok(m) => s.moved = m,
                 Err(why) => s.down = Some(why),
@@ -480,22 +489,36 @@ impl<S: Station> LinkState<S> {
     }
 
     /// After a flush: an acknowledgement a requester waits for is still owed, so nothing
-    /// else went with it. A caller's step (`hold`) keeps it for its next step on the link
-    /// (a post's doorbell or a poll: the frames of the call that follows the completion,
-    /// a CTS or a reply, carry it), which then sends it with or without other frames; the
-    /// helper's next sweep sends it should the callers not come back (`port.rs`). The
-    /// helper's own step sends it now. Returns whether anything moved.
+    /// else went with it. A caller's step (`hold`) keeps it for the frames of its next
+    /// steps on the link (the reply or CTS a caller posts after a completion carries it),
+    /// for [`ACK_HOLD`] at most: then its next step sends it alone (a caller that keeps
+    /// polling with nothing to send); the helper's next sweep sends it should the callers
+    /// stop (`port.rs`). The helper's own step sends it now. Returns whether anything moved.
     fn after_flush(&mut self, link: &Arc<Link<S>>, hold: bool) -> Result<bool, String> {
         if !self.sched.urgent {
             return Ok(false);
         }
+        if hold {
+            self.sched.held_at.get_or_insert_with(Instant::now);
+            return Ok(false);
+        }
         self.sched.ripe = true;
-        if hold { Ok(false) } else { self.flush(link) }
+        self.flush(link)
     }
 
-    /// An acknowledgement a requester waits for is held for the caller's next step.
-    pub fn acks_held(&self) -> bool {
-        self.sched.urgent
+    /// A held acknowledgement is due once held for [`ACK_HOLD`] (one clock read per step
+    /// while one is held).
+    fn ripen(&mut self) {
+        let q = &mut self.sched;
+        if q.urgent && !q.ripe && q.held_at.is_some_and(|t| t.elapsed() >= ACK_HOLD) {
+            q.ripe = true;
+        }
+    }
+
+    /// An acknowledgement a requester waits for, or frames of a post, are held for the
+    /// caller's next step.
+    pub fn held(&self) -> bool {
+        self.sched.urgent || !self.sched.ready.is_empty()
     }
 
     /// The silent-peer check alone (the helper's sweep of links no caller steps).
@@ -535,7 +558,7 @@ impl<S: Station> LinkState<S> {
         self.hello = None;
         self.sched.ready.clear();
         self.sched.owed.clear();
-        (self.sched.urgent, self.sched.ripe) = (false, false);
+        (self.sched.urgent, self.sched.ripe, self.sched.held_at) = (false, false, None);
         self.sched.timers.clear();
         self.fd.take()
     }

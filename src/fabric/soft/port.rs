@@ -263,6 +263,9 @@ impl<C: Station> Port<C> {
         }
         st.token = Some(token);
         st.out_armed = write;
+        // The helper may sleep with no timeout (it had no link when it last looked): it
+        // must sweep this one (held frames, a silent peer).
+        self.net().watcher.wake();
     }
 
     /// Takes the socket out of the readiness sets and closes it.
@@ -327,6 +330,17 @@ impl<C: Station> Port<C> {
         self.finish(link, st, s);
     }
 
+    /// Holds the frames queued on a locked link for its next step (a post with nothing to
+    /// wait for: see `Conn::post_tcp`): the next poll of any of the device's CQs makes it,
+    /// if no post does first. `false`: the link is not up (the caller steps it now).
+    pub fn hold(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) -> bool {
+        if st.phase != Phase::Up {
+            return false;
+        }
+        self.requeue(link);
+        true
+    }
+
     /// A caller's step, unless another thread is on the link (it makes the same progress);
     /// `queue`: then the link is stepped again at the next poll (its event is consumed).
     pub fn step_try(&self, link: &Arc<Link<C>>, queue: bool) {
@@ -354,7 +368,7 @@ impl<C: Station> Port<C> {
             self.close(link, st);
             return;
         }
-        if s.again || st.acks_held() {
+        if s.again || st.held() {
             // A held acknowledgement goes at the next step: the next poll of any of the
             // device's CQs makes it, whether or not the socket moves.
             self.requeue(link);
@@ -457,9 +471,9 @@ impl<C: Station> Port<C> {
                 Phase::Up => {
                     if let Some(why) = st.silent() {
                         self.down(&l, &mut st, &why);
-                    } else if quiet(&l) || st.acks_held() {
-                        // An acknowledgement held since a caller's step goes now, whether
-                        // or not callers still poll (they may have stopped right after).
+                    } else if quiet(&l) || st.held() {
+                        // An acknowledgement or frames held since a caller's step go now,
+                        // whether or not callers still poll (they may have stopped since).
                         self.step_locked(&l, &mut st, false);
                     }
                 }

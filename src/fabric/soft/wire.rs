@@ -424,7 +424,11 @@ impl Conn {
         Err(Error::remote(format!("soft fabric QP {}: {why}", self.ep.qp_num)))
     }
 
-    /// `post_send` (TCP): queued, and sent at once as far as the socket takes it.
+    /// `post_send` (TCP): queued, and sent at once as far as the socket takes it; or, for a
+    /// chain with no signalled WR (nobody here waits for it: a CTS), held for the link's
+    /// next frames (the caller's next post, typically the data or the reply the CTS comes
+    /// before), at the latest for the caller's next poll or the helper's next sweep
+    /// (`link.rs`, held frames): one `sendmsg` for both instead of one each.
     pub fn post_tcp(self: &Arc<Self>, chain: &[SendWr]) -> Result<()> {
         let link = self.st.lock().link().cloned();
         let Some(link) = link else { return self.post(&mut self.st.lock(), chain) };
@@ -436,7 +440,9 @@ impl Conn {
             self.settle(&mut st, &mut ls.io(&link), w0);
         }
         link.caller_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.port.step_tx(&link, &mut ls);
+        if chain.iter().any(|w| w.signaled) || !self.port.hold(&link, &mut ls) {
+            self.port.step_tx(&link, &mut ls);
+        }
         Ok(())
     }
 

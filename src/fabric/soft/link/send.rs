@@ -28,7 +28,7 @@ impl<S: Station> LinkState<S> {
             }
         }
         if (!frames.is_empty() || sched.ripe) && !sched.owed.is_empty() {
-            (sched.urgent, sched.ripe) = (false, false);
+            (sched.urgent, sched.ripe, sched.held_at) = (false, false, None);
             let owed = std::mem::take(&mut sched.owed);
             for s in owed {
                 let mut out = Filler {

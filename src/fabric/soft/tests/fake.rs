@@ -233,9 +233,9 @@ fn a_held_ack_goes_ahead_of_the_next_post() {
     assert!(matches!(fake.recv().0, Frame::Write { dst_qpn: 4242, seq: 0, ack_req: true, .. }));
 }
 
-/// A held acknowledgement goes at the caller's next poll when nothing is posted, and by
-/// the helper when the caller stops calling right after the poll that placed the data:
-/// the requester's completion never waits on a caller that went away.
+/// A held acknowledgement goes at a later poll when nothing is posted (once held for
+/// `ACK_HOLD`), and by the helper when the caller stops calling right after the poll that
+/// placed the data: the requester's completion never waits on a caller that went away.
 #[test]
 fn a_held_ack_goes_at_the_next_poll_or_by_the_helper() {
     let p = devices(Mode::Tcp);
@@ -245,10 +245,11 @@ fn a_held_ack_goes_at_the_next_poll_or_by_the_helper() {
     let (qpn, addr, rkey) = (a.qp.qp_num(), a.addr(), a.key());
     let w = |seq| Frame::Write { dst_qpn: qpn, seq, addr, rkey, len: 8, imm: None, ack_req: true };
     fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    // Polled on: the next poll sends it.
+    // Polled on with nothing posted: a poll once it was held for ACK_HOLD sends it.
     fake.send(&w(0));
     fake.s.write_all(&[1; 8]).unwrap();
     poll_until_placed(&mut a, [1; 8]);
+    std::thread::sleep(super::super::link::ACK_HOLD);
     a.cq.poll(&mut []).unwrap();
     assert_eq!(fake.recv().0, Frame::Ack { dst_qpn: 4242, seq: 0 });
     // Nobody polls after the placing poll: the helper's sweep sends it (5 s: a machine
@@ -258,5 +259,32 @@ fn a_held_ack_goes_at_the_next_poll_or_by_the_helper() {
     poll_until_placed(&mut a, [2; 8]);
     let t = Instant::now();
     assert_eq!(fake.recv().0, Frame::Ack { dst_qpn: 4242, seq: 1 });
+    assert!(t.elapsed() < Duration::from_secs(1), "the helper took {:?}", t.elapsed());
+}
+
+/// A post with no signalled WR (a CTS: nobody here waits for it) rings no doorbell: it goes
+/// with the next post's frames, ahead of them, or at the caller's next poll, or by the
+/// helper when the caller makes no other call.
+#[test]
+fn an_unsignalled_post_goes_with_the_next_post_or_poll_or_by_the_helper() {
+    let p = devices(Mode::Tcp);
+    let mut a = tcp_end_on(&p.0);
+    let mut fake = Fake::dial(&a);
+    fake.connect(&mut a, 4242);
+    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let seq_of = |f: Frame| match f {
+        Frame::Write { seq, ack_req, .. } => (seq, ack_req),
+        f => panic!("{f:?}"),
+    };
+    a.qp.post_send(&[write(1, a.sge(0, 8), 0, 0, false)]).unwrap();
+    a.qp.post_send(&[write(2, a.sge(0, 8), 0, 0, true)]).unwrap();
+    assert_eq!(seq_of(fake.recv().0), (0, false));
+    assert_eq!(seq_of(fake.recv().0), (1, true));
+    a.qp.post_send(&[write(3, a.sge(0, 8), 0, 0, false)]).unwrap();
+    a.cq.poll(&mut []).unwrap();
+    assert_eq!(seq_of(fake.recv().0), (2, false));
+    a.qp.post_send(&[write(4, a.sge(0, 8), 0, 0, false)]).unwrap();
+    let t = Instant::now();
+    assert_eq!(seq_of(fake.recv().0), (3, false));
     assert!(t.elapsed() < Duration::from_secs(1), "the helper took {:?}", t.elapsed());
 }
