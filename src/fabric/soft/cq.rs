@@ -92,8 +92,8 @@ impl SoftCq {
         match self.links.as_slice() {
             [] => {}
             [one] => {
+                port.step_again(Some(one));
                 port.step_try(one, false);
-                port.step_again();
             }
             _ => port.poll_ready(&mut self.events[..]),
         }

@@ -53,6 +53,11 @@ const TX_FRAMES: usize = 64;
 const TX_BYTES: u64 = 1 << 20;
 /// Inline bytes the arena holds before it is compacted.
 const ARENA: usize = 256 << 10;
+/// The longest a caller's steps hold an acknowledgement a requester waits for, waiting for
+/// frames to carry it (see `LinkState::after_flush`). Longer than a busy caller takes to
+/// post the reply or CTS that follows a completion (a few µs), short against the round
+/// trip of an idle link's ACK it saves.
+pub const ACK_HOLD: Duration = Duration::from_micros(20);
 
 /// Which link: the remote device's identity, and whether this side dialed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -147,6 +152,12 @@ struct TxFrame<S> {
 struct Sched<S> {
     ready: VecDeque<Arc<S>>,
     owed: Vec<Arc<S>>,
+    /// An owed acknowledgement is one a requester waits for (ACK_REQ).
+    urgent: bool,
+    /// When a caller's step began to hold it, and whether it is due: the next flush sends
+    /// it, frames or not.
+    held_at: Option<Instant>,
+    ripe: bool,
     timers: Vec<(Instant, Arc<S>)>,
     waiting: isize,
 }
@@ -270,6 +281,10 @@ impl<S: Station> Io<'_, S> {
     pub fn owe(&mut self, s: &Arc<S>) {
         self.sched.owed.push(s.clone());
     }
+    /// An acknowledgement owed (see [`Self::owe`]) is one a requester waits for.
+    pub fn owe_urgent(&mut self) {
+        self.sched.urgent = true;
+    }
     /// Calls `s`'s [`Station::timer`] at `at` (listed once, as above).
     pub fn timer(&mut self, s: &Arc<S>, at: Instant) {
         self.sched.timers.push((at, s.clone()));
@@ -360,7 +375,15 @@ impl<S: Station> Link<S> {
             frames: VecDeque::with_capacity(TX_FRAMES),
             tx_payload: 0,
             arena: Vec::new(),
-            sched: Sched { ready: VecDeque::new(), owed: Vec::new(), timers: Vec::new(), waiting: 0 },
+            sched: Sched {
+                ready: VecDeque::new(),
+                owed: Vec::new(),
+                urgent: false,
+                held_at: None,
+                ripe: false,
+                timers: Vec::new(),
+                waiting: 0,
+            },
             live: Liveness::new(),
         };
         Link {
@@ -414,12 +437,14 @@ impl<S: Station> LinkState<S> {
     }
 
     /// One step on an established link: read and dispatch, run due timers, send, check for
-    /// a silent peer.
-    pub fn step(&mut self, link: &Arc<Link<S>>) -> Step {
+    /// a silent peer. `hold`: a caller's step, which may hold an acknowledgement for its
+    /// next one (see [`Self::after_flush`]).
+    pub fn step(&mut self, link: &Arc<Link<S>>, hold: bool) -> Step {
         let mut s = Step::default();
         if self.phase != Phase::Up {
             return s;
         }
+        self.ripen();
         let (rx_moved, spent) = match self.pump(link) {
             Ok(r) => r,
             Err(why) => {
@@ -432,7 +457,7 @@ impl<S: Station> LinkState<S> {
             self.run_timers(link, Instant::now());
             s.again = true;
         }
-        match self.flush(link) {
+        match self.flush(link).and_then(|m| Ok(self.after_flush(link, hold)? | m)) {
             Ok(m) => s.moved = m,
             Err(why) => {
                 s.down = Some(why);
@@ -454,12 +479,46 @@ impl<S: Station> LinkState<S> {
     pub fn send(&mut self, link: &Arc<Link<S>>) -> Step {
         let mut s = Step::default();
         if self.phase == Phase::Up {
-            match self.flush(link) {
+            self.ripen();
+            match self.flush(link).and_then(|m| Ok(self.after_flush(link, true)? | m)) {
                 Ok(m) => s.moved = m,
                 Err(why) => s.down = Some(why),
             }
         }
         s
+    }
+
+    /// After a flush: an acknowledgement a requester waits for is still owed, so nothing
+    /// else went with it. A caller's step (`hold`) keeps it for the frames of its next
+    /// steps on the link (the reply or CTS a caller posts after a completion carries it),
+    /// for [`ACK_HOLD`] at most: then its next step sends it alone (a caller that keeps
+    /// polling with nothing to send); the helper's next sweep sends it should the callers
+    /// stop (`port.rs`). The helper's own step sends it now. Returns whether anything moved.
+    fn after_flush(&mut self, link: &Arc<Link<S>>, hold: bool) -> Result<bool, String> {
+        if !self.sched.urgent {
+            return Ok(false);
+        }
+        if hold {
+            self.sched.held_at.get_or_insert_with(Instant::now);
+            return Ok(false);
+        }
+        self.sched.ripe = true;
+        self.flush(link)
+    }
+
+    /// A held acknowledgement is due once held for [`ACK_HOLD`] (one clock read per step
+    /// while one is held).
+    fn ripen(&mut self) {
+        let q = &mut self.sched;
+        if q.urgent && !q.ripe && q.held_at.is_some_and(|t| t.elapsed() >= ACK_HOLD) {
+            q.ripe = true;
+        }
+    }
+
+    /// An acknowledgement a requester waits for, or frames of a post, are held for the
+    /// caller's next step.
+    pub fn held(&self) -> bool {
+        self.sched.urgent || !self.sched.ready.is_empty()
     }
 
     /// The silent-peer check alone (the helper's sweep of links no caller steps).
@@ -499,6 +558,7 @@ impl<S: Station> LinkState<S> {
         self.hello = None;
         self.sched.ready.clear();
         self.sched.owed.clear();
+        (self.sched.urgent, self.sched.ripe, self.sched.held_at) = (false, false, None);
         self.sched.timers.clear();
         self.fd.take()
     }

@@ -77,7 +77,8 @@ pub struct Net<C: Station> {
     /// The readiness sets (the listener is in the helper's).
     pub watcher: Watcher<Link<C>>,
     /// Links to step again without a socket event (a read budget spent, a timer, a lock
-    /// that was busy when their event came).
+    /// that was busy when their event came, an acknowledgement held: `link.rs`), at the
+    /// start of the next poll.
     again: Mutex<Vec<Arc<Link<C>>>>,
     any_again: AtomicBool,
     /// Bumped by every poll that asks the callers' readiness set: callers serve all links.
@@ -262,6 +263,9 @@ impl<C: Station> Port<C> {
         }
         st.token = Some(token);
         st.out_armed = write;
+        // The helper may sleep with no timeout (it had no link when it last looked): it
+        // must sweep this one (held frames, a silent peer).
+        self.net().watcher.wake();
     }
 
     /// Takes the socket out of the readiness sets and closes it.
@@ -313,7 +317,7 @@ impl<C: Station> Port<C> {
         if matches!(st.phase, Phase::Dialing { .. }) {
             self.check_dial(link, st);
         }
-        let s = st.step(link);
+        let s = st.step(link, by_caller);
         self.finish(link, st, s);
     }
 
@@ -324,6 +328,17 @@ impl<C: Station> Port<C> {
         }
         let s = st.send(link);
         self.finish(link, st, s);
+    }
+
+    /// Holds the frames queued on a locked link for its next step (a post with nothing to
+    /// wait for: see `Conn::post_tcp`): the next poll of any of the device's CQs makes it,
+    /// if no post does first. `false`: the link is not up (the caller steps it now).
+    pub fn hold(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) -> bool {
+        if st.phase != Phase::Up {
+            return false;
+        }
+        self.requeue(link);
+        true
     }
 
     /// A caller's step, unless another thread is on the link (it makes the same progress);
@@ -353,7 +368,9 @@ impl<C: Station> Port<C> {
             self.close(link, st);
             return;
         }
-        if s.again {
+        if s.again || st.held() {
+            // A held acknowledgement goes at the next step: the next poll of any of the
+            // device's CQs makes it, whether or not the socket moves.
             self.requeue(link);
         }
         if !st.out_armed
@@ -403,10 +420,11 @@ impl<C: Station> Port<C> {
         }
     }
 
-    /// Callers whose CQ's QPs use several links: steps the links whose sockets moved and
-    /// those queued to be stepped again (one `epoll_wait`, whatever the number of links).
+    /// Callers whose CQ's QPs use several links: steps the links queued to be stepped
+    /// again and those whose sockets moved (one `epoll_wait`, whatever the number of links).
     pub fn poll_ready(&self, events: &mut [libc::epoll_event]) {
         let Some(net) = &self.net else { return };
+        self.step_again(None);
         net.epoll_epoch.fetch_add(1, Ordering::Relaxed);
         let n = net.watcher.moved(events);
         for ev in &events[..n] {
@@ -414,11 +432,13 @@ impl<C: Station> Port<C> {
                 self.step_try(&link, true);
             }
         }
-        self.step_again();
     }
 
-    /// Steps the links queued to be stepped again.
-    pub fn step_again(&self) {
+    /// Steps the links queued to be stepped again (before the links a poll steps anyway:
+    /// what this poll's steps queue waits for the next poll, so an acknowledgement held at
+    /// the end of a poll is not sent alone by the same poll). `skip`: a link the caller
+    /// steps next anyway.
+    pub fn step_again(&self, skip: Option<&Arc<Link<C>>>) {
         let Some(net) = &self.net else { return };
         if !net.any_again.load(Ordering::Acquire) {
             return;
@@ -427,6 +447,9 @@ impl<C: Station> Port<C> {
         let again = std::mem::take(&mut *net.again.lock());
         for l in again {
             l.queued.store(false, Ordering::Release);
+            if skip.is_some_and(|s| Arc::ptr_eq(s, &l)) {
+                continue;
+            }
             self.step_try(&l, true);
         }
     }
@@ -448,7 +471,9 @@ impl<C: Station> Port<C> {
                 Phase::Up => {
                     if let Some(why) = st.silent() {
                         self.down(&l, &mut st, &why);
-                    } else if quiet(&l) {
+                    } else if quiet(&l) || st.held() {
+                        // An acknowledgement or frames held since a caller's step go now,
+                        // whether or not callers still poll (they may have stopped since).
                         self.step_locked(&l, &mut st, false);
                     }
                 }

@@ -16,7 +16,8 @@
 //!
 //! Acknowledgements (TCP): a request the requester waits for carries ACK_REQ (a signalled
 //! WR, and at least every quarter of the queue's depth, so unsignalled WRs retire too); the
-//! responder acknowledges those at once and lets the others ride along with later frames.
+//! responder acknowledges those by its caller's next step at the latest (`link.rs`) and lets
+//! the others ride along with later frames.
 //! The requester waits on the peer (the silent-peer check runs) only while a request that
 //! must be answered (ACK_REQ, or a READ) is not.
 

@@ -15,8 +15,11 @@
 //! are held back and stored last, as one `AtomicU64` store with Release ordering, after all
 //! other bytes of the WRITE are in place (`responder.rs`).
 //!
-//! Acknowledgements: a request with ACK_REQ is acknowledged at once; others owe theirs,
-//! which leaves with the next frame on the link or the next ACK_REQ's (ACKs are cumulative).
+//! Acknowledgements (cumulative), only once the data is placed (the final word stored): a
+//! request with ACK_REQ owes one its requester waits for, which leaves with the next frames
+//! on the link, at the latest at the caller's next step on it (the poll that placed the
+//! data holds it for the reply or CTS the caller posts next: `link.rs`); others owe theirs
+//! until then (with the next frame, or the next ACK_REQ's).
 
 use super::endpoint::Endpoint;
 use super::fault::Fault;

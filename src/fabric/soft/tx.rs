@@ -53,9 +53,11 @@ pub struct QpTx {
     connect: Option<Frame>,
     close: Option<Frame>,
     ctl: VecDeque<Ctl>,
-    /// The cumulative ACK to send, and whether at once (else with the next frame).
+    /// The cumulative ACK to send, and whether the requester waits for it (ACK_REQ: it goes
+    /// with the next frames on the link, at the latest at the caller's next step on it or
+    /// the helper's next sweep: `link.rs`).
     ack: Option<u32>,
-    ack_now: bool,
+    ack_urgent: bool,
     reads: VecDeque<(u32, u32, u64, u64)>,
     cur: Option<Out>,
     /// Requests wait until then (RNR).
@@ -75,7 +77,7 @@ impl Default for QpTx {
             close: None,
             ctl: VecDeque::new(),
             ack: None,
-            ack_now: false,
+            ack_urgent: false,
             reads: VecDeque::new(),
             cur: None,
             rnr_until: None,
@@ -137,10 +139,11 @@ impl QpTx {
         Ok(())
     }
 
-    /// Request `seq` was executed: acknowledge it (cumulatively), at once when `now`.
-    pub fn ack(&mut self, seq: u32, now: bool) {
+    /// Request `seq` was executed: acknowledge it (cumulatively); `urgent`: the requester
+    /// waits for it (ACK_REQ).
+    pub fn ack(&mut self, seq: u32, urgent: bool) {
         self.ack = Some(seq);
-        self.ack_now |= now;
+        self.ack_urgent |= urgent;
     }
 
     /// The peer acknowledged something: a later RNR waits the shortest delay again.
@@ -174,13 +177,17 @@ impl QpTx {
         self.connect.is_some()
             || self.close.is_some()
             || !self.ctl.is_empty()
-            || self.ack_now
             || ready && (self.cur.is_some() || !self.reads.is_empty() || self.request_due(req))
     }
 
-    /// An acknowledgement may wait for other frames.
+    /// An acknowledgement waits for other frames (see `link.rs` for how long).
     pub fn owes(&self) -> bool {
         self.ack.is_some()
+    }
+
+    /// The acknowledgement owed is one the requester waits for.
+    pub fn owes_urgent(&self) -> bool {
+        self.ack_urgent
     }
 
     fn request_due(&self, req: &Requester) -> bool {
@@ -191,7 +198,7 @@ impl QpTx {
     /// Pushes the owed acknowledgement only.
     pub fn fill_ack<S: Station>(&mut self, me: &Arc<S>, dst_qpn: u32, out: &mut Filler<'_, S>) {
         if let Some(seq) = self.ack.take() {
-            self.ack_now = false;
+            self.ack_urgent = false;
             out.push(me, encode(&Frame::Ack { dst_qpn, seq }), Src::None, 0, 0, false);
         }
     }

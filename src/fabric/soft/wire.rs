@@ -172,9 +172,14 @@ impl Conn {
                 st.tx.listed = true;
                 io.ready(self);
             }
-        } else if st.tx.owes() && !st.tx.owe_listed {
-            st.tx.owe_listed = true;
-            io.owe(self);
+        } else if st.tx.owes() {
+            if !st.tx.owe_listed {
+                st.tx.owe_listed = true;
+                io.owe(self);
+            }
+            if st.tx.owes_urgent() {
+                io.owe_urgent();
+            }
         }
         if let Some(at) = st.tx.rnr_until
             && !st.tx.timer_listed
@@ -419,7 +424,11 @@ impl Conn {
         Err(Error::remote(format!("soft fabric QP {}: {why}", self.ep.qp_num)))
     }
 
-    /// `post_send` (TCP): queued, and sent at once as far as the socket takes it.
+    /// `post_send` (TCP): queued, and sent at once as far as the socket takes it; or, for a
+    /// chain with no signalled WR (nobody here waits for it: a CTS), held for the link's
+    /// next frames (the caller's next post, typically the data or the reply the CTS comes
+    /// before), at the latest for the caller's next poll or the helper's next sweep
+    /// (`link.rs`, held frames): one `sendmsg` for both instead of one each.
     pub fn post_tcp(self: &Arc<Self>, chain: &[SendWr]) -> Result<()> {
         let link = self.st.lock().link().cloned();
         let Some(link) = link else { return self.post(&mut self.st.lock(), chain) };
@@ -431,7 +440,9 @@ impl Conn {
             self.settle(&mut st, &mut ls.io(&link), w0);
         }
         link.caller_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.port.step_tx(&link, &mut ls);
+        if chain.iter().any(|w| w.signaled) || !self.port.hold(&link, &mut ls) {
+            self.port.step_tx(&link, &mut ls);
+        }
         Ok(())
     }
 

@@ -27,7 +27,8 @@ impl<S: Station> LinkState<S> {
                 }
             }
         }
-        if !frames.is_empty() && !sched.owed.is_empty() {
+        if (!frames.is_empty() || sched.ripe) && !sched.owed.is_empty() {
+            (sched.urgent, sched.ripe, sched.held_at) = (false, false, None);
             let owed = std::mem::take(&mut sched.owed);
             for s in owed {
                 let mut out = Filler {

@@ -204,3 +204,87 @@ fn silent_peer_times_out_within_the_bound() {
     let took = t.elapsed();
     assert!(took >= bound && took < bound + Duration::from_secs(2), "{took:?} for a bound of {bound:?}");
 }
+
+/// Polls `end`'s CQ until its region's first 8 bytes read `want` (the WRITE was placed).
+fn poll_until_placed(end: &mut End, want: [u8; 8]) {
+    let t = Instant::now();
+    while end.region()[..8] != want {
+        assert!(t.elapsed() < Duration::from_secs(5), "the WRITE was not placed");
+        end.cq.poll(&mut []).unwrap();
+    }
+}
+
+/// The acknowledgement of a request that asks for one (ACK_REQ) is held by the poll that
+/// placed the data, and goes with the caller's next frames (ahead of them, in one stream):
+/// the requester never sees the request before the ACK it carries.
+#[test]
+fn a_held_ack_goes_ahead_of_the_next_post() {
+    let p = devices(Mode::Tcp);
+    let mut a = tcp_end_on(&p.0);
+    let mut fake = Fake::dial(&a);
+    fake.connect(&mut a, 4242);
+    let (qpn, addr, rkey) = (a.qp.qp_num(), a.addr(), a.key());
+    let w = |seq| Frame::Write { dst_qpn: qpn, seq, addr, rkey, len: 8, imm: None, ack_req: true };
+    fake.send(&w(0));
+    fake.s.write_all(&[7; 8]).unwrap();
+    poll_until_placed(&mut a, [7; 8]);
+    a.qp.post_send(&[write(1, a.sge(0, 8), 0, 0, true)]).unwrap();
+    assert_eq!(fake.recv().0, Frame::Ack { dst_qpn: 4242, seq: 0 });
+    assert!(matches!(fake.recv().0, Frame::Write { dst_qpn: 4242, seq: 0, ack_req: true, .. }));
+}
+
+/// A held acknowledgement goes at a later poll when nothing is posted (once held for
+/// `ACK_HOLD`), and by the helper when the caller stops calling right after the poll that
+/// placed the data: the requester's completion never waits on a caller that went away.
+#[test]
+fn a_held_ack_goes_at_the_next_poll_or_by_the_helper() {
+    let p = devices(Mode::Tcp);
+    let mut a = tcp_end_on(&p.0);
+    let mut fake = Fake::dial(&a);
+    fake.connect(&mut a, 4242);
+    let (qpn, addr, rkey) = (a.qp.qp_num(), a.addr(), a.key());
+    let w = |seq| Frame::Write { dst_qpn: qpn, seq, addr, rkey, len: 8, imm: None, ack_req: true };
+    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // Polled on with nothing posted: a poll once it was held for ACK_HOLD sends it.
+    fake.send(&w(0));
+    fake.s.write_all(&[1; 8]).unwrap();
+    poll_until_placed(&mut a, [1; 8]);
+    std::thread::sleep(super::super::link::ACK_HOLD);
+    a.cq.poll(&mut []).unwrap();
+    assert_eq!(fake.recv().0, Frame::Ack { dst_qpn: 4242, seq: 0 });
+    // Nobody polls after the placing poll: the helper's sweep sends it (5 s: a machine
+    // whose cores are busy elsewhere; it takes at most two helper periods).
+    fake.send(&w(1));
+    fake.s.write_all(&[2; 8]).unwrap();
+    poll_until_placed(&mut a, [2; 8]);
+    let t = Instant::now();
+    assert_eq!(fake.recv().0, Frame::Ack { dst_qpn: 4242, seq: 1 });
+    assert!(t.elapsed() < Duration::from_secs(1), "the helper took {:?}", t.elapsed());
+}
+
+/// A post with no signalled WR (a CTS: nobody here waits for it) rings no doorbell: it goes
+/// with the next post's frames, ahead of them, or at the caller's next poll, or by the
+/// helper when the caller makes no other call.
+#[test]
+fn an_unsignalled_post_goes_with_the_next_post_or_poll_or_by_the_helper() {
+    let p = devices(Mode::Tcp);
+    let mut a = tcp_end_on(&p.0);
+    let mut fake = Fake::dial(&a);
+    fake.connect(&mut a, 4242);
+    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let seq_of = |f: Frame| match f {
+        Frame::Write { seq, ack_req, .. } => (seq, ack_req),
+        f => panic!("{f:?}"),
+    };
+    a.qp.post_send(&[write(1, a.sge(0, 8), 0, 0, false)]).unwrap();
+    a.qp.post_send(&[write(2, a.sge(0, 8), 0, 0, true)]).unwrap();
+    assert_eq!(seq_of(fake.recv().0), (0, false));
+    assert_eq!(seq_of(fake.recv().0), (1, true));
+    a.qp.post_send(&[write(3, a.sge(0, 8), 0, 0, false)]).unwrap();
+    a.cq.poll(&mut []).unwrap();
+    assert_eq!(seq_of(fake.recv().0), (2, false));
+    a.qp.post_send(&[write(4, a.sge(0, 8), 0, 0, false)]).unwrap();
+    let t = Instant::now();
+    assert_eq!(seq_of(fake.recv().0), (3, false));
+    assert!(t.elapsed() < Duration::from_secs(1), "the helper took {:?}", t.elapsed());
+}
