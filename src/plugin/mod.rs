@@ -29,6 +29,7 @@ pub mod mr;
 pub mod nic;
 pub mod oob;
 mod rails;
+mod readmit;
 pub mod resources;
 pub mod setup;
 pub mod table;

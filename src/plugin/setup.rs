@@ -281,6 +281,7 @@ impl<D: Device> Connecting<D> {
         let mut engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
         engine.set_failover(failover_config(
             self.p.cfg,
+            self.p.qps,
             region.addr(),
             SEND_CTL_OFF,
             lkeys,
@@ -503,6 +504,7 @@ impl<D: Device> Accepting<D> {
         let mut engine = RecvEngine::new(cfg, stats);
         engine.set_failover(failover_config(
             self.p.cfg,
+            hello.qps,
             region.addr(),
             RECV_CTL_OFF,
             lkeys,
