@@ -376,6 +376,11 @@ pub(crate) struct Failover {
     /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
     /// fence is done and whose `Fenced` is still to be written.
     pub(crate) report_due: RailMask,
+    /// Rails with re-admission work for the next poll: a `Rebuild`/`Rebuilt` to write,
+    /// probes to post. `connect_wait`: ConnectQps performed, QpsConnected not yet in (the
+    /// plugin polls the new QPs in its rounds).
+    pub(crate) readmit_due: RailMask,
+    pub(crate) connect_wait: RailMask,
     /// Sender: replays waiting for their slot's chain on the surviving rail to complete.
     pub(crate) replays_waiting: u32,
     /// Counters: rail failures survived, parts confirmed, parts replayed and their bytes,
@@ -390,11 +395,6 @@ pub(crate) struct Failover {
     /// Re-admission (`engine/send/readmit.rs`, `engine/recv/readmit.rs`). The time of the
     /// last failover poll (events carry none).
     pub(crate) now_ns: u64,
-    /// Rails with re-admission work for the next poll: a `Rebuild`/`Rebuilt` to write,
-    /// probes to post. `connect_wait`: ConnectQps performed, QpsConnected not yet in (the
-    /// plugin polls the new QPs in its rounds).
-    pub(crate) readmit_due: RailMask,
-    pub(crate) connect_wait: RailMask,
     /// The new QPs' records: ours (to write) and, at the receiver, the sender's (to
     /// connect to once ours are built).
     pub(crate) records: [QpRecords; RAILS],

@@ -41,9 +41,8 @@ impl RecvEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// regularly to read the control ring).
     pub fn failover_due(&self) -> bool {
-        !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty())
+        !(self.fo.fence_due | self.fo.report_due | self.fo.readmit_due | self.fo.connect_wait).is_empty()
             || self.cts_redo != 0
-            || !(self.fo.readmit_due.is_empty() && self.fo.connect_wait.is_empty())
     }
 
     /// Whether the peer wrote a control message not yet read (one load, one compare): the
