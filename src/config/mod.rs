@@ -153,9 +153,10 @@ impl Default for Config {
             gid_index: None,
             tc: None,
             sl: None,
-            // 4.096 µs × 2^16 × 7 ≈ 1.9 s before a silent link errors, well under NCCL's
-            // ~34 s (20/7), so rail failover starts in time; DESIGN.md "Rail failover".
-            timeout: 16,
+            // 4.096 µs × 2^14 × 7 ≈ 0.47 s before a silent link errors, well under NCCL's
+            // ~34 s (20/7), so rail failover starts in time; a spurious timeout costs the
+            // rail only until its re-admission. DESIGN.md "Rail failover".
+            timeout: 14,
             retry_cnt: 6,
             failover: true,
             stall_ms: 5000,

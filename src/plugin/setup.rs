@@ -524,10 +524,11 @@ mod tests {
         let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
         // NCCL's settings (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
         let cfg = Config::default();
-        assert_eq!((cfg.timeout, cfg.retry_cnt), (16, 6), "the defaults: rail failover starts in ~2 s");
+        assert_eq!((cfg.timeout, cfg.retry_cnt), (14, 6), "the defaults: rail failover starts in ~0.6 s");
+        assert_eq!(silent_peer_bound(&p(14, 6)), Duration::from_nanos(4096 * (1 << 14) * 7 + 100_000_000));
         assert_eq!(silent_peer_bound(&p(20, 7)), Duration::from_nanos(4096 * (1 << 20) * 8 + 100_000_000));
         assert_eq!(format!("{:.1?}", silent_peer_bound(&p(20, 7))), "34.5s");
-        // The defaults, and the Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
+        // The Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
         assert_eq!(silent_peer_bound(&p(16, 6)), Duration::from_nanos(4096 * (1 << 16) * 7 + 100_000_000));
         // Tiny budgets: the soft fabric's 100 ms floor.
         assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));

@@ -41,7 +41,7 @@ impl SendEngine {
         if self.fo.cfg.readmit_ns == 0 {
             return Ok(());
         }
-        for rail in 0..RAILS {
+        for (rail, name) in RAIL_NAMES.iter().enumerate() {
             let due = now >= self.fo.readmit_at[rail];
             match self.fo.state[rail] {
                 RailState::Failed { epoch, fenced: true } if due && self.fo.state[other(rail)] == RailState::Up => {
@@ -50,7 +50,7 @@ impl SendEngine {
                     out.actions.push(Action::RebuildQps { rail });
                 }
                 RailState::Rebuilding { .. } | RailState::Probing { .. } if due => {
-                    log::warn!("send: re-admission of the {} rail timed out", RAIL_NAMES[rail]);
+                    log::warn!("send: re-admission of the {name} rail timed out");
                     self.readmit_failed(rail)?;
                 }
                 _ => {}
