@@ -114,7 +114,7 @@ pub enum Action {
     /// the rail's CQ still holds for the connection, then answer [`Event::FenceDone`].
     FenceQps { rail: usize },
     /// Re-admission: create `rail`'s QPs of this connection again (on the same shared
-    /// queues; the old ones stay in the error state until close), answer
+    /// queues; the old ones, in the error state since the fence, are destroyed first), answer
     /// [`Event::QpsBuilt`] with their records (or [`Event::ReadmitFailed`]).
     RebuildQps { rail: usize },
     /// Re-admission: connect the new QPs of `rail` to the peer's (`records`); answer

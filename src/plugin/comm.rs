@@ -61,12 +61,10 @@ pub struct Rail<D: Device> {
     /// What this rail holds, for `mpib_resource_stats`.
     pub held: Vec<Held>,
     /// Re-admission (`plugin/readmit.rs`): what the QPs were made with (the flush QP's
-    /// last), the peer's QP infos and the transport parameters they were connected with,
-    /// and the QPs of earlier lives of the rail, kept in the error state until close.
+    /// last), the peer's QP infos and the transport parameters they were connected with.
     pub specs: Vec<QpSpec>,
     pub peer: Vec<QpInfo>,
     pub connect: Option<ConnectParams>,
-    pub retired: Vec<D::Qp>,
 }
 
 impl<D: Device> Rail<D> {
@@ -88,7 +86,6 @@ impl<D: Device> Rail<D> {
         }
         let mut qps = std::mem::take(&mut self.qps);
         qps.extend(self.flush_qp.take());
-        qps.append(&mut self.retired);
         self.nic.detach(self.owner, qps, self.sq, self.window);
         if let Some(mr) = self.region_mr.take()
             && let Err(e) = self.dev.dereg_mr(mr)

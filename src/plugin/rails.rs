@@ -140,7 +140,6 @@ pub(super) fn build_rail<D: Device>(
         specs,
         peer: Vec::new(),
         connect: None,
-        retired: Vec::new(),
     })
 }
 

@@ -2,11 +2,11 @@
 //! Re-admission): the engines decide and exchange the new QPs' records over the surviving
 //! rail's control ring; this file performs their actions on the fabric.
 //!
-//! - [`Action::RebuildQps`]: the rail's QPs made again as they were first made (same specs,
-//!   the NIC's same shared CQ and SRQ, routes to the same inbox; no second receive window
-//!   is reserved: the old QPs consume no more WQEs once in the error state). The old QPs
-//!   stay in the error state, routed, until the connection closes (their late flushed
-//!   completions still find their connection, which ignores them).
+//! - [`Action::RebuildQps`]: the old QPs of the rail (in the error state since the fence)
+//!   detached and destroyed (`NicQueues::detach`: marker-drained, routes removed; the
+//!   rail's receive reservation kept), then its QPs made again as they were first made (same
+//!   specs, the NIC's same shared CQ and SRQ, routes to the same inbox). So a rail that
+//!   flaps for hours holds one set of QPs, not one per re-admission.
 //! - [`Action::ConnectQps`]: each new QP connected to the peer's new one: the peer's info
 //!   from set-up with the varying bytes of its record ([`QpInfo::record`]; port facts such
 //!   as GID and LID stay). Readiness is polled in later rounds ([`Event::QpsConnected`]).
@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use super::comm::Rail;
 use super::failover::FoSide;
-use super::resources::{Held, Res};
 use crate::engine::failover::QP_RECORD_WORDS;
 use crate::engine::{Event, QpRecords, RAIL_NAMES, RAILS, RailMask};
 use crate::error::{Error, Result};
@@ -44,17 +43,17 @@ impl<D: Device> Rail<D> {
                 self.qps.len()
             )));
         }
+        // The old QPs go first: in the error state since the fence, whose drain fed the
+        // engine everything they had completed; their routes go with them, and the NIC's
+        // send-queue sum makes room for the new ones (same specs, so `sq`, the rail's
+        // resource figures and the receive reservation stay as they are).
+        let had_flush = self.flush_qp.is_some();
+        let mut old = std::mem::take(&mut self.qps);
+        old.extend(self.flush_qp.take());
+        self.nic.detach(self.owner, old, self.sq, 0);
         let mut qps = self.nic.attach(self.owner, idx, &self.inbox, &self.specs, 0)?;
-        let sq: u64 = self.specs.iter().map(|q| q.caps.max_send_wr as u64).sum();
-        self.sq += sq;
-        self.held.push(Held::new(Res::Qps, self.specs.len() as u64));
-        self.held.push(Held::new(Res::QpSendWrs, sq));
-        let flush = if self.flush_qp.is_some() { qps.pop() } else { None };
-        let old = std::mem::replace(&mut self.qps, qps);
-        self.retired.extend(old);
-        if let Some(f) = flush {
-            self.retired.extend(self.flush_qp.replace(f));
-        }
+        self.flush_qp = if had_flush { qps.pop() } else { None };
+        self.qps = qps;
         self.first_qp = self.qps.first().map_or(0, |q| q.qp_num());
         let mut r = QpRecords { n: (2 * self.qps.len()) as u8, ..QpRecords::default() };
         for (i, q) in self.qps.iter().enumerate() {
