@@ -145,6 +145,10 @@ typedef struct {
    * Connection sides open now whose side of this rail is failed.
    */
   uint64_t failed_connections;
+  /**
+   * Times this rail was re-admitted after a failure (new QPs, probed, used again).
+   */
+  uint64_t readmissions;
 } mpib_rail_stats_t;
 
 /**

@@ -34,6 +34,7 @@ impl From<&RailTotals> for mpib_rail_stats_t {
             failovers: c.failovers,
             replayed_bytes: c.replayed_bytes,
             failed_connections: t.failed,
+            readmissions: c.readmissions,
         }
     }
 }

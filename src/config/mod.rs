@@ -114,9 +114,10 @@ pub struct Config {
     /// Re-admission of a failed rail: first back-off, and its cap.
     pub readmit_ms: u64,
     pub readmit_max_ms: u64,
-    /// Fault drill (soft fabric): `(rails, n)`: a send comm's `n`-th isend drops the
-    /// connections of the rails in the mask (bit 0 SOUT, bit 1 SUP).
-    pub fault_rail: Option<(u8, u64)>,
+    /// Fault drill (soft fabric): `(rails, n, ms)`: a send comm's `n`-th isend drops the
+    /// connections of the rails in the mask (bit 0 SOUT, bit 1 SUP); they refuse
+    /// re-admission for `ms` (None: for good).
+    pub fault_rail: Option<(u8, u64, Option<u64>)>,
     pub rtt_alpha: f64,
     pub rtt_beta: f64,
     /// 0 = no probes.
@@ -152,9 +153,10 @@ impl Default for Config {
             gid_index: None,
             tc: None,
             sl: None,
-            // 4.096 µs × 2^16 × 7 ≈ 1.9 s before a silent link errors, well under NCCL's
-            // ~34 s (20/7), so rail failover starts in time; DESIGN.md "Rail failover".
-            timeout: 16,
+            // 4.096 µs × 2^14 × 7 ≈ 0.47 s before a silent link errors, well under NCCL's
+            // ~34 s (20/7), so rail failover starts in time; a spurious timeout costs the
+            // rail only until its re-admission. DESIGN.md "Rail failover".
+            timeout: 14,
             retry_cnt: 6,
             failover: true,
             stall_ms: 5000,
@@ -380,12 +382,16 @@ fn parse_int(value: &str, min: i64, max: i64) -> std::result::Result<i64, String
 }
 
 /// `sout:N`, `sup:N`, `both:N`: the rails (a mask) and the isend that drops them.
-fn parse_fault(value: &str) -> std::result::Result<(u8, u64), String> {
-    let accepted = || "sout:N, sup:N or both:N with N from 1 to 2^40".to_string();
-    let (rail, n) = value.split_once(':').ok_or_else(accepted)?;
+fn parse_fault(value: &str) -> std::result::Result<(u8, u64, Option<u64>), String> {
+    let accepted = || "sout:N, sup:N or both:N with N from 1 to 2^40, then optionally :MS (0 to 3600000)".to_string();
+    let (rail, rest) = value.split_once(':').ok_or_else(accepted)?;
     let mask = parse_word(rail, &[("sout", 1u8), ("sup", 2), ("both", 3)]).map_err(|_| accepted())?;
+    let (n, ms) = match rest.split_once(':') {
+        Some((n, ms)) => (n, Some(parse_int(ms, 0, 3_600_000).map_err(|_| accepted())? as u64)),
+        None => (rest, None),
+    };
     let n = parse_int(n, 1, 1 << 40).map_err(|_| accepted())?;
-    Ok((mask, n as u64))
+    Ok((mask, n as u64, ms))
 }
 
 fn parse_gain(value: &str) -> std::result::Result<f64, String> {

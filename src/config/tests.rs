@@ -213,8 +213,10 @@ fn failover_switch_and_timings() {
     let e = one_error(&[("MPIB_READMIT_MAX_MS", "50")]);
     assert!(e.contains("from 100 to 600000"), "{e}");
     assert_eq!(d.fault_rail, None, "no drill by default");
-    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "SUP:7")]).unwrap().fault_rail, Some((2, 7)));
-    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "both:1")]).unwrap().fault_rail, Some((3, 1)));
+    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "SUP:7")]).unwrap().fault_rail, Some((2, 7, None)));
+    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "both:1")]).unwrap().fault_rail, Some((3, 1, None)));
+    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "sout:9:250")]).unwrap().fault_rail, Some((1, 9, Some(250))));
+    assert!(parse(&[("MPIB_FAULT_RAIL", "sout:9:x")]).is_err());
     for bad in ["sup", "sup:0", "up:3", "sout:x"] {
         assert!(one_error(&[("MPIB_FAULT_RAIL", bad)]).contains("sout:N, sup:N or both:N"), "{bad}");
     }

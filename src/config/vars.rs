@@ -82,9 +82,9 @@ pub const VARS: &[VarDoc] = &[
     VarDoc { name: "MPIB_SL", default: "0", accepted: "0-15", meaning: "InfiniBand service level" },
     VarDoc {
         name: "MPIB_TIMEOUT",
-        default: "16",
+        default: "14",
         accepted: "1-31",
-        meaning: "QP ACK timeout exponent (4.096 us * 2^n); 16 with RETRY_CNT 6: a silent link errors in ~1.9 s",
+        meaning: "QP ACK timeout exponent (4.096 us * 2^n); 14 with RETRY_CNT 6: a silent link errors in ~0.47 s",
     },
     VarDoc {
         name: "MPIB_RETRY_CNT",
@@ -119,8 +119,9 @@ pub const VARS: &[VarDoc] = &[
     VarDoc {
         name: "MPIB_FAULT_RAIL",
         default: "(none)",
-        accepted: "sout:N, sup:N, both:N (N >= 1)",
-        meaning: "fault drill, soft fabric: each send comm's N-th isend drops that rail's QP connections (both ways)",
+        accepted: "sout:N, sup:N, both:N (N >= 1), optionally :MS",
+        meaning: "fault drill, soft fabric: each send comm's N-th isend drops that rail's QP connections (both ways); \
+                  with :MS the rail refuses re-admission for MS ms, then comes back (without: stays down)",
     },
     VarDoc { name: "MPIB_RTT_ALPHA", default: "0.125", accepted: "0 < a <= 1", meaning: "SRTT gain (RFC 6298 alpha)" },
     VarDoc { name: "MPIB_RTT_BETA", default: "0.25", accepted: "0 < b <= 1", meaning: "RTTVAR gain (RFC 6298 beta)" },

@@ -144,7 +144,7 @@ impl FailedWr {
             WrKind::DataSignal | WrKind::ReplaySignal => FailedWr::WriteWithImm,
             WrKind::Data => FailedWr::DataWrite,
             WrKind::Cts => FailedWr::CtsWrite,
-            WrKind::Probe => FailedWr::ProbeWrite,
+            WrKind::Probe | WrKind::ReadmitProbe => FailedWr::ProbeWrite,
             WrKind::Flush => FailedWr::FlushRead,
             WrKind::Control => FailedWr::ControlWrite,
         }

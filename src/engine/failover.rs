@@ -46,6 +46,30 @@ pub struct FailoverConfig {
     /// The peer's control ring: address and rkey per rail.
     pub ctl_ring_addr: u64,
     pub ctl_ring_rkeys: [u32; RAILS],
+    /// Sender: re-admission of a failed rail, first tried this long after its fence
+    /// (`MPIB_READMIT_MS`), the wait doubling after each failed attempt up to
+    /// `readmit_max_ns` (`MPIB_READMIT_MAX_MS`); 0 = never re-admit.
+    pub readmit_ns: u64,
+    pub readmit_max_ns: u64,
+}
+
+/// A re-admission attempt not Up within this time has failed (its probes or its peer's
+/// answer never came): it backs off and is tried again.
+pub const READMIT_ATTEMPT_NS: u64 = 10_000_000_000;
+/// A rail that stayed Up this long after a re-admission starts its next back-off again at
+/// `readmit_ns`.
+pub const READMIT_RESET_NS: u64 = 10_000_000_000;
+/// Probe WRITEs the sender posts on a rebuilt rail's data QPs before it uses it again.
+pub const READMIT_PROBES: u8 = 3;
+/// 64-bit words of QP records one `Rebuild`/`Rebuilt` carries (one entry's payload).
+pub const QP_RECORD_WORDS: usize = 4;
+
+/// A side's new QPs of a rail, as the plugin describes them to the peer (opaque to the
+/// engines; `plugin/readmit.rs` encodes them): `n` words of `words` used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpRecords {
+    pub n: u8,
+    pub words: [u64; QP_RECORD_WORDS],
 }
 
 /// A rail's failover state.
@@ -58,6 +82,12 @@ pub enum RailState {
     /// `fenced` once the receiver's `Fenced` report was applied (every part of the rail
     /// is either confirmed or replayed).
     Failed { epoch: u32, fenced: bool },
+    /// Re-admission proposed at `epoch` (the failed epoch + 1): new QPs being built, the
+    /// `Rebuild`/`Rebuilt` exchange under way.
+    Rebuilding { epoch: u32 },
+    /// New QPs connected (or connecting) at `epoch`; probes confirm them before the rail
+    /// is Up again.
+    Probing { epoch: u32 },
 }
 
 /// Why a rail failed.
@@ -83,6 +113,13 @@ pub enum Action {
     /// for an SRQ-attached QP, bounded; soft: at once), feed the engine every completion
     /// the rail's CQ still holds for the connection, then answer [`Event::FenceDone`].
     FenceQps { rail: usize },
+    /// Re-admission: create `rail`'s QPs of this connection again (on the same shared
+    /// queues; the old ones, in the error state since the fence, are destroyed first), answer
+    /// [`Event::QpsBuilt`] with their records (or [`Event::ReadmitFailed`]).
+    RebuildQps { rail: usize },
+    /// Re-admission: connect the new QPs of `rail` to the peer's (`records`); answer
+    /// [`Event::QpsConnected`] once they carry WRs (or [`Event::ReadmitFailed`]).
+    ConnectQps { rail: usize, records: QpRecords },
 }
 
 /// What the plugin tells an engine.
@@ -92,6 +129,13 @@ pub enum Event {
     FenceDone { rail: usize },
     /// The plugin saw `rail` fail (a port-down async event, the soft fabric's link lost).
     RailDown { rail: usize },
+    /// [`Action::RebuildQps`] done: the new QPs' records, for the peer.
+    QpsBuilt { rail: usize, records: QpRecords },
+    /// [`Action::ConnectQps`] done: the new QPs carry WRs now.
+    QpsConnected { rail: usize },
+    /// Re-admission of `rail` failed in the plugin (QPs not made, connect refused or timed
+    /// out): the attempt backs off.
+    ReadmitFailed { rail: usize },
 }
 
 /// What one failover poll produced: control writes, replays and CTS re-posts (each a chain
@@ -137,7 +181,8 @@ pub enum CtlKind {
     RailDown = 1,
     /// Receiver → sender: "rail `rail` is fenced at `epoch`; these parts arrived".
     Fenced = 2,
-    /// Re-admission (DESIGN.md; a later session): the sender's new QPs of `rail`.
+    /// Re-admission, sender → receiver: "my new QPs of `rail` at `epoch`" (records in the
+    /// payload, their count in `flags`).
     Rebuild = 3,
     /// Re-admission: the receiver's new QPs of `rail`, answering `Rebuild`.
     Rebuilt = 4,
@@ -153,8 +198,7 @@ pub struct CtlMsg {
     pub base_seq: u64,
     /// `Fenced`: bit `i`: part `rail` of receive `base_seq + i` arrived.
     pub bitmap: u32,
-    /// `Rebuild`/`Rebuilt`: QP records (plugin-defined), and `(index << 1) | more` in
-    /// `flags` for a message that spans entries.
+    /// `Rebuild`/`Rebuilt`: QP records (plugin-defined); `flags`: how many words.
     pub payload: [u64; 4],
     pub flags: u16,
 }
@@ -207,6 +251,15 @@ impl CtlMsg {
 
     /// `Fenced`: whether part `rail` of receive `seq` arrived. Receives before the window
     /// completed (their slot was reused); after it, they were posted after the fence.
+    pub fn records(&self) -> QpRecords {
+        QpRecords { n: (self.flags as u8).min(QP_RECORD_WORDS as u8), words: self.payload }
+    }
+
+    pub fn with_records(mut self, r: &QpRecords) -> Self {
+        (self.payload, self.flags) = (r.words, r.n as u16);
+        self
+    }
+
     pub fn part_seen(&self, seq: u64) -> bool {
         if seq < self.base_seq {
             return true;
@@ -323,6 +376,11 @@ pub(crate) struct Failover {
     /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
     /// fence is done and whose `Fenced` is still to be written.
     pub(crate) report_due: RailMask,
+    /// Rails with re-admission work for the next poll: a `Rebuild`/`Rebuilt` to write,
+    /// probes to post. `connect_wait`: ConnectQps performed, QpsConnected not yet in (the
+    /// plugin polls the new QPs in its rounds).
+    pub(crate) readmit_due: RailMask,
+    pub(crate) connect_wait: RailMask,
     /// Sender: replays waiting for their slot's chain on the surviving rail to complete.
     pub(crate) replays_waiting: u32,
     /// Counters: rail failures survived, parts confirmed, parts replayed and their bytes,
@@ -334,6 +392,23 @@ pub(crate) struct Failover {
     pub(crate) replayed_bytes: u64,
     pub(crate) duplicates: u64,
     pub(crate) cts_reposts: u64,
+    /// Re-admission (`engine/send/readmit.rs`, `engine/recv/readmit.rs`). The time of the
+    /// last failover poll (events carry none).
+    pub(crate) now_ns: u64,
+    /// The new QPs' records: ours (to write) and, at the receiver, the sender's (to
+    /// connect to once ours are built).
+    pub(crate) records: [QpRecords; RAILS],
+    pub(crate) peer_records: [QpRecords; RAILS],
+    /// Sender: when the next attempt starts (Failed, fenced) or the current one expires.
+    pub(crate) readmit_at: [u64; RAILS],
+    /// Sender: the wait before the next attempt (doubles per failure).
+    pub(crate) backoff_ns: [u64; RAILS],
+    /// Sender: when the rail last became Up again (0: never re-admitted).
+    pub(crate) up_since_ns: [u64; RAILS],
+    /// Probe WRITEs of the current attempt not yet completed.
+    pub(crate) probes_out: [u8; RAILS],
+    pub(crate) readmissions: u64,
+    pub(crate) readmit_failures: u64,
 }
 
 /// What failover has counted on one side.
@@ -345,6 +420,9 @@ pub struct FailoverCounts {
     pub replayed_bytes: u64,
     pub duplicates: u64,
     pub cts_reposts: u64,
+    /// Rails re-admitted, and re-admission attempts that failed.
+    pub readmissions: u64,
+    pub readmit_failures: u64,
 }
 
 impl Failover {
@@ -356,6 +434,8 @@ impl Failover {
             replayed_bytes: self.replayed_bytes,
             duplicates: self.duplicates,
             cts_reposts: self.cts_reposts,
+            readmissions: self.readmissions,
+            readmit_failures: self.readmit_failures,
         }
     }
 
@@ -364,14 +444,34 @@ impl Failover {
         RailMask::from_fn(|r| self.state[r] != RailState::Up)
     }
 
-    /// Marks `rail` failed at its epoch; false when it already was.
-    pub(crate) fn mark_failed(&mut self, rail: usize) -> bool {
-        if self.state[rail] != RailState::Up {
-            return false;
-        }
+    /// Marks `rail` failed at its epoch: `None` when it already was, else whether it was
+    /// Up (a failover) rather than being re-admitted (a failed attempt).
+    pub(crate) fn mark_failed(&mut self, rail: usize) -> Option<bool> {
+        let was_up = match self.state[rail] {
+            RailState::Failed { .. } => return None,
+            RailState::Up => true,
+            RailState::Rebuilding { .. } | RailState::Probing { .. } => false,
+        };
         self.state[rail] = RailState::Failed { epoch: self.epoch[rail], fenced: false };
-        self.failovers += 1;
-        true
+        self.readmit_due = self.readmit_due.without(rail);
+        self.connect_wait = self.connect_wait.without(rail);
+        self.probes_out[rail] = 0;
+        if was_up {
+            self.failovers += 1;
+        } else {
+            self.readmit_failures += 1;
+        }
+        Some(was_up)
+    }
+
+    /// The epoch a re-admission probe's `wr_id` carries (its slot field).
+    pub(crate) fn probe_tag(epoch: u32) -> usize {
+        (epoch & 0xff) as usize
+    }
+
+    /// Whether a re-admission probe tagged `tag` belongs to `rail`'s current attempt.
+    pub(crate) fn probing(&self, rail: usize, tag: usize) -> bool {
+        matches!(self.state[rail], RailState::Probing { epoch } if Self::probe_tag(epoch) == tag)
     }
 }
 

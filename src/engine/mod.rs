@@ -20,7 +20,9 @@ mod send;
 mod tests;
 
 pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Violation};
-pub use failover::{Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, FailoverPosts, RailState};
+pub use failover::{
+    Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, FailoverPosts, QpRecords, RailState,
+};
 pub use recv::{FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{CallerWaits, CpuAccess, SendBuf, SendConfig, SendEngine};
 
@@ -125,6 +127,9 @@ pub enum WrKind {
     /// The signalled last WR of a replayed part (failover); `rail` is the PART it delivers,
     /// the CQ it completes on is the surviving rail's.
     ReplaySignal,
+    /// A re-admission probe (failover): a WRITE on a rebuilt QP; `slot` is the epoch's
+    /// low byte.
+    ReadmitProbe,
 }
 
 impl WrKind {
@@ -138,6 +143,7 @@ impl WrKind {
             WrKind::Flush => 5,
             WrKind::Control => 6,
             WrKind::ReplaySignal => 7,
+            WrKind::ReadmitProbe => 8,
         };
         k << 60 | (rail as u64) << 8 | slot as u64
     }
@@ -153,6 +159,7 @@ impl WrKind {
             5 => WrKind::Flush,
             6 => WrKind::Control,
             7 => WrKind::ReplaySignal,
+            8 => WrKind::ReadmitProbe,
             _ => return None,
         };
         let rail = ((id >> 8) & 0xff) as usize;

@@ -16,6 +16,7 @@ use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::telemetry::StatsHandle;
 
 mod failover;
+mod readmit;
 
 /// What the receiver needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -303,6 +304,10 @@ impl RecvEngine {
                 Ok(())
             }
             WrKind::Control if self.fo.cfg.enabled => Ok(()),
+            WrKind::ReadmitProbe if self.fo.cfg.enabled => {
+                self.on_readmit_probe(wr_rail, slot);
+                Ok(())
+            }
             _ => Err(self
                 .error
                 .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Receive }.into()))),

@@ -234,6 +234,30 @@ pub const QP_INFO_LEN: usize = 48;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct QpInfo(pub [u8; QP_INFO_LEN]);
 
+/// Bytes of a [`QpInfo`] that differ between two QPs of one port (rail re-admission sends
+/// only these for a rebuilt QP; the rest is the port's, as in the set-up's info). Every
+/// provider keeps its per-QP fields there: soft, QP number and nonce (`[4..16]`); verbs, QP
+/// number and PSN (`[4..12]`; `[12..16]` are the port's LID, MTU and READ depth).
+pub const QP_INFO_VARYING: std::ops::Range<usize> = 4..16;
+
+impl QpInfo {
+    /// The varying bytes ([`QP_INFO_VARYING`]) as two words (the second's high half 0).
+    pub fn record(&self) -> [u64; 2] {
+        let b = &self.0;
+        let lo = u64::from_le_bytes(b[4..12].try_into().expect("8 bytes"));
+        let hi = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) as u64;
+        [lo, hi]
+    }
+
+    /// `self` (an earlier QP of the same port) with the varying bytes of `rec`.
+    pub fn with_record(&self, rec: [u64; 2]) -> QpInfo {
+        let mut b = self.0;
+        b[4..12].copy_from_slice(&rec[0].to_le_bytes());
+        b[12..16].copy_from_slice(&(rec[1] as u32).to_le_bytes());
+        QpInfo(b)
+    }
+}
+
 impl Default for QpInfo {
     fn default() -> Self {
         QpInfo([0; QP_INFO_LEN])

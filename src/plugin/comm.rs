@@ -10,7 +10,7 @@ use super::devices::DevPair;
 use super::failover::FoSide;
 use super::inbox::Inbox;
 use super::mr::{MrInfo, MrMemo};
-use super::nic::NicQueues;
+use super::nic::{NicQueues, QpSpec};
 use super::resources::{Held, Res};
 use crate::engine::layout::{
     CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS,
@@ -21,7 +21,7 @@ use crate::engine::{
 };
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{Completion, Device, Progress, QueuePair};
+use crate::fabric::{Completion, ConnectParams, Device, Progress, QpInfo, QueuePair};
 
 /// Offsets inside a send comm's control region: the FIFO, then the sizes source, then a
 /// scratch word (the receiver's keepalives land there).
@@ -60,6 +60,11 @@ pub struct Rail<D: Device> {
     pub dev: Arc<D>,
     /// What this rail holds, for `mpib_resource_stats`.
     pub held: Vec<Held>,
+    /// Re-admission (`plugin/readmit.rs`): what the QPs were made with (the flush QP's
+    /// last), the peer's QP infos and the transport parameters they were connected with.
+    pub specs: Vec<QpSpec>,
+    pub peer: Vec<QpInfo>,
+    pub connect: Option<ConnectParams>,
 }
 
 impl<D: Device> Rail<D> {

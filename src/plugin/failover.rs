@@ -15,6 +15,8 @@
 //! [`SCRATCH_BYTES`], under the rkeys exchanged with it: no set-up field is added.
 
 use super::comm::{RECV_SCRATCH_OFF, Rail, RecvComm, RecvMem, SCRATCH_BYTES, SEND_SCRATCH_OFF, SendComm, SendMem};
+use super::readmit::{READMIT_MAX_QPS, Refuse};
+use crate::engine::RailMask;
 use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
 use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, RAIL_NAMES, RAILS};
 use crate::error::Result;
@@ -31,15 +33,24 @@ pub const RECV_REGION_BYTES: usize = RECV_CTL_OFF + 2 * CTL_RING_BYTES;
 /// The engine's failover settings for a comm whose region starts at `region_addr` (its
 /// control ring at `ctl_off`, registered with `lkeys`) and whose peer's scratch words are
 /// at `peer_scratch` (its control ring follows them, under `peer_rkeys`).
+/// Re-admission is off where a rail has more QPs than its records can describe
+/// ([`READMIT_MAX_QPS`]).
 pub fn failover_config(
     cfg: &crate::config::Config,
+    qps: [u16; RAILS],
     region_addr: u64,
     ctl_off: usize,
     lkeys: [u32; RAILS],
     peer_scratch: u64,
     peer_rkeys: [u32; RAILS],
 ) -> FailoverConfig {
+    let readmit = qps.iter().all(|&n| n <= READMIT_MAX_QPS);
+    if cfg.failover && !readmit {
+        log::info!("rail re-admission is off for this connection: more than {READMIT_MAX_QPS} QPs on a rail");
+    }
     FailoverConfig {
+        readmit_ns: if readmit { cfg.readmit_ms * 1_000_000 } else { 0 },
+        readmit_max_ns: cfg.readmit_max_ms * 1_000_000,
         enabled: cfg.failover,
         stall_ns: cfg.stall_ms * 1_000_000,
         ctl_out_addr: region_addr + (ctl_off + CTL_RING_BYTES) as u64,
@@ -53,16 +64,20 @@ pub fn failover_config(
 /// when the next periodic round is due, and the fault drill.
 pub struct FoSide {
     out: FailoverPosts,
-    /// Periodic rounds (the sender's stall check): every `period_ns` while a call waits;
-    /// 0 = none.
+    /// Periodic rounds (the sender's stall check): every `period_ns` while a call waits
+    /// (0 = none); `next_ns`: the next one, or the engine's timer (re-admission) if sooner.
     period_ns: u64,
     next_ns: u64,
-    /// Fault drill: the rails (mask) dropped at isend number `drill.1`; isends so far.
-    drill: Option<(u8, u64)>,
+    /// Fault drill: the rails (mask) dropped at isend number `drill.1`, for `drill.2` ms
+    /// (None: for good); isends so far; how long each rail refuses to come back.
+    drill: Option<(u8, u64, Option<u64>)>,
     isends: u64,
     /// Each rail's port-down count (`Device::port_downs`) this comm has acted on.
     port_downs: [u64; RAILS],
     failover: bool,
+    pub(super) refuse: [Refuse; RAILS],
+    /// Rails whose new QPs are connecting (re-admission, `plugin/readmit.rs`).
+    pub(super) connecting: RailMask,
 }
 
 impl FoSide {
@@ -71,15 +86,18 @@ impl FoSide {
     pub fn new<D: Device>(cfg: &crate::config::Config, sender: bool, rails: &[Rail<D>; RAILS]) -> Box<FoSide> {
         let period_ns = if sender && cfg.failover { cfg.stall_ms * 1_000_000 / 4 } else { 0 };
         let drill = if sender { cfg.fault_rail } else { None };
+        let next_ns = if period_ns != 0 { 0 } else { u64::MAX };
         let port_downs = std::array::from_fn(|r| rails[r].dev.port_downs().0);
         Box::new(FoSide {
             out: FailoverPosts::default(),
             period_ns,
-            next_ns: 0,
+            next_ns,
             drill,
             isends: 0,
             port_downs,
             failover: cfg.failover,
+            refuse: [Refuse::No; RAILS],
+            connecting: RailMask::NONE,
         })
     }
 
@@ -93,7 +111,7 @@ impl FoSide {
     /// Whether the periodic round is due at `now`.
     #[inline]
     fn periodic(&self, now: u64) -> bool {
-        self.period_ns != 0 && now >= self.next_ns
+        now >= self.next_ns
     }
 }
 
@@ -180,11 +198,18 @@ impl<D: Device> SendComm<D> {
     #[cold]
     #[inline(never)]
     pub(super) fn failover_round(&mut self, now: u64) -> Result<()> {
-        self.fo.next_ns = now + self.fo.period_ns;
+        self.fo.next_ns = u64::MAX;
         if self.fo.failover {
             let engine = &mut self.engine;
             feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.on_event(e))?;
         }
+        let r = self.failover_rounds(now);
+        let period = if self.fo.period_ns != 0 { now + self.fo.period_ns } else { u64::MAX };
+        self.fo.next_ns = period.min(self.engine.failover_timer_ns());
+        r
+    }
+
+    fn failover_rounds(&mut self, now: u64) -> Result<()> {
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
             self.engine.poll_failover(now, &mut SendMem(&self.region), &mut self.fo.out)?;
@@ -197,13 +222,27 @@ impl<D: Device> SendComm<D> {
             }
             let mut fenced = false;
             for i in 0..self.fo.out.actions.len() {
-                let Action::FenceQps { rail } = self.fo.out.actions[i];
-                fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
-                let engine = &mut self.engine;
-                drain_rail(&self.rails[rail], rail, |c| engine.on_completion(now, rail, c))?;
-                self.engine.on_event(Event::FenceDone { rail })?;
+                let ev = match self.fo.out.actions[i] {
+                    Action::FenceQps { rail } => {
+                        fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
+                        self.fo.fenced(rail);
+                        let engine = &mut self.engine;
+                        drain_rail(&self.rails[rail], rail, |c| engine.on_completion(now, rail, c))?;
+                        Event::FenceDone { rail }
+                    }
+                    Action::RebuildQps { rail } => self.fo.rebuild(&mut self.rails[rail], rail),
+                    Action::ConnectQps { rail, records } => {
+                        match self.fo.connect(&mut self.rails[rail], rail, &records) {
+                            Some(ev) => ev,
+                            None => continue,
+                        }
+                    }
+                };
+                self.engine.on_event(ev)?;
                 fenced = true;
             }
+            let engine = &mut self.engine;
+            self.fo.poll_connecting(&mut self.rails, |ev| engine.on_event(ev))?;
             if !fenced && !self.engine.failover_due() {
                 break;
             }
@@ -216,11 +255,12 @@ impl<D: Device> SendComm<D> {
     #[cold]
     #[inline(never)]
     pub(super) fn fault_drill(&mut self) {
-        let Some((mask, at)) = self.fo.drill else { return };
+        let Some((mask, at, ms)) = self.fo.drill else { return };
         self.fo.isends += 1;
         if self.fo.isends != at {
             return;
         }
+        self.fo.refuse_for(mask, ms);
         for (r, rail) in self.rails.iter_mut().enumerate() {
             if mask & (1 << r) == 0 {
                 continue;
@@ -272,14 +312,28 @@ impl<D: Device> RecvComm<D> {
             }
             let mut fenced = false;
             for i in 0..self.fo.out.actions.len() {
-                let Action::FenceQps { rail } = self.fo.out.actions[i];
-                fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
-                let mem = RecvMem(&self.region);
-                let engine = &mut self.engine;
-                drain_rail(&self.rails[rail], rail, |c| engine.on_completion(rail, c, &mem))?;
-                self.engine.on_event(Event::FenceDone { rail })?;
+                let ev = match self.fo.out.actions[i] {
+                    Action::FenceQps { rail } => {
+                        fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
+                        self.fo.fenced(rail);
+                        let mem = RecvMem(&self.region);
+                        let engine = &mut self.engine;
+                        drain_rail(&self.rails[rail], rail, |c| engine.on_completion(rail, c, &mem))?;
+                        Event::FenceDone { rail }
+                    }
+                    Action::RebuildQps { rail } => self.fo.rebuild(&mut self.rails[rail], rail),
+                    Action::ConnectQps { rail, records } => {
+                        match self.fo.connect(&mut self.rails[rail], rail, &records) {
+                            Some(ev) => ev,
+                            None => continue,
+                        }
+                    }
+                };
+                self.engine.on_event(ev)?;
                 fenced = true;
             }
+            let engine = &mut self.engine;
+            self.fo.poll_connecting(&mut self.rails, |ev| engine.on_event(ev))?;
             if !fenced && !self.engine.failover_due() {
                 break;
             }

@@ -29,6 +29,7 @@ pub mod mr;
 pub mod nic;
 pub mod oob;
 mod rails;
+mod readmit;
 pub mod resources;
 pub mod setup;
 pub mod table;
@@ -162,10 +163,12 @@ pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
             log::warn!(target: "mpib::config", "{w}");
         }
         log::info!(target: "mpib::config", "configuration: {cfg}");
-        let bound = setup::silent_peer_bound(&setup::Params::new(cfg, FabricKind::Soft, abi, None).connect);
+        let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).connect);
         log::info!(
             target: "mpib::config",
-            "a peer that stops answering (frozen, host down) is reported within {bound:.1?} (MPIB_TIMEOUT={}, MPIB_RETRY_CNT={}); a killed one on the soft fabric at once",
+            "a peer that stops answering (frozen, host down) is reported within {:.1?} on verbs, {:.1?} on the soft fabric (MPIB_TIMEOUT={}, at least 16 on the soft fabric; MPIB_RETRY_CNT={}); a killed one on the soft fabric at once",
+            bound(FabricKind::Verbs),
+            bound(FabricKind::Soft),
             cfg.timeout,
             cfg.retry_cnt
         );

@@ -137,6 +137,9 @@ pub(super) fn build_rail<D: Device>(
         window: plan.window,
         dev: dev.clone(),
         held,
+        specs,
+        peer: Vec::new(),
+        connect: None,
     })
 }
 
@@ -165,8 +168,11 @@ pub(super) fn connect_qps<D: Device>(rails: &mut [Rail<D>; RAILS], infos: &[QpIn
     let mut it = infos.iter();
     for r in rails.iter_mut() {
         for q in r.qps.iter_mut() {
-            q.connect(it.next().ok_or_else(|| Error::remote("peer sent too few QP infos"))?, p)?;
+            let peer = it.next().ok_or_else(|| Error::remote("peer sent too few QP infos"))?;
+            q.connect(peer, p)?;
+            r.peer.push(*peer);
         }
+        r.connect = Some(*p);
         if let Some(f) = r.flush_qp.as_mut() {
             let me = f.local_info();
             f.connect(&me, p)?;

@@ -76,12 +76,15 @@ impl Params {
             kind,
             abi,
             qps: [cfg.sout_qps as u16, cfg.sup_qps as u16],
-            connect: ConnectParams {
-                traffic_class: tc,
-                service_level: cfg.sl.unwrap_or(0),
-                timeout: cfg.timeout,
-                retry_cnt: cfg.retry_cnt,
-            },
+            connect: soft_floor(
+                kind,
+                ConnectParams {
+                    traffic_class: tc,
+                    service_level: cfg.sl.unwrap_or(0),
+                    timeout: cfg.timeout,
+                    retry_cnt: cfg.retry_cnt,
+                },
+            ),
             timeout: Duration::from_millis(cfg.connect_timeout_ms),
             probe_interval_ns: cfg.probe_interval_us * 1000,
             cfg,
@@ -89,11 +92,28 @@ impl Params {
     }
 }
 
+/// The shortest ACK-timeout budget the soft fabric is given: 4.096 µs × 2^16 × 7 ≈ 1.9 s.
+/// On verbs the budget times the link (a NIC acknowledges whatever its host is doing); on
+/// the soft fabric it times the peer *process*, which answers for both rails at once, so a
+/// process descheduled or paused for longer than the budget (a loaded host, a long page
+/// fault, a checkpoint) would fail both rails together: the connection, not a rail. The
+/// default MPIB_TIMEOUT=14 (0.47 s, chosen for verbs failover) is raised to 16 there.
+const SOFT_MIN_TIMEOUT: u8 = 16;
+
+/// `p`, with the soft fabric's timeout raised to [`SOFT_MIN_TIMEOUT`] (see there).
+fn soft_floor(kind: FabricKind, p: ConnectParams) -> ConnectParams {
+    match kind {
+        FabricKind::Soft | FabricKind::Inproc => ConnectParams { timeout: p.timeout.max(SOFT_MIN_TIMEOUT), ..p },
+        FabricKind::Verbs => p,
+    }
+}
+
 /// The longest a connection takes to report a peer that stops answering without closing
 /// (frozen, host down, link cut) while this side waits on it: within `KEEPALIVE_NS` of
 /// silence a keepalive (or the data itself) is in flight, and its transport gives up after
 /// the ACK-timeout budget `4.096 µs × 2^MPIB_TIMEOUT × (MPIB_RETRY_CNT + 1)` (the soft
-/// fabric waits at least 100 ms). 2.0 s with the defaults (16, 6; NCCL's own 20, 7 give 34.5 s). A killed peer on the soft
+/// fabric waits at least 100 ms, and its timeout is at least [`SOFT_MIN_TIMEOUT`]). With the
+/// defaults (14, 6) 0.57 s on verbs, 2.0 s on the soft fabric (NCCL's own 20, 7 give 34.5 s). A killed peer on the soft
 /// fabric is reported at once (its kernel closes the sockets); on verbs only this bound
 /// tells (a NIC drops packets for a QP that no longer exists).
 pub fn silent_peer_bound(p: &ConnectParams) -> Duration {
@@ -281,6 +301,7 @@ impl<D: Device> Connecting<D> {
         let mut engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
         engine.set_failover(failover_config(
             self.p.cfg,
+            self.p.qps,
             region.addr(),
             SEND_CTL_OFF,
             lkeys,
@@ -504,6 +525,7 @@ impl<D: Device> Accepting<D> {
         let mut engine = RecvEngine::new(cfg, stats);
         engine.set_failover(failover_config(
             self.p.cfg,
+            hello.qps,
             region.addr(),
             RECV_CTL_OFF,
             lkeys,
@@ -519,16 +541,30 @@ impl<D: Device> Accepting<D> {
 mod tests {
     use super::*;
 
+    fn cfg_leak() -> &'static Config {
+        Box::leak(Box::default())
+    }
+
     #[test]
     fn a_silent_peer_is_reported_within_the_ack_timeout_budget_and_a_keepalive() {
         let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
         // NCCL's settings (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
         let cfg = Config::default();
-        assert_eq!((cfg.timeout, cfg.retry_cnt), (16, 6), "the defaults: rail failover starts in ~2 s");
+        assert_eq!((cfg.timeout, cfg.retry_cnt), (14, 6), "the defaults: rail failover starts in ~0.6 s");
+        assert_eq!(silent_peer_bound(&p(14, 6)), Duration::from_nanos(4096 * (1 << 14) * 7 + 100_000_000));
         assert_eq!(silent_peer_bound(&p(20, 7)), Duration::from_nanos(4096 * (1 << 20) * 8 + 100_000_000));
         assert_eq!(format!("{:.1?}", silent_peer_bound(&p(20, 7))), "34.5s");
-        // The defaults, and the Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
+        // The Soft-RoCE suites' settings: 4.096 µs × 2^16 × 7 + 100 ms ≈ 2.0 s.
         assert_eq!(silent_peer_bound(&p(16, 6)), Duration::from_nanos(4096 * (1 << 16) * 7 + 100_000_000));
+        // The soft fabric's timeout is at least 16 (its budget times the peer process);
+        // verbs keeps what the configuration says; a larger value is kept.
+        let q = |t| ConnectParams { traffic_class: 0, service_level: 0, timeout: t, retry_cnt: 6 };
+        assert_eq!(soft_floor(FabricKind::Soft, q(14)).timeout, 16);
+        assert_eq!(soft_floor(FabricKind::Inproc, q(14)).timeout, 16);
+        assert_eq!(soft_floor(FabricKind::Verbs, q(14)).timeout, 14);
+        assert_eq!(soft_floor(FabricKind::Soft, q(18)).timeout, 18);
+        let soft = Params::new(&cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
+        assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.connect)), "2.0s", "the default on the soft fabric");
         // Tiny budgets: the soft fabric's 100 ms floor.
         assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
     }

@@ -308,6 +308,19 @@ impl RailTelemetry {
         self.stats.counters.errors.add(1);
     }
 
+    /// The rail was re-admitted after a failure (failover) at `now_ns`: new traffic and
+    /// probes again, its estimates started afresh (its QPs are new; what they measured of
+    /// the old ones, and the bytes the old ones had in flight, no longer hold).
+    pub fn readmit(&mut self, now_ns: u64) {
+        let rate = DeliveryRate::new(self.cfg.speed_mbps as f64 * 1e6 / 8.0 / 1e9);
+        self.view =
+            RailView { speed_mbps: self.cfg.speed_mbps, bw_bytes_per_s: rate.bytes_per_s(), ..RailView::default() };
+        (self.rtt, self.delay, self.base, self.rate) =
+            (RttEstimator::default(), RttEstimator::default(), WindowedMin::default(), rate);
+        (self.chains, self.probe_posted_ns, self.last_probe_ns) = (InflightChains::default(), None, 0);
+        self.last_post_ns = now_ns;
+    }
+
     /// Forget `bytes` in flight without a sample (e.g. a flushed chain).
     pub fn on_abandon(&mut self, bytes: u64) {
         self.view.inflight_bytes = self.view.inflight_bytes.saturating_sub(bytes);

@@ -69,6 +69,8 @@ rail_counters! {
     failovers,
     /// Bytes of this rail's parts re-sent on the other rail after it failed.
     replayed_bytes,
+    /// Times this rail was re-admitted after a failure (new QPs, probed, used again).
+    readmissions,
 }
 
 /// The current estimates of a rail (gauges, overwritten by each sample).
@@ -133,6 +135,13 @@ impl RailStats {
     pub fn count_failover(&self) {
         self.counters.failovers.add(1);
         self.gauges.failed.set(1);
+    }
+
+    /// The rail was re-admitted: it carries traffic again.
+    #[cold]
+    pub fn count_readmission(&self) {
+        self.counters.readmissions.add(1);
+        self.gauges.failed.set(0);
     }
 
     /// `n` bytes of this rail's parts re-sent on the other rail.

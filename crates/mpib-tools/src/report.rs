@@ -187,6 +187,7 @@ rail_stats_fields!(
     failovers,
     replayed_bytes,
     failed_connections,
+    readmissions,
 );
 
 /// The counters' fields by name, in the order of `mpib_rail_counters_t`.

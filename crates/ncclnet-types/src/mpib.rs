@@ -64,6 +64,8 @@ pub struct mpib_rail_stats_t {
     pub replayed_bytes: u64,
     /// Connection sides open now whose side of this rail is failed.
     pub failed_connections: u64,
+    /// Times this rail was re-admitted after a failure (new QPs, probed, used again).
+    pub readmissions: u64,
 }
 
 /// What the plugin holds now, process-wide (`mpib_resource_stats`): comms, contexts, fabric

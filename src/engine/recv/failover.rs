@@ -24,6 +24,11 @@ impl RecvEngine {
         self.fo.cfg = cfg;
     }
 
+    #[cfg(test)]
+    pub(crate) fn failover_config_mut(&mut self) -> &mut FailoverConfig {
+        &mut self.fo.cfg
+    }
+
     /// Each rail's failover state.
     pub fn rail_states(&self) -> [RailState; RAILS] {
         self.fo.state
@@ -36,7 +41,8 @@ impl RecvEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// regularly to read the control ring).
     pub fn failover_due(&self) -> bool {
-        !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty()) || self.cts_redo != 0
+        !(self.fo.fence_due | self.fo.report_due | self.fo.readmit_due | self.fo.connect_wait).is_empty()
+            || self.cts_redo != 0
     }
 
     /// Whether the peer wrote a control message not yet read (one load, one compare): the
@@ -52,6 +58,15 @@ impl RecvEngine {
         self.error.check()?;
         match ev {
             Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
+            Event::QpsBuilt { rail, records } => {
+                self.on_qps_built(rail, records);
+                Ok(())
+            }
+            Event::QpsConnected { rail } => {
+                self.on_qps_connected(rail);
+                Ok(())
+            }
+            Event::ReadmitFailed { rail } => self.readmit_failed(rail),
             Event::FenceDone { rail } => {
                 // Every IMM of the rail is in now: report what arrived.
                 if self.fo.state[rail] != RailState::Up {
@@ -78,6 +93,7 @@ impl RecvEngine {
                         self.rail_down(rail, DownReason::Peer)?;
                     }
                 }
+                Some(m) if m.kind == CtlKind::Rebuild => self.on_rebuild(&m, out),
                 _ => {
                     let word0 = msg.map_or(0, |m| m.to_words(0, 0)[0]);
                     return Err(self.error.fail(Violation::BadControl { seq, word0 }.into()));
@@ -102,6 +118,7 @@ impl RecvEngine {
                 );
             }
         }
+        self.poll_readmit(mem, out);
         Ok(())
     }
 
@@ -172,6 +189,15 @@ impl RecvEngine {
                 self.cts_redo |= 1 << slot;
             }
             Some((WrKind::Probe, _)) if self.keepalive == Some(rail) => self.keepalive = None,
+            Some((WrKind::ReadmitProbe, tag)) => {
+                // The keepalive of a rebuilt rail: the attempt fails (a stale one's is
+                // ignored).
+                if self.fo.probing(rail, tag) {
+                    log::warn!("{}", CompletionFailed::posted(rail, WrKind::ReadmitProbe, tag, status));
+                    return self.rail_down(rail, DownReason::Completion);
+                }
+                return Ok(());
+            }
             _ => {}
         }
         if self.fo.failed().contains(rail) {
@@ -189,15 +215,13 @@ impl RecvEngine {
     /// fenced before the sender hears what arrived on it.
     #[cold]
     #[inline(never)]
-    fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
+    pub(super) fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
         if !self.fo.cfg.enabled {
             return Err(self
                 .error
                 .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
         }
-        if !self.fo.mark_failed(rail) {
-            return Ok(());
-        }
+        let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
         self.live_rails = self.live_rails.without(rail);
         if self.live_rails.is_empty() {
             log::warn!(
@@ -206,8 +230,12 @@ impl RecvEngine {
             );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
-        log::warn!("recv: {} rail failed ({why:?}); fencing it before reporting to the sender", RAIL_NAMES[rail]);
-        self.stats[rail].count_failover();
+        if was_up {
+            log::warn!("recv: {} rail failed ({why:?}); fencing it before reporting to the sender", RAIL_NAMES[rail]);
+            self.stats[rail].count_failover();
+        } else {
+            log::warn!("recv: re-admission of the {} rail failed ({why:?}); fencing its new QPs", RAIL_NAMES[rail]);
+        }
         self.fo.fence_due = self.fo.fence_due.with(rail);
         if self.keepalive == Some(rail) {
             self.keepalive = None;
@@ -231,8 +259,10 @@ impl RecvEngine {
         if mask.is_empty() || !mask.is_subset(rails) {
             return Err(self.violation(move || Violation::BadMask { rail, slot, imm, mask, rails }));
         }
-        if !mask.contains(part) || self.fo.state[part] == RailState::Up {
-            // A part outside the mask, or the replay of a part whose rail never failed here.
+        if !mask.contains(part) || self.fo.state[part] == RailState::Up && self.fo.epoch[part] == 0 {
+            // A part outside the mask, or the replay of a part whose rail never failed here
+            // (a rail Up at a later epoch failed once: a replay of its earlier life may
+            // still arrive after its re-admission).
             return Err(self.violation(move || Violation::MaskOmitsRail { rail: part, slot, mask }));
         }
         let s = &self.slots[slot];

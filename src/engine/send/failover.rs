@@ -28,6 +28,11 @@ impl SendEngine {
         self.fo.cfg = cfg;
     }
 
+    #[cfg(test)]
+    pub(crate) fn failover_config_mut(&mut self) -> &mut FailoverConfig {
+        &mut self.fo.cfg
+    }
+
     /// Each rail's failover state.
     pub fn rail_states(&self) -> [RailState; RAILS] {
         self.fo.state
@@ -40,7 +45,8 @@ impl SendEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// while any rail is not [`RailState::Up`], to read the control ring).
     pub fn failover_due(&self) -> bool {
-        !(self.fo.fence_due.is_empty() && self.fo.report_due.is_empty()) || self.fo.replays_waiting != 0
+        !(self.fo.fence_due | self.fo.report_due | self.fo.readmit_due | self.fo.connect_wait).is_empty()
+            || self.fo.replays_waiting != 0
     }
 
     /// Whether the peer wrote a control message not yet read (one load, one compare): the
@@ -55,9 +61,21 @@ impl SendEngine {
     pub fn on_event(&mut self, ev: Event) -> Result<()> {
         self.error.check()?;
         match ev {
-            Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
+            Event::RailDown { rail } => match self.fo.state[rail] {
+                RailState::Rebuilding { .. } | RailState::Probing { .. } => self.readmit_failed(rail),
+                _ => self.rail_down(rail, DownReason::Port),
+            },
             // The sender's own fence needs no follow-up: it only stops its QPs of the rail.
             Event::FenceDone { .. } => Ok(()),
+            Event::QpsBuilt { rail, records } => {
+                self.on_qps_built(rail, records);
+                Ok(())
+            }
+            Event::QpsConnected { rail } => {
+                self.on_qps_connected(rail);
+                Ok(())
+            }
+            Event::ReadmitFailed { rail } => self.readmit_failed(rail),
         }
     }
 
@@ -68,6 +86,7 @@ impl SendEngine {
         if !self.fo.cfg.enabled {
             return Ok(());
         }
+        self.fo.now_ns = now_ns;
         self.check_stalls(now_ns)?;
         for rail in self.fo.fence_due.iter() {
             out.actions.push(Action::FenceQps { rail });
@@ -86,14 +105,14 @@ impl SendEngine {
             let seq = self.fo.ctl.consumed();
             match msg {
                 Some(m) if m.kind == CtlKind::Fenced => self.on_fenced(&m, out)?,
-                // Re-admission is a later session's: nothing else may come yet.
+                Some(m) if m.kind == CtlKind::Rebuilt => self.on_rebuilt(&m, out),
                 _ => {
                     let word0 = msg.map_or(0, |m| m.to_words(0, 0)[0]);
                     return Err(self.error.fail(Violation::BadControl { seq, word0 }.into()));
                 }
             }
         }
-        Ok(())
+        self.poll_readmit(now_ns, mem, out)
     }
 
     /// A failed completion on `rail` (failover on): the rail has failed; the connection
@@ -101,6 +120,14 @@ impl SendEngine {
     #[cold]
     #[inline(never)]
     pub(super) fn on_rail_error(&mut self, rail: usize, kind: WrKind, slot: usize, status: WcStatus) -> Result<()> {
+        if kind == WrKind::ReadmitProbe {
+            // A probe of a rebuilt rail: the attempt fails (a stale one's is ignored).
+            if self.fo.probing(rail, slot) {
+                log::warn!("{}", CompletionFailed::posted(rail, kind, slot, status));
+                return self.readmit_failed(rail);
+            }
+            return Ok(());
+        }
         if self.fo.failed().contains(rail) {
             return Ok(()); // flushed WRs of a rail already down
         }
@@ -111,15 +138,13 @@ impl SendEngine {
     /// `rail` failed: no new traffic on it, its QPs fenced, the receiver told.
     #[cold]
     #[inline(never)]
-    fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
+    pub(super) fn rail_down(&mut self, rail: usize, why: DownReason) -> Result<()> {
         if !self.fo.cfg.enabled {
             return Err(self
                 .error
                 .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
         }
-        if !self.fo.mark_failed(rail) {
-            return Ok(());
-        }
+        let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
         self.tel[rail].on_error(); // the split no longer uses it, probes stop
         if self.fo.failed() == RailMask::BOTH {
             log::warn!(
@@ -128,13 +153,17 @@ impl SendEngine {
             );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
-        log::warn!(
-            "send: {} rail failed ({why:?}); {} transfers wait for the receiver's report, traffic goes on {}",
-            RAIL_NAMES[rail],
-            self.outstanding[rail],
-            RAIL_NAMES[other(rail)]
-        );
-        self.tel[rail].stats().count_failover();
+        if was_up {
+            log::warn!(
+                "send: {} rail failed ({why:?}); {} transfers wait for the receiver's report, traffic goes on {}",
+                RAIL_NAMES[rail],
+                self.outstanding[rail],
+                RAIL_NAMES[other(rail)]
+            );
+            self.tel[rail].stats().count_failover();
+        } else {
+            log::warn!("send: re-admission of the {} rail failed ({why:?}); it backs off", RAIL_NAMES[rail]);
+        }
         self.fo.fence_due = self.fo.fence_due.with(rail);
         if why != DownReason::Peer {
             self.fo.report_due = self.fo.report_due.with(rail);
@@ -149,7 +178,7 @@ impl SendEngine {
             return Ok(()); // about an earlier life of the rail
         }
         match self.fo.state[rail] {
-            RailState::Up => {
+            RailState::Up | RailState::Rebuilding { .. } | RailState::Probing { .. } => {
                 self.rail_down(rail, DownReason::Peer)?;
             }
             RailState::Failed { fenced: true, .. } => return Ok(()), // settled already
@@ -187,6 +216,7 @@ impl SendEngine {
             }
         }
         self.fo.state[rail] = RailState::Failed { epoch: m.epoch, fenced: true };
+        self.schedule_readmit(rail);
         log::warn!(
             "send: {} rail fenced by the receiver: {confirmed} parts had arrived, {replayed} replayed on {}",
             RAIL_NAMES[rail],
@@ -289,6 +319,10 @@ impl SendEngine {
     #[inline(never)]
     pub(super) fn on_failover_completion(&mut self, rail: usize, kind: WrKind, part: usize, slot: usize) -> Result<()> {
         if kind == WrKind::Control {
+            return Ok(());
+        }
+        if kind == WrKind::ReadmitProbe {
+            self.on_readmit_probe(rail, slot);
             return Ok(());
         }
         if slot >= SLOTS || !self.slots[slot].replay.contains(part) {

@@ -15,6 +15,7 @@ use crate::telemetry::{RailTelemetry, Sample};
 
 mod failover;
 mod post;
+mod readmit;
 
 /// What the sender needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -433,7 +434,7 @@ impl SendEngine {
                 self.tel[wr_rail].on_probe_complete(t);
                 Ok(())
             }
-            WrKind::ReplaySignal | WrKind::Control if self.fo.cfg.enabled => {
+            WrKind::ReplaySignal | WrKind::Control | WrKind::ReadmitProbe if self.fo.cfg.enabled => {
                 self.on_failover_completion(rail, kind, wr_rail, slot)
             }
             _ => Err(self

@@ -6,7 +6,7 @@
 
 use super::harness::*;
 use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
-use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts};
+use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, QpRecords, RAILS};
 use crate::fabric::{Completion, WcStatus};
 
 /// Each side's control ring (written by the peer) and its outgoing messages' source.
@@ -73,12 +73,104 @@ pub fn enable_failover(p: &mut Pair, stall_ns: u64) {
         ctl_out_lkeys: [lk, lk + 1],
         ctl_ring_addr: CTL_RING,
         ctl_ring_rkeys: [rk, rk + 1],
+        readmit_ns: 0,
+        readmit_max_ns: 0,
     };
     p.s.set_failover(cfg(91, 93));
     p.r.set_failover(cfg(95, 97));
 }
 
+/// The fake plugin's rebuilds: how many QP generations each side made per rail, what each
+/// side connected to, and test knobs.
+#[derive(Default)]
+pub struct Rebuilds {
+    /// `[side][rail]`: generations built (records name side, rail and generation).
+    pub built: [[u64; RAILS]; 2],
+    /// `[side][rail]`: the records each side last connected its new QPs to.
+    pub connected: [[Option<QpRecords>; RAILS]; 2],
+    /// The receiver's QpsConnected still to feed (the sender connected last).
+    pub recv_connected_due: [bool; RAILS],
+    /// Test knobs: the next N RebuildQps of the sender fail (a rail that stays down).
+    pub refuse: [u32; RAILS],
+    /// Actions performed, for checks: (side, action).
+    pub actions: Vec<(usize, Action)>,
+}
+
+/// The records a fake side's rebuilt QPs of `rail`, generation `g`, are described by.
+pub fn fake_records(side: usize, rail: usize, g: u64) -> QpRecords {
+    QpRecords { n: 2, words: [(side as u64) << 32 | (rail as u64) << 16 | g, 7, 0, 0] }
+}
+
+/// Turns re-admission on (after [`enable_failover`]): first back-off `base_ns`, cap `max_ns`.
+pub fn enable_readmit(p: &mut Pair, base_ns: u64, max_ns: u64) {
+    for cfg in [p.s.failover_config_mut(), p.r.failover_config_mut()] {
+        (cfg.readmit_ns, cfg.readmit_max_ns) = (base_ns, max_ns);
+    }
+}
+
 impl Pair {
+    /// The plugin's share of an action (both sides): fence, rebuild, connect.
+    fn perform(&mut self, side: usize, a: Action) -> crate::Result<()> {
+        self.rb.actions.push((side, a));
+        let ev = match a {
+            Action::FenceQps { rail } => {
+                self.fence(side, rail);
+                if side == RECV_SIDE {
+                    while let Some(c) = self.cq_r[rail].pop_front() {
+                        self.r.on_completion(rail, &c, &self.rs)?;
+                    }
+                }
+                Some(Event::FenceDone { rail })
+            }
+            Action::RebuildQps { rail } => {
+                if side == SEND_SIDE && self.rb.refuse[rail] > 0 {
+                    self.rb.refuse[rail] -= 1;
+                    Some(Event::ReadmitFailed { rail })
+                } else {
+                    self.rb.built[side][rail] += 1;
+                    self.rb.connected[side][rail] = None;
+                    Some(Event::QpsBuilt { rail, records: fake_records(side, rail, self.rb.built[side][rail]) })
+                }
+            }
+            Action::ConnectQps { rail, records } => {
+                let peer = 1 - side;
+                assert_eq!(
+                    records,
+                    fake_records(peer, rail, self.rb.built[peer][rail]),
+                    "connects to the peer's newest QPs"
+                );
+                self.rb.connected[side][rail] = Some(records);
+                let mine = fake_records(side, rail, self.rb.built[side][rail]);
+                if self.rb.connected[peer][rail].is_some_and(|r| r == mine) {
+                    // Both ends connected: the rail's wires are new and empty.
+                    self.new_wires(rail);
+                    self.rb.recv_connected_due[rail] = true;
+                    self.s.on_event(Event::QpsConnected { rail })?;
+                }
+                None
+            }
+        };
+        match (ev, side) {
+            (Some(ev), SEND_SIDE) => self.s.on_event(ev),
+            (Some(ev), _) => self.r.on_event(ev),
+            (None, _) => Ok(()),
+        }
+    }
+
+    /// Fresh QPs on both ends of `rail`: empty wires, nobody fenced.
+    fn new_wires(&mut self, rail: usize) {
+        for dir in 0..2 {
+            for w in self.wires[dir][rail].iter_mut() {
+                assert!(w.q.is_empty(), "the old QPs were drained by their fence");
+                *w = Wire::default();
+            }
+            self.fenced[dir][rail] = false;
+        }
+        for l in self.late_acks[rail].iter_mut() {
+            *l = None;
+        }
+    }
+
     /// Fences `side`'s QPs of `rail`: its requesters' queued WRs flush (and later posts
     /// flush at once); WRs reaching its responders fail at the peer.
     pub fn fence(&mut self, side: usize, rail: usize) {
@@ -183,9 +275,12 @@ impl Pair {
         self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?;
         self.enqueue_chains(Dir::ToRecv, &fo.s.chains);
         for &a in &fo.s.actions {
-            let Action::FenceQps { rail } = a;
-            self.fence(SEND_SIDE, rail);
-            self.s.on_event(Event::FenceDone { rail })?;
+            self.perform(SEND_SIDE, a)?;
+        }
+        for rail in 0..RAILS {
+            if std::mem::take(&mut self.rb.recv_connected_due[rail]) {
+                self.r.on_event(Event::QpsConnected { rail })?;
+            }
         }
         fo.r.clear();
         // As the plugin does: only when a message waits or the engine has output (the
@@ -196,12 +291,7 @@ impl Pair {
         self.r.poll_failover(&mut self.rs, &mut fo.r)?;
         self.enqueue_chains(Dir::ToSend, &fo.r.chains);
         for &a in &fo.r.actions {
-            let Action::FenceQps { rail } = a;
-            self.fence(RECV_SIDE, rail);
-            while let Some(c) = self.cq_r[rail].pop_front() {
-                self.r.on_completion(rail, &c, &self.rs)?;
-            }
-            self.r.on_event(Event::FenceDone { rail })?;
+            self.perform(RECV_SIDE, a)?;
         }
         Ok(())
     }

@@ -87,6 +87,8 @@ pub struct Pair {
     /// `[dir][rail]`: the responders of WRs travelling `dir` on `rail` are fenced (in the
     /// error state): such a WR fails when it reaches the head of its wire (`faults.rs`).
     pub fenced: [[bool; RAILS]; 2],
+    /// Re-admission: the plugin's side of rebuilding a rail's QPs (`faults.rs`).
+    pub rb: super::faults::Rebuilds,
 }
 
 /// One posted chain, as a range of [`Pair::log`].
@@ -194,6 +196,7 @@ impl Pair {
             cq_pushed: [[0; RAILS]; 2],
             late_acks: [vec![None; o.qps[0] as usize], vec![None; o.qps[1] as usize]],
             fenced: [[false; RAILS]; 2],
+            rb: Default::default(),
         }
     }
 

@@ -15,6 +15,7 @@ mod messages;
 mod model;
 mod probes;
 mod protocol;
+mod readmit;
 mod slot_reuse;
 mod splits;
 mod violations;

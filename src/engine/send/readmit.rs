@@ -1,0 +1,192 @@
+//! The sender's side of re-admission (DESIGN.md "Rail failover (issue 19)", Re-admission).
+//! The sender owns rail health: it alone posts data, so it alone decides when a failed rail
+//! is tried again, and a single owner cannot race itself. After the rail's fence was
+//! settled it waits a back-off (`MPIB_READMIT_MS`, doubling per failed attempt up to
+//! `MPIB_READMIT_MAX_MS`, back to the start once the rail stayed Up for
+//! [`READMIT_RESET_NS`]), then: new QPs ([`Action::RebuildQps`] → [`Event::QpsBuilt`]),
+//! `Rebuild{rail, epoch + 1, records}` over the surviving rail, the receiver's
+//! `Rebuilt{rail, epoch + 1, records}`, [`Action::ConnectQps`] → [`Event::QpsConnected`],
+//! [`READMIT_PROBES`] probe WRITEs on the new data QPs; when they all completed the rail is
+//! Up at `epoch + 1`, its telemetry restarts and the split uses it again. Anything that
+//! fails on the way fails the attempt (the rail fails at the new epoch, the receiver
+//! fences and reports as for any failure) and the next one waits longer.
+
+use super::SendEngine;
+use crate::engine::failover::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_PROBES, READMIT_RESET_NS, other};
+use crate::engine::{
+    Action, CtlMemory, DownReason, FailoverPosts, QpRecords, QpRef, RAIL_NAMES, RAILS, RailState, WrKind,
+};
+use crate::error::Result;
+use crate::fabric::{SendWr, Sge, WrOpcode};
+
+impl SendEngine {
+    /// When the sender's failover work is next due by time alone (a re-admission attempt
+    /// to start, or one to give up): the plugin runs a round then. `u64::MAX`: none.
+    pub fn failover_timer_ns(&self) -> u64 {
+        (0..RAILS)
+            .filter(|&r| {
+                matches!(
+                    self.fo.state[r],
+                    RailState::Failed { fenced: true, .. } | RailState::Rebuilding { .. } | RailState::Probing { .. }
+                )
+            })
+            .map(|r| self.fo.readmit_at[r])
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
+    /// Re-admission work of one failover poll: attempts to start or give up, `Rebuild`
+    /// messages to write, probes to post.
+    pub(super) fn poll_readmit(&mut self, now: u64, mem: &mut impl CtlMemory, out: &mut FailoverPosts) -> Result<()> {
+        if self.fo.cfg.readmit_ns == 0 {
+            return Ok(());
+        }
+        for (rail, name) in RAIL_NAMES.iter().enumerate() {
+            let due = now >= self.fo.readmit_at[rail];
+            match self.fo.state[rail] {
+                RailState::Failed { epoch, fenced: true } if due && self.fo.state[other(rail)] == RailState::Up => {
+                    self.fo.state[rail] = RailState::Rebuilding { epoch: epoch + 1 };
+                    self.fo.readmit_at[rail] = now + READMIT_ATTEMPT_NS;
+                    out.actions.push(Action::RebuildQps { rail });
+                }
+                RailState::Rebuilding { .. } | RailState::Probing { .. } if due => {
+                    log::warn!("send: re-admission of the {name} rail timed out");
+                    self.readmit_failed(rail)?;
+                }
+                _ => {}
+            }
+        }
+        for rail in self.fo.readmit_due.iter() {
+            match self.fo.state[rail] {
+                RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch => {
+                    let msg = CtlMsg::new(CtlKind::Rebuild, rail, epoch).with_records(&self.fo.records[rail]);
+                    if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
+                        // From here on the rail's messages are about the new epoch.
+                        self.fo.epoch[rail] = epoch;
+                        self.fo.readmit_due = self.fo.readmit_due.without(rail);
+                    }
+                }
+                RailState::Probing { epoch } => {
+                    self.post_readmit_probes(rail, epoch, out);
+                    self.fo.readmit_due = self.fo.readmit_due.without(rail);
+                }
+                _ => self.fo.readmit_due = self.fo.readmit_due.without(rail),
+            }
+        }
+        Ok(())
+    }
+
+    /// [`READMIT_PROBES`] signalled WRITEs into the receiver's scratch word, spread over the
+    /// rail's new data QPs.
+    fn post_readmit_probes(&mut self, rail: usize, epoch: u32, out: &mut FailoverPosts) {
+        for k in 0..READMIT_PROBES {
+            let qp = QpRef::Data(k as u16 % self.cfg.qps[rail].max(1));
+            out.push(rail, qp).add(SendWr {
+                wr_id: WrKind::ReadmitProbe.id(rail, Failover::probe_tag(epoch)),
+                opcode: WrOpcode::Write,
+                signaled: true,
+                inline: self.cfg.max_inline >= 8,
+                num_sge: 1,
+                sge: [Sge { addr: self.cfg.sizes_addr, len: 8, lkey: self.cfg.sizes_lkeys[rail] }, Sge::default()],
+                remote_addr: self.cfg.scratch_addr,
+                rkey: self.cfg.scratch_rkeys[rail],
+                ..SendWr::default()
+            });
+            self.tel[rail].stats().count_post(1, 0, 0, 0);
+            self.tel[rail].stats().counters.probes.add(1);
+        }
+        self.fo.probes_out[rail] = READMIT_PROBES;
+    }
+
+    /// [`Event::QpsBuilt`]: the `Rebuild` is written at the next poll.
+    pub(super) fn on_qps_built(&mut self, rail: usize, records: QpRecords) {
+        if matches!(self.fo.state[rail], RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch) {
+            self.fo.records[rail] = records;
+            self.fo.readmit_due = self.fo.readmit_due.with(rail);
+        }
+    }
+
+    /// [`Event::QpsConnected`]: the probes are posted at the next poll.
+    pub(super) fn on_qps_connected(&mut self, rail: usize) {
+        if matches!(self.fo.state[rail], RailState::Probing { .. }) && self.fo.connect_wait.contains(rail) {
+            self.fo.connect_wait = self.fo.connect_wait.without(rail);
+            self.fo.readmit_due = self.fo.readmit_due.with(rail);
+        }
+    }
+
+    /// The receiver's `Rebuilt`: connect to its new QPs. One of another epoch or for a
+    /// rail not being rebuilt is ignored (a late answer to an attempt given up).
+    pub(super) fn on_rebuilt(&mut self, m: &CtlMsg, out: &mut FailoverPosts) {
+        let rail = m.rail as usize;
+        if self.fo.state[rail] != (RailState::Rebuilding { epoch: m.epoch }) || self.fo.epoch[rail] != m.epoch {
+            return;
+        }
+        self.fo.state[rail] = RailState::Probing { epoch: m.epoch };
+        self.fo.connect_wait = self.fo.connect_wait.with(rail);
+        out.actions.push(Action::ConnectQps { rail, records: m.records() });
+    }
+
+    /// A re-admission probe completed: the last one makes the rail Up again.
+    pub(super) fn on_readmit_probe(&mut self, rail: usize, tag: usize) {
+        if !self.fo.probing(rail, tag) || self.fo.probes_out[rail] == 0 {
+            return; // of an attempt given up
+        }
+        self.fo.probes_out[rail] -= 1;
+        if self.fo.probes_out[rail] == 0 {
+            self.rail_up(rail);
+        }
+    }
+
+    /// The rail is Up again at its new epoch: the split and the probes use it from now on.
+    #[cold]
+    fn rail_up(&mut self, rail: usize) {
+        let now = self.fo.now_ns;
+        self.fo.state[rail] = RailState::Up;
+        self.fo.up_since_ns[rail] = now.max(1);
+        self.fo.readmissions += 1;
+        self.tel[rail].readmit(now);
+        self.tel[rail].stats().count_readmission();
+        self.probe_check_ns = 0;
+        log::info!(
+            "send: {} rail re-admitted (epoch {}, after {} failed attempts so far); the split uses it again",
+            RAIL_NAMES[rail],
+            self.fo.epoch[rail],
+            self.fo.readmit_failures
+        );
+    }
+
+    /// The current attempt failed (the plugin's word, a probe, the time bound). Before
+    /// its `Rebuild` was written the receiver knows nothing: back to Failed at the old
+    /// epoch. After, the rail fails at the new epoch like any failure (fence, `RailDown`;
+    /// the receiver's `Fenced` then schedules the next attempt).
+    pub(super) fn readmit_failed(&mut self, rail: usize) -> Result<()> {
+        match self.fo.state[rail] {
+            RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch => {
+                self.fo.state[rail] = RailState::Failed { epoch: self.fo.epoch[rail], fenced: true };
+                self.fo.readmit_due = self.fo.readmit_due.without(rail);
+                self.fo.readmit_failures += 1;
+                self.schedule_readmit(rail);
+                Ok(())
+            }
+            RailState::Rebuilding { .. } | RailState::Probing { .. } => self.rail_down(rail, DownReason::Port),
+            _ => Ok(()),
+        }
+    }
+
+    /// The rail's fence is settled: the next attempt after the back-off.
+    pub(super) fn schedule_readmit(&mut self, rail: usize) {
+        let (base, max) = (self.fo.cfg.readmit_ns, self.fo.cfg.readmit_max_ns.max(self.fo.cfg.readmit_ns));
+        if base == 0 {
+            return;
+        }
+        let now = self.fo.now_ns;
+        let up = std::mem::take(&mut self.fo.up_since_ns[rail]);
+        let b = &mut self.fo.backoff_ns[rail];
+        if *b == 0 || (up != 0 && now.saturating_sub(up) >= READMIT_RESET_NS) {
+            *b = base;
+        }
+        self.fo.readmit_at[rail] = now + *b;
+        log::info!("send: {} rail: re-admission attempt in {} ms", RAIL_NAMES[rail], *b / 1_000_000);
+        *b = (*b * 2).min(max);
+    }
+}
