@@ -563,7 +563,7 @@ mod tests {
         assert_eq!(soft_floor(FabricKind::Inproc, q(14)).timeout, 16);
         assert_eq!(soft_floor(FabricKind::Verbs, q(14)).timeout, 14);
         assert_eq!(soft_floor(FabricKind::Soft, q(18)).timeout, 18);
-        let soft = Params::new(&cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
+        let soft = Params::new(cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
         assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.connect)), "2.0s", "the default on the soft fabric");
         // Tiny budgets: the soft fabric's 100 ms floor.
         assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
