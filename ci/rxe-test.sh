@@ -114,13 +114,14 @@ build_perf() {
 suite perf 'MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 ./mpib-perf --fabric verbs --plugin $PWD/libmpib.so --sizes 8:1M --duration 5'
 
 # Rail failover on real verbs (crates/mpib-tools/tests/link_down.rs): rxe1's netdev taken
-# down mid-stream, the port-down event fails SUP over to SOUT; clean, exact, counted; the
-# link comes back up at the end. Toggles a link: after the suites that need both up.
+# down mid-stream and up 1.5 s later; the port-down event fails SUP over to SOUT; clean,
+# exact, counted, through the re-admission attempts (which do not bring SUP back on rxe yet:
+# the test prints it). Toggles a link: after the suites that need both up.
 build_link-down() {
   cargo_test_binary link_down "$1" || return 1
   cargo_plugin_library "$1"
 }
-suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_mid_stream_loses_nothing_and_reports_nothing --test-threads=1"
+suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_mid_stream_loses_nothing_and_reports_nothing --test-threads=1 --nocapture"
 
 # Takes rxe1's link down and up again: keep it last.
 build_verbs-port-down() { cargo_test_binary verbs_device "$1"; }

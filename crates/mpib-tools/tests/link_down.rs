@@ -1,10 +1,14 @@
 //! Rail failover on real verbs (issue 19), in the Soft-RoCE guest only: while checksummed
-//! traffic streams over both rails, the SUP rail's netdev is taken down. rxe raises a
-//! port-down async event on both ranks' SUP device; each comm feeds it to its engine at its
-//! next call that waits, and the connection goes on over SOUT. The run must end clean:
-//! every byte as the pattern says, every size exact, no error code on either rank, and
-//! each rank's `mpib_rail_stats` counting one failover on SUP and none on SOUT. The link is
-//! brought up again afterwards (re-admission is another test's business).
+//! traffic streams over both rails, the SUP rail's netdev is taken down, and up again 1.5 s
+//! later. rxe raises a port-down async event on both ranks' SUP device; each comm feeds it
+//! to its engine at its next call that waits, and the connection goes on over SOUT; once
+//! the link is up, the sender's next re-admission attempt rebuilds SUP and the split uses
+//! it again. The run must end clean: every byte as the pattern says, every size exact, no
+//! error code on either rank, each rank's `mpib_rail_stats` counting one failover on SUP
+//! and none on SOUT. Whether SUP is re-admitted is printed, not asserted: on rxe the first
+//! attempts (while the link is still down) fail and the later ones did not bring it back
+//! in this test yet (an open finding of issue 19; the soft fabric's re-admission is
+//! asserted in tests/failover.rs) — the run must stay exact through those attempts.
 //!
 //! `ci/rxe-test.sh link-down` runs it (`MPIB_TEST_LINK_TOGGLE=1`, `RXE_NETDEV1`, the verbs
 //! environment in `CONFORMANCE_ENV`); anywhere else it is ignored.
@@ -51,18 +55,20 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     }
     let netdev = std::env::var("RXE_NETDEV1").expect("RXE_NETDEV1");
     let _up = LinkUp(netdev.clone());
-    // Long enough under qemu that the link goes down well inside it (~130 MB).
+    // Long enough under qemu that the link goes down and comes back well inside it.
     let phase = Phase {
         sizes: vec![4 * KIB, MIB + 7, 64 * KIB, 256 * KIB + 3],
-        count: 400,
+        count: 1500,
         nrecv: 1,
         inflight: 4,
         warmup: 4,
+        timeline_us: 20_000,
         ..Phase::default()
     };
     let w = Workload { seed: 19, stall_ms: 120_000, phases: vec![phase], ..Workload::default() };
     let mut spec = pair(w);
     spec.env.push(("MPIB_SPLIT".into(), "50".into()));
+    spec.env.push(("RUST_LOG".into(), "mpib=info".into())); // the re-admission's INFO line
     // 1.5 s into the sender's measured phase (after its warm-up), from a thread: the
     // observer runs in the parent's event loop.
     let mut triggered = false;
@@ -76,6 +82,9 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
             std::thread::sleep(Duration::from_millis(1500));
             ip_link(&netdev, "down");
             eprintln!("link_down: {netdev} down");
+            std::thread::sleep(Duration::from_millis(1500));
+            ip_link(&netdev, "up");
+            eprintln!("link_down: {netdev} up");
         });
     };
     let t0 = Instant::now();
@@ -95,4 +104,17 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     }
     let sender = &out.ranks[1].stderr;
     assert!(sender.contains("port is down (async event)"), "the port-down event did not start the failover\n{sender}");
+    let readmitted: Vec<u64> = out
+        .ranks
+        .iter()
+        .map(|r| r.report.as_ref().and_then(|rep| rep.rails).map_or(0, |x| x[1].readmissions))
+        .collect();
+    let rep = out.ranks[1].report.as_ref().expect("sender's report");
+    let tl = &rep.phases[0].tx.as_ref().expect("sender's side").timeline;
+    let flat = tl.windows(6).position(|w| w.iter().all(|e| e[2] == w[0][2]) && w[5][1] > w[0][1]);
+    let back = flat.and_then(|f| tl[f..].iter().find(|e| e[2] > tl[f][2]).map(|e| e[0] / 1_000_000));
+    eprintln!(
+        "link_down: SUP flat from {:?} ms, carrying again at {back:?} ms; readmissions (receiver, sender) {readmitted:?}",
+        flat.map(|f| tl[f][0] / 1_000_000)
+    );
 }
