@@ -212,9 +212,11 @@ impl SendEngine {
         self.error.get()
     }
 
-    /// Rails with signalled WRs in flight (the CQs worth polling).
+    /// Rails with signalled WRs in flight (the CQs worth polling): data, idle probes, and
+    /// a re-admission's probes (a rebuilt rail carries no data until they completed, so
+    /// without them its CQ would never be polled where only busy rails are: verbs).
     pub fn busy_rails(&self) -> RailMask {
-        RailMask::from_fn(|r| self.outstanding[r] > 0 || self.tel[r].probe_outstanding())
+        RailMask::from_fn(|r| self.outstanding[r] > 0 || self.tel[r].probe_outstanding() || self.fo.probes_out[r] != 0)
     }
 
     /// Rails whose completions have failed (they get no new traffic).

@@ -94,6 +94,8 @@ pub struct Rebuilds {
     pub refuse: [u32; RAILS],
     /// Actions performed, for checks: (side, action).
     pub actions: Vec<(usize, Action)>,
+    /// The sender's next timed round where rounds are gated ([`Pair::pump_failover_gated`]).
+    pub next_round_ns: u64,
 }
 
 /// The records a fake side's rebuilt QPs of `rail`, generation `g`, are described by.
@@ -271,8 +273,24 @@ impl Pair {
     /// for its stall check), their chains posted, fences performed (the receiver's fenced rail drained into its
     /// engine before FenceDone, as LAST_WQE_REACHED and a CQ drain give).
     pub fn pump_failover(&mut self, fo: &mut FoOut) -> crate::Result<()> {
+        self.pump_failover_gated(fo, None)
+    }
+
+    /// [`Self::pump_failover`] with the sender's round gated as the plugin's is when
+    /// `MPIB_STALL_MS=0` (no periodic round): only when the engine has output due, a control
+    /// message waits, or its timer (`next_ns`, set from `failover_timer_ns` after each
+    /// round) is due. `None`: the sender polls every round.
+    pub fn pump_failover_gated(&mut self, fo: &mut FoOut, next_ns: Option<&mut u64>) -> crate::Result<()> {
         fo.s.clear();
-        self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?;
+        let wanted = |p: &Pair, next: u64| p.s.failover_due() || p.s.control_waiting(&p.ss) || p.now >= next;
+        match next_ns {
+            Some(next) if !wanted(self, *next) => {}
+            Some(next) => {
+                self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?;
+                *next = self.s.failover_timer_ns();
+            }
+            None => self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?,
+        }
         self.enqueue_chains(Dir::ToRecv, &fo.s.chains);
         for &a in &fo.s.actions {
             self.perform(SEND_SIDE, a)?;

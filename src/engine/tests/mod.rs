@@ -16,6 +16,7 @@ mod model;
 mod probes;
 mod protocol;
 mod readmit;
+mod readmit_outage;
 mod slot_reuse;
 mod splits;
 mod violations;

@@ -10,9 +10,9 @@ use crate::engine::{Action, RailState, SOUT, SUP, WrKind};
 use crate::fabric::{WcStatus, WrOpcode};
 use crate::split::{AnySplit, Fixed};
 
-const MS: u64 = 1_000_000;
+pub(super) const MS: u64 = 1_000_000;
 
-fn pair() -> (Pair, FoOut) {
+pub(super) fn pair() -> (Pair, FoOut) {
     let mut p = Pair::new(Opts { split: AnySplit::Fixed(Fixed::percent(50)), ..Opts::default() });
     enable_failover(&mut p, 0);
     enable_readmit(&mut p, 100 * MS, 800 * MS);
@@ -20,14 +20,14 @@ fn pair() -> (Pair, FoOut) {
 }
 
 /// One cycle of everything (the plugin's round, every wire but `hold`, CQ polls).
-fn cycle(p: &mut Pair, fo: &mut FoOut, hold: Option<(Dir, usize)>) {
+pub(super) fn cycle(p: &mut Pair, fo: &mut FoOut, hold: Option<(Dir, usize)>) {
     p.refill();
     p.pump_failover(fo).expect("failover round");
     deliver(p, hold);
 }
 
 /// Every wire but `hold` run dry, then both sides' CQs polled.
-fn deliver(p: &mut Pair, hold: Option<(Dir, usize)>) {
+pub(super) fn deliver(p: &mut Pair, hold: Option<(Dir, usize)>) {
     loop {
         let mut moved = false;
         for dir in [Dir::ToSend, Dir::ToRecv] {
@@ -50,7 +50,7 @@ fn deliver(p: &mut Pair, hold: Option<(Dir, usize)>) {
     p.poll_recv().expect("receiver's completions");
 }
 
-fn settle(p: &mut Pair, fo: &mut FoOut) {
+pub(super) fn settle(p: &mut Pair, fo: &mut FoOut) {
     for _ in 0..20 {
         cycle(p, fo, None);
     }
@@ -58,7 +58,7 @@ fn settle(p: &mut Pair, fo: &mut FoOut) {
 
 /// `n` transfers of `size` bytes (patterns `seed..`), run to completion with exact bytes
 /// and sizes.
-fn exact_transfers(p: &mut Pair, fo: &mut FoOut, size: usize, seed: u64, n: u64) {
+pub(super) fn exact_transfers(p: &mut Pair, fo: &mut FoOut, size: usize, seed: u64, n: u64) {
     let recvs: Vec<_> = (0..n).map(|_| p.irecv_one(size)).collect();
     settle(p, fo);
     let sends: Vec<_> = (0..n)
@@ -76,7 +76,7 @@ fn exact_transfers(p: &mut Pair, fo: &mut FoOut, size: usize, seed: u64, n: u64)
 }
 
 /// Data WRITE_WITH_IMMs the sender posted on `rail` from log index `from` on.
-fn data_imms_on(p: &Pair, rail: usize, from: usize) -> usize {
+pub(super) fn data_imms_on(p: &Pair, rail: usize, from: usize) -> usize {
     p.log[from..]
         .iter()
         .filter(|(d, r, _, w)| {
@@ -102,7 +102,7 @@ fn fail_sout_mid_transfer(p: &mut Pair, fo: &mut FoOut, seed: u64) {
     assert_eq!(p.rs.space.read(ra, size), pattern(seed, size));
 }
 
-fn sender_rebuilds(p: &Pair) -> usize {
+pub(super) fn sender_rebuilds(p: &Pair) -> usize {
     p.rb.actions.iter().filter(|(side, a)| *side == SEND_SIDE && matches!(a, Action::RebuildQps { .. })).count()
 }
 
