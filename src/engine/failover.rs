@@ -136,6 +136,12 @@ pub enum Event {
     /// Re-admission of `rail` failed in the plugin (QPs not made, connect refused or timed
     /// out): the attempt backs off.
     ReadmitFailed { rail: usize },
+    /// [`Action::RebuildQps`] not done: `rail`'s port is down now (verbs: no PORT_ACTIVE
+    /// since its PORT_ERR). Sender: no attempt was made; the next one starts
+    /// `MPIB_READMIT_MS` later, the back-off unchanged (an outage's length is no failed
+    /// attempt, and QPs built on a dead port only fail their probes seconds later).
+    /// Receiver: as [`Event::ReadmitFailed`].
+    PortDown { rail: usize },
 }
 
 /// What one failover poll produced: control writes, replays and CTS re-posts (each a chain

@@ -78,6 +78,8 @@ pub struct FoSide {
     pub(super) refuse: [Refuse; RAILS],
     /// Rails whose new QPs are connecting (re-admission, `plugin/readmit.rs`).
     pub(super) connecting: RailMask,
+    /// Rails whose re-admission waits for their port to be active (logged once).
+    pub(super) port_wait: RailMask,
 }
 
 impl FoSide {
@@ -98,6 +100,7 @@ impl FoSide {
             failover: cfg.failover,
             refuse: [Refuse::No; RAILS],
             connecting: RailMask::NONE,
+            port_wait: RailMask::NONE,
         })
     }
 

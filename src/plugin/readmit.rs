@@ -108,6 +108,19 @@ impl FoSide {
             log::info!("MPIB_FAULT_RAIL: the {} rail stays down (re-admission refused)", RAIL_NAMES[idx]);
             return Event::ReadmitFailed { rail: idx };
         }
+        // A port that is down (verbs: PORT_ERR seen, PORT_ACTIVE not yet) would give QPs
+        // whose probes fail only after their retry budget: the attempt waits for the port.
+        if rail.dev.port_downs().1 {
+            if !self.port_wait.contains(idx) {
+                log::info!("re-admission of the {} rail waits for its port to be active", RAIL_NAMES[idx]);
+            }
+            self.port_wait = self.port_wait.with(idx);
+            return Event::PortDown { rail: idx };
+        }
+        if self.port_wait.contains(idx) {
+            self.port_wait = self.port_wait.without(idx);
+            log::info!("the {} rail's port is active again: re-admission goes on", RAIL_NAMES[idx]);
+        }
         match rail.rebuild(idx) {
             Ok(records) => Event::QpsBuilt { rail: idx, records },
             Err(e) => {

@@ -66,7 +66,7 @@ impl RecvEngine {
                 self.on_qps_connected(rail);
                 Ok(())
             }
-            Event::ReadmitFailed { rail } => self.readmit_failed(rail),
+            Event::ReadmitFailed { rail } | Event::PortDown { rail } => self.readmit_failed(rail),
             Event::FenceDone { rail } => {
                 // Every IMM of the rail is in now: report what arrived.
                 if self.fo.state[rail] != RailState::Up {

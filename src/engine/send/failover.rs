@@ -76,6 +76,7 @@ impl SendEngine {
                 Ok(())
             }
             Event::ReadmitFailed { rail } => self.readmit_failed(rail),
+            Event::PortDown { rail } => self.readmit_deferred(rail),
         }
     }
 

@@ -173,6 +173,22 @@ impl SendEngine {
         }
     }
 
+    /// [`Event::PortDown`]: the attempt never started (its `Rebuild` unwritten, the receiver
+    /// knows nothing): Failed at the old epoch again, the next try `MPIB_READMIT_MS` from
+    /// now; neither a failed attempt nor a longer back-off. Later (the `Rebuild` written),
+    /// a failure like any other.
+    pub(super) fn readmit_deferred(&mut self, rail: usize) -> Result<()> {
+        match self.fo.state[rail] {
+            RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch => {
+                self.fo.state[rail] = RailState::Failed { epoch: self.fo.epoch[rail], fenced: true };
+                self.fo.readmit_due = self.fo.readmit_due.without(rail);
+                self.fo.readmit_at[rail] = self.fo.now_ns + self.fo.cfg.readmit_ns;
+                Ok(())
+            }
+            _ => self.readmit_failed(rail),
+        }
+    }
+
     /// The rail's fence is settled: the next attempt after the back-off.
     pub(super) fn schedule_readmit(&mut self, rail: usize) {
         let (base, max) = (self.fo.cfg.readmit_ns, self.fo.cfg.readmit_max_ns.max(self.fo.cfg.readmit_ns));

@@ -96,6 +96,8 @@ pub struct Rebuilds {
     pub actions: Vec<(usize, Action)>,
     /// The sender's next timed round where rounds are gated ([`Pair::pump_failover_gated`]).
     pub next_round_ns: u64,
+    /// Test knob: the rail's port is down (verbs): RebuildQps answers PortDown.
+    pub port_down: [bool; RAILS],
 }
 
 /// The records a fake side's rebuilt QPs of `rail`, generation `g`, are described by.
@@ -125,7 +127,9 @@ impl Pair {
                 Some(Event::FenceDone { rail })
             }
             Action::RebuildQps { rail } => {
-                if side == SEND_SIDE && self.rb.refuse[rail] > 0 {
+                if self.rb.port_down[rail] {
+                    Some(Event::PortDown { rail })
+                } else if side == SEND_SIDE && self.rb.refuse[rail] > 0 {
                     self.rb.refuse[rail] -= 1;
                     Some(Event::ReadmitFailed { rail })
                 } else {
@@ -283,17 +287,17 @@ impl Pair {
     pub fn pump_failover_gated(&mut self, fo: &mut FoOut, next_ns: Option<&mut u64>) -> crate::Result<()> {
         fo.s.clear();
         let wanted = |p: &Pair, next: u64| p.s.failover_due() || p.s.control_waiting(&p.ss) || p.now >= next;
-        match next_ns {
-            Some(next) if !wanted(self, *next) => {}
-            Some(next) => {
-                self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?;
-                *next = self.s.failover_timer_ns();
-            }
-            None => self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?,
+        let run = next_ns.as_deref().is_none_or(|&next| wanted(self, next));
+        if run {
+            self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?;
         }
         self.enqueue_chains(Dir::ToRecv, &fo.s.chains);
         for &a in &fo.s.actions {
             self.perform(SEND_SIDE, a)?;
+        }
+        // As the plugin: the timer is read once the round's actions were answered.
+        if let Some(next) = next_ns.filter(|_| run) {
+            *next = self.s.failover_timer_ns();
         }
         for rail in 0..RAILS {
             if std::mem::take(&mut self.rb.recv_connected_due[rail]) {

@@ -7,7 +7,7 @@
 use super::faults::*;
 use super::harness::*;
 use super::readmit::{MS, data_imms_on, exact_transfers, pair, settle};
-use crate::engine::{Event, RailState, SOUT, SUP};
+use crate::engine::{Action, Event, RailState, SOUT, SUP};
 use crate::fabric::WcStatus;
 
 /// Which side's new QPs of the dead rail see their failure first.
@@ -177,4 +177,40 @@ fn readmitted_after_an_outage_the_sender_noticed_first() {
 #[test]
 fn readmitted_after_an_outage_both_noticed_at_once() {
     outage(Order::Together);
+}
+
+/// Verbs knows the port is down (PORT_ERR, no PORT_ACTIVE yet): the sender's attempts are
+/// deferred at `MPIB_READMIT_MS` without a `Rebuild`, a failure or a longer back-off, and
+/// the first one after the port is active again re-admits the rail.
+#[test]
+fn attempts_wait_for_the_port_and_readmit_soon_after_it_is_up() {
+    let (mut p, mut fo) = pair();
+    exact_transfers(&mut p, &mut fo, 4096, 40, 2);
+    p.rb.port_down[SUP] = true;
+    p.s.on_event(Event::RailDown { rail: SUP }).unwrap();
+    p.r.on_event(Event::RailDown { rail: SUP }).unwrap();
+    for _ in 0..1500 {
+        p.now += MS;
+        cycle(&mut p, &mut fo, Link::DOWN);
+    }
+    let deferred = p.rb.actions.iter().filter(|(side, a)| *side == SEND_SIDE && *a == Action::RebuildQps { rail: SUP });
+    let n = deferred.count();
+    assert!((13..=16).contains(&n), "an attempt every 100 ms while the port is down: {n}");
+    assert_eq!(p.rb.built, [[0; 2]; 2], "no QPs built on a dead port");
+    assert_eq!(p.r.rail_states()[SUP], RailState::Failed { epoch: 0, fenced: true }, "no Rebuild reached it");
+    assert_eq!(p.s.failover_counts().readmit_failures, 0);
+    p.rb.port_down[SUP] = false;
+    let mut back_ms = None;
+    for ms in 0..1000 {
+        p.now += MS;
+        cycle(&mut p, &mut fo, Link::UP);
+        if p.s.rail_states() == [RailState::Up; 2] && p.r.rail_states() == [RailState::Up; 2] {
+            back_ms = Some(ms);
+            break;
+        }
+    }
+    assert!(back_ms.is_some_and(|ms| ms <= 101), "the next try after the port is up re-admits: {back_ms:?} ms");
+    let before = p.log.len();
+    exact_transfers(&mut p, &mut fo, 4096, 50, 4);
+    assert_eq!(data_imms_on(&p, SUP, before), 4);
 }
