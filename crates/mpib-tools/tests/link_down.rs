@@ -5,10 +5,10 @@
 //! the link is up, the sender's next re-admission attempt rebuilds SUP and the split uses
 //! it again. The run must end clean: every byte as the pattern says, every size exact, no
 //! error code on either rank, each rank's `mpib_rail_stats` counting one failover on SUP
-//! and none on SOUT. Whether SUP is re-admitted is printed, not asserted: on rxe the first
-//! attempts (while the link is still down) fail and the later ones did not bring it back
-//! in this test yet (an open finding of issue 19; the soft fabric's re-admission is
-//! asserted in tests/failover.rs) — the run must stay exact through those attempts.
+//! and none on SOUT, and SUP re-admitted: at least one readmission on each rank, and the
+//! sender's timeline shows SUP carrying bytes again after it went flat. While the port is
+//! down the sender's attempts wait for it (`Event::PortDown`); the figures printed are when
+//! SUP went flat, when the link came up and when SUP carried again (ms into the phase).
 //!
 //! `ci/rxe-test.sh link-down` runs it (`MPIB_TEST_LINK_TOGGLE=1`, `RXE_NETDEV1`, the verbs
 //! environment in `CONFORMANCE_ENV`); anywhere else it is ignored.
@@ -16,6 +16,7 @@
 mod common;
 
 use std::process::Command;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{RANK_ENTRY, pair};
@@ -72,18 +73,22 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     // 1.5 s into the sender's measured phase (after its warm-up), from a thread: the
     // observer runs in the parent's event loop.
     let mut triggered = false;
+    // When the link came up, in ms after the parent saw the sender's phase start.
+    let up_ms = Arc::new(Mutex::new(None::<u64>));
     let mut observer = |rank: usize, p: &PhaseStart| {
         if rank != 1 || p.warmup || triggered {
             return;
         }
         triggered = true;
-        let netdev = netdev.clone();
+        let (netdev, up_ms) = (netdev.clone(), up_ms.clone());
         std::thread::spawn(move || {
+            let start = Instant::now();
             std::thread::sleep(Duration::from_millis(1500));
             ip_link(&netdev, "down");
             eprintln!("link_down: {netdev} down");
             std::thread::sleep(Duration::from_millis(1500));
             ip_link(&netdev, "up");
+            *up_ms.lock().unwrap() = Some(start.elapsed().as_millis() as u64);
             eprintln!("link_down: {netdev} up");
         });
     };
@@ -113,8 +118,26 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     let tl = &rep.phases[0].tx.as_ref().expect("sender's side").timeline;
     let flat = tl.windows(6).position(|w| w.iter().all(|e| e[2] == w[0][2]) && w[5][1] > w[0][1]);
     let back = flat.and_then(|f| tl[f..].iter().find(|e| e[2] > tl[f][2]).map(|e| e[0] / 1_000_000));
+    for (rank, who) in [(0, "receiver"), (1, "sender")] {
+        for line in out.ranks[rank].stderr.lines().filter(|l| l.contains("SUP") || l.contains("re-admission")) {
+            eprintln!("link_down: {who}: {line}");
+        }
+    }
+    let up = *up_ms.lock().unwrap();
     eprintln!(
-        "link_down: SUP flat from {:?} ms, carrying again at {back:?} ms; readmissions (receiver, sender) {readmitted:?}",
-        flat.map(|f| tl[f][0] / 1_000_000)
+        "link_down: SUP flat from {:?} ms, link up at {up:?} ms, carrying again at {back:?} ms ({:?} ms after the link \
+         came up); readmissions (receiver, sender) {readmitted:?}",
+        flat.map(|f| tl[f][0] / 1_000_000),
+        up.zip(back).map(|(u, b)| b as i64 - u as i64)
+    );
+    assert!(
+        readmitted.iter().all(|&n| n >= 1),
+        "SUP re-admitted on both ranks after the link came back: {readmitted:?}\n{}",
+        out.describe()
+    );
+    assert!(
+        flat.is_some() && back.is_some(),
+        "the sender's timeline shows SUP flat during the outage and carrying again after it\n{}",
+        out.describe()
     );
 }
