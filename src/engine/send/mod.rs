@@ -216,7 +216,12 @@ impl SendEngine {
     /// a re-admission's probes (a rebuilt rail carries no data until they completed, so
     /// without them its CQ would never be polled where only busy rails are: verbs).
     pub fn busy_rails(&self) -> RailMask {
-        RailMask::from_fn(|r| self.outstanding[r] > 0 || self.tel[r].probe_outstanding() || self.fo.probes_out[r] != 0)
+        let busy = RailMask::from_fn(|r| self.outstanding[r] > 0 || self.tel[r].probe_outstanding());
+        // (Both rails' probe counts in one compare: the common case costs one.)
+        if self.fo.probes_out == [0; RAILS] {
+            return busy;
+        }
+        busy | RailMask::from_fn(|r| self.fo.probes_out[r] != 0)
     }
 
     /// Rails whose completions have failed (they get no new traffic).
