@@ -333,7 +333,7 @@ impl<D: Device> SendComm<D> {
         }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
         if r.is_some() && self.has_drill() {
-            self.fault_drill();
+            self.fault_drill(now);
         }
         Ok(r)
     }
