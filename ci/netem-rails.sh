@@ -214,7 +214,10 @@ pair() {
   local name=$1 secs=$2
   shift 2
   port=$((port + 1))
-  local common=(--plugin "$lib" --rendezvous "198.18.0.1:$port" --timeout 20 --sizes "$size" --duration "$secs" --quiet "$@")
+  # PAIR_ITERS: a fixed count instead of the time budget (whose count comes from the warm-up).
+  local len=(--duration "$secs")
+  [[ -n ${PAIR_ITERS:-} ]] && len=(--iters "$PAIR_ITERS")
+  local common=(--plugin "$lib" --rendezvous "198.18.0.1:$port" --timeout 20 --sizes "$size" "${len[@]}" --quiet "$@")
   ip netns exec "$rx" env "${env_rx[@]}" MPIB_STATS_FILE="$out/stats-$name-rx.txt" \
     timeout -k 5 $((secs * 4 + 40)) "$perf" --rank 0 "${common[@]}" >"$out/$name-rx.log" 2>&1 &
   rx_pid=$!
@@ -384,7 +387,15 @@ print(",".join(spans), flush=True)' "$tx" "$rx" "${outage}1" "${outage}0" "$outa
   # shellcheck disable=SC2153 # set by coproc
   changer_pid=$OUTAGER_PID
   o_in=${OUTAGER[1]} o_out=${OUTAGER[0]}
-  pair outage "$o_secs" --timeline "$out/outage.json"
+  # The stream must outlast the outages: a count from auto's measured rate (a time budget's
+  # count comes from the warm-up, and one run ended after 5 of 20 outages), 20 % over.
+  o_iters=$(python3 -c '
+import json, sys
+files, secs = sys.argv[1].split(","), float(sys.argv[2])
+rows = sorted((json.load(open(f))["rows"][0] for f in files), key=lambda r: r["gbps"])
+r = rows[len(rows) // 2]
+print(max(100, int(r["gbps"] * 1e9 * secs * 1.2 / max(r["size"], 1))))' "${files[auto]}" "$o_secs")
+  PAIR_ITERS=$o_iters pair outage "$((o_secs * 3))" --timeline "$out/outage.json"
   for _ in $(seq 1 400); do
     grep -q '^TIMELINE-START' "$out/outage-tx.log" && break
     kill -0 "$tx_pid" 2>/dev/null || break

@@ -57,6 +57,10 @@ pub fn analyse(t: &Timeline, v: &Value, rail: usize, spans: &[[u64; 2]]) -> Vec<
     for (k, &[down, up]) in spans.iter().enumerate() {
         let n = (k + 1) as f64;
         let mut o = Outage { down_ms: ms(down), up_ms: ms(up), ..Outage::default() };
+        if o.up_ms >= t.full_bins() as f64 {
+            println!("outage {}: after the stream's end ({} ms): not counted", k + 1, t.full_bins());
+            continue;
+        }
         // The k-th failover and re-admission the counters show, after the link went down.
         let fo = ev.iter().find(|e| e[1] >= n && e[0] >= o.down_ms).map(|e| e[0]);
         let ra = ev.iter().find(|e| e[2] >= n && e[0] >= o.down_ms).map(|e| e[0]);
