@@ -483,7 +483,11 @@ mod tests {
         let p = plan(&["--fail-rail", "sout", "--fail-at", "2", "--fail-for", "0.25", "--injections", "4"]).unwrap();
         let env = p.plugin_env();
         assert!(env.contains(&("MPIB_FAULT_RAIL".into(), "sout:@2000:250:1750:4".into())), "{env:?}");
-        assert_eq!((p.sizes.clone(), p.duration), (vec![256 << 10], Some(Duration::from_secs(10))), "2 + 4 x 1.75 + 1");
+        assert_eq!(
+            (p.sizes.clone(), p.duration),
+            (vec![256 << 10], Some(Duration::from_millis(12_250))),
+            "(2 + 4 x 1.75) x 1.25 + 1"
+        );
         assert!(p.workload.phases[0].timeline_us > 0 && p.opts.timeline.is_none());
         let one = plan(&["--fail-rail", "sup"]).unwrap();
         assert_eq!(one.drill.as_ref().unwrap().env(), "sup:@1000:500");
