@@ -101,7 +101,7 @@ impl FoSide {
 
     /// Whether the periodic round is due at `now`.
     #[inline]
-    fn periodic(&self, now: u64) -> bool {
+    pub(super) fn periodic(&self, now: u64) -> bool {
         now >= self.next_ns
     }
 }

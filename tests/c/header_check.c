@@ -29,7 +29,7 @@ const void* mpib_header_check_tables[] = {
 
 /* mpib's own query functions, as tools declare them. */
 _Static_assert(sizeof(mpib_rail_counters_t) == 64, "rail counters");
-_Static_assert(sizeof(mpib_rail_stats_t) == 216, "rail stats: the counters, 15 more figures, share, 3 failover figures");
+_Static_assert(sizeof(mpib_rail_stats_t) == 224, "rail stats: the counters, 15 more figures, share, 4 failover figures");
 _Static_assert(offsetof(mpib_rail_stats_t, errors) == 64, "rail stats after the counters");
 _Static_assert(offsetof(mpib_rail_stats_t, share) == 184, "rail stats share");
 ncclResult_t (*const mpib_header_check_counters)(void*, mpib_rail_counters_t*) = mpib_comm_counters;
