@@ -10,7 +10,11 @@
 # --rounds interleaved rounds (median); then an auto --timeline run during which one rail's
 # rate is halved. examples/netem_report prints the figures, draws the timeline (SVG) and ends
 # with the line `auto_vs_sum: <ratio> static_vs_sum: <ratio> settle_ms: <ms>`, which is also
-# this script's last line.
+# this script's last line. Then (unless --outage none) the outage drill: a second auto
+# --timeline run during which one rail's veth is taken down (both ends) at --outage-at and
+# up again --outage-for later, --outages times; the report prints each outage's failover and
+# re-admission times from the timeline and the sender's failover counters, and draws it
+# (outage.svg). Its goals are printed, not fatal; a wrong byte or a rank's error is.
 #
 # Exit status: 0 when every run delivered its bytes intact and the report was made (a missed
 # goal is printed, not fatal, unless --strict: then 3); 1 on any error; 2 on bad options. A
@@ -33,6 +37,11 @@ Usage: ci/netem-rails.sh [options]    (as root; needs ip, tc, python3)
   --rounds N           interleaved rounds of the four throughput runs [3]
   --timeline SECS      the timeline run                               [3]
   --change-at SECS     when the rate changes, after TIMELINE-START    [1.5]
+  --outage RAIL        rail whose veth goes down and up: sout|sup|none [sup]
+  --outage-at SECS     first outage, after TIMELINE-START             [1]
+  --outage-for SECS    how long the link stays down                   [1.5]
+  --outages N          outages in the drill run                       [1]
+  --outage-every SECS  from one outage to the next                    [outage-for + 2.5]
   --out DIR            results, timeline JSON, picture, logs          [target/netem]
   --no-build           use the existing release build
   --strict             exit 3 when a goal (auto >= 0.95 x sum, settle <= 10 ms) is missed
@@ -45,6 +54,7 @@ EOF
 
 sout_rate=4gbit sup_rate=2gbit sout_delay=50us sup_delay=20us change=sout size=256K
 duration=2 rounds=3 tl_secs=3 change_at=1.5 out=target/netem build=1 strict=()
+outage=sup outage_at=1 outage_for=1.5 outages=1 outage_every=
 while (($#)); do
   case $1 in
     --sout-rate) sout_rate=$2; shift ;;
@@ -57,6 +67,11 @@ while (($#)); do
     --rounds) rounds=$2; shift ;;
     --timeline) tl_secs=$2; shift ;;
     --change-at) change_at=$2; shift ;;
+    --outage) outage=$2; shift ;;
+    --outage-at) outage_at=$2; shift ;;
+    --outage-for) outage_for=$2; shift ;;
+    --outages) outages=$2; shift ;;
+    --outage-every) outage_every=$2; shift ;;
     --out) out=$2; shift ;;
     --no-build) build=0 ;;
     --strict) strict=(--strict) ;;
@@ -68,6 +83,12 @@ done
 die() { echo "netem-rails: $*" >&2; exit 1; }
 [[ $change == sout || $change == sup ]] || { echo "netem-rails: --change sout|sup" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "netem-rails: --rounds N (N >= 1)" >&2; exit 2; }
+[[ $outage == sout || $outage == sup || $outage == none ]] || { echo "netem-rails: --outage sout|sup|none" >&2; exit 2; }
+[[ $outages =~ ^[1-9][0-9]*$ ]] || { echo "netem-rails: --outages N (N >= 1)" >&2; exit 2; }
+for v in "$outage_at" "$outage_for" ${outage_every:+"$outage_every"}; do
+  [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "netem-rails: outage times are seconds (e.g. 1.5)" >&2; exit 2; }
+done
+outage_every=${outage_every:-$(awk -v f="$outage_for" 'BEGIN { print f + 2.5 }')}
 
 # A tc rate as kbit/s (integer): 4gbit -> 4000000.
 kbit() {
@@ -193,7 +214,10 @@ pair() {
   local name=$1 secs=$2
   shift 2
   port=$((port + 1))
-  local common=(--plugin "$lib" --rendezvous "198.18.0.1:$port" --timeout 20 --sizes "$size" --duration "$secs" --quiet "$@")
+  # PAIR_ITERS: a fixed count instead of the time budget (whose count comes from the warm-up).
+  local len=(--duration "$secs")
+  [[ -n ${PAIR_ITERS:-} ]] && len=(--iters "$PAIR_ITERS")
+  local common=(--plugin "$lib" --rendezvous "198.18.0.1:$port" --timeout 20 --sizes "$size" "${len[@]}" --quiet "$@")
   ip netns exec "$rx" env "${env_rx[@]}" MPIB_STATS_FILE="$out/stats-$name-rx.txt" \
     timeout -k 5 $((secs * 4 + 40)) "$perf" --rank 0 "${common[@]}" >"$out/$name-rx.log" 2>&1 &
   rx_pid=$!
@@ -316,6 +340,11 @@ for try in 1 2 3; do
   tc -n "$rx" qdisc change dev "$dev_rx" root $(shape_args "$change" "$k")
 done
 echo "# $change halved: $(gbps "$k") -> $(gbps "$half") Gbit/s at CLOCK_MONOTONIC $t_change ns"
+# The rail's rate back for the outage drill (its "other rail alone" is the single-rail runs').
+# shellcheck disable=SC2046 # shape_args prints the qdisc's arguments, one word each
+tc -n "$tx" qdisc change dev "$dev_tx" root $(shape_args "$change" "$k")
+# shellcheck disable=SC2046
+tc -n "$rx" qdisc change dev "$dev_rx" root $(shape_args "$change" "$k")
 # The sender's statistics file of the timeline run (MPIB_STATS_FILE): per rail.
 if [[ -s $out/stats-timeline-tx.txt ]]; then
   for r in 0 1; do
@@ -326,10 +355,69 @@ if [[ -s $out/stats-timeline-tx.txt ]]; then
   done
 fi
 
+# --- the outage drill: one rail's veth down, then up, during an auto timeline run ----------
+# A helper started before the run takes both ends of the rail's veth down at the chosen times
+# after TIMELINE-START and up again (`ip link set`), and prints CLOCK_MONOTONIC once each is
+# done: "DOWN_NS:UP_NS" per outage. The link counts as down once the sender's end is (its
+# peer loses carrier with it) and as up once both ends are.
+outage_args=()
+if [[ $outage != none ]]; then
+  o_secs=$(awk -v a="$outage_at" -v e="$outage_every" -v n="$outages" 'BEGIN { s = a + e * n + 1; printf "%d", (s == int(s)) ? s : int(s) + 1 }')
+  coproc OUTAGER {
+    exec python3 -c '
+import subprocess, sys, time
+ns_tx, ns_rx, dev_tx, dev_rx, at, down, every, n = sys.argv[1:]
+def link(ns, dev, state):
+    subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, state], check=True)
+if sys.stdin.readline() == "":
+    sys.exit(0)
+t0 = time.monotonic()
+spans = []
+for k in range(int(n)):
+    time.sleep(max(0.0, t0 + float(at) + k * float(every) - time.monotonic()))
+    link(ns_tx, dev_tx, "down")
+    a = time.monotonic_ns()
+    link(ns_rx, dev_rx, "down")
+    time.sleep(max(0.0, a / 1e9 + float(down) - time.monotonic()))
+    link(ns_tx, dev_tx, "up")
+    link(ns_rx, dev_rx, "up")
+    spans.append("%d:%d" % (a, time.monotonic_ns()))
+print(",".join(spans), flush=True)' "$tx" "$rx" "${outage}1" "${outage}0" "$outage_at" "$outage_for" "$outage_every" "$outages"
+  }
+  # shellcheck disable=SC2153 # set by coproc
+  changer_pid=$OUTAGER_PID
+  o_in=${OUTAGER[1]} o_out=${OUTAGER[0]}
+  # The stream must outlast the outages: a count from auto's measured rate (a time budget's
+  # count comes from the warm-up, and one run ended after 5 of 20 outages), 20 % over.
+  o_iters=$(python3 -c '
+import json, sys
+files, secs = sys.argv[1].split(","), float(sys.argv[2])
+rows = sorted((json.load(open(f))["rows"][0] for f in files), key=lambda r: r["gbps"])
+r = rows[len(rows) // 2]
+print(max(100, int(r["gbps"] * 1e9 * secs * 1.2 / max(r["size"], 1))))' "${files[auto]}" "$o_secs")
+  PAIR_ITERS=$o_iters pair outage "$((o_secs * 3))" --timeline "$out/outage.json"
+  for _ in $(seq 1 400); do
+    grep -q '^TIMELINE-START' "$out/outage-tx.log" && break
+    kill -0 "$tx_pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  grep -q '^TIMELINE-START' "$out/outage-tx.log" || { finish outage; die "the outage run's sender never printed TIMELINE-START"; }
+  echo go >&"$o_in"
+  read -r spans <&"$o_out" || true
+  exec {o_in}>&-
+  wait "$changer_pid" || true
+  changer_pid=
+  [[ -n ${spans:-} ]] || { finish outage; die "taking the ${outage^^} link down and up failed"; }
+  finish outage
+  [[ -s $out/outage.json ]] || die "no outage timeline written"
+  echo "# outage drill: ${outage^^} veth down ${outage_for} s, $outages time(s) from ${outage_at} s, every ${outage_every} s; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  outage_args=(--outage-timeline "$out/outage.json" --outages "$spans" --outage-rail "$outage" --outage-svg "$out/outage.svg")
+fi
+
 "$report" --tput "sout=${files[sout]}" --tput "sup=${files[sup]}" --tput "auto=${files[auto]}" \
   --tput "static=${files[static]}" --timeline "$out/timeline.json" \
   --change-ns "$t_change" --change-end-ns "$t_changed" \
   --what "${change^^} $(gbps "$k") -> $(gbps "$half") Gbit/s" \
-  --shaped-gbps "$(gbps "$sout_kbit"),$(gbps "$sup_kbit")" --svg "$out/timeline.svg" "${strict[@]}" \
+  --shaped-gbps "$(gbps "$sout_kbit"),$(gbps "$sup_kbit")" --svg "$out/timeline.svg" "${strict[@]}" "${outage_args[@]}" \
   | tee "$out/report.txt"
 exit "${PIPESTATUS[0]}"

@@ -114,10 +114,8 @@ pub struct Config {
     /// Re-admission of a failed rail: first back-off, and its cap.
     pub readmit_ms: u64,
     pub readmit_max_ms: u64,
-    /// Fault drill (soft fabric): `(rails, n, ms)`: a send comm's `n`-th isend drops the
-    /// connections of the rails in the mask (bit 0 SOUT, bit 1 SUP); they refuse
-    /// re-admission for `ms` (None: for good).
-    pub fault_rail: Option<(u8, u64, Option<u64>)>,
+    /// Fault drill (soft fabric, `MPIB_FAULT_RAIL`).
+    pub fault_rail: Option<FaultDrill>,
     pub rtt_alpha: f64,
     pub rtt_beta: f64,
     /// 0 = no probes.
@@ -382,16 +380,57 @@ fn parse_int(value: &str, min: i64, max: i64) -> std::result::Result<i64, String
 }
 
 /// `sout:N`, `sup:N`, `both:N`: the rails (a mask) and the isend that drops them.
-fn parse_fault(value: &str) -> std::result::Result<(u8, u64, Option<u64>), String> {
-    let accepted = || "sout:N, sup:N or both:N with N from 1 to 2^40, then optionally :MS (0 to 3600000)".to_string();
-    let (rail, rest) = value.split_once(':').ok_or_else(accepted)?;
-    let mask = parse_word(rail, &[("sout", 1u8), ("sup", 2), ("both", 3)]).map_err(|_| accepted())?;
-    let (n, ms) = match rest.split_once(':') {
-        Some((n, ms)) => (n, Some(parse_int(ms, 0, 3_600_000).map_err(|_| accepted())? as u64)),
-        None => (rest, None),
+/// A fault drill (soft fabric, `MPIB_FAULT_RAIL`): a send comm drops the connections of
+/// the rails in `mask` (bit 0 SOUT, bit 1 SUP) as a lost link would, at `at`; they refuse
+/// re-admission for `for_ms` (None: for good), and the drop repeats every `every_ms`
+/// (`count` times in all, or for as long as the comm lives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FaultDrill {
+    pub mask: u8,
+    pub at: FaultAt,
+    pub for_ms: Option<u64>,
+    /// Only with [`FaultAt::Ms`] (a count of isends happens once).
+    pub every_ms: Option<u64>,
+    /// With `every_ms`: drops in all (None: as long as the comm lives).
+    pub count: Option<u64>,
+}
+
+/// When a [`FaultDrill`] drops its rails.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultAt {
+    /// At the comm's N-th isend (`sout:N`).
+    Isend(u64),
+    /// At the first isend at least this many ms after the comm's first isend (`sout:@MS`).
+    Ms(u64),
+}
+
+fn parse_fault(value: &str) -> std::result::Result<FaultDrill, String> {
+    let accepted = || {
+        "sout:N, sup:N or both:N with N from 1 to 2^40, then optionally :MS (0 to 3600000); \
+         or sout:@AT, sup:@AT, both:@AT (ms after the first isend), then optionally :MS, :EVERY (ms) and :COUNT"
+            .to_string()
     };
-    let n = parse_int(n, 1, 1 << 40).map_err(|_| accepted())?;
-    Ok((mask, n as u64, ms))
+    let ms = |v: &str| parse_int(v, 0, 3_600_000).map(|n| n as u64).map_err(|_| accepted());
+    let mut it = value.split(':');
+    let mask =
+        parse_word(it.next().unwrap_or(""), &[("sout", 1u8), ("sup", 2), ("both", 3)]).map_err(|_| accepted())?;
+    let when = it.next().ok_or_else(accepted)?;
+    let for_ms = it.next().map(ms).transpose()?;
+    let every_ms = it.next().map(ms).transpose()?;
+    let count = it.next().map(|v| parse_int(v, 1, 1 << 40).map(|n| n as u64).map_err(|_| accepted())).transpose()?;
+    let at = match when.strip_prefix('@') {
+        Some(t) => FaultAt::Ms(ms(t)?),
+        None => FaultAt::Isend(parse_int(when, 1, 1 << 40).map_err(|_| accepted())? as u64),
+    };
+    // A repetition needs a time, a positive period, and a rail that comes back.
+    let repeat_ok = match every_ms {
+        None => true,
+        Some(e) => matches!(at, FaultAt::Ms(_)) && e > 0 && for_ms.is_some(),
+    };
+    if it.next().is_some() || !repeat_ok {
+        return Err(accepted());
+    }
+    Ok(FaultDrill { mask, at, for_ms, every_ms, count })
 }
 
 fn parse_gain(value: &str) -> std::result::Result<f64, String> {

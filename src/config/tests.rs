@@ -213,11 +213,20 @@ fn failover_switch_and_timings() {
     let e = one_error(&[("MPIB_READMIT_MAX_MS", "50")]);
     assert!(e.contains("from 100 to 600000"), "{e}");
     assert_eq!(d.fault_rail, None, "no drill by default");
-    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "SUP:7")]).unwrap().fault_rail, Some((2, 7, None)));
-    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "both:1")]).unwrap().fault_rail, Some((3, 1, None)));
-    assert_eq!(parse(&[("MPIB_FAULT_RAIL", "sout:9:250")]).unwrap().fault_rail, Some((1, 9, Some(250))));
+    let drill = |mask, at, for_ms, every_ms| Some(FaultDrill { mask, at, for_ms, every_ms, count: None });
+    let get = |v: &str| parse(&[("MPIB_FAULT_RAIL", v)]).unwrap().fault_rail;
+    assert_eq!(get("SUP:7"), drill(2, FaultAt::Isend(7), None, None));
+    assert_eq!(get("both:1"), drill(3, FaultAt::Isend(1), None, None));
+    assert_eq!(get("sout:9:250"), drill(1, FaultAt::Isend(9), Some(250), None));
+    assert_eq!(get("sup:@1000"), drill(2, FaultAt::Ms(1000), None, None));
+    assert_eq!(get("sup:@1000:500:2000"), drill(2, FaultAt::Ms(1000), Some(500), Some(2000)));
+    let five = FaultDrill { count: Some(5), ..drill(1, FaultAt::Ms(0), Some(10), Some(20)).unwrap() };
+    assert_eq!(get("sout:@0:10:20:5"), Some(five));
     assert!(parse(&[("MPIB_FAULT_RAIL", "sout:9:x")]).is_err());
-    for bad in ["sup", "sup:0", "up:3", "sout:x"] {
+    // A repetition needs a time form, a positive period and a rail that comes back.
+    for bad in
+        ["sup", "sup:0", "up:3", "sout:x", "sup:7:5:100", "sup:@10:5:0", "sup:@x", "sup:@1:2:3:0", "sup:@1:2:3:4:5"]
+    {
         assert!(one_error(&[("MPIB_FAULT_RAIL", bad)]).contains("sout:N, sup:N or both:N"), "{bad}");
     }
 }

@@ -119,9 +119,11 @@ pub const VARS: &[VarDoc] = &[
     VarDoc {
         name: "MPIB_FAULT_RAIL",
         default: "(none)",
-        accepted: "sout:N, sup:N, both:N (N >= 1), optionally :MS",
+        accepted: "sout:N, sup:N, both:N (N >= 1), optionally :MS; or RAIL:@AT[:MS[:EVERY[:COUNT]]] (ms)",
         meaning: "fault drill, soft fabric: each send comm's N-th isend drops that rail's QP connections (both ways); \
-                  with :MS the rail refuses re-admission for MS ms, then comes back (without: stays down)",
+                  with :MS the rail refuses re-admission for MS ms, then comes back (without: stays down). \
+                  @AT: at the first isend AT ms after the comm's first isend instead, again every EVERY ms \
+                  (COUNT times in all; mpib-perf --fail-rail sets it)",
     },
     VarDoc { name: "MPIB_RTT_ALPHA", default: "0.125", accepted: "0 < a <= 1", meaning: "SRTT gain (RFC 6298 alpha)" },
     VarDoc { name: "MPIB_RTT_BETA", default: "0.25", accepted: "0 < b <= 1", meaning: "RTTVAR gain (RFC 6298 beta)" },

@@ -329,8 +329,16 @@ impl<D: Device> SendComm<D> {
             }
         }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
-        if r.is_some() && self.has_drill() {
-            self.fault_drill();
+        if r.is_some() {
+            // A sender whose requests are always done when it tests them (CPU-bound, e.g.
+            // a debug build) reaches no waiting call: the periodic round (stall check,
+            // re-admission timer) is also due from here. One compare; `now` is read.
+            if self.fo.periodic(now) {
+                self.failover_round(now)?;
+            }
+            if self.has_drill() {
+                self.fault_drill(now);
+            }
         }
         Ok(r)
     }

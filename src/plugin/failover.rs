@@ -16,9 +16,10 @@
 
 use super::comm::{RECV_SCRATCH_OFF, Rail, RecvComm, RecvMem, SCRATCH_BYTES, SEND_SCRATCH_OFF, SendComm, SendMem};
 use super::readmit::{READMIT_MAX_QPS, Refuse};
+use crate::config::{FaultAt, FaultDrill};
 use crate::engine::RailMask;
 use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
-use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, RAIL_NAMES, RAILS};
+use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, RAIL_NAMES, RAILS, RailState};
 use crate::error::Result;
 use crate::fabric::{Completion, Device, QueuePair};
 
@@ -68,13 +69,16 @@ pub struct FoSide {
     /// (0 = none); `next_ns`: the next one, or the engine's timer (re-admission) if sooner.
     period_ns: u64,
     next_ns: u64,
-    /// Fault drill: the rails (mask) dropped at isend number `drill.1`, for `drill.2` ms
-    /// (None: for good); isends so far; how long each rail refuses to come back.
-    drill: Option<(u8, u64, Option<u64>)>,
+    /// Fault drill (`MPIB_FAULT_RAIL`); isends so far; with a time, when the next drop is
+    /// due (ns, set at the first isend) and drops so far; how long each rail refuses to
+    /// come back.
+    drill: Option<FaultDrill>,
     isends: u64,
     /// Each rail's port-down count (`Device::port_downs`) this comm has acted on.
     port_downs: [u64; RAILS],
     failover: bool,
+    drill_next_ns: u64,
+    drops: u64,
     pub(super) refuse: [Refuse; RAILS],
     /// Rails whose new QPs are connecting (re-admission, `plugin/readmit.rs`).
     pub(super) connecting: RailMask,
@@ -98,6 +102,8 @@ impl FoSide {
             isends: 0,
             port_downs,
             failover: cfg.failover,
+            drill_next_ns: 0,
+            drops: 0,
             refuse: [Refuse::No; RAILS],
             connecting: RailMask::NONE,
             port_wait: RailMask::NONE,
@@ -113,7 +119,7 @@ impl FoSide {
 
     /// Whether the periodic round is due at `now`.
     #[inline]
-    fn periodic(&self, now: u64) -> bool {
+    pub(super) fn periodic(&self, now: u64) -> bool {
         now >= self.next_ns
     }
 }
@@ -253,22 +259,53 @@ impl<D: Device> SendComm<D> {
         Ok(())
     }
 
-    /// The fault drill: counts isends; at the chosen one, drops the chosen rails' QP
-    /// connections as a lost link would (soft fabric).
+    /// The fault drill: counts isends (or reads the time); at the chosen one, drops the
+    /// chosen rails' QP connections as a lost link would (soft fabric). A timed drill's
+    /// times count from the comm's first isend; a repeated one keeps its cadence (a drop
+    /// due while the rail is not Up only renews the refusal).
     #[cold]
     #[inline(never)]
-    pub(super) fn fault_drill(&mut self) {
-        let Some((mask, at, ms)) = self.fo.drill else { return };
+    pub(super) fn fault_drill(&mut self, now: u64) {
+        let Some(d) = self.fo.drill else { return };
         self.fo.isends += 1;
-        if self.fo.isends != at {
+        let fire = match d.at {
+            FaultAt::Isend(n) => self.fo.isends == n,
+            FaultAt::Ms(at) => {
+                if self.fo.isends == 1 {
+                    self.fo.drill_next_ns = now + at * 1_000_000;
+                }
+                let due = self.fo.drill_next_ns != u64::MAX && now >= self.fo.drill_next_ns;
+                if due {
+                    self.fo.drops += 1;
+                    let more = d.count.is_none_or(|c| self.fo.drops < c);
+                    self.fo.drill_next_ns = match d.every_ms {
+                        Some(e) if more => {
+                            let e = e * 1_000_000;
+                            self.fo.drill_next_ns + ((now - self.fo.drill_next_ns) / e + 1) * e
+                        }
+                        _ => u64::MAX,
+                    };
+                }
+                due
+            }
+        };
+        if !fire {
             return;
         }
-        self.fo.refuse_for(mask, ms);
+        let (mask, isends) = (d.mask, self.fo.isends);
+        self.fo.refuse_for(mask, d.for_ms);
+        let states = self.engine.rail_states();
         for (r, rail) in self.rails.iter_mut().enumerate() {
             if mask & (1 << r) == 0 {
                 continue;
             }
-            log::warn!("MPIB_FAULT_RAIL: dropping the {} rail's connections at isend {at}", RAIL_NAMES[r]);
+            if states[r] != RailState::Up {
+                // Still down or coming back: the refusal renewed is the drop (dropping the
+                // new QPs of an attempt would test the drill, not the rail).
+                log::warn!("MPIB_FAULT_RAIL: the {} rail is not up at isend {isends}: it stays down", RAIL_NAMES[r]);
+                continue;
+            }
+            log::warn!("MPIB_FAULT_RAIL: dropping the {} rail's connections at isend {isends}", RAIL_NAMES[r]);
             for qp in rail.qps.iter_mut() {
                 match qp.inject_link_loss() {
                     Ok(true) => {}

@@ -52,6 +52,12 @@ pub struct SideStats {
     /// bytes posted on SOUT, on SUP]` since the phase started, one entry per interval and
     /// one at the end.
     pub timeline: Vec<[u64; 3]>,
+    /// With the timeline: `[ns, failovers, re-admissions, replayed bytes]` of the process
+    /// since the phase started, whenever one changed (the library's `mpib_rail_stats`).
+    pub failover_events: Vec<[u64; 4]>,
+    /// With the timeline: `[ns of the last sample before a failover showed, ns every send
+    /// posted before it showed completed]`.
+    pub recoveries: Vec<[u64; 2]>,
 }
 
 impl SideStats {
@@ -81,10 +87,9 @@ impl SideStats {
                 put_counters(w, &format!("{p}.rail{r}"), c);
             }
         }
-        if !self.timeline.is_empty() {
-            let t: Vec<String> = self.timeline.iter().map(|[t, a, b]| format!("{t}:{a}:{b}")).collect();
-            w.put(&format!("{p}.timeline"), t.join(","));
-        }
+        put_rows(w, &format!("{p}.timeline"), &self.timeline);
+        put_rows(w, &format!("{p}.failover_events"), &self.failover_events);
+        put_rows(w, &format!("{p}.recoveries"), &self.recoveries);
     }
 
     fn get(f: &Fields, p: &str) -> Result<SideStats> {
@@ -111,20 +116,29 @@ impl SideStats {
             test_calls: g("test_calls")?,
             flushes: g("flushes")?,
             counters,
-            timeline: timeline(f.get_or(&format!("{p}.timeline"), String::new())?.as_str())?,
+            timeline: rows(f.get_or(&format!("{p}.timeline"), String::new())?.as_str())?,
+            failover_events: rows(f.get_or(&format!("{p}.failover_events"), String::new())?.as_str())?,
+            recoveries: rows(f.get_or(&format!("{p}.recoveries"), String::new())?.as_str())?,
         })
     }
 }
 
-fn timeline(text: &str) -> Result<Vec<[u64; 3]>> {
-    let entry = |e: &str| -> Option<[u64; 3]> {
-        let mut it = e.split(':').map(|v| v.parse::<u64>().ok());
-        let v = [it.next()??, it.next()??, it.next()??];
-        it.next().is_none().then_some(v)
+/// Rows of N numbers as `a:b:c,a:b:c` (nothing when empty).
+fn put_rows<const N: usize>(w: &mut Writer, key: &str, rows: &[[u64; N]]) {
+    if !rows.is_empty() {
+        let t: Vec<String> = rows.iter().map(|r| r.iter().map(u64::to_string).collect::<Vec<_>>().join(":")).collect();
+        w.put(key, t.join(","));
+    }
+}
+
+fn rows<const N: usize>(text: &str) -> Result<Vec<[u64; N]>> {
+    let entry = |e: &str| -> Option<[u64; N]> {
+        let v: Vec<u64> = e.split(':').map(|v| v.parse::<u64>().ok()).collect::<Option<_>>()?;
+        v.try_into().ok()
     };
     text.split(',')
         .filter(|e| !e.is_empty())
-        .map(|e| entry(e).ok_or_else(|| Error::usage(format!("timeline entry {e:?} is not t:sout:sup"))))
+        .map(|e| entry(e).ok_or_else(|| Error::usage(format!("timeline entry {e:?} is not {N} numbers a:b:..."))))
         .collect()
 }
 
@@ -542,6 +556,8 @@ mod tests {
             first_wrong: "group 3 buffer 1: size 5, expected 6".into(),
             counters: Some([c, RailCounters::default()]),
             timeline: vec![[1_000_000, 5, 7], [2_000_123, 4096, 0]],
+            failover_events: vec![[1, 0, 0, 0], [900, 1, 0, 4096]],
+            recoveries: vec![[900, 1500]],
             ..SideStats::default()
         };
         let warm = PhaseReport { tx: Some(SideStats { requests: 2, ..SideStats::default() }), ..Default::default() };
@@ -572,6 +588,6 @@ mod tests {
         assert_eq!(RankReport::from_line(&r.to_line()).unwrap(), r);
         assert!(mono_ns() > 0);
         assert_eq!(r.phases[0].with_warmup().count(), 2);
-        assert!(timeline("1:2").is_err() && timeline("1:2:3:4").is_err() && timeline("a:2:3").is_err());
+        assert!(rows::<3>("1:2").is_err() && rows::<3>("1:2:3:4").is_err() && rows::<3>("a:2:3").is_err());
     }
 }

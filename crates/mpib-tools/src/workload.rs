@@ -221,7 +221,7 @@ impl<'c> Sender<'c> {
     /// Samples the comm's per-rail bytes if the timeline is due (or now, when `force`).
     fn sample(&mut self, force: bool) -> Result<()> {
         if let Some(tl) = self.timeline.as_mut()
-            && !tl.sample(self.comm, force)?
+            && !tl.sample(self.comm, force, self.next)?
         {
             self.timeline = None; // not an mpib library: nothing to sample
         }
@@ -304,6 +304,9 @@ impl<'c> Sender<'c> {
             s.checksum = s.checksum.wrapping_add(f.sum);
             s.bytes += want;
             s.messages += 1;
+            if let Some(tl) = self.timeline.as_mut() {
+                tl.completed(s.messages);
+            }
             self.win.completed();
             progressed = true;
             if self.finished() {
@@ -323,7 +326,8 @@ impl<'c> Sender<'c> {
 
     pub fn finish(self) -> SideStats {
         let mut s = self.win.finish();
-        s.timeline = self.timeline.map(Timeline::into_samples).unwrap_or_default();
+        let r = self.timeline.map(Timeline::into_recorded).unwrap_or_default();
+        (s.timeline, s.failover_events, s.recoveries) = (r.samples, r.events, r.recoveries);
         s
     }
 }

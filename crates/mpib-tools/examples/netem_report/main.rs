@@ -1,7 +1,9 @@
 //! The report of ci/netem-rails.sh (README "Proof on emulated rails"): reads the `--json`
 //! results of its single-rail, `auto` and static 50/50 runs and the `--timeline` of its `auto`
 //! run with a mid-run rate change, prints the figures, draws the timeline as SVG, and ends
-//! with `auto_vs_sum: <ratio> static_vs_sum: <ratio> settle_ms: <ms>`.
+//! with `auto_vs_sum: <ratio> static_vs_sum: <ratio> settle_ms: <ms>`. With `--outage-*`, also
+//! the outage drill's run (one rail's veth down and up): failover and re-admission figures
+//! and a second picture (`outage.rs`); its goals are printed, never fatal.
 //!
 //! ```text
 //! cargo run --release --example netem_report -- --tput sout=a.json,b.json --tput sup=… \
@@ -9,6 +11,7 @@
 //!     --what "SOUT 4 -> 2 Gbit/s" --shaped-gbps 4,2 --svg timeline.svg
 //! ```
 
+mod outage;
 mod plot;
 mod timeline;
 
@@ -67,6 +70,30 @@ struct Args {
     /// Exit with status 3 when a goal is missed (figures are always printed).
     #[arg(long)]
     strict: bool,
+    /// The outage drill's --timeline document.
+    #[arg(long, requires_all = ["outages", "outage_rail", "outage_svg"])]
+    outage_timeline: Option<String>,
+    /// DOWN_NS:UP_NS[,…]: CLOCK_MONOTONIC when the rail's link went down and came up.
+    #[arg(long)]
+    outages: Option<String>,
+    /// The rail taken down: sout or sup.
+    #[arg(long, value_parser = ["sout", "sup"])]
+    outage_rail: Option<String>,
+    /// Where to write the outage picture.
+    #[arg(long)]
+    outage_svg: Option<String>,
+}
+
+/// `DOWN:UP,…` as pairs of ns.
+fn spans(text: &str) -> Result<Vec<[u64; 2]>, String> {
+    text.split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            let (a, b) = s.split_once(':').ok_or_else(|| format!("--outages {s}: expected DOWN_NS:UP_NS"))?;
+            let n = |v: &str| v.trim().parse::<u64>().map_err(|_| format!("--outages {s}: not a number"));
+            Ok([n(a)?, n(b)?])
+        })
+        .collect()
 }
 
 /// One mode's rounds: GB/s and SOUT share of the single size each ran.
@@ -175,6 +202,18 @@ fn run(a: &Args) -> Result<bool, String> {
     );
     plot::draw(&a.svg, &t, &s, c, &a.what).map_err(|e| format!("{}: {e}", a.svg))?;
     println!("picture: {}", a.svg);
+    if let (Some(file), Some(sp), Some(rail), Some(svg)) =
+        (&a.outage_timeline, &a.outages, &a.outage_rail, &a.outage_svg)
+    {
+        let v = read_json(file)?;
+        let ot = Timeline::from_json(&v)?;
+        let r = usize::from(rail == "sup");
+        let os = outage::analyse(&ot, &v, r, &spans(sp)?);
+        let alone = [sout, sup][1 - r].median();
+        outage::report(&os, &rail.to_uppercase(), alone);
+        outage::draw(svg, &ot, &os, &rail.to_uppercase()).map_err(|e| format!("{svg}: {e}"))?;
+        println!("outage picture: {svg}");
+    }
     let settle_ms = s.settle_ms.unwrap_or(f64::INFINITY);
     let met = auto_vs_sum >= a.goal_ratio && settle_ms <= a.goal_settle_ms;
     println!(

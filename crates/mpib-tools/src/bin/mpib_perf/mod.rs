@@ -2,6 +2,7 @@
 //! ranks run), `token` (`--listen`'s token), `progress` (what is printed while they run),
 //! `results` (table, JSON, timeline).
 
+pub mod drill;
 pub mod opts;
 pub mod progress;
 pub mod results;
@@ -71,17 +72,31 @@ fn go(plan: &Plan) -> Result<(), Fail> {
             plugin.max_requests()
         )));
     }
+    let alone = match &plan.drill {
+        Some(d) => Some(baseline(plan, d, &lib)?),
+        None => None,
+    };
+    let load = drill::load_average();
     let mut progress = Progress::new(&plan.sizes, plan.opts.quiet, plan.opts.timeline.is_some());
     let out = run::run(plan, &lib, &plugin, &mut progress);
     progress.done();
     let out = out?;
     let reps = reports(&out)?;
     let summary = results::summarize(plan, reps);
+    let figures = plan.drill.as_ref().map(|d| (d, drill::figures(d, &reps[1].phases[0], alone)));
     if !plan.opts.quiet {
         print!("{}", results::table(plan, &summary));
+        if let Some((d, f)) = &figures {
+            let wrong = summary.rows.iter().map(|r| r.wrong).sum();
+            print!("{}", drill::text(d, f, wrong, &load));
+        }
     }
     if let Some(path) = &plan.opts.json {
-        write_json(path, &results::json(&summary))?;
+        let mut doc = results::json(&summary);
+        if let Some((d, f)) = &figures {
+            doc["drill"] = drill::json(d, f, &load);
+        }
+        write_json(path, &doc)?;
     }
     if let Some(path) = &plan.opts.timeline {
         write_json(path, &results::timeline(plan, &summary, &reps[1].phases[0]))?;
@@ -89,7 +104,27 @@ fn go(plan: &Plan) -> Result<(), Fail> {
     if let Some(w) = &summary.first_wrong {
         return Err(Fail::new(format!("data mismatch at {w}")));
     }
-    check_reports(reps).map_err(|e| Fail::new(format!("data mismatch: {}", e.msg)))
+    check_reports(reps).map_err(|e| Fail::new(format!("data mismatch: {}", e.msg)))?;
+    match &figures {
+        Some((d, f)) => drill::check(d, f).map_err(Fail::new),
+        None => Ok(()),
+    }
+}
+
+/// The drill's baseline: the same stream for a second on the surviving rail alone
+/// (`--split` on it, no drill); its GB/s.
+fn baseline(plan: &Plan, d: &drill::Drill, lib: &str) -> Result<f64, Fail> {
+    let mut o = plan.opts.clone();
+    (o.fail_rail, o.split, o.timeline, o.json) = (None, Some(d.surviving().into()), None, None);
+    o.duration = Some(std::time::Duration::from_secs(1));
+    o.sizes = Some(opts::Sizes { list: plan.sizes.clone(), text: plan.sizes[0].to_string() });
+    let p = Plan::new(o).map_err(Fail::new)?;
+    let mut progress = Progress::new(&p.sizes, true, false);
+    let out = run::local(&p, lib, &mut progress)?;
+    let reps = reports(&out)?;
+    let s = results::summarize(&p, reps);
+    check_reports(reps).map_err(|e| Fail::new(format!("data mismatch in the drill's baseline: {}", e.msg)))?;
+    Ok(s.rows.first().map_or(0.0, |r| r.gbps))
 }
 
 fn write_json(path: &str, v: &serde_json::Value) -> Result<(), Fail> {

@@ -7,6 +7,8 @@ use clap::{ArgGroup, Parser, ValueEnum};
 use mpib_tools::kv::Writer;
 use mpib_tools::{Phase, Workload};
 
+pub use super::drill::Drill;
+
 /// Benchmark and check the mpib NCCL net plugin between two ranks, through its C ABI as NCCL
 /// drives it (no GPU, NCCL or MPI needed).
 ///
@@ -107,6 +109,30 @@ pub struct Opts {
     /// check catches it (the run reports it and fails)
     #[arg(long)]
     pub inject_corruption: bool,
+
+    /// Failure drill (local ranks, soft fabric): stream one size as --timeline does and drop
+    /// this rail's connections (MPIB_FAULT_RAIL) at --fail-at for --fail-for, then print the
+    /// failover and re-admission figures
+    #[arg(long, value_name = "RAIL", value_parser = ["sout", "sup"])]
+    pub fail_rail: Option<String>,
+
+    /// When the first drop comes, from the sender's first isend (the stream's warm-up)
+    #[arg(long, value_name = "SECS", default_value = "1", requires = "fail_rail", value_parser = parse_duration)]
+    pub fail_at: Duration,
+
+    /// How long the dropped rail refuses to come back (a link down this long)
+    #[arg(long, value_name = "SECS", default_value = "0.5", requires = "fail_rail", value_parser = parse_duration)]
+    pub fail_for: Duration,
+
+    /// Drops this many times, --fail-every apart; --duration defaults to
+    /// --fail-at + N × --fail-every
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "fail_rail",
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub injections: u64,
+
+    /// Time between drops [default: --fail-for + 1.5 s]
+    #[arg(long, value_name = "SECS", requires = "fail_rail", value_parser = parse_duration)]
+    pub fail_every: Option<Duration>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -256,6 +282,8 @@ pub struct Plan {
     pub workload: Workload,
     /// The measurement's time budget (None: --iters).
     pub duration: Option<Duration>,
+    /// --fail-rail's drill.
+    pub drill: Option<Drill>,
 }
 
 impl Plan {
@@ -275,7 +303,8 @@ impl Plan {
                 "--fabric inproc runs both ranks in this process: not with --listen, --connect or --rendezvous".into(),
             );
         }
-        let timeline = opts.timeline.is_some();
+        let drill = Drill::of(&opts, &mode, fabric)?;
+        let timeline = opts.timeline.is_some() || drill.is_some();
         let sizes = match &opts.sizes {
             Some(s) => s.list.clone(),
             None if timeline => vec![256 << 10],
@@ -290,7 +319,13 @@ impl Plan {
         }
         let duration = match opts.iters {
             Some(_) => None,
-            None => Some(opts.duration.unwrap_or(Duration::from_secs(if timeline { 5 } else { 10 }))),
+            None => Some(
+                opts.duration.or(drill.as_ref().map(Drill::duration)).unwrap_or(Duration::from_secs(if timeline {
+                    5
+                } else {
+                    10
+                })),
+            ),
         };
         let nrecv = opts.nrecv;
         let budget_ms = duration.map_or(0, |d| ((d.as_millis() as u64) / sizes.len() as u64).max(1));
@@ -319,7 +354,7 @@ impl Plan {
             ..Workload::default()
         };
         workload.check().map_err(|e| e.msg)?;
-        Ok(Plan { opts, mode, fabric, sizes, workload, duration })
+        Ok(Plan { opts, mode, fabric, sizes, workload, duration, drill })
     }
 
     /// The options both ranks must share, as `--name value` pairs (in a fixed order).
@@ -367,6 +402,9 @@ impl Plan {
         }
         if let Some(s) = &self.opts.split {
             env.push(("MPIB_SPLIT".to_string(), s.clone()));
+        }
+        if let Some(d) = &self.drill {
+            env.push(("MPIB_FAULT_RAIL".to_string(), d.env()));
         }
         env
     }
@@ -438,6 +476,32 @@ mod tests {
         assert_eq!(p.workload.phases[0].timeline_us, 250);
         assert_eq!(timeline_sample_us(Duration::from_secs(100)), 500);
         assert!(p.plugin_env().contains(&("MPIB_SPLIT".into(), "30".into())));
+    }
+
+    #[test]
+    fn the_drill_sets_the_plugins_fault_rail_and_the_stream() {
+        let p = plan(&["--fail-rail", "sout", "--fail-at", "2", "--fail-for", "0.25", "--injections", "4"]).unwrap();
+        let env = p.plugin_env();
+        assert!(env.contains(&("MPIB_FAULT_RAIL".into(), "sout:@2000:250:1750:4".into())), "{env:?}");
+        assert_eq!(
+            (p.sizes.clone(), p.duration),
+            (vec![256 << 10], Some(Duration::from_millis(12_250))),
+            "(2 + 4 x 1.75) x 1.25 + 1"
+        );
+        assert!(p.workload.phases[0].timeline_us > 0 && p.opts.timeline.is_none());
+        let one = plan(&["--fail-rail", "sup"]).unwrap();
+        assert_eq!(one.drill.as_ref().unwrap().env(), "sup:@1000:500");
+        for bad in [
+            &["--fail-rail", "both"][..],
+            &["--fail-for", "1"],
+            &["--fail-rail", "sup", "--bidir"],
+            &["--fail-rail", "sup", "--iters", "9"],
+            &["--fail-rail", "sup", "--fabric", "inproc"],
+            &["--fail-rail", "sup", "--listen"],
+            &["--fail-rail", "sup", "--injections", "2", "--fail-every", "0.4"],
+        ] {
+            assert!(plan(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
