@@ -115,8 +115,8 @@ suite perf 'MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 ./mpib-perf --fabric 
 
 # Rail failover on real verbs (crates/mpib-tools/tests/link_down.rs): rxe1's netdev taken
 # down mid-stream and up 1.5 s later; the port-down event fails SUP over to SOUT; clean,
-# exact, counted, through the re-admission attempts (which do not bring SUP back on rxe yet:
-# the test prints it). Toggles a link: after the suites that need both up.
+# exact, counted, through the re-admission attempts (whether SUP comes back within the
+# stream is printed: on rxe not always yet). Toggles a link: after the suites that need it.
 build_link-down() {
   cargo_test_binary link_down "$1" || return 1
   cargo_plugin_library "$1"
