@@ -20,7 +20,8 @@ use crate::config::{FaultAt, FaultDrill};
 use crate::engine::RailMask;
 use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
 use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, RAIL_NAMES, RAILS, RailState};
-use crate::error::Result;
+use crate::engine::{RecvEngine, SendEngine};
+use crate::error::{Error, Result};
 use crate::fabric::{Completion, Device, QueuePair};
 
 /// Offsets of the control ring (in) and of the outgoing messages' source in a send comm's
@@ -193,6 +194,69 @@ fn drain_rail<D: Device>(rail: &Rail<D>, idx: usize, mut on: impl FnMut(&Complet
     first
 }
 
+/// What the part of a failover round both comms share needs of their engine.
+trait RoundEngine {
+    fn on_event(&mut self, ev: Event) -> Result<()>;
+    fn set_error(&mut self, e: Error);
+}
+
+impl RoundEngine for SendEngine {
+    fn on_event(&mut self, ev: Event) -> Result<()> {
+        SendEngine::on_event(self, ev)
+    }
+    fn set_error(&mut self, e: Error) {
+        SendEngine::set_error(self, e);
+    }
+}
+
+impl RoundEngine for RecvEngine {
+    fn on_event(&mut self, ev: Event) -> Result<()> {
+        RecvEngine::on_event(self, ev)
+    }
+    fn set_error(&mut self, e: Error) {
+        RecvEngine::set_error(self, e);
+    }
+}
+
+/// What follows the engine's poll in a round, the same for both comms: its chains posted
+/// (a failed post breaks the connection), its actions performed on the rails and answered
+/// (a fenced rail's completions fed in with `on_completion`), the re-admitted QPs that are
+/// connecting polled. Whether an action was performed (another round may be due).
+fn carry_out<D: Device, E: RoundEngine>(
+    rails: &mut [Rail<D>; RAILS],
+    fo: &mut FoSide,
+    engine: &mut E,
+    mut on_completion: impl FnMut(&mut E, usize, &Completion) -> Result<()>,
+) -> Result<bool> {
+    for c in &fo.out.chains {
+        let r = rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
+        if let Err(e) = r {
+            engine.set_error(e.clone());
+            return Err(e);
+        }
+    }
+    let mut acted = false;
+    for i in 0..fo.out.actions.len() {
+        let ev = match fo.out.actions[i] {
+            Action::FenceQps { rail } => {
+                fence_rail(&mut rails[rail], RAIL_NAMES[rail]);
+                fo.fenced(rail);
+                drain_rail(&rails[rail], rail, |c| on_completion(engine, rail, c))?;
+                Event::FenceDone { rail }
+            }
+            Action::RebuildQps { rail } => fo.rebuild(&mut rails[rail], rail),
+            Action::ConnectQps { rail, records } => match fo.connect(&mut rails[rail], rail, &records) {
+                Some(ev) => ev,
+                None => continue,
+            },
+        };
+        engine.on_event(ev)?;
+        acted = true;
+    }
+    fo.poll_connecting(rails, |ev| engine.on_event(ev))?;
+    Ok(acted)
+}
+
 impl<D: Device> SendComm<D> {
     /// Whether a call that did not complete must run a failover round.
     #[inline(always)]
@@ -222,36 +286,8 @@ impl<D: Device> SendComm<D> {
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
             self.engine.poll_failover(now, &mut SendMem(&self.region), &mut self.fo.out)?;
-            for c in &self.fo.out.chains {
-                let r = self.rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
-                if let Err(e) = r {
-                    self.engine.set_error(e.clone());
-                    return Err(e);
-                }
-            }
-            let mut fenced = false;
-            for i in 0..self.fo.out.actions.len() {
-                let ev = match self.fo.out.actions[i] {
-                    Action::FenceQps { rail } => {
-                        fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
-                        self.fo.fenced(rail);
-                        let engine = &mut self.engine;
-                        drain_rail(&self.rails[rail], rail, |c| engine.on_completion(now, rail, c))?;
-                        Event::FenceDone { rail }
-                    }
-                    Action::RebuildQps { rail } => self.fo.rebuild(&mut self.rails[rail], rail),
-                    Action::ConnectQps { rail, records } => {
-                        match self.fo.connect(&mut self.rails[rail], rail, &records) {
-                            Some(ev) => ev,
-                            None => continue,
-                        }
-                    }
-                };
-                self.engine.on_event(ev)?;
-                fenced = true;
-            }
-            let engine = &mut self.engine;
-            self.fo.poll_connecting(&mut self.rails, |ev| engine.on_event(ev))?;
+            let fenced =
+                carry_out(&mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| e.on_completion(now, rail, c))?;
             if !fenced && !self.engine.failover_due() {
                 break;
             }
@@ -343,37 +379,10 @@ impl<D: Device> RecvComm<D> {
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
             self.engine.poll_failover(&mut RecvMem(&self.region), &mut self.fo.out)?;
-            for c in &self.fo.out.chains {
-                let r = self.rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
-                if let Err(e) = r {
-                    self.engine.set_error(e.clone());
-                    return Err(e);
-                }
-            }
-            let mut fenced = false;
-            for i in 0..self.fo.out.actions.len() {
-                let ev = match self.fo.out.actions[i] {
-                    Action::FenceQps { rail } => {
-                        fence_rail(&mut self.rails[rail], RAIL_NAMES[rail]);
-                        self.fo.fenced(rail);
-                        let mem = RecvMem(&self.region);
-                        let engine = &mut self.engine;
-                        drain_rail(&self.rails[rail], rail, |c| engine.on_completion(rail, c, &mem))?;
-                        Event::FenceDone { rail }
-                    }
-                    Action::RebuildQps { rail } => self.fo.rebuild(&mut self.rails[rail], rail),
-                    Action::ConnectQps { rail, records } => {
-                        match self.fo.connect(&mut self.rails[rail], rail, &records) {
-                            Some(ev) => ev,
-                            None => continue,
-                        }
-                    }
-                };
-                self.engine.on_event(ev)?;
-                fenced = true;
-            }
-            let engine = &mut self.engine;
-            self.fo.poll_connecting(&mut self.rails, |ev| engine.on_event(ev))?;
+            let mem = RecvMem(&self.region);
+            let fenced = carry_out(&mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
+                e.on_completion(rail, c, &mem)
+            })?;
             if !fenced && !self.engine.failover_due() {
                 break;
             }
