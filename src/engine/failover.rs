@@ -432,6 +432,13 @@ pub struct FailoverCounts {
 }
 
 impl Failover {
+    /// Whether a rail has a fence, a report, a re-admission step or a connect waiting (one
+    /// OR over the four masks; either engine's `failover_due` adds its own work).
+    #[inline]
+    pub(crate) fn rail_work_due(&self) -> bool {
+        !(self.fence_due | self.report_due | self.readmit_due | self.connect_wait).is_empty()
+    }
+
     pub(crate) fn counts(&self) -> FailoverCounts {
         FailoverCounts {
             failovers: self.failovers,

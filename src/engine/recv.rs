@@ -212,10 +212,22 @@ impl RecvEngine {
             mem.write_cts(slot, i, &e);
             s.posted[i] = b.size;
         }
+        let wr = self.cts_wr(rail, slot, n, signaled);
+        out.push(rail, QpRef::Cts).push(wr);
+        self.stats[rail].count_post(1, 0, 0, 0);
+        self.fifo_tail += 1;
+        self.outstanding += 1;
+        self.active = true;
+        Ok(Some(slot as u16))
+    }
+
+    /// The WRITE of `slot`'s CTS entries (`n` of them) from this side's copy to the
+    /// sender's FIFO on `rail` (also what a failover re-posts).
+    #[inline(always)]
+    pub(super) fn cts_wr(&self, rail: usize, slot: usize, n: usize, signaled: bool) -> SendWr {
         let len = (n * CTS_ENTRY_BYTES) as u32;
         let off = (slot * CTS_SLOT_BYTES) as u64;
-        let c = out.push(rail, QpRef::Cts);
-        c.push(SendWr {
+        SendWr {
             wr_id: WrKind::Cts.id(rail, slot),
             opcode: WrOpcode::Write,
             signaled,
@@ -225,12 +237,7 @@ impl RecvEngine {
             remote_addr: self.cfg.fifo_addr + off,
             rkey: self.cfg.fifo_rkeys[rail],
             imm: 0,
-        });
-        self.stats[rail].count_post(1, 0, 0, 0);
-        self.fifo_tail += 1;
-        self.outstanding += 1;
-        self.active = true;
-        Ok(Some(slot as u16))
+        }
     }
 
     /// The rail whose fixed CTS QP carries `slot`'s CTS: alternating, as net_ib alternates

@@ -10,13 +10,13 @@
 use super::{RecvEngine, State};
 use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, other};
 use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
-use crate::engine::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, RecvMemory, SLOTS};
+use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
     Action, CompletionFailed, CtlMemory, DownReason, Event, FailedWr, FailoverConfig, FailoverPosts, QpRef, RAIL_NAMES,
     RAILS, RailMask, RailState, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
-use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
+use crate::fabric::WcStatus;
 
 impl RecvEngine {
     /// Turns failover on or off and says where control messages go (before traffic).
@@ -41,8 +41,7 @@ impl RecvEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// regularly to read the control ring).
     pub fn failover_due(&self) -> bool {
-        !(self.fo.fence_due | self.fo.report_due | self.fo.readmit_due | self.fo.connect_wait).is_empty()
-            || self.cts_redo != 0
+        self.fo.rail_work_due() || self.cts_redo != 0
     }
 
     /// Whether the peer wrote a control message not yet read (one load, one compare): the
@@ -154,19 +153,9 @@ impl RecvEngine {
             }
             // Signalled: the slot is done only once this copy is placed.
             s.cts_pending = true;
-            let len = (s.n as usize * CTS_ENTRY_BYTES) as u32;
-            let off = (slot * CTS_SLOT_BYTES) as u64;
-            out.push(rail, QpRef::Cts).add(SendWr {
-                wr_id: WrKind::Cts.id(rail, slot),
-                opcode: WrOpcode::Write,
-                signaled: true,
-                inline: len <= self.cfg.max_inline,
-                num_sge: 1,
-                sge: [Sge { addr: self.cfg.cts_addr + off, len, lkey: self.cfg.cts_lkeys[rail] }, Sge::default()],
-                remote_addr: self.cfg.fifo_addr + off,
-                rkey: self.cfg.fifo_rkeys[rail],
-                imm: 0,
-            });
+            let n = s.n as usize;
+            let wr = self.cts_wr(rail, slot, n, true);
+            out.push(rail, QpRef::Cts).add(wr);
             self.stats[rail].count_post(1, 0, 0, 0);
             self.fo.cts_reposts += 1;
         }

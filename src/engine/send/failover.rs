@@ -45,8 +45,7 @@ impl SendEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// while any rail is not [`RailState::Up`], to read the control ring).
     pub fn failover_due(&self) -> bool {
-        !(self.fo.fence_due | self.fo.report_due | self.fo.readmit_due | self.fo.connect_wait).is_empty()
-            || self.fo.replays_waiting != 0
+        self.fo.rail_work_due() || self.fo.replays_waiting != 0
     }
 
     /// Whether the peer wrote a control message not yet read (one load, one compare): the
