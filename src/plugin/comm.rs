@@ -425,10 +425,20 @@ pub struct RecvComm<D: Device> {
     pub mr_memo: MrMemo,
     posts: Posts,
     pub(super) region: HostRegion,
-    /// Rail failover (`failover.rs`): out of line, touched only by calls that wait.
+    /// Rail failover (`failover.rs`): out of line, touched only by calls that wait (and
+    /// by every [`IRECVS_PER_LOOK`]th irecv).
     pub(super) fo: Box<FoSide>,
+    /// irecvs so far (wrapping): see `irecv`.
+    irecvs: u8,
     _held: Held,
 }
+
+/// A receiver whose requests are always done when it tests them (its sender is faster)
+/// makes no call that waits, so it would never read the control ring: a re-admission's
+/// `Rebuild` would go unanswered and the rail stay down. Every this many irecvs, one looks
+/// at the failover work as a waiting call does (a counter, not the clock: the receiver's
+/// data path reads no clock).
+const IRECVS_PER_LOOK: u8 = 8;
 
 impl<D: Device> RecvComm<D> {
     pub fn new(
@@ -447,6 +457,7 @@ impl<D: Device> RecvComm<D> {
             posts: Posts::default(),
             region,
             fo,
+            irecvs: 0,
             _held: Held::new(Res::RecvComms, 1),
         }
     }
@@ -457,8 +468,10 @@ impl<D: Device> RecvComm<D> {
         self.posts.clear();
         let r = self.engine.irecv(bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
-        // "Not now": a call that waits looks at the control ring (`failover.rs`).
-        if r.is_none() && self.failover_wanted() {
+        // "Not now": a call that waits looks at the control ring (`failover.rs`); so does
+        // every IRECVS_PER_LOOK-th.
+        self.irecvs = self.irecvs.wrapping_add(1);
+        if (r.is_none() || self.irecvs % IRECVS_PER_LOOK == 0) && self.failover_wanted() {
             self.failover_round()?;
         }
         Ok(r)

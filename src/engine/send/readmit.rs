@@ -20,17 +20,22 @@ use crate::error::Result;
 use crate::fabric::{SendWr, Sge, WrOpcode};
 
 impl SendEngine {
-    /// When the sender's failover work is next due by time alone (a re-admission attempt
-    /// to start, or one to give up): the plugin runs a round then. `u64::MAX`: none.
+    /// When the sender's next failover round is due, even for a caller whose requests are
+    /// all done (the plugin runs one at its first call from then): a re-admission attempt
+    /// to start; while one is in progress (Rebuilding, Probing) or rail work is due, at
+    /// once — its steps come from the peer (the `Rebuilt` in the control ring) and the
+    /// fabric (the new QPs connected), which only a round looks at, so waiting for a timer
+    /// would add it to every step. `u64::MAX`: none.
     pub fn failover_timer_ns(&self) -> u64 {
+        if self.failover_due() {
+            return 0;
+        }
         (0..RAILS)
-            .filter(|&r| {
-                matches!(
-                    self.fo.state[r],
-                    RailState::Failed { fenced: true, .. } | RailState::Rebuilding { .. } | RailState::Probing { .. }
-                )
+            .filter_map(|r| match self.fo.state[r] {
+                RailState::Failed { fenced: true, .. } => Some(self.fo.readmit_at[r]),
+                RailState::Rebuilding { .. } | RailState::Probing { .. } => Some(0),
+                _ => None,
             })
-            .map(|r| self.fo.readmit_at[r])
             .min()
             .unwrap_or(u64::MAX)
     }

@@ -98,6 +98,9 @@ pub struct Rebuilds {
     pub next_round_ns: u64,
     /// Test knob: the rail's port is down (verbs): RebuildQps answers PortDown.
     pub port_down: [bool; RAILS],
+    /// Test knob, with gated rounds: the sender's calls never wait (its requests are all
+    /// done when tested), so only its timer runs a round (the plugin's successful isend).
+    pub sender_never_waits: bool,
 }
 
 /// The records a fake side's rebuilt QPs of `rail`, generation `g`, are described by.
@@ -286,7 +289,10 @@ impl Pair {
     /// round) is due. `None`: the sender polls every round.
     pub fn pump_failover_gated(&mut self, fo: &mut FoOut, next_ns: Option<&mut u64>) -> crate::Result<()> {
         fo.s.clear();
-        let wanted = |p: &Pair, next: u64| p.s.failover_due() || p.s.control_waiting(&p.ss) || p.now >= next;
+        let wanted = |p: &Pair, next: u64| {
+            let waits = !p.rb.sender_never_waits && (p.s.failover_due() || p.s.control_waiting(&p.ss));
+            waits || p.now >= next
+        };
         let run = next_ns.as_deref().is_none_or(|&next| wanted(self, next));
         if run {
             self.s.poll_failover(self.now, &mut self.ss, &mut fo.s)?;

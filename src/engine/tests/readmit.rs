@@ -158,6 +158,30 @@ fn a_failed_rail_is_readmitted_and_carries_exact_bytes_again() {
     assert!(cts_on_sout > 0, "the receiver writes CTS on SOUT again");
 }
 
+/// A sender whose requests are always done when it tests them makes no call that waits:
+/// only its timer runs a round (the plugin's successful isend). Once an attempt started,
+/// the timer says "now" until it ends, so the attempt's steps (the receiver's `Rebuilt`,
+/// the connected QPs, the probes) are taken at once, not each at a later timer (the drill's
+/// returns took 270-520 ms, one round of `MPIB_STALL_MS / 4` per step, before).
+#[test]
+fn a_sender_that_never_waits_readmits_without_time_passing() {
+    let (mut p, mut fo) = pair();
+    exact_transfers(&mut p, &mut fo, 4096, 10, 2);
+    fail_sout_mid_transfer(&mut p, &mut fo, 20);
+    p.rb.sender_never_waits = true;
+    p.now += 101 * MS;
+    let mut next = 0;
+    for _ in 0..20 {
+        p.refill();
+        p.pump_failover_gated(&mut fo, Some(&mut next)).expect("failover round");
+        deliver(&mut p, None);
+    }
+    assert_eq!(p.s.rail_states(), [RailState::Up; 2], "sender: SOUT Up again, the clock unmoved");
+    assert_eq!(p.r.rail_states(), [RailState::Up; 2], "receiver: SOUT Up again");
+    assert_eq!(p.s.failover_timer_ns(), u64::MAX, "no round due once the rail is Up");
+    exact_transfers(&mut p, &mut fo, 4096, 30, 4);
+}
+
 #[test]
 fn a_failed_readmission_backs_off_doubling_and_retries() {
     let (mut p, mut fo) = pair();
