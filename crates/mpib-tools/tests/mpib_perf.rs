@@ -305,9 +305,10 @@ fn the_failure_drill_drops_a_rail_and_prints_failover_and_readmission_figures() 
         "--json",
         file.to_str().unwrap(),
     ];
-    // The failover round every 250 ms (MPIB_STALL_MS / 4): re-admission waits for that
-    // round rather than its own 100 ms timer (README "Drilling failover"); with the default
-    // 1.25 s the returns take longer than the 1.5 s between drops.
+    // The back-off capped at 100 ms (README "Drilling failover": drops 1.5 s apart would
+    // double it to seconds); the stall check every 250 ms (MPIB_STALL_MS / 4). Each return
+    // must end before the next drop (1.3 s later), or that drop finds SUP still down and is
+    // no failover: CI saw 2 of 3 when each step of a return waited for the periodic round.
     let env = [("MPIB_READMIT_MAX_MS", "100"), ("MPIB_STALL_MS", "1000")];
     let out = cmd(&args).envs(env).output().unwrap();
     let (stdout, stderr) = text(&out);
