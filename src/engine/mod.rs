@@ -23,7 +23,7 @@ pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Viol
 pub use failover::{
     Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, FailoverPosts, QpRecords, RailState,
 };
-pub use recv::{FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
+pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{CallerWaits, CpuAccess, SendBuf, SendConfig, SendEngine};
 
 use crate::fabric::SendWr;

@@ -6,17 +6,19 @@
 //!   is taken again only once its chains completed), chains of at most `MAX_CHAIN` WRs, one
 //!   request per QP round-robin: `ceil(SLOTS / QPs) × MAX_CHAIN`, plus one probe (or
 //!   keepalive) at a time;
-//! - a receiver's CTS QP (its first): the CTS WRITEs of the slots since the last signalled
-//!   one of its rail (signalled when `slot == rail`, once per `SLOTS` slots; a slot is reused
-//!   only after its CTS completed): at most `2 × SLOTS`, plus one keepalive; its other QPs
-//!   post nothing; a flush QP: one READ per flush in flight.
+//! - a receiver's CTS QP (its first): every `CTS_SIGNAL_EVERY`-th CTS WRITE of a rail is
+//!   signalled, and a slot is reused only after its signalled CTS completed, so the queue
+//!   holds at most the unsignalled ones before the oldest signalled one still outstanding
+//!   (`CTS_SIGNAL_EVERY - 1`), that one, and the CTS of the other slots posted after it
+//!   (`SLOTS - 1`, whichever rail each takes: they follow the data, `engine/recv.rs`), plus
+//!   one keepalive; its other QPs post nothing; a flush QP: one READ per flush in flight.
 //!
 //! With rail failover on, the surviving rail also carries what the failed one owed: a
 //! sender's data QPs the replays (the engine posts a slot's replay only once the slot's own
 //! chain on that rail completed, so a slot still has one chain per rail at a time) and its
-//! first QP the control writes: [`CTL_MAX_UNACKED`] more; a receiver's CTS QP every slot's
-//! CTS, the re-posted ones (those the failed rail carried: every other slot's, `SLOTS / 2`)
-//! and the control writes.
+//! first QP the control writes: [`CTL_MAX_UNACKED`] more; a receiver's CTS QP also the
+//! re-posted CTS (those the failed rail carried of the receives still waiting: at most
+//! `SLOTS`, as the CTS follow the data) and the control writes.
 //!
 //! Every depth is clamped to the device's `max_qp_wr`.
 
@@ -30,6 +32,7 @@ use super::inbox::Inbox;
 use super::mr::ACCESS;
 use super::nic::{QpSpec, new_owner};
 use super::resources::{Held, Res};
+use crate::engine::CTS_SIGNAL_EVERY;
 use crate::engine::failover::CTL_MAX_UNACKED;
 use crate::engine::layout::SLOTS;
 use crate::engine::{MAX_CHAIN, MAX_FLUSHES, RAILS};
@@ -48,10 +51,10 @@ pub fn send_qp_depth(nqps: u16, failover: bool) -> u32 {
     (chains + 1) as u32 + if failover { CTL_MAX_UNACKED as u32 } else { 0 }
 }
 
-/// Send-queue depth of a receiver's CTS QP (see the module doc).
-pub const CTS_QP_DEPTH: u32 = 2 * SLOTS as u32 + 1;
-/// The same with rail failover on (see the module doc).
-pub const CTS_QP_DEPTH_FAILOVER: u32 = CTS_QP_DEPTH + SLOTS as u32 / 2 + CTL_MAX_UNACKED as u32;
+/// Send-queue depth of a receiver's CTS QP (see the module doc): 48.
+pub const CTS_QP_DEPTH: u32 = CTS_SIGNAL_EVERY as u32 + SLOTS as u32;
+/// The same with rail failover on (see the module doc): 84.
+pub const CTS_QP_DEPTH_FAILOVER: u32 = CTS_QP_DEPTH + SLOTS as u32 + CTL_MAX_UNACKED as u32;
 /// Send-queue depth of a flush QP: a READ per flush in flight.
 pub const FLUSH_QP_DEPTH: u32 = MAX_FLUSHES as u32;
 

@@ -83,8 +83,9 @@ fn failed_fast_path_write_on_sup_fails_sup() {
 
 #[test]
 fn failed_cts_write_breaks_the_receiver() {
-    // Slot 0's CTS is signalled; slot 2's is not, yet RC reports its failure all the same.
-    for slot in [0u16, 2] {
+    // Before any data the CTS alternate rails by slot: slot 30's is SOUT's 16th, signalled
+    // (CTS_SIGNAL_EVERY); slot 0's is not, yet RC reports its failure all the same.
+    for slot in [0u16, 30] {
         let mut p = Pair::new(Opts::default());
         for s in 0..slot {
             p.irecv_one(64);
@@ -92,7 +93,7 @@ fn failed_cts_write_breaks_the_receiver() {
         }
         assert_eq!(p.irecv_one(64).0, slot);
         let wr = p.fail_head(Dir::ToSend, SOUT, 0, WcStatus::RemoteAccessError);
-        assert_eq!(wr.signaled, slot == 0);
+        assert_eq!(wr.signaled, slot == 30);
         let want = failed_wr(SOUT, FailedWr::CtsWrite, Some(slot as usize), WcStatus::RemoteAccessError);
         let e = rejected(p.poll_recv(), want);
         assert_recv_broken(&mut p, &e);

@@ -151,6 +151,10 @@ fn a_failed_rail_is_readmitted_and_carries_exact_bytes_again() {
     let before = p.log.len();
     exact_transfers(&mut p, &mut fo, 4096, 40, 6);
     assert_eq!(data_imms_on(&p, SOUT, before), 6, "the split uses SOUT again");
+    // Those receives' CTS followed the last data (SUP alone); once split data arrived, the
+    // CTS alternate again.
+    let before = p.log.len();
+    exact_transfers(&mut p, &mut fo, 4096, 50, 4);
     let cts_on_sout = p.log[before..]
         .iter()
         .filter(|(d, r, _, w)| *d == Dir::ToSend && *r == SOUT && WrKind::decode(w.wr_id).unwrap().0 == WrKind::Cts)
