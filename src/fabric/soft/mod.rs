@@ -13,6 +13,7 @@
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
 //! wire        a connection on its link: what the link asks of a QP, CONNECT and CLOSE
 //! fence       a QP to the error state on command: failover's fence, the link-loss drill
+//! hook        fault hooks on a QP's wire: an IMM or an ACK lost, requests held past a fence
 //! conn        Conn: one QP's connection; wires its parts, posts, retires, fails
 //! rx          a QP's receive side on its link: checks, placement decisions, RNR
 //! tx direct   a QP's send side on its link; in-process execution of WRs
@@ -103,6 +104,7 @@ mod fault;
 mod fence;
 pub mod frame;
 mod helper;
+mod hook;
 mod link;
 mod liveness;
 mod logs;
