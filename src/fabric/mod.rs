@@ -391,9 +391,9 @@ pub enum FaultKind {
     /// acknowledged the bytes, the link dies as above with that WR failing
     /// `RetryExceeded`: a link lost between the data and the IMM.
     DropImm,
-    /// The next signalled WR started is executed in full at the responder (data, and the
-    /// IMM if it has one) but its acknowledgement is lost: the WR fails `RetryExceeded` and
-    /// the QP pair goes to the error state, as if the link died before the ACK came back.
+    /// The next WRITE_WITH_IMM started is executed in full at the responder (data placed,
+    /// IMM delivered) but its acknowledgement is lost: the WR fails `RetryExceeded` and the
+    /// QP pair goes to the error state, as if the link died before the ACK came back.
     DropAck,
     /// From now on the QP's requests are held (not sent; the peer is not taken for silent
     /// meanwhile) until either QP of the pair goes to the error state (the responder

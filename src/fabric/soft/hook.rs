@@ -6,8 +6,10 @@
 //! - `DropImm`: the next WRITE_WITH_IMM started goes as a plain WRITE (bytes placed, no
 //!   WQE, no IMM) with ACK_REQ; its ACK is taken as the moment the link died: the WR fails
 //!   `RetryExceeded` and the peer gets a CLOSE with the error bit.
-//! - `DropAck`: the next signalled WRITE started goes unchanged; the ACK that covers it is
-//!   dropped the same way (the WRs before it complete, it fails, the rest flush).
+//! - `DropAck`: the next WRITE_WITH_IMM started goes with ACK_REQ, otherwise unchanged; the
+//!   ACK that covers it is dropped the same way (the WRs before it complete, it fails, the
+//!   rest flush). A WRITE_WITH_IMM, not any signalled WR: the plugin's signalled probes
+//!   would take it, and the drill is about a part the receiver got and the sender lost.
 //! - `Hold`: requests are not started (the QP does not count as waiting on its peer, so the
 //!   link's silent-peer timer leaves it alone); when the QP goes to the error state (its
 //!   own fence or fault, or the peer's CLOSE) the held requests (header and first segment)
@@ -79,8 +81,7 @@ impl Conn {
 pub fn on_start(hook: &mut Hook, req: &mut Requester, seq: u32) {
     let wr = req.entry(seq).wr;
     match *hook {
-        Hook::DropImm if wr.opcode == WrOpcode::WriteImm => req.doom(seq, true),
-        Hook::DropAck if wr.signaled && wr.opcode != WrOpcode::Read => req.doom(seq, false),
+        Hook::DropImm | Hook::DropAck if wr.opcode == WrOpcode::WriteImm => req.doom(seq, *hook == Hook::DropImm),
         _ => return,
     }
     *hook = Hook::None;

@@ -215,6 +215,11 @@ impl QueuePair for SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
+        let late = self.conn.st.lock().dropped_late;
+        if late > 0 {
+            // What a drill's hold (`MPIB_FAULT_RAIL=..:hold`) shows through the C ABI.
+            log::info!("soft fabric: QP {}: {late} frames came after its error state, dropped", self.conn.qp_num());
+        }
         self.conn.attached.detach(&self.conn);
         self.conn.port.qps.remove(self.conn.qp_num());
         if !self.conn.inproc {

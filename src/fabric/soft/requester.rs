@@ -414,13 +414,15 @@ impl Requester {
     }
 
     /// A fault hook fires on request `seq` as it starts (`hook.rs`): its ACK will not be
-    /// taken; `strip_imm`: it goes as a signalled plain WRITE (no IMM at the responder).
+    /// taken, so it is asked for at once (signalled: the WR fails, which completes it
+    /// anyway); `strip_imm`: it goes as a plain WRITE (no IMM at the responder).
     #[cold]
     pub fn doom(&mut self, seq: u32, strip_imm: bool) {
         self.doomed = Some((seq, strip_imm));
+        let wr = &mut self.entry_mut(seq).wr;
+        wr.signaled = true;
         if strip_imm {
-            let wr = &mut self.entry_mut(seq).wr;
-            (wr.opcode, wr.signaled) = (WrOpcode::Write, true);
+            wr.opcode = WrOpcode::Write;
         }
     }
 
