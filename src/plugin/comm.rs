@@ -471,7 +471,7 @@ impl<D: Device> RecvComm<D> {
         // "Not now": a call that waits looks at the control ring (`failover.rs`); so does
         // every IRECVS_PER_LOOK-th.
         self.irecvs = self.irecvs.wrapping_add(1);
-        if (r.is_none() || self.irecvs % IRECVS_PER_LOOK == 0) && self.failover_wanted() {
+        if (r.is_none() || self.irecvs.is_multiple_of(IRECVS_PER_LOOK)) && self.failover_wanted() {
             self.failover_round()?;
         }
         Ok(r)
