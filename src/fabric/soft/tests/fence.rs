@@ -1,4 +1,4 @@
-//! `QueuePair::to_error` (rail failover's fence) and `inject_link_loss` (the fault drill):
+//! `QueuePair::to_error` (rail failover's fence) and `inject_fault(LinkLoss)` (the fault drill):
 //! after either, nothing more lands at the QP's responder, the peer's WRs fail, and the
 //! QP's own outstanding WRs complete in error.
 
