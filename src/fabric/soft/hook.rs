@@ -1,5 +1,5 @@
-//! Fault hooks a test or the drill arms on a QP (`QueuePair::inject_fault`, TCP mode; see
-//! [`FaultKind`]), each firing once. They live on the requester (the side that posts the
+//! Fault hooks a test or the drill arms on a QP (`QueuePair::inject_fault`, TCP mode, armed
+//! in `fence.rs`; see `FaultKind`), each firing once. They live on the requester (the side that posts the
 //! WRs they hit), so a sender can arm them on its own QPs; what they make the responder see
 //! travels on the wire as it would when a real link dies:
 //!
@@ -21,12 +21,10 @@
 
 use std::sync::Arc;
 
-use super::conn::{Conn, ConnState};
 use super::frame::{HDR_LEN, SEGMENT, encode};
 use super::link::{Filler, Src, Station};
 use super::requester::Requester;
-use super::tx::sges;
-use crate::fabric::{Access, FaultKind, MAX_SGE, WrOpcode};
+use crate::fabric::{Access, MAX_SGE, WrOpcode};
 
 /// A hook armed on a QP's send side, not fired yet.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -46,35 +44,6 @@ pub struct Held {
     seg: u64,
 }
 
-impl Conn {
-    /// Arms `kind` (not `LinkLoss`, which `fence.rs` does at once). `false`: in-process mode
-    /// (no wire to lose a frame on).
-    #[cold]
-    pub fn arm(self: &Arc<Self>, kind: FaultKind) -> bool {
-        let hook = match kind {
-            FaultKind::LinkLoss => return false,
-            FaultKind::DropImm => Hook::DropImm,
-            FaultKind::DropAck => Hook::DropAck,
-            FaultKind::HoldPastFence => Hook::Hold,
-        };
-        if self.inproc {
-            return false;
-        }
-        let link = self.st.lock().link().cloned();
-        let Some(link) = link else {
-            // Not on a link (yet): nothing counts it as waiting.
-            self.st.lock().tx.hook = hook;
-            return true;
-        };
-        let mut ls = link.lock();
-        let mut st = self.st.lock();
-        let w0 = st.waiting();
-        st.tx.hook = hook;
-        self.settle(&mut st, &mut ls.io(&link), w0);
-        true
-    }
-}
-
 /// Request `seq` starts: a `DropImm` or `DropAck` hook that matches it fires.
 #[cold]
 #[inline(never)]
@@ -89,10 +58,9 @@ pub fn on_start(hook: &mut Hook, req: &mut Requester, seq: u32) {
 
 /// The requests a `Hold` hook kept from the wire, as they would have gone (READs, which
 /// place nothing at the responder, are left out), for [`release`] after the error state.
+/// `dst`: the peer QP.
 #[cold]
-pub fn held(st: &mut ConnState) -> Vec<Held> {
-    let dst = st.remote.map_or(0, |r| r.qpn);
-    let req = &mut st.req;
+pub fn held(req: &mut Requester, dst: u32) -> Vec<Held> {
     let Some(first) = req.next_unsent() else { return Vec::new() };
     let mut out = Vec::new();
     for seq in (0..req.unsent()).map(|i| first.wrapping_add(i)) {
@@ -104,7 +72,12 @@ pub fn held(st: &mut ConnState) -> Vec<Held> {
         let hdr = encode(&req.header(seq, dst));
         let seg = len.min(SEGMENT as u64);
         let inline = inline.then(|| req.inline_of(seq).to_vec());
-        let src = Src::Mem { segs: sges(req, seq), nseg: MAX_SGE, base: 0, need: Access::empty() };
+        let mut segs = [(0, 0, 0); MAX_SGE];
+        let wr = &req.entry(seq).wr;
+        for (d, g) in segs.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
+            *d = (g.lkey, g.addr, g.len as u64);
+        }
+        let src = Src::Mem { segs, nseg: MAX_SGE, base: 0, need: Access::empty() };
         out.push(Held { hdr, inline, src: if seg == 0 { Src::None } else { src }, seg });
     }
     out

@@ -349,7 +349,7 @@ impl QpTx {
 }
 
 /// The SGEs of request `seq` as (lkey, address, length) (unused ones are empty).
-pub fn sges(req: &Requester, seq: u32) -> [(u32, u64, u64); MAX_SGE] {
+fn sges(req: &Requester, seq: u32) -> [(u32, u64, u64); MAX_SGE] {
     let wr = &req.entry(seq).wr;
     let mut s = [(0, 0, 0); MAX_SGE];
     for (d, g) in s.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {

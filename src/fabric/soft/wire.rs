@@ -219,7 +219,8 @@ impl Conn {
         if st.is_error() {
             return;
         }
-        let held = if st.tx.hook == Hook::Hold { hook::held(st) } else { Vec::new() };
+        let dst = st.remote.map_or(0, |r| r.qpn);
+        let held = if st.tx.hook == Hook::Hold { hook::held(&mut st.req, dst) } else { Vec::new() };
         self.fail(st, at, why, loud);
         io.purge(self.ep.qp_num, false);
         let close = st.remote.map(|r| Frame::Close { dst_qpn: r.qpn, src_qpn: self.ep.qp_num, error });
