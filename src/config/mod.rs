@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
+use crate::fabric::FaultKind;
 
 mod vars;
 pub use vars::{VARS, VarDoc};
@@ -383,7 +384,9 @@ fn parse_int(value: &str, min: i64, max: i64) -> std::result::Result<i64, String
 /// A fault drill (soft fabric, `MPIB_FAULT_RAIL`): a send comm drops the connections of
 /// the rails in `mask` (bit 0 SOUT, bit 1 SUP) as a lost link would, at `at`; they refuse
 /// re-admission for `for_ms` (None: for good), and the drop repeats every `every_ms`
-/// (`count` times in all, or for as long as the comm lives).
+/// (`count` times in all, or for as long as the comm lives). `kind`: what the drop is (a
+/// lost link at once, or a fault hook armed on the rail's QPs that fires on the next
+/// matching WR: `:drop-imm`, `:drop-ack`, `:hold`, the last field).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FaultDrill {
     pub mask: u8,
@@ -393,6 +396,7 @@ pub struct FaultDrill {
     pub every_ms: Option<u64>,
     /// With `every_ms`: drops in all (None: as long as the comm lives).
     pub count: Option<u64>,
+    pub kind: FaultKind,
 }
 
 /// When a [`FaultDrill`] drops its rails.
@@ -407,10 +411,19 @@ pub enum FaultAt {
 fn parse_fault(value: &str) -> std::result::Result<FaultDrill, String> {
     let accepted = || {
         "sout:N, sup:N or both:N with N from 1 to 2^40, then optionally :MS (0 to 3600000); \
-         or sout:@AT, sup:@AT, both:@AT (ms after the first isend), then optionally :MS, :EVERY (ms) and :COUNT"
+         or sout:@AT, sup:@AT, both:@AT (ms after the first isend), then optionally :MS, :EVERY (ms) and :COUNT; \
+         either form then optionally :drop-imm, :drop-ack or :hold (the fault; default a lost link)"
             .to_string()
     };
     let ms = |v: &str| parse_int(v, 0, 3_600_000).map(|n| n as u64).map_err(|_| accepted());
+    let kinds =
+        [("drop-imm", FaultKind::DropImm), ("drop-ack", FaultKind::DropAck), ("hold", FaultKind::HoldPastFence)];
+    let (value, kind) = match value.rsplit_once(':') {
+        Some((head, last)) if last.starts_with(|c: char| c.is_ascii_alphabetic()) => {
+            (head, parse_word(last, &kinds).map_err(|_| accepted())?)
+        }
+        _ => (value, FaultKind::LinkLoss),
+    };
     let mut it = value.split(':');
     let mask =
         parse_word(it.next().unwrap_or(""), &[("sout", 1u8), ("sup", 2), ("both", 3)]).map_err(|_| accepted())?;
@@ -430,7 +443,7 @@ fn parse_fault(value: &str) -> std::result::Result<FaultDrill, String> {
     if it.next().is_some() || !repeat_ok {
         return Err(accepted());
     }
-    Ok(FaultDrill { mask, at, for_ms, every_ms, count })
+    Ok(FaultDrill { mask, at, for_ms, every_ms, count, kind })
 }
 
 fn parse_gain(value: &str) -> std::result::Result<f64, String> {

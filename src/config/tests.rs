@@ -213,7 +213,9 @@ fn failover_switch_and_timings() {
     let e = one_error(&[("MPIB_READMIT_MAX_MS", "50")]);
     assert!(e.contains("from 100 to 600000"), "{e}");
     assert_eq!(d.fault_rail, None, "no drill by default");
-    let drill = |mask, at, for_ms, every_ms| Some(FaultDrill { mask, at, for_ms, every_ms, count: None });
+    let drill = |mask, at, for_ms, every_ms| {
+        Some(FaultDrill { mask, at, for_ms, every_ms, count: None, kind: FaultKind::LinkLoss })
+    };
     let get = |v: &str| parse(&[("MPIB_FAULT_RAIL", v)]).unwrap().fault_rail;
     assert_eq!(get("SUP:7"), drill(2, FaultAt::Isend(7), None, None));
     assert_eq!(get("both:1"), drill(3, FaultAt::Isend(1), None, None));
@@ -223,9 +225,18 @@ fn failover_switch_and_timings() {
     let five = FaultDrill { count: Some(5), ..drill(1, FaultAt::Ms(0), Some(10), Some(20)).unwrap() };
     assert_eq!(get("sout:@0:10:20:5"), Some(five));
     assert!(parse(&[("MPIB_FAULT_RAIL", "sout:9:x")]).is_err());
+    // The fault, last: every form above takes one.
+    let kind = |v: &str| get(v).map(|d| (d.mask, d.at, d.for_ms, d.kind));
+    assert_eq!(kind("sup:7:drop-imm"), Some((2, FaultAt::Isend(7), None, FaultKind::DropImm)));
+    assert_eq!(kind("sout:9:250:DROP-ACK"), Some((1, FaultAt::Isend(9), Some(250), FaultKind::DropAck)));
+    assert_eq!(kind("both:@5:hold"), Some((3, FaultAt::Ms(5), None, FaultKind::HoldPastFence)));
+    let hold = get("sout:@0:10:20:5:hold").unwrap();
+    assert_eq!((hold.count, hold.kind), (Some(5), FaultKind::HoldPastFence));
     // A repetition needs a time form, a positive period and a rail that comes back.
     for bad in
         ["sup", "sup:0", "up:3", "sout:x", "sup:7:5:100", "sup:@10:5:0", "sup:@x", "sup:@1:2:3:0", "sup:@1:2:3:4:5"]
+            .into_iter()
+            .chain(["sup:hold", "sup:3:drop", "sup:3:hold:5", "sup:3:hold:hold", "sup:3:link"])
     {
         assert!(one_error(&[("MPIB_FAULT_RAIL", bad)]).contains("sout:N, sup:N or both:N"), "{bad}");
     }

@@ -369,13 +369,38 @@ pub trait QueuePair: Send + 'static {
     /// drains the CQ at once). Idempotent.
     fn to_error(&mut self) -> Result<()>;
 
-    /// A fault drill (soft fabric only; `MPIB_FAULT_RAIL`): the QP fails as if its link to
-    /// the peer were lost: the oldest WR not acknowledged fails with `RetryExceeded`, the
-    /// rest flush, and the peer QP goes to the error state too (both directions are lost).
-    /// `Ok(false)`: the provider cannot inject it (verbs).
-    fn inject_link_loss(&mut self) -> Result<bool> {
+    /// A fault drill or a test's fault (soft fabric only; `MPIB_FAULT_RAIL`, see
+    /// [`FaultKind`]): armed on this QP, fires once. `Ok(false)`: the provider cannot inject
+    /// it (verbs; the soft fabric's in-process mode for all but [`FaultKind::LinkLoss`]).
+    fn inject_fault(&mut self, kind: FaultKind) -> Result<bool> {
+        let _ = kind;
         Ok(false)
     }
+}
+
+/// A fault [`QueuePair::inject_fault`] arms on a QP (the requester of the WRs it hits).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FaultKind {
+    /// Now: the QP fails as if its link to the peer were lost: the oldest WR not
+    /// acknowledged fails with `RetryExceeded`, the rest flush, and the peer QP goes to the
+    /// error state too (both directions are lost).
+    #[default]
+    LinkLoss,
+    /// The next WRITE_WITH_IMM started: its bytes are placed at the responder but its IMM
+    /// is never delivered (no WQE taken, no receive completion); once the responder
+    /// acknowledged the bytes, the link dies as above with that WR failing
+    /// `RetryExceeded`: a link lost between the data and the IMM.
+    DropImm,
+    /// The next WRITE_WITH_IMM started is executed in full at the responder (data placed,
+    /// IMM delivered) but its acknowledgement is lost: the WR fails `RetryExceeded` and the
+    /// QP pair goes to the error state, as if the link died before the ACK came back.
+    DropAck,
+    /// From now on the QP's requests are held (not sent; the peer is not taken for silent
+    /// meanwhile) until either QP of the pair goes to the error state (the responder
+    /// fenced, or this side fenced or failed); then they are released onto the link after
+    /// the CLOSE, so they reach a responder in the error state, which must drop them.
+    /// Released: each held request's header and first segment (256 KiB).
+    HoldPastFence,
 }
 
 /// A completion queue, polled by one thread at a time.

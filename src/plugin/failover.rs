@@ -22,7 +22,7 @@ use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
 use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, RAIL_NAMES, RAILS, RailState};
 use crate::engine::{RecvEngine, SendEngine};
 use crate::error::{Error, Result};
-use crate::fabric::{Completion, Device, QueuePair};
+use crate::fabric::{Completion, Device, FaultKind, QueuePair};
 
 /// Offsets of the control ring (in) and of the outgoing messages' source in a send comm's
 /// region, and the region's size.
@@ -341,11 +341,21 @@ impl<D: Device> SendComm<D> {
                 log::warn!("MPIB_FAULT_RAIL: the {} rail is not up at isend {isends}: it stays down", RAIL_NAMES[r]);
                 continue;
             }
-            log::warn!("MPIB_FAULT_RAIL: dropping the {} rail's connections at isend {isends}", RAIL_NAMES[r]);
+            // Every fault lives on this side's QPs of the rail (the requester of the data
+            // WRs): a hook fires on the next matching WR and what the receiver must see
+            // (bytes without their IMM, an IMM whose ACK is lost, requests arriving after
+            // its QP's error state) travels on the wire (soft fabric, `hook.rs`).
+            let what = match d.kind {
+                FaultKind::LinkLoss => "dropping",
+                FaultKind::DropImm => "arming drop-imm (the next IMM lost, its bytes landed) on",
+                FaultKind::DropAck => "arming drop-ack (the next ACK lost, its WR executed) on",
+                FaultKind::HoldPastFence => "arming hold (requests held past the fence) on",
+            };
+            log::warn!("MPIB_FAULT_RAIL: {what} the {} rail's connections at isend {isends}", RAIL_NAMES[r]);
             for qp in rail.qps.iter_mut() {
-                match qp.inject_link_loss() {
+                match qp.inject_fault(d.kind) {
                     Ok(true) => {}
-                    Ok(false) => log::warn!("MPIB_FAULT_RAIL: this fabric cannot drop a QP's link (soft only)"),
+                    Ok(false) => log::warn!("MPIB_FAULT_RAIL: this fabric cannot inject {:?} (soft, TCP)", d.kind),
                     Err(e) => log::warn!("MPIB_FAULT_RAIL: {e}"),
                 }
             }

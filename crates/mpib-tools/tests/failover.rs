@@ -43,6 +43,19 @@ impl Rng {
 /// One run: `count` receives of `nrecv` buffers, sizes mixed so that both rails carry
 /// parts (the split is 50 % or auto), the chosen rail(s) dropped at isend `at`.
 fn run_with_fault(name: &str, s: u64, rails: &str, stall_ms: u64) -> (PairOutcome, u64) {
+    run_with_hook(name, s, rails, "", stall_ms, &[])
+}
+
+/// [`run_with_fault`] with a fault kind (`:drop-imm`, `:drop-ack`, `:hold`; "" for a lost
+/// link) and more variables for the ranks.
+fn run_with_hook(
+    name: &str,
+    s: u64,
+    rails: &str,
+    kind: &str,
+    stall_ms: u64,
+    env: &[(&str, &str)],
+) -> (PairOutcome, u64) {
     let mut rng = Rng(s | 1);
     let count = 40 + rng.below(40);
     let nrecv = 1 + rng.below(2) as usize;
@@ -65,8 +78,9 @@ fn run_with_fault(name: &str, s: u64, rails: &str, stall_ms: u64) -> (PairOutcom
     let mut spec = pair(w);
     let split = if rng.below(2) == 0 { "50" } else { "auto" };
     spec.env.push(("MPIB_SPLIT".into(), split.into()));
-    spec.env.push(("MPIB_FAULT_RAIL".into(), format!("{rails}:{at}")));
-    let out = run(&format!("{name} (seed {s}, {rails} dropped at isend {at}, split {split})"), &spec);
+    spec.env.push(("MPIB_FAULT_RAIL".into(), format!("{rails}:{at}{kind}")));
+    spec.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let out = run(&format!("{name} (seed {s}, {rails}{kind} at isend {at}, split {split})"), &spec);
     (out, at)
 }
 
@@ -110,6 +124,86 @@ fn one_rail_dropped_mid_stream_loses_nothing_and_reports_nothing() {
         // Half the runs drop a rail right after posting a 16 MiB send.
         assert!(replayed > 0, "no part was ever replayed: the replay path was not exercised");
     }
+}
+
+/// The soft fabric's fault hooks through the C ABI (`MPIB_FAULT_RAIL=RAIL:N:KIND`, armed by
+/// the sender on the rail's QPs at isend N, firing on the next matching WR), a few seeds
+/// each (`FAILOVER_HOOK_SEEDS`, 3; `FAILOVER_HOOKS=drop-ack,hold` runs only those): every run clean (exact bytes, no error code), one
+/// failover on the rail and none on the other, on both ranks, and the receiver's report
+/// settling what the fault left as the design says:
+/// - drop-imm: the part's bytes landed without its IMM: the report does not count it as
+///   arrived, so it is replayed (every run: parts replayed > 0);
+/// - drop-ack: the part's IMM was delivered but the sender saw its WR fail: the report
+///   counts it as arrived (every run: confirmed > 0), so it is not sent again (a replay
+///   would be a flagged duplicate, ignored by the receiver: the bytes would not show it,
+///   the count does);
+/// - hold: the requests held from the drill on reach the receiver only after its QP's error
+///   state (the sender detects the stall, fences its QPs, the held frames follow the CLOSE)
+///   and are dropped there; the report does not count them, so they are replayed (every
+///   run: parts replayed > 0).
+#[test]
+fn each_fault_hook_mid_stream_loses_nothing() {
+    let base = seed("fault hooks");
+    let n: u64 = std::env::var("FAILOVER_HOOK_SEEDS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let only = std::env::var("FAILOVER_HOOKS").unwrap_or_default();
+    for kind in ["drop-imm", "drop-ack", "hold"].into_iter().filter(|k| only.is_empty() || only.contains(k)) {
+        let (mut confirmed, mut replayed) = (0u64, 0u64);
+        for i in 0..n {
+            let s = base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let rail = if i % 2 == 0 { "sout" } else { "sup" };
+            // Hold is seen by the sender's stall check only (nothing fails): 1 s, well above
+            // what a debug build's surviving rail takes for a 16 MiB part on a busy host.
+            // With hold, the receiver's soft fabric says (INFO) how many frames its QPs
+            // dropped after their error state: the held requests reached it.
+            let env: &[(&str, &str)] =
+                if kind == "hold" { &[("MPIB_STALL_MS", "1000"), ("RUST_LOG", "mpib=info")] } else { &[] };
+            let (out, at) = run_with_hook(kind, s, rail, &format!(":{kind}"), 20_000, env);
+            let what = format!("seed {s} ({rail}:{kind} at isend {at}; CONFORMANCE_SEED={base}, index {i})");
+            if let Err(e) = out.check_clean() {
+                panic!("{what}: {e}");
+            }
+            let sender = &out.ranks[1].stderr;
+            if std::env::var_os("FAILOVER_SHOW").is_some() {
+                eprintln!("--- sender:\n{sender}--- receiver:\n{}", out.ranks[0].stderr);
+            }
+            assert!(sender.contains("MPIB_FAULT_RAIL: arming"), "{what}: never armed\n{}", out.describe());
+            let r = if rail == "sout" { 0 } else { 1 };
+            for rank in 0..2 {
+                let rails = out.ranks[rank].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
+                let f = (rails[r].failovers, rails[1 - r].failovers);
+                assert_eq!(f, (1, 0), "{what}, rank {rank}: the hook fired once, on its rail\n{}", out.describe());
+            }
+            let (c, p) = sender.lines().filter_map(report_counts).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            eprintln!("{what}: the report confirmed {c} parts, {p} replayed");
+            (confirmed, replayed) = (confirmed + c, replayed + p);
+            if kind == "hold" {
+                let late: u64 = out.ranks[0].stderr.lines().filter_map(late_frames).sum();
+                eprintln!("{what}: the receiver dropped {late} frames after its QPs' error state");
+                assert!(late > 0, "{what}: no held frame reached the receiver (and was dropped)\n{}", out.describe());
+            }
+            match kind {
+                "drop-ack" => {
+                    assert!(c > 0, "{what}: the part whose ACK was lost was not confirmed\n{}", out.describe())
+                }
+                _ => assert!(p > 0, "{what}: the part the receiver never got was not replayed\n{}", out.describe()),
+            }
+        }
+        eprintln!("{kind}: {n} runs clean, {confirmed} parts confirmed by the receiver's report, {replayed} replayed");
+    }
+}
+
+/// The soft fabric's INFO at a QP's destruction: "QP N: K frames came after its error state".
+fn late_frames(line: &str) -> Option<u64> {
+    let head =
+        line.split(" frames came after its error state").next().filter(|_| line.contains("error state, dropped"))?;
+    head.rsplit(' ').next()?.parse().ok()
+}
+
+/// The sender's WARN after the receiver's report: (parts confirmed, parts replayed).
+fn report_counts(line: &str) -> Option<(u64, u64)> {
+    let tail = line.split("fenced by the receiver: ").nth(1)?;
+    let confirmed = tail.split(' ').next()?.parse().ok()?;
+    Some((confirmed, replayed_parts(line)?))
 }
 
 /// The sender's WARN after the receiver's report: "..., N replayed on RAIL".

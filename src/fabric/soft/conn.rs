@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use super::direct;
 use super::endpoint::{Attached, Endpoint};
 use super::fault::Fault;
+use super::hook::Hook;
 use super::link::Link;
 use super::port::Port;
 use super::requester::Requester;
@@ -117,6 +118,8 @@ pub struct ConnState {
     pub fail_at: Option<(u32, WcStatus)>,
     /// How long a silent peer is given (from `ConnectParams`).
     pub bound: Duration,
+    /// Frames for this QP dropped in the error state (TCP; what a fault hook's test reads).
+    pub dropped_late: u64,
 }
 
 impl ConnState {
@@ -133,6 +136,7 @@ impl ConnState {
             tx: QpTx::default(),
             fail_at: None,
             bound: Duration::from_secs(30),
+            dropped_late: 0,
         }
     }
 
@@ -140,9 +144,10 @@ impl ConnState {
         matches!(self.phase, Phase::Error)
     }
 
-    /// TCP: whether requests wait on the peer for an answer (its silence then counts).
+    /// TCP: whether requests wait on the peer for an answer (its silence then counts; not
+    /// while a fault hook holds them, `hook.rs`).
     pub fn waiting(&self) -> bool {
-        matches!(self.phase, Phase::Ready) && self.req.waiting()
+        matches!(self.phase, Phase::Ready) && self.req.waiting() && self.tx.hook != Hook::Hold
     }
 
     /// The connection's link, if it is on one.

@@ -4,12 +4,13 @@
 //! every later frame for the QP (`wire.rs` delivers frames only to a `Ready` QP; in-process,
 //! the peer's end sees the link closed before it executes anything more) and the peer QP
 //! is told (TCP: CLOSE with the error bit; in-process: the closed end), so both directions
-//! of the QP are gone.
+//! of the QP are gone. Also: arming a fault hook (`hook.rs`).
 
 use std::sync::Arc;
 
 use super::conn::Conn;
-use crate::fabric::WcStatus;
+use super::hook::Hook;
+use crate::fabric::{FaultKind, WcStatus};
 
 impl Conn {
     /// To the error state now. `lost`: as a lost link would (the oldest WR not acknowledged
@@ -34,5 +35,32 @@ impl Conn {
             self.settle(&mut st, &mut io, w0);
         }
         self.port.step_tx(&link, &mut ls);
+    }
+
+    /// Arms `kind` (not `LinkLoss`: [`Self::to_error`] with `lost` does that at once). `false`: in-process mode
+    /// (no wire to lose a frame on).
+    #[cold]
+    pub fn arm(self: &Arc<Self>, kind: FaultKind) -> bool {
+        let hook = match kind {
+            FaultKind::LinkLoss => return false,
+            FaultKind::DropImm => Hook::DropImm,
+            FaultKind::DropAck => Hook::DropAck,
+            FaultKind::HoldPastFence => Hook::Hold,
+        };
+        if self.inproc {
+            return false;
+        }
+        let link = self.st.lock().link().cloned();
+        let Some(link) = link else {
+            // Not on a link (yet): nothing counts it as waiting.
+            self.st.lock().tx.hook = hook;
+            return true;
+        };
+        let mut ls = link.lock();
+        let mut st = self.st.lock();
+        let w0 = st.waiting();
+        st.tx.hook = hook;
+        self.settle(&mut st, &mut ls.io(&link), w0);
+        true
     }
 }

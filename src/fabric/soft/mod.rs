@@ -12,10 +12,11 @@
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
 //! wire        a connection on its link: what the link asks of a QP, CONNECT and CLOSE
-//! fence       a QP to the error state on command: failover's fence, the link-loss drill
+//! fence       a QP to the error state on command: failover's fence, the drill; arming a hook
 //! conn        Conn: one QP's connection; wires its parts, posts, retires, fails
 //! rx          a QP's receive side on its link: checks, placement decisions, RNR
 //! tx direct   a QP's send side on its link; in-process execution of WRs
+//! hook        fault hooks on a QP's wire: an IMM or an ACK lost, requests held past a fence
 //! requester   the send queue: posting checks, WRs in flight, completions in order
 //! responder   request order, refusals, RNR counting, placement order (final word last)
 //! port        what a device's QPs share: QP table, listener, HELLOs, the links
@@ -103,6 +104,7 @@ mod fault;
 mod fence;
 pub mod frame;
 mod helper;
+mod hook;
 mod link;
 mod liveness;
 mod logs;

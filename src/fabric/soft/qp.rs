@@ -23,7 +23,7 @@ use super::liveness::silent_peer_bound;
 use super::port::Port;
 use super::transport::DirectEnd;
 use crate::error::{Error, Result};
-use crate::fabric::{ConnectParams, QP_INFO_LEN, QpInfo, QueuePair, SendWr};
+use crate::fabric::{ConnectParams, FaultKind, QP_INFO_LEN, QpInfo, QueuePair, SendWr};
 
 const VERSION: u8 = 2;
 const MODE_INPROC: u8 = 0;
@@ -94,6 +94,12 @@ impl SoftQp {
     /// The QP of connection `conn`.
     pub(super) fn new(conn: Arc<Conn>) -> SoftQp {
         SoftQp { conn }
+    }
+
+    /// Frames for this QP its responder dropped in the error state (TCP): what proves that
+    /// requests held past a fence (`FaultKind::HoldPastFence`) reached it and were refused.
+    pub fn dropped_late(&self) -> u64 {
+        self.conn.st.lock().dropped_late
     }
 
     fn dials(&self, remote: &Remote) -> bool {
@@ -198,14 +204,22 @@ impl QueuePair for SoftQp {
         Ok(())
     }
 
-    fn inject_link_loss(&mut self) -> Result<bool> {
-        self.conn.to_error(true, "link lost (fault drill, MPIB_FAULT_RAIL)");
-        Ok(true)
+    fn inject_fault(&mut self, kind: FaultKind) -> Result<bool> {
+        if kind == FaultKind::LinkLoss {
+            self.conn.to_error(true, "link lost (fault drill, MPIB_FAULT_RAIL)");
+            return Ok(true);
+        }
+        Ok(self.conn.arm(kind))
     }
 }
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
+        let late = self.conn.st.lock().dropped_late;
+        if late > 0 {
+            // What a drill's hold (`MPIB_FAULT_RAIL=..:hold`) shows through the C ABI.
+            log::info!("soft fabric: QP {}: {late} frames came after its error state, dropped", self.conn.qp_num());
+        }
         self.conn.attached.detach(&self.conn);
         self.conn.port.qps.remove(self.conn.qp_num());
         if !self.conn.inproc {

@@ -76,6 +76,9 @@ pub struct Requester {
     reads: [u32; MAX_RD_ATOMIC],
     reads_len: usize,
     reads_head: usize,
+    /// A fault hook fired on this request (`hook.rs`): its ACK is taken as the link's death
+    /// (`true`: its IMM was stripped).
+    doomed: Option<(u32, bool)>,
 }
 
 impl Requester {
@@ -100,6 +103,7 @@ impl Requester {
             reads: [0; MAX_RD_ATOMIC],
             reads_len: 0,
             reads_head: 0,
+            doomed: None,
         }
     }
 
@@ -400,8 +404,46 @@ impl Requester {
                 self.acked, self.tx_done
             )));
         }
+        if let Some(d) = self.doomed
+            && !seq_lt(seq, d.0)
+        {
+            return Err(self.doomed_acked());
+        }
         self.acked = next;
         Ok(())
+    }
+
+    /// A fault hook fires on request `seq` as it starts (`hook.rs`): its ACK will not be
+    /// taken, so it is asked for at once (signalled: the WR fails, which completes it
+    /// anyway); `strip_imm`: it goes as a plain WRITE (no IMM at the responder).
+    #[cold]
+    pub fn doom(&mut self, seq: u32, strip_imm: bool) {
+        self.doomed = Some((seq, strip_imm));
+        let wr = &mut self.entry_mut(seq).wr;
+        wr.signaled = true;
+        if strip_imm {
+            wr.opcode = WrOpcode::Write;
+        }
+    }
+
+    /// The ACK covering the doomed request came: the requests before it were executed, it
+    /// fails as on a link lost before its ACK (the rest flush).
+    #[cold]
+    #[inline(never)]
+    fn doomed_acked(&mut self) -> Fault {
+        let (seq, stripped) = self.doomed.take().expect("doomed");
+        self.acked = seq;
+        let why = if stripped {
+            format!("link lost after the bytes of WRITE_WITH_IMM {seq}, before its IMM (fault hook)")
+        } else {
+            format!("the ACK of request {seq} was lost (fault hook)")
+        };
+        Fault::wr(seq, WcStatus::RetryExceeded, why)
+    }
+
+    /// How many queued requests have not started to leave.
+    pub fn unsent(&self) -> u32 {
+        self.tail.wrapping_sub(self.sent)
     }
 
     /// NAK of request `seq`: the requests before it were executed, it fails.

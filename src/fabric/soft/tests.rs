@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::fabric::{
-    Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QpInfo, QueuePair, SendWr, Sge,
+    Access, Completion, CompletionQueue, ConnectParams, Device, FaultKind, QpCaps, QpInfo, QueuePair, SendWr, Sge,
     SharedRecvQueue, Timestamps, WcOpcode, WcStatus, WrOpcode,
 };
 
 mod direct;
 mod fake;
+mod faults;
 mod fence;
 mod links;
 

@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::fault::Fault;
 use super::frame::{Frame, NakCode, SEGMENT, encode};
+use super::hook::{self, Held, Hook};
 use super::link::{Filler, Src, Station};
 use super::requester::{MAX_RD_ATOMIC, Requester};
 use crate::fabric::{Access, MAX_SGE, WcStatus, WrOpcode};
@@ -65,6 +66,10 @@ pub struct QpTx {
     backoff: Duration,
     /// The link must drop this QP's requests not begun (RNR).
     pub purge_requests: bool,
+    /// A fault hook armed, not fired yet (`hook.rs`).
+    pub hook: Hook,
+    /// Requests a `Hold` hook kept, to go after the error state (`hook.rs`).
+    pub released: Vec<Held>,
 }
 
 impl Default for QpTx {
@@ -83,6 +88,8 @@ impl Default for QpTx {
             rnr_until: None,
             backoff: RNR_FIRST,
             purge_requests: false,
+            hook: Hook::None,
+            released: Vec::new(),
         }
     }
 }
@@ -108,10 +115,11 @@ impl QpTx {
     }
 
     /// The error state or a close: nothing goes any more but `close` (if the peer is to
-    /// hear of it).
+    /// hear of it) and the requests a hook released.
     pub fn reset(&mut self, close: Option<Frame>) {
         let (listed, owe_listed, timer_listed) = (self.listed, self.owe_listed, self.timer_listed);
-        *self = QpTx { listed, owe_listed, timer_listed, close, ..QpTx::default() };
+        let released = std::mem::take(&mut self.released);
+        *self = QpTx { listed, owe_listed, timer_listed, close, released, ..QpTx::default() };
     }
 
     /// The link went down: no list holds this QP any more.
@@ -178,6 +186,7 @@ impl QpTx {
             || self.close.is_some()
             || !self.ctl.is_empty()
             || ready && (self.cur.is_some() || !self.reads.is_empty() || self.request_due(req))
+            || !ready && !self.released.is_empty()
     }
 
     /// An acknowledgement waits for other frames (see `link.rs` for how long).
@@ -192,6 +201,7 @@ impl QpTx {
 
     fn request_due(&self, req: &Requester) -> bool {
         self.rnr_until.is_none()
+            && self.hook != Hook::Hold
             && req.next_unsent().is_some_and(|seq| req.entry(seq).wr.opcode != WrOpcode::Read || !req.reads_full())
     }
 
@@ -228,10 +238,10 @@ impl QpTx {
         self.fill_ack(me, dst_qpn, out);
         if let Some(f) = self.close.take() {
             out.push(me, hdr(f), Src::None, 0, 0, false);
-            return Ok(false);
+            return Ok(self.release(me, out));
         }
         if !ready {
-            return Ok(false);
+            return Ok(self.release(me, out));
         }
         if !out.room() {
             return Ok(self.cur.is_some() || !self.reads.is_empty() || self.request_due(req));
@@ -253,6 +263,14 @@ impl QpTx {
         Ok(self.cur.is_some() || !self.reads.is_empty() || self.request_due(req))
     }
 
+    /// Queues the requests a hook held, if any (the QP is in the error state). `false`.
+    fn release<S: Station>(&mut self, me: &Arc<S>, out: &mut Filler<'_, S>) -> bool {
+        if !self.released.is_empty() {
+            hook::release(me, std::mem::take(&mut self.released), out);
+        }
+        false
+    }
+
     fn start_request<S: Station>(
         &mut self,
         seq: u32,
@@ -265,6 +283,10 @@ impl QpTx {
         if e.bad_local {
             return Err(Fault::wr(seq, WcStatus::LocalError, "inline SGE outside any registration".into()));
         }
+        if self.hook != Hook::None {
+            hook::on_start(&mut self.hook, req, seq);
+        }
+        let e = req.entry(seq);
         let (opcode, len, inline) = (e.wr.opcode, e.wr.bytes(), e.wr.inline);
         let segs = sges(req, seq);
         if opcode == WrOpcode::Read {

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use super::conn::{Conn, ConnState, MAX_PARKED, Parked, Phase, Remote, Wire};
 use super::fault::Fault;
 use super::frame::{Frame, HDR_LEN};
+use super::hook::{self, Hook};
 use super::link::{Filler, Io, LinkKey, Placed, Recv, Station};
 use super::rx::{self, RxEnv};
 use super::tx::{GEN_MASK, of_note};
@@ -46,7 +47,10 @@ impl Station for Conn {
                 self.on_close(&mut st, io, src_qpn, error);
                 Recv::Skip
             }
-            _ if !matches!(st.phase, Phase::Ready) || !st.link().is_some_and(|l| Arc::ptr_eq(l, io.link)) => Recv::Skip,
+            _ if !matches!(st.phase, Phase::Ready) || !st.link().is_some_and(|l| Arc::ptr_eq(l, io.link)) => {
+                st.dropped_late += st.is_error() as u64;
+                Recv::Skip
+            }
             _ => {
                 let ConnState { req, resp, rx, tx, .. } = &mut *st;
                 match rx::on_frame(&mut RxEnv { ep: &self.ep, req, resp, rx, tx }, f) {
@@ -215,10 +219,13 @@ impl Conn {
         if st.is_error() {
             return;
         }
+        let dst = st.remote.map_or(0, |r| r.qpn);
+        let held = if st.tx.hook == Hook::Hold { hook::held(&mut st.req, dst) } else { Vec::new() };
         self.fail(st, at, why, loud);
         io.purge(self.ep.qp_num, false);
         let close = st.remote.map(|r| Frame::Close { dst_qpn: r.qpn, src_qpn: self.ep.qp_num, error });
         st.tx.reset(close);
+        st.tx.released = held;
     }
 
     fn stray(&self, what: impl FnOnce() -> String) {

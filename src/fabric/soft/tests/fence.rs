@@ -1,4 +1,4 @@
-//! `QueuePair::to_error` (rail failover's fence) and `inject_link_loss` (the fault drill):
+//! `QueuePair::to_error` (rail failover's fence) and `inject_fault(LinkLoss)` (the fault drill):
 //! after either, nothing more lands at the QP's responder, the peer's WRs fail, and the
 //! QP's own outstanding WRs complete in error.
 
@@ -39,7 +39,7 @@ fn tcp_a_fenced_responder_accepts_nothing() {
 /// `RetryExceeded` or flushes, and `b`'s QP goes to the error state too.
 fn link_loss_fails_both_ends(mode: Mode) {
     let (mut a, mut b) = pair(mode, 1 << 20, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
-    assert!(a.qp.inject_link_loss().unwrap());
+    assert!(a.qp.inject_fault(FaultKind::LinkLoss).unwrap());
     let wr = write(1, a.sge(0, 1 << 20), b.addr(), b.key(), true);
     a.qp.post_send(&[wr]).unwrap();
     let c = poll_n(&mut a.cq, &mut b.cq, 1);
