@@ -1,5 +1,6 @@
 //! The receiver: posts CTS entries (one RDMA WRITE into the sender's FIFO on the fixed CTS
-//! QP of rail `slot % 2`, signalled when `slot` equals the rail index), and completes a
+//! QP of the rail the last data came on, or of rail `slot % 2` after split data; every
+//! [`CTS_SIGNAL_EVERY`]-th of a rail signalled), and completes a
 //! receive when every rail named in the IMM's active mask has delivered exactly one IMM
 //! (mask learning, seed 003 §2.3). The shared receive queues its IMMs consume are the
 //! plugin's: kept stocked per NIC for every receive the connections may have outstanding.
