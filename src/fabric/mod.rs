@@ -181,6 +181,9 @@ pub enum WcStatus {
     RnrRetryExceeded,
     /// Flushed because the QP went to the error state.
     Flushed,
+    /// The local QP could not execute the WR (verbs: `IBV_WC_LOC_QP_OP_ERR`; rxe reports it
+    /// for WRs in flight when its port goes down).
+    LocalQpError,
     /// Anything else; the provider's code is kept.
     Other(u32),
 }
@@ -195,7 +198,8 @@ impl fmt::Display for WcStatus {
             WcStatus::RetryExceeded => f.write_str("transport retry counter exceeded"),
             WcStatus::RnrRetryExceeded => f.write_str("RNR retry counter exceeded"),
             WcStatus::Flushed => f.write_str("work request flushed (QP in error state)"),
-            WcStatus::Other(c) => write!(f, "completion error {c}"),
+            WcStatus::LocalQpError => f.write_str("local QP operation error"),
+            WcStatus::Other(c) => write!(f, "completion error {c} (the provider's code)"),
         }
     }
 }

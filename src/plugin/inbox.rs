@@ -44,7 +44,8 @@ fn encode(c: &Completion) -> [u64; 4] {
         WcStatus::RetryExceeded => (4, 0),
         WcStatus::RnrRetryExceeded => (5, 0),
         WcStatus::Flushed => (6, 0),
-        WcStatus::Other(code) => (7, code),
+        WcStatus::LocalQpError => (7, 0),
+        WcStatus::Other(code) => (8, code),
     };
     let op = match c.opcode {
         WcOpcode::RdmaWrite => 0u64,
@@ -54,8 +55,8 @@ fn encode(c: &Completion) -> [u64; 4] {
     [c.wr_id, c.imm as u64 | (c.byte_len as u64) << 32, op | kind << 8 | (code as u64) << 32, c.timestamp_ns]
 }
 
-/// Statuses by their code in [`encode`] (7: `Other`, its code in the word's high half).
-const STATUSES: [WcStatus; 7] = [
+/// Statuses by their code in [`encode`] (8: `Other`, its code in the word's high half).
+const STATUSES: [WcStatus; 8] = [
     WcStatus::Success,
     WcStatus::LocalError,
     WcStatus::RemoteAccessError,
@@ -63,6 +64,7 @@ const STATUSES: [WcStatus; 7] = [
     WcStatus::RetryExceeded,
     WcStatus::RnrRetryExceeded,
     WcStatus::Flushed,
+    WcStatus::LocalQpError,
 ];
 const OPCODES: [WcOpcode; 4] =
     [WcOpcode::RdmaWrite, WcOpcode::RdmaRead, WcOpcode::RecvRdmaWithImm, WcOpcode::RecvRdmaWithImm];
@@ -201,6 +203,7 @@ mod tests {
             WcStatus::RetryExceeded,
             WcStatus::RnrRetryExceeded,
             WcStatus::Flushed,
+            WcStatus::LocalQpError,
             WcStatus::Other(u32::MAX),
         ] {
             for opcode in [WcOpcode::RdmaWrite, WcOpcode::RdmaRead, WcOpcode::RecvRdmaWithImm] {

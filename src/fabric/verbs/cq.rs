@@ -81,6 +81,7 @@ pub fn map_status(code: u32) -> WcStatus {
         s::IBV_WC_RETRY_EXC_ERR => WcStatus::RetryExceeded,
         s::IBV_WC_RNR_RETRY_EXC_ERR => WcStatus::RnrRetryExceeded,
         s::IBV_WC_WR_FLUSH_ERR => WcStatus::Flushed,
+        s::IBV_WC_LOC_QP_OP_ERR => WcStatus::LocalQpError,
         other => WcStatus::Other(other),
     }
 }
@@ -96,6 +97,7 @@ pub fn status_code(status: WcStatus) -> u32 {
         WcStatus::RetryExceeded => s::IBV_WC_RETRY_EXC_ERR,
         WcStatus::RnrRetryExceeded => s::IBV_WC_RNR_RETRY_EXC_ERR,
         WcStatus::Flushed => s::IBV_WC_WR_FLUSH_ERR,
+        WcStatus::LocalQpError => s::IBV_WC_LOC_QP_OP_ERR,
         WcStatus::Other(c) => c,
     }
 }
@@ -368,7 +370,14 @@ mod tests {
         assert_eq!(map_status(s::IBV_WC_WR_FLUSH_ERR), WcStatus::Flushed);
         assert_eq!(map_status(s::IBV_WC_FATAL_ERR), WcStatus::Other(s::IBV_WC_FATAL_ERR));
         assert_eq!(map_status(s::IBV_WC_GENERAL_ERR), WcStatus::Other(21));
-        for st in [WcStatus::RemoteAccessError, WcStatus::RetryExceeded, WcStatus::Flushed, WcStatus::Other(19)] {
+        assert_eq!(map_status(s::IBV_WC_LOC_QP_OP_ERR), WcStatus::LocalQpError);
+        for st in [
+            WcStatus::RemoteAccessError,
+            WcStatus::RetryExceeded,
+            WcStatus::Flushed,
+            WcStatus::LocalQpError,
+            WcStatus::Other(19),
+        ] {
             assert_eq!(map_status(status_code(st)), st, "round trip of {st:?}");
         }
     }
