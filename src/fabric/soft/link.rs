@@ -45,8 +45,9 @@ mod send;
 const STAGING: usize = 64 * 1024;
 /// Bytes one step reads at most, so a busy stream cannot keep a caller forever.
 const RX_BUDGET: u64 = 16 << 20;
-/// A payload read straight into its region reads at most this much of what follows into
-/// the staging buffer when more than this remains (the next header, not the next payload).
+/// A payload read straight into its region reads, of what follows, only the next header
+/// into the staging buffer when the payload is longer than this (the next payload goes
+/// straight to its region too), the staging buffer's worth when shorter (small frames).
 const RX_PEEK: u64 = 4096;
 /// Frames committed to the stream at once, and their payload bytes.
 const TX_FRAMES: usize = 64;

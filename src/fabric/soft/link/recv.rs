@@ -149,7 +149,10 @@ impl<S: Station> LinkState<S> {
                 self.end = 0;
             }
             let free = &mut self.buf[self.end..];
-            let peek = if rest > RX_PEEK { HDR_LEN.min(free.len()) } else { free.len() };
+            // Past a large payload comes its next segment, most likely: only its header into
+            // the staging buffer (a whole buffer's worth there would be copied out again,
+            // up to 64 KiB per 256 KiB segment); past a small one, small frames to batch.
+            let peek = if seg.len > RX_PEEK { HDR_LEN.min(free.len()) } else { free.len() };
             if peek > 0 {
                 buf.push(free.as_mut_ptr(), peek);
             }
