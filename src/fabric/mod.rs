@@ -199,7 +199,7 @@ impl fmt::Display for WcStatus {
             WcStatus::RnrRetryExceeded => f.write_str("RNR retry counter exceeded"),
             WcStatus::Flushed => f.write_str("work request flushed (QP in error state)"),
             WcStatus::LocalQpError => f.write_str("local QP operation error"),
-            WcStatus::Other(c) => write!(f, "completion error {c} (the provider's code)"),
+            WcStatus::Other(c) => write!(f, "completion error {c}"),
         }
     }
 }
