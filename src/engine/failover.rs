@@ -486,6 +486,16 @@ impl Failover {
     pub(crate) fn probing(&self, rail: usize, tag: usize) -> bool {
         matches!(self.state[rail], RailState::Probing { epoch } if Self::probe_tag(epoch) == tag)
     }
+
+    /// [`Event::QpsConnected`], the same on both sides: the probes (sender) or the
+    /// keepalive (receiver) on the new QPs go at the next poll; a late one (the attempt
+    /// given up, or not waiting for its connect) changes nothing.
+    pub(crate) fn on_qps_connected(&mut self, rail: usize) {
+        if matches!(self.state[rail], RailState::Probing { .. }) && self.connect_wait.contains(rail) {
+            self.connect_wait = self.connect_wait.without(rail);
+            self.readmit_due = self.readmit_due.with(rail);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ impl RecvEngine {
                 Ok(())
             }
             Event::QpsConnected { rail } => {
-                self.on_qps_connected(rail);
+                self.fo.on_qps_connected(rail);
                 Ok(())
             }
             Event::ReadmitFailed { rail } | Event::PortDown { rail } => self.readmit_failed(rail),

@@ -39,14 +39,6 @@ impl RecvEngine {
         }
     }
 
-    /// [`Event::QpsConnected`]: the keepalive on the new CTS QP goes at the next poll.
-    pub(super) fn on_qps_connected(&mut self, rail: usize) {
-        if matches!(self.fo.state[rail], RailState::Probing { .. }) && self.fo.connect_wait.contains(rail) {
-            self.fo.connect_wait = self.fo.connect_wait.without(rail);
-            self.fo.readmit_due = self.fo.readmit_due.with(rail);
-        }
-    }
-
     /// [`Event::ReadmitFailed`]: the rail fails at its new epoch (fence, then `Fenced`).
     pub(super) fn readmit_failed(&mut self, rail: usize) -> Result<()> {
         match self.fo.state[rail] {

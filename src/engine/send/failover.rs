@@ -71,7 +71,7 @@ impl SendEngine {
                 Ok(())
             }
             Event::QpsConnected { rail } => {
-                self.on_qps_connected(rail);
+                self.fo.on_qps_connected(rail);
                 Ok(())
             }
             Event::ReadmitFailed { rail } => self.readmit_failed(rail),

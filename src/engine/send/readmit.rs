@@ -111,14 +111,6 @@ impl SendEngine {
         }
     }
 
-    /// [`Event::QpsConnected`]: the probes are posted at the next poll.
-    pub(super) fn on_qps_connected(&mut self, rail: usize) {
-        if matches!(self.fo.state[rail], RailState::Probing { .. }) && self.fo.connect_wait.contains(rail) {
-            self.fo.connect_wait = self.fo.connect_wait.without(rail);
-            self.fo.readmit_due = self.fo.readmit_due.with(rail);
-        }
-    }
-
     /// The receiver's `Rebuilt`: connect to its new QPs. One of another epoch or for a
     /// rail not being rebuilt is ignored (a late answer to an attempt given up).
     pub(super) fn on_rebuilt(&mut self, m: &CtlMsg, out: &mut FailoverPosts) {
