@@ -28,7 +28,10 @@
 //!   latency-bound traffic pays one rail's overhead, and a stream of small sends still
 //!   spreads over both rails as their queues grow. They stay on the rail the previous one
 //!   took unless the other finishes sooner by more than [`SWITCH_MARGIN`]: two alike rails
-//!   whose estimates differ by noise do not trade every message.
+//!   whose estimates differ by noise do not trade every message. The choice is re-made
+//!   every [`SMALL_SENDS_PER_DECISION`] small sends or quarter of `MPIB_SPLIT_MIN_BYTES`
+//!   of them, and at once after a congestion event or a failure: a tiny send's finish time
+//!   is its rail's latency, which the send itself does not move.
 //! - Congestion: a new RTT sample above SRTT + 4·RTTVAR on a rail (see
 //!   [`RailView::congested`]) cuts the rate at which it is given new bytes by a quarter
 //!   (at most once per its SRTT: one congestion episode, one backoff); each clean sample
@@ -43,7 +46,8 @@
 //!   host's CPU, SUP otherwise got 0 % of 32 KiB–2 MiB sends for good.
 //! - A rail with failed completions gets nothing. Before any sample the rate estimate is
 //!   the link speed, so the first sends follow the speeds.
-//! - Cost per send: some twenty float operations and a few compares; no allocation, no lock.
+//! - Cost per send: some twenty float operations and a few compares (a small send between
+//!   decisions: a few compares); no allocation, no lock.
 
 use super::{SplitPolicy, align_share};
 use crate::telemetry::RailView;
@@ -69,6 +73,14 @@ const SWITCH_MARGIN: f64 = 1.0 / 8.0;
 /// 70 µs); correcting all of it at once makes successive sends swing around the ratio,
 /// half of it settles as fast (a few sends) without the swing.
 const QUEUE_GAIN: f64 = 0.5;
+/// A small send re-decides its rail (the finish-time comparison, some twenty float
+/// operations, ~150 instructions: half again the rest of an 8-byte send's split and
+/// posting) only after this many small sends on the rail it holds, or when their bytes
+/// reach a quarter of `split_min_bytes` ([`Auto::small_budget`]), or when a rail saw a
+/// congestion event or failed. A tiny send's finish time is its rail's latency, which one
+/// more send does not move; a stream of larger ones still re-decides every send or two as
+/// the queues grow. Any split send resets it: the next small send decides afresh.
+const SMALL_SENDS_PER_DECISION: u32 = 8;
 /// A rail whose delivery rate nothing has measured for this long is reckoned at least as
 /// fast as the other for new bytes (see the module documentation).
 pub const STALE_NS: u64 = 10_000_000;
@@ -119,12 +131,44 @@ pub struct Auto {
     rails: [RailState; 2],
     /// The rail the last small send took (0 = SOUT).
     small_rail: usize,
+    /// Small sends that may still take `small_rail` without a decision.
+    small_sends_left: u32,
+    /// Their bytes, likewise.
+    small_bytes_left: u64,
 }
 
 impl Auto {
     /// Sends below `split_min_bytes` go whole to one rail.
     pub fn new(split_min_bytes: u64) -> Self {
-        Auto { split_min_bytes, rails: [RailState::default(); 2], small_rail: 0 }
+        Auto {
+            split_min_bytes,
+            rails: [RailState::default(); 2],
+            small_rail: 0,
+            small_sends_left: 0,
+            small_bytes_left: 0,
+        }
+    }
+
+    /// The bytes small sends may put on their rail between decisions.
+    #[inline]
+    fn small_budget(&self) -> u64 {
+        self.split_min_bytes / 4
+    }
+
+    /// Whether a `size`-byte small send may take the rail of the last one without a
+    /// decision (counted when so): see [`SMALL_SENDS_PER_DECISION`].
+    #[inline(always)]
+    fn small_send_held(&mut self, size: u64, rails: [&RailView; 2]) -> bool {
+        if self.small_sends_left == 0
+            || size > self.small_bytes_left
+            || rails[0].congestion_events != self.rails[0].seen_events
+            || rails[1].congestion_events != self.rails[1].seen_events
+        {
+            return false;
+        }
+        self.small_sends_left -= 1;
+        self.small_bytes_left -= size;
+        true
     }
 
     /// The current backoff factors of SOUT and SUP (1.0 = none), for tools and tests.
@@ -133,17 +177,29 @@ impl Auto {
     }
 }
 
-impl SplitPolicy for Auto {
-    #[inline]
-    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
+impl Auto {
+    /// The answer when it needs no arithmetic: an empty send, a failed rail, a small send
+    /// held on its rail. Inlined where the policy is asked; [`Self::decide`] is not.
+    #[inline(always)]
+    pub(super) fn quick(&mut self, size: u64, rails: [&RailView; 2]) -> Option<u64> {
         if size == 0 {
-            return 0;
+            return Some(0);
         }
         match (rails[0].failed, rails[1].failed) {
-            (false, true) | (true, true) => return size,
-            (true, false) => return 0,
-            (false, false) => {}
+            (false, true) | (true, true) => Some(size),
+            (true, false) => Some(0),
+            (false, false) if size < self.split_min_bytes && self.small_send_held(size, rails) => {
+                Some(if self.small_rail == 0 { size } else { 0 })
+            }
+            (false, false) => None,
         }
+    }
+
+    /// The finish-time arithmetic, for a non-empty send with both rails up that
+    /// [`Self::quick`] did not answer.
+    #[inline]
+    pub(super) fn decide(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
+        let small = size < self.split_min_bytes;
         self.rails[0].update(now_ns, rails[0]);
         self.rails[1].update(now_ns, rails[1]);
         let (r0, r1) = (rails[0].rate_bytes_per_ns(), rails[1].rate_bytes_per_ns());
@@ -157,20 +213,34 @@ impl SplitPolicy for Auto {
         let full = FULL as f64;
         let (e0, e1) = (n0 * self.rails[0].factor as f64 / full, n1 * self.rails[1].factor as f64 / full);
         let s = size as f64;
-        if size < self.split_min_bytes {
+        if small {
             let finish = [d0 + s / e0, d1 + s / e1];
             let (cur, other) = (self.small_rail, 1 - self.small_rail);
             if finish[other] * (1.0 + SWITCH_MARGIN) < finish[cur] {
                 self.small_rail = other;
             }
+            // This send counts as the first of the next run.
+            self.small_sends_left = SMALL_SENDS_PER_DECISION - 1;
+            self.small_bytes_left = self.small_budget().saturating_sub(size);
             return if self.small_rail == 0 { size } else { 0 };
         }
+        self.small_sends_left = 0;
         // The queue imbalance, less what is within the grain of a drain time (module doc).
         let inv = 1.0 / (e0 + e1);
         let (dd, grain) = (d1 - d0, s * inv);
         let dd = dd * dd * dd / (dd * dd + grain * grain);
         let x = (QUEUE_GAIN * dd * e1 + s) * e0 * inv;
         align_share(x.clamp(0.0, s) as u64, size)
+    }
+}
+
+impl SplitPolicy for Auto {
+    #[inline]
+    fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
+        match self.quick(size, rails) {
+            Some(s) => s,
+            None => self.decide(size, now_ns, rails),
+        }
     }
 }
 
@@ -252,14 +322,15 @@ mod tests {
 
     #[test]
     fn small_sends_go_whole_to_the_first_finisher() {
-        let mut p = Auto::new(65536);
+        // (A fresh policy each: the first small send decides.)
+        let first = |size, rails: [&RailView; 2]| Auto::new(65536).sout_bytes(size, 0, rails);
         // Same rate: the lower latency wins.
-        assert_eq!(p.sout_bytes(4096, 0, [&rail(100, 9_000, 0), &rail(100, 3_000, 0)]), 0);
-        assert_eq!(p.sout_bytes(4096, 0, [&rail(100, 3_000, 0), &rail(100, 9_000, 0)]), 4096);
+        assert_eq!(first(4096, [&rail(100, 9_000, 0), &rail(100, 3_000, 0)]), 0);
+        assert_eq!(first(4096, [&rail(100, 3_000, 0), &rail(100, 9_000, 0)]), 4096);
         // 64 KiB - 1 at 400 vs 100 Gbit/s: 1.3 µs vs 5.2 µs of serialization beats 2 µs of latency.
-        assert_eq!(p.sout_bytes(65535, 0, [&rail(400, 4_000, 0), &rail(100, 2_000, 0)]), 65535);
+        assert_eq!(first(65535, [&rail(400, 4_000, 0), &rail(100, 2_000, 0)]), 65535);
         // At the threshold it is split.
-        let s = p.sout_bytes(65536, 0, [&rail(100, 2_000, 0), &rail(100, 2_000, 0)]);
+        let s = first(65536, [&rail(100, 2_000, 0), &rail(100, 2_000, 0)]);
         assert!(s > 0 && s < 65536, "{s}");
     }
 
@@ -271,11 +342,57 @@ mod tests {
             let (l0, l1) = (3_000 + (i * 37) % 150, 3_000 + (i * 53) % 150);
             assert_eq!(p.sout_bytes(8, i, [&rail(100, l0, 0), &rail(100, l1, 0)]), 8, "send {i}");
         }
-        // SOUT's queue grows past the margin: the stream moves to SUP, and stays there
-        // while SOUT is no better by more than the margin.
-        assert_eq!(p.sout_bytes(8, 200, [&rail(100, 3_000, 100_000), &rail(100, 3_000, 0)]), 0);
-        assert_eq!(p.sout_bytes(8, 300, [&rail(100, 3_000, 0), &rail(100, 3_200, 0)]), 0);
-        assert_eq!(p.sout_bytes(8, 400, [&rail(100, 2_000, 0), &rail(100, 3_000, 0)]), 8, "clearly sooner");
+        // SOUT's queue grows past the margin: the stream moves to SUP at the next decision
+        // (within SMALL_SENDS_PER_DECISION sends), and stays there while SOUT is no better
+        // by more than the margin.
+        let runs = SMALL_SENDS_PER_DECISION as usize;
+        let on_sout: Vec<u64> = (0..runs)
+            .map(|i| p.sout_bytes(8, 200 + i as u64, [&rail(100, 3_000, 100_000), &rail(100, 3_000, 0)]))
+            .collect();
+        let moved = on_sout.iter().position(|&s| s == 0).expect("the stream moved to SUP");
+        assert!(on_sout[moved..].iter().all(|&s| s == 0), "{on_sout:?}");
+        for i in 0..2 * runs as u64 {
+            assert_eq!(p.sout_bytes(8, 300 + i, [&rail(100, 3_000, 0), &rail(100, 3_200, 0)]), 0, "send {i}");
+        }
+        let back: Vec<u64> =
+            (0..runs).map(|i| p.sout_bytes(8, 400 + i as u64, [&rail(100, 2_000, 0), &rail(100, 3_000, 0)])).collect();
+        assert_eq!(*back.last().unwrap(), 8, "clearly sooner: back on SOUT by the next decision {back:?}");
+    }
+
+    /// Between decisions a small send costs a few compares; what must not wait for the
+    /// next decision does not: a congestion event, a failed rail, a split send, a budget of
+    /// bytes spent.
+    #[test]
+    fn small_sends_re_decide_every_few_sends_and_at_once_when_it_matters() {
+        let (fast, slow) = (rail(100, 2_000, 0), rail(100, 9_000, 0));
+        let mut p = Auto::new(65536);
+        assert_eq!(p.sout_bytes(8, 0, [&fast, &slow]), 8);
+        // The rails trade places: the held sends stay, the next decision moves.
+        let taken: Vec<u64> =
+            (1..=SMALL_SENDS_PER_DECISION as u64).map(|t| p.sout_bytes(8, t, [&slow, &fast])).collect();
+        let mut want = vec![8; SMALL_SENDS_PER_DECISION as usize - 1];
+        want.push(0);
+        assert_eq!(taken, want, "the first send of a run decides, the rest follow it");
+        // A congestion event on either rail: the very next send decides.
+        let mut p = Auto::new(65536);
+        assert_eq!(p.sout_bytes(8, 0, [&fast, &slow]), 8);
+        // (SOUT's latency rose with it; without the event the send would be held on SOUT.)
+        let congested = RailView { congestion_events: 1, samples: 2, ..slow };
+        assert_eq!(p.sout_bytes(8, 1, [&congested, &fast]), 0, "decided at once: SUP");
+        // A failed rail: at once, whatever the run.
+        let mut dead = fast;
+        dead.failed = true;
+        assert_eq!(p.sout_bytes(8, 2, [&fast, &dead]), 8);
+        // A split send ends the run: the next small send decides.
+        let mut p = Auto::new(65536);
+        assert_eq!(p.sout_bytes(8, 0, [&fast, &slow]), 8);
+        assert!(p.sout_bytes(1 << 20, 1, [&fast, &slow]) > 0);
+        assert_eq!(p.sout_bytes(8, 2, [&slow, &fast]), 0);
+        // A run's bytes: 16 KiB of 4 KiB sends (a quarter of 64 KiB) is four sends.
+        let mut p = Auto::new(65536);
+        assert_eq!(p.sout_bytes(4096, 0, [&fast, &slow]), 4096);
+        let taken: Vec<u64> = (1..=4).map(|t| p.sout_bytes(4096, t, [&slow, &fast])).collect();
+        assert_eq!(taken, [4096, 4096, 4096, 0]);
     }
 
     #[test]

@@ -60,16 +60,19 @@ impl SplitPolicy for AnySplit {
     fn sout_bytes(&mut self, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
         match self {
             AnySplit::Fixed(p) => p.sout_bytes(size, now_ns, rails),
-            AnySplit::Auto(p) => out_of_line(p, size, now_ns, rails),
+            AnySplit::Auto(p) => match p.quick(size, rails) {
+                Some(s) => s,
+                None => decide_out_of_line(p, size, now_ns, rails),
+            },
         }
     }
 }
 
-/// `p`'s answer from a call of its own. For a policy with rail arithmetic (auto): inlined,
-/// the compiler computes some of it ahead of the match on the policy, for fixed splits too.
+/// The auto policy's arithmetic from a call of its own: inlined, the compiler computes
+/// some of it ahead of the match on the policy, for fixed splits and held small sends too.
 #[inline(never)]
-fn out_of_line(p: &mut impl SplitPolicy, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
-    p.sout_bytes(size, now_ns, rails)
+fn decide_out_of_line(p: &mut Auto, size: u64, now_ns: u64, rails: [&RailView; 2]) -> u64 {
+    p.decide(size, now_ns, rails)
 }
 
 /// The active rails of a `size`-byte transfer with `sout_bytes` on SOUT: a rail is active
