@@ -301,34 +301,48 @@ impl<D: Device> Plugin<D> {
         }
         let (h, mut g) = self.objs.get(comm.0, Kind::Recv)?;
         let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
-        let mut bufs = [RecvBuf::default(); MAX_RECVS];
-        for (i, b) in bufs.iter_mut().enumerate().take(n) {
-            let a = arg(i)?;
-            let (addr, size) = (a.addr, size_ok(a.size)?);
-            let rkeys = match a.mh {
-                None if size > 0 => {
-                    return Err(cold(|| Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))));
-                }
-                None => [0; RAILS],
-                Some(mh) => {
-                    let mh = self.mr_memo(&mut c.mr_memo, mh)?;
-                    if !mh.covers(addr, size) {
-                        return Err(cold(|| {
-                            Error::invalid_argument(format!(
-                                "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
-                                mh.addr, mh.len
-                            ))
-                        }));
-                    }
-                    [mh.keys[0].rkey, mh.keys[1].rkey]
-                }
-            };
-            *b = RecvBuf { addr, size, tag: a.tag as u32, rkeys };
-        }
-        match c.irecv(&bufs[..n])? {
+        // One buffer (NCCL's usual irecv) is built where it is used; the array only for
+        // grouped receives (zeroing it cost ~20 instructions per irecv).
+        let posted = if n == 1 {
+            let b = self.recv_buf(&mut c.mr_memo, 0, arg)?;
+            c.irecv(std::slice::from_ref(&b))?
+        } else {
+            let mut bufs = [RecvBuf::default(); MAX_RECVS];
+            for (i, b) in bufs.iter_mut().enumerate().take(n) {
+                *b = self.recv_buf(&mut c.mr_memo, i, arg)?;
+            }
+            c.irecv(&bufs[..n])?
+        };
+        match posted {
             None => Ok(None),
             Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
         }
+    }
+
+    /// Receive buffer `i` of an irecv, checked against its registration.
+    #[inline(always)]
+    fn recv_buf(&self, memo: &mut MrMemo, i: usize, arg: &impl Fn(usize) -> Result<BufArg>) -> Result<RecvBuf> {
+        let a = arg(i)?;
+        let (addr, size) = (a.addr, size_ok(a.size)?);
+        let rkeys = match a.mh {
+            None if size > 0 => {
+                return Err(cold(|| Error::invalid_argument(format!("irecv buffer {i} has no memory handle"))));
+            }
+            None => [0; RAILS],
+            Some(mh) => {
+                let mh = self.mr_memo(memo, mh)?;
+                if !mh.covers(addr, size) {
+                    return Err(cold(|| {
+                        Error::invalid_argument(format!(
+                            "irecv buffer {i} ({size} bytes at {addr:#x}) lies outside its registration [{:#x}, +{})",
+                            mh.addr, mh.len
+                        ))
+                    }));
+                }
+                [mh.keys[0].rkey, mh.keys[1].rkey]
+            }
+        };
+        Ok(RecvBuf { addr, size, tag: a.tag as u32, rkeys })
     }
 
     pub fn iflush(&self, comm: CommHandle, args: &[BufArg]) -> Result<Option<RequestHandle>> {
