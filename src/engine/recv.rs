@@ -476,13 +476,17 @@ impl RecvEngine {
     /// `test`: the sizes once request `id` is complete (then `id` is free again).
     pub fn test(&mut self, id: u16) -> Result<Option<RecvDone>> {
         let mut sizes = [0; MAX_RECVS];
-        Ok(self.test_into(id, &mut sizes)?.map(|n| RecvDone { n, sizes }))
+        Ok(self.test_n(id)?.map(|n| {
+            sizes[..n].copy_from_slice(self.done_sizes(id, n));
+            RecvDone { n, sizes }
+        }))
     }
 
-    /// [`Self::test`] writing the sizes into `sizes` (the first `n`), returning `n`: no
-    /// copy of the whole result on the data path. Inlined into the comm's `test`.
+    /// [`Self::test`] returning only the number of sizes, `n` (0 for a flush); they are
+    /// then read in place with [`Self::done_sizes`]: no copy on the data path. Inlined
+    /// into the comm's `test`.
     #[inline(always)]
-    pub fn test_into(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
+    pub fn test_n(&mut self, id: u16) -> Result<Option<usize>> {
         // Every call after a failure reports it, even for a request that had completed.
         self.error.check()?;
         if id >= FLUSH_ID_BASE {
@@ -501,14 +505,24 @@ impl RecvEngine {
         match s.state {
             State::Done => {
                 let n = s.n as usize;
-                sizes[..n].copy_from_slice(&s.sizes[..n]);
-                // The next irecv of this slot sets every field it reads.
+                // The next irecv of this slot sets every field it reads; until then the
+                // sizes stay for `done_sizes`.
                 s.state = State::Free;
                 self.outstanding -= 1;
                 Ok(Some(n))
             }
             State::Posted => Ok(None),
             State::Free => Err(cold(move || Refused::RecvNotInFlight { id }.into())),
+        }
+    }
+
+    /// The `n` sizes of receive `id`, which [`Self::test_n`] just found done (`n` as it
+    /// returned; empty for a flush), read before the next `irecv`.
+    #[inline(always)]
+    pub fn done_sizes(&self, id: u16, n: usize) -> &[u64] {
+        match self.slots.get(id as usize) {
+            Some(s) => &s.sizes[..n.min(MAX_RECVS)],
+            None => &[],
         }
     }
 

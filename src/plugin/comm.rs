@@ -13,8 +13,8 @@ use super::mr::{MrInfo, MrMemo};
 use super::nic::{NicQueues, QpSpec};
 use super::resources::{Held, Res};
 use crate::engine::layout::{
-    CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, MAX_RECVS,
-    RECORD_SLOT_BYTES, RecvMemory, SendMemory,
+    CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RECORD_SLOT_BYTES,
+    RecvMemory, SendMemory,
 };
 use crate::engine::{
     CallerWaits, FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold,
@@ -522,19 +522,19 @@ impl<D: Device> RecvComm<D> {
     }
 
     /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
-    /// once done, the sizes are in `sizes` and their number is returned.
-    pub fn test(&mut self, id: u16, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
+    /// once done, the number of its sizes, which `self.engine.done_sizes` then reads.
+    pub fn test(&mut self, id: u16) -> Result<Option<usize>> {
         // (Only what the inboxes brought can have completed it since the last call.)
         if self.take_inboxes()?
-            && let Some(n) = self.engine.test_into(id, sizes)?
+            && let Some(n) = self.engine.test_n(id)?
         {
             return Ok(Some(n));
         }
         self.poll_nics()?;
-        let mut done = self.engine.test_into(id, sizes)?;
+        let mut done = self.engine.test_n(id)?;
         if done.is_none() && self.failover_wanted() {
             self.failover_round()?;
-            done = self.engine.test_into(id, sizes)?;
+            done = self.engine.test_n(id)?;
         }
         if done.is_none() {
             // The clock is read only here, by a caller that waits (keepalives).

@@ -360,10 +360,10 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    /// `test`: once the request is done, its sizes are in `sizes` and their number is
-    /// returned (0 for a flush).
+    /// `test`: whether the request is done; once it is, `put` is given its sizes (none for
+    /// a flush), under the comm's lock, read where the engine keeps them.
     #[inline(always)]
-    pub fn test(&self, request: RequestHandle, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
+    pub fn test(&self, request: RequestHandle, put: impl FnOnce(&[u64]) -> Result<()>) -> Result<bool> {
         let v = request.0;
         let Some((comm, kind, id, seq)) = Handle::split_request(v) else {
             return Err(cold(|| Error::invalid_argument(format!("{v:#x} is not a request handle"))));
@@ -371,24 +371,28 @@ impl<D: Device> Plugin<D> {
         let (_, mut g) = self.objs.get(comm, kind)?;
         let stale =
             || cold(|| Error::invalid_argument(format!("request {v:#x} is not in flight (already completed?)")));
-        match &mut *g {
+        let one: [u64; 1];
+        // (`put` called at one place: inlined.)
+        let sizes: &[u64] = match &mut *g {
             Obj::Send(c) => {
                 if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
                     return Err(stale());
                 }
-                Ok(c.test(id)?.map(|size| {
-                    sizes[0] = size;
-                    1
-                }))
+                let Some(size) = c.test(id)? else { return Ok(false) };
+                one = [size];
+                &one
             }
             Obj::Recv(c) => {
                 if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
                     return Err(stale());
                 }
-                c.test(id, sizes)
+                let Some(n) = c.test(id)? else { return Ok(false) };
+                c.engine.done_sizes(id, n)
             }
-            _ => Err(Error::internal("request's comm entry holds something else")),
-        }
+            _ => return Err(Error::internal("request's comm entry holds something else")),
+        };
+        put(sizes)?;
+        Ok(true)
     }
 
     pub fn close(&self, handle: u64, kind: Kind) -> Result<()> {

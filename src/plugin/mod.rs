@@ -455,10 +455,23 @@ pub fn iflush(comm: CommHandle, bufs: &[BufArg]) -> Result<Option<RequestHandle>
     dispatch!(p => p.iflush(comm, bufs))
 }
 
-/// `test`: once the request is done, its sizes are in `sizes` and their number is returned.
+/// `test`: whether the request is done; once it is, `put` is given its sizes (one for a
+/// send, one per buffer for a receive, none for a flush).
 #[inline(always)]
+pub fn test_with(request: RequestHandle, put: impl FnOnce(&[u64]) -> Result<()>) -> Result<bool> {
+    dispatch!(p => p.test(request, put))
+}
+
+/// [`test_with`] into an array: once the request is done, its sizes are in `sizes` and
+/// their number is returned (tools and tests).
 pub fn test(request: RequestHandle, sizes: &mut [u64; MAX_RECVS]) -> Result<Option<usize>> {
-    dispatch!(p => p.test(request, sizes))
+    let mut n = 0;
+    let done = test_with(request, |got| {
+        sizes[..got.len()].copy_from_slice(got);
+        n = got.len();
+        Ok(())
+    })?;
+    Ok(done.then_some(n))
 }
 
 pub fn close_send(comm: CommHandle) -> Result<()> {
