@@ -17,6 +17,8 @@
 //! next to this binary). Both rails run the soft fabric on 127.0.0.1 unless
 //! `MPIB_SOFT_SOUT_ADDR` / `MPIB_SOFT_SUP_ADDR` / `MPIB_FABRIC` / `MPIB_SPLIT` say otherwise.
 //! The last line is `rtt_ratio: <mpib median / raw median> p99 <mpib p99 / raw p99>`.
+//! `SOFT_RTT_DUMP=DIR` writes every round trip of each round, in order (µs), to
+//! `DIR/raw.N` and `DIR/mpib.N`.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -306,6 +308,16 @@ fn rank_main(rank: u64, ctl_addr: Option<String>, iters: usize, rounds: usize) -
         base += iters as u64;
         if let Some(p) = perf_mpib.as_mut() {
             p.command("disable");
+        }
+        if rank == 0
+            && let Ok(dir) = std::env::var("SOFT_RTT_DUMP")
+        {
+            // Every round trip of the round in order (µs), for a look at the tail.
+            let text = |v: &[f64]| v.iter().map(|x| format!("{x:.3}\n")).collect::<String>();
+            for (what, v) in [("raw", &r), ("mpib", &m)] {
+                let path = std::path::Path::new(&dir).join(format!("{what}.{round}"));
+                std::fs::write(&path, text(v)).map_err(|e| Error::io(format!("{}: {e}", path.display())))?;
+            }
         }
         if rank == 0 {
             let (a, b) = stats(&mut r);
