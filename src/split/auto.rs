@@ -26,9 +26,10 @@
 //!
 //! - Sends below `MPIB_SPLIT_MIN_BYTES` go whole to the rail that finishes them first:
 //!   latency-bound traffic pays one rail's overhead, and a stream of small sends still
-//!   spreads over both rails as their queues grow. They stay on the rail the previous one
-//!   took unless the other finishes sooner by more than [`SWITCH_MARGIN`]: two alike rails
-//!   whose estimates differ by noise do not trade every message. The choice is re-made
+//!   spreads over both rails as their queues grow. SOUT is their home: they go to SUP only
+//!   while it finishes them sooner by more than [`SWITCH_MARGIN`] (back once SOUT is within
+//!   half of it), so two alike rails whose estimates differ by noise do not trade every
+//!   message, and every connection's small sends (a request and its reply) share a rail. The choice is re-made
 //!   every [`SMALL_SENDS_PER_DECISION`] small sends or quarter of `MPIB_SPLIT_MIN_BYTES`
 //!   of them, and at once after a congestion event or a failure: a tiny send's finish time
 //!   is its rail's latency, which the send itself does not move.
@@ -63,10 +64,15 @@ const BACKOFF_SHIFT: u32 = 2;
 const RECOVER_STEP: u32 = FULL / 8;
 /// The lowest factor: 1/16.
 const FLOOR: u32 = FULL / 16;
-/// A small send moves to the other rail only when that one finishes it sooner by more
-/// than this part of the current rail's finish time. Each switch wakes the other rail's
-/// completion path (and its caches) for nothing when the rails are alike: under valgrind
-/// the in-process rails' latency estimates jitter enough to trade every other message.
+/// Small sends leave SOUT for SUP only when SUP finishes them sooner by more than this part
+/// of SOUT's finish time, and come back once SOUT is within half of it. Each switch wakes
+/// the other rail's completion path (and its caches) for nothing when the rails are alike:
+/// under valgrind the in-process rails' latency estimates jitter enough to trade every
+/// other message. And one home rail for every connection keeps a request and its reply
+/// on one link: when each side's small sends chose for themselves, the two directions of
+/// a ping-pong sat on different rails for long stretches, and on the soft fabric each
+/// message then paid a send of its own for the CTS or acknowledgement that otherwise
+/// rides with it (`soft_rtt`: ~23 µs round trips against ~12 µs on one rail).
 const SWITCH_MARGIN: f64 = 1.0 / 8.0;
 /// Part of a queue imbalance between the rails that one send corrects. The imbalance is
 /// measured through rate estimates that carry noise (a 1 % rate error on a 7 ms queue is
@@ -215,9 +221,13 @@ impl Auto {
         let s = size as f64;
         if small {
             let finish = [d0 + s / e0, d1 + s / e1];
-            let (cur, other) = (self.small_rail, 1 - self.small_rail);
-            if finish[other] * (1.0 + SWITCH_MARGIN) < finish[cur] {
-                self.small_rail = other;
+            // SOUT is home: SUP takes them only while it finishes them clearly sooner.
+            if self.small_rail == 0 {
+                if finish[1] * (1.0 + SWITCH_MARGIN) < finish[0] {
+                    self.small_rail = 1;
+                }
+            } else if finish[0] <= finish[1] * (1.0 + SWITCH_MARGIN / 2.0) {
+                self.small_rail = 0;
             }
             // This send counts as the first of the next run.
             self.small_sends_left = SMALL_SENDS_PER_DECISION - 1;
@@ -335,28 +345,33 @@ mod tests {
     }
 
     #[test]
-    fn small_sends_stay_on_their_rail_while_the_rails_are_alike() {
+    fn small_sends_keep_to_sout_unless_sup_is_clearly_sooner() {
         let mut p = Auto::new(65536);
-        // Latencies that differ by noise (±5 %): the first rail keeps the stream.
+        let runs = SMALL_SENDS_PER_DECISION as u64;
+        // Ten decisions each (a run of sends between them).
+        let mut stream = |t0: u64, sout: RailView, sup: RailView| -> Vec<u64> {
+            (0..10 * runs).map(|i| p.sout_bytes(8, t0 + i, [&sout, &sup])).collect()
+        };
+        // Latencies that differ by noise (±5 %): SOUT keeps the stream, even where SUP
+        // reads a little faster.
         for i in 0..100u64 {
             let (l0, l1) = (3_000 + (i * 37) % 150, 3_000 + (i * 53) % 150);
-            assert_eq!(p.sout_bytes(8, i, [&rail(100, l0, 0), &rail(100, l1, 0)]), 8, "send {i}");
+            assert!(stream(i * 1000, rail(100, l0, 0), rail(100, l1, 0)).iter().all(|&s| s == 8), "step {i}");
         }
         // SOUT's queue grows past the margin: the stream moves to SUP at the next decision
-        // (within SMALL_SENDS_PER_DECISION sends), and stays there while SOUT is no better
-        // by more than the margin.
-        let runs = SMALL_SENDS_PER_DECISION as usize;
-        let on_sout: Vec<u64> = (0..runs)
-            .map(|i| p.sout_bytes(8, 200 + i as u64, [&rail(100, 3_000, 100_000), &rail(100, 3_000, 0)]))
-            .collect();
-        let moved = on_sout.iter().position(|&s| s == 0).expect("the stream moved to SUP");
-        assert!(on_sout[moved..].iter().all(|&s| s == 0), "{on_sout:?}");
-        for i in 0..2 * runs as u64 {
-            assert_eq!(p.sout_bytes(8, 300 + i, [&rail(100, 3_000, 0), &rail(100, 3_200, 0)]), 0, "send {i}");
-        }
-        let back: Vec<u64> =
-            (0..runs).map(|i| p.sout_bytes(8, 400 + i as u64, [&rail(100, 2_000, 0), &rail(100, 3_000, 0)])).collect();
-        assert_eq!(*back.last().unwrap(), 8, "clearly sooner: back on SOUT by the next decision {back:?}");
+        // (within SMALL_SENDS_PER_DECISION sends), and stays there while SUP is sooner by
+        // more than half the margin.
+        let on = stream(200_000, rail(100, 3_000, 100_000), rail(100, 3_000, 0));
+        let moved = on.iter().position(|&s| s == 0).expect("the stream moved to SUP");
+        assert!(moved < runs as usize && on[moved..].iter().all(|&s| s == 0), "{on:?}");
+        let sticky = stream(300_000, rail(100, 3_300, 0), rail(100, 3_000, 0));
+        assert!(sticky.iter().all(|&s| s == 0), "SUP 10 % sooner (between half the margin and it): {sticky:?}");
+        // SOUT within half the margin again: home at the next decision, and there it stays.
+        let home = stream(400_000, rail(100, 3_100, 0), rail(100, 3_000, 0));
+        let back = home.iter().position(|&s| s == 8).expect("back on SOUT");
+        assert!(back < runs as usize && home[back..].iter().all(|&s| s == 8), "{home:?}");
+        let stays = stream(500_000, rail(100, 3_300, 0), rail(100, 3_000, 0));
+        assert!(stays.iter().all(|&s| s == 8), "SUP 10 % sooner does not take it from home: {stays:?}");
     }
 
     /// Between decisions a small send costs a few compares; what must not wait for the

@@ -11,6 +11,15 @@
 //!   bandwidth, so it is skipped (it is also what keeps an overestimated base latency from
 //!   inflating the rate more than twofold).
 //!
+//! - either way, a chain shorter than [`MIN_SERVICE_NS`] at the link speed gives none: its
+//!   timing is the host's (a scheduling hiccup, a poll loop), not the link's. Without this,
+//!   a stream of 8-byte sends fed the estimate only their hiccups (the ones whose RTT
+//!   doubled pass the rule above), the estimate sank until their serialization at it
+//!   exceeded their RTT, the base latency (RTT less that serialization) went to 0, and from
+//!   then on every such chain passed and held the estimate at 8 bytes per RTT: on the soft
+//!   fabric, SOUT at 0.0003 bytes/ns against SUP's untouched 1.25, so the split's small
+//!   sends reckoned SOUT 25 µs slower than it was.
+//!
 //! Idle time between chains is never counted, so an application that sends little does
 //! not look like a slow rail. The contributions are low-pass filtered over *busy* time as a
 //! ratio of decayed sums: `B ← k·B + bytes`, `T ← k·T + t`, `bw = B/T`, with
@@ -43,6 +52,9 @@ use super::{f64_of, u64_of};
 /// with 2τ, 85 with no bound.)
 const MEMORY_TAUS: f64 = 2.0;
 
+/// A chain that the link speed serves in less than this gives no sample (module comment).
+pub const MIN_SERVICE_NS: f64 = 1_000.0;
+
 /// Low-pass filtered delivery rate; see the module comment.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DeliveryRate {
@@ -56,13 +68,22 @@ pub struct DeliveryRate {
     last_completion_ns: u64,
     /// Rate samples taken (chains that contributed).
     samples: u64,
+    /// Chains of fewer bytes give no sample: [`MIN_SERVICE_NS`] at the link speed.
+    min_bytes: u64,
 }
 
 impl DeliveryRate {
     /// Starts from `prior_bytes_per_ns` (the link speed), which the first few τ of busy
-    /// time replace.
+    /// time replace; chains it serves in under [`MIN_SERVICE_NS`] give no sample.
     pub fn new(prior_bytes_per_ns: f64) -> Self {
-        DeliveryRate { bw: prior_bytes_per_ns, bytes: 0.0, busy_ns: 0.0, last_completion_ns: 0, samples: 0 }
+        DeliveryRate {
+            bw: prior_bytes_per_ns,
+            bytes: 0.0,
+            busy_ns: 0.0,
+            last_completion_ns: 0,
+            samples: 0,
+            min_bytes: u64_of(prior_bytes_per_ns * MIN_SERVICE_NS).max(1),
+        }
     }
 
     /// A data chain of `bytes` posted at `posted_ns` completed at `completed_ns`;
@@ -71,7 +92,7 @@ impl DeliveryRate {
     pub fn on_chain(&mut self, posted_ns: u64, completed_ns: u64, bytes: u64, base_ns: u64, tau_ns: u64) {
         let prev = self.last_completion_ns;
         self.last_completion_ns = prev.max(completed_ns);
-        if bytes == 0 {
+        if bytes < self.min_bytes {
             return;
         }
         let queued = prev != 0 && posted_ns.saturating_add(base_ns) <= prev;
@@ -205,6 +226,25 @@ mod tests {
         r.on_chain(0, 10_010, 128, 10_000, TAU);
         r.on_chain(20_000, 30_000, 0, 10_000, TAU);
         assert_eq!((r.bytes_per_ns(), r.samples()), (3.0, 0));
+    }
+
+    /// 8-byte chains whose RTT jitters (every fourth a host hiccup of twice the RTT) on a
+    /// rail of 1.25 bytes/ns: the hiccups pass the half-RTT rule, but such chains say
+    /// nothing of the link, and the estimate stays where it was (it sank to 8 bytes per RTT
+    /// before the floor).
+    #[test]
+    fn chains_too_short_for_the_link_speed_to_time_give_no_sample() {
+        let mut r = DeliveryRate::new(1.25);
+        let (lat, mut t) = (10_000u64, 1_000_000u64);
+        for i in 0..10_000u64 {
+            let rtt = if i % 4 == 0 { 3 * lat } else { lat + i % 700 };
+            r.on_chain(t, t + rtt, 8, lat, TAU);
+            t += rtt + 1_000;
+        }
+        assert_eq!((r.bytes_per_ns(), r.samples()), (1.25, 0));
+        // At the floor (1 µs at the link speed: 1,250 bytes) they count.
+        r.on_chain(t, t + 2 * lat + 1_000, 1_250, lat, TAU);
+        assert_eq!(r.samples(), 1);
     }
 
     #[test]
