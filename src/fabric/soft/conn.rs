@@ -97,6 +97,8 @@ pub struct Conn {
     /// In-process mode: the peer's connection and its `work` flag, stepped from this side's
     /// polls (its WRs may wait on this side's SRQ or CQ).
     pub inproc_peer: OnceLock<(Weak<Conn>, Arc<AtomicBool>)>,
+    /// In-process mode: the size limits of the lean post ([`direct::lean_caps`]).
+    lean_caps: [u64; 2],
 }
 
 /// The state of a connection, under its lock.
@@ -173,12 +175,15 @@ impl ConnState {
         self.req.push_executed(wr);
     }
 
-    /// The peer's end when the connection is idle: nothing queued, the peer there and
-    /// connected.
+    /// The peer's end when the connection is idle: `Ready`, nothing queued, the peer there
+    /// and connected. (A direct wire is there exactly while the phase is `Ready`: set
+    /// together when the connection is made, the wire let go when the QP fails or drops; so
+    /// the phase needs no check of its own.)
     #[inline(always)]
     fn idle_end(&self) -> Option<&DirectEnd> {
         match &self.wire {
-            Some(Wire::Direct(e)) if self.req.idle() && matches!(self.phase, Phase::Ready) && e.state() == READY => {
+            Some(Wire::Direct(e)) if self.req.idle() && e.state() == READY => {
+                debug_assert!(matches!(self.phase, Phase::Ready));
                 Some(e)
             }
             _ => None,
@@ -199,6 +204,7 @@ impl Conn {
             st: Mutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
             work: Default::default(),
             inproc_peer: OnceLock::new(),
+            lean_caps: direct::lean_caps(caps.max_inline as usize),
         }
     }
 
@@ -285,7 +291,7 @@ impl Conn {
         // them takes the general way below, which refuses it with the precise error.
         if let [wr] = chain
             && let Some(end) = st.idle_end()
-            && let Some(len) = direct::lean_len(wr, st.req.max_inline())
+            && let Some(len) = direct::lean_len(wr, &self.lean_caps)
         {
             if direct::write_now(&self.ep.mrs, end, wr, len) {
                 if self.retire_now(st, wr, len) {
