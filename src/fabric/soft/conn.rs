@@ -70,7 +70,10 @@ pub struct Parked {
 /// not crowd out the one `connect` names beyond this).
 pub const MAX_PARKED: usize = 4;
 
-/// What carries a connection's WRs.
+/// What carries a connection's WRs. An explicit tag (`u8`): `Some(Wire::Direct(_))`, what
+/// every in-process post checks, is then one byte comparison (without it, the compiler
+/// told `Tcp` from `Direct` by a null niche in `DirectEnd`: a second load and test).
+#[repr(u8)]
 pub enum Wire {
     /// The link to the peer's device (TCP).
     Tcp(Arc<Link<Conn>>),
