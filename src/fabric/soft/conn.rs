@@ -19,8 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
 use super::direct;
 use super::endpoint::{Attached, Endpoint};
 use super::fault::Fault;
@@ -30,6 +28,7 @@ use super::port::Port;
 use super::requester::Requester;
 use super::responder::Responder;
 use super::rx::QpRx;
+use super::spin::SpinMutex;
 use super::transport::{CLOSED, DirectEnd, READY};
 use super::tx::QpTx;
 use crate::error::Result;
@@ -91,7 +90,8 @@ pub struct Conn {
     pub port: Arc<Port<Conn>>,
     /// The connections attached to this QP's CQ (the QP detaches itself when dropped).
     pub attached: Arc<Attached<Conn>>,
-    pub st: Mutex<ConnState>,
+    /// The state; the TCP path takes it under its link's lock (see the module docs).
+    pub st: SpinMutex<ConnState>,
     /// In-process mode (no stream: WRs execute directly, see `direct.rs`).
     pub inproc: bool,
     /// In-process mode: set while WRs wait to execute or retire, or once the peer closed;
@@ -204,7 +204,7 @@ impl Conn {
             inproc: port.net.is_none(),
             port,
             attached,
-            st: Mutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
+            st: SpinMutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
             work: Default::default(),
             inproc_peer: OnceLock::new(),
             lean_caps: direct::lean_caps(caps.max_inline as usize),

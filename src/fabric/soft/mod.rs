@@ -115,6 +115,7 @@ mod requester;
 mod responder;
 mod ring;
 mod rx;
+mod spin;
 mod transport;
 mod tx;
 mod watch;

@@ -30,14 +30,14 @@
 //! `[head, tail)` into a larger array at the same counts and swaps it in. No producer runs
 //! (the lock) and the consumer is the one growing, so nobody reads the old array then.
 //!
-//! The producers' lock is a spin lock ([`ProducerLock`]): every section under it is a few
-//! loads and stores (a push, a reservation, a retire of a send queue's finished WRs, a
-//! grow's copy), with no system call and no other lock taken inside, and its release is one
-//! store where a parking mutex's is a compare-and-swap (a push is every in-process post's
-//! completion, so this is on the hot path).
+//! The producers' lock is a spin lock (`spin.rs`): every section under it is a few loads
+//! and stores (a push, a reservation, a retire of a send queue's finished WRs, a grow's
+//! copy), with no system call and no other lock taken inside.
 
 use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::spin::{SpinGuard, SpinMutex};
 
 use crate::fabric::Completion;
 
@@ -65,7 +65,7 @@ pub struct CqRing {
     head: AtomicUsize,
     /// Completions pushed: stored by producers only, under `producers`.
     tail: AtomicUsize,
-    producers: ProducerLock,
+    producers: SpinMutex<()>,
 }
 
 // SAFETY: the slots (the only part not already `Sync`) are shared between threads only as
@@ -81,15 +81,14 @@ impl CqRing {
             buf: UnsafeCell::new(Buf::new(depth)),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
-            producers: ProducerLock(AtomicBool::new(false)),
+            producers: SpinMutex::new(()),
         }
     }
 
     /// Locks out the other producers.
     #[inline]
     pub fn lock(&self) -> Producer<'_> {
-        self.producers.lock();
-        Producer { ring: self }
+        Producer { _lock: self.producers.lock(), ring: self }
     }
 
     /// Moves the oldest completions into `out`; returns how many. An empty ring costs two
@@ -169,57 +168,10 @@ impl CqRing {
     }
 }
 
-/// The producers' lock of a ring (see the module documentation): one flag, taken with one
-/// swap, released with one store.
-struct ProducerLock(AtomicBool);
-
-impl ProducerLock {
-    #[inline(always)]
-    fn lock(&self) {
-        // Acquire: what the previous holder did under the lock is visible.
-        if self.0.swap(true, Ordering::Acquire) {
-            self.lock_contended();
-        }
-    }
-
-    /// Waits for the holder: spins (its section is short), yields the CPU past a few dozen
-    /// tries (the holder may not be running: more threads than cores).
-    #[cold]
-    #[inline(never)]
-    fn lock_contended(&self) {
-        let mut spins = 0u32;
-        loop {
-            while self.0.load(Ordering::Relaxed) {
-                spins += 1;
-                if spins < 64 {
-                    std::hint::spin_loop();
-                } else {
-                    std::thread::yield_now();
-                }
-            }
-            if !self.0.swap(true, Ordering::Acquire) {
-                return;
-            }
-        }
-    }
-
-    #[inline(always)]
-    fn unlock(&self) {
-        // Release: what this holder did under the lock is visible to the next.
-        self.0.store(false, Ordering::Release);
-    }
-}
-
 /// A producer of a [`CqRing`], the others locked out until it drops.
 pub struct Producer<'a> {
+    _lock: SpinGuard<'a, ()>,
     ring: &'a CqRing,
-}
-
-impl Drop for Producer<'_> {
-    #[inline(always)]
-    fn drop(&mut self) {
-        self.ring.producers.unlock();
-    }
 }
 
 impl Producer<'_> {
