@@ -19,8 +19,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
 use super::direct;
 use super::endpoint::{Attached, Endpoint};
 use super::fault::Fault;
@@ -30,6 +28,7 @@ use super::port::Port;
 use super::requester::Requester;
 use super::responder::Responder;
 use super::rx::QpRx;
+use super::spin::SpinMutex;
 use super::transport::{CLOSED, DirectEnd, READY};
 use super::tx::QpTx;
 use crate::error::Result;
@@ -70,7 +69,10 @@ pub struct Parked {
 /// not crowd out the one `connect` names beyond this).
 pub const MAX_PARKED: usize = 4;
 
-/// What carries a connection's WRs.
+/// What carries a connection's WRs. An explicit tag (`u8`): `Some(Wire::Direct(_))`, what
+/// every in-process post checks, is then one byte comparison (without it, the compiler
+/// told `Tcp` from `Direct` by a null niche in `DirectEnd`: a second load and test).
+#[repr(u8)]
 pub enum Wire {
     /// The link to the peer's device (TCP).
     Tcp(Arc<Link<Conn>>),
@@ -88,7 +90,8 @@ pub struct Conn {
     pub port: Arc<Port<Conn>>,
     /// The connections attached to this QP's CQ (the QP detaches itself when dropped).
     pub attached: Arc<Attached<Conn>>,
-    pub st: Mutex<ConnState>,
+    /// The state; the TCP path takes it under its link's lock (see the module docs).
+    pub st: SpinMutex<ConnState>,
     /// In-process mode (no stream: WRs execute directly, see `direct.rs`).
     pub inproc: bool,
     /// In-process mode: set while WRs wait to execute or retire, or once the peer closed;
@@ -97,6 +100,8 @@ pub struct Conn {
     /// In-process mode: the peer's connection and its `work` flag, stepped from this side's
     /// polls (its WRs may wait on this side's SRQ or CQ).
     pub inproc_peer: OnceLock<(Weak<Conn>, Arc<AtomicBool>)>,
+    /// In-process mode: the size limits of the lean post ([`direct::lean_caps`]).
+    lean_caps: [u64; 2],
 }
 
 /// The state of a connection, under its lock.
@@ -173,12 +178,15 @@ impl ConnState {
         self.req.push_executed(wr);
     }
 
-    /// The peer's end when the connection is idle: nothing queued, the peer there and
-    /// connected.
+    /// The peer's end when the connection is idle: `Ready`, nothing queued, the peer there
+    /// and connected. (A direct wire is there exactly while the phase is `Ready`: set
+    /// together when the connection is made, the wire let go when the QP fails or drops; so
+    /// the phase needs no check of its own.)
     #[inline(always)]
     fn idle_end(&self) -> Option<&DirectEnd> {
         match &self.wire {
-            Some(Wire::Direct(e)) if self.req.idle() && matches!(self.phase, Phase::Ready) && e.state() == READY => {
+            Some(Wire::Direct(e)) if self.req.idle() && e.state() == READY => {
+                debug_assert!(matches!(self.phase, Phase::Ready));
                 Some(e)
             }
             _ => None,
@@ -196,9 +204,10 @@ impl Conn {
             inproc: port.net.is_none(),
             port,
             attached,
-            st: Mutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
+            st: SpinMutex::new(ConnState::new(caps.max_send_wr, caps.max_inline as usize)),
             work: Default::default(),
             inproc_peer: OnceLock::new(),
+            lean_caps: direct::lean_caps(caps.max_inline as usize),
         }
     }
 
@@ -285,7 +294,7 @@ impl Conn {
         // them takes the general way below, which refuses it with the precise error.
         if let [wr] = chain
             && let Some(end) = st.idle_end()
-            && let Some(len) = direct::lean_len(wr, st.req.max_inline())
+            && let Some(len) = direct::lean_len(wr, &self.lean_caps)
         {
             if direct::write_now(&self.ep.mrs, end, wr, len) {
                 if self.retire_now(st, wr, len) {

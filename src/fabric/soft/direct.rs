@@ -270,14 +270,18 @@ fn run_wr(
 
 /// The bytes of `wr` when [`write_now`] may run it: a WRITE or WRITE_WITH_IMM of at
 /// most one SGE that `check_chain` accepts on its own (size, inline size); `None` otherwise.
+/// `caps`: [`lean_caps`] of the QP, so the size checks are one comparison.
 #[inline(always)]
-pub fn lean_len(wr: &SendWr, max_inline: usize) -> Option<u64> {
+pub fn lean_len(wr: &SendWr, caps: &[u64; 2]) -> Option<u64> {
     let len = if wr.num_sge == 1 { wr.sge[0].len as u64 } else { 0 };
-    let ok = wr.opcode != WrOpcode::Read
-        && wr.num_sge <= 1
-        && len <= MAX_MSG as u64
-        && (!wr.inline || len as usize <= max_inline);
+    let ok = wr.opcode != WrOpcode::Read && wr.num_sge <= 1 && len <= caps[wr.inline as usize];
     ok.then_some(len)
+}
+
+/// The most bytes [`lean_len`] lets through, indexed by the WR's `inline` flag: `MAX_MSG`
+/// (a WR's limit), and for an inline WR also `max_inline`.
+pub fn lean_caps(max_inline: usize) -> [u64; 2] {
+    [MAX_MSG as u64, (max_inline as u64).min(MAX_MSG as u64)]
 }
 
 /// The completion the peer's CQ gets for a WRITE_WITH_IMM of `len` bytes that consumed one

@@ -27,6 +27,7 @@
 //! addr frame liveness logs mr ring watch
 //!             leaves: interface facts and random names, the wire format, the silent-peer
 //!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets
+//! spin        the spin lock of a connection's state and of a CQ ring's producers
 //! ```
 //!
 //! `port`, `link`, `endpoint` (a CQ's attachments) and `watch` hold connections (or links)
@@ -115,6 +116,7 @@ mod requester;
 mod responder;
 mod ring;
 mod rx;
+mod spin;
 mod transport;
 mod tx;
 mod watch;

@@ -24,7 +24,12 @@
 //!
 //! The wait is short: a pin lasts one non-blocking `readv`/`writev` or one copy.
 //! Slots live in chunks allocated on demand by `reg` (control path) and never freed before
-//! the table, so a lookup is two loads.
+//! the table, so a lookup is two loads. A chunk not allocated yet is [`EMPTY`], a shared
+//! chunk of slots that are never registered (key half 0), so a lookup never checks for a
+//! missing chunk: a key that lands there fails its key comparison. Chunk 0 is allocated
+//! with the table, so the only keys that can land in `EMPTY` have an index of at least
+//! `CHUNK_SLOTS`: never 0, never equal to its key half. (Pins that fail there count in its
+//! gates' low halves for an instant, as in any slot; nothing else ever writes it.)
 
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
@@ -45,13 +50,26 @@ const PINS: u64 = u32::MAX as u64;
 /// What slot 0 (never registered) holds as its key: no key of index 0 equals it.
 const SLOT0_KEY: u32 = u32::MAX;
 
-#[derive(Default)]
 struct Slot {
     /// Key (high half, 0 when not registered) and pin count (low half).
     gate: AtomicU64,
     addr: AtomicU64,
     len: AtomicU64,
     access: AtomicU32,
+}
+
+impl Slot {
+    const fn new() -> Slot {
+        Slot { gate: AtomicU64::new(0), addr: AtomicU64::new(0), len: AtomicU64::new(0), access: AtomicU32::new(0) }
+    }
+}
+
+/// What the chunks not allocated yet point to (see the module documentation).
+static EMPTY: Chunk = [const { Slot::new() }; CHUNK_SLOTS];
+
+/// [`EMPTY`] as a chunk pointer (never written through: only its atomics change).
+fn empty() -> *mut Chunk {
+    &EMPTY as *const Chunk as *mut Chunk
 }
 
 /// The key half of a gate value.
@@ -71,7 +89,7 @@ struct Alloc {
 /// The registrations of one device.
 pub struct MrTable {
     /// Indexed by `key >> (GEN_BITS + CHUNK_BITS)`, which is always in range: no bounds
-    /// check on the data path.
+    /// check on the data path. [`EMPTY`] where no chunk is allocated yet.
     chunks: [AtomicPtr<Chunk>; MAX_CHUNKS],
     alloc: Mutex<Alloc>,
 }
@@ -99,24 +117,42 @@ impl Drop for Pinned<'_> {
 
 impl Default for MrTable {
     fn default() -> Self {
-        MrTable {
-            chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+        let t = MrTable {
+            chunks: std::array::from_fn(|_| AtomicPtr::new(empty())),
             alloc: Mutex::new(Alloc { free: Vec::new(), chunks: 0 }),
-        }
+        };
+        // Chunk 0 now: key 0 (index 0) must never land in `EMPTY`, whose key halves are 0.
+        t.add_chunk(&mut t.alloc.lock());
+        t
     }
 }
 
 impl MrTable {
     #[inline(always)]
-    fn slot(&self, index: u32) -> Option<&Slot> {
+    fn slot(&self, index: u32) -> &Slot {
         let chunk = self.chunks[index as usize >> CHUNK_BITS].load(Ordering::Acquire);
-        if chunk.is_null() {
-            return None;
+        // SAFETY: a chunk pointer is `EMPTY` (a static) or was published (Release) by
+        // `add_chunk` from a live Box, freed only in `Drop`, which has `&mut self`; so it is
+        // never null either (said to the compiler, which otherwise checks the `Pinned` built
+        // from it for null where a caller matches the `Option`).
+        let chunk = unsafe {
+            std::hint::assert_unchecked(!chunk.is_null());
+            &*chunk
+        };
+        &chunk[index as usize & (CHUNK_SLOTS - 1)]
+    }
+
+    /// Allocates the next chunk and puts its slots on the free list (`alloc` locked).
+    fn add_chunk(&self, a: &mut Alloc) {
+        let chunk: Box<Chunk> = Box::new(std::array::from_fn(|_| Slot::new()));
+        if a.chunks == 0 {
+            chunk[0].gate.store((SLOT0_KEY as u64) << 32, Ordering::Relaxed);
         }
-        // SAFETY: a non-null chunk pointer was published (Release) by `reg` from a live
-        // Box and is freed only in `Drop`, which has `&mut self`.
-        let chunk = unsafe { &*chunk };
-        Some(&chunk[index as usize & (CHUNK_SLOTS - 1)])
+        let base = (a.chunks * CHUNK_SLOTS) as u32;
+        self.chunks[a.chunks].store(Box::into_raw(chunk), Ordering::Release);
+        a.chunks += 1;
+        // Slot 0 is never used, so no key is 0. Reverse: pop takes the lowest first.
+        a.free.extend((base..base + CHUNK_SLOTS as u32).rev().filter(|i| *i != 0).map(|i| (i, 1)));
     }
 
     /// Registers `[addr, addr + len)` and returns its key (never 0).
@@ -129,19 +165,11 @@ impl MrTable {
             if a.chunks == MAX_CHUNKS {
                 return Err(Error::system(format!("soft fabric: more than {MAX_MRS} memory registrations")));
             }
-            let chunk: Box<Chunk> = Box::new(std::array::from_fn(|_| Slot::default()));
-            if a.chunks == 0 {
-                chunk[0].gate.store((SLOT0_KEY as u64) << 32, Ordering::Relaxed);
-            }
-            let base = (a.chunks * CHUNK_SLOTS) as u32;
-            self.chunks[a.chunks].store(Box::into_raw(chunk), Ordering::Release);
-            a.chunks += 1;
-            // Slot 0 is never used, so no key is 0. Reverse: pop takes the lowest first.
-            a.free.extend((base..base + CHUNK_SLOTS as u32).rev().filter(|i| *i != 0).map(|i| (i, 1)));
+            self.add_chunk(&mut a);
         }
         let (index, generation) = a.free.pop().expect("refilled above");
         drop(a);
-        let slot = self.slot(index).expect("chunk allocated");
+        let slot = self.slot(index);
         let key = index << GEN_BITS | generation;
         slot.addr.store(addr, Ordering::Relaxed);
         slot.len.store(len, Ordering::Relaxed);
@@ -155,7 +183,7 @@ impl MrTable {
     /// Deregisters `key`; returns when no access under an earlier pin is still running.
     pub fn dereg(&self, key: u32) -> Result<()> {
         let index = key >> GEN_BITS;
-        let slot = self.slot(index).filter(|s| index != 0 && key_of(s.gate.load(Ordering::Relaxed)) == key);
+        let slot = Some(self.slot(index)).filter(|s| index != 0 && key_of(s.gate.load(Ordering::Relaxed)) == key);
         let Some(slot) = slot else {
             return Err(Error::invalid_argument(format!("soft fabric: deregistering unknown key {key:#x}")));
         };
@@ -181,7 +209,7 @@ impl MrTable {
     /// registered now.
     #[inline(always)]
     pub fn pin(&self, key: u32) -> Option<Pinned<'_>> {
-        let slot = self.slot(key >> GEN_BITS)?;
+        let slot = self.slot(key >> GEN_BITS);
         // Acquire: a key seen here was published with the fields `pin_range` reads.
         let gate = slot.gate.fetch_add(1, Ordering::Acquire);
         // Dropping `pinned` unpins, whichever way this goes.
@@ -208,8 +236,8 @@ impl Drop for MrTable {
     fn drop(&mut self) {
         for c in self.chunks.iter() {
             let p = c.load(Ordering::Acquire);
-            if !p.is_null() {
-                // SAFETY: published from Box::into_raw in `reg`, freed only here, once.
+            if p != empty() {
+                // SAFETY: published from Box::into_raw in `add_chunk`, freed only here, once.
                 drop(unsafe { Box::from_raw(p) });
             }
         }
@@ -246,6 +274,21 @@ mod tests {
         assert_ne!(k2, k, "with a new generation");
         assert!(t.pin(k).is_none());
         assert_eq!(t.pin(k2).unwrap().addr(), 0x2000);
+    }
+
+    /// Keys of chunks not allocated yet land in `EMPTY` and fail every way (a 0-byte range
+    /// at the slot's address 0 included), and deregistering them leaves `EMPTY` as it was.
+    #[test]
+    fn keys_of_unallocated_chunks_fail() {
+        let t = MrTable::default();
+        let k = t.reg(0, 64, Access::REMOTE_WRITE).unwrap();
+        for bogus in [1 << (GEN_BITS + CHUNK_BITS), (5000 << GEN_BITS) | 1, u32::MAX, u32::MAX - GEN_MASK] {
+            assert!(t.pin(bogus).is_none(), "key {bogus:#x}");
+            assert!(t.pin_range(bogus, 0, 0, Access::empty()).is_none(), "key {bogus:#x}");
+            assert!(t.dereg(bogus).is_err(), "key {bogus:#x}");
+        }
+        assert!(EMPTY.iter().all(|s| key_of(s.gate.load(Ordering::Relaxed)) == 0), "EMPTY is never registered");
+        assert!(t.pin_range(k, 0, 64, Access::REMOTE_WRITE).is_some());
     }
 
     #[test]

@@ -148,11 +148,6 @@ impl Requester {
         (self.sq, self.inline, self.mask) = (sq, inline, new as u32);
     }
 
-    #[inline(always)]
-    pub fn max_inline(&self) -> usize {
-        self.max_inline
-    }
-
     /// Nothing posted is waiting to complete.
     #[inline(always)]
     pub fn idle(&self) -> bool {

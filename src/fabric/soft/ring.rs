@@ -13,8 +13,10 @@
 //!
 //! A producer may also *reserve* a slot (a WRITE_WITH_IMM whose payload is still arriving
 //! takes its completion's slot when it takes its SRQ WQE, so its completion, or its Flushed
-//! completion if the QP fails, always has room): `reserved` counts them, and plain pushes
-//! need `tail - head < cap - reserved`. Only producers, under the lock, touch it.
+//! completion if the QP fails, always has room): plain pushes need `tail - head < limit`,
+//! where `limit` is `cap` less the slots reserved (one word, so a push reads one value, not
+//! two). Only producers, under the lock, and the consumer growing the ring, with the
+//! producers locked out, touch it.
 //!
 //! Why no slot is read and written at once: a producer writes only the slot at `tail`,
 //! outside `[head, tail)` as it last saw `head`, and only while it holds the lock (no other
@@ -27,11 +29,15 @@
 //! Growing (a shared CQ gets more QPs): the consumer, holding the producers' lock, copies
 //! `[head, tail)` into a larger array at the same counts and swaps it in. No producer runs
 //! (the lock) and the consumer is the one growing, so nobody reads the old array then.
+//!
+//! The producers' lock is a spin lock (`spin.rs`): every section under it is a few loads
+//! and stores (a push, a reservation, a retire of a send queue's finished WRs, a grow's
+//! copy), with no system call and no other lock taken inside.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use super::spin::{SpinGuard, SpinMutex};
 
 use crate::fabric::Completion;
 
@@ -52,13 +58,14 @@ impl Buf {
 
 pub struct CqRing {
     buf: UnsafeCell<Buf>,
-    /// Slots reserved for completions to come (see the module documentation).
-    reserved: AtomicUsize,
+    /// `cap` less the slots reserved for completions to come (see the module
+    /// documentation): how many completions plain pushes may queue.
+    limit: AtomicUsize,
     /// Completions popped: stored by the consumer only.
     head: AtomicUsize,
     /// Completions pushed: stored by producers only, under `producers`.
     tail: AtomicUsize,
-    producers: Mutex<()>,
+    producers: SpinMutex<()>,
 }
 
 // SAFETY: the slots (the only part not already `Sync`) are shared between threads only as
@@ -70,11 +77,11 @@ unsafe impl Sync for CqRing {}
 impl CqRing {
     pub fn new(depth: usize) -> CqRing {
         CqRing {
+            limit: AtomicUsize::new(depth.max(1)),
             buf: UnsafeCell::new(Buf::new(depth)),
-            reserved: AtomicUsize::new(0),
             head: AtomicUsize::new(0),
             tail: AtomicUsize::new(0),
-            producers: Mutex::new(()),
+            producers: SpinMutex::new(()),
         }
     }
 
@@ -122,7 +129,8 @@ impl CqRing {
             // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load
             // of `tail`, and no producer writes it until `head` moves past it (below, after
             // `f` is done with it).
-            f(unsafe { &*buf.slots[head.wrapping_add(i) & buf.mask].get() });
+            // `& mask` is below the array's length (a power of two, `mask + 1`).
+            f(unsafe { &*buf.slots.get_unchecked(head.wrapping_add(i) & buf.mask).get() });
         }
         self.head.store(head.wrapping_add(n), Ordering::Release);
         n
@@ -133,7 +141,7 @@ impl CqRing {
     /// # Safety
     /// One consumer: only the ring's consumer calls this, never while in `pop_into`.
     pub unsafe fn grow(&self, depth: usize) {
-        let _producers = self.producers.lock();
+        let _producers = self.lock();
         // SAFETY: the producers are locked out and the caller is the consumer: nobody else
         // reads or writes the array until this returns.
         let buf = unsafe { &mut *self.buf.get() };
@@ -141,6 +149,8 @@ impl CqRing {
             return;
         }
         let new = Buf::new(depth);
+        // The reserved slots stay reserved: the limit grows by the slots added.
+        self.limit.fetch_add(new.cap - buf.cap, Ordering::Relaxed);
         let (head, tail) = (self.head.load(Ordering::Relaxed), self.tail.load(Ordering::Relaxed));
         let mut c = head;
         while c != tail {
@@ -158,9 +168,9 @@ impl CqRing {
     }
 }
 
-/// A producer of a [`CqRing`], the others locked out.
+/// A producer of a [`CqRing`], the others locked out until it drops.
 pub struct Producer<'a> {
-    _lock: MutexGuard<'a, ()>,
+    _lock: SpinGuard<'a, ()>,
     ring: &'a CqRing,
 }
 
@@ -170,12 +180,10 @@ impl Producer<'_> {
     #[inline(always)]
     pub fn room(&mut self) -> Option<Room<'_>> {
         let ring = self.ring;
-        // Relaxed: only producers store `tail` and `reserved`, under the lock this one holds.
+        // Relaxed: only producers store `tail` and `limit`, under the lock this one holds
+        // (and the consumer growing the ring, with the lock held too).
         let tail = ring.tail.load(Ordering::Relaxed);
-        // SAFETY: the array is replaced only under the lock this producer holds.
-        let cap = unsafe { (*ring.buf.get()).cap };
-        // Never below 0: a slot is reserved only where there was room (`reserve`).
-        let limit = cap - ring.reserved.load(Ordering::Relaxed);
+        let limit = ring.limit.load(Ordering::Relaxed);
         (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < limit).then_some(Room { ring, tail })
     }
 
@@ -184,13 +192,14 @@ impl Producer<'_> {
         if self.room().is_none() {
             return false;
         }
-        self.ring.reserved.fetch_add(1, Ordering::Relaxed);
+        // Never below 0: a slot is reserved only where there was room.
+        self.ring.limit.fetch_sub(1, Ordering::Relaxed);
         true
     }
 
     /// Gives a reserved slot back unused.
     pub fn unreserve(&mut self) {
-        self.ring.reserved.fetch_sub(1, Ordering::Relaxed);
+        self.ring.limit.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Appends `c` into a slot [`Self::reserve`] took (never full).
@@ -233,7 +242,8 @@ impl Room<'_> {
         // borrows the `Producer`).
         unsafe {
             let buf = &*ring.buf.get();
-            *buf.slots[self.tail & buf.mask].get() = c;
+            // `& mask` is below the array's length (a power of two, `mask + 1`).
+            *buf.slots.get_unchecked(self.tail & buf.mask).get() = c;
         }
         ring.tail.store(self.tail.wrapping_add(1), Ordering::Release);
     }
