@@ -245,6 +245,9 @@ impl RecvEngine {
             wr_id: WrKind::Cts.id(rail, slot),
             opcode: WrOpcode::Write,
             signaled,
+            // Signalled only to retire the CTS QP's slots: the proxy's next post or poll
+            // may carry it (the soft fabric then sends it with the reply's frames).
+            deferrable: true,
             inline: len <= self.cfg.max_inline,
             num_sge: 1,
             sge: [Sge { addr: self.cfg.cts_addr + off, len, lkey: self.cfg.cts_lkeys[rail] }, Sge::default()],
@@ -555,6 +558,7 @@ impl RecvEngine {
             wr_id: WrKind::Probe.id(rail, 0),
             opcode: WrOpcode::Write,
             signaled: true,
+            deferrable: false,
             inline: self.cfg.max_inline >= 8,
             num_sge: 1,
             sge: [Sge { addr: self.cfg.flush_addr, len: 8, lkey: self.cfg.flush_lkeys[rail] }, Sge::default()],

@@ -140,6 +140,12 @@ pub struct SendWr {
     pub wr_id: u64,
     pub opcode: WrOpcode,
     pub signaled: bool,
+    /// The poster does not need this WR on the wire before its own next post or poll
+    /// (nobody waits for its completion at once, even when it is signalled to retire send
+    /// queue slots): a provider that sends in batches may hold it for its next frames, as
+    /// it holds an unsignalled WR. The soft fabric does (one `sendmsg` for both); verbs
+    /// rings the doorbell regardless.
+    pub deferrable: bool,
     /// Copy the payload at post time (small WRs); the buffer may be reused at once.
     pub inline: bool,
     pub num_sge: u8,

@@ -17,7 +17,8 @@
 //! next to this binary). Both rails run the soft fabric on 127.0.0.1 unless
 //! `MPIB_SOFT_SOUT_ADDR` / `MPIB_SOFT_SUP_ADDR` / `MPIB_FABRIC` / `MPIB_SPLIT` say otherwise.
 //! The last line is `rtt_ratio: <mpib median / raw median> p99 <mpib p99 / raw p99>`.
-//! `SOFT_RTT_DUMP=DIR` writes every round trip of each round, in order (µs), to
+//! `SOFT_RTT_PIN=1` pins rank 0 to CPU 0 and rank 1 to CPU 1 (with the helper threads
+//! they start). `SOFT_RTT_DUMP=DIR` writes every round trip of each round, in order (µs), to
 //! `DIR/raw.N` and `DIR/mpib.N`.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -178,7 +179,27 @@ fn raw_pingpong(s: &mut TcpStream, rank: u64, n: usize) -> Result<Vec<f64>> {
     Ok(rtt)
 }
 
+/// Pins this process (and the threads it starts later) to CPU `cpu`: `SOFT_RTT_PIN=1`
+/// puts rank 0 on CPU 0 and rank 1 on CPU 1, so that the rounds do not differ by where
+/// the scheduler happened to put the two busy-polling ranks.
+fn pin_to(cpu: usize) -> Result<()> {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes inside it; the call
+    // reads `size_of::<cpu_set_t>()` bytes of it.
+    let rc = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
+    };
+    if rc != 0 {
+        return Err(Error::io(format!("pinning to CPU {cpu}: {}", std::io::Error::last_os_error())));
+    }
+    Ok(())
+}
+
 fn rank_main(rank: u64, ctl_addr: Option<String>, iters: usize, rounds: usize) -> Result<()> {
+    if std::env::var("SOFT_RTT_PIN").is_ok_and(|v| v == "1") {
+        pin_to(rank as usize)?;
+    }
     let mut ctl = match &ctl_addr {
         None => {
             let (l, a) = link::bind("127.0.0.1:0")?;

@@ -66,6 +66,7 @@ impl RecvEngine {
                         wr_id: WrKind::ReadmitProbe.id(rail, Failover::probe_tag(epoch)),
                         opcode: WrOpcode::Write,
                         signaled: true,
+                        deferrable: false,
                         inline: self.cfg.max_inline >= 8,
                         num_sge: 1,
                         sge: [

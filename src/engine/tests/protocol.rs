@@ -220,6 +220,9 @@ fn cts_follow_one_rail_data_and_each_rails_sixteenth_is_signalled() {
         let every = CTS_SIGNAL_EVERY as usize;
         let want = if rail == SOUT { vec![every - 1, 2 * every - 1] } else { vec![every, 2 * every] };
         assert_eq!(signalled, want, "rail {rail}");
+        assert!(cts.iter().all(|c| c.3.deferrable), "no CTS needs a doorbell of its own, signalled or not");
+        let data: Vec<_> = p.log.iter().filter(|(d, ..)| *d == Dir::ToRecv).collect();
+        assert!(data.iter().all(|c| !c.3.deferrable), "the sender's data does");
         assert_eq!(p.r.counters()[rail].cqe, 40 + 2, "40 IMMs and the 2 signalled CTS completed");
     }
     // A half split: an empty message goes on SOUT alone, the next CTS (slot 1) follows it;

@@ -432,7 +432,8 @@ impl Conn {
     }
 
     /// `post_send` (TCP): queued, and sent at once as far as the socket takes it; or, for a
-    /// chain with no signalled WR (nobody here waits for it: a CTS), held for the link's
+    /// chain whose signalled WRs are all deferrable (nobody here waits for it: a CTS; see
+    /// [`SendWr::deferrable`]), held for the link's
     /// next frames (the caller's next post, typically the data or the reply the CTS comes
     /// before), at the latest for the caller's next poll or the helper's next sweep
     /// (`link.rs`, held frames): one `sendmsg` for both instead of one each.
@@ -447,7 +448,7 @@ impl Conn {
             self.settle(&mut st, &mut ls.io(&link), w0);
         }
         link.caller_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if chain.iter().any(|w| w.signaled) || !self.port.hold(&link, &mut ls) {
+        if chain.iter().any(|w| w.signaled && !w.deferrable) || !self.port.hold(&link, &mut ls) {
             self.port.step_tx(&link, &mut ls);
         }
         Ok(())

@@ -191,6 +191,7 @@ mod tests {
             wr_id: 100 + n as u64,
             opcode: op,
             signaled,
+            deferrable: false,
             inline: false,
             num_sge: n,
             sge: [Sge { addr: 0x1000, len: 64, lkey: 7 }, Sge { addr: 0x2000, len: 32, lkey: 8 }],

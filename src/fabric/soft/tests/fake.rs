@@ -288,3 +288,38 @@ fn an_unsignalled_post_goes_with_the_next_post_or_poll_or_by_the_helper() {
     assert_eq!(seq_of(fake.recv().0), (3, false));
     assert!(t.elapsed() < Duration::from_secs(1), "the helper took {:?}", t.elapsed());
 }
+
+/// A signalled but deferrable post (a CTS signalled only to retire send-queue slots) is
+/// held as an unsignalled one is: it goes ahead of the next post's frames, or at the next
+/// poll; its completion comes once the peer acknowledged it.
+#[test]
+fn a_deferrable_signalled_post_goes_with_the_next_post_or_poll() {
+    let p = devices(Mode::Tcp);
+    let mut a = tcp_end_on(&p.0);
+    let mut fake = Fake::dial(&a);
+    fake.connect(&mut a, 4242);
+    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let seq_of = |f: Frame| match f {
+        Frame::Write { seq, ack_req, .. } => (seq, ack_req),
+        f => panic!("{f:?}"),
+    };
+    let sge = a.sge(0, 8);
+    let deferrable = |id| SendWr { deferrable: true, ..write(id, sge, 0, 0, true) };
+    a.qp.post_send(&[deferrable(1)]).unwrap();
+    a.qp.post_send(&[write(2, a.sge(0, 8), 0, 0, true)]).unwrap();
+    assert_eq!(seq_of(fake.recv().0), (0, true), "held, then ahead of the next post (still asking for its ACK)");
+    assert_eq!(seq_of(fake.recv().0), (1, true));
+    a.qp.post_send(&[deferrable(3)]).unwrap();
+    a.cq.poll(&mut []).unwrap();
+    assert_eq!(seq_of(fake.recv().0), (2, true), "or at the next poll");
+    fake.send(&Frame::Ack { dst_qpn: a.qp.qp_num(), seq: 2 });
+    let mut wc = [Completion::default(); 4];
+    let t = Instant::now();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        assert!(t.elapsed() < Duration::from_secs(5), "completions {got:?}");
+        let n = a.cq.poll(&mut wc).unwrap();
+        got.extend(wc[..n].iter().map(|c| (c.wr_id, c.status)));
+    }
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+}
