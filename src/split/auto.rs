@@ -89,14 +89,17 @@ const QUEUE_GAIN: f64 = 0.5;
 /// more send does not move; a stream of larger ones still re-decides every send or two as
 /// the queues grow. Any split send resets it: the next small send decides afresh.
 const SMALL_SENDS_PER_DECISION: u32 = 8;
-/// Decisions that small sends stay away from SOUT before one of them goes back (~512
-/// sends), so SOUT is measured as the rail carrying them is; the next send decides again. The rail carrying them is measured by their own RTTs, whose
+/// Decisions that small sends stay away from SOUT before one of them goes back (~128
+/// sends), so SOUT is measured as the rail carrying them is; the next send decides again.
+/// The rail carrying them is measured by their own RTTs, whose
 /// acknowledgements ride on the peer's replies, the idle one only by probes that wait for
 /// the peer's next poll of that rail: on the soft fabric the carrying rail's base latency
 /// read 4.7 µs against 26 µs for the idle one (the same link). Without the way back, small
 /// sends that once moved to SUP (its first decision, made before SUP had a sample) stayed
 /// there for the whole run, the reply coming back on SOUT: 23 µs round trips against 13.
-const AWAY_DECISIONS: u32 = 64;
+/// (64 decisions left transients after an idle gap, when both bases are a lone sample, at
+/// ~512 sends; 16 costs a genuinely faster SUP one send in 128 on SOUT.)
+const AWAY_DECISIONS: u32 = 16;
 /// A rail whose delivery rate nothing has measured for this long is reckoned at least as
 /// fast as the other for new bytes (see the module documentation).
 pub const STALE_NS: u64 = 10_000_000;
@@ -386,7 +389,12 @@ mod tests {
         let moved = on.iter().position(|&s| s == 0).expect("the stream moved to SUP");
         assert!(moved < runs as usize && on[moved..].iter().all(|&s| s == 0), "{on:?}");
         let sticky = stream(300_000, rail(100, 3_300, 0), rail(100, 3_000, 0));
-        assert!(sticky.iter().all(|&s| s == 0), "SUP 10 % sooner (between half the margin and it): {sticky:?}");
+        // (But for the one send home per AWAY_DECISIONS decisions.)
+        let home_sends = sticky.iter().filter(|&&s| s == 8).count() as u64;
+        assert!(
+            home_sends <= 10 / AWAY_DECISIONS as u64 + 1,
+            "SUP 10 % sooner (between half the margin and it): {sticky:?}"
+        );
         // SOUT within half the margin again: home at the next decision, and there it stays.
         let home = stream(400_000, rail(100, 3_100, 0), rail(100, 3_000, 0));
         let back = home.iter().position(|&s| s == 8).expect("back on SOUT");

@@ -161,6 +161,6 @@ fn latency_bound_traffic_goes_to_the_lower_latency_rail_and_idle_rails_are_probe
     assert!(r.sends > 300, "{}", r.sends);
     let on_sup: u64 = r.timeline.iter().map(|s| s.posted[1]).sum();
     assert!(on_sup as f64 >= 0.95 * (r.sends * 4096) as f64, "{on_sup} of {} bytes on SUP", r.sends * 4096);
-    // (SUP is idle, and probed, only around the one send in 512 that goes back to SOUT.)
+    // (SUP is idle, and probed, only around the one send in 128 that goes back to SOUT.)
     assert!(r.probes[0] >= 10 && r.probes[1] <= r.sends / 100, "probes {:?} for {} sends", r.probes, r.sends);
 }
