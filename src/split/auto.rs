@@ -53,7 +53,7 @@
 //!   decisions: a few compares); no allocation, no lock.
 
 use super::{SplitPolicy, align_share};
-use crate::telemetry::RailView;
+use crate::telemetry::{RailView, f64_of};
 
 /// Backoff factor scale: `FULL` = no backoff.
 const FULL: u32 = 1024;
@@ -237,10 +237,18 @@ impl Auto {
         let s = size as f64;
         if small {
             let finish = [d0 + s / e0, d1 + s / e1];
-            // SOUT is home: SUP takes them only while it finishes them clearly sooner (and
-            // not before it has a latency of its own), and gives them back now and then.
+            // SOUT is home: SUP takes them only while it finishes them clearly sooner, also
+            // with each rail's smoothed RTT in place of its base latency (SOUT's first sample
+            // after an idle gap, alone in its base window then, is often slow: 105 µs against
+            // a smoothed 24), not before it has a latency of its own, and it gives them back
+            // now and then.
             if self.small_rail == 0 {
-                if rails[1].samples > 0 && finish[1] * (1.0 + SWITCH_MARGIN) < finish[0] {
+                let smoothed =
+                    |f: f64, v: &RailView| if v.srtt_ns > 0 { f - f64_of(v.base_ns) + f64_of(v.srtt_ns) } else { f };
+                if rails[1].samples > 0
+                    && finish[1] * (1.0 + SWITCH_MARGIN) < finish[0]
+                    && smoothed(finish[1], rails[1]) * (1.0 + SWITCH_MARGIN) < smoothed(finish[0], rails[0])
+                {
                     (self.small_rail, self.away_left) = (1, AWAY_DECISIONS);
                 }
             } else {
@@ -401,6 +409,19 @@ mod tests {
         assert!(back < runs as usize && home[back..].iter().all(|&s| s == 8), "{home:?}");
         let stays = stream(500_000, rail(100, 3_300, 0), rail(100, 3_000, 0));
         assert!(stays.iter().all(|&s| s == 8), "SUP 10 % sooner does not take it from home: {stays:?}");
+    }
+
+    /// After an idle gap SOUT's base latency is its first new sample alone (105 µs), its
+    /// smoothed RTT still 24 µs; SUP's probes say 32 / 40 µs: small sends stay home. Where
+    /// both say SUP, they go.
+    #[test]
+    fn small_sends_do_not_leave_home_on_one_slow_sample() {
+        let mut p = Auto::new(65536);
+        let sout = RailView { srtt_ns: 24_000, ..rail(100, 105_000, 0) };
+        let sup = RailView { srtt_ns: 40_000, ..rail(100, 32_000, 0) };
+        assert!((0..64).all(|t| p.sout_bytes(8, t, [&sout, &sup]) == 8));
+        let slow_sout = RailView { srtt_ns: 90_000, ..sout };
+        assert_eq!(p.sout_bytes(8, 64, [&slow_sout, &sup]), 0, "SOUT slow by both measures");
     }
 
     /// SOUT's first chain was slow (the connection's first round trip) and SUP has no sample
