@@ -28,7 +28,7 @@
 //!   latency-bound traffic pays one rail's overhead, and a stream of small sends still
 //!   spreads over both rails as their queues grow. SOUT is their home: they go to SUP only
 //!   while it finishes them sooner by more than [`SWITCH_MARGIN`] (back once SOUT is within
-//!   half of it, one send home every [`AWAY_DECISIONS`] decisions, and never to a SUP
+//!   half of it, or after [`AWAY_DECISIONS`] decisions in any case; never to a SUP
 //!   with no latency sample yet), so two alike rails whose estimates differ by noise do not
 //!   trade every message, and every connection's small sends (a request and its reply)
 //!   share a rail. The choice is re-made
@@ -89,17 +89,18 @@ const QUEUE_GAIN: f64 = 0.5;
 /// more send does not move; a stream of larger ones still re-decides every send or two as
 /// the queues grow. Any split send resets it: the next small send decides afresh.
 const SMALL_SENDS_PER_DECISION: u32 = 8;
-/// Decisions that small sends stay away from SOUT before one of them goes back (~128
-/// sends), so SOUT is measured as the rail carrying them is; the next send decides again.
-/// The rail carrying them is measured by their own RTTs, whose
-/// acknowledgements ride on the peer's replies, the idle one only by probes that wait for
-/// the peer's next poll of that rail: on the soft fabric the carrying rail's base latency
-/// read 4.7 µs against 26 µs for the idle one (the same link). Without the way back, small
-/// sends that once moved to SUP (its first decision, made before SUP had a sample) stayed
-/// there for the whole run, the reply coming back on SOUT: 23 µs round trips against 13.
-/// (64 decisions left transients after an idle gap, when both bases are a lone sample, at
-/// ~512 sends; 16 costs a genuinely faster SUP one send in 128 on SOUT.)
-const AWAY_DECISIONS: u32 = 16;
+/// Decisions that small sends stay away from SOUT at most (~256 sends); then they go home,
+/// where SOUT is measured as the rail carrying them is, and the next decision leaves again
+/// if SUP is still clearly sooner (a genuinely faster SUP loses one run in 32). The rail
+/// carrying them is measured by their own RTTs, whose acknowledgements ride on the peer's
+/// replies, the idle one only by probes that wait for the peer's next poll of that rail: on
+/// the soft fabric the carrying rail's base latency read 4.7 µs against 26 µs for the idle
+/// one (the same link), so a comparison made while away hardly ever brought them back.
+/// Small sends that once moved to SUP (a first decision against one slow sample) then
+/// stayed there for the whole run while the replies came on SOUT: 23 µs round trips
+/// against 13. (One send home instead of a run was not enough: its single sample did not
+/// bring SOUT's base below a SUP base that was the least of thousands.)
+const AWAY_DECISIONS: u32 = 32;
 /// A rail whose delivery rate nothing has measured for this long is reckoned at least as
 /// fast as the other for new bytes (see the module documentation).
 pub const STALE_NS: u64 = 10_000_000;
@@ -253,12 +254,10 @@ impl Auto {
                 }
             } else {
                 self.away_left = self.away_left.saturating_sub(1);
-                if finish[0] <= finish[1] * (1.0 + SWITCH_MARGIN / 2.0) {
+                if self.away_left == 0 || finish[0] <= finish[1] * (1.0 + SWITCH_MARGIN / 2.0) {
+                    // Home: measured as data there, SOUT is judged fairly at the next
+                    // decision, which leaves again if SUP is still clearly sooner.
                     self.small_rail = 0;
-                } else if self.away_left == 0 {
-                    // One send home, measured as data; the next send decides again.
-                    (self.small_sends_left, self.away_left) = (0, AWAY_DECISIONS);
-                    return size;
                 }
             }
             // This send counts as the first of the next run.
@@ -425,10 +424,10 @@ mod tests {
     }
 
     /// SOUT's first chain was slow (the connection's first round trip) and SUP has no sample
-    /// yet: small sends stay home. Away on a clearly faster SUP, one send in
-    /// AWAY_DECISIONS decisions goes home so SOUT is measured as data again.
+    /// yet: small sends stay home. Away on a clearly faster SUP, a run goes home every
+    /// AWAY_DECISIONS decisions so SOUT is measured as data again.
     #[test]
-    fn small_sends_try_home_now_and_then_and_never_leave_for_an_unmeasured_rail() {
+    fn small_sends_go_home_now_and_then_and_never_leave_for_an_unmeasured_rail() {
         let mut p = Auto::new(65536);
         let slow_first = RailView { samples: 1, ..rail(100, 80_000, 0) };
         let unmeasured = RailView { samples: 0, srtt_ns: 0, ..rail(100, 0, 0) };
@@ -437,11 +436,11 @@ mod tests {
         let mut p = Auto::new(65536);
         let per = (AWAY_DECISIONS * SMALL_SENDS_PER_DECISION) as u64;
         let sout: Vec<u64> = (0..2 * per).filter(|&t| p.sout_bytes(8, t, [&slow, &fast]) == 8).collect();
-        // The first send leaves; then one goes home per AWAY_DECISIONS decisions, and the
-        // send after it decides again (and leaves again).
-        assert_eq!(sout.len(), 2, "{sout:?}");
-        assert!(sout[0] > per - 8 && sout[0] <= per, "{sout:?}");
-        assert!(sout[1] - sout[0] > per - 16 && sout[1] - sout[0] <= per, "{sout:?}");
+        // The first send leaves; after AWAY_DECISIONS decisions a run goes home, and the
+        // decision after it leaves again.
+        let run = SMALL_SENDS_PER_DECISION as u64;
+        let want: Vec<u64> = (per..per + run).collect();
+        assert_eq!(sout, want);
     }
 
     /// Between decisions a small send costs a few compares; what must not wait for the
