@@ -198,9 +198,7 @@ impl Auto {
     pub fn backoff(&self) -> [f64; 2] {
         self.rails.map(|r| r.factor as f64 / FULL as f64)
     }
-}
 
-impl Auto {
     /// The answer when it needs no arithmetic: an empty send, a failed rail, a small send
     /// held on its rail. Inlined where the policy is asked; [`Self::decide`] is not.
     #[inline(always)]
@@ -215,6 +213,33 @@ impl Auto {
                 Some(if self.small_rail == 0 { size } else { 0 })
             }
             (false, false) => None,
+        }
+    }
+
+    /// The rail of the small sends from this decision on, given when each rail would finish
+    /// the send. SOUT is home: SUP takes them only while it finishes them clearly sooner,
+    /// also with each rail's smoothed RTT in place of its base latency (SOUT's first sample
+    /// after an idle gap, alone in its base window then, is often slow: 105 µs against a
+    /// smoothed 24), not before it has a latency of its own, and it gives them back after
+    /// [`AWAY_DECISIONS`].
+    #[inline(always)]
+    fn small_rail_for(&mut self, finish: [f64; 2], rails: [&RailView; 2]) {
+        if self.small_rail == 0 {
+            let smoothed =
+                |f: f64, v: &RailView| if v.srtt_ns > 0 { f - f64_of(v.base_ns) + f64_of(v.srtt_ns) } else { f };
+            if rails[1].samples > 0
+                && finish[1] * (1.0 + SWITCH_MARGIN) < finish[0]
+                && smoothed(finish[1], rails[1]) * (1.0 + SWITCH_MARGIN) < smoothed(finish[0], rails[0])
+            {
+                (self.small_rail, self.away_left) = (1, AWAY_DECISIONS);
+            }
+        } else {
+            self.away_left = self.away_left.saturating_sub(1);
+            if self.away_left == 0 || finish[0] <= finish[1] * (1.0 + SWITCH_MARGIN / 2.0) {
+                // Home: measured as data there, SOUT is judged fairly at the next decision,
+                // which leaves again if SUP is still clearly sooner.
+                self.small_rail = 0;
+            }
         }
     }
 
@@ -237,29 +262,7 @@ impl Auto {
         let (e0, e1) = (n0 * self.rails[0].factor as f64 / full, n1 * self.rails[1].factor as f64 / full);
         let s = size as f64;
         if small {
-            let finish = [d0 + s / e0, d1 + s / e1];
-            // SOUT is home: SUP takes them only while it finishes them clearly sooner, also
-            // with each rail's smoothed RTT in place of its base latency (SOUT's first sample
-            // after an idle gap, alone in its base window then, is often slow: 105 µs against
-            // a smoothed 24), not before it has a latency of its own, and it gives them back
-            // now and then.
-            if self.small_rail == 0 {
-                let smoothed =
-                    |f: f64, v: &RailView| if v.srtt_ns > 0 { f - f64_of(v.base_ns) + f64_of(v.srtt_ns) } else { f };
-                if rails[1].samples > 0
-                    && finish[1] * (1.0 + SWITCH_MARGIN) < finish[0]
-                    && smoothed(finish[1], rails[1]) * (1.0 + SWITCH_MARGIN) < smoothed(finish[0], rails[0])
-                {
-                    (self.small_rail, self.away_left) = (1, AWAY_DECISIONS);
-                }
-            } else {
-                self.away_left = self.away_left.saturating_sub(1);
-                if self.away_left == 0 || finish[0] <= finish[1] * (1.0 + SWITCH_MARGIN / 2.0) {
-                    // Home: measured as data there, SOUT is judged fairly at the next
-                    // decision, which leaves again if SUP is still clearly sooner.
-                    self.small_rail = 0;
-                }
-            }
+            self.small_rail_for([d0 + s / e0, d1 + s / e1], rails);
             // This send counts as the first of the next run.
             self.small_sends_left = SMALL_SENDS_PER_DECISION - 1;
             self.small_bytes_left = self.small_budget().saturating_sub(size);

@@ -89,6 +89,12 @@ pub struct Check {
     pub wrong: u64,
     /// Offset of the first wrong byte.
     pub first_wrong: Option<usize>,
+    /// Offset of the last wrong byte.
+    pub last_wrong: Option<usize>,
+    /// Wrong 8-byte words that read all zeros (a frame sent as zeros) or all [`CANARY`]
+    /// (where the driver put it: not written): what kind of wrong it is.
+    pub zero_words: u64,
+    pub canary_words: u64,
     /// Checksum of the bytes as received.
     pub sum: u64,
 }
@@ -107,6 +113,9 @@ pub fn verify(buf: &[u8], key: u64) -> Check {
         if diff != 0 {
             c.wrong += diff.to_le_bytes().iter().filter(|&&b| b != 0).count() as u64;
             c.first_wrong.get_or_insert(i as usize * 8 + diff.trailing_zeros() as usize / 8);
+            c.last_wrong = Some(i as usize * 8 + 7 - diff.leading_zeros() as usize / 8);
+            c.zero_words += (got == 0) as u64;
+            c.canary_words += (got == u64::from_ne_bytes([CANARY; 8])) as u64;
         }
         i += 1;
     }
@@ -116,6 +125,7 @@ pub fn verify(buf: &[u8], key: u64) -> Check {
         if g != w {
             c.wrong += 1;
             c.first_wrong.get_or_insert(base + k);
+            c.last_wrong = Some(base + k);
         }
     }
     sum.add(tail_word(tail));
@@ -143,7 +153,7 @@ mod tests {
             let k = key(42, 3, 17, 5);
             let s = fill(&mut b, k, len);
             let c = verify(&b, k);
-            assert_eq!(c, Check { wrong: 0, first_wrong: None, sum: s }, "len {len}");
+            assert_eq!(c, Check { wrong: 0, first_wrong: None, sum: s, ..Check::default() }, "len {len}");
         }
     }
 
@@ -167,9 +177,17 @@ mod tests {
             let mut d = b.clone();
             d[off] ^= 0x10;
             let c = verify(&d, k);
-            assert_eq!((c.wrong, c.first_wrong), (1, Some(off)));
+            assert_eq!((c.wrong, c.first_wrong, c.last_wrong), (1, Some(off), Some(off)));
             assert_ne!(c.sum, good.sum);
         }
+        // A run of zeros (a frame sent as zeros) and one never written (the canary): the
+        // range and the kind are told.
+        let mut d = b.clone();
+        d[1024..2048].fill(0);
+        d[3000..3016].fill(CANARY);
+        let c = verify(&d, k);
+        assert_eq!((c.first_wrong, c.last_wrong), (Some(1024), Some(3015)));
+        assert_eq!((c.zero_words, c.canary_words), (128, 2), "two whole words each");
         // Another message's bytes (a stale or misrouted buffer), or the same shifted.
         assert!(verify(&b, key(7, 0, 9, 2)).wrong > 4000);
         assert!(verify(&b, key(7, 0, 10, 1)).wrong > 4000);

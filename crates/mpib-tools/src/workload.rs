@@ -420,12 +420,15 @@ impl<'c> Receiver<'c> {
             self.win.stats.checksum = self.win.stats.checksum.wrapping_add(c.sum);
             if c.wrong > 0 {
                 self.win.stats.wrong_bytes += c.wrong;
-                let first = c.first_wrong.unwrap_or(0);
+                let (first, last) = (c.first_wrong.unwrap_or(0), c.last_wrong.unwrap_or(0));
                 self.win.note(|| {
                     format!(
-                        "receive #{g} tag {} ({want} bytes): {} wrong bytes, first at offset {first}",
+                        "receive #{g} tag {} ({want} bytes): {} wrong bytes, first at offset {first}, last at {last} \
+                         ({} of the wrong 8-byte words all zero, {} the canary)",
                         tag(j),
-                        c.wrong
+                        c.wrong,
+                        c.zero_words,
+                        c.canary_words
                     )
                 });
             }

@@ -75,6 +75,9 @@ pub trait Station: Send + Sync + Sized + 'static {
     fn on_frame(self: &Arc<Self>, f: &Frame, io: &mut Io<'_, Self>) -> Recv;
     /// The payload segment placed for [`Recv::Place`] is in.
     fn on_segment(self: &Arc<Self>, placed: Placed, io: &mut Io<'_, Self>);
+    /// Whether the rest of a segment begun for this QP may still be placed: not once the QP
+    /// went to the error state (a fence, a failure) while the segment was on the wire.
+    fn places(&self) -> bool;
     /// Queues this QP's frames: its responses, at most one payload segment. Returns whether
     /// it has more to send now (it stays in the ready list).
     fn fill(self: &Arc<Self>, out: &mut Filler<'_, Self>) -> bool;

@@ -78,6 +78,10 @@ impl Station for Conn {
         self.settle(&mut st, io, w0);
     }
 
+    fn places(&self) -> bool {
+        matches!(self.st.lock().phase, Phase::Ready)
+    }
+
     fn fill(self: &Arc<Self>, out: &mut Filler<'_, Self>) -> bool {
         let mut st = self.st.lock();
         let w0 = st.waiting();

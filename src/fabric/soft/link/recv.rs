@@ -110,6 +110,12 @@ impl<S: Station> LinkState<S> {
         let mut short = false;
         let avail = (self.end - self.start) as u64;
         let seg = self.seg.as_mut().expect("segment in progress");
+        // A QP fenced or failed since the segment began (its link lock released in between)
+        // takes none of the rest: a rail failover replays these bytes on the other rail,
+        // and a late zero-filled tail (a frame its sender purged) must not land on them.
+        if seg.placed.ok && !seg.qp.as_ref().is_some_and(|q| q.places()) {
+            seg.placed.ok = false;
+        }
         let (from, rest) = (seg.done, seg.len - seg.done);
         if avail > 0 {
             let n = rest.min(avail);
