@@ -422,13 +422,17 @@ impl<'c> Receiver<'c> {
                 self.win.stats.wrong_bytes += c.wrong;
                 let (first, last) = (c.first_wrong.unwrap_or(0), c.last_wrong.unwrap_or(0));
                 self.win.note(|| {
+                    // What the wrong words are, when that tells something (zeros: a frame sent
+                    // as zeros; the canary: bytes never written).
+                    let kind = if c.zero_words + c.canary_words > 0 {
+                        format!(" ({} of the wrong 8-byte words all zero, {} the canary)", c.zero_words, c.canary_words)
+                    } else {
+                        String::new()
+                    };
                     format!(
-                        "receive #{g} tag {} ({want} bytes): {} wrong bytes, first at offset {first}, last at {last} \
-                         ({} of the wrong 8-byte words all zero, {} the canary)",
+                        "receive #{g} tag {} ({want} bytes): {} wrong bytes, first at offset {first}, last at {last}{kind}",
                         tag(j),
-                        c.wrong,
-                        c.zero_words,
-                        c.canary_words
+                        c.wrong
                     )
                 });
             }

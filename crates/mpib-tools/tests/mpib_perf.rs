@@ -134,7 +134,7 @@ fn a_corrupted_byte_is_reported_as_wrong_and_fails_the_run() {
     let line = stderr.lines().find(|l| l.starts_with("mpib-perf: ")).expect("an error line");
     assert_eq!(
         line,
-        "mpib-perf: data mismatch at size 16384: receive #0 tag 1 (16384 bytes): 1 wrong bytes, first at offset 8192"
+        "mpib-perf: data mismatch at size 16384: receive #0 tag 1 (16384 bytes): 1 wrong bytes, first at offset 8192, last at 8192"
     );
     let wrong: Vec<u64> = json(&file)["rows"].as_array().unwrap().iter().map(|r| u(&r["wrong"])).collect();
     assert_eq!(wrong, vec![0, 1]);
