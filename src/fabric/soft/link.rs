@@ -298,7 +298,13 @@ impl<S: Station> Io<'_, S> {
         self.sched.waiting += delta;
     }
     /// Drops QP `qpn`'s frames not yet begun (its requests only, with `requests_only`); a
-    /// frame begun sends zeros for the rest (`!requests_only`: its memory is not read again).
+    /// frame begun goes on to its end, from its own memory (`!requests_only`: nothing is
+    /// noted as sent), so the stream stays framed and the peer gets the bytes the header
+    /// promised. Not zeros: the peer's QP, still up, would take a zero-filled last segment
+    /// as the end of a good WRITE, complete its IMM and report the part as arrived, and a
+    /// rail failover would then not replay it (`failover` tests under load: a 16 MiB part
+    /// with its last 68 KB zero). Zeros only where that memory is gone (deregistered while
+    /// the frame was on the wire, `source_lost`: a caller's error).
     pub fn purge(&mut self, qpn: u32, requests_only: bool) {
         self.frames.retain_mut(|f| {
             if f.owner.qpn() != qpn || (requests_only && !f.request) {
@@ -308,7 +314,6 @@ impl<S: Station> Io<'_, S> {
                 return false;
             }
             if !requests_only {
-                f.src = Src::Zeros;
                 f.note = 0;
             }
             true

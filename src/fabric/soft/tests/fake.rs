@@ -352,3 +352,37 @@ fn the_rest_of_a_segment_begun_before_a_fence_does_not_land() {
     assert!(a.region()[..1024].iter().all(|x| *x == 7), "what landed before the fence stays");
     assert!(a.region()[1024..].iter().all(|x| *x == 0xAA), "nothing of the rest landed");
 }
+
+/// A WRITE whose frames are on the wire when its QP fails: the frame begun goes on to its
+/// end with the WRITE's own bytes (the ones not begun are dropped), then the CLOSE. Zeros
+/// in its place let the peer complete a WRITE with a zero tail as if it were whole (a rail
+/// failover then did not replay it).
+#[test]
+fn a_frame_begun_when_its_qp_fails_ends_with_its_own_bytes() {
+    let p = devices(Mode::Tcp);
+    let len = 32 << 20;
+    let mut a = End::new(p.0.clone(), len, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
+    fill(a.region(), 5);
+    let mut fake = Fake::dial(&a);
+    fake.connect(&mut a, 4242);
+    fake.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // More than the socket takes: the link stops inside a frame until the fake reads.
+    a.qp.post_send(&[write(1, a.sge(0, len), 0x1000, 77, true)]).unwrap();
+    a.qp.to_error().unwrap();
+    let mut got = Vec::new();
+    loop {
+        let (f, payload) = fake.recv();
+        match f {
+            Frame::Write { dst_qpn: 4242, .. } | Frame::Data { dst_qpn: 4242, .. } => got.extend(payload),
+            Frame::Close { dst_qpn: 4242, error: true, .. } => break,
+            Frame::Ack { .. } | Frame::Connect { .. } => {}
+            f => panic!("unexpected {f:?}"),
+        }
+        // The caller's polls (and the helper) move the rest as the fake reads.
+        a.cq.poll(&mut []).unwrap();
+    }
+    assert!(!got.is_empty() && got.len() < len, "{} bytes: the QP failed inside the WRITE", got.len());
+    let want = &a.region()[..got.len()];
+    let bad = got.iter().zip(want).position(|(g, w)| g != w);
+    assert_eq!(bad, None, "byte {bad:?} of {} differs (zeros: {})", got.len(), got[bad.unwrap_or(0)] == 0);
+}
