@@ -132,6 +132,11 @@ fn poll_for(cq: &mut SoftCq, other: &mut SoftCq, n: usize, limit: Duration) -> V
     out
 }
 
+/// Each completion as (wr_id, status).
+fn statuses(c: &[Completion]) -> Vec<(u64, WcStatus)> {
+    c.iter().map(|c| (c.wr_id, c.status)).collect()
+}
+
 fn fill(buf: &mut [u8], seed: u8) {
     for (i, b) in buf.iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(31).wrapping_add(seed) | 1;

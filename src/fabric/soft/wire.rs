@@ -208,8 +208,8 @@ impl Conn {
         self.fail_tcp(st, io, at, &why, true, true);
     }
 
-    /// The error state on a link: the QP's frames not begun are dropped (one begun sends
-    /// zeros for the rest), and the peer QP is told (`close`: CLOSE, with the error bit
+    /// The error state on a link: the QP's frames not begun are dropped (one begun goes on
+    /// to its end: `Io::purge`), and the peer QP is told (`close`: CLOSE, with the error bit
     /// when `error`).
     pub(super) fn fail_tcp(
         self: &Arc<Self>,

@@ -117,8 +117,9 @@ impl<S: Station> LinkState<S> {
                 (f.hdr, f.src, f.payload, f.note) = (hdr, Src::None, 0, 0);
             }
             _ => {
-                // The QP failed and purged its frames; a frame begun sends zeros. Anything
-                // left pointing at that memory goes too (a QP that would not let go).
+                // The QP failed and purged its frames not begun; this one, begun, has lost
+                // its memory and goes on as zeros (the stream stays framed). Anything left
+                // pointing at that memory goes too (a QP that would not let go).
                 if let Some(f) = self.frames.get_mut(i)
                     && Arc::ptr_eq(&f.owner, &owner)
                     && matches!(f.src, Src::Mem { .. })

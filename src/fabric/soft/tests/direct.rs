@@ -31,10 +31,6 @@ fn connected(a_access: Access, b_access: Access, b_cq_depth: u32, b_srq: bool) -
     (a, b)
 }
 
-fn statuses(c: &[Completion]) -> Vec<(u64, WcStatus)> {
-    c.iter().map(|c| (c.wr_id, c.status)).collect()
-}
-
 #[test]
 fn a_write_is_placed_before_post_send_returns() {
     let (mut a, mut b) = pair(Mode::Inproc, 4096, Access::REMOTE_WRITE);

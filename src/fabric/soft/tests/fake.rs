@@ -97,8 +97,21 @@ fn tcp_end_on(dev: &Arc<SoftDevice>) -> End {
     End::new(dev.clone(), 4096, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
 }
 
-fn statuses(c: &[Completion]) -> Vec<(u64, WcStatus)> {
-    c.iter().map(|c| (c.wr_id, c.status)).collect()
+/// An end on `dev` connected to fake QP 4242 over a fake link that reads with a 5 s timeout.
+fn end_and_fake(dev: &Arc<SoftDevice>) -> (End, Fake) {
+    let mut a = tcp_end_on(dev);
+    let mut fake = Fake::dial(&a);
+    fake.connect(&mut a, 4242);
+    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    (a, fake)
+}
+
+/// A WRITE frame's sequence number and ACK_REQ flag.
+fn write_seq(f: Frame) -> (u32, bool) {
+    match f {
+        Frame::Write { seq, ack_req, .. } => (seq, ack_req),
+        f => panic!("{f:?}"),
+    }
 }
 
 /// A malformed header breaks the stream: every QP on that link fails (the oldest WR waiting
@@ -165,9 +178,7 @@ fn a_qp_protocol_violation_fails_that_qp_only() {
 #[test]
 fn frames_for_qps_not_on_the_link_are_dropped() {
     let p = devices(Mode::Tcp);
-    let mut a = tcp_end_on(&p.0);
-    let mut fake = Fake::dial(&a);
-    fake.connect(&mut a, 4242);
+    let (mut a, mut fake) = end_and_fake(&p.0);
     fake.send(&Frame::Ack { dst_qpn: a.qp.qp_num() ^ 1, seq: 0 });
     let w = Frame::Write {
         dst_qpn: a.qp.qp_num() ^ 1,
@@ -220,9 +231,7 @@ fn poll_until_placed(end: &mut End, want: [u8; 8]) {
 #[test]
 fn a_held_ack_goes_ahead_of_the_next_post() {
     let p = devices(Mode::Tcp);
-    let mut a = tcp_end_on(&p.0);
-    let mut fake = Fake::dial(&a);
-    fake.connect(&mut a, 4242);
+    let (mut a, mut fake) = end_and_fake(&p.0);
     let (qpn, addr, rkey) = (a.qp.qp_num(), a.addr(), a.key());
     let w = |seq| Frame::Write { dst_qpn: qpn, seq, addr, rkey, len: 8, imm: None, ack_req: true };
     fake.send(&w(0));
@@ -239,12 +248,9 @@ fn a_held_ack_goes_ahead_of_the_next_post() {
 #[test]
 fn a_held_ack_goes_at_the_next_poll_or_by_the_helper() {
     let p = devices(Mode::Tcp);
-    let mut a = tcp_end_on(&p.0);
-    let mut fake = Fake::dial(&a);
-    fake.connect(&mut a, 4242);
+    let (mut a, mut fake) = end_and_fake(&p.0);
     let (qpn, addr, rkey) = (a.qp.qp_num(), a.addr(), a.key());
     let w = |seq| Frame::Write { dst_qpn: qpn, seq, addr, rkey, len: 8, imm: None, ack_req: true };
-    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     // Polled on with nothing posted: a poll once it was held for ACK_HOLD sends it.
     fake.send(&w(0));
     fake.s.write_all(&[1; 8]).unwrap();
@@ -268,24 +274,17 @@ fn a_held_ack_goes_at_the_next_poll_or_by_the_helper() {
 #[test]
 fn an_unsignalled_post_goes_with_the_next_post_or_poll_or_by_the_helper() {
     let p = devices(Mode::Tcp);
-    let mut a = tcp_end_on(&p.0);
-    let mut fake = Fake::dial(&a);
-    fake.connect(&mut a, 4242);
-    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let seq_of = |f: Frame| match f {
-        Frame::Write { seq, ack_req, .. } => (seq, ack_req),
-        f => panic!("{f:?}"),
-    };
+    let (mut a, mut fake) = end_and_fake(&p.0);
     a.qp.post_send(&[write(1, a.sge(0, 8), 0, 0, false)]).unwrap();
     a.qp.post_send(&[write(2, a.sge(0, 8), 0, 0, true)]).unwrap();
-    assert_eq!(seq_of(fake.recv().0), (0, false));
-    assert_eq!(seq_of(fake.recv().0), (1, true));
+    assert_eq!(write_seq(fake.recv().0), (0, false));
+    assert_eq!(write_seq(fake.recv().0), (1, true));
     a.qp.post_send(&[write(3, a.sge(0, 8), 0, 0, false)]).unwrap();
     a.cq.poll(&mut []).unwrap();
-    assert_eq!(seq_of(fake.recv().0), (2, false));
+    assert_eq!(write_seq(fake.recv().0), (2, false));
     a.qp.post_send(&[write(4, a.sge(0, 8), 0, 0, false)]).unwrap();
     let t = Instant::now();
-    assert_eq!(seq_of(fake.recv().0), (3, false));
+    assert_eq!(write_seq(fake.recv().0), (3, false));
     assert!(t.elapsed() < Duration::from_secs(1), "the helper took {:?}", t.elapsed());
 }
 
@@ -295,23 +294,16 @@ fn an_unsignalled_post_goes_with_the_next_post_or_poll_or_by_the_helper() {
 #[test]
 fn a_deferrable_signalled_post_goes_with_the_next_post_or_poll() {
     let p = devices(Mode::Tcp);
-    let mut a = tcp_end_on(&p.0);
-    let mut fake = Fake::dial(&a);
-    fake.connect(&mut a, 4242);
-    fake.s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    let seq_of = |f: Frame| match f {
-        Frame::Write { seq, ack_req, .. } => (seq, ack_req),
-        f => panic!("{f:?}"),
-    };
+    let (mut a, mut fake) = end_and_fake(&p.0);
     let sge = a.sge(0, 8);
     let deferrable = |id| SendWr { deferrable: true, ..write(id, sge, 0, 0, true) };
     a.qp.post_send(&[deferrable(1)]).unwrap();
     a.qp.post_send(&[write(2, a.sge(0, 8), 0, 0, true)]).unwrap();
-    assert_eq!(seq_of(fake.recv().0), (0, true), "held, then ahead of the next post (still asking for its ACK)");
-    assert_eq!(seq_of(fake.recv().0), (1, true));
+    assert_eq!(write_seq(fake.recv().0), (0, true), "held, then ahead of the next post (still asking for its ACK)");
+    assert_eq!(write_seq(fake.recv().0), (1, true));
     a.qp.post_send(&[deferrable(3)]).unwrap();
     a.cq.poll(&mut []).unwrap();
-    assert_eq!(seq_of(fake.recv().0), (2, true), "or at the next poll");
+    assert_eq!(write_seq(fake.recv().0), (2, true), "or at the next poll");
     fake.send(&Frame::Ack { dst_qpn: a.qp.qp_num(), seq: 2 });
     let mut wc = [Completion::default(); 4];
     let t = Instant::now();
@@ -331,9 +323,7 @@ fn a_deferrable_signalled_post_goes_with_the_next_post_or_poll() {
 #[test]
 fn the_rest_of_a_segment_begun_before_a_fence_does_not_land() {
     let p = devices(Mode::Tcp);
-    let mut a = tcp_end_on(&p.0);
-    let mut fake = Fake::dial(&a);
-    fake.connect(&mut a, 4242);
+    let (mut a, mut fake) = end_and_fake(&p.0);
     let (qpn, addr, rkey) = (a.qp.qp_num(), a.addr(), a.key());
     fake.send(&Frame::Write { dst_qpn: qpn, seq: 0, addr, rkey, len: 4096, imm: None, ack_req: false });
     fake.s.write_all(&[7; 1024]).unwrap();

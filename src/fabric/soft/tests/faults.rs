@@ -62,8 +62,7 @@ fn tcp_drop_imm_places_the_bytes_and_loses_the_imm() {
     let plain = write(2, a.sge(1024, 256), b.addr() + 1024, b.key(), true);
     a.qp.post_send(&[plain, write_imm(3, &a, &b, 2048, 3000, 7)]).unwrap();
     let c = poll_n(&mut a.cq, &mut b.cq, 2);
-    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(got, [(2, WcStatus::Success), (3, WcStatus::RetryExceeded)]);
+    assert_eq!(statuses(&c), [(2, WcStatus::Success), (3, WcStatus::RetryExceeded)]);
     wait_error(&mut b, &mut a);
     let at_b = drain(&mut b.cq, &mut a.cq, 100);
     assert_eq!(imms(&at_b), [1], "the IMM after the hook is never delivered: {at_b:?}");
@@ -87,8 +86,7 @@ fn tcp_drop_ack_executes_the_wr_and_fails_it_at_the_requester() {
     let imm = SendWr { signaled: false, ..write_imm(2, &a, &b, 1024, 4000, 42) };
     a.qp.post_send(&[plain, imm]).unwrap();
     let c = poll_n(&mut a.cq, &mut b.cq, 2);
-    let got: Vec<_> = c.iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::RetryExceeded)]);
+    assert_eq!(statuses(&c), [(1, WcStatus::Success), (2, WcStatus::RetryExceeded)]);
     wait_error(&mut b, &mut a);
     let at_b = drain(&mut b.cq, &mut a.cq, 100);
     assert_eq!(imms(&at_b), [42], "the responder executed the WR in full: {at_b:?}");
