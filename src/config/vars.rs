@@ -131,7 +131,7 @@ pub const VARS: &[VarDoc] = &[
         name: "MPIB_PROBE_INTERVAL_US",
         default: "1000",
         accepted: "0-10000000 (0 = off)",
-        meaning: "probe a rail idle for this long",
+        meaning: "probe a rail idle for this long; one the split keeps idle while clearly slower than the other is probed ever less often, down to every 16 intervals",
     },
     VarDoc {
         name: "MPIB_STATS_FILE",

@@ -249,8 +249,9 @@ pub fn run<P: SplitPolicy>(policy: &mut P, cfg: &SimConfig) -> SimReport {
             break;
         }
         sim.step(t, ev);
+        crate::telemetry::refresh_probe_backoff(&mut sim.tel);
         for r in 0..2 {
-            if sim.tel[r].probe_due(t, cfg.probe_interval_ns) {
+            if sim.tel[r].idle_probe_due(t, cfg.probe_interval_ns) {
                 sim.tel[r].on_probe_post(t);
                 sim.report.probes[r] += 1;
                 sim.enqueue(t, r, Chain { posted_ns: t, bytes: 0, send: PROBE });

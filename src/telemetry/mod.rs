@@ -59,6 +59,33 @@ pub const BASE_WINDOW_NS: u64 = 100_000_000;
 /// followed to within 5 % after 3τ of traffic. Shorter follows faster but lets completion
 /// jitter through, and the split multiplies a rate error by the queue it drains.
 pub const BW_TAU_NS: u64 = 2_000_000;
+/// Idle probes of a rail the split leaves idle back off to at most 2^this times the
+/// configured interval (16 ms at `MPIB_PROBE_INTERVAL_US`'s default 1 ms).
+pub const PROBE_BACKOFF_MAX: u32 = 4;
+
+/// An idle rail whose smoothed RTT is within 1/this of the best other rail's (or not yet
+/// measured) is probed at the configured interval: the split's choice may turn on it.
+const PROBE_CLOSE: u64 = 8;
+
+/// Restores the probe interval of every rail whose estimate came near the best other
+/// rail's (see [`RailTelemetry::idle_probe_due`]): the backoff holds only while the rail
+/// is clearly the worse choice. Call it before the idle-probe checks.
+pub fn refresh_probe_backoff(tel: &mut [RailTelemetry]) {
+    for r in 0..tel.len() {
+        if tel[r].probe_backoff == 0 {
+            continue;
+        }
+        let best_other = (0..tel.len())
+            .filter(|&o| o != r && !tel[o].view.failed && tel[o].view.samples > 0)
+            .map(|o| tel[o].view.srtt_ns)
+            .min();
+        let mine = tel[r].view.srtt_ns;
+        if best_other.is_none_or(|b| mine - mine / PROBE_CLOSE <= b) {
+            tel[r].probe_sooner();
+        }
+    }
+}
+
 /// The congestion signal's floor on its 4·RTTVAR margin, as a fraction of the smoothed
 /// delay (RFC 6298's clock granularity G): on a jitter-free path RTTVAR decays to ~0 and
 /// nanoseconds of noise would otherwise read as congestion.
@@ -196,6 +223,8 @@ pub struct RailTelemetry {
     /// Post time of the outstanding probe.
     probe_posted_ns: Option<u64>,
     last_probe_ns: u64,
+    /// A rail left idle is probed every `interval << probe_backoff` ([`Self::idle_probe_due`]).
+    probe_backoff: u32,
     stats: StatsHandle,
 }
 
@@ -225,6 +254,7 @@ impl RailTelemetry {
             chains: InflightChains::default(),
             probe_posted_ns: None,
             last_probe_ns: 0,
+            probe_backoff: 0,
             stats,
         }
     }
@@ -246,6 +276,7 @@ impl RailTelemetry {
         self.chains.push(Chain { posted_ns: now_ns, bytes, wait_ns: wait, occupancy });
         v.head_chain_bytes = self.chains.oldest_bytes();
         self.last_post_ns = now_ns;
+        self.probe_backoff = 0;
     }
 
     /// A signalled chain completed; `sample.bytes` leave the in-flight count.
@@ -319,6 +350,7 @@ impl RailTelemetry {
             (RttEstimator::default(), RttEstimator::default(), WindowedMin::default(), rate);
         (self.chains, self.probe_posted_ns, self.last_probe_ns) = (InflightChains::default(), None, 0);
         self.last_post_ns = now_ns;
+        self.probe_backoff = 0;
     }
 
     /// Forget `bytes` in flight without a sample (e.g. a flushed chain).
@@ -360,6 +392,25 @@ impl RailTelemetry {
             && now_ns.saturating_sub(self.idle_since_ns()) >= interval_ns
     }
 
+    /// [`Self::probe_due`] for the probes of a rail left idle: the interval doubles with
+    /// each probe the rail answers while nothing is sent on it, up to
+    /// 2^[`PROBE_BACKOFF_MAX`] times `interval_ns`; data posted on the rail, or
+    /// [`Self::probe_sooner`], restore it. On an idle rail the split keeps choosing against,
+    /// probes are what its estimate lives on, and every probe costs both ends a doorbell
+    /// and a completion in the middle of the other rail's traffic (on the soft fabric two
+    /// `sendmsg` and two reads, which stall a round trip between busy-polling processes
+    /// sharing cores: issue 20). Keepalives use [`Self::probe_due`] (their bound is fixed).
+    #[inline]
+    pub fn idle_probe_due(&self, now_ns: u64, interval_ns: u64) -> bool {
+        self.probe_due(now_ns, interval_ns.saturating_mul(1 << self.probe_backoff))
+    }
+
+    /// The rail's idle probes go at the configured interval again (the other rails' RTTs
+    /// came near this one's: see [`refresh_probe_backoff`]).
+    pub fn probe_sooner(&mut self) {
+        self.probe_backoff = 0;
+    }
+
     /// A probe was posted at `now_ns`. Probes are not data: they count in `probes`, not in
     /// the data counters, bytes in flight or the latency statistics.
     pub fn on_probe_post(&mut self, now_ns: u64) {
@@ -373,6 +424,9 @@ impl RailTelemetry {
     pub fn on_probe_complete(&mut self, completed_ns: u64) {
         if let Some(posted) = self.probe_posted_ns.take() {
             self.on_rtt(completed_ns, completed_ns.saturating_sub(posted), 0, 0, Occupancy::Alone);
+            if self.last_post_ns <= posted {
+                self.probe_backoff = (self.probe_backoff + 1).min(PROBE_BACKOFF_MAX);
+            }
         }
     }
 

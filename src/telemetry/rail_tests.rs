@@ -116,6 +116,71 @@ fn probes_only_on_idle_healthy_rails_and_never_count_as_data() {
     assert_eq!(t.stats().counters.errors.get(), 1);
 }
 
+/// One idle probe of `t`, posted when due at `interval` after `from` and answered in `rtt`;
+/// returns when it completed.
+fn probe_when_due(t: &mut RailTelemetry, from: u64, interval: u64, rtt: u64) -> u64 {
+    let mut at = from;
+    while !t.idle_probe_due(at, interval) {
+        at += 1_000;
+    }
+    t.on_probe_post(at);
+    t.on_probe_complete(at + rtt);
+    at + rtt
+}
+
+#[test]
+fn a_rail_left_idle_is_probed_less_often_until_data_or_a_close_rtt_restores_the_interval() {
+    let mut t = tel();
+    let iv = 100_000;
+    // Each probe answered while nothing is sent on the rail doubles the interval, up to
+    // 2^PROBE_BACKOFF_MAX times it.
+    let (mut at, mut gaps) = (0, vec![]);
+    for _ in 0..7 {
+        let done = probe_when_due(&mut t, at, iv, 2_000);
+        gaps.push(done - at - 2_000);
+        at = done - 2_000;
+    }
+    assert_eq!(gaps, [100_000, 200_000, 400_000, 800_000, 1_600_000, 1_600_000, 1_600_000]);
+    assert!(t.probe_due(at + iv, iv), "keepalives keep their own bound");
+    // Data on the rail restores the interval.
+    t.on_post(at + 10_000, 64);
+    t.on_complete(Sample { posted_ns: at + 10_000, completed_ns: at + 15_000, bytes: 64 });
+    assert!(t.idle_probe_due(at + 15_000 + iv, iv));
+    // A probe answered while data was posted does not back off.
+    let mut u = tel();
+    u.on_probe_post(iv);
+    u.on_post(iv + 500, 64);
+    u.on_complete(Sample { posted_ns: iv + 500, completed_ns: iv + 1_500, bytes: 64 });
+    u.on_probe_complete(iv + 2_000);
+    assert!(u.idle_probe_due(iv + 1_500 + iv, iv));
+}
+
+#[test]
+fn the_probe_backoff_holds_only_while_the_idle_rail_is_clearly_slower() {
+    // Rail 0 carries data at ~10 us, rail 1 is probed at ~30 us and backs off.
+    let mut tel = [tel(), tel()];
+    tel[0].on_post(0, 64);
+    tel[0].on_complete(Sample { posted_ns: 0, completed_ns: 10_000, bytes: 64 });
+    let iv = 100_000;
+    let mut at = 0;
+    for _ in 0..3 {
+        at = probe_when_due(&mut tel[1], at, iv, 30_000) - 30_000;
+    }
+    refresh_probe_backoff(&mut tel);
+    assert!(!tel[1].idle_probe_due(at + iv, iv), "backed off: 30 us against 10 us");
+    // The carrying rail slows to within an eighth of the idle one's: probes come at the
+    // configured interval again.
+    for i in 1..40u64 {
+        let p = i * 1_000_000;
+        tel[0].on_post(p, 64);
+        tel[0].on_complete(Sample { posted_ns: p, completed_ns: p + 28_000, bytes: 64 });
+    }
+    assert!(tel[0].view().srtt_ns > 30_000 * 7 / 8, "{:?}", tel[0].view());
+    refresh_probe_backoff(&mut tel);
+    assert!(tel[1].idle_probe_due(at + iv, iv), "close RTTs: the configured interval");
+    assert!(tel[0].idle_probe_due(40_000_000 + iv, iv), "the carrying rail was never backed off");
+}
+
 #[test]
 fn base_latency_comes_from_chains_alone_on_the_rail() {
     // 1 B/ns, 10 us round trip. Teach the rate first (a pipelined burst of 20 ms), so

@@ -337,6 +337,7 @@ impl SendEngine {
         if now_ns < self.probe_check_ns || self.error.is_set() {
             return;
         }
+        crate::telemetry::refresh_probe_backoff(&mut self.tel);
         for rail in 0..RAILS {
             // Not while a signalled WR is out (an empty transfer's carries 0 bytes, so the
             // telemetry's bytes in flight does not see it).
@@ -344,7 +345,7 @@ impl SendEngine {
                 continue;
             }
             let t = &self.tel[rail];
-            let probe = self.cfg.probe_interval_ns > 0 && t.probe_due(now_ns, self.cfg.probe_interval_ns);
+            let probe = self.cfg.probe_interval_ns > 0 && t.idle_probe_due(now_ns, self.cfg.probe_interval_ns);
             // A keepalive goes on a rail that carries this connection's transfers (SOUT
             // before any): one live rail tells a dead receiver, and a rail that carries no
             // bytes sends nothing at all (MPIB_SPLIT=sout leaves SUP silent).

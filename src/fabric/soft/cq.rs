@@ -89,6 +89,7 @@ impl SoftCq {
     #[inline(never)]
     fn step_tcp(&mut self) {
         let Some(port) = &self.port else { return };
+        port.caller_polled();
         match self.links.as_slice() {
             [] => {}
             [one] => {

@@ -7,51 +7,34 @@
 //! - on an event the helper compares the link's `caller_epoch` (and the device's, which
 //!   callers that ask the readiness set bump) with what it saw last time. If a caller moved
 //!   it since, callers are making progress: the helper leaves the socket disarmed and looks
-//!   again after [`IDLE`] (links due within half a period are looked at together). A busy
-//!   NCCL proxy therefore costs the helper one wake-up per `IDLE` per device, not one per
-//!   message, link or connection;
+//!   again at its next sweep (links due within half a period are looked at together). A
+//!   busy NCCL proxy therefore costs the helper one wake-up per `MAX_DEFER` per device (see
+//!   below), not one per message, link or connection;
 //! - once a link's callers have been quiet for a whole `IDLE`, the helper makes the
 //!   progress step itself (read, place, acknowledge, send) and re-arms the socket
 //!   (`EPOLLOUT` too while bytes wait for room), so from then on it serves at full speed;
 //! - while the device has links, every `IDLE` it sweeps them (`Port::sweep`): a link no
 //!   caller stepped is stepped (RNR retries, sends left over), a silent peer is detected,
-//!   a dial refused is tried again, a link that never carried a QP expires.
+//!   a dial refused is tried again, a link that never carried a QP expires. The sweeps
+//!   come from the helper's clock (`clock.rs`), which callers' polls put off: while
+//!   callers poll the device the helper sweeps only every `MAX_DEFER` (100 ms), and not
+//!   at all between, so it takes no CPU from them; once they stop, within `IDLE`.
 //!
 //! The listener is in the set too: the helper accepts connections and reads their HELLO
 //! so a dialer is attached even while the accepting side is busy elsewhere. The set itself
 //! is `watch.rs`; the listener and the links are the device's `Port`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use super::clock::{idle, mono_ns, period};
 use super::conn::Conn;
 use super::link::{Link, Phase};
 use super::port::Port;
-use super::watch::{T_LISTENER, T_WAKE};
+use super::watch::{T_LISTENER, T_TICK, T_WAKE};
 use crate::error::{Error, Result};
-
-/// How long a link's callers must have been quiet before the helper steps in; also the
-/// helper's period for sweeps and pending accepts. Measured with `examples/soft_progress`
-/// on 2 cores, both processes busy-polling: at 1 ms the helpers' ~2000 wake-ups/s cost
-/// ~2.5% of a core and triple the p99 round trip of 8-byte WRITEs (~33 µs against
-/// ~11 µs); at 10 ms they cost ~0.2% and leave the p99 alone. A quiet process's first
-/// request then waits up to 10 ms, later ones are served at once.
-pub const IDLE: Duration = Duration::from_millis(10);
-
-static IDLE_MS: AtomicU64 = AtomicU64::new(IDLE.as_millis() as u64);
-
-/// Changes [`IDLE`] for the whole process (whole milliseconds; 0 = the helper serves every
-/// event at once, even while callers poll). For the `soft_progress` measurements only.
-#[doc(hidden)]
-pub fn set_idle(d: Duration) {
-    IDLE_MS.store(d.as_millis() as u64, Ordering::Relaxed);
-}
-
-fn idle() -> Duration {
-    Duration::from_millis(IDLE_MS.load(Ordering::Relaxed))
-}
 
 /// The running helper thread of a TCP device; stopped and joined by [`Helper::shutdown`].
 pub struct Helper {
@@ -91,19 +74,40 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
     let mut watch: Vec<(usize, Instant)> = Vec::with_capacity(64);
     let mut due: Vec<usize> = Vec::with_capacity(64);
     let mut accepting = false;
-    let mut next_sweep = Instant::now();
     let mut seen_epoll = net.epoll_epoch.load(Ordering::Relaxed);
+    let (mut swept, mut clock_ok) = (false, true);
     while !stop.load(Ordering::Acquire) {
-        let links = !net.links().is_empty();
-        let timeout = if watch.is_empty() && !accepting && !links { -1 } else { idle().as_millis().max(1) as i32 };
+        // The clock runs while there is anything to look at again (watched links, accepts
+        // pending, links to sweep): after each sweep it is set a period on (callers that
+        // poll move it further: `clock.rs`); else the helper sleeps until an event.
+        let looks = !watch.is_empty() || accepting || !net.links().is_empty();
+        if looks && (swept || !w.clock.running()) {
+            match w.clock.swept(mono_ns()) {
+                Ok(()) => clock_ok = true,
+                Err(e) if clock_ok => {
+                    log::warn!("soft fabric {}: the helper's clock: {e}; it looks every period", port.name);
+                    clock_ok = false;
+                }
+                Err(_) => {}
+            }
+        } else if !looks && w.clock.running() {
+            let _ = w.clock.stop();
+        }
+        swept = false;
+        let timeout = if looks && !clock_ok { period().as_millis() as i32 } else { -1 };
         let n = w.wait(&mut events, timeout);
         if stop.load(Ordering::Acquire) {
             break;
         }
         due.clear();
+        let mut tick = n == 0;
         for ev in &events[..n] {
             match ev.u64 {
                 T_WAKE => w.drain_wake(),
+                T_TICK => {
+                    w.clock.drain();
+                    tick = true;
+                }
                 T_LISTENER => accepting = true,
                 t => due.push(t as usize),
             }
@@ -115,25 +119,25 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         // Callers that ask the readiness set serve every link of the device.
         let epoll = net.epoll_epoch.load(Ordering::Relaxed);
         let callers_poll = epoll != seen_epoll && !idle().is_zero();
-        if now >= next_sweep {
+        if tick {
+            swept = true;
             seen_epoll = epoll;
-            next_sweep = now + idle().max(Duration::from_millis(1));
             port.sweep(now, |l| {
                 let e = l.caller_epoch.load(Ordering::Relaxed);
                 let quiet = e == l.swept.swap(e, Ordering::Relaxed);
                 quiet && !callers_poll
             });
+            // Visit every watched link due within half a period: one wake-up serves them
+            // all, however many links the device has.
+            let horizon = now + idle() / 2;
+            watch.retain(|&(t, at)| {
+                let ready = at <= horizon;
+                if ready {
+                    due.push(t);
+                }
+                !ready
+            });
         }
-        // Visit every watched link due within half a period: one wake-up serves them all,
-        // so a device costs one wake-up per IDLE however many links it has.
-        let horizon = now + idle() / 2;
-        watch.retain(|&(t, at)| {
-            let ready = at <= horizon;
-            if ready {
-                due.push(t);
-            }
-            !ready
-        });
         due.sort_unstable();
         due.dedup();
         for &t in &due {
@@ -142,6 +146,7 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
             }
         }
     }
+    let _ = w.clock.stop();
 }
 
 /// Serves link `t` if its callers are quiet. Returns when to look again, if needed.

@@ -27,7 +27,8 @@
 //! addr frame liveness logs mr ring watch
 //!             leaves: interface facts and random names, the wire format, the silent-peer
 //!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets
-//! spin        the spin lock of a connection's state and of a CQ ring's producers
+//! spin clock  the spin lock of a connection's state and of a CQ ring's producers; the
+//!             helper's clock (when it wakes with no event; callers' polls put it off)
 //! ```
 //!
 //! `port`, `link`, `endpoint` (a CQ's attachments) and `watch` hold connections (or links)
@@ -82,7 +83,7 @@
 //! check, place, acknowledge, send, retire) before returning completions. A process that
 //! makes no calls is still served, as a NIC would serve it, by one helper thread per TCP
 //! device that sleeps in `epoll_wait` and steps in only for connections whose callers were
-//! quiet for 10 ms (see `helper.rs`).
+//! quiet for 10 ms (see `helper.rs`); while callers poll, it does not wake at all (`clock.rs`).
 //!
 //! In-process mode has no sockets, no threads and no stream: both ends are in this process,
 //! so `post_send` executes each WR at once against the peer's registration, with the same
@@ -96,6 +97,7 @@
 //! in the send queue), host memory only.
 
 mod addr;
+mod clock;
 mod conn;
 mod cq;
 mod device;
@@ -126,9 +128,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 pub use addr::NOMINAL_SPEED_MBPS;
+pub use clock::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
 pub use cq::{SoftCq, SoftSrq};
 pub use device::{SoftDevice, SoftMr};
-pub use helper::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
 pub use liveness::silent_peer_bound;
 pub use qp::SoftQp;
 

@@ -420,6 +420,14 @@ impl<C: Station> Port<C> {
         }
     }
 
+    /// A caller polled the device's CQs: the helper's next sweep moves away (`clock.rs`).
+    #[inline]
+    pub fn caller_polled(&self) {
+        if let Some(net) = &self.net {
+            net.watcher.clock.caller_polled();
+        }
+    }
+
     /// Callers whose CQ's QPs use several links: steps the links queued to be stepped
     /// again and those whose sockets moved (one `epoll_wait`, whatever the number of links).
     pub fn poll_ready(&self, events: &mut [libc::epoll_event]) {

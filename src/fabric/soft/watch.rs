@@ -11,18 +11,23 @@
 //!   on each (the cost of a poll does not grow with the links or the QPs on them).
 //!
 //! Tokens index a slot table with a free list: adding and forgetting are O(1).
+//!
+//! The helper's set also holds its clock (`clock.rs`).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::clock::HelperClock;
 use crate::error::{Error, Result};
 
 /// The token of the eventfd.
 pub const T_WAKE: u64 = u64::MAX;
 /// The token of the listener.
 pub const T_LISTENER: u64 = u64::MAX - 1;
+/// The token of the helper's clock (see the module documentation).
+pub const T_TICK: u64 = u64::MAX - 2;
 
 struct Watched<T> {
     item: Weak<T>,
@@ -40,6 +45,8 @@ pub struct Watcher<T> {
     epfd: OwnedFd,
     cfd: OwnedFd,
     evfd: OwnedFd,
+    /// The helper's clock, in the helper's set under [`T_TICK`].
+    pub clock: HelperClock,
     listener: i32,
     slab: Mutex<Slots<T>>,
 }
@@ -84,10 +91,13 @@ impl<T> Watcher<T> {
         }
         // SAFETY: just created, owned by nobody else.
         let evfd = unsafe { OwnedFd::from_raw_fd(ev) };
-        let w =
-            Watcher { epfd, cfd, evfd, listener: listener_fd, slab: Mutex::new(Slots { slots: vec![], free: vec![] }) };
+        let clock = HelperClock::new()?;
+        let t = clock.fd();
+        let slab = Mutex::new(Slots { slots: vec![], free: vec![] });
+        let w = Watcher { epfd, cfd, evfd, clock, listener: listener_fd, slab };
         let ep = w.epfd.as_raw_fd();
         let e = ctl(ep, libc::EPOLL_CTL_ADD, ev, libc::EPOLLIN as u32, T_WAKE)
+            .and_then(|_| ctl(ep, libc::EPOLL_CTL_ADD, t, libc::EPOLLIN as u32, T_TICK))
             .and_then(|_| ctl(ep, libc::EPOLL_CTL_ADD, listener_fd, libc::EPOLLIN as u32, T_LISTENER));
         e.map_err(|e| Error::io("soft fabric: epoll_ctl", &e))?;
         Ok(w)
