@@ -405,6 +405,11 @@ impl RailTelemetry {
         self.probe_due(now_ns, interval_ns.saturating_mul(1 << self.probe_backoff))
     }
 
+    /// When the rail's next idle probe is due (ns), with the interval it backed off to.
+    pub fn idle_probe_at(&self, interval_ns: u64) -> u64 {
+        self.idle_since_ns().saturating_add(interval_ns.saturating_mul(1 << self.probe_backoff))
+    }
+
     /// The rail's idle probes go at the configured interval again (the other rails' RTTs
     /// came near this one's: see [`refresh_probe_backoff`]).
     pub fn probe_sooner(&mut self) {

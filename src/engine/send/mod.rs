@@ -372,12 +372,16 @@ impl SendEngine {
         }
         // The next check: the earliest time a rail can owe a probe or a keepalive. A rail
         // that gets neither (probes off, and it carries nothing) sets no time; a rail that
-        // starts to carry resets the check (`post.rs`).
+        // starts to carry resets the check (`post.rs`). A rail whose probes backed off is
+        // looked at again an interval from now (its backoff may end: the other rails' RTTs
+        // move), not at every call.
         let probe_ns = if self.cfg.probe_interval_ns > 0 { self.cfg.probe_interval_ns } else { u64::MAX };
         self.probe_check_ns = (0..RAILS)
             .map(|rail| {
+                let t = &self.tel[rail];
                 let keepalive_ns = if self.carries(rail) { super::KEEPALIVE_NS } else { u64::MAX };
-                self.tel[rail].idle_since_ns().saturating_add(probe_ns.min(keepalive_ns))
+                let recheck = t.idle_since_ns().saturating_add(probe_ns).max(now_ns.saturating_add(probe_ns));
+                t.idle_probe_at(probe_ns).min(recheck).min(t.idle_since_ns().saturating_add(keepalive_ns))
             })
             .min()
             .unwrap_or(0);
