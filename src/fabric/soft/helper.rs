@@ -165,7 +165,7 @@ fn visit(port: &Port<Conn>, t: usize, callers_poll: bool) -> Option<Duration> {
 fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize, idle: Duration) -> Option<Duration> {
     let w = &port.net.as_ref().expect("TCP device").watcher;
     let Some(mut st) = link.try_lock() else { return Some(idle.max(Duration::from_millis(1))) };
-    port.step_locked(link, &mut st, false);
+    let _ = port.step_locked(link, &mut st, false);
     if matches!(st.phase, Phase::Down) {
         return None;
     }

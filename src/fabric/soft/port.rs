@@ -310,7 +310,8 @@ impl<C: Station> Port<C> {
 
     /// One step on a locked link (`by_caller`: a caller's, not the helper's), and what
     /// follows from it: a link broken or unused is closed, work left is queued.
-    pub fn step_locked(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>, by_caller: bool) {
+    /// Returns whether anything moved (bytes read or sent).
+    pub fn step_locked(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>, by_caller: bool) -> bool {
         if by_caller {
             link.caller_epoch.fetch_add(1, Ordering::Relaxed);
         }
@@ -318,7 +319,9 @@ impl<C: Station> Port<C> {
             self.check_dial(link, st);
         }
         let s = st.step(link, by_caller);
+        let moved = s.moved;
         self.finish(link, st, s);
+        moved
     }
 
     /// Sends what is queued on a locked link (a post's doorbell).
@@ -343,11 +346,15 @@ impl<C: Station> Port<C> {
 
     /// A caller's step, unless another thread is on the link (it makes the same progress);
     /// `queue`: then the link is stepped again at the next poll (its event is consumed).
-    pub fn step_try(&self, link: &Arc<Link<C>>, queue: bool) {
+    /// Returns whether anything moved (`true` too when another thread was on the link).
+    pub fn step_try(&self, link: &Arc<Link<C>>, queue: bool) -> bool {
         match link.try_lock() {
             Some(mut st) => self.step_locked(link, &mut st, true),
-            None if queue => self.requeue(link),
-            None => {}
+            None if queue => {
+                self.requeue(link);
+                true
+            }
+            None => true,
         }
     }
 
@@ -428,16 +435,35 @@ impl<C: Station> Port<C> {
         }
     }
 
+    /// A caller whose one link `mine` is cold (`cq.rs`): steps the links whose sockets
+    /// moved since the callers last asked, whichever CQ's they are (an edge taken from the
+    /// callers' set is served by who took it). One non-blocking `epoll_wait`: no socket is
+    /// locked, ~150 ns here against ~480 for a `readv` that finds nothing. Returns whether
+    /// `mine` moved.
+    pub fn step_moved(&self, events: &mut [libc::epoll_event], mine: &Arc<Link<C>>) -> bool {
+        let Some(net) = &self.net else { return false };
+        net.epoll_epoch.fetch_add(1, Ordering::Relaxed);
+        let n = net.watcher.moved(events);
+        let mut moved = false;
+        for ev in &events[..n] {
+            if let Some((link, _)) = net.watcher.get(ev.u64 as usize) {
+                let m = self.step_try(&link, true);
+                moved |= m && Arc::ptr_eq(&link, mine);
+            }
+        }
+        moved
+    }
+
     /// Callers whose CQ's QPs use several links: steps the links queued to be stepped
     /// again and those whose sockets moved (one `epoll_wait`, whatever the number of links).
     pub fn poll_ready(&self, events: &mut [libc::epoll_event]) {
         let Some(net) = &self.net else { return };
-        self.step_again(None);
+        let _ = self.step_again(None);
         net.epoll_epoch.fetch_add(1, Ordering::Relaxed);
         let n = net.watcher.moved(events);
         for ev in &events[..n] {
             if let Some((link, _)) = net.watcher.get(ev.u64 as usize) {
-                self.step_try(&link, true);
+                let _ = self.step_try(&link, true);
             }
         }
     }
@@ -445,21 +471,24 @@ impl<C: Station> Port<C> {
     /// Steps the links queued to be stepped again (before the links a poll steps anyway:
     /// what this poll's steps queue waits for the next poll, so an acknowledgement held at
     /// the end of a poll is not sent alone by the same poll). `skip`: a link the caller
-    /// steps next anyway.
-    pub fn step_again(&self, skip: Option<&Arc<Link<C>>>) {
-        let Some(net) = &self.net else { return };
+    /// steps next anyway; returns whether it was queued (the caller must then step it).
+    pub fn step_again(&self, skip: Option<&Arc<Link<C>>>) -> bool {
+        let Some(net) = &self.net else { return false };
         if !net.any_again.load(Ordering::Acquire) {
-            return;
+            return false;
         }
         net.any_again.store(false, Ordering::Release);
         let again = std::mem::take(&mut *net.again.lock());
+        let mut skipped = false;
         for l in again {
             l.queued.store(false, Ordering::Release);
             if skip.is_some_and(|s| Arc::ptr_eq(s, &l)) {
+                skipped = true;
                 continue;
             }
-            self.step_try(&l, true);
+            let _ = self.step_try(&l, true);
         }
+        skipped
     }
 
     /// The helper, every period: links that are dialing again, silent, orphaned or served
@@ -470,7 +499,9 @@ impl<C: Station> Port<C> {
             let Some(mut st) = l.try_lock() else { continue };
             match st.phase {
                 Phase::Dialing { .. } | Phase::Awaiting if st.unused() => self.close(&l, &mut st),
-                Phase::Dialing { .. } => self.step_locked(&l, &mut st, false),
+                Phase::Dialing { .. } => {
+                    let _ = self.step_locked(&l, &mut st, false);
+                }
                 Phase::Up if !st.used && st.unused() && now.duration_since(st.since) > self.connect_timeout => {
                     let (name, to) = (&self.name, l.remote_addr);
                     self.warn.hello.warn(|| format!("soft fabric {name}: a link from {to} carried no QP; closed"));
@@ -482,7 +513,7 @@ impl<C: Station> Port<C> {
                     } else if quiet(&l) || st.held() {
                         // An acknowledgement or frames held since a caller's step go now,
                         // whether or not callers still poll (they may have stopped since).
-                        self.step_locked(&l, &mut st, false);
+                        let _ = self.step_locked(&l, &mut st, false);
                     }
                 }
                 _ => {}

@@ -408,7 +408,7 @@ impl Conn {
         let link = self.st.lock().link().cloned();
         if let Some(link) = &link {
             let mut ls = link.lock();
-            self.port.step_locked(link, &mut ls, true);
+            let _ = self.port.step_locked(link, &mut ls, true);
             let mut st = self.st.lock();
             match st.phase {
                 Phase::Ready => return Ok(true),

@@ -60,3 +60,73 @@ fn a_wqe_taken_by_a_write_imm_is_never_lost_when_the_qp_fails() {
     assert_eq!(ok + flushed + posted, 2, "every WQE completes or stays posted: {got:?}, posted {posted}");
     drop(bmr);
 }
+
+/// A CQ's one link that stayed quiet for many polls goes cold (its polls ask the readiness
+/// set instead of reading: `cq.rs`, `COLD_STEPS`); what then arrives is still stepped at
+/// once, WRITE_WITH_IMM, its acknowledgement and READ replies, round after round.
+#[test]
+fn a_cold_link_is_stepped_when_its_socket_moves() {
+    let (mut a, mut b) = pair(Mode::Tcp, 4096, ALL);
+    b.srq.post_recv(64).unwrap();
+    fill(a.region(), 3);
+    for round in 0..20u64 {
+        // Long enough quiet on both sides for both links to go cold.
+        for _ in 0..100 {
+            assert_eq!(a.cq.poll(&mut []).unwrap(), 0);
+            assert_eq!(b.cq.poll(&mut []).unwrap(), 0);
+        }
+        let off = round as usize * 8;
+        let mut wr = write(round, a.sge(off, 8), b.addr() + off as u64, b.key(), true);
+        wr.opcode = WrOpcode::WriteImm;
+        wr.imm = round as u32;
+        a.qp.post_send(&[wr]).unwrap();
+        let r = poll_n(&mut b.cq, &mut a.cq, 1);
+        assert_eq!(statuses(&r), [(0, WcStatus::Success)], "round {round}: the WRITE_WITH_IMM arrived");
+        assert_eq!(r[0].imm, round as u32);
+        let c = poll_n(&mut a.cq, &mut b.cq, 1);
+        assert_eq!(statuses(&c), [(round, WcStatus::Success)], "round {round}: acknowledged");
+        let mut read = write(100 + round, a.sge(2048 + off, 8), b.addr() + off as u64, b.key(), true);
+        read.opcode = WrOpcode::Read;
+        a.qp.post_send(&[read]).unwrap();
+        let c = poll_n(&mut a.cq, &mut b.cq, 1);
+        assert_eq!(statuses(&c), [(100 + round, WcStatus::Success)], "round {round}: the READ's reply");
+        let expect = a.region()[off..off + 8].to_vec();
+        assert_eq!(a.region()[2048 + off..2048 + off + 8], expect[..], "round {round}: the bytes read");
+    }
+}
+
+/// Two cold CQs of one device, each with its own link: the edge of one's socket taken by
+/// the other's readiness check is served by the one that took it (else the first CQ would
+/// never hear of its data: its own checks find the edge gone).
+#[test]
+fn an_edge_taken_by_another_cold_cq_of_the_device_is_served() {
+    let p = devices(Mode::Tcp);
+    let third = Arc::new(
+        open(&SoftOptions { connect_timeout: Duration::from_secs(2), ..SoftOptions::tcp("t-c", LOOPBACK) }).unwrap(),
+    );
+    // Device p.0 has two CQs: `one` talks to p.1, `two` to `third` (two links).
+    let (mut one, mut b) = (End::new(p.0.clone(), 4096, ALL), End::new(p.1.clone(), 4096, ALL));
+    let (mut two, mut c) = (End::new(p.0.clone(), 4096, ALL), End::new(third.clone(), 4096, ALL));
+    connect(&mut one, &mut b);
+    connect(&mut two, &mut c);
+    two.srq.post_recv(8).unwrap();
+    for round in 0..5u64 {
+        for _ in 0..100 {
+            for cq in [&mut one.cq, &mut two.cq, &mut b.cq, &mut c.cq] {
+                assert_eq!(cq.poll(&mut []).unwrap(), 0);
+            }
+        }
+        let mut wr = write(round, c.sge(0, 8), two.addr(), two.key(), true);
+        wr.opcode = WrOpcode::WriteImm;
+        c.qp.post_send(&[wr]).unwrap();
+        // `one` polls first and takes the edge of `two`'s link.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(20) {
+            assert_eq!(one.cq.poll(&mut []).unwrap(), 0);
+        }
+        let r = poll_n(&mut two.cq, &mut c.cq, 1);
+        assert_eq!(statuses(&r), [(0, WcStatus::Success)], "round {round}: the WRITE_WITH_IMM reached its CQ");
+        let done = poll_n(&mut c.cq, &mut two.cq, 1);
+        assert_eq!(statuses(&done), [(round, WcStatus::Success)], "round {round}: acknowledged");
+    }
+}
