@@ -7,9 +7,9 @@
 //! - TCP: it steps links, not QPs, so its cost does not grow with the QPs attached. A CQ
 //!   whose QPs are all on one link (one peer) steps that link (one `readv` when nothing
 //!   came), or, once the link has been cold for a few polls, asks the readiness set first
-//!   (see [`COLD_STEPS`]); one whose QPs use several asks the device's readiness set which links moved
-//!   (one non-blocking `epoll_wait`) and steps those, and the links queued to be stepped
-//!   again. QPs whose completions found the ring full are retired again by the next polls.
+//!   (see `COLD_STEPS`); one whose QPs use several asks the device's readiness set which
+//!   links moved (one non-blocking `epoll_wait`) and steps those, and the links queued to be
+//!   stepped again. QPs whose completions found the ring full are retired again by the next polls.
 //! - In-process mode: it steps each attached connection, and its peer, that has work.
 //!
 //! A CQ never overflows: requesters whose completions find it full keep them until it
@@ -60,7 +60,7 @@ pub struct SoftCq {
 /// (~480 ns, and the socket lock the peer's sender needs to deliver). The first step that
 /// moves makes it hot again. An 8-byte ping-pong's link waits ~7 polls per message and
 /// stays hot; the rail that carries nothing (SUP under small sends) goes cold: its polls
-/// were a third of the waiting loop (issue 20: `soft_rtt` median 13.1 → 12.0 µs). 8,
+/// were a third of the waiting loop (issue 20: `soft_rtt` median 13.0 → 12.1 µs). 8,
 /// 32 and 128 measured the same; 2 (the busy link cold too: two system calls per
 /// arrival) slower than none.
 const COLD_STEPS: u32 = 16;
