@@ -402,12 +402,18 @@ impl RailTelemetry {
     /// sharing cores: issue 20). Keepalives use [`Self::probe_due`] (their bound is fixed).
     #[inline]
     pub fn idle_probe_due(&self, now_ns: u64, interval_ns: u64) -> bool {
-        self.probe_due(now_ns, interval_ns.saturating_mul(1 << self.probe_backoff))
+        self.probe_due(now_ns, self.backed_off(interval_ns))
     }
 
     /// When the rail's next idle probe is due (ns), with the interval it backed off to.
     pub fn idle_probe_at(&self, interval_ns: u64) -> u64 {
-        self.idle_since_ns().saturating_add(interval_ns.saturating_mul(1 << self.probe_backoff))
+        self.idle_since_ns().saturating_add(self.backed_off(interval_ns))
+    }
+
+    /// `interval_ns` backed off: times 2^`probe_backoff`.
+    #[inline]
+    fn backed_off(&self, interval_ns: u64) -> u64 {
+        interval_ns.saturating_mul(1 << self.probe_backoff)
     }
 
     /// The rail's idle probes go at the configured interval again (the other rails' RTTs

@@ -380,7 +380,7 @@ impl SendEngine {
             .map(|rail| {
                 let t = &self.tel[rail];
                 let keepalive_ns = if self.carries(rail) { super::KEEPALIVE_NS } else { u64::MAX };
-                let recheck = t.idle_since_ns().saturating_add(probe_ns).max(now_ns.saturating_add(probe_ns));
+                let recheck = t.idle_since_ns().max(now_ns).saturating_add(probe_ns);
                 t.idle_probe_at(probe_ns).min(recheck).min(t.idle_since_ns().saturating_add(keepalive_ns))
             })
             .min()

@@ -6,8 +6,8 @@
 //! time, is the clock. Two rules set it:
 //!
 //! - **Callers that poll keep it away.** A caller's poll of the device's CQs moves the
-//!   deadline to [`IDLE`] after now (at most every quarter period, one clock read per poll
-//!   and one `timerfd_settime` per quarter period), so while callers poll, the helper does
+//!   deadline to [`IDLE`] after now (a clock read every 8th TCP step of a CQ, `cq.rs`, and
+//!   one `timerfd_settime` per quarter period at most), so while callers poll, the helper does
 //!   not wake at all: its sweeps are due only once callers have been quiet for a period,
 //!   which is the bound it keeps. On 2 cores with two busy-polling processes each helper's
 //!   wake-up was a context switch of ~20 µs on the CPU of a caller, 100 a second per
@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::fabric::clock::monotonic_ns;
 
 /// How long a link's callers must have been quiet before the helper steps in; also the
 /// helper's period for sweeps and pending accepts while no caller polls. Measured with
@@ -59,14 +60,6 @@ pub fn idle() -> Duration {
 /// The clock's period: [`idle`], at least [`MIN_PERIOD`].
 pub fn period() -> Duration {
     idle().max(MIN_PERIOD)
-}
-
-/// `CLOCK_MONOTONIC` in nanoseconds (the timerfd's clock; `Instant` does not show it).
-pub fn mono_ns() -> u64 {
-    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: writes the clock into a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
 }
 
 /// The first whole multiple of `step` (ns) after `t`.
@@ -143,12 +136,13 @@ impl HelperClock {
     }
 
     /// A caller polled the device: the helper's next sweep moves to a period from now,
-    /// within [`MAX_DEFER`] of its last (see the module documentation). One clock read; a
-    /// `timerfd_settime` at most every quarter period. With the helper serving every event
+    /// within [`MAX_DEFER`] of its last (see the module documentation). One clock read
+    /// (`fabric::clock`, the timerfd's clock); a `timerfd_settime` at most every quarter
+    /// period. With the helper serving every event
     /// at once (`IDLE` 0) callers keep nothing away.
     #[inline]
     pub fn caller_polled(&self) {
-        self.polled_at(mono_ns());
+        self.polled_at(monotonic_ns());
     }
 
     /// [`Self::caller_polled`] at `now` (ns).
@@ -219,7 +213,7 @@ mod tests {
     #[test]
     fn the_clock_fires() {
         let c = HelperClock::new().unwrap();
-        c.arm(mono_ns() + 1_000_000).unwrap();
+        c.arm(monotonic_ns() + 1_000_000).unwrap();
         let mut fds = libc::pollfd { fd: c.fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one live pollfd.
         let n = unsafe { libc::poll(&mut fds, 1, 5_000) };

@@ -122,7 +122,7 @@ impl SoftCq {
                 let queued = port.step_again(Some(one));
                 let moved = if !queued && self.cold >= COLD_STEPS {
                     // Cold: only the links whose sockets moved are stepped.
-                    port.step_moved(&mut self.events[..], one)
+                    port.step_moved(&mut self.events[..], Some(one))
                 } else {
                     port.step_try(one, false)
                 };

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::clock::{idle, mono_ns, period};
+use super::clock::{idle, period};
 use super::conn::Conn;
 use super::link::{Link, Phase};
 use super::port::Port;
@@ -82,7 +82,7 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         // poll move it further: `clock.rs`); else the helper sleeps until an event.
         let looks = !watch.is_empty() || accepting || !net.links().is_empty();
         if looks && (swept || !w.clock.running()) {
-            match w.clock.swept(mono_ns()) {
+            match w.clock.swept(crate::fabric::clock::monotonic_ns()) {
                 Ok(()) => clock_ok = true,
                 Err(e) if clock_ok => {
                     log::warn!("soft fabric {}: the helper's clock: {e}; it looks every period", port.name);
@@ -100,6 +100,7 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
             break;
         }
         due.clear();
+        // (No event: the period ran out, the fallback when the clock could not be set.)
         let mut tick = n == 0;
         for ev in &events[..n] {
             match ev.u64 {
@@ -159,12 +160,12 @@ fn visit(port: &Port<Conn>, t: usize, callers_poll: bool) -> Option<Duration> {
         w.set_seen(t, epoch);
         return Some(idle);
     }
-    serve(port, &link, t, idle)
+    serve(port, &link, t)
 }
 
-fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize, idle: Duration) -> Option<Duration> {
+fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> Option<Duration> {
     let w = &port.net.as_ref().expect("TCP device").watcher;
-    let Some(mut st) = link.try_lock() else { return Some(idle.max(Duration::from_millis(1))) };
+    let Some(mut st) = link.try_lock() else { return Some(period()) };
     let _ = port.step_locked(link, &mut st, false);
     if matches!(st.phase, Phase::Down) {
         return None;
