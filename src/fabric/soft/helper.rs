@@ -4,15 +4,16 @@
 //!
 //! - every link's socket is in its epoll set with `EPOLLONESHOT`, so an event wakes the
 //!   helper once and the socket stays quiet until the helper re-arms it;
-//! - on an event the helper compares the link's `caller_epoch` (and the device's, which
-//!   callers that ask the readiness set bump) with what it saw last time. If a caller moved
-//!   it since, callers are making progress: the helper leaves the socket disarmed and looks
-//!   again at its next sweep (links due within half a period are looked at together). A
-//!   busy NCCL proxy therefore costs the helper one wake-up per `MAX_DEFER` per device (see
-//!   below), not one per message, link or connection;
-//! - once a link's callers have been quiet for a whole `IDLE`, the helper makes the
-//!   progress step itself (read, place, acknowledge, send) and re-arms the socket
-//!   (`EPOLLOUT` too while bytes wait for room), so from then on it serves at full speed;
+//! - on an event the helper watches for `ASK_AGAIN` (100 µs, asleep) whether callers serve
+//!   the link now: a caller steps it (the link's `caller_epoch` moves) or asks the
+//!   readiness set, whose edges it takes and serves (the device's `epoll_epoch` moves).
+//!   If so, the helper leaves the socket disarmed and looks again at its next sweep (links
+//!   due within half a period are looked at together, the same way). A busy NCCL proxy therefore costs
+//!   the helper one wake-up per `MAX_DEFER` per device (see below), not one per message,
+//!   link or connection;
+//! - else (callers quiet, or busy on other links only) the helper makes the progress step
+//!   itself (read, place, acknowledge, send) and re-arms the socket (`EPOLLOUT` too while
+//!   bytes wait for room), so from then on it serves at full speed;
 //! - while the device has links, every `IDLE` it sweeps them (`Port::sweep`): a link no
 //!   caller stepped is stepped (RNR retries, sends left over), a silent peer is detected,
 //!   a dial refused is tried again, a link that never carried a QP expires. The sweeps
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use super::clock::{idle, period};
 use super::conn::Conn;
-use super::link::{Link, Phase};
+use super::link::{Link, LinkState, Phase};
 use super::port::Port;
 use super::watch::{T_LISTENER, T_TICK, T_WAKE};
 use crate::error::{Error, Result};
@@ -73,6 +74,7 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut watch: Vec<(usize, Instant)> = Vec::with_capacity(64);
     let mut due: Vec<usize> = Vec::with_capacity(64);
+    let mut woken: Vec<(usize, u64, Arc<Link<Conn>>)> = Vec::with_capacity(64);
     let mut accepting = false;
     let mut seen_epoll = net.epoll_epoch.load(Ordering::Relaxed);
     let (mut swept, mut clock_ok) = (false, true);
@@ -141,8 +143,34 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         }
         due.sort_unstable();
         due.dedup();
-        for &t in &due {
-            if let Some(again) = visit(port, t, callers_poll) {
+        // A link is left to callers only if they are seen serving it now: stepping it, or
+        // asking the readiness set (whose edges they take and serve), within ASK_AGAIN.
+        // Not on what they did since the last look: a caller that stepped it once (a
+        // queued step) or asked the set before its bytes came, and is hot on its own link
+        // now, serves it no more; a request on a link whose CQ nobody polls (an idle
+        // communicator's probe) then waited for the sweeps, ~200 ms while a busy caller put
+        // them off.
+        woken.extend(due.iter().filter_map(|&t| w.get(t).map(|l| (t, l.caller_epoch.load(Ordering::Relaxed), l))));
+        let patient = !idle().is_zero();
+        let asked_before = net.epoll_epoch.load(Ordering::Relaxed);
+        if patient && !woken.is_empty() {
+            std::thread::sleep(ASK_AGAIN);
+        }
+        let asked = net.epoll_epoch.load(Ordering::Relaxed) != asked_before;
+        for (t, epoch, link) in woken.drain(..) {
+            let stepped = link.caller_epoch.load(Ordering::Relaxed) != epoch;
+            let again = if patient && stepped {
+                Some(idle())
+            } else if patient && asked {
+                // Callers ask the set but did not step this link: its event may not have
+                // been one they serve (room to write, a close); its next one wakes the
+                // helper again.
+                arm(port, &link, t);
+                Some(idle())
+            } else {
+                serve(port, &link, t)
+            };
+            if let Some(again) = again {
                 watch.push((t, now + again));
             }
         }
@@ -150,29 +178,31 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
     let _ = w.clock.stop();
 }
 
-/// Serves link `t` if its callers are quiet. Returns when to look again, if needed.
-fn visit(port: &Port<Conn>, t: usize, callers_poll: bool) -> Option<Duration> {
-    let w = &port.net.as_ref().expect("TCP device").watcher;
-    let (link, seen) = w.get(t)?;
-    let epoch = link.caller_epoch.load(Ordering::Relaxed);
-    let idle = idle();
-    if (epoch != seen || callers_poll) && !idle.is_zero() {
-        w.set_seen(t, epoch);
-        return Some(idle);
-    }
-    serve(port, &link, t)
-}
+/// How long the helper watches whether callers serve a link it looks at (`run`): a caller
+/// that polls steps its link, or asks the readiness set, every few µs. The helper sleeps
+/// meanwhile: one wake-up more when a link's event woke it, or a sweep found links due.
+const ASK_AGAIN: Duration = Duration::from_micros(100);
 
 fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> Option<Duration> {
-    let w = &port.net.as_ref().expect("TCP device").watcher;
     let Some(mut st) = link.try_lock() else { return Some(period()) };
     let _ = port.step_locked(link, &mut st, false);
+    rearm(port, &mut st, t)
+}
+
+/// Re-arms link `t`'s socket for the helper, unless a caller is on the link (it serves it).
+fn arm(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) {
+    if let Some(mut st) = link.try_lock() {
+        let _ = rearm(port, &mut st, t);
+    }
+}
+
+fn rearm(port: &Port<Conn>, st: &mut LinkState<Conn>, t: usize) -> Option<Duration> {
     if matches!(st.phase, Phase::Down) {
         return None;
     }
     let wants = st.wants_write() || matches!(st.phase, Phase::Dialing { .. });
     let fd = std::os::fd::AsRawFd::as_raw_fd(st.fd.as_ref()?);
     st.out_armed = wants;
-    w.rearm(fd, t, wants);
+    port.net.as_ref().expect("TCP device").watcher.rearm(fd, t, wants);
     None
 }

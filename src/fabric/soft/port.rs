@@ -257,7 +257,7 @@ impl<C: Station> Port<C> {
             let _ = socket2::SockRef::from(&fd).set_tcp_user_timeout(Some(st.bound));
         }
         st.fd = Some(fd);
-        let (token, added) = self.net().watcher.add(link, link.caller_epoch.load(Ordering::Relaxed), raw, write);
+        let (token, added) = self.net().watcher.add(link, raw, write);
         if let Err(e) = added {
             log::warn!("soft fabric {}: epoll_ctl ADD failed ({e}); a link served by its callers only", self.name);
         }
@@ -447,7 +447,7 @@ impl<C: Station> Port<C> {
         let n = net.watcher.moved(events);
         let mut moved = false;
         for ev in &events[..n] {
-            if let Some((link, _)) = net.watcher.get(ev.u64 as usize) {
+            if let Some(link) = net.watcher.get(ev.u64 as usize) {
                 let m = self.step_try(&link, true);
                 moved |= m && mine.is_some_and(|l| Arc::ptr_eq(&link, l));
             }

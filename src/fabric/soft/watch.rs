@@ -31,8 +31,6 @@ pub const T_TICK: u64 = u64::MAX - 2;
 
 struct Watched<T> {
     item: Weak<T>,
-    /// What the helper last saw of the item's caller epoch.
-    seen_epoch: u64,
 }
 
 struct Slots<T> {
@@ -103,12 +101,12 @@ impl<T> Watcher<T> {
         Ok(w)
     }
 
-    /// Adds a socket (`epoch`: its item's caller epoch now) to both sets, armed for the
-    /// helper (`EPOLLOUT` too when `write`); returns its token, and the error if epoll
-    /// refused it (it is then served by its callers only).
-    pub fn add(&self, item: &Arc<T>, epoch: u64, fd: i32, write: bool) -> (usize, std::io::Result<()>) {
+    /// Adds a socket to both sets, armed for the helper (`EPOLLOUT` too when `write`);
+    /// returns its token, and the error if epoll refused it (it is then served by its
+    /// callers only).
+    pub fn add(&self, item: &Arc<T>, fd: i32, write: bool) -> (usize, std::io::Result<()>) {
         let mut s = self.slab.lock();
-        let entry = Watched { item: Arc::downgrade(item), seen_epoch: epoch };
+        let entry = Watched { item: Arc::downgrade(item) };
         let token = match s.free.pop() {
             Some(i) => {
                 s.slots[i] = Some(entry);
@@ -148,18 +146,10 @@ impl<T> Watcher<T> {
         let _ = ctl(self.epfd.as_raw_fd(), libc::EPOLL_CTL_MOD, self.listener, ev, T_LISTENER);
     }
 
-    /// The item of `token` (if it is still alive) and the caller epoch last seen of it.
-    pub fn get(&self, token: usize) -> Option<(Arc<T>, u64)> {
+    /// The item of `token` (if it is still alive).
+    pub fn get(&self, token: usize) -> Option<Arc<T>> {
         let s = self.slab.lock();
-        let e = s.slots.get(token)?.as_ref()?;
-        Some((e.item.upgrade()?, e.seen_epoch))
-    }
-
-    /// Records the caller epoch seen of `token`'s item.
-    pub fn set_seen(&self, token: usize, epoch: u64) {
-        if let Some(Some(e)) = self.slab.lock().slots.get_mut(token) {
-            e.seen_epoch = epoch;
-        }
+        s.slots.get(token)?.as_ref()?.item.upgrade()
     }
 
     /// The helper: waits for events (`timeout` ms, -1: forever); returns how many.
@@ -202,13 +192,13 @@ mod tests {
         let w: Watcher<u32> = Watcher::new(a.as_raw_fd()).unwrap();
         let items: Vec<Arc<u32>> = (0..3).map(Arc::new).collect();
         let socks: Vec<_> = (0..3).map(|_| std::os::unix::net::UnixStream::pair().unwrap()).collect();
-        let toks: Vec<usize> = items.iter().zip(&socks).map(|(i, s)| w.add(i, 0, s.0.as_raw_fd(), false).0).collect();
+        let toks: Vec<usize> = items.iter().zip(&socks).map(|(i, s)| w.add(i, s.0.as_raw_fd(), false).0).collect();
         assert_eq!(toks, [0, 1, 2]);
         w.forget(toks[1], socks[1].0.as_raw_fd());
         assert!(w.get(toks[1]).is_none());
-        assert_eq!(*w.get(toks[0]).unwrap().0, 0);
-        assert_eq!(*w.get(toks[2]).unwrap().0, 2);
-        let again = w.add(&items[1], 0, socks[1].0.as_raw_fd(), false).0;
+        assert_eq!(*w.get(toks[0]).unwrap(), 0);
+        assert_eq!(*w.get(toks[2]).unwrap(), 2);
+        let again = w.add(&items[1], socks[1].0.as_raw_fd(), false).0;
         assert_eq!(again, 1, "the freed slot is taken again");
         // The callers' set reports a socket with bytes to read.
         use std::io::Write;
