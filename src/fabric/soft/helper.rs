@@ -74,6 +74,7 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut watch: Vec<(usize, Instant)> = Vec::with_capacity(64);
     let mut due: Vec<usize> = Vec::with_capacity(64);
+    let mut evented: Vec<usize> = Vec::with_capacity(64);
     let mut woken: Vec<(usize, u64, Arc<Link<Conn>>)> = Vec::with_capacity(64);
     let mut accepting = false;
     let mut seen_epoll = net.epoll_epoch.load(Ordering::Relaxed);
@@ -122,6 +123,9 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         // Callers that ask the readiness set serve every link of the device.
         let epoll = net.epoll_epoch.load(Ordering::Relaxed);
         let callers_poll = epoll != seen_epoll && !idle().is_zero();
+        evented.clear();
+        evented.extend_from_slice(&due);
+        evented.sort_unstable();
         if tick {
             swept = true;
             seen_epoll = epoll;
@@ -162,10 +166,13 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
             let again = if patient && stepped {
                 Some(idle())
             } else if patient && asked {
-                // Callers ask the set but did not step this link: its event may not have
-                // been one they serve (room to write, a close); its next one wakes the
-                // helper again.
-                arm(port, &link, t);
+                // Callers ask the set but did not step this link: the event that woke the
+                // helper may not have been one they serve (room to write); its next one
+                // wakes the helper again. (A link looked at by a sweep stays disarmed:
+                // re-armed, each of its events would wake the helper while callers serve it.)
+                if evented.binary_search(&t).is_ok() {
+                    arm(port, &link, t);
+                }
                 Some(idle())
             } else {
                 serve(port, &link, t)
