@@ -8,9 +8,9 @@
 //!   the link now: a caller steps it (the link's `caller_epoch` moves) or asks the
 //!   readiness set, whose edges it takes and serves (the device's `epoll_epoch` moves).
 //!   If so, the helper leaves the socket disarmed and looks again at its next sweep (links
-//!   due within half a period are looked at together, the same way). A busy NCCL proxy therefore costs
-//!   the helper one wake-up per `MAX_DEFER` per device (see below), not one per message,
-//!   link or connection;
+//!   due within half a period are looked at together, the same way). A busy NCCL proxy
+//!   therefore costs the helper one wake-up per `MAX_DEFER` per device (see below), not one
+//!   per message, link or connection;
 //! - else (callers quiet, or busy on other links only) the helper makes the progress step
 //!   itself (read, place, acknowledge, send) and re-arms the socket (`EPOLLOUT` too while
 //!   bytes wait for room), so from then on it serves at full speed;
@@ -193,23 +193,25 @@ const ASK_AGAIN: Duration = Duration::from_micros(100);
 fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> Option<Duration> {
     let Some(mut st) = link.try_lock() else { return Some(period()) };
     let _ = port.step_locked(link, &mut st, false);
-    rearm(port, &mut st, t)
+    rearm(port, &mut st, t);
+    None
 }
 
 /// Re-arms link `t`'s socket for the helper, unless a caller is on the link (it serves it).
 fn arm(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) {
     if let Some(mut st) = link.try_lock() {
-        let _ = rearm(port, &mut st, t);
+        rearm(port, &mut st, t);
     }
 }
 
-fn rearm(port: &Port<Conn>, st: &mut LinkState<Conn>, t: usize) -> Option<Duration> {
+/// Re-arms a locked link's socket (`EPOLLOUT` too while bytes wait for room or a dial is
+/// under way); a link down has none.
+fn rearm(port: &Port<Conn>, st: &mut LinkState<Conn>, t: usize) {
+    let Some(fd) = st.fd.as_ref().map(std::os::fd::AsRawFd::as_raw_fd) else { return };
     if matches!(st.phase, Phase::Down) {
-        return None;
+        return;
     }
     let wants = st.wants_write() || matches!(st.phase, Phase::Dialing { .. });
-    let fd = std::os::fd::AsRawFd::as_raw_fd(st.fd.as_ref()?);
     st.out_armed = wants;
     port.net.as_ref().expect("TCP device").watcher.rearm(fd, t, wants);
-    None
 }
