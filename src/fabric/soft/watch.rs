@@ -29,12 +29,9 @@ pub const T_LISTENER: u64 = u64::MAX - 1;
 /// The token of the helper's clock (see the module documentation).
 pub const T_TICK: u64 = u64::MAX - 2;
 
-struct Watched<T> {
-    item: Weak<T>,
-}
-
 struct Slots<T> {
-    slots: Vec<Option<Watched<T>>>,
+    /// The watched items by token (weak: the item's owners decide how long it lives).
+    slots: Vec<Option<Weak<T>>>,
     free: Vec<usize>,
 }
 
@@ -106,7 +103,7 @@ impl<T> Watcher<T> {
     /// callers only).
     pub fn add(&self, item: &Arc<T>, fd: i32, write: bool) -> (usize, std::io::Result<()>) {
         let mut s = self.slab.lock();
-        let entry = Watched { item: Arc::downgrade(item) };
+        let entry = Arc::downgrade(item);
         let token = match s.free.pop() {
             Some(i) => {
                 s.slots[i] = Some(entry);
@@ -149,7 +146,7 @@ impl<T> Watcher<T> {
     /// The item of `token` (if it is still alive).
     pub fn get(&self, token: usize) -> Option<Arc<T>> {
         let s = self.slab.lock();
-        s.slots.get(token)?.as_ref()?.item.upgrade()
+        s.slots.get(token)?.as_ref()?.upgrade()
     }
 
     /// The helper: waits for events (`timeout` ms, -1: forever); returns how many.
