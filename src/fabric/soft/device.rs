@@ -79,6 +79,13 @@ impl SoftDevice {
         let w = &self.port.warn;
         [&w.accept, &w.hello, &w.stray, &w.qp, &w.link].iter().map(|l| l.written()).sum()
     }
+
+    /// TCP: how many times the helper thread waited to see whether callers serve the links
+    /// it looked at (each wait is `ASK_AGAIN`, 100 µs).
+    #[doc(hidden)]
+    pub fn helper_asks(&self) -> u64 {
+        self.port.net.as_ref().map_or(0, |n| n.helper_asks.load(std::sync::atomic::Ordering::Relaxed))
+    }
 }
 
 impl Drop for SoftDevice {

@@ -83,6 +83,9 @@ pub struct Net<C: Station> {
     any_again: AtomicBool,
     /// Bumped by every poll that asks the callers' readiness set: callers serve all links.
     pub epoll_epoch: AtomicU64,
+    /// How many times the helper waited (`ASK_AGAIN`, `helper.rs`) to see whether callers
+    /// serve the links it looked at.
+    pub helper_asks: AtomicU64,
 }
 
 struct Acceptor<C: Station> {
@@ -125,6 +128,7 @@ impl<C: Station> Net<C> {
             again: Mutex::new(Vec::new()),
             any_again: AtomicBool::new(false),
             epoll_epoch: AtomicU64::new(0),
+            helper_asks: AtomicU64::new(0),
         })
     }
 
