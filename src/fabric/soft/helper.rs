@@ -107,6 +107,8 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         if stop.load(Ordering::Acquire) {
             break;
         }
+        // A signal this thread handled: nothing happened, nothing is due.
+        let Some(n) = n else { continue };
         due.clear();
         // (No event: the period ran out, the fallback when the clock could not be set.)
         let mut tick = n == 0;

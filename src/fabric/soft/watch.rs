@@ -149,11 +149,13 @@ impl<T> Watcher<T> {
         s.slots.get(token)?.as_ref()?.upgrade()
     }
 
-    /// The helper: waits for events (`timeout` ms, -1: forever); returns how many.
-    pub fn wait(&self, events: &mut [libc::epoll_event], timeout: i32) -> usize {
+    /// The helper: waits for events (`timeout` ms, -1: forever); returns how many (0: the
+    /// timeout ran out), `None` when the wait ended without either (a signal handled by
+    /// this thread: `EINTR`), which is neither an event nor the period's end.
+    pub fn wait(&self, events: &mut [libc::epoll_event], timeout: i32) -> Option<usize> {
         // SAFETY: `events` is a live array of the length passed.
         let n = unsafe { libc::epoll_wait(self.epfd.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, timeout) };
-        n.max(0) as usize
+        usize::try_from(n).ok()
     }
 
     /// A caller: the links whose sockets moved since the last call (never waits).
@@ -204,5 +206,45 @@ mod tests {
         let n = w.moved(&mut ev);
         assert!(ev[..n].iter().any(|e| e.u64 == 2 && e.events & libc::EPOLLIN as u32 != 0));
         drop(b);
+    }
+
+    extern "C" fn on_signal(_: libc::c_int) {}
+
+    /// A signal handled by the waiting thread ends its wait as neither an event nor a
+    /// timeout (before: as a timeout, so the helper swept at every signal).
+    #[test]
+    fn a_signal_is_neither_an_event_nor_the_timeout() {
+        // SAFETY: installs a handler that does nothing for SIGURG (by default ignored, and
+        // then it would not interrupt a wait); no SA_RESTART (epoll_wait never restarts).
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as *const () as usize;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGURG, &sa, std::ptr::null_mut()), 0);
+        }
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let w: Arc<Watcher<u32>> = Arc::new(Watcher::new(a.as_raw_fd()).unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || {
+            // SAFETY: the calling thread's own id.
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 8];
+            w2.wait(&mut ev, 10_000)
+        });
+        let id = rx.recv().unwrap();
+        let start = std::time::Instant::now();
+        // Signals until the thread is seen to have left its wait (the first may come
+        // before it entered it).
+        while !t.is_finished() {
+            // SAFETY: `id` is a live thread's (it has not been joined).
+            assert_eq!(unsafe { libc::pthread_kill(id, libc::SIGURG) }, 0);
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            assert!(start.elapsed() < std::time::Duration::from_secs(5), "the signal did not end the wait");
+        }
+        assert_eq!(t.join().unwrap(), None);
+        // And the timeout is still told apart: 0 events.
+        let mut ev = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        assert_eq!(w.wait(&mut ev, 1), Some(0));
     }
 }
