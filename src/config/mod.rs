@@ -121,6 +121,8 @@ pub struct Config {
     pub rtt_beta: f64,
     /// 0 = no probes.
     pub probe_interval_us: u64,
+    /// Idle probes per second per NIC (0 = no cap).
+    pub probe_rate: u64,
     pub stats_file: Option<String>,
     pub stats_interval_ms: u64,
     pub soft_sout_addr: Option<RailAddr>,
@@ -165,6 +167,7 @@ impl Default for Config {
             rtt_alpha: 0.125,
             rtt_beta: 0.25,
             probe_interval_us: 1000,
+            probe_rate: 10_000,
             stats_file: None,
             stats_interval_ms: 1000,
             soft_sout_addr: None,
@@ -253,6 +256,7 @@ impl Config {
                 "MPIB_RTT_ALPHA" => parse_gain(value).map(|g| c.rtt_alpha = g),
                 "MPIB_RTT_BETA" => parse_gain(value).map(|g| c.rtt_beta = g),
                 "MPIB_PROBE_INTERVAL_US" => parse_int(value, 0, 10_000_000).map(|n| c.probe_interval_us = n as u64),
+                "MPIB_PROBE_RATE" => parse_int(value, 0, 10_000_000).map(|n| c.probe_rate = n as u64),
                 "MPIB_STATS_FILE" => {
                     c.stats_file = (!value.is_empty()).then(|| value.to_string());
                     Ok(())
@@ -332,7 +336,7 @@ impl fmt::Display for Config {
         write!(
             f,
             "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} relaxed_ordering={:?} split={split} split_min_bytes={} qps=sout:{}/sup:{} srq_depth={} \
-             gid_index={} tc={} sl={} timeout={} retry_cnt={} rtt_alpha={} rtt_beta={} probe_interval_us={} \
+             gid_index={} tc={} sl={} timeout={} retry_cnt={} rtt_alpha={} rtt_beta={} probe_interval_us={} probe_rate={} \
              stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={}",
             self.fabric,
             self.hca_filter.as_ref().map_or("all".to_string(), |h| format!("{h} ({})", self.hca_filter_var)),
@@ -352,6 +356,7 @@ impl fmt::Display for Config {
             self.rtt_alpha,
             self.rtt_beta,
             self.probe_interval_us,
+            self.probe_rate,
             self.stats_file.as_deref().map_or("off".to_string(), |f| if f.len() > SHOWN_BYTES {
                 shown(f)
             } else {

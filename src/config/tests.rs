@@ -88,6 +88,10 @@ fn integers_checked_against_range() {
     assert!(e.contains("from 10"), "{e}");
     let e = one_error(&[("MPIB_PROBE_INTERVAL_US", "1e3")]);
     assert!(e.contains("integer"), "{e}");
+    assert_eq!(parse(&[]).unwrap().probe_rate, 10_000);
+    assert_eq!(parse(&[("MPIB_PROBE_RATE", "0")]).unwrap().probe_rate, 0);
+    let e = one_error(&[("MPIB_PROBE_RATE", "-1")]);
+    assert!(e.contains("MPIB_PROBE_RATE") && e.contains("from 0 to 10000000"), "{e}");
 }
 
 #[test]

@@ -134,6 +134,12 @@ pub const VARS: &[VarDoc] = &[
         meaning: "probe a rail idle for this long; one the split keeps idle while clearly slower than the other is probed ever less often, down to every 16 intervals",
     },
     VarDoc {
+        name: "MPIB_PROBE_RATE",
+        default: "10000",
+        accepted: "0-10000000 (0 = no cap)",
+        meaning: "idle probes per second per NIC, all of the process's connections on it together (bursts of 10 ms's worth); a connection refused probes an interval later; keepalives are not capped",
+    },
+    VarDoc {
         name: "MPIB_STATS_FILE",
         default: "(off)",
         accepted: "a path; %p = pid",

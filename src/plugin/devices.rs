@@ -7,7 +7,7 @@
 //! NCCL registers through several devices on one NIC costs one NIC registration.
 
 use std::ffi::{CStr, CString};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::discover::NicMeta;
 use super::mr::{MrCache, MrHandle, MrInfo};
@@ -15,21 +15,31 @@ use super::{MAX_RECVS, Properties};
 use crate::engine::RAILS;
 use crate::error::{Error, Result};
 use crate::fabric::{Device, MemTypes, MrKeys};
+use crate::telemetry::ProbeBudget;
 
 /// Largest single send or receive NCCL may hand the plugin (1 GiB, NCCL_MAX_NET_SIZE);
 /// `test` reports sizes as `int`, so nothing above `i32::MAX` can be accepted anyway.
 pub const MAX_P2P_BYTES: usize = 1 << 30;
 
-/// One opened NIC (a port), its registration cache and what is known of it.
+/// One opened NIC (a port), its registration cache, its idle-probe budget and what is known
+/// of it.
 pub struct Nic<D: Device> {
     pub dev: Arc<D>,
     cache: MrCache<D>,
+    /// Shared by every connection of the process on this NIC (made at the first).
+    probe_budget: OnceLock<Arc<ProbeBudget>>,
     pub meta: NicMeta,
 }
 
 impl<D: Device> Nic<D> {
     pub fn new(dev: Arc<D>, meta: NicMeta) -> Self {
-        Nic { cache: MrCache::new(dev.clone()), dev, meta }
+        Nic { cache: MrCache::new(dev.clone()), dev, probe_budget: OnceLock::new(), meta }
+    }
+
+    /// The NIC's idle-probe budget, `per_second` (`MPIB_PROBE_RATE`, the same for every
+    /// connection: the configuration is read once) when the first connection makes it.
+    pub fn probe_budget(&self, per_second: u64) -> Arc<ProbeBudget> {
+        self.probe_budget.get_or_init(|| Arc::new(ProbeBudget::per_second(per_second))).clone()
     }
 
     /// `device:port`.

@@ -297,6 +297,7 @@ impl<D: Device> Connecting<D> {
             scratch_rkeys: reply.scratch_rkeys,
             max_inline,
             probe_interval_ns: self.p.probe_interval_ns,
+            probe_budgets: self.pair.nics().each_ref().map(|n| n.probe_budget(self.p.cfg.probe_rate)),
         };
         let mut engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
         engine.set_failover(failover_config(

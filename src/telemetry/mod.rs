@@ -6,9 +6,9 @@
 //! Sans-IO: every time is an input (`now_ns` from one clock read per post/poll batch, or a
 //! device completion timestamp), so tests drive it with a fake clock. One file per concern:
 //! `rtt` (SRTT/RTTVAR), `window_min` (base latency), `rate` (delivery rate), `histogram`
-//! (latency percentiles), `counter` + `stats` (single-writer published figures),
-//! `registry` (process-wide totals), `export` (the statistics file), `inflight` (the
-//! chains on the wire).
+//! (latency percentiles), `counter` + `stats` (single-writer published figures), `budget`
+//! (the idle-probe budget a NIC's connections share), `registry` (process-wide totals),
+//! `export` (the statistics file), `inflight` (the chains on the wire).
 //!
 //! How the engine drives it, per rail of each connection (one clock read per batch):
 //!
@@ -23,13 +23,16 @@
 //!            data chain ok:  tel[r].on_complete(Sample { posted_ns, completed_ns: now, bytes })
 //!            probe ok:       tel[r].on_probe_complete(now)
 //!            any error:      tel[r].on_error(); tel[r].on_abandon(bytes) for each lost chain
-//! idle:      if tel[r].probe_due(now, cfg.probe_interval_us * 1000) {
-//!                post a small signalled RDMA WRITE without IMM; tel[r].on_probe_post(now) }
+//! idle:      if tel[r].idle_probe_due(now, cfg.probe_interval_us * 1000) {
+//!                if nic_budget[r].take(now) {       // ProbeBudget: MPIB_PROBE_RATE per NIC
+//!                    post a small signalled RDMA WRITE without IMM; tel[r].on_probe_post(now)
+//!                } else { tel[r].on_probe_refused(now, interval) } }
 //! receiver:  stats = StatsHandle::register(r); stats.count_cqes(n); stats.count_rnr(n)
 //! close:     drop the telemetry / handles (figures fold into the totals); stats_flush_now()
 //! init:      start_stats_export(cfg)    finalize: stats_flush_now()
 //! ```
 
+mod budget;
 mod counter;
 mod export;
 mod histogram;
@@ -40,6 +43,7 @@ mod rtt;
 mod stats;
 mod window_min;
 
+pub use budget::ProbeBudget;
 pub use counter::Counter;
 pub use export::{format_stats, start_stats_export, stats_flush_now, write_atomic};
 pub use histogram::{LatencyHistogram, LatencySummary};
@@ -225,6 +229,8 @@ pub struct RailTelemetry {
     last_probe_ns: u64,
     /// A rail left idle is probed every `interval << probe_backoff` ([`Self::idle_probe_due`]).
     probe_backoff: u32,
+    /// The NIC's probe budget refused an idle probe: the next is not due before this.
+    probe_deferred_ns: u64,
     stats: StatsHandle,
 }
 
@@ -255,6 +261,7 @@ impl RailTelemetry {
             probe_posted_ns: None,
             last_probe_ns: 0,
             probe_backoff: 0,
+            probe_deferred_ns: 0,
             stats,
         }
     }
@@ -400,14 +407,23 @@ impl RailTelemetry {
     /// and a completion in the middle of the other rail's traffic (on the soft fabric two
     /// `sendmsg` and two reads, which stall a round trip between busy-polling processes
     /// sharing cores: issue 20). Keepalives use [`Self::probe_due`] (their bound is fixed).
+    /// A probe the NIC's budget refused ([`Self::on_probe_refused`]) is tried again no
+    /// sooner than an interval later.
     #[inline]
     pub fn idle_probe_due(&self, now_ns: u64, interval_ns: u64) -> bool {
-        self.probe_due(now_ns, self.backed_off(interval_ns))
+        now_ns >= self.probe_deferred_ns && self.probe_due(now_ns, self.backed_off(interval_ns))
     }
 
     /// When the rail's next idle probe is due (ns), with the interval it backed off to.
     pub fn idle_probe_at(&self, interval_ns: u64) -> u64 {
-        self.idle_since_ns().saturating_add(self.backed_off(interval_ns))
+        self.idle_since_ns().saturating_add(self.backed_off(interval_ns)).max(self.probe_deferred_ns)
+    }
+
+    /// The NIC's probe budget ([`ProbeBudget`]) refused the idle probe due at `now_ns`: the
+    /// next is tried an interval (as backed off) later. Keepalives are not deferred: their
+    /// bound stands on the rail's idle time alone.
+    pub fn on_probe_refused(&mut self, now_ns: u64, interval_ns: u64) {
+        self.probe_deferred_ns = now_ns.saturating_add(self.backed_off(interval_ns));
     }
 
     /// `interval_ns` backed off: times 2^`probe_backoff`.

@@ -2,6 +2,8 @@
 //! split of each send immediately before posting, emits one chain per active rail (nothing
 //! on an inactive rail), and completes sends when every active rail's signalled WR did.
 
+use std::sync::Arc;
+
 use super::failover::Failover;
 use super::layout::{CtsEntry, MAX_RECVS, SLOTS, SendMemory};
 use super::{
@@ -11,7 +13,7 @@ use super::{
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
 use crate::split::AnySplit;
-use crate::telemetry::{RailTelemetry, Sample};
+use crate::telemetry::{ProbeBudget, RailTelemetry, Sample};
 
 mod failover;
 mod post;
@@ -37,6 +39,8 @@ pub struct SendConfig {
     pub max_inline: u32,
     /// Probe a rail idle for this long (0 = never).
     pub probe_interval_ns: u64,
+    /// Each rail's NIC's probe budget, shared with the other connections on that NIC.
+    pub probe_budgets: [Arc<ProbeBudget>; RAILS],
 }
 
 /// One send as NCCL gave it.
@@ -345,14 +349,21 @@ impl SendEngine {
                 continue;
             }
             let t = &self.tel[rail];
-            let probe = self.cfg.probe_interval_ns > 0 && t.idle_probe_due(now_ns, self.cfg.probe_interval_ns);
             // A keepalive goes on a rail that carries this connection's transfers (SOUT
             // before any): one live rail tells a dead receiver, and a rail that carries no
-            // bytes sends nothing at all (MPIB_SPLIT=sout leaves SUP silent).
+            // bytes sends nothing at all (MPIB_SPLIT=sout leaves SUP silent). It is not
+            // budgeted; an idle probe is, against every connection's on the rail's NIC.
             let keepalive =
                 waiting == CallerWaits::Yes && self.carries(rail) && t.probe_due(now_ns, super::KEEPALIVE_NS);
-            if !(probe || keepalive) {
-                continue;
+            if !keepalive {
+                let interval = self.cfg.probe_interval_ns;
+                if interval == 0 || !t.idle_probe_due(now_ns, interval) {
+                    continue;
+                }
+                if !self.cfg.probe_budgets[rail].take(now_ns) {
+                    self.tel[rail].on_probe_refused(now_ns, interval);
+                    continue;
+                }
             }
             let c: &mut Chain = out.push(rail, QpRef::Data(0));
             c.push(SendWr {

@@ -5,6 +5,7 @@
 #![allow(dead_code)] // some helpers serve only part of the suites
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::engine::imm::Imm;
 use crate::engine::layout::{CTS_FIFO_BYTES, RECORDS_BYTES};
@@ -13,7 +14,7 @@ use crate::engine::{
 };
 use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::split::AnySplit;
-use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
+use crate::telemetry::{ProbeBudget, RailTelemetry, StatsHandle, TelemetryConfig};
 
 pub use super::memory::*;
 pub use crate::engine::{CallerWaits, RailMask};
@@ -112,6 +113,8 @@ pub struct Opts {
     pub rails_mask: RailMask,
     /// The sender's inline limit (0: nothing is posted inline).
     pub max_inline: u32,
+    /// The probe budgets of the sender's rails' NICs (unlimited unless a test shares one).
+    pub probe_budgets: [Arc<ProbeBudget>; RAILS],
 }
 
 impl Default for Opts {
@@ -125,6 +128,7 @@ impl Default for Opts {
             probe_ns: 0,
             rails_mask: RailMask::BOTH,
             max_inline: 0,
+            probe_budgets: [Arc::new(ProbeBudget::unlimited()), Arc::new(ProbeBudget::unlimited())],
         }
     }
 }
@@ -155,6 +159,7 @@ impl Pair {
                 scratch_rkeys: [31, 32],
                 max_inline: o.max_inline,
                 probe_interval_ns: o.probe_ns,
+                probe_budgets: o.probe_budgets,
             },
             o.split,
             [tel(), tel()],

@@ -3,10 +3,13 @@
 //! time, never while the rail has a transfer in flight; its completion is an RTT sample. At
 //! the receiver it is invisible: no SRQ WQE, no CQE, no IMM. Off when the interval is 0.
 
+use std::sync::Arc;
+
 use super::harness::*;
 use crate::engine::{QpRef, RAILS, RailCounts, SOUT, SUP, WrKind};
 use crate::fabric::WrOpcode;
 use crate::split::{AnySplit, Fixed};
+use crate::telemetry::ProbeBudget;
 
 const INTERVAL: u64 = 10_000;
 
@@ -167,4 +170,81 @@ fn a_probe_and_data_on_the_same_qp_complete_independently() {
     // Probes never show up as IMMs.
     assert_eq!(p.s.counters()[SOUT].imm_sent, 1);
     assert_eq!(p.s.counters()[SOUT].zero_byte_imm + p.s.counters()[SUP].zero_byte_imm, 0);
+}
+
+/// Connections probing every `interval` whose rails' NICs share one probe budget
+/// (`MPIB_PROBE_RATE`).
+fn sharing(n: usize, interval: u64, per_second: u64) -> Vec<Pair> {
+    let budgets = [Arc::new(ProbeBudget::per_second(per_second)), Arc::new(ProbeBudget::per_second(per_second))];
+    (0..n)
+        .map(|_| {
+            Pair::new(Opts {
+                probe_ns: interval,
+                split: AnySplit::Fixed(Fixed::percent(50)),
+                probe_budgets: budgets.clone(),
+                ..Opts::default()
+            })
+        })
+        .collect()
+}
+
+/// Every connection probes (and its probes complete) at every `step` from `from` to `to`:
+/// the probes each one sent on each rail.
+fn probe_for(pairs: &mut [Pair], from: u64, to: u64, step: u64) -> Vec<[u64; RAILS]> {
+    let mut now = from;
+    while now < to {
+        for p in pairs.iter_mut() {
+            probe_at(p, now);
+            p.deliver_all();
+            p.poll_send().unwrap();
+        }
+        now += step;
+    }
+    pairs.iter().map(|p| [p.s.counters()[SOUT].probes, p.s.counters()[SUP].probes]).collect()
+}
+
+#[test]
+fn connections_sharing_a_nic_probe_within_its_budget_and_each_gets_a_turn() {
+    // 100 connections, each due a probe per rail every 10 µs: 10 M a second per rail
+    // wanted; the NICs allow 1 M a second each (a burst of 10,000: 10 ms's worth).
+    let mut pairs = sharing(100, INTERVAL, 1_000_000);
+    let sent = probe_for(&mut pairs, INTERVAL, INTERVAL + 50_000_000, 1_000);
+    for rail in [SOUT, SUP] {
+        let total: u64 = sent.iter().map(|s| s[rail]).sum();
+        // 50 ms at 1 M a second, plus the burst.
+        assert!((50_000..=60_100).contains(&total), "rail {rail}: {total} probes in 50 ms");
+        // Each connection keeps getting turns (a refused one tries an interval later).
+        let least = sent.iter().map(|s| s[rail]).min().unwrap();
+        assert!(least >= 100, "rail {rail}: a connection got only {least} probes");
+    }
+}
+
+#[test]
+fn a_probe_refused_by_the_budget_is_tried_an_interval_later() {
+    // Probes every 100 ms; 100 a second per NIC (a burst of one, room again 10 ms later).
+    const EVERY: u64 = 100_000_000;
+    let mut pairs = sharing(2, EVERY, 100);
+    assert_eq!(probe_at(&mut pairs[0], EVERY), vec![SOUT, SUP]);
+    assert_eq!(probe_at(&mut pairs[1], EVERY), Vec::<usize>::new(), "the budget is spent");
+    // The budget has room again 10 ms later, but the refused connection waits its interval
+    // (it does not ask on every call) ...
+    assert_eq!(probe_at(&mut pairs[1], EVERY + 20_000_000), Vec::<usize>::new());
+    assert_eq!(probe_at(&mut pairs[1], 2 * EVERY - 1), Vec::<usize>::new());
+    // ... and then gets its probes.
+    assert_eq!(probe_at(&mut pairs[1], 2 * EVERY), vec![SOUT, SUP]);
+    assert_eq!(pairs[1].s.counters()[SUP].probes, 1);
+}
+
+#[test]
+fn keepalives_are_not_budgeted() {
+    // A spent budget: a waiting connection still writes its keepalive on the rail that
+    // carries its transfers (SOUT before any), so a dead peer is still noticed.
+    let mut pairs = sharing(2, INTERVAL, 1);
+    assert_eq!(probe_at(&mut pairs[0], INTERVAL).len(), 2);
+    let p = &mut pairs[1];
+    p.now = crate::engine::KEEPALIVE_NS + 1;
+    let before = p.chains.len();
+    p.probes_waiting(CallerWaits::Yes);
+    let rails: Vec<usize> = p.chains[before..].iter().map(|c| c.rail).collect();
+    assert_eq!(rails, vec![SOUT], "the keepalive went; SUP's idle probe was refused");
 }
