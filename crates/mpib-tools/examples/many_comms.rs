@@ -16,16 +16,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use mpib_tools::pair::{Launcher, PairSpec, child_main, run_pair};
+use mpib_tools::pair::{Launcher, PairSpec, child_main, fabric_env, run_pair};
 use mpib_tools::report::RankReport;
 use mpib_tools::spec::{Phase, Workload};
 use mpib_tools::{default_plugin, raise_fd_limit};
-
-fn fabric_env() -> Vec<(String, String)> {
-    let v = std::env::var("MANY_COMMS_ENV")
-        .unwrap_or_else(|_| "MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=127.0.0.1 MPIB_SOFT_SUP_ADDR=127.0.0.1".into());
-    v.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect()
-}
 
 fn row(n: u32, bidir: bool, rep: &RankReport) -> String {
     let side = if bidir {
@@ -79,7 +73,13 @@ fn main() -> ExitCode {
         counts = vec![1, 64, 1024];
     }
     let plugin = default_plugin();
-    let env = fabric_env();
+    let env = match fabric_env("MANY_COMMS_ENV") {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("many_comms: {e}");
+            return ExitCode::from(2);
+        }
+    };
     println!("# many_comms: {plugin}; {}", env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
     println!(
         "# {:>4} {:>4} {:>5} {:>10} {:>10} {:>5} {:>10} {:>5} {:>9} {:>6} {:>9} {:>6} {:>7} {:>8} {:>9}",

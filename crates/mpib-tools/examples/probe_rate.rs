@@ -19,16 +19,10 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use mpib_tools::pair::{Launcher, PairSpec, child_main, run_pair};
+use mpib_tools::pair::{Launcher, PairSpec, child_main, fabric_env, run_pair};
 use mpib_tools::report::SideStats;
 use mpib_tools::spec::{Phase, Workload};
 use mpib_tools::{default_plugin, raise_fd_limit};
-
-fn fabric_env() -> Vec<(String, String)> {
-    let v = std::env::var("PROBE_RATE_ENV")
-        .unwrap_or_else(|_| "MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=127.0.0.1 MPIB_SOFT_SUP_ADDR=127.0.0.1".into());
-    v.split_whitespace().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.into(), v.into())).collect()
-}
 
 /// The sender's figures of one run: messages/s, SOUT probes/s, SUP probes/s.
 fn run(plugin: &str, env: &[(String, String)], comms: u32, secs: f64) -> Result<(f64, f64, f64), String> {
@@ -84,7 +78,13 @@ fn main() -> ExitCode {
         counts = vec![1, 16, 256, 1024];
     }
     let plugin = default_plugin();
-    let env = fabric_env();
+    let env = match fabric_env("PROBE_RATE_ENV") {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("probe_rate: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut off = env.clone();
     off.push(("MPIB_PROBE_RATE".into(), "0".into()));
     println!("# probe_rate: {plugin}; {}", env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));

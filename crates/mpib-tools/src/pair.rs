@@ -62,6 +62,21 @@ fn current_exe() -> PathBuf {
     std::env::current_exe().expect("the running executable's path")
 }
 
+/// The ranks' fabric: the soft fabric over loopback (both rails on 127.0.0.1), or the
+/// `NAME=VALUE` list the environment variable `var` holds, e.g. `var="MPIB_FABRIC=verbs
+/// MPIB_HCA_SOUT=rxe0 MPIB_HCA_SUP=rxe1"` to run the same thing on Soft-RoCE (the ranks get
+/// no other `MPIB_*` variable from the parent, [`PairSpec::env`]).
+pub fn fabric_env(var: &str) -> Result<Vec<(String, String)>> {
+    let list = std::env::var(var)
+        .unwrap_or_else(|_| "MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=127.0.0.1 MPIB_SOFT_SUP_ADDR=127.0.0.1".into());
+    list.split_whitespace()
+        .map(|kv| match kv.split_once('=') {
+            Some((k, v)) => Ok((k.to_string(), v.to_string())),
+            None => Err(Error::usage(format!("{var}: {kv:?} is not NAME=VALUE"))),
+        })
+        .collect()
+}
+
 /// A two-rank run.
 #[derive(Clone, Debug)]
 pub struct PairSpec {

@@ -54,15 +54,7 @@ pub const RANK_ENTRY: &str = "rank_child";
 /// MPIB_HCA_SUP=rxe1"` to run the same suite on Soft-RoCE (the ranks get no other `MPIB_*`
 /// variable from the parent).
 pub fn fabric_env() -> Vec<(String, String)> {
-    let pairs = std::env::var("CONFORMANCE_ENV")
-        .unwrap_or_else(|_| "MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=127.0.0.1 MPIB_SOFT_SUP_ADDR=127.0.0.1".to_string());
-    pairs
-        .split_whitespace()
-        .map(|kv| {
-            let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("CONFORMANCE_ENV: {kv:?} is not NAME=VALUE"));
-            (k.to_string(), v.to_string())
-        })
-        .collect()
+    mpib_tools::pair::fabric_env("CONFORMANCE_ENV").unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The library the conformance suite drives: `NCCL_NET_PLUGIN` when set (a test binary
