@@ -13,6 +13,7 @@
 #
 # Env: RXE_TEST_SUITE_TIMEOUT (s per suite, 600), RXE_TEST_VM_TIMEOUT (s for the VM, 1500),
 #      RXE_MANY_COMMS (connections each way of the many-connections suite, 64),
+#      RXE_LIFECYCLE_SEEDS (percent of the host's seeds the lifecycle suite runs, 20),
 #      and ci/rxe-vm/run-in-rxe-vm.sh's variables (RXE_VM_CACHE, RXE_VM_MEM, RXE_VM_SMP, ...).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.." || exit 1
@@ -101,6 +102,22 @@ build_many-connections() {
   cargo_plugin_library "$1"
 }
 suite many-connections "MANY_COMMS=${RXE_MANY_COMMS:-64} NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./many_connections --test-threads=1"
+
+# The life cycle as NCCL drives it (crates/mpib-tools/tests/lifecycle.rs) on real verbs:
+# connections set up and closed from 4 threads at once (one context, one per thread, one per
+# round; ABI v8), ranks that leave independently (a receiver that closes before its sender
+# tested its last sends; a ring of 4), aborts with requests in flight, oversized sends.
+# Every byte checked, the resource counters back to zero. Fewer seeds than on the host
+# (LIFECYCLE_SEEDS percent): under qemu every set-up is slow. The rank program
+# (mpib-lifecycle) runs from the shared directory.
+build_lifecycle() {
+  local rank
+  cargo_test_binary lifecycle "$1" || return 1
+  rank=$(ci/cargo_artifacts.py bin:mpib-lifecycle -- build -q -p mpib-tools --bin mpib-lifecycle) || return 1
+  cp "$rank" "$1/mpib-lifecycle"
+  cargo_plugin_library "$1"
+}
+suite lifecycle "LIFECYCLE_SEEDS=${RXE_LIFECYCLE_SEEDS:-20} CONFORMANCE_TIMEOUT_S=300 LIFECYCLE_RANK=\$PWD/mpib-lifecycle NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./lifecycle --test-threads=1"
 
 # mpib-perf on real verbs: the table users run first (every byte checked; exits non-zero
 # on a wrong byte or an error).

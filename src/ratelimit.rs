@@ -61,6 +61,47 @@ impl RateLimit {
     }
 }
 
+/// Rate limits per cause when the causes are not known in advance (an error of a call,
+/// keyed by the call and the error's class): one [`RateLimit`] per key, created when the
+/// key is first seen, in a table of at most [`Keyed::MAX_KEYS`]; keys beyond it share the
+/// last entry. A lock on the path that logs only.
+pub struct Keyed {
+    interval: Duration,
+    keys: Mutex<Vec<(&'static str, &'static str, State)>>,
+}
+
+impl Keyed {
+    pub const MAX_KEYS: usize = 64;
+
+    pub const fn new(interval: Duration) -> Keyed {
+        Keyed { interval, keys: Mutex::new(Vec::new()) }
+    }
+
+    /// As [`RateLimit::admit`], for the cause `(a, b)`.
+    pub fn admit(&self, a: &'static str, b: &'static str, now: Instant) -> Option<u64> {
+        let mut keys = self.keys.lock();
+        let i = match keys.iter().position(|(ka, kb, _)| *ka == a && *kb == b) {
+            Some(i) => i,
+            None if keys.len() < Self::MAX_KEYS => {
+                keys.push((a, b, State { last: None, held: 0 }));
+                keys.len() - 1
+            }
+            None => Self::MAX_KEYS - 1,
+        };
+        let s = &mut keys[i].2;
+        match s.last {
+            Some(t) if now.saturating_duration_since(t) < self.interval => {
+                s.held += 1;
+                None
+            }
+            _ => {
+                s.last = Some(now);
+                Some(std::mem::take(&mut s.held))
+            }
+        }
+    }
+}
+
 /// `" (N more suppressed)"` for `n > 0`, else nothing: the tail of an admitted line.
 pub fn suppressed(n: u64) -> String {
     if n == 0 { String::new() } else { format!(" ({n} more suppressed)") }
@@ -93,6 +134,31 @@ mod tests {
     fn the_tail_of_a_line() {
         assert_eq!(suppressed(0), "");
         assert_eq!(suppressed(3), " (3 more suppressed)");
+    }
+
+    #[test]
+    fn keyed_limits_are_apart_per_key_and_bounded() {
+        let k = Keyed::new(Duration::from_secs(1));
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        assert_eq!(k.admit("isend", "Refused", ms(0)), Some(0));
+        assert_eq!(k.admit("isend", "Refused", ms(10)), None);
+        assert_eq!(k.admit("test", "Refused", ms(20)), Some(0), "another call is another cause");
+        assert_eq!(k.admit("isend", "Remote", ms(30)), Some(0), "another class is another cause");
+        assert_eq!(k.admit("isend", "Refused", ms(1000)), Some(1));
+        static NAMES: [&str; 100] = {
+            let mut a = [""; 100];
+            let mut i = 0;
+            while i < 100 {
+                a[i] = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j"][i % 10];
+                i += 1;
+            }
+            a
+        };
+        for (i, n) in NAMES.iter().enumerate() {
+            let _ = k.admit(n, ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"][i / 10], ms(2000));
+        }
+        assert!(k.keys.lock().len() <= Keyed::MAX_KEYS, "the table stays bounded");
     }
 
     #[test]

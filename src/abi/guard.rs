@@ -6,7 +6,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use ncclnet_types::result;
 use ncclnet_types::types::ncclResult_t;
 
+use std::time::{Duration, Instant};
+
 use crate::error::{Error, ErrorKind};
+use crate::ratelimit::{Keyed, suppressed};
 
 /// The `ncclResult_t` for an error class.
 pub fn code(kind: ErrorKind) -> ncclResult_t {
@@ -36,7 +39,12 @@ fn failed(call: &str, outcome: std::thread::Result<Result<(), Error>>) -> ncclRe
     match outcome {
         Ok(Ok(())) => result::SUCCESS,
         Ok(Err(e)) => {
-            log::warn!("{call}: {e}");
+            // One line per call and cause a second: a caller that repeats a bad call (a
+            // user's mismatched sizes, every test of a broken connection) must not flood
+            // NCCL's log; every call still gets its code.
+            if let Some(held) = FAILED.admit(call_name(call), cause_class(&e), Instant::now()) {
+                log::warn!("{call}: {e}{}", suppressed(held));
+            }
             code(e.kind)
         }
         Err(payload) => {
@@ -48,6 +56,58 @@ fn failed(call: &str, outcome: std::thread::Result<Result<(), Error>>) -> ncclRe
             log::warn!("{call}: internal error (panic caught at the ABI edge): {msg}");
             result::INTERNAL_ERROR
         }
+    }
+}
+
+static FAILED: Keyed = Keyed::new(Duration::from_secs(1));
+
+/// The entry points' names as `'static` keys (anything else shares one key).
+fn call_name(call: &str) -> &'static str {
+    const CALLS: [&str; 24] = [
+        "init",
+        "devices",
+        "getProperties",
+        "listen",
+        "connect",
+        "accept",
+        "regMr",
+        "regMrDmaBuf",
+        "deregMr",
+        "isend",
+        "irecv",
+        "iflush",
+        "test",
+        "closeSend",
+        "closeRecv",
+        "closeListen",
+        "getDeviceMr",
+        "irecvConsumed",
+        "makeVDevice",
+        "finalize",
+        "setNetAttr",
+        "mpib_comm_counters",
+        "mpib_rail_stats",
+        "mpib_resource_stats",
+    ];
+    CALLS.iter().find(|&&c| c == call).copied().unwrap_or("other")
+}
+
+/// What kind of failure `e` is, as a key: its class and the type of its cause (a message's
+/// words vary from call to call; its type does not).
+fn cause_class(e: &Error) -> &'static str {
+    use crate::error::Cause;
+    match (&e.root().cause, e.kind) {
+        (Cause::Refused(_), _) => "refused",
+        (Cause::Violation(_), _) => "violation",
+        (Cause::CompletionFailed(_), _) => "completion",
+        (Cause::StrayCompletion(_), _) => "stray",
+        (Cause::BothRailsFailed, _) => "rails",
+        (Cause::FailedEarlier(_), _) => "earlier",
+        (Cause::Message(_), ErrorKind::System) => "system",
+        (Cause::Message(_), ErrorKind::Internal) => "internal",
+        (Cause::Message(_), ErrorKind::InvalidArgument) => "argument",
+        (Cause::Message(_), ErrorKind::InvalidUsage) => "usage",
+        (Cause::Message(_), ErrorKind::Remote) => "remote",
     }
 }
 

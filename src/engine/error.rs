@@ -272,6 +272,9 @@ pub enum Refused {
     NoSuchRecv { id: u16 },
     /// A `test` of a receive request not in flight (tested after done?).
     RecvNotInFlight { id: u16 },
+    /// An `isend` of more bytes than the receive posted for it: the user's collectives do
+    /// not match (net_ib's "collective mismatch"); the receive stays for the right send.
+    LargerThanReceive { size: u64, posted: u64, tag: u32, slot: usize },
 }
 
 impl Refused {
@@ -279,6 +282,7 @@ impl Refused {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Refused::RecvCount { .. } | Refused::RecvTooLarge { .. } => ErrorKind::InvalidArgument,
+            Refused::LargerThanReceive { .. } => ErrorKind::InvalidUsage,
             _ => ErrorKind::Internal,
         }
     }
@@ -302,6 +306,11 @@ impl fmt::Display for Refused {
             FlushNotInFlight { id } => write!(f, "flush request {id} is not in flight"),
             NoSuchRecv { id } => write!(f, "receive request {id} does not exist"),
             RecvNotInFlight { id } => write!(f, "receive request {id} is not in flight (tested after done?)"),
+            LargerThanReceive { size, posted, tag, slot } => write!(
+                f,
+                "collective mismatch: isend of {size} bytes (tag {tag}) to a receive of {posted} bytes (slot {slot}); \
+                 the send is refused, the receive waits for a send that fits"
+            ),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! A connection's error state, shared by the send and receive engines: clear until the
-//! first failure, then that failure for good (RC gives no way back: every later call
-//! reports it, even for a request that had completed). The failure is kept whole, its
-//! typed cause included: failover reads it.
+//! first failure, then that failure for good (RC gives no way back). Every later call that
+//! needs the peer reports it, and so does the `test` of a request it left incomplete; a
+//! request that had completed stays completed. The failure is kept whole, its typed cause
+//! included: failover reads it, and it says whether completions polled after it may still
+//! be believed.
 
 use super::StrayCompletion;
 use crate::error::{Cause, Error, Result};
@@ -19,6 +21,18 @@ impl ErrorState {
     /// Whether the connection has failed.
     pub(crate) fn is_set(&self) -> bool {
         self.0.is_some()
+    }
+
+    /// Whether a successful completion polled after the failure still means what it says:
+    /// yes when the transport failed (a rail, both rails, a fabric call: RC delivered what
+    /// it acknowledged before), no when the peer broke the protocol or a completion made no
+    /// sense (nothing it says is believed any more).
+    pub(crate) fn trusts_completions(&self) -> bool {
+        match self.0.as_ref().map(|e| &e.root().cause) {
+            None => true,
+            Some(Cause::Violation(_) | Cause::StrayCompletion(_)) => false,
+            Some(_) => true,
+        }
     }
 
     /// `Ok` while the connection is healthy; afterwards, the error that broke it.

@@ -281,8 +281,9 @@ impl RecvEngine {
         self.stats[rail].count_cqes(1);
         self.active = true;
         let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
-        // A broken connection interprets nothing more: its peer's IMMs are not trusted.
-        self.error.check()?;
+        if self.error.is_set() {
+            return self.after_failure(rail, c, mem);
+        }
         if imm_recv {
             if c.status != WcStatus::Success {
                 if self.fo.cfg.enabled {
@@ -311,7 +312,10 @@ impl RecvEngine {
             if self.fo.cfg.enabled && kind != WrKind::Flush {
                 return self.on_rail_error(rail, Some((kind, slot)), c.status);
             }
-            return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
+            let e = self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into()));
+            // A receive whose data is all in completes though its CTS WRITE's
+            // acknowledgement was lost: the sender had the CTS (it sent the data).
+            return self.after_failure(rail, c, mem).and(Err(e));
         }
         match kind {
             WrKind::Cts => {
@@ -347,6 +351,42 @@ impl RecvEngine {
                 .error
                 .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Receive }.into()))),
         }
+    }
+
+    /// A completion polled after the connection failed. When the transport failed (not the
+    /// peer's protocol), what it delivered before still counts: an IMM completes its
+    /// receive, a CTS WRITE acknowledged (or flushed once its receive's data is all in)
+    /// lets that receive complete. Everything else is dropped without a word.
+    #[cold]
+    #[inline(never)]
+    fn after_failure(&mut self, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
+        if !self.error.trusts_completions() {
+            return Ok(());
+        }
+        if c.opcode == WcOpcode::RecvRdmaWithImm {
+            if c.status != WcStatus::Success {
+                return Ok(());
+            }
+            // A violation found here poisons the connection: later IMMs are not believed.
+            return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
+        }
+        if let Some((WrKind::Cts, _, slot)) = WrKind::decode(c.wr_id)
+            && let Some(s) = self.slots.get_mut(slot).filter(|s| s.state == State::Posted && s.cts_pending)
+            && (c.status == WcStatus::Success || s.data_done)
+        {
+            s.cts_pending = false;
+            if s.data_done {
+                s.state = State::Done;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a receive NCCL posted is still waiting for data.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn nccl_waits(&self) -> bool {
+        self.slots.iter().any(|s| s.state == State::Posted && !s.data_done)
     }
 
     fn on_imm(&mut self, rail: usize, imm: u32, byte_len: u64, mem: &impl RecvMemory) -> Result<()> {
@@ -488,10 +528,12 @@ impl RecvEngine {
     /// [`Self::test`] returning only the number of sizes, `n` (0 for a flush); they are
     /// then read in place with [`Self::done_sizes`]: no copy on the data path. Inlined
     /// into the comm's `test`.
+    ///
+    /// A receive that completed stays completed whatever happened to the connection since
+    /// (its sender may close right after its last send); one that had not reports the
+    /// connection's failure.
     #[inline(always)]
     pub fn test_n(&mut self, id: u16) -> Result<Option<usize>> {
-        // Every call after a failure reports it, even for a request that had completed.
-        self.error.check()?;
         if id >= FLUSH_ID_BASE {
             let Some(f) = self.flushes.get_mut((id - FLUSH_ID_BASE) as usize).filter(|f| f.live) else {
                 return Err(cold(move || Refused::FlushNotInFlight { id }.into()));
@@ -500,6 +542,7 @@ impl RecvEngine {
                 *f = FlushReq::default();
                 return Ok(Some(0));
             }
+            self.error.check()?;
             return Ok(None);
         }
         let Some(s) = self.slots.get_mut(id as usize) else {
@@ -514,7 +557,10 @@ impl RecvEngine {
                 self.outstanding -= 1;
                 Ok(Some(n))
             }
-            State::Posted => Ok(None),
+            State::Posted => {
+                self.error.check()?;
+                Ok(None)
+            }
             State::Free => Err(cold(move || Refused::RecvNotInFlight { id }.into())),
         }
     }

@@ -138,6 +138,20 @@ fn broken(engine: &mut impl Engine, e: Error) -> Error {
     e
 }
 
+/// The result of polling for `test`: a failure is recorded in `engine` (it keeps the first)
+/// and not returned, so that the engine's `test` decides: a request that had completed is
+/// reported complete, one that had not reports the failure.
+#[inline(always)]
+fn settle<T>(engine: &mut impl Engine, r: Result<T>) -> Option<T> {
+    match r {
+        Ok(v) => Some(v),
+        Err(e) => {
+            broken(engine, e);
+            None
+        }
+    }
+}
+
 /// Posts every chain of `posts` on its rail's QP (one call each). Always inlined: as a
 /// call it costs ~+10 instructions per message in `inproc_msgs` (measured).
 #[inline(always)]
@@ -387,9 +401,12 @@ impl<D: Device> SendComm<D> {
         let now = now_ns();
         let rails = self.poll_always | self.engine.busy_rails();
         // (Only what the inboxes brought can have completed it since the last call.)
-        let mut done = if self.take_inboxes(rails, now)? { self.engine.test(id)? } else { None };
+        let took = self.take_inboxes(rails, now);
+        let took = settle(&mut self.engine, took).unwrap_or(true);
+        let mut done = if took { self.engine.test(id)? } else { None };
         if done.is_none() {
-            self.poll_nics(rails, now)?;
+            let polled = self.poll_nics(rails, now);
+            settle(&mut self.engine, polled);
             done = self.engine.test(id)?;
             if done.is_none() && self.failover_wanted(now) {
                 self.failover_round(now)?;
@@ -399,7 +416,11 @@ impl<D: Device> SendComm<D> {
         self.posts.clear();
         let waits = if done.is_none() { CallerWaits::Yes } else { CallerWaits::No };
         self.engine.poll_probes(now, waits, &mut self.posts);
-        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
+        let posted = post_all(&mut self.rails, &self.posts, &mut self.engine);
+        // A probe that could not be posted (recorded) does not undo a completed send.
+        if done.is_none() {
+            posted?;
+        }
         Ok(done)
     }
 
@@ -524,13 +545,16 @@ impl<D: Device> RecvComm<D> {
     /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
     /// once done, the number of its sizes, which `self.engine.done_sizes` then reads.
     pub fn test(&mut self, id: u16) -> Result<Option<usize>> {
-        // (Only what the inboxes brought can have completed it since the last call.)
-        if self.take_inboxes()?
-            && let Some(n) = self.engine.test_n(id)?
-        {
+        // (Only what the inboxes brought can have completed it since the last call.) A
+        // failure while polling is recorded, and the engine's `test` reports it for a
+        // receive it left incomplete, not for one that completed.
+        let took = self.take_inboxes();
+        let took = settle(&mut self.engine, took).unwrap_or(true);
+        if took && let Some(n) = self.engine.test_n(id)? {
             return Ok(Some(n));
         }
-        self.poll_nics()?;
+        let polled = self.poll_nics();
+        settle(&mut self.engine, polled);
         let mut done = self.engine.test_n(id)?;
         if done.is_none() && self.failover_wanted() {
             self.failover_round()?;

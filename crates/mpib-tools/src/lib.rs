@@ -17,6 +17,8 @@
 //!           report
 //! report    what a rank measured, as one line
 //! pair      the two-process mode: spawn two ranks, collect their reports
+//! lifecycle N ranks (`mpib-lifecycle`) driving the plugin through NCCL's life cycle:
+//!           threads setting up and closing, independent teardown, aborts
 //! ```
 //!
 //! Calls behave like NCCL's: a NULL request means "retry later", the oldest request of each
@@ -28,6 +30,7 @@ use std::fmt;
 
 pub mod ffi;
 pub mod kv;
+pub mod lifecycle;
 pub mod link;
 pub mod mem;
 pub mod net;

@@ -196,8 +196,14 @@ impl RecvEngine {
             Some((kind, slot)) => CompletionFailed::posted(rail, kind, slot, status),
             None => CompletionFailed { rail, what: FailedWr::ImmReceive, slot: None, status },
         };
-        log::warn!("{what}");
+        log::log!(self.failure_level(), "{what}");
         self.rail_down(rail, DownReason::Completion)
+    }
+
+    /// A rail's failure is a warning while NCCL waits on a receive; with none outstanding
+    /// (a sender that closed after its last send looks the same) it is information.
+    fn failure_level(&self) -> log::Level {
+        if self.nccl_waits() { log::Level::Warn } else { log::Level::Info }
     }
 
     /// `rail` failed: CTS writes and keepalives go on the other rail, and the rail is
@@ -212,15 +218,22 @@ impl RecvEngine {
         }
         let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
         self.live_rails = self.live_rails.without(rail);
+        let level = self.failure_level();
         if self.live_rails.is_empty() {
-            log::warn!(
-                "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails",
-                RAIL_NAMES[rail]
+            log::log!(
+                level,
+                "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails{}",
+                RAIL_NAMES[rail],
+                if level == log::Level::Warn { "" } else { " (no receive outstanding: the peer may have closed)" }
             );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         if was_up {
-            log::warn!("recv: {} rail failed ({why:?}); fencing it before reporting to the sender", RAIL_NAMES[rail]);
+            log::log!(
+                level,
+                "recv: {} rail failed ({why:?}); fencing it before reporting to the sender",
+                RAIL_NAMES[rail]
+            );
             self.stats[rail].count_failover();
         } else {
             log::warn!("recv: re-admission of the {} rail failed ({why:?}); fencing its new QPs", RAIL_NAMES[rail]);

@@ -131,7 +131,7 @@ impl SendEngine {
         if self.fo.failed().contains(rail) {
             return Ok(()); // flushed WRs of a rail already down
         }
-        log::warn!("{}", CompletionFailed::posted(rail, kind, slot, status));
+        log::log!(self.failure_level(), "{}", CompletionFailed::posted(rail, kind, slot, status));
         self.rail_down(rail, DownReason::Completion)
     }
 
@@ -146,15 +146,19 @@ impl SendEngine {
         }
         let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
         self.tel[rail].on_error(); // the split no longer uses it, probes stop
+        let level = self.failure_level();
         if self.fo.failed() == RailMask::BOTH {
-            log::warn!(
-                "send: {} rail failed ({why:?}) and the other rail is down: the connection fails",
-                RAIL_NAMES[rail]
+            log::log!(
+                level,
+                "send: {} rail failed ({why:?}) and the other rail is down: the connection fails{}",
+                RAIL_NAMES[rail],
+                if level == log::Level::Warn { "" } else { " (no send outstanding: the peer may have closed)" }
             );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         if was_up {
-            log::warn!(
+            log::log!(
+                level,
                 "send: {} rail failed ({why:?}); {} transfers wait for the receiver's report, traffic goes on {}",
                 RAIL_NAMES[rail],
                 self.outstanding[rail],
@@ -169,6 +173,13 @@ impl SendEngine {
             self.fo.report_due = self.fo.report_due.with(rail);
         }
         Ok(())
+    }
+
+    /// A rail's failure is a warning while NCCL waits on the connection; with nothing of
+    /// NCCL's outstanding (a peer that closed after its last receive looks the same to a
+    /// probe) it is information, and the next call that needs the peer reports it.
+    fn failure_level(&self) -> log::Level {
+        if self.nccl_waits() { log::Level::Warn } else { log::Level::Info }
     }
 
     /// The receiver's report on a fenced rail: settles every outstanding part of it.

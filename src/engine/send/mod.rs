@@ -157,7 +157,8 @@ pub struct SendEngine {
     /// The rails that have carried a transfer of this connection (keepalives go only there).
     carried: RailMask,
     error: ErrorState,
-    truncations: u64,
+    /// Sends refused for being larger than their receive.
+    mismatches: u64,
     /// No probe or keepalive can be due before this time (ns): the earliest end of a rail's
     /// idle interval seen by the last full check. Posts only move those ends later, so it
     /// is a lower bound, and `test` skips the check with one compare until then.
@@ -190,7 +191,7 @@ impl SendEngine {
             outstanding: [0; RAILS],
             carried: RailMask::NONE,
             error: ErrorState::default(),
-            truncations: 0,
+            mismatches: 0,
             probe_check_ns: 0,
             fo: Failover::default(),
             cfg,
@@ -206,9 +207,21 @@ impl SendEngine {
         &self.tel
     }
 
-    /// Sends clamped to a smaller posted receive so far.
-    pub fn truncations(&self) -> u64 {
-        self.truncations
+    /// Sends refused so far for being larger than the receive posted for them.
+    pub fn mismatches(&self) -> u64 {
+        self.mismatches
+    }
+
+    /// A send larger than its receive: refused (ncclInvalidUsage), as net_ib does; the CTS
+    /// entry stays for a send that fits. NCCL never does this; a user's mismatched
+    /// collectives do, and then every send may: the engine does not log it (the ABI edge
+    /// logs the error, rate-limited).
+    #[cold]
+    #[inline(never)]
+    fn mismatch(&mut self, buf: &SendBuf, posted: u64) -> Error {
+        self.mismatches += 1;
+        let slot = (self.fifo_head % SLOTS as u64) as usize;
+        Refused::LargerThanReceive { size: buf.size, posted, tag: buf.tag, slot }.into()
     }
 
     /// The error that broke this connection, if any.
@@ -301,13 +314,13 @@ impl SendEngine {
             return Ok(None);
         };
         let posted = m.entries[i].size;
+        if buf.size > posted {
+            return Err(self.mismatch(&buf, posted));
+        }
         let Some(id) = self.free.pop() else {
             return Err(cold(move || Refused::TooManySends { max: self.reqs.len() }.into()));
         };
-        let size = buf.size.min(posted);
-        if size < buf.size {
-            self.truncated(&buf, posted);
-        }
+        let size = buf.size;
         self.reqs[id as usize] = SendReq { state: ReqState::Pending, size };
         let m = &mut self.cur;
         m.reqs[i] = Some(id);
@@ -318,18 +331,6 @@ impl SendEngine {
             self.post_slot(now_ns, mem, out)?;
         }
         Ok(Some(id))
-    }
-
-    /// A send larger than its posted receive: clamped, as net_ib does.
-    #[cold]
-    #[inline(never)]
-    fn truncated(&mut self, buf: &SendBuf, posted: u64) {
-        self.truncations += 1;
-        log::warn!(
-            "isend of {} bytes (tag {}) truncated to the posted receive of {posted} bytes, as net_ib does",
-            buf.size,
-            buf.tag,
-        );
     }
 
     /// Emits a probe on each healthy rail idle for the probe interval.
@@ -417,8 +418,9 @@ impl SendEngine {
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
     pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
         self.tel[rail].stats().count_cqes(1);
-        // A broken connection interprets nothing more (flushed WRs, late completions).
-        self.error.check()?;
+        if self.error.is_set() {
+            return self.after_failure(rail, c);
+        }
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             return Err(self.error.unknown_wr_id(rail, c.wr_id));
         };
@@ -466,6 +468,31 @@ impl SendEngine {
         }
     }
 
+    /// A completion polled after the connection failed: a data part that the transport
+    /// delivered before still completes its sends (they stay completed); everything else
+    /// (flushed WRs, probes) is dropped without a word: the failure was reported once.
+    #[cold]
+    #[inline(never)]
+    fn after_failure(&mut self, rail: usize, c: &Completion) -> Result<()> {
+        if c.status != WcStatus::Success || !self.error.trusts_completions() {
+            return Ok(());
+        }
+        let Some((kind, part, slot)) = WrKind::decode(c.wr_id) else { return Ok(()) };
+        let original = kind == WrKind::DataSignal && part == rail;
+        let replay = kind == WrKind::ReplaySignal && slot < SLOTS && self.slots[slot].replay.contains(part);
+        if slot >= SLOTS || !self.slots[slot].pending.contains(part) || !(original || replay) {
+            return Ok(());
+        }
+        let s = &mut self.slots[slot];
+        s.pending = s.pending.without(part);
+        s.replay = s.replay.without(part);
+        self.outstanding[rail] = self.outstanding[rail].saturating_sub(1);
+        if s.pending.is_empty() {
+            self.complete_slot(slot);
+        }
+        Ok(())
+    }
+
     /// Every send of `slot` is complete.
     #[inline]
     fn complete_slot(&mut self, slot: usize) {
@@ -489,10 +516,11 @@ impl SendEngine {
 
     /// `test`: the bytes sent once request `id` is complete (then `id` is free again).
     /// Inlined into the comm's `test`, its one caller.
+    /// A send that completed stays completed whatever happened to the connection since (a
+    /// peer that closed right after its last receive is the normal end of a job); one that
+    /// had not reports the connection's failure.
     #[inline(always)]
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
-        // Every call after a failure reports it, even for a request that had completed.
-        self.error.check()?;
         let Some(r) = self.reqs.get_mut(id as usize) else {
             return Err(cold(move || Refused::NoSuchSend { id }.into()));
         };
@@ -503,9 +531,21 @@ impl SendEngine {
                 self.free.push(id);
                 Ok(Some(size))
             }
-            ReqState::Pending => Ok(None),
+            ReqState::Pending => {
+                self.error.check()?;
+                Ok(None)
+            }
             ReqState::Free => Err(cold(move || Refused::SendNotInFlight { id }.into())),
         }
+    }
+
+    /// Whether a send NCCL posted is not complete yet: a failure now costs NCCL something
+    /// (a warning), where a failure with nothing posted (a peer that closed, seen through a
+    /// probe) is news only for the next call that needs the peer (information).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn nccl_waits(&self) -> bool {
+        self.reqs.iter().any(|r| r.state == ReqState::Pending)
     }
 
     /// Whether request `id` is in flight (allocated and not yet returned by `test`).

@@ -222,9 +222,10 @@ fn too_many_flushes_are_refused() {
 }
 
 #[test]
-fn an_imm_that_survives_a_failure_is_not_interpreted() {
-    // SOUT's data WRITE fails at the sender after SUP delivered; a late SOUT IMM (as a
-    // buggy or malicious peer might still send) must not complete the receive.
+fn an_imm_delivered_before_a_transport_failure_still_completes_its_receive() {
+    // SUP's part arrives, then the SOUT rail fails (failover off: the connection breaks),
+    // then SOUT's IMM, delivered before the failure, is polled: every part of the receive
+    // landed (RC), so it completes with its exact size. The connection stays broken.
     let mut p = Pair::new(opts(50));
     let (rid, _) = posted_transfer(&mut p, &[4096]);
     p.deliver_all();
@@ -235,8 +236,25 @@ fn an_imm_that_survives_a_failure_is_not_interpreted() {
         failed_wr(SOUT, FailedWr::Unknown, None, WcStatus::RetryExceeded),
     );
     assert_eq!(Imm::decode(sout.imm).slot, 0);
+    p.inject_recv(SOUT, sout).unwrap();
+    assert_eq!(p.r.test(rid).unwrap().map(|d| d.sizes[0]), Some(4096), "a receive all of whose parts landed");
+    assert_recv_broken(&mut p, &e);
+}
+
+#[test]
+fn an_imm_after_a_violation_is_not_interpreted() {
+    // The peer broke the protocol: a later IMM, well-formed or not (as a buggy or
+    // malicious peer might still send), completes nothing.
+    let mut p = Pair::new(opts(50));
+    let (rid, _) = posted_transfer(&mut p, &[4096]);
+    p.deliver_all();
+    let sout = p.cq_r[SOUT].pop_front().unwrap();
+    let sup = p.cq_r[SUP].pop_front().unwrap();
+    p.inject_recv(SUP, sup).unwrap();
+    let e = p.inject_recv(SUP, sup).unwrap_err();
+    assert!(matches!(e.cause, Cause::Violation(_)), "{e}");
+    p.inject_recv(SOUT, sout).expect("dropped without a word");
     let earlier = Error::from_cause(e.kind, Cause::FailedEarlier(e.clone()));
-    rejected(p.inject_recv(SOUT, sout), earlier.clone());
     rejected(p.r.test(rid), earlier);
     assert_recv_broken(&mut p, &e);
 }

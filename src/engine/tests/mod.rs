@@ -19,4 +19,5 @@ mod readmit;
 mod readmit_outage;
 mod slot_reuse;
 mod splits;
+mod teardown;
 mod violations;

@@ -19,7 +19,8 @@ use proptest::test_runner::TestCaseError;
 use super::harness::*;
 use crate::engine::imm::{Imm, MAX_FAST_SIZE, SIZEQ_SENTINEL};
 use crate::engine::layout::SLOTS;
-use crate::engine::{QpRef, RAILS, SOUT, SUP, WrKind};
+use crate::engine::{QpRef, RAILS, Refused, SOUT, SUP, WrKind};
+use crate::error::Cause;
 use crate::fabric::WrOpcode;
 use crate::split::{AnySplit, Fixed, SplitPolicy};
 use crate::telemetry::RailView;
@@ -119,7 +120,7 @@ pub struct Model {
     probes: [Option<usize>; RAILS],
     /// Completed receive regions and their expected bytes (buffer + guard).
     landed: Vec<(u64, Vec<u8>)>,
-    truncations: u64,
+    mismatches: u64,
     next_seed: u64,
     /// isends answered "not now" because the slot's previous use awaited completions.
     pub slot_waits: u64,
@@ -143,7 +144,7 @@ impl Model {
             slot_signals: vec![Vec::new(); SLOTS],
             probes: [None; RAILS],
             landed: Vec::new(),
-            truncations: 0,
+            mismatches: 0,
             next_seed: 1,
             slot_waits: 0,
             cfg,
@@ -263,6 +264,21 @@ impl Model {
         let cts_visible = matches!(self.p.fate[r.cts], Fate::Executed { .. });
         let slot_free = self.slot_signals[slot].iter().all(|&i| self.p.completed(i));
         let first_chain = self.p.chains.len();
+        let posted = r.bufs[s.dest].1;
+        if s.data.len() > posted && cts_visible && slot_free {
+            // Larger than its receive: refused, nothing posted; the user's send that fits
+            // (the first `posted` bytes) goes instead.
+            match self.p.isend(sbuf(s.addr, s.data.len() as u64, s.tag)) {
+                Err(e) if matches!(e.cause, Cause::Refused(Refused::LargerThanReceive { .. })) => {}
+                other => return fail(format!("an oversized isend of receive {}: {other:?}", r.seq)),
+            }
+            prop_assert_eq!(self.p.chains.len(), first_chain, "chains posted for a refused send");
+            self.mismatches += 1;
+            let (seq, issued) = (r.seq, r.issued);
+            let r = self.recvs.iter_mut().find(|r| r.seq == seq).expect("the receive");
+            r.sends[issued].data.truncate(posted);
+            return self.isend();
+        }
         let res = self.p.isend(sbuf(s.addr, s.data.len() as u64, s.tag));
         let id = match res {
             Err(e) => return fail(format!("isend of receive {}: {e}", r.seq)),
@@ -432,9 +448,6 @@ impl Model {
         }
         let want = r.expected(s.dest);
         prop_assert_eq!(got, want as u64);
-        if want < s.data.len() {
-            self.truncations += 1;
-        }
         self.recvs[ri].sends[si].done = true;
         self.live_sends -= 1;
         Ok(true)
@@ -535,7 +548,7 @@ impl Model {
         for (addr, bytes) in &self.landed {
             prop_assert!(self.p.rs.space.read(*addr, bytes.len()) == *bytes, "a completed buffer changed later");
         }
-        prop_assert_eq!(self.p.s.truncations(), self.truncations);
+        prop_assert_eq!(self.p.s.mismatches(), self.mismatches);
         let p = &self.p;
         for rail in 0..RAILS {
             let on = |dir: Dir| p.log.iter().filter(move |(d, r, ..)| *d == dir && *r == rail).map(|x| x.3);

@@ -4,7 +4,8 @@
 use super::harness::*;
 use crate::engine::CTS_SIGNAL_EVERY;
 use crate::engine::imm::{Imm, MAX_FAST_SIZE, SIZEQ_SENTINEL};
-use crate::engine::{QpRef, SOUT, SUP};
+use crate::engine::{QpRef, Refused, SOUT, SUP};
+use crate::error::{Cause, ErrorKind};
 use crate::fabric::WrOpcode;
 use crate::split::{AnySplit, Fixed};
 
@@ -85,10 +86,25 @@ fn receive_larger_than_send_reports_the_real_size() {
 }
 
 #[test]
-fn send_larger_than_receive_is_truncated() {
+fn send_larger_than_receive_is_refused_and_the_receive_waits_for_one_that_fits() {
     let mut p = Pair::new(opts(50));
-    assert_eq!(one(&mut p, 5000, 3000, 4), (3000, 3000));
-    assert_eq!(p.s.truncations(), 1);
+    let data = pattern(4, 5000);
+    let sa = p.send_buf(&data);
+    let ra = p.recv_buf(3000);
+    let rid = p.irecv(&[rbuf(ra, 3000, 7)]).unwrap();
+    p.deliver_all();
+    for _ in 0..3 {
+        let e = p.isend(sbuf(sa, 5000, 7)).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidUsage, "{e}");
+        assert!(matches!(e.cause, Cause::Refused(Refused::LargerThanReceive { size: 5000, posted: 3000, .. })), "{e}");
+        assert!(p.log.iter().all(|(d, ..)| *d != Dir::ToRecv), "nothing of a refused send goes out");
+    }
+    assert_eq!(p.s.mismatches(), 3);
+    let sid = p.isend(sbuf(sa, 3000, 7)).unwrap().expect("the CTS entry is still there");
+    p.deliver_all();
+    assert_eq!(p.test_recv(rid).unwrap().expect("receive complete").sizes[0], 3000);
+    assert_eq!(p.test_send(sid).unwrap(), Some(3000));
+    assert_eq!(p.rs.space.read(ra, 3000), data[..3000]);
 }
 
 #[test]

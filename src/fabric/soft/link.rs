@@ -242,6 +242,8 @@ pub struct LinkState<S> {
     pub parked: usize,
     /// A QP was on it once (an accepted link that never had one is an orphan).
     pub used: bool,
+    /// Since when nothing uses it while what its last QPs sent still goes out (`port.rs`).
+    pub unused_since: Option<Instant>,
     pub since: Instant,
     /// The most a QP on it gives a silent peer.
     pub bound: Duration,
@@ -374,6 +376,7 @@ impl<S: Station> Link<S> {
             qps: HashMap::new(),
             parked: 0,
             used: false,
+            unused_since: None,
             since: Instant::now(),
             bound: Duration::ZERO,
             hello: None,
@@ -469,7 +472,7 @@ impl<S: Station> LinkState<S> {
         match self.flush(link).and_then(|m| Ok(self.after_flush(link, hold)? | m)) {
             Ok(m) => s.moved = m,
             Err(why) => {
-                s.down = Some(why);
+                s.down = Some(self.last_words(link, why));
                 return s;
             }
         }
@@ -484,17 +487,31 @@ impl<S: Station> LinkState<S> {
         s
     }
 
-    /// Sends what is queued (a post's doorbell), nothing else.
-    pub fn send(&mut self, link: &Arc<Link<S>>) -> Step {
+    /// Sends what is queued (a post's doorbell), nothing else. `hold`: as for [`Self::step`]
+    /// (a link nobody uses any more holds nothing back).
+    pub fn send(&mut self, link: &Arc<Link<S>>, hold: bool) -> Step {
         let mut s = Step::default();
         if self.phase == Phase::Up {
             self.ripen();
-            match self.flush(link).and_then(|m| Ok(self.after_flush(link, true)? | m)) {
+            match self.flush(link).and_then(|m| Ok(self.after_flush(link, hold)? | m)) {
                 Ok(m) => s.moved = m,
-                Err(why) => s.down = Some(why),
+                Err(why) => s.down = Some(self.last_words(link, why)),
             }
         }
         s
+    }
+
+    /// Sending broke the link (the peer closed or reset it): what the peer wrote before it
+    /// went (an ACK, a CLOSE) may still wait in the socket, and is read and dispatched
+    /// before the link is declared down, so a peer's orderly close reads as one.
+    fn last_words(&mut self, link: &Arc<Link<S>>, why: String) -> String {
+        for _ in 0..64 {
+            match self.pump(link) {
+                Ok((moved, _)) if moved => {}
+                _ => break,
+            }
+        }
+        why
     }
 
     /// After a flush: an acknowledgement a requester waits for is still owed, so nothing

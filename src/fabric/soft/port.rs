@@ -49,6 +49,9 @@ pub const BACKOFF_FIRST: Duration = Duration::from_millis(50);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// A dial refused is tried again after this long.
 const REDIAL: Duration = Duration::from_millis(20);
+/// How long a link nobody uses any more may take to send what its last QPs left (their
+/// ACK, their CLOSEs) before it closes anyway.
+pub const LINGER: Duration = Duration::from_secs(2);
 
 /// The shared part of a device (see the module documentation).
 pub struct Port<C: Station> {
@@ -166,6 +169,19 @@ pub fn dial_result(fd: i32) -> std::io::Result<bool> {
         return Err(std::io::Error::from_raw_os_error(err));
     }
     Ok(true)
+}
+
+/// Reads and drops what the socket holds now (non-blocking), at most 1 MiB.
+fn discard_unread(fd: i32) {
+    let mut buf = [0u8; 16 << 10];
+    for _ in 0..64 {
+        // SAFETY: reads into a local buffer of the length given, from a descriptor the
+        // caller owns; MSG_DONTWAIT: never blocks.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return;
+        }
+    }
 }
 
 impl<C: Station> Port<C> {
@@ -333,7 +349,7 @@ impl<C: Station> Port<C> {
         if matches!(st.phase, Phase::Dialing { .. }) {
             self.check_dial(link, st);
         }
-        let s = st.send(link);
+        let s = st.send(link, true);
         self.finish(link, st, s);
     }
 
@@ -376,9 +392,10 @@ impl<C: Station> Port<C> {
             return;
         }
         if st.used && st.unused() && st.phase != Phase::Down {
-            self.close(link, st);
+            self.retire(link, st);
             return;
         }
+        st.unused_since = None;
         if s.again || st.held() {
             // A held acknowledgement goes at the next step: the next poll of any of the
             // device's CQs makes it, whether or not the socket moves.
@@ -409,13 +426,46 @@ impl<C: Station> Port<C> {
         self.remove(link);
     }
 
-    /// Nothing uses the link any more: the peer reads to the end of what was sent (FIN), the
-    /// link is forgotten.
+    /// Nothing uses the link any more (its last QP left, or the last CONNECT parked for one
+    /// was let go). What those QPs still had to send — the ACK owed for what they executed,
+    /// their CLOSEs — goes out before the FIN: a peer must not take a WRITE that landed for
+    /// lost, nor a close for a failure. While some is left the link lingers, up, still found
+    /// for new QPs (one that comes takes it up again), and is sent on at the next poll or
+    /// the helper's next look, for at most [`LINGER`]; then it closes.
+    fn retire(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) {
+        let now = Instant::now();
+        let since = *st.unused_since.get_or_insert(now);
+        if (st.wants_write() || st.held()) && now.saturating_duration_since(since) < LINGER {
+            let s = st.send(link, false);
+            if let Some(why) = s.down {
+                self.down(link, st, &why);
+                return;
+            }
+            if st.wants_write() || st.held() {
+                self.requeue(link);
+                if !st.out_armed
+                    && st.wants_write()
+                    && let (Some(fd), Some(token)) = (st.fd.as_ref(), st.token)
+                {
+                    self.net().watcher.rearm(fd.as_raw_fd(), token, true);
+                    st.out_armed = true;
+                }
+                return;
+            }
+        }
+        self.close(link, st);
+    }
+
+    /// The link closes: the peer reads to the end of what was sent (FIN), the link is
+    /// forgotten. What the peer sent meanwhile is read and dropped first (no QP is left to
+    /// take it): a socket closed with unread bytes resets the connection, and the peer
+    /// could lose what it had not read yet.
     fn close(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) {
         log::debug!("soft fabric {}: link to {} closed: no QP uses it", self.name, link.remote_addr);
         if let Some(fd) = st.fd.as_ref() {
             // SAFETY: plain syscall on a descriptor the link owns.
             unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) };
+            discard_unread(fd.as_raw_fd());
         }
         let fd = st.down(link, "closed");
         self.release_fd(st, fd);
@@ -427,7 +477,7 @@ impl<C: Station> Port<C> {
         let mut st = link.lock();
         st.parked -= 1;
         if st.used && st.unused() && st.phase != Phase::Down {
-            self.close(link, &mut st);
+            self.retire(link, &mut st);
         }
     }
 

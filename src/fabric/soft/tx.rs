@@ -122,6 +122,16 @@ impl QpTx {
         *self = QpTx { listed, owe_listed, timer_listed, close, released, ..QpTx::default() };
     }
 
+    /// An orderly close: the acknowledgement owed still goes, then `close`, and nothing
+    /// else. RC acknowledges a request once it executed; a peer must not take a WRITE that
+    /// landed for lost because the QP went away before its ACK left (a NIC sends it on
+    /// arrival, long before the application can close).
+    pub fn close_after_ack(&mut self, close: Option<Frame>) {
+        let ack = self.ack.take();
+        self.reset(close);
+        self.ack = ack;
+    }
+
     /// The link went down: no list holds this QP any more.
     pub fn unlisted(&mut self) {
         (self.listed, self.owe_listed, self.timer_listed) = (false, false, false);

@@ -6,9 +6,10 @@
 //!   nonce; the QP is ready when the peer's CONNECT arrives. A CONNECT for a QP that has
 //!   not called `connect` yet is parked on it (at most [`MAX_PARKED`]; the one `connect`
 //!   names is used, the others let go), so a later one never displaces the right one.
-//! - **Close.** A QP destroyed sends CLOSE; one that fails sends CLOSE with the error bit.
-//!   The peer QP goes to the error state, quietly when nothing of its own was lost (an
-//!   orderly close is not a warning).
+//! - **Close.** A QP destroyed sends the ACK it owes, then CLOSE (what it executed stays
+//!   acknowledged, as a NIC acknowledges on arrival); one that fails sends CLOSE with the
+//!   error bit. The peer QP goes to the error state, quietly for an orderly close (what
+//!   that costs the work outstanding is the engine's to say).
 //! - **Link down.** A ready QP fails (`RetryExceeded` for the oldest WR waiting on the peer,
 //!   the rest flushed); a QP still waiting for its peer's CONNECT looks for a new link
 //!   (nothing was exchanged yet).
@@ -294,7 +295,9 @@ impl Conn {
             {
                 let status = if error { WcStatus::RemoteOpError } else { WcStatus::RetryExceeded };
                 let at = st.req.oldest_unacked().map(|s| (s, status));
-                let loud = !st.req.idle() || st.rx.busy();
+                // An orderly close is no warning here: what it costs the work outstanding
+                // (if any was NCCL's) is the engine's to say.
+                let loud = error && (!st.req.idle() || st.rx.busy());
                 let why = if error { "the peer's QP failed" } else { "the peer closed its QP" };
                 self.fail_tcp(st, io, at, why, loud, false);
                 st.tx.reset(None);
@@ -490,7 +493,7 @@ impl Conn {
                     io.purge(self.ep.qp_num, false);
                     let close =
                         st.remote.map(|r| Frame::Close { dst_qpn: r.qpn, src_qpn: self.ep.qp_num, error: false });
-                    st.tx.reset(close);
+                    st.tx.close_after_ack(close);
                 }
                 io.qps.remove(&self.ep.qp_num);
                 io.waiting(-(w0 as isize));

@@ -190,6 +190,14 @@ pub struct Net {
     finalized: bool,
 }
 
+// SAFETY: NCCL calls a plugin from several threads at once (set-up from its service
+// thread, data from its progress threads, several communicators' proxies), so an `init`
+// context may be used from any thread by the ncclNet contract; `Net` holds only the table
+// (static function pointers), the library (Send + Sync) and the context pointer.
+unsafe impl Send for Net {}
+// SAFETY: as above: every call takes `&self` and the plugin serializes what it must.
+unsafe impl Sync for Net {}
+
 impl Net {
     pub fn plugin(&self) -> &Plugin {
         &self.plugin
