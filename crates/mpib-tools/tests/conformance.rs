@@ -177,16 +177,23 @@ fn receives_larger_than_the_send_report_the_real_size() {
 }
 
 #[test]
-fn sends_larger_than_the_receive_are_truncated_as_net_ib_does() {
+fn a_send_larger_than_its_receive_is_refused_with_invalid_usage_as_net_ib_does() {
+    // NCCL's collectives never do it; a user's mismatched sizes do, and net_ib answers
+    // "collective mismatch" with ncclInvalidUsage from isend. The receiver's stall bound
+    // ends its side (nothing is sent for its receive).
     let sizes = [0, 1, 999, 1000, 1001, 4 * KIB, MIB];
-    let w = workload(vec![
-        Phase { recv: RecvSize::Minus(1000), ..phase(&sizes, 14, 1, 4) },
-        Phase { recv: RecvSize::Fixed(100), ..phase(&sizes, 14, 3, 4) },
-    ]);
-    let out = run("truncation", &pair(w));
-    assert_clean(&out);
-    // Both sides report the truncated size; canaries past it are intact (check_clean).
-    assert_eq!(sent(&out, 0).bytes, [0, 0, 0, 0, 1, 3096, MIB - 1000].iter().sum::<u64>() * 2);
+    let p = Phase { recv: RecvSize::Minus(1000), ..phase(&sizes, 14, 1, 4) };
+    let w = Workload { stall_ms: 3_000, ..workload(vec![p]) };
+    let out = run("oversized send", &pair(w));
+    assert!(!out.timed_out, "{}", out.describe());
+    let f = out.ranks[1].failure().unwrap_or_else(|| panic!("the sender did not fail\n{}", out.describe()));
+    assert_eq!(
+        (f.error.kind.clone(), f.error.call, f.error.code),
+        (ErrorKind::Call, "isend", code::INVALID_USAGE),
+        "{}",
+        out.describe()
+    );
+    assert!(out.ranks[1].stderr.contains("collective mismatch"), "the WARN says what:\n{}", out.ranks[1].stderr);
 }
 
 #[test]

@@ -90,7 +90,7 @@ const FAST_PROBES: [(&str, &str); 2] = [("MPIB_PROBE_INTERVAL_US", "1"), ("MPIB_
 #[test]
 fn threads_set_up_and_close_connections_beside_each_other_on_one_context() {
     let s0 = first_seed("churn, one context");
-    for s in s0..s0 + seeds(20) {
+    for s in s0..s0 + seeds(30) {
         run_ok(2, &words("churn threads=4 rounds=3 contexts=shared", s), &FAST_PROBES);
     }
 }
@@ -120,6 +120,14 @@ fn a_sender_tests_its_last_sends_after_the_receiver_closed() {
         // Single receives, then grouped receives of 1 … 8 buffers of mixed sizes and tags.
         run_ok(2, &words("teardown max_n=1 groups=12", s), &FAST_PROBES);
         run_ok(2, &words("teardown max_n=8", s), &FAST_PROBES);
+    }
+}
+
+#[test]
+fn one_listen_comm_accepts_several_connections_that_then_leave_independently() {
+    let s0 = first_seed("teardown, 3 connections through one listen comm");
+    for s in s0..s0 + seeds(8) {
+        run_ok(2, &words("teardown conns=3 groups=12", s), &FAST_PROBES);
     }
 }
 
