@@ -528,10 +528,11 @@ fn silently_vanished_peer_gives_an_error_within_the_bound() {
     peer.signal(libc::SIGKILL);
 }
 
-/// Issue 16, item 5: a peer that closes its QP in order (nothing of this side waits on it)
-/// is not a warning; one that goes while requests wait on it is.
+/// A peer that closes its QP in order is not a warning, whether or not requests of this side
+/// wait on it: those fail (their completions say so), and whether that matters (a request
+/// NCCL posted, or only mpib's own probe) is the engine's to say, not the fabric's.
 #[test]
-fn an_orderly_close_is_not_a_warning_and_a_lost_peer_is() {
+fn an_orderly_close_is_not_a_warning_and_fails_what_waited_on_the_peer() {
     count_logs();
     let (mut me, mut peer) = connected(4096, RW);
     let before = warnings("to error state");
@@ -542,7 +543,7 @@ fn an_orderly_close_is_not_a_warning_and_a_lost_peer_is() {
         me.poll(0, Duration::from_millis(1));
     }
     assert_eq!(warnings("to error state"), before, "an orderly close logged a warning");
-    // Requests waiting on a peer that goes: a warning.
+    // Requests waiting on a peer that closes: they fail, without a warning of the fabric's.
     let (mut me, mut peer) = connected(4096, RW);
     let local = Sge { addr: me.addr(), len: 8, lkey: me.key() };
     let imm = wr(1, WrOpcode::WriteImm, local, peer.addr, peer.rkey, true); // waits: no WQE
@@ -552,8 +553,8 @@ fn an_orderly_close_is_not_a_warning_and_a_lost_peer_is() {
     assert_eq!(peer.cmd("drop_qp"), "ok");
     let c = me.poll(1, Duration::from_secs(10));
     assert_eq!(statuses(&c).len(), 1);
-    assert_ne!(c[0].status, WcStatus::Success);
-    assert_eq!(warnings("to error state"), before + 1, "requests were lost: a warning");
+    assert_eq!(c[0].status, WcStatus::RetryExceeded, "the request that waited on the peer failed");
+    assert_eq!(warnings("to error state"), before, "an orderly close is no warning of the fabric's");
 }
 
 /// Issue 16, item 4: a flood of connections that never say who they are neither exhausts

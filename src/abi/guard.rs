@@ -39,11 +39,17 @@ fn failed(call: &str, outcome: std::thread::Result<Result<(), Error>>) -> ncclRe
     match outcome {
         Ok(Ok(())) => result::SUCCESS,
         Ok(Err(e)) => {
-            // One line per call and cause a second: a caller that repeats a bad call (a
-            // user's mismatched sizes, every test of a broken connection) must not flood
-            // NCCL's log; every call still gets its code.
-            if let Some(held) = FAILED.admit(call_name(call), cause_class(&e), Instant::now()) {
-                log::warn!("{call}: {e}{}", suppressed(held));
+            // The data path's calls, which a caller repeats in a loop (a user's mismatched
+            // sizes, every test of a broken connection), log one line per call and cause a
+            // second; every call still gets its code. Set-up, registration and close calls
+            // log each failure (each is a different comm or a new attempt).
+            match repeated_call(call) {
+                Some(name) => {
+                    if let Some(held) = FAILED.admit(name, cause_class(&e), Instant::now()) {
+                        log::warn!("{call}: {e}{}", suppressed(held));
+                    }
+                }
+                None => log::warn!("{call}: {e}"),
             }
             code(e.kind)
         }
@@ -61,35 +67,10 @@ fn failed(call: &str, outcome: std::thread::Result<Result<(), Error>>) -> ncclRe
 
 static FAILED: Keyed = Keyed::new(Duration::from_secs(1));
 
-/// The entry points' names as `'static` keys (anything else shares one key).
-fn call_name(call: &str) -> &'static str {
-    const CALLS: [&str; 24] = [
-        "init",
-        "devices",
-        "getProperties",
-        "listen",
-        "connect",
-        "accept",
-        "regMr",
-        "regMrDmaBuf",
-        "deregMr",
-        "isend",
-        "irecv",
-        "iflush",
-        "test",
-        "closeSend",
-        "closeRecv",
-        "closeListen",
-        "getDeviceMr",
-        "irecvConsumed",
-        "makeVDevice",
-        "finalize",
-        "setNetAttr",
-        "mpib_comm_counters",
-        "mpib_rail_stats",
-        "mpib_resource_stats",
-    ];
-    CALLS.iter().find(|&&c| c == call).copied().unwrap_or("other")
+/// The data-path entry points, as `'static` keys: the calls NCCL's proxy repeats.
+fn repeated_call(call: &str) -> Option<&'static str> {
+    const CALLS: [&str; 5] = ["isend", "irecv", "test", "iflush", "irecvConsumed"];
+    CALLS.iter().find(|&&c| c == call).copied()
 }
 
 /// What kind of failure `e` is, as a key: its class and the type of its cause (a message's
@@ -114,6 +95,17 @@ fn cause_class(e: &Error) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn data_path_calls_are_rate_limited_and_set_up_calls_are_not() {
+        assert_eq!(repeated_call("isend"), Some("isend"));
+        assert_eq!(repeated_call("test"), Some("test"));
+        assert_eq!(repeated_call("init"), None, "every failed init is logged");
+        assert_eq!(repeated_call("connect"), None);
+        let refused = Error::from(crate::engine::Refused::TooManySends { max: 1 });
+        assert_eq!(cause_class(&refused), "refused");
+        assert_eq!(cause_class(&Error::remote("gone")), "remote");
+    }
 
     #[test]
     fn success_error_and_panic_map_to_codes() {

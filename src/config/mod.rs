@@ -172,7 +172,7 @@ impl Default for Config {
             stats_interval_ms: 1000,
             soft_sout_addr: None,
             soft_sup_addr: None,
-            connect_timeout_ms: 30_000,
+            connect_timeout_ms: 0,
             socket_ifname: None,
             unknown: Vec::new(),
             ignored: Vec::new(),
@@ -264,7 +264,13 @@ impl Config {
                 "MPIB_STATS_INTERVAL_MS" => parse_int(value, 10, 3_600_000).map(|n| c.stats_interval_ms = n as u64),
                 "MPIB_SOFT_SOUT_ADDR" => parse_rail_addr(value).map(|a| c.soft_sout_addr = Some(a)),
                 "MPIB_SOFT_SUP_ADDR" => parse_rail_addr(value).map(|a| c.soft_sup_addr = Some(a)),
-                "MPIB_CONNECT_TIMEOUT_MS" => parse_int(value, 100, 3_600_000).map(|n| c.connect_timeout_ms = n as u64),
+                "MPIB_CONNECT_TIMEOUT_MS" => parse_int(value, 0, 3_600_000).and_then(|n| match n {
+                    1..=99 => Err(format!("{n} ms is too short a set-up deadline (0 = none, else 100 or more)")),
+                    n => {
+                        c.connect_timeout_ms = n as u64;
+                        Ok(())
+                    }
+                }),
                 _ => {
                     c.unknown.push(name.to_string());
                     Ok(())

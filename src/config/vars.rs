@@ -165,8 +165,8 @@ pub const VARS: &[VarDoc] = &[
     },
     VarDoc {
         name: "MPIB_CONNECT_TIMEOUT_MS",
-        default: "30000",
-        accepted: "100-3600000",
-        meaning: "connect/accept give up after this long without the peer",
+        default: "0",
+        accepted: "0 or 100-3600000",
+        meaning: "a deadline for connect/accept from the first call (0: none, wait while NCCL calls, as NCCL's own transports)",
     },
 ];

@@ -161,7 +161,7 @@ impl<D: Device> Plugin<D> {
         let step = {
             let (_, mut g) = self.objs.get(token, Kind::Pending)?;
             match &mut *g {
-                Obj::Connecting(c) => c.step(),
+                Obj::Connecting(c) => c.step(std::time::Instant::now()),
                 _ => Err(Error::internal("pending connection entry holds something else")),
             }
         };

@@ -172,20 +172,85 @@ mod tests {
     use crate::plugin::devices::{Nic, Shape};
     use crate::plugin::discover::NicMeta;
     use crate::plugin::oob::OobAddr;
-    use crate::plugin::setup::{FabricKind, HELLO_WITHIN};
+    use crate::plugin::setup::{Connecting, FabricKind, HELLO_WITHIN};
     use crate::plugin::wire::{self, Hello, Msg};
 
     /// A listen comm over in-process soft devices, its set-up listener on loopback TCP.
     fn listen_comm() -> (ListenComm<SoftDevice>, SocketAddr) {
+        let (l, sa, ..) = listen_comm_with(Config::default());
+        (l, sa)
+    }
+
+    /// The same with configuration `cfg`, and what a connector on the same devices needs.
+    fn listen_comm_with(cfg: Config) -> (ListenComm<SoftDevice>, SocketAddr, Arc<DevPair<SoftDevice>>, Params) {
         let d = Arc::new(soft::open(&SoftOptions::inproc("l")).unwrap());
         let nic = Arc::new(Nic::new(d, NicMeta::default()));
         let pair = Arc::new(DevPair::new(0, [nic.clone(), nic], Shape::Pair, &[0]));
-        let cfg: &'static Config = Box::leak(Box::default());
+        let cfg: &'static Config = Box::leak(Box::new(cfg));
         let p = Params::new(cfg, FabricKind::Inproc, AbiVersion::V8, None);
         let (l, addr) = OobListener::tcp("127.0.0.1".parse().unwrap()).unwrap();
         let OobAddr::Tcp(sa) = addr else { panic!() };
         let ctx = Arc::new(Context::new(1, 0, None, cfg.srq_depth));
-        (ListenComm::new(l, pair, ctx, p), sa)
+        (ListenComm::new(l, pair.clone(), ctx, p.clone()), sa, pair, p)
+    }
+
+    /// A connector to `addr` on `pair`'s devices (its own context).
+    fn connecting(pair: &Arc<DevPair<SoftDevice>>, p: &Params, addr: SocketAddr) -> Connecting<SoftDevice> {
+        let ctx = Context::new(2, 0, None, p.cfg.srq_depth);
+        Connecting::start(pair.clone(), p.clone(), OobAddr::Tcp(addr), &ctx).unwrap()
+    }
+
+    #[test]
+    fn a_peer_that_accepts_45_s_late_is_waited_for_and_then_connects() {
+        let (mut l, addr, pair, p) = listen_comm_with(Config::default());
+        assert_eq!(p.timeout, None, "no set-up deadline by default");
+        let mut c = connecting(&pair, &p, addr);
+        let t0 = Instant::now();
+        // The listening rank is late: its `accept` is first called 45 s (simulated) after the
+        // connector's first `connect`, which NCCL keeps calling meanwhile.
+        for s in [0, 1, 10, 29, 31, 44, 45] {
+            assert!(c.step(t0 + Duration::from_secs(s)).unwrap().is_none(), "at {s} s");
+        }
+        let late = t0 + Duration::from_secs(45);
+        let (mut send, mut recv) = (None, None);
+        let t = Instant::now();
+        while send.is_none() || recv.is_none() {
+            if recv.is_none() {
+                recv = l.accept(late).unwrap();
+            }
+            if send.is_none() {
+                send = c.step(late + t.elapsed()).unwrap();
+            }
+            assert!(t.elapsed() < Duration::from_secs(20), "set-up did not finish after the late accept");
+        }
+    }
+
+    #[test]
+    fn a_set_up_deadline_holds_when_one_is_configured() {
+        let cfg = Config { connect_timeout_ms: 1000, ..Config::default() };
+        let (_l, addr, pair, p) = listen_comm_with(cfg);
+        let mut c = connecting(&pair, &p, addr);
+        let t0 = Instant::now();
+        assert!(c.step(t0 + Duration::from_millis(900)).unwrap().is_none());
+        let e = c.step(t0 + Duration::from_millis(1100)).err().expect("past the deadline");
+        assert!(e.msg().contains("MPIB_CONNECT_TIMEOUT_MS"), "{e}");
+    }
+
+    #[test]
+    fn a_peer_that_is_gone_fails_the_set_up_at_once() {
+        let (l, addr, pair, p) = listen_comm_with(Config::default());
+        let mut c = connecting(&pair, &p, addr);
+        // The listening process is gone: its listener and the connection queued on it close.
+        drop(l);
+        let t0 = Instant::now();
+        let e = loop {
+            match c.step(t0) {
+                Err(e) => break e,
+                Ok(None) => assert!(t0.elapsed() < Duration::from_secs(20), "a gone peer was waited for"),
+                Ok(Some(_)) => panic!("connected to nobody"),
+            }
+        };
+        assert!(!e.msg().contains("MPIB_CONNECT_TIMEOUT_MS"), "not a deadline: {e}");
     }
 
     /// Calls `accept(now)` until `n` set-ups are pending (the kernel queues a connection a

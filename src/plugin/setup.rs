@@ -17,8 +17,15 @@
 //! version: one that says nothing within [`HELLO_WITHIN`], closes, or sends anything else
 //! is a stray ([`AcceptFailed::Stray`], `Silent`), which the listener drops
 //! (`listen.rs`) without failing NCCL's `accept`; a Hello of another version or fabric is
-//! an mpib peer that cannot work with this one, a failed set-up. From the Hello on, the
-//! set-up is bounded by `MPIB_CONNECT_TIMEOUT_MS`.
+//! an mpib peer that cannot work with this one, a failed set-up.
+//!
+//! **A late peer is waited for.** NCCL calls `connect` and `accept` until they are done or
+//! it aborts, and a straggler rank (a slow node, a late data loader) is no failure: neither
+//! side gives up on a peer that is merely late. A peer that is gone (its set-up connection
+//! refused, reset or closed) or that sends nonsense fails the set-up at once. A set-up that
+//! has waited long says so at INFO (after [`WAIT_NOTE_FIRST`], then at doubling intervals,
+//! at most one line a second in all). `MPIB_CONNECT_TIMEOUT_MS` (0 by default: none) sets a
+//! deadline from the first call for sites that want one.
 //!
 //! The QPs are made on the shared queues of each rail's NIC in the connection's context,
 //! with send queues as deep as what can be outstanding on them (`rails.rs`).
@@ -64,7 +71,9 @@ pub struct Params {
     pub abi: AbiVersion,
     pub qps: [u16; RAILS],
     pub connect: ConnectParams,
-    pub timeout: Duration,
+    /// A deadline for the whole set-up from its first call (`MPIB_CONNECT_TIMEOUT_MS`);
+    /// `None` (the default): as long as NCCL calls.
+    pub timeout: Option<Duration>,
     pub probe_interval_ns: u64,
     pub cfg: &'static Config,
 }
@@ -85,10 +94,56 @@ impl Params {
                     retry_cnt: cfg.retry_cnt,
                 },
             ),
-            timeout: Duration::from_millis(cfg.connect_timeout_ms),
+            timeout: (cfg.connect_timeout_ms > 0).then(|| Duration::from_millis(cfg.connect_timeout_ms)),
             probe_interval_ns: cfg.probe_interval_us * 1000,
             cfg,
         }
+    }
+}
+
+/// A set-up that has waited this long for its peer says so (INFO), then again after
+/// doubling intervals, at most [`WAIT_NOTE_MAX`] apart.
+pub const WAIT_NOTE_FIRST: Duration = Duration::from_secs(30);
+pub const WAIT_NOTE_MAX: Duration = Duration::from_secs(600);
+/// All set-ups' waiting notes together: at most one line a second.
+static WAITING: crate::ratelimit::RateLimit = crate::ratelimit::RateLimit::per_second();
+
+/// When a set-up that started at `started` next says it is still waiting, and what.
+#[derive(Debug)]
+struct WaitNote {
+    started: Instant,
+    next: Instant,
+    /// The wait before the note after the next one.
+    interval: Duration,
+}
+
+impl WaitNote {
+    fn new(started: Instant) -> WaitNote {
+        WaitNote { started, next: started + WAIT_NOTE_FIRST, interval: WAIT_NOTE_FIRST }
+    }
+
+    /// At `now`: fails the set-up past `deadline`, else logs an INFO line when one is due.
+    fn check(&mut self, now: Instant, deadline: Option<Duration>, what: impl Fn() -> String) -> Result<()> {
+        let waited = now.saturating_duration_since(self.started);
+        if let Some(t) = deadline
+            && waited > t
+        {
+            return Err(Error::remote(format!("{} within {} ms (MPIB_CONNECT_TIMEOUT_MS)", what(), t.as_millis())));
+        }
+        if now >= self.next {
+            self.interval = self.interval.saturating_mul(2).min(WAIT_NOTE_MAX);
+            self.next = now + self.interval;
+            if let Some(held) = WAITING.admit(now) {
+                log::info!(
+                    "{} yet: still waiting after {:.0?} (a late rank; NCCL keeps calling, MPIB_CONNECT_TIMEOUT_MS \
+                     sets a deadline){}",
+                    what(),
+                    waited,
+                    crate::ratelimit::suppressed(held)
+                );
+            }
+        }
+        Ok(())
     }
 }
 
@@ -179,7 +234,7 @@ pub struct Connecting<D: Device> {
     p: Params,
     conn: OobConn,
     stage: ConnStage,
-    started: Instant,
+    waited: WaitNote,
     rails: Option<[Rail<D>; RAILS]>,
     region: Option<HostRegion>,
     reply: Option<Reply>,
@@ -211,30 +266,26 @@ impl<D: Device> Connecting<D> {
             p,
             conn,
             stage: ConnStage::AwaitReply,
-            started: Instant::now(),
+            waited: WaitNote::new(Instant::now()),
             rails: Some(rails),
             region: Some(region),
             reply: None,
         })
     }
 
-    /// One step; the send comm once the connection is up. A failure is also told to the
-    /// acceptor (a Refusal), so both sides report its cause.
-    pub fn step(&mut self) -> Result<Option<SendComm<D>>> {
-        let r = self.progress();
+    /// One step at `now`; the send comm once the connection is up. A failure is also told
+    /// to the acceptor (a Refusal), so both sides report its cause.
+    pub fn step(&mut self, now: Instant) -> Result<Option<SendComm<D>>> {
+        let r = self.progress(now);
         if let Err(e) = &r {
             refuse(&mut self.conn, e);
         }
         r
     }
 
-    fn progress(&mut self) -> Result<Option<SendComm<D>>> {
-        if self.started.elapsed() > self.p.timeout {
-            return Err(Error::remote(format!(
-                "connect: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
-                self.p.timeout.as_millis()
-            )));
-        }
+    fn progress(&mut self, now: Instant) -> Result<Option<SendComm<D>>> {
+        let peer = self.conn.peer();
+        self.waited.check(now, self.p.timeout, || format!("connect: the peer {peer} has not completed set-up"))?;
         let rails = self.rails.as_mut().expect("rails until done");
         loop {
             match self.stage {
@@ -359,8 +410,8 @@ pub struct Accepting<D: Device> {
     p: Params,
     conn: OobConn,
     stage: AcceptStage,
-    /// When the Hello arrived: the set-up timeout counts from there.
-    started: Instant,
+    /// Since the Hello arrived: the waiting notes and the deadline (if any) count from there.
+    waited: WaitNote,
     rails: Option<[Rail<D>; RAILS]>,
     region: Option<HostRegion>,
     hello: Option<Hello>,
@@ -369,14 +420,14 @@ pub struct Accepting<D: Device> {
 impl<D: Device> Accepting<D> {
     /// A connection the listener took at `now`.
     pub fn new(pair: Arc<DevPair<D>>, ctx: Arc<Context<D>>, p: Params, conn: OobConn, now: Instant) -> Self {
-        let by = now + HELLO_WITHIN.min(p.timeout);
+        let by = now + p.timeout.map_or(HELLO_WITHIN, |t| HELLO_WITHIN.min(t));
         Accepting {
             pair,
             ctx,
             p,
             conn,
             stage: AcceptStage::AwaitHello { by },
-            started: now,
+            waited: WaitNote::new(now),
             rails: None,
             region: None,
             hello: None,
@@ -397,7 +448,7 @@ impl<D: Device> Accepting<D> {
     pub fn step(&mut self, now: Instant) -> std::result::Result<Option<RecvComm<D>>, AcceptFailed> {
         if let AcceptStage::AwaitHello { by } = self.stage {
             let Some(hello) = self.hello(now, by)? else { return Ok(None) };
-            self.started = now;
+            self.waited = WaitNote::new(now);
             if let Err(e) = self.on_hello(hello) {
                 refuse(&mut self.conn, &e);
                 return Err(AcceptFailed::Peer(e));
@@ -415,7 +466,7 @@ impl<D: Device> Accepting<D> {
         let m = match self.conn.poll() {
             Ok(Some(m)) => m,
             Ok(None) if now > by => {
-                let ms = by.saturating_duration_since(self.started).as_millis();
+                let ms = by.saturating_duration_since(self.waited.started).as_millis();
                 return Err(AcceptFailed::Silent(format!(
                     "{} sent no set-up message within {ms} ms",
                     self.conn.peer()
@@ -470,12 +521,8 @@ impl<D: Device> Accepting<D> {
     }
 
     fn await_ready(&mut self, now: Instant) -> Result<Option<RecvComm<D>>> {
-        if now.saturating_duration_since(self.started) > self.p.timeout {
-            return Err(Error::remote(format!(
-                "accept: the peer did not complete set-up within {} ms (MPIB_CONNECT_TIMEOUT_MS)",
-                self.p.timeout.as_millis()
-            )));
-        }
+        let peer = self.conn.peer();
+        self.waited.check(now, self.p.timeout, || format!("accept: the peer {peer} has not completed set-up"))?;
         let AcceptStage::AwaitReady { mut got_ready } = self.stage else {
             return Err(Error::internal("accept: set-up stepped before its Hello"));
         };
@@ -541,6 +588,23 @@ impl<D: Device> Accepting<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_waiting_set_up_says_so_at_doubling_intervals_and_fails_only_past_a_deadline() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let mut w = WaitNote::new(t0);
+        let what = || "connect: the peer has not completed set-up".to_string();
+        let notes = [(29, 30), (30, 90), (91, 211), (119, 211), (211, 451), (3600, 4080), (4080, 4680), (4680, 5280)];
+        for (at, next) in notes {
+            w.check(s(at), None, what).unwrap();
+            assert_eq!(w.next, s(next), "after a check at {at} s");
+        }
+        let mut w = WaitNote::new(t0);
+        w.check(s(10), Some(Duration::from_secs(10)), what).unwrap();
+        let e = w.check(s(11), Some(Duration::from_secs(10)), what).unwrap_err();
+        assert_eq!(e.msg(), "connect: the peer has not completed set-up within 10000 ms (MPIB_CONNECT_TIMEOUT_MS)");
+    }
 
     fn cfg_leak() -> &'static Config {
         Box::leak(Box::default())

@@ -163,3 +163,30 @@ fn oversized_sends_fail_one_by_one_and_cost_a_few_warnings() {
         out[1].result
     );
 }
+
+#[test]
+fn a_rank_that_comes_late_to_set_up_is_waited_for() {
+    // With a set-up deadline shorter than the lateness, the old behaviour: the on-time
+    // rank's connect fails. Without one (the default), both complete. (The plugin's own
+    // unit tests simulate a peer 45 s late.)
+    let out = run_ok(2, &words("straggler late_ms=3000", first_seed("straggler")), &[]);
+    assert!(out[1].result.as_deref().is_some_and(|r| r.contains("on time")), "{:?}", out[1].result);
+    let mut env = common::fabric_env();
+    env.push(("MPIB_CONNECT_TIMEOUT_MS".into(), "1000".into()));
+    let spec = RunSpec {
+        program: rank_program(),
+        plugin: common::plugin_path(),
+        ranks: 2,
+        scenario: Scenario::parse(&words("straggler late_ms=3000", 1)).unwrap(),
+        env,
+        timeout: timeout(),
+    };
+    let out = run(&spec).unwrap();
+    assert!(
+        out[1].result.as_deref().is_some_and(|r| r.contains("fail") && r.contains("connect"))
+            && out[1].stderr.contains("MPIB_CONNECT_TIMEOUT_MS"),
+        "a configured deadline still holds: {:?}\n{}",
+        out[1].result,
+        out[1].stderr
+    );
+}

@@ -74,7 +74,9 @@
 //! - **Deregistration.** `dereg_mr` returns only when no placement into (or send from) the
 //!   region is running; after it no byte lands there (see `mr.rs`).
 //! - **Connection set-up.** `connect` never blocks; `is_ready` finishes the TCP connect or
-//!   the accept, and fails after `MPIB_CONNECT_TIMEOUT_MS` without the peer.
+//!   the accept, and fails when the peer QP has not connected within
+//!   `SoftOptions::connect_timeout` (the plugin: the set-up deadline if one is set, else
+//!   2 minutes; it runs only once both sides have made and exchanged their QPs).
 //!
 //! # Progress
 //!

@@ -70,10 +70,19 @@ impl<D: Device> Clone for RailPair<D> {
     }
 }
 
+/// How long a soft QP waits for its peer QP's CONNECT when no set-up deadline is set.
+pub const SOFT_QP_CONNECT_WITHIN: Duration = Duration::from_secs(120);
+
 /// Opens the soft rail pair: over TCP (`Soft`, and `Auto`/`Verbs` when the plugin falls
 /// back), or in-process (`Inproc`). The chosen addresses are logged at INFO.
 pub fn soft_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
-    let connect_timeout = Duration::from_millis(cfg.connect_timeout_ms);
+    // A QP's own bound on its peer QP's CONNECT. It runs only once both sides exchanged
+    // their QPs (both are there), so it catches a rail address the peer cannot reach, not
+    // a late rank: the set-up's deadline, if any, or a generous one.
+    let connect_timeout = match cfg.connect_timeout_ms {
+        0 => SOFT_QP_CONNECT_WITHIN,
+        ms => Duration::from_millis(ms),
+    };
     if cfg.fabric == FabricChoice::Inproc {
         let open =
             |rail: &str| soft::open(&SoftOptions { name: format!("inproc-{rail}"), bind: None, connect_timeout });

@@ -10,6 +10,7 @@
 //! abort      a connection closed with requests in flight at a random moment on both sides
 //!            (ncclCommAbort), while another connection between the same ranks carries on
 //! oversize   sends larger than their posted receive: an error each, the connection goes on
+//! straggler  a rank that calls connect/accept seconds after its peer: set-up waits for it
 //! ```
 //!
 //! A rank is the program `mpib-lifecycle` (`src/bin/mpib-lifecycle.rs`); [`run`] starts the
@@ -30,6 +31,7 @@ mod churn;
 mod conn;
 pub mod mesh;
 mod oversize;
+mod straggler;
 mod teardown;
 
 const ADDR_LINE: &str = "LIFECYCLE-ADDR ";
@@ -304,7 +306,8 @@ pub fn rank_main(args: &[String]) -> i32 {
             "teardown" => teardown::run(&plugin, &mesh, &scenario),
             "abort" => abort::run(&plugin, &mesh, &scenario),
             "oversize" => oversize::run(&plugin, &mesh, &scenario),
-            other => Err(Error::usage(format!("no scenario {other:?} (churn, teardown, abort, oversize)"))),
+            "straggler" => straggler::run(&plugin, &mesh, &scenario),
+            other => Err(Error::usage(format!("no scenario {other:?} (churn, teardown, abort, oversize, straggler)"))),
         }
     })();
     let code = match &r {
