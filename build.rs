@@ -49,6 +49,11 @@ fn main() {
     if !sanitized {
         println!("cargo:rustc-cdylib-link-arg=-Wl,-z,defs");
     }
+    // NCCL 2.28+ dlclose the plugin after the last communicator's finalize and may load it
+    // again; the plugin's threads (the soft fabric's helpers) outlive that call, so its code
+    // must stay mapped: dlclose of a NODELETE object unmaps nothing, and a later dlopen
+    // finds it loaded (its state is reset by the last finalize, not by unmapping).
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-z,nodelete");
     let cfg = cbindgen::Config::from_file(dir.join("cbindgen.toml")).expect("cbindgen.toml");
     // Only the ABI files: what NCCL (and C tests) see, nothing internal.
     let mut builder = cbindgen::Builder::new().with_config(cfg);

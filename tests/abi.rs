@@ -49,6 +49,21 @@ fn no_link_time_dependency_on_rdma_libraries() {
 }
 
 #[test]
+fn the_library_stays_mapped_when_nccl_unloads_it_and_loads_again() {
+    let out = Command::new("readelf").arg("-d").arg(cdylib()).output().expect("run readelf");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.contains("FLAGS_1") && l.contains("NODELETE")),
+        "linked without -z nodelete: its helper threads would run unmapped code after dlclose\n{text}"
+    );
+    let reload = compile_c("reload", &["tests/c/reload.c"], &["-ldl"]);
+    let (_, env) = common::device_mode();
+    let r = Command::new(&reload).arg(cdylib()).arg("4").envs(env).output().expect("run reload");
+    let text = format!("{}{}", String::from_utf8_lossy(&r.stdout), String::from_utf8_lossy(&r.stderr));
+    assert!(r.status.success() && text.contains("PASS"), "{text}");
+}
+
+#[test]
 fn loader_without_a_usable_device_fails_init_clearly() {
     // verbs is asked for, and this build/host cannot provide it: init fails, NCCL falls back.
     let loader = compile_c("loader", &["tests/c/loader.c"], &["-ldl"]);
