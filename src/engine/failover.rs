@@ -51,6 +51,8 @@ pub struct FailoverConfig {
     /// `readmit_max_ns` (`MPIB_READMIT_MAX_MS`); 0 = never re-admit.
     pub readmit_ns: u64,
     pub readmit_max_ns: u64,
+    /// Sender: the fault drill (`MPIB_FAULT_RAIL`), if any.
+    pub drill: Option<crate::config::FaultDrill>,
 }
 
 /// A re-admission attempt not Up within this time has failed (its probes or its peer's
@@ -120,6 +122,11 @@ pub enum Action {
     /// Re-admission: connect the new QPs of `rail` to the peer's (`records`); answer
     /// [`Event::QpsConnected`] once they carry WRs (or [`Event::ReadmitFailed`]).
     ConnectQps { rail: usize, records: QpRecords },
+    /// The fault drill (`MPIB_FAULT_RAIL`, soft fabric) drops rails as a lost link would:
+    /// inject `kind` on the QPs of the rails in `inject` (those Up), and refuse the
+    /// re-admission of every rail in `refuse` for `refuse_ms` (`None`: for good). `isend`:
+    /// the comm's isends so far, for the log. No event answers it.
+    Drop { inject: RailMask, refuse: RailMask, kind: crate::fabric::FaultKind, refuse_ms: Option<u64>, isend: u64 },
 }
 
 /// What the plugin tells an engine.
@@ -144,21 +151,22 @@ pub enum Event {
     PortDown { rail: usize },
 }
 
-/// What one failover poll produced: control writes, replays and CTS re-posts (each a chain
-/// on the surviving rail), and actions. Built once with room for a full window; reused.
+/// What an engine's `handle_timeout` hands the plugin: chains to post in order (probes,
+/// keepalives, control writes, replays, CTS re-posts) and actions to perform on the fabric,
+/// each answered with an [`Event`]. Built once with room for a full window; reused.
 #[derive(Debug)]
-pub struct FailoverPosts {
+pub struct Output {
     pub chains: Vec<Chain>,
     pub actions: Vec<Action>,
 }
 
-impl Default for FailoverPosts {
+impl Default for Output {
     fn default() -> Self {
-        FailoverPosts { chains: Vec::with_capacity(SLOTS + 8), actions: Vec::with_capacity(4) }
+        Output { chains: Vec::with_capacity(SLOTS + 8), actions: Vec::with_capacity(4) }
     }
 }
 
-impl FailoverPosts {
+impl Output {
     pub fn clear(&mut self) {
         self.chains.clear();
         self.actions.clear();
@@ -308,7 +316,7 @@ impl CtlChannel {
         msg: &CtlMsg,
         rail: usize,
         mem: &mut impl CtlMemory,
-        out: &mut FailoverPosts,
+        out: &mut Output,
     ) -> bool {
         if self.sent - self.acked >= CTL_MAX_UNACKED {
             return false;
@@ -415,6 +423,11 @@ pub(crate) struct Failover {
     pub(crate) probes_out: [u8; RAILS],
     pub(crate) readmissions: u64,
     pub(crate) readmit_failures: u64,
+    /// When the engine's next failover round is due (0: at once; a lower bound kept by the
+    /// engine: its `poll_timeout` reads it on every call).
+    pub(crate) timer_ns: u64,
+    /// Sender: the next stall check.
+    pub(crate) stall_next_ns: u64,
 }
 
 /// What failover has counted on one side.
@@ -432,6 +445,13 @@ pub struct FailoverCounts {
 }
 
 impl Failover {
+    /// The failover state of a connection that came up at `now_ns` (a round is due at once:
+    /// it sets the timers).
+    pub(crate) fn new(cfg: FailoverConfig, now_ns: u64) -> Failover {
+        let timer_ns = if cfg.enabled { 0 } else { u64::MAX };
+        Failover { cfg, now_ns, timer_ns, ..Failover::default() }
+    }
+
     /// Whether a rail has a fence, a report, a re-admission step or a connect waiting (one
     /// OR over the four masks; either engine's `failover_due` adds its own work).
     #[inline]

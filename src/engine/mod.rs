@@ -21,10 +21,10 @@ mod tests;
 
 pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Violation};
 pub use failover::{
-    Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, FailoverPosts, QpRecords, RailState,
+    Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, Output, QpRecords, RailState,
 };
 pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
-pub use send::{CallerWaits, CpuAccess, SendBuf, SendConfig, SendEngine};
+pub use send::{CallerWaits, CpuAccess, STALL_NS_PER_BYTE, SendBuf, SendConfig, SendEngine};
 
 use crate::fabric::SendWr;
 use error_state::ErrorState;

@@ -16,9 +16,7 @@ use crate::engine::layout::{
     CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RECORD_SLOT_BYTES,
     RecvMemory, SendMemory,
 };
-use crate::engine::{
-    CallerWaits, FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold,
-};
+use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, ConnectParams, Device, Progress, QpInfo, QueuePair};
@@ -104,19 +102,19 @@ impl<D: Device> Drop for Rail<D> {
 
 /// What the comms' shared fabric helpers need of an engine.
 trait Engine {
-    /// A fabric call failed: the connection is broken, every later call reports it.
-    fn set_error(&mut self, e: Error);
+    /// A fabric call failed: the connection is broken.
+    fn fail(&mut self, e: Error);
 }
 
 impl Engine for SendEngine {
-    fn set_error(&mut self, e: Error) {
-        SendEngine::set_error(self, e);
+    fn fail(&mut self, e: Error) {
+        SendEngine::fail(self, e);
     }
 }
 
 impl Engine for RecvEngine {
-    fn set_error(&mut self, e: Error) {
-        RecvEngine::set_error(self, e);
+    fn fail(&mut self, e: Error) {
+        RecvEngine::fail(self, e);
     }
 }
 
@@ -134,7 +132,7 @@ fn fabric<T>(engine: &mut impl Engine, r: Result<T>) -> Result<T> {
 #[cold]
 #[inline(never)]
 fn broken(engine: &mut impl Engine, e: Error) -> Error {
-    engine.set_error(e.clone());
+    engine.fail(e.clone());
     e
 }
 
@@ -299,9 +297,7 @@ impl<D: Device> SendComm<D> {
         region: HostRegion,
         fo: Box<FoSide>,
     ) -> Self {
-        let mut engine = engine;
         let poll_always = RailMask::from_fn(|r| rails[r].dev.attrs().progress == Progress::OnPoll);
-        engine.start(now_ns());
         SendComm {
             rails,
             poll_always,
@@ -334,25 +330,12 @@ impl<D: Device> SendComm<D> {
             // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
             self.poll(RailMask::BOTH, now)?;
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
-            if r.is_none() {
-                // Still no CTS: keep the idle rails probed, so a dead receiver is noticed.
-                self.engine.poll_probes(now, CallerWaits::Yes, &mut self.posts);
-                if self.failover_wanted(now) {
-                    self.failover_round(now)?;
-                }
-            }
         }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
-        if r.is_some() {
-            // A sender whose requests are always done when it tests them (CPU-bound, e.g.
-            // a debug build) reaches no waiting call: the periodic round (stall check,
-            // re-admission timer) is also due from here. One compare; `now` is read.
-            if self.fo.periodic(now) {
-                self.failover_round(now)?;
-            }
-            if self.has_drill() {
-                self.fault_drill(now);
-            }
+        // The engine's own work (probes, keepalives while no CTS came, failover, the drill)
+        // when its time has come — one compare — or when news waits for a caller that waits.
+        if now >= self.engine.poll_timeout() || r.is_none() && self.news() {
+            self.round(now)?;
         }
         Ok(r)
     }
@@ -372,7 +355,7 @@ impl<D: Device> SendComm<D> {
         // Only the rails of the set are visited (one, on a single-rail split).
         for rail in rails.iter() {
             let engine = &mut self.engine;
-            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(now, rail, c))?;
+            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.handle_completion(now, rail, c))?;
         }
         Ok(took)
     }
@@ -386,7 +369,7 @@ impl<D: Device> SendComm<D> {
             let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
             let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
-                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.on_completion(now, rail, c));
+                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.handle_completion(now, rail, c));
                 fabric(engine, r)?;
             }
         }
@@ -408,18 +391,20 @@ impl<D: Device> SendComm<D> {
             let polled = self.poll_nics(rails, now);
             settle(&mut self.engine, polled);
             done = self.engine.test(id)?;
-            if done.is_none() && self.failover_wanted(now) {
-                self.failover_round(now)?;
+            if done.is_none() && self.news() {
+                self.round(now)?;
                 done = self.engine.test(id)?;
             }
         }
-        self.posts.clear();
-        let waits = if done.is_none() { CallerWaits::Yes } else { CallerWaits::No };
-        self.engine.poll_probes(now, waits, &mut self.posts);
-        let posted = post_all(&mut self.rails, &self.posts, &mut self.engine);
-        // A probe that could not be posted (recorded) does not undo a completed send.
-        if done.is_none() {
-            posted?;
+        // The engine's own work when its time has come (one compare): probes, keepalives,
+        // the stall check, re-admission. A failure there (recorded) does not undo a
+        // completed send.
+        if now >= self.engine.poll_timeout() {
+            let r = self.round(now);
+            if done.is_none() {
+                r?;
+                done = self.engine.test(id)?;
+            }
         }
         Ok(done)
     }
@@ -489,11 +474,11 @@ impl<D: Device> RecvComm<D> {
         self.posts.clear();
         let r = self.engine.irecv(bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
-        // "Not now": a call that waits looks at the control ring (`failover.rs`); so does
-        // every IRECVS_PER_LOOK-th.
+        // "Not now": a call that waits looks for news and the engine's due work; so does
+        // every IRECVS_PER_LOOK-th (the clock is read only then).
         self.irecvs = self.irecvs.wrapping_add(1);
-        if (r.is_none() || self.irecvs.is_multiple_of(IRECVS_PER_LOOK)) && self.failover_wanted() {
-            self.failover_round()?;
+        if (r.is_none() || self.irecvs.is_multiple_of(IRECVS_PER_LOOK)) && (self.news() || self.engine.has_work()) {
+            self.round(now_ns())?;
         }
         Ok(r)
     }
@@ -518,7 +503,7 @@ impl<D: Device> RecvComm<D> {
         for rail in 0..RAILS {
             let mem = RecvMem(&self.region);
             let engine = &mut self.engine;
-            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.on_completion(rail, c, &mem))?;
+            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.handle_completion(rail, c, &mem))?;
         }
         Ok(took)
     }
@@ -531,7 +516,7 @@ impl<D: Device> RecvComm<D> {
             let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
             let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
-                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.on_completion(rail, c, &mem));
+                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.handle_completion(rail, c, &mem));
                 fabric(engine, r)?;
                 let rnr = nic.take_rnr();
                 if rnr > 0 {
@@ -556,15 +541,14 @@ impl<D: Device> RecvComm<D> {
         let polled = self.poll_nics();
         settle(&mut self.engine, polled);
         let mut done = self.engine.test_n(id)?;
-        if done.is_none() && self.failover_wanted() {
-            self.failover_round()?;
-            done = self.engine.test_n(id)?;
-        }
         if done.is_none() {
-            // The clock is read only here, by a caller that waits (keepalives).
-            self.posts.clear();
-            self.engine.poll_keepalive(now_ns(), &mut self.posts);
-            post_all(&mut self.rails, &self.posts, &mut self.engine)?;
+            // The clock is read only here, by a caller that waits: the engine's own work
+            // (a keepalive, failover) when its time has come or news waits.
+            let now = now_ns();
+            if now >= self.engine.poll_timeout() || self.news() {
+                self.round(now)?;
+                done = self.engine.test_n(id)?;
+            }
         }
         Ok(done)
     }
@@ -592,7 +576,7 @@ mod tests {
     }
 
     impl Engine for Fake {
-        fn set_error(&mut self, e: Error) {
+        fn fail(&mut self, e: Error) {
             self.error.get_or_insert(e);
         }
     }

@@ -16,10 +16,9 @@
 
 use super::comm::{RECV_SCRATCH_OFF, Rail, RecvComm, RecvMem, SCRATCH_BYTES, SEND_SCRATCH_OFF, SendComm, SendMem};
 use super::readmit::{READMIT_MAX_QPS, Refuse};
-use crate::config::{FaultAt, FaultDrill};
 use crate::engine::RailMask;
 use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
-use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, RAIL_NAMES, RAILS, RailState};
+use crate::engine::{Action, CtlMemory, Event, FailoverConfig, Output, RAIL_NAMES, RAILS};
 use crate::engine::{RecvEngine, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, Device, FaultKind, QueuePair};
@@ -59,27 +58,18 @@ pub fn failover_config(
         ctl_out_lkeys: lkeys,
         ctl_ring_addr: peer_scratch + SCRATCH_BYTES as u64,
         ctl_ring_rkeys: peer_rkeys,
+        drill: None,
     }
 }
 
-/// A comm's failover state in the plugin: the engine's output buffers (allocated once),
-/// when the next periodic round is due, and the fault drill.
+/// A comm's share of failover in the plugin: the engine's output buffer (allocated once),
+/// the port-down counts it has acted on, the re-admissions it is connecting and the drill's
+/// refusals.
 pub struct FoSide {
-    out: FailoverPosts,
-    /// Periodic rounds (the sender's stall check): every `period_ns` while a call waits
-    /// (0 = none); `next_ns`: the next one, or the engine's timer (re-admission) if sooner.
-    period_ns: u64,
-    next_ns: u64,
-    /// Fault drill (`MPIB_FAULT_RAIL`); isends so far; with a time, when the next drop is
-    /// due (ns, set at the first isend) and drops so far; how long each rail refuses to
-    /// come back.
-    drill: Option<FaultDrill>,
-    isends: u64,
+    pub(super) out: Output,
     /// Each rail's port-down count (`Device::port_downs`) this comm has acted on.
     port_downs: [u64; RAILS],
     failover: bool,
-    drill_next_ns: u64,
-    drops: u64,
     pub(super) refuse: [Refuse; RAILS],
     /// Rails whose new QPs are connecting (re-admission, `plugin/readmit.rs`).
     pub(super) connecting: RailMask,
@@ -90,21 +80,12 @@ pub struct FoSide {
 impl FoSide {
     /// `rails`: the comm's rails, whose ports' down counts start here (a port that went
     /// down before the comm existed is the set-up's business).
-    pub fn new<D: Device>(cfg: &crate::config::Config, sender: bool, rails: &[Rail<D>; RAILS]) -> Box<FoSide> {
-        let period_ns = if sender && cfg.failover { cfg.stall_ms * 1_000_000 / 4 } else { 0 };
-        let drill = if sender { cfg.fault_rail } else { None };
-        let next_ns = if period_ns != 0 { 0 } else { u64::MAX };
+    pub fn new<D: Device>(cfg: &crate::config::Config, rails: &[Rail<D>; RAILS]) -> Box<FoSide> {
         let port_downs = std::array::from_fn(|r| rails[r].dev.port_downs().0);
         Box::new(FoSide {
-            out: FailoverPosts::default(),
-            period_ns,
-            next_ns,
-            drill,
-            isends: 0,
+            out: Output::default(),
             port_downs,
             failover: cfg.failover,
-            drill_next_ns: 0,
-            drops: 0,
             refuse: [Refuse::No; RAILS],
             connecting: RailMask::NONE,
             port_wait: RailMask::NONE,
@@ -114,14 +95,8 @@ impl FoSide {
     /// Whether a rail's port went down since this comm last looked (two loads; verbs only
     /// ever moves them).
     #[inline(always)]
-    fn port_news<D: Device>(&self, rails: &[Rail<D>; RAILS]) -> bool {
+    pub(super) fn port_news<D: Device>(&self, rails: &[Rail<D>; RAILS]) -> bool {
         self.failover && (0..RAILS).any(|r| rails[r].dev.port_downs().0 != self.port_downs[r])
-    }
-
-    /// Whether the periodic round is due at `now`.
-    #[inline]
-    pub(super) fn periodic(&self, now: u64) -> bool {
-        now >= self.next_ns
     }
 }
 
@@ -194,35 +169,36 @@ fn drain_rail<D: Device>(rail: &Rail<D>, idx: usize, mut on: impl FnMut(&Complet
     first
 }
 
-/// What the part of a failover round both comms share needs of their engine.
+/// The engine calls a round needs, the same for both comms.
 trait RoundEngine {
-    fn on_event(&mut self, ev: Event) -> Result<()>;
-    fn set_error(&mut self, e: Error);
+    fn handle_event(&mut self, now: u64, ev: Event) -> Result<()>;
+    fn fail(&mut self, e: Error);
 }
 
 impl RoundEngine for SendEngine {
-    fn on_event(&mut self, ev: Event) -> Result<()> {
-        SendEngine::on_event(self, ev)
+    fn handle_event(&mut self, now: u64, ev: Event) -> Result<()> {
+        SendEngine::handle_event(self, now, ev)
     }
-    fn set_error(&mut self, e: Error) {
-        SendEngine::set_error(self, e);
+    fn fail(&mut self, e: Error) {
+        SendEngine::fail(self, e);
     }
 }
 
 impl RoundEngine for RecvEngine {
-    fn on_event(&mut self, ev: Event) -> Result<()> {
-        RecvEngine::on_event(self, ev)
+    fn handle_event(&mut self, _now: u64, ev: Event) -> Result<()> {
+        RecvEngine::handle_event(self, ev)
     }
-    fn set_error(&mut self, e: Error) {
-        RecvEngine::set_error(self, e);
+    fn fail(&mut self, e: Error) {
+        RecvEngine::fail(self, e);
     }
 }
 
-/// What follows the engine's poll in a round, the same for both comms: its chains posted
-/// (a failed post breaks the connection), its actions performed on the rails and answered
-/// (a fenced rail's completions fed in with `on_completion`), the re-admitted QPs that are
-/// connecting polled. Whether an action was performed (another round may be due).
+/// What follows the engine's `handle_timeout` in a round, the same for both comms: its
+/// chains posted (a failed post breaks the connection), its actions performed on the rails
+/// and answered (a fenced rail's completions fed in with `on_completion`), the re-admitted
+/// QPs that are connecting polled. Whether an action was answered (another round is due).
 fn carry_out<D: Device, E: RoundEngine>(
+    now: u64,
     rails: &mut [Rail<D>; RAILS],
     fo: &mut FoSide,
     engine: &mut E,
@@ -231,7 +207,7 @@ fn carry_out<D: Device, E: RoundEngine>(
     for c in &fo.out.chains {
         let r = rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
         if let Err(e) = r {
-            engine.set_error(e.clone());
+            engine.fail(e.clone());
             return Err(e);
         }
     }
@@ -249,151 +225,113 @@ fn carry_out<D: Device, E: RoundEngine>(
                 Some(ev) => ev,
                 None => continue,
             },
+            Action::Drop { inject, refuse, kind, refuse_ms, isend } => {
+                drop_rails(rails, fo, inject, refuse, kind, refuse_ms, isend);
+                continue;
+            }
         };
-        engine.on_event(ev)?;
+        engine.handle_event(now, ev)?;
         acted = true;
     }
-    fo.poll_connecting(rails, |ev| engine.on_event(ev))?;
+    fo.poll_connecting(rails, |ev| engine.handle_event(now, ev))?;
     Ok(acted)
 }
 
+/// The fault drill's drop (`MPIB_FAULT_RAIL`): every fault lives on this side's QPs of the
+/// rail (the requester of the data WRs): a hook fires on the next matching WR, and what the
+/// receiver must see (bytes without their IMM, an IMM whose ACK is lost, requests arriving
+/// after its QP's error state) travels on the wire (soft fabric, `hook.rs`). A rail that is
+/// not Up only has its refusal renewed.
+fn drop_rails<D: Device>(
+    rails: &mut [Rail<D>; RAILS],
+    fo: &mut FoSide,
+    inject: RailMask,
+    refuse: RailMask,
+    kind: FaultKind,
+    refuse_ms: Option<u64>,
+    isend: u64,
+) {
+    fo.refuse_for(refuse, refuse_ms);
+    for r in refuse.iter() {
+        if !inject.contains(r) {
+            log::warn!("MPIB_FAULT_RAIL: the {} rail is not up at isend {isend}: it stays down", RAIL_NAMES[r]);
+            continue;
+        }
+        let what = match kind {
+            FaultKind::LinkLoss => "dropping",
+            FaultKind::DropImm => "arming drop-imm (the next IMM lost, its bytes landed) on",
+            FaultKind::DropAck => "arming drop-ack (the next ACK lost, its WR executed) on",
+            FaultKind::HoldPastFence => "arming hold (requests held past the fence) on",
+        };
+        log::warn!("MPIB_FAULT_RAIL: {what} the {} rail's connections at isend {isend}", RAIL_NAMES[r]);
+        for qp in rails[r].qps.iter_mut() {
+            match qp.inject_fault(kind) {
+                Ok(true) => {}
+                Ok(false) => log::warn!("MPIB_FAULT_RAIL: this fabric cannot inject {kind:?} (soft, TCP)"),
+                Err(e) => log::warn!("MPIB_FAULT_RAIL: {e}"),
+            }
+        }
+    }
+}
+
 impl<D: Device> SendComm<D> {
-    /// Whether a call that did not complete must run a failover round.
+    /// Whether the receiver or the fabric has news for the engine (a control message, a
+    /// port gone down): two loads and compares, for calls that wait.
     #[inline(always)]
-    pub(super) fn failover_wanted(&self, now: u64) -> bool {
-        self.engine.failover_due()
-            || self.engine.control_waiting(&SendMem(&self.region))
-            || self.fo.periodic(now)
-            || self.fo.port_news(&self.rails)
+    pub(super) fn news(&self) -> bool {
+        self.engine.control_waiting(&SendMem(&self.region)) || self.fo.port_news(&self.rails)
     }
 
-    /// One failover round (see the module doc).
+    /// A round of the engine's own work at `now` (probes, keepalives, failover, the drill):
+    /// the port-downs fed in, then `handle_timeout` and what it asks for, again while an
+    /// action was answered (a fence, then its report), a few times at most.
     #[cold]
     #[inline(never)]
-    pub(super) fn failover_round(&mut self, now: u64) -> Result<()> {
-        self.fo.next_ns = u64::MAX;
+    pub(super) fn round(&mut self, now: u64) -> Result<()> {
         if self.fo.failover {
             let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.on_event(e))?;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(now, e))?;
         }
-        let r = self.failover_rounds(now);
-        let period = if self.fo.period_ns != 0 { now + self.fo.period_ns } else { u64::MAX };
-        self.fo.next_ns = period.min(self.engine.failover_timer_ns());
-        r
-    }
-
-    fn failover_rounds(&mut self, now: u64) -> Result<()> {
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
-            self.engine.poll_failover(now, &mut SendMem(&self.region), &mut self.fo.out)?;
-            let fenced =
-                carry_out(&mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| e.on_completion(now, rail, c))?;
-            if !fenced && !self.engine.failover_due() {
+            self.engine.handle_timeout(now, &mut SendMem(&self.region), &mut self.fo.out)?;
+            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
+                e.handle_completion(now, rail, c)
+            })?;
+            if !acted {
                 break;
             }
         }
         Ok(())
     }
-
-    /// The fault drill: counts isends (or reads the time); at the chosen one, drops the
-    /// chosen rails' QP connections as a lost link would (soft fabric). A timed drill's
-    /// times count from the comm's first isend; a repeated one keeps its cadence (a drop
-    /// due while the rail is not Up only renews the refusal).
-    #[cold]
-    #[inline(never)]
-    pub(super) fn fault_drill(&mut self, now: u64) {
-        let Some(d) = self.fo.drill else { return };
-        self.fo.isends += 1;
-        let fire = match d.at {
-            FaultAt::Isend(n) => self.fo.isends == n,
-            FaultAt::Ms(at) => {
-                if self.fo.isends == 1 {
-                    self.fo.drill_next_ns = now + at * 1_000_000;
-                }
-                let due = self.fo.drill_next_ns != u64::MAX && now >= self.fo.drill_next_ns;
-                if due {
-                    self.fo.drops += 1;
-                    let more = d.count.is_none_or(|c| self.fo.drops < c);
-                    self.fo.drill_next_ns = match d.every_ms {
-                        Some(e) if more => {
-                            let e = e * 1_000_000;
-                            self.fo.drill_next_ns + ((now - self.fo.drill_next_ns) / e + 1) * e
-                        }
-                        _ => u64::MAX,
-                    };
-                }
-                due
-            }
-        };
-        if !fire {
-            return;
-        }
-        let (mask, isends) = (d.mask, self.fo.isends);
-        self.fo.refuse_for(mask, d.for_ms);
-        let states = self.engine.rail_states();
-        for (r, rail) in self.rails.iter_mut().enumerate() {
-            if mask & (1 << r) == 0 {
-                continue;
-            }
-            if states[r] != RailState::Up {
-                // Still down or coming back: the refusal renewed is the drop (dropping the
-                // new QPs of an attempt would test the drill, not the rail).
-                log::warn!("MPIB_FAULT_RAIL: the {} rail is not up at isend {isends}: it stays down", RAIL_NAMES[r]);
-                continue;
-            }
-            // Every fault lives on this side's QPs of the rail (the requester of the data
-            // WRs): a hook fires on the next matching WR and what the receiver must see
-            // (bytes without their IMM, an IMM whose ACK is lost, requests arriving after
-            // its QP's error state) travels on the wire (soft fabric, `hook.rs`).
-            let what = match d.kind {
-                FaultKind::LinkLoss => "dropping",
-                FaultKind::DropImm => "arming drop-imm (the next IMM lost, its bytes landed) on",
-                FaultKind::DropAck => "arming drop-ack (the next ACK lost, its WR executed) on",
-                FaultKind::HoldPastFence => "arming hold (requests held past the fence) on",
-            };
-            log::warn!("MPIB_FAULT_RAIL: {what} the {} rail's connections at isend {isends}", RAIL_NAMES[r]);
-            for qp in rail.qps.iter_mut() {
-                match qp.inject_fault(d.kind) {
-                    Ok(true) => {}
-                    Ok(false) => log::warn!("MPIB_FAULT_RAIL: this fabric cannot inject {:?} (soft, TCP)", d.kind),
-                    Err(e) => log::warn!("MPIB_FAULT_RAIL: {e}"),
-                }
-            }
-        }
-    }
-
-    #[inline]
-    pub(super) fn has_drill(&self) -> bool {
-        self.fo.drill.is_some()
-    }
 }
 
 impl<D: Device> RecvComm<D> {
-    /// Whether a call that did not complete must run a failover round.
+    /// Whether the sender or the fabric has news for the engine, or the engine has failover
+    /// work to emit: for calls that wait and every few `irecv`s.
     #[inline(always)]
-    pub(super) fn failover_wanted(&self) -> bool {
-        self.engine.failover_due()
-            || self.engine.control_waiting(&RecvMem(&self.region))
-            || self.fo.port_news(&self.rails)
+    pub(super) fn news(&self) -> bool {
+        self.engine.control_waiting(&RecvMem(&self.region)) || self.fo.port_news(&self.rails)
     }
 
-    /// One failover round (see the module doc): the sender's messages read, fences
-    /// performed and answered, the `Fenced` reports and CTS re-posts posted.
+    /// A round of the engine's own work at `now` (a keepalive, failover: the sender's
+    /// messages read, fences performed and answered, the `Fenced` reports and CTS re-posts
+    /// posted).
     #[cold]
     #[inline(never)]
-    pub(super) fn failover_round(&mut self) -> Result<()> {
+    pub(super) fn round(&mut self, now: u64) -> Result<()> {
         if self.fo.failover {
             let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.on_event(e))?;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(e))?;
         }
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
-            self.engine.poll_failover(&mut RecvMem(&self.region), &mut self.fo.out)?;
+            self.engine.handle_timeout(now, &mut RecvMem(&self.region), &mut self.fo.out)?;
             let mem = RecvMem(&self.region);
-            let fenced = carry_out(&mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
-                e.on_completion(rail, c, &mem)
+            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
+                e.handle_completion(rail, c, &mem)
             })?;
-            if !fenced && !self.engine.failover_due() {
+            if !acted {
                 break;
             }
         }

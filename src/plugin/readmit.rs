@@ -174,8 +174,8 @@ impl FoSide {
 
     /// The drill dropped the rails of `mask`: they refuse to come back for `ms` (for good
     /// without).
-    pub(super) fn refuse_for(&mut self, mask: u8, ms: Option<u64>) {
-        for r in RailMask::from_fn(|r| mask & (1 << r) != 0).iter() {
+    pub(super) fn refuse_for(&mut self, mask: RailMask, ms: Option<u64>) {
+        for r in mask.iter() {
             self.refuse[r] = ms.map_or(Refuse::Forever, |ms| Refuse::Until(Instant::now() + Duration::from_millis(ms)));
         }
     }

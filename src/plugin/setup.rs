@@ -44,7 +44,7 @@ use super::rails::{
 use super::wire::{self, DecodeError, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::{RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::engine::{FailoverConfig, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{ConnectParams, Device, MemTypes};
@@ -349,21 +349,26 @@ impl<D: Device> Connecting<D> {
             max_inline,
             probe_interval_ns: self.p.probe_interval_ns,
             probe_budgets: self.pair.nics().each_ref().map(|n| n.probe_budget(self.p.cfg.probe_rate)),
+            // The fault drill (MPIB_FAULT_RAIL) runs on send comms.
+            failover: FailoverConfig {
+                drill: self.p.cfg.fault_rail,
+                ..failover_config(
+                    self.p.cfg,
+                    self.p.qps,
+                    region.addr(),
+                    SEND_CTL_OFF,
+                    lkeys,
+                    reply.scratch_addr,
+                    reply.scratch_rkeys,
+                )
+            },
         };
-        let mut engine = SendEngine::new(cfg, AnySplit::from_config(self.p.cfg), telemetry(&self.pair, &self.p));
-        engine.set_failover(failover_config(
-            self.p.cfg,
-            self.p.qps,
-            region.addr(),
-            SEND_CTL_OFF,
-            lkeys,
-            reply.scratch_addr,
-            reply.scratch_rkeys,
-        ));
+        let split = AnySplit::from_config(self.p.cfg);
+        let engine = SendEngine::new(cfg, split, telemetry(&self.pair, &self.p), super::comm::now_ns());
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
-        let fo = FoSide::new(self.p.cfg, true, &rails);
+        let fo = FoSide::new(self.p.cfg, &rails);
         Ok(SendComm::new(rails, engine, self.pair.clone(), region, fo))
     }
 }
@@ -566,21 +571,21 @@ impl<D: Device> Accepting<D> {
             flush_lkeys: lkeys,
             scratch_addr: hello.scratch_addr,
             scratch_rkeys: hello.fifo_rkeys,
+            failover: failover_config(
+                self.p.cfg,
+                hello.qps,
+                region.addr(),
+                RECV_CTL_OFF,
+                lkeys,
+                hello.scratch_addr,
+                hello.fifo_rkeys,
+            ),
         };
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
         let stats = [StatsHandle::register(0), StatsHandle::register(1)];
-        let mut engine = RecvEngine::new(cfg, stats);
-        engine.set_failover(failover_config(
-            self.p.cfg,
-            hello.qps,
-            region.addr(),
-            RECV_CTL_OFF,
-            lkeys,
-            hello.scratch_addr,
-            hello.fifo_rkeys,
-        ));
-        let fo = FoSide::new(self.p.cfg, false, &rails);
+        let engine = RecvEngine::new(cfg, stats);
+        let fo = FoSide::new(self.p.cfg, &rails);
         Ok(RecvComm::new(rails, engine, self.pair.clone(), region, fo))
     }
 }

@@ -12,20 +12,16 @@ use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, oth
 use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
 use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
-    Action, CompletionFailed, CtlMemory, DownReason, Event, FailedWr, FailoverConfig, FailoverPosts, QpRef, RAIL_NAMES,
-    RAILS, RailMask, RailState, Violation, WrKind,
+    Action, CompletionFailed, CtlMemory, DownReason, Event, FailedWr, Output, QpRef, RAIL_NAMES, RAILS, RailMask,
+    RailState, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::WcStatus;
 
 impl RecvEngine {
-    /// Turns failover on or off and says where control messages go (before traffic).
-    pub fn set_failover(&mut self, cfg: FailoverConfig) {
-        self.fo.cfg = cfg;
-    }
-
     #[cfg(test)]
-    pub(crate) fn failover_config_mut(&mut self) -> &mut FailoverConfig {
+    pub(crate) fn failover_config_mut(&mut self) -> &mut crate::engine::FailoverConfig {
+        self.fo.timer_ns = 0;
         &mut self.fo.cfg
     }
 
@@ -40,21 +36,15 @@ impl RecvEngine {
 
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// regularly to read the control ring).
-    pub fn failover_due(&self) -> bool {
+    pub(crate) fn failover_due(&self) -> bool {
         self.fo.rail_work_due() || self.cts_redo != 0
     }
 
-    /// Whether the peer wrote a control message not yet read (one load, one compare): the
-    /// plugin checks it where a call did not complete a request, and then calls
-    /// [`Self::poll_failover`]. Failover off: never.
-    #[inline]
-    pub fn control_waiting(&self, mem: &impl CtlMemory) -> bool {
-        self.fo.cfg.enabled && self.fo.ctl.waiting(mem)
-    }
-
-    /// What the plugin saw or did.
-    pub fn on_event(&mut self, ev: Event) -> Result<()> {
+    /// What the plugin saw (a port down) or did (an action performed). What follows from it
+    /// is emitted by the next [`Self::handle_timeout`] (due at once).
+    pub fn handle_event(&mut self, ev: Event) -> Result<()> {
         self.error.check()?;
+        self.fo.timer_ns = 0;
         match ev {
             Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
             Event::QpsBuilt { rail, records } => {
@@ -78,7 +68,7 @@ impl RecvEngine {
 
     /// The failover work of one call: fences to ask for, lost CTS writes to re-post,
     /// `Fenced` reports to write, the sender's control messages to read.
-    pub fn poll_failover(&mut self, mem: &mut (impl RecvMemory + CtlMemory), out: &mut FailoverPosts) -> Result<()> {
+    pub(crate) fn poll_failover(&mut self, mem: &mut (impl RecvMemory + CtlMemory), out: &mut Output) -> Result<()> {
         self.error.check()?;
         if !self.fo.cfg.enabled {
             return Ok(());
@@ -142,7 +132,7 @@ impl RecvEngine {
     /// in the local source). Identical content: if the first copy did land, the sender's
     /// sequence check ignores the second. Later CTS writes of the slot go on the same QP,
     /// after this one.
-    fn repost_cts(&mut self, out: &mut FailoverPosts) {
+    fn repost_cts(&mut self, out: &mut Output) {
         let Some(rail) = self.live_rails.first() else { return };
         while self.cts_redo != 0 {
             let slot = self.cts_redo.trailing_zeros() as usize;
@@ -217,6 +207,7 @@ impl RecvEngine {
                 .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
         }
         let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
+        self.fo.timer_ns = 0;
         self.live_rails = self.live_rails.without(rail);
         let level = self.failure_level();
         if self.live_rails.is_empty() {

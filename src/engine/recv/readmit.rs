@@ -11,14 +11,14 @@
 use super::RecvEngine;
 use crate::engine::failover::{CtlKind, CtlMsg, Failover, other};
 use crate::engine::layout::RecvMemory;
-use crate::engine::{Action, CtlMemory, DownReason, FailoverPosts, QpRecords, QpRef, RAIL_NAMES, RailState, WrKind};
+use crate::engine::{Action, CtlMemory, DownReason, Output, QpRecords, QpRef, RAIL_NAMES, RailState, WrKind};
 use crate::error::Result;
 use crate::fabric::{SendWr, Sge, WrOpcode};
 
 impl RecvEngine {
     /// The sender's `Rebuild`: build new QPs of the rail, unless the message is stale (of
     /// another epoch, or for a rail that is not failed and reported here).
-    pub(super) fn on_rebuild(&mut self, m: &CtlMsg, out: &mut FailoverPosts) {
+    pub(super) fn on_rebuild(&mut self, m: &CtlMsg, out: &mut Output) {
         let rail = m.rail as usize;
         match self.fo.state[rail] {
             RailState::Failed { epoch, fenced: true } if m.epoch == epoch.wrapping_add(1) => {
@@ -48,7 +48,7 @@ impl RecvEngine {
     }
 
     /// Re-admission work of one poll: `Rebuilt` to write (then connect), keepalives to post.
-    pub(super) fn poll_readmit(&mut self, mem: &mut (impl RecvMemory + CtlMemory), out: &mut FailoverPosts) {
+    pub(super) fn poll_readmit(&mut self, mem: &mut (impl RecvMemory + CtlMemory), out: &mut Output) {
         for rail in self.fo.readmit_due.iter() {
             match self.fo.state[rail] {
                 RailState::Rebuilding { epoch } => {

@@ -11,8 +11,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS};
 use crate::engine::{
-    Action, CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, FailoverConfig, FailoverPosts, RAIL_NAMES,
-    RAILS, RailMask, RailState, SOUT, SUP, StrayCompletion, Violation, WrKind,
+    Action, CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState,
+    SOUT, SUP, StrayCompletion, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
@@ -23,13 +23,9 @@ use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
 pub const STALL_NS_PER_BYTE: u64 = 32;
 
 impl SendEngine {
-    /// Turns failover on or off and says where control messages go (before traffic).
-    pub fn set_failover(&mut self, cfg: FailoverConfig) {
-        self.fo.cfg = cfg;
-    }
-
     #[cfg(test)]
-    pub(crate) fn failover_config_mut(&mut self) -> &mut FailoverConfig {
+    pub(crate) fn failover_config_mut(&mut self) -> &mut crate::engine::FailoverConfig {
+        self.fo.timer_ns = 0;
         &mut self.fo.cfg
     }
 
@@ -44,21 +40,16 @@ impl SendEngine {
 
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// while any rail is not [`RailState::Up`], to read the control ring).
-    pub fn failover_due(&self) -> bool {
+    pub(crate) fn failover_due(&self) -> bool {
         self.fo.rail_work_due() || self.fo.replays_waiting != 0
     }
 
-    /// Whether the peer wrote a control message not yet read (one load, one compare): the
-    /// plugin checks it where a call did not complete a request, and then calls
-    /// [`Self::poll_failover`]. Failover off: never.
-    #[inline]
-    pub fn control_waiting(&self, mem: &impl CtlMemory) -> bool {
-        self.fo.cfg.enabled && self.fo.ctl.waiting(mem)
-    }
-
-    /// What the plugin saw or did.
-    pub fn on_event(&mut self, ev: Event) -> Result<()> {
+    /// What the plugin saw (a port down) or did (an action performed), at `now_ns`. What
+    /// follows from it is emitted by the next [`Self::handle_timeout`] (due at once).
+    pub fn handle_event(&mut self, now_ns: u64, ev: Event) -> Result<()> {
         self.error.check()?;
+        self.fo.now_ns = now_ns;
+        self.fo.timer_ns = 0;
         match ev {
             Event::RailDown { rail } => match self.fo.state[rail] {
                 RailState::Rebuilding { .. } | RailState::Probing { .. } => self.readmit_failed(rail),
@@ -79,15 +70,20 @@ impl SendEngine {
         }
     }
 
-    /// The failover work of one call: stalls, fences and `RailDown`s to emit, the
-    /// receiver's control messages (a `Fenced` report replays the missing parts).
-    pub fn poll_failover(&mut self, now_ns: u64, mem: &mut impl CtlMemory, out: &mut FailoverPosts) -> Result<()> {
+    /// The failover work of one call: stalls (checked every `MPIB_STALL_MS / 4`), fences
+    /// and `RailDown`s to emit, the receiver's control messages (a `Fenced` report replays
+    /// the missing parts), re-admission.
+    pub(crate) fn poll_failover(&mut self, now_ns: u64, mem: &mut impl CtlMemory, out: &mut Output) -> Result<()> {
         self.error.check()?;
         if !self.fo.cfg.enabled {
             return Ok(());
         }
         self.fo.now_ns = now_ns;
-        self.check_stalls(now_ns)?;
+        let stall = self.fo.cfg.stall_ns;
+        if stall != 0 && now_ns >= self.fo.stall_next_ns {
+            self.fo.stall_next_ns = now_ns + (stall / 4).max(1);
+            self.check_stalls(now_ns)?;
+        }
         for rail in self.fo.fence_due.iter() {
             out.actions.push(Action::FenceQps { rail });
         }
@@ -145,6 +141,7 @@ impl SendEngine {
                 .fail(Error::remote(format!("the {} rail failed and failover is off", RAIL_NAMES[rail]))));
         }
         let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
+        self.fo.timer_ns = 0;
         self.tel[rail].on_error(); // the split no longer uses it, probes stop
         let level = self.failure_level();
         if self.fo.failed() == RailMask::BOTH {
@@ -183,7 +180,7 @@ impl SendEngine {
     }
 
     /// The receiver's report on a fenced rail: settles every outstanding part of it.
-    fn on_fenced(&mut self, m: &CtlMsg, out: &mut FailoverPosts) -> Result<()> {
+    fn on_fenced(&mut self, m: &CtlMsg, out: &mut Output) -> Result<()> {
         let rail = m.rail as usize;
         if m.epoch != self.fo.epoch[rail] {
             return Ok(()); // about an earlier life of the rail
@@ -239,7 +236,7 @@ impl SendEngine {
     /// Posts the waiting replays whose slot has no chain left on the surviving rail.
     #[cold]
     #[inline(never)]
-    fn replay_ready(&mut self, out: &mut FailoverPosts) {
+    fn replay_ready(&mut self, out: &mut Output) {
         for slot in 0..SLOTS {
             let wait = self.slots[slot].replay_wait;
             for part in wait.iter() {
@@ -257,7 +254,7 @@ impl SendEngine {
     /// the same destination (the surviving rail's keys), ended by a WRITE_WITH_IMM whose
     /// IMM is the original's with the replay flag; for a multi-receive or oversized slot
     /// whose leader part this is, that WR also writes the completion records again.
-    fn replay_part(&mut self, slot: usize, part: usize, out: &mut FailoverPosts) {
+    fn replay_part(&mut self, slot: usize, part: usize, out: &mut Output) {
         let via = other(part);
         let ps = self.slots[slot];
         let orig = Imm::decode(ps.imm);
@@ -329,6 +326,7 @@ impl SendEngine {
     #[cold]
     #[inline(never)]
     pub(super) fn on_failover_completion(&mut self, rail: usize, kind: WrKind, part: usize, slot: usize) -> Result<()> {
+        self.fo.timer_ns = 0;
         if kind == WrKind::Control {
             return Ok(());
         }

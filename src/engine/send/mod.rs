@@ -4,20 +4,26 @@
 
 use std::sync::Arc;
 
-use super::failover::Failover;
+use super::failover::{Failover, FailoverConfig};
 use super::layout::{CtsEntry, MAX_RECVS, SLOTS, SendMemory};
 use super::{
-    Chain, CompletionFailed, ErrorState, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side,
-    StrayCompletion, Violation, WrKind, cold,
+    CompletionFailed, ErrorState, Posts, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion,
+    Violation, WrKind, cold,
 };
 use crate::error::{Error, Result};
-use crate::fabric::{Completion, SendWr, Sge, WcStatus, WrOpcode};
+use crate::fabric::{Completion, WcStatus};
 use crate::split::AnySplit;
 use crate::telemetry::{ProbeBudget, RailTelemetry, Sample};
 
+mod drill;
 mod failover;
 mod post;
 mod readmit;
+mod timers;
+
+pub use failover::STALL_NS_PER_BYTE;
+
+pub use timers::CallerWaits;
 
 /// What the sender needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -41,6 +47,8 @@ pub struct SendConfig {
     pub probe_interval_ns: u64,
     /// Each rail's NIC's probe budget, shared with the other connections on that NIC.
     pub probe_budgets: [Arc<ProbeBudget>; RAILS],
+    /// Rail failover (off by default), its control ring, re-admission and the fault drill.
+    pub failover: FailoverConfig,
 }
 
 /// One send as NCCL gave it.
@@ -66,14 +74,6 @@ pub enum CpuAccess {
     /// GPU memory (CUDA, DMA-BUF), or not known to be host memory: the NIC reads it.
     #[default]
     NicOnly,
-}
-
-/// Whether the caller waits on the connection (a send without its CTS, or not yet
-/// complete): then an idle rail that carries its transfers gets keepalives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CallerWaits {
-    Yes,
-    No,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -163,20 +163,26 @@ pub struct SendEngine {
     /// idle interval seen by the last full check. Posts only move those ends later, so it
     /// is a lower bound, and `test` skips the check with one compare until then.
     probe_check_ns: u64,
+    /// Sends matched and not complete: NCCL waits on the connection (keepalives).
+    pending: u32,
+    /// The last `isend` found no CTS: the caller waits for the receiver (keepalives).
+    no_cts: bool,
     fo: Failover,
+    /// The fault drill's schedule (`MPIB_FAULT_RAIL`), if configured.
+    drill: Option<drill::Drill>,
 }
 
 impl SendEngine {
-    /// The connection came up at `now_ns` (idle rails are probed, and kept alive, from then on).
-    pub fn start(&mut self, now_ns: u64) {
-        for t in &mut self.tel {
-            t.start(now_ns);
-        }
-    }
-
-    pub fn new(cfg: SendConfig, split: AnySplit, tel: [RailTelemetry; RAILS]) -> Self {
+    /// The sending side of a connection that came up at `now_ns` (idle rails are probed,
+    /// and kept alive, from then on).
+    pub fn new(cfg: SendConfig, split: AnySplit, mut tel: [RailTelemetry; RAILS], now_ns: u64) -> Self {
         assert!(cfg.qps.iter().all(|&q| q >= 1), "each rail needs at least one QP");
         let n = cfg.max_requests.clamp(1, SLOTS * MAX_RECVS);
+        for t in &mut tel {
+            t.start(now_ns);
+        }
+        let fo = Failover::new(cfg.failover.clone(), now_ns);
+        let drill = cfg.failover.drill.map(drill::Drill::new);
         SendEngine {
             split,
             tel,
@@ -193,7 +199,10 @@ impl SendEngine {
             error: ErrorState::default(),
             mismatches: 0,
             probe_check_ns: 0,
-            fo: Failover::default(),
+            pending: 0,
+            no_cts: false,
+            fo,
+            drill,
             cfg,
         }
     }
@@ -247,9 +256,9 @@ impl SendEngine {
         RailMask::from_fn(|r| self.tel[r].view().failed)
     }
 
-    /// Puts the connection in the error state for a failure outside the engine (a post
-    /// or poll the fabric refused); every later call reports it.
-    pub fn set_error(&mut self, e: Error) {
+    /// A failure outside the engine (a post or poll the fabric refused) breaks the
+    /// connection: the requests it leaves incomplete and every later call report it.
+    pub fn fail(&mut self, e: Error) {
         self.error.fail(e);
     }
 
@@ -305,8 +314,10 @@ impl SendEngine {
     ) -> Result<Option<u16>> {
         self.error.check()?;
         if !self.matching && !self.poll_cts(mem)? {
+            self.no_cts = true;
             return Ok(None);
         }
+        self.no_cts = false;
         let m = &self.cur;
         // Tags select the buffer within the slot, first unmatched one first.
         let Some(i) = (0..m.n).find(|&i| m.reqs[i].is_none() && m.entries[i].tag == buf.tag) else {
@@ -322,6 +333,7 @@ impl SendEngine {
         };
         let size = buf.size;
         self.reqs[id as usize] = SendReq { state: ReqState::Pending, size };
+        self.pending += 1;
         let m = &mut self.cur;
         m.reqs[i] = Some(id);
         m.bufs[i] = buf;
@@ -330,93 +342,14 @@ impl SendEngine {
             self.matching = false;
             self.post_slot(now_ns, mem, out)?;
         }
+        if self.drill.is_some() {
+            self.drill_isend(now_ns);
+        }
         Ok(Some(id))
     }
 
-    /// Emits a probe on each healthy rail idle for the probe interval.
-    ///
-    /// [`CallerWaits::Yes`]: the caller waits on this connection (a send without its CTS, or
-    /// not yet complete), so even with probes off an idle rail gets a keepalive every
-    /// [`KEEPALIVE_NS`](super::KEEPALIVE_NS): a dead receiver is then noticed.
-    pub fn poll_probes(&mut self, now_ns: u64, waiting: CallerWaits, out: &mut Posts) {
-        if now_ns < self.probe_check_ns || self.error.is_set() {
-            return;
-        }
-        crate::telemetry::refresh_probe_backoff(&mut self.tel);
-        for rail in 0..RAILS {
-            // Not while a signalled WR is out (an empty transfer's carries 0 bytes, so the
-            // telemetry's bytes in flight does not see it).
-            if self.outstanding[rail] > 0 {
-                continue;
-            }
-            let t = &self.tel[rail];
-            // A keepalive goes on a rail that carries this connection's transfers (SOUT
-            // before any): one live rail tells a dead receiver, and a rail that carries no
-            // bytes sends nothing at all (MPIB_SPLIT=sout leaves SUP silent). It is not
-            // budgeted; an idle probe is, against every connection's on the rail's NIC.
-            let keepalive =
-                waiting == CallerWaits::Yes && self.carries(rail) && t.probe_due(now_ns, super::KEEPALIVE_NS);
-            if !keepalive {
-                let interval = self.cfg.probe_interval_ns;
-                if interval == 0 || !t.idle_probe_due(now_ns, interval) {
-                    continue;
-                }
-                if !self.cfg.probe_budgets[rail].take(now_ns) {
-                    self.tel[rail].on_probe_refused(now_ns, interval);
-                    continue;
-                }
-            }
-            let c: &mut Chain = out.push(rail, QpRef::Data(0));
-            c.push(SendWr {
-                wr_id: WrKind::Probe.id(rail, 0),
-                opcode: WrOpcode::Write,
-                signaled: true,
-                inline: true,
-                num_sge: 1,
-                sge: [Sge { addr: self.cfg.sizes_addr, len: 8, lkey: self.cfg.sizes_lkeys[rail] }, Sge::default()],
-                remote_addr: self.cfg.scratch_addr,
-                rkey: self.cfg.scratch_rkeys[rail],
-                ..SendWr::default()
-            });
-            // A probe is a WR and a doorbell, and counts in `probes` (not as data).
-            self.tel[rail].on_probe_post(now_ns);
-            self.tel[rail].stats().count_post(1, 0, 0, 0);
-        }
-        // The next check: the earliest time a rail can owe a probe or a keepalive. A rail
-        // that gets neither (probes off, and it carries nothing) sets no time; a rail that
-        // starts to carry resets the check (`post.rs`). A rail whose probes backed off is
-        // looked at again an interval from now (its backoff may end: the other rails' RTTs
-        // move), not at every call.
-        let probe_ns = if self.cfg.probe_interval_ns > 0 { self.cfg.probe_interval_ns } else { u64::MAX };
-        self.probe_check_ns = (0..RAILS)
-            .map(|rail| {
-                let t = &self.tel[rail];
-                let keepalive_ns = if self.carries(rail) { super::KEEPALIVE_NS } else { u64::MAX };
-                let recheck = t.idle_since_ns().max(now_ns).saturating_add(probe_ns);
-                t.idle_probe_at(probe_ns).min(recheck).min(t.idle_since_ns().saturating_add(keepalive_ns))
-            })
-            .min()
-            .unwrap_or(0);
-    }
-
-    /// Whether `rail` carries this connection's transfers (SOUT before any), for keepalives.
-    /// A failed rail carries nothing (failover: the connection goes on without it); when
-    /// every rail that carried has failed, the first healthy one does, so a sender whose
-    /// last rail dies silently still hears of it. Out of line: it runs only when a probe or
-    /// keepalive may be due, and inlined it cost the data path ~15 instructions a message.
-    #[inline(never)]
-    fn carries(&self, rail: usize) -> bool {
-        let failed = self.failed_rails();
-        let live = RailMask::from_fn(|r| self.carried.contains(r) && !failed.contains(r));
-        if live.is_empty() {
-            RailMask::from_fn(|r| !failed.contains(r)).first() == Some(rail)
-        } else {
-            live.contains(rail)
-        }
-    }
-
     /// A completion polled from `rail`'s CQ. `now_ns` is used when it has no timestamp.
-    pub fn on_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
+    pub fn handle_completion(&mut self, now_ns: u64, rail: usize, c: &Completion) -> Result<()> {
         self.tel[rail].stats().count_cqes(1);
         if self.error.is_set() {
             return self.after_failure(rail, c);
@@ -500,6 +433,7 @@ impl SendEngine {
         for &id in &s.reqs[..s.n as usize] {
             self.reqs[id as usize].state = ReqState::Done;
         }
+        self.pending -= s.n as u32;
     }
 
     /// A data completion for a part that is not outstanding: after a failover, the dead

@@ -13,36 +13,36 @@
 
 use super::SendEngine;
 use crate::engine::failover::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_PROBES, READMIT_RESET_NS, other};
-use crate::engine::{
-    Action, CtlMemory, DownReason, FailoverPosts, QpRecords, QpRef, RAIL_NAMES, RAILS, RailState, WrKind,
-};
+use crate::engine::{Action, CtlMemory, DownReason, Output, QpRecords, QpRef, RAIL_NAMES, RAILS, RailState, WrKind};
 use crate::error::Result;
 use crate::fabric::{SendWr, Sge, WrOpcode};
 
 impl SendEngine {
     /// When the sender's next failover round is due, even for a caller whose requests are
-    /// all done (the plugin runs one at its first call from then): a re-admission attempt
-    /// to start; while one is in progress (Rebuilding, Probing) or rail work is due, at
-    /// once — its steps come from the peer (the `Rebuilt` in the control ring) and the
-    /// fabric (the new QPs connected), which only a round looks at, so waiting for a timer
-    /// would add it to every step. `u64::MAX`: none.
-    pub fn failover_timer_ns(&self) -> u64 {
-        if self.failover_due() {
+    /// all done: the next stall check, a re-admission attempt to start, a drill's drop;
+    /// while an attempt is in progress (Rebuilding, Probing) or rail work is due, at once —
+    /// its steps come from the peer (the `Rebuilt` in the control ring) and the fabric (the
+    /// new QPs connected), which only a round looks at, so waiting for a timer would add it
+    /// to every step. `u64::MAX`: none.
+    pub(crate) fn failover_timer_ns(&self) -> u64 {
+        if self.failover_due() || self.drill.as_ref().is_some_and(|d| d.due) {
             return 0;
         }
+        let stall = if self.fo.cfg.enabled && self.fo.cfg.stall_ns != 0 { self.fo.stall_next_ns } else { u64::MAX };
         (0..RAILS)
             .filter_map(|r| match self.fo.state[r] {
-                RailState::Failed { fenced: true, .. } => Some(self.fo.readmit_at[r]),
+                RailState::Failed { fenced: true, .. } if self.fo.cfg.readmit_ns != 0 => Some(self.fo.readmit_at[r]),
                 RailState::Rebuilding { .. } | RailState::Probing { .. } => Some(0),
                 _ => None,
             })
             .min()
             .unwrap_or(u64::MAX)
+            .min(stall)
     }
 
     /// Re-admission work of one failover poll: attempts to start or give up, `Rebuild`
     /// messages to write, probes to post.
-    pub(super) fn poll_readmit(&mut self, now: u64, mem: &mut impl CtlMemory, out: &mut FailoverPosts) -> Result<()> {
+    pub(super) fn poll_readmit(&mut self, now: u64, mem: &mut impl CtlMemory, out: &mut Output) -> Result<()> {
         if self.fo.cfg.readmit_ns == 0 {
             return Ok(());
         }
@@ -83,7 +83,7 @@ impl SendEngine {
 
     /// [`READMIT_PROBES`] signalled WRITEs into the receiver's scratch word, spread over the
     /// rail's new data QPs.
-    fn post_readmit_probes(&mut self, rail: usize, epoch: u32, out: &mut FailoverPosts) {
+    fn post_readmit_probes(&mut self, rail: usize, epoch: u32, out: &mut Output) {
         for k in 0..READMIT_PROBES {
             let qp = QpRef::Data(k as u16 % self.cfg.qps[rail].max(1));
             out.push(rail, qp).add(SendWr {
@@ -113,7 +113,7 @@ impl SendEngine {
 
     /// The receiver's `Rebuilt`: connect to its new QPs. One of another epoch or for a
     /// rail not being rebuilt is ignored (a late answer to an attempt given up).
-    pub(super) fn on_rebuilt(&mut self, m: &CtlMsg, out: &mut FailoverPosts) {
+    pub(super) fn on_rebuilt(&mut self, m: &CtlMsg, out: &mut Output) {
         let rail = m.rail as usize;
         if self.fo.state[rail] != (RailState::Rebuilding { epoch: m.epoch }) || self.fo.epoch[rail] != m.epoch {
             return;

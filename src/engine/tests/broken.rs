@@ -82,7 +82,9 @@ pub fn assert_send_broken(p: &mut Pair, first: &Error) {
         assert_eq!(e.root(), first, "the first failure, typed, behind every later error");
     }
     p.now += 1 << 40;
-    p.s.poll_probes(p.now, CallerWaits::No, &mut p.posts);
-    assert_eq!(p.posts.n, 0, "a broken connection posts nothing, probes included");
+    let mut out = crate::engine::Output::default();
+    p.s.handle_timeout(p.now, &mut p.ss, &mut out).unwrap();
+    assert!(out.chains.is_empty() && out.actions.is_empty(), "a broken connection posts nothing, probes included");
+    assert_eq!(p.s.poll_timeout(), u64::MAX, "and schedules nothing");
     assert_eq!(p.s.error(), Some(first));
 }

@@ -282,17 +282,17 @@ impl Model {
                     }
                     self.p.fail_qp(d, r, qp, WcStatus::RetryExceeded);
                 }
-                None => self.p.s.on_event(Event::RailDown { rail })?,
+                None => self.p.s.handle_event(self.p.now, Event::RailDown { rail })?,
             },
             Fault::LandThenFail { to_send, k, .. } => match pick(self, to_send, k) {
                 Some((d, r, qp)) => {
                     self.p.refill();
                     self.p.land_then_fail(d, r, qp);
                 }
-                None => self.p.r.on_event(Event::RailDown { rail })?,
+                None => self.p.r.handle_event(Event::RailDown { rail })?,
             },
-            Fault::PortDown { at_sender: true, .. } => self.p.s.on_event(Event::RailDown { rail })?,
-            Fault::PortDown { at_sender: false, .. } => self.p.r.on_event(Event::RailDown { rail })?,
+            Fault::PortDown { at_sender: true, .. } => self.p.s.handle_event(self.p.now, Event::RailDown { rail })?,
+            Fault::PortDown { at_sender: false, .. } => self.p.r.handle_event(Event::RailDown { rail })?,
         }
         Ok(())
     }
@@ -313,10 +313,10 @@ impl Model {
             Op::Poll { side, rail } => {
                 if side == SEND_SIDE {
                     if let Some(c) = self.p.cq_s[rail].pop_front() {
-                        self.p.s.on_completion(self.p.now, rail, &c)?;
+                        self.p.s.handle_completion(self.p.now, rail, &c)?;
                     }
                 } else if let Some(c) = self.p.cq_r[rail].pop_front() {
-                    self.p.r.on_completion(rail, &c, &self.p.rs)?;
+                    self.p.r.handle_completion(rail, &c, &self.p.rs)?;
                 }
                 Ok(())
             }

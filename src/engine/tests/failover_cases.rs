@@ -96,7 +96,7 @@ fn only_the_missing_part_is_replayed_flagged_on_the_surviving_rail() {
 #[test]
 fn a_duplicate_replayed_part_is_ignored_and_a_part_outside_the_mask_is_a_violation() {
     let (mut p, mut fo) = pair(50, 0);
-    p.r.on_event(Event::RailDown { rail: SOUT }).unwrap();
+    p.r.handle_event(Event::RailDown { rail: SOUT }).unwrap();
     settle(&mut p, &mut fo).unwrap();
     let (rid, ra) = p.irecv_one(256);
     p.poll_recv().unwrap();
@@ -153,7 +153,7 @@ fn both_rails_down_fails_every_outstanding_and_later_call() {
     let e = settle(&mut p, &mut fo).unwrap_err();
     assert!(is_cause(&e, |c| matches!(c, Cause::BothRailsFailed)), "{e}");
     // The receiver learns it from its own keepalive on SUP's fenced peer, or the plugin.
-    let _ = p.r.on_event(Event::RailDown { rail: SUP });
+    let _ = p.r.handle_event(Event::RailDown { rail: SUP });
     for &(rid, sid, _) in &reqs {
         assert!(p.s.test(sid).is_err(), "send {sid}");
         assert!(p.r.test(rid).is_err(), "receive {rid}");
@@ -184,9 +184,9 @@ fn a_stall_fails_the_rail_and_the_transfer_completes_on_the_other() {
 #[test]
 fn with_failover_off_a_rail_down_fails_the_connection() {
     let mut p = Pair::new(Opts::default());
-    let e = p.s.on_event(Event::RailDown { rail: SUP }).unwrap_err();
+    let e = p.s.handle_event(p.now, Event::RailDown { rail: SUP }).unwrap_err();
     assert!(e.to_string().contains("failover is off"), "{e}");
     assert!(p.s.error().is_some());
-    assert!(p.r.on_event(Event::RailDown { rail: SOUT }).is_err());
+    assert!(p.r.handle_event(Event::RailDown { rail: SOUT }).is_err());
     assert!(p.r.error().is_some());
 }

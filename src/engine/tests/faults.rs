@@ -6,7 +6,7 @@
 
 use super::harness::*;
 use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
-use crate::engine::{Action, CtlMemory, Event, FailoverConfig, FailoverPosts, QpRecords, RAILS};
+use crate::engine::{Action, CtlMemory, Event, FailoverConfig, Output, QpRecords, RAILS};
 use crate::fabric::{Completion, WcStatus};
 
 /// Each side's control ring (written by the peer) and its outgoing messages' source.
@@ -55,8 +55,8 @@ impl CtlMemory for RecvSide {
 /// The plugin's failover output buffers.
 #[derive(Default)]
 pub struct FoOut {
-    pub s: FailoverPosts,
-    pub r: FailoverPosts,
+    pub s: Output,
+    pub r: Output,
 }
 
 /// Turns failover on for both engines (right after [`Pair::new`]: the rings take the
@@ -75,9 +75,10 @@ pub fn enable_failover(p: &mut Pair, stall_ns: u64) {
         ctl_ring_rkeys: [rk, rk + 1],
         readmit_ns: 0,
         readmit_max_ns: 0,
+        drill: None,
     };
-    p.s.set_failover(cfg(91, 93));
-    p.r.set_failover(cfg(95, 97));
+    *p.s.failover_config_mut() = cfg(91, 93);
+    *p.r.failover_config_mut() = cfg(95, 97);
 }
 
 /// The fake plugin's rebuilds: how many QP generations each side made per rail, what each
@@ -124,7 +125,7 @@ impl Pair {
                 self.fence(side, rail);
                 if side == RECV_SIDE {
                     while let Some(c) = self.cq_r[rail].pop_front() {
-                        self.r.on_completion(rail, &c, &self.rs)?;
+                        self.r.handle_completion(rail, &c, &self.rs)?;
                     }
                 }
                 Some(Event::FenceDone { rail })
@@ -141,6 +142,7 @@ impl Pair {
                     Some(Event::QpsBuilt { rail, records: fake_records(side, rail, self.rb.built[side][rail]) })
                 }
             }
+            Action::Drop { .. } => unreachable!("no drill in the engine tests' pairs"),
             Action::ConnectQps { rail, records } => {
                 let peer = 1 - side;
                 assert_eq!(
@@ -154,14 +156,14 @@ impl Pair {
                     // Both ends connected: the rail's wires are new and empty.
                     self.new_wires(rail);
                     self.rb.recv_connected_due[rail] = true;
-                    self.s.on_event(Event::QpsConnected { rail })?;
+                    self.s.handle_event(self.now, Event::QpsConnected { rail })?;
                 }
                 None
             }
         };
         match (ev, side) {
-            (Some(ev), SEND_SIDE) => self.s.on_event(ev),
-            (Some(ev), _) => self.r.on_event(ev),
+            (Some(ev), SEND_SIDE) => self.s.handle_event(self.now, ev),
+            (Some(ev), _) => self.r.handle_event(ev),
             (None, _) => Ok(()),
         }
     }
@@ -307,7 +309,7 @@ impl Pair {
         }
         for rail in 0..RAILS {
             if std::mem::take(&mut self.rb.recv_connected_due[rail]) {
-                self.r.on_event(Event::QpsConnected { rail })?;
+                self.r.handle_event(Event::QpsConnected { rail })?;
             }
         }
         fo.r.clear();

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use crate::engine::imm::Imm;
 use crate::engine::layout::{CTS_FIFO_BYTES, RECORDS_BYTES};
 use crate::engine::{
-    CpuAccess, Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf, SendConfig, SendEngine,
+    CpuAccess, FailoverConfig, Output, Posts, QpRef, RAILS, RecvBuf, RecvConfig, RecvDone, RecvEngine, SendBuf,
+    SendConfig, SendEngine,
 };
 use crate::fabric::{Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::split::AnySplit;
@@ -160,9 +161,11 @@ impl Pair {
                 max_inline: o.max_inline,
                 probe_interval_ns: o.probe_ns,
                 probe_budgets: o.probe_budgets,
+                failover: FailoverConfig::default(),
             },
             o.split,
             [tel(), tel()],
+            0,
         );
         let r = RecvEngine::new(
             RecvConfig {
@@ -177,6 +180,7 @@ impl Pair {
                 flush_lkeys: [0, 0],
                 scratch_addr: SEND_SCRATCH,
                 scratch_rkeys: [81, 82],
+                failover: FailoverConfig::default(),
             },
             [StatsHandle::detached(0), StatsHandle::detached(1)],
         );
@@ -281,14 +285,16 @@ impl Pair {
 
     /// Probes, with the caller waiting on the connection (keepalives even with probes off).
     pub fn probes_waiting(&mut self, waiting: CallerWaits) {
-        self.s.poll_probes(self.now, waiting, &mut self.posts);
-        self.enqueue(Dir::ToRecv);
+        let mut out = Output::default();
+        self.s.poll_probes(self.now, waiting, &mut out);
+        self.enqueue_chains(Dir::ToRecv, &out.chains);
     }
 
     /// The receiver's keepalive check.
     pub fn keepalive(&mut self) {
-        self.r.poll_keepalive(self.now, &mut self.posts);
-        self.enqueue(Dir::ToSend);
+        let mut out = Output::default();
+        self.r.poll_keepalive(self.now, &mut out);
+        self.enqueue_chains(Dir::ToSend, &out.chains);
     }
 
     /// Executes the head WR of one wire. Returns false when it cannot (empty, or RNR).
@@ -443,19 +449,19 @@ impl Pair {
 
     /// Hands the receiver a completion as if polled from `rail`'s CQ.
     pub fn inject_recv(&mut self, rail: usize, c: Completion) -> crate::Result<()> {
-        self.r.on_completion(rail, &c, &self.rs)
+        self.r.handle_completion(rail, &c, &self.rs)
     }
 
     /// Hands the sender a completion as if polled from `rail`'s CQ.
     pub fn inject_send(&mut self, rail: usize, c: Completion) -> crate::Result<()> {
-        self.s.on_completion(self.now, rail, &c)
+        self.s.handle_completion(self.now, rail, &c)
     }
 
     /// Polls the sender's CQs into its engine.
     pub fn poll_send(&mut self) -> crate::Result<()> {
         for rail in 0..RAILS {
             while let Some(c) = self.cq_s[rail].pop_front() {
-                self.s.on_completion(self.now, rail, &c)?;
+                self.s.handle_completion(self.now, rail, &c)?;
             }
         }
         Ok(())
@@ -465,7 +471,7 @@ impl Pair {
     pub fn poll_recv(&mut self) -> crate::Result<()> {
         for rail in 0..RAILS {
             while let Some(c) = self.cq_r[rail].pop_front() {
-                self.r.on_completion(rail, &c, &self.rs)?;
+                self.r.handle_completion(rail, &c, &self.rs)?;
             }
         }
         Ok(())

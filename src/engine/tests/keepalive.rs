@@ -116,7 +116,7 @@ fn a_failed_keepalive_is_the_error_the_waiting_receiver_sees() {
     assert!(p.log.iter().any(|(_, _, _, wr)| wr.wr_id == WrKind::Probe.id(SOUT, 0)), "the keepalive went out");
     let wr_id = WrKind::Probe.id(SOUT, 0);
     let c = Completion { wr_id, status: WcStatus::RetryExceeded, opcode: WcOpcode::RdmaWrite, ..Completion::default() };
-    let e = p.r.on_completion(SOUT, &c, &p.rs).unwrap_err();
+    let e = p.r.handle_completion(SOUT, &c, &p.rs).unwrap_err();
     let want = CompletionFailed { rail: SOUT, what: FailedWr::ProbeWrite, slot: None, status: WcStatus::RetryExceeded };
     assert_eq!(e.cause, Cause::CompletionFailed(want));
     let later = p.r.test(id).unwrap_err();

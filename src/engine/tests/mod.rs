@@ -20,4 +20,5 @@ mod readmit_outage;
 mod slot_reuse;
 mod splits;
 mod teardown;
+mod timers;
 mod violations;

@@ -461,8 +461,11 @@ impl Model {
             let c = if side == SEND_SIDE { p.cq_s[rail].pop_front() } else { p.cq_r[rail].pop_front() };
             let Some(c) = c else { break };
             any = true;
-            let res =
-                if side == SEND_SIDE { p.s.on_completion(p.now, rail, &c) } else { p.r.on_completion(rail, &c, &p.rs) };
+            let res = if side == SEND_SIDE {
+                p.s.handle_completion(p.now, rail, &c)
+            } else {
+                p.r.handle_completion(rail, &c, &p.rs)
+            };
             if let Err(e) = res {
                 return fail(format!("completion {c:?} on side {side} rail {rail}: {e}"));
             }

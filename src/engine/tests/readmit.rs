@@ -323,7 +323,7 @@ fn the_surviving_rail_failing_during_a_readmission_fails_the_connection() {
     p.pump_failover(&mut fo).unwrap();
     assert!(matches!(p.s.rail_states()[SOUT], RailState::Rebuilding { .. }));
     let (rid, _) = p.irecv_one(100);
-    p.r.on_event(crate::engine::Event::RailDown { rail: SUP }).expect_err("receiver: no rail left");
-    p.s.on_event(crate::engine::Event::RailDown { rail: SUP }).expect_err("sender: no rail left");
+    p.r.handle_event(crate::engine::Event::RailDown { rail: SUP }).expect_err("receiver: no rail left");
+    p.s.handle_event(p.now, crate::engine::Event::RailDown { rail: SUP }).expect_err("sender: no rail left");
     assert!(p.test_recv(rid).is_err(), "every later call fails, no hang");
 }

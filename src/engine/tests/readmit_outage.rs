@@ -70,7 +70,7 @@ fn cycle(p: &mut Pair, fo: &mut FoOut, link: Link) {
     // rails (the receiver polls both).
     for rail in p.s.busy_rails().iter() {
         while let Some(c) = p.cq_s[rail].pop_front() {
-            p.s.on_completion(p.now, rail, &c).expect("sender's completions");
+            p.s.handle_completion(p.now, rail, &c).expect("sender's completions");
         }
     }
     p.poll_recv().expect("receiver's completions");
@@ -115,8 +115,8 @@ fn outage(order: Order) {
     while p.step(Dir::ToSend, SOUT, 0) | p.step(Dir::ToSend, SUP, 0) {}
     let sa = p.send_buf(&pattern(2, 8192));
     let sid = p.isend(sbuf(sa, 8192, 0)).unwrap().expect("CTS delivered");
-    p.s.on_event(Event::RailDown { rail: SUP }).unwrap();
-    p.r.on_event(Event::RailDown { rail: SUP }).unwrap();
+    p.s.handle_event(p.now, Event::RailDown { rail: SUP }).unwrap();
+    p.r.handle_event(Event::RailDown { rail: SUP }).unwrap();
     for _ in 0..20 {
         cycle(&mut p, &mut fo, Link::DOWN);
     }
@@ -187,8 +187,8 @@ fn attempts_wait_for_the_port_and_readmit_soon_after_it_is_up() {
     let (mut p, mut fo) = pair();
     exact_transfers(&mut p, &mut fo, 4096, 40, 2);
     p.rb.port_down[SUP] = true;
-    p.s.on_event(Event::RailDown { rail: SUP }).unwrap();
-    p.r.on_event(Event::RailDown { rail: SUP }).unwrap();
+    p.s.handle_event(p.now, Event::RailDown { rail: SUP }).unwrap();
+    p.r.handle_event(Event::RailDown { rail: SUP }).unwrap();
     for _ in 0..1500 {
         p.now += MS;
         cycle(&mut p, &mut fo, Link::DOWN);

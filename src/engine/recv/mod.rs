@@ -5,7 +5,7 @@
 //! (mask learning, seed 003 §2.3). The shared receive queues its IMMs consume are the
 //! plugin's: kept stocked per NIC for every receive the connections may have outstanding.
 
-use super::failover::Failover;
+use super::failover::{Failover, FailoverConfig};
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
 use super::{
@@ -18,6 +18,7 @@ use crate::telemetry::StatsHandle;
 
 mod failover;
 mod readmit;
+mod timers;
 
 /// What the receiver needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -42,6 +43,8 @@ pub struct RecvConfig {
     /// The sender's scratch word, target of keepalive WRITEs: address and rkey per rail.
     pub scratch_addr: u64,
     pub scratch_rkeys: [u32; RAILS],
+    /// Rail failover (off by default) and its control ring.
+    pub failover: FailoverConfig,
 }
 
 /// One receive buffer as NCCL gave it.
@@ -145,7 +148,7 @@ impl RecvEngine {
         cfg.max_requests = cfg.max_requests.clamp(1, SLOTS);
         RecvEngine {
             live_rails: cfg.rails_mask,
-            fo: Failover::default(),
+            fo: Failover::new(cfg.failover.clone(), 0),
             cts_redo: 0,
             data_rails: RailMask::NONE,
             cts_run: [0; RAILS],
@@ -177,9 +180,9 @@ impl RecvEngine {
         self.error.get()
     }
 
-    /// Puts the connection in the error state for a failure outside the engine (a post
-    /// or poll the fabric refused); every later call reports it.
-    pub fn set_error(&mut self, e: Error) {
+    /// A failure outside the engine (a post or poll the fabric refused) breaks the
+    /// connection: the receives it leaves incomplete and every later call report it.
+    pub fn fail(&mut self, e: Error) {
         self.error.fail(e);
     }
 
@@ -277,7 +280,7 @@ impl RecvEngine {
     }
 
     /// A completion polled from `rail`'s CQ.
-    pub fn on_completion(&mut self, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
+    pub fn handle_completion(&mut self, rail: usize, c: &Completion, mem: &impl RecvMemory) -> Result<()> {
         self.stats[rail].count_cqes(1);
         self.active = true;
         let imm_recv = c.opcode == WcOpcode::RecvRdmaWithImm;
@@ -573,50 +576,6 @@ impl RecvEngine {
             Some(s) => &s.sizes[..n.min(MAX_RECVS)],
             None => &[],
         }
-    }
-
-    /// While receives wait and nothing has completed for [`KEEPALIVE_NS`](super::KEEPALIVE_NS),
-    /// a tiny signalled WRITE to the sender's scratch word (alternating rails, one at a time):
-    /// RC gives a receiver whose sender died no completion at all, the keepalive fails.
-    ///
-    /// The silence is timed from the first call after the last activity (a receive posted,
-    /// a completion), not from the activity itself: the data path records activity as a
-    /// flag, without reading the clock. A caller that waits calls this at once (NCCL polls
-    /// `test` in a loop), so the period starts within one poll of the activity.
-    pub fn poll_keepalive(&mut self, now_ns: u64, out: &mut Posts) {
-        if std::mem::take(&mut self.active) {
-            self.quiet_since_ns = now_ns;
-        }
-        if self.error.is_set() || self.outstanding == 0 || self.keepalive.is_some() {
-            return;
-        }
-        if now_ns.saturating_sub(self.quiet_since_ns) < super::KEEPALIVE_NS {
-            return;
-        }
-        let rails = self.live_rails;
-        let rail = if rails == RailMask::BOTH {
-            (self.keepalives % RAILS as u64) as usize
-        } else {
-            rails.first().unwrap_or(SOUT)
-        };
-        let c = out.push(rail, QpRef::Cts);
-        c.push(SendWr {
-            wr_id: WrKind::Probe.id(rail, 0),
-            opcode: WrOpcode::Write,
-            signaled: true,
-            deferrable: false,
-            inline: self.cfg.max_inline >= 8,
-            num_sge: 1,
-            sge: [Sge { addr: self.cfg.flush_addr, len: 8, lkey: self.cfg.flush_lkeys[rail] }, Sge::default()],
-            remote_addr: self.cfg.scratch_addr,
-            rkey: self.cfg.scratch_rkeys[rail],
-            imm: 0,
-        });
-        self.stats[rail].count_post(1, 0, 0, 0);
-        self.stats[rail].counters.probes.add(1);
-        self.keepalive = Some(rail);
-        self.keepalives += 1;
-        self.quiet_since_ns = now_ns;
     }
 
     /// Whether request `id` is in flight.
