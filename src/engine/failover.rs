@@ -111,9 +111,10 @@ pub enum DownReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
     /// Move every QP of `rail` of this connection to the error state (its responders then
-    /// accept nothing more), wait until that is final (verbs: `IBV_EVENT_QP_LAST_WQE_REACHED`
-    /// for an SRQ-attached QP, bounded; soft: at once), feed the engine every completion
-    /// the rail's CQ still holds for the connection, then answer [`Event::FenceDone`].
+    /// accept nothing more); once that is final (verbs: `IBV_EVENT_QP_LAST_WQE_REACHED` for
+    /// an SRQ-attached QP, bounded; soft: at once) feed the engine every completion the
+    /// rail's CQ still holds for the connection, then answer [`Event::FenceDone`]. Never
+    /// waited for: the plugin looks again at each round (the engine keeps them coming).
     FenceQps { rail: usize },
     /// Re-admission: create `rail`'s QPs of this connection again (on the same shared
     /// queues; the old ones, in the error state since the fence, are destroyed first), answer
@@ -387,6 +388,10 @@ pub(crate) struct Failover {
     pub(crate) ctl: CtlChannel,
     /// Rails whose fence (receiver: FenceQps) or report is still to be emitted.
     pub(crate) fence_due: RailMask,
+    /// Rails whose FenceQps was emitted and whose FenceDone has not come: the fence is a
+    /// state the engine waits in (the plugin polls the fabric at each round until the QPs'
+    /// error state is final and their completions are in; it never waits for it).
+    pub(crate) fence_wait: RailMask,
     /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
     /// fence is done and whose `Fenced` is still to be written.
     pub(crate) report_due: RailMask,
@@ -456,7 +461,16 @@ impl Failover {
     /// OR over the four masks; either engine's `failover_due` adds its own work).
     #[inline]
     pub(crate) fn rail_work_due(&self) -> bool {
-        !(self.fence_due | self.report_due | self.readmit_due | self.connect_wait).is_empty()
+        !(self.fence_due | self.fence_wait | self.report_due | self.readmit_due | self.connect_wait).is_empty()
+    }
+
+    /// The fences to ask the plugin for, now waited on.
+    pub(crate) fn emit_fences(&mut self, out: &mut Output) {
+        for rail in self.fence_due.iter() {
+            out.actions.push(Action::FenceQps { rail });
+        }
+        self.fence_wait |= self.fence_due;
+        self.fence_due = RailMask::NONE;
     }
 
     pub(crate) fn counts(&self) -> FailoverCounts {

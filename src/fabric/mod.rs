@@ -374,10 +374,18 @@ pub trait QueuePair: Send + 'static {
     /// Rail failover's fence (DESIGN.md "Rail failover"): moves the QP to the error state,
     /// so that its responder accepts nothing more (soft: every later frame for it is
     /// dropped and the peer QP is told; verbs: `ibv_modify_qp` to ERR) and every WR not yet
-    /// completed flushes. Verbs: a QP attached to an SRQ may still consume WQEs until
-    /// `IBV_EVENT_QP_LAST_WQE_REACHED`; waiting for that event is not done yet (the caller
-    /// drains the CQ at once). Idempotent.
+    /// completed flushes. Never blocks: see [`QueuePair::fence_settled`]. Idempotent.
     fn to_error(&mut self) -> Result<()>;
+
+    /// Whether the fence begun by [`QueuePair::to_error`] is final: no receive completes on
+    /// the QP any more, so what its CQ holds for it is all there will be. Verbs: a QP
+    /// attached to an SRQ may still consume WQEs until `IBV_EVENT_QP_LAST_WQE_REACHED`;
+    /// until it comes (bounded: a device that never raises it is waited for a short time
+    /// once, then not at all) this says no. Never blocks: the caller asks again at its next
+    /// call. The default (the soft fabric): at once.
+    fn fence_settled(&mut self) -> bool {
+        true
+    }
 
     /// A fault drill or a test's fault (soft fabric only; `MPIB_FAULT_RAIL`, see
     /// [`FaultKind`]): armed on this QP, fires once. `Ok(false)`: the provider cannot inject

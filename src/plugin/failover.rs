@@ -75,6 +75,8 @@ pub struct FoSide {
     pub(super) connecting: RailMask,
     /// Rails whose re-admission waits for their port to be active (logged once).
     pub(super) port_wait: RailMask,
+    /// Rails whose fence is under way: moved to the error state, FenceDone not answered yet.
+    pub(super) fencing: RailMask,
 }
 
 impl FoSide {
@@ -89,6 +91,7 @@ impl FoSide {
             refuse: [Refuse::No; RAILS],
             connecting: RailMask::NONE,
             port_wait: RailMask::NONE,
+            fencing: RailMask::NONE,
         })
     }
 
@@ -152,13 +155,22 @@ fn fence_rail<D: Device>(rail: &mut Rail<D>, name: &str) {
     }
 }
 
-/// Feeds `on` every completion of `rail` that is in: the NIC's CQ (waiting for its poll
-/// lock: after `fence_rail`, what the fabric delivered is in the CQ or in the inbox of
-/// this connection, and the inbox is filled only under that lock), then the inbox.
-fn drain_rail<D: Device>(rail: &Rail<D>, idx: usize, mut on: impl FnMut(&Completion) -> Result<()>) -> Result<()> {
+/// Feeds `on` every completion of `rail` that is in, once its fence is final: the NIC's CQ
+/// polled dry under its poll lock (after `fence_rail`, what the fabric delivered is in the
+/// CQ or in this connection's inbox, and the inbox is filled only under that lock), then
+/// the inbox. `Ok(false)`: not yet (a QP's error state is not final, or another thread
+/// holds the NIC's poll lock: it is tried, never waited for); the next round asks again.
+fn drain_rail<D: Device>(
+    rail: &mut Rail<D>,
+    idx: usize,
+    mut on: impl FnMut(&Completion) -> Result<()>,
+) -> Result<bool> {
+    if !rail.qps.iter_mut().chain(rail.flush_qp.as_mut()).all(|q| q.fence_settled()) {
+        return Ok(false);
+    }
     let mut first = Ok(());
     {
-        let mut nic = rail.nic.lock();
+        let Some(mut nic) = rail.nic.try_lock() else { return Ok(false) };
         nic.poll(rail.owner, (rail.first_qp, idx), |_, c| on(c))?;
     }
     rail.inbox.pop_each(|c| {
@@ -166,7 +178,7 @@ fn drain_rail<D: Device>(rail: &Rail<D>, idx: usize, mut on: impl FnMut(&Complet
             first = on(c);
         }
     });
-    first
+    first.map(|()| true)
 }
 
 /// The engine calls a round needs, the same for both comms.
@@ -217,8 +229,8 @@ fn carry_out<D: Device, E: RoundEngine>(
             Action::FenceQps { rail } => {
                 fence_rail(&mut rails[rail], RAIL_NAMES[rail]);
                 fo.fenced(rail);
-                drain_rail(&rails[rail], rail, |c| on_completion(engine, rail, c))?;
-                Event::FenceDone { rail }
+                fo.fencing = fo.fencing.with(rail);
+                continue;
             }
             Action::RebuildQps { rail } => fo.rebuild(&mut rails[rail], rail),
             Action::ConnectQps { rail, records } => match fo.connect(&mut rails[rail], rail, &records) {
@@ -232,6 +244,14 @@ fn carry_out<D: Device, E: RoundEngine>(
         };
         engine.handle_event(now, ev)?;
         acted = true;
+    }
+    // Fences whose error state is final and whose completions are all in are answered.
+    for rail in fo.fencing.iter() {
+        if drain_rail(&mut rails[rail], rail, |c| on_completion(engine, rail, c))? {
+            fo.fencing = fo.fencing.without(rail);
+            engine.handle_event(now, Event::FenceDone { rail })?;
+            acted = true;
+        }
     }
     fo.poll_connecting(rails, |ev| engine.handle_event(now, ev))?;
     Ok(acted)

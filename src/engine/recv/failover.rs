@@ -12,8 +12,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, oth
 use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
 use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
-    Action, CompletionFailed, CtlMemory, DownReason, Event, FailedWr, Output, QpRef, RAIL_NAMES, RAILS, RailMask,
-    RailState, Violation, WrKind,
+    CompletionFailed, CtlMemory, DownReason, Event, FailedWr, Output, QpRef, RAIL_NAMES, RAILS, RailState, Violation,
+    WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::WcStatus;
@@ -57,6 +57,7 @@ impl RecvEngine {
             }
             Event::ReadmitFailed { rail } | Event::PortDown { rail } => self.readmit_failed(rail),
             Event::FenceDone { rail } => {
+                self.fo.fence_wait = self.fo.fence_wait.without(rail);
                 // Every IMM of the rail is in now: report what arrived.
                 if self.fo.state[rail] != RailState::Up {
                     self.fo.report_due = self.fo.report_due.with(rail);
@@ -89,10 +90,7 @@ impl RecvEngine {
                 }
             }
         }
-        for rail in self.fo.fence_due.iter() {
-            out.actions.push(Action::FenceQps { rail });
-        }
-        self.fo.fence_due = RailMask::NONE;
+        self.fo.emit_fences(out);
         self.repost_cts(out);
         for rail in self.fo.report_due.iter() {
             let msg = self.fenced_report(rail);

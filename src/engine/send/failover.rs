@@ -11,8 +11,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS};
 use crate::engine::{
-    Action, CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState,
-    SOUT, SUP, StrayCompletion, Violation, WrKind,
+    CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState, SOUT,
+    SUP, StrayCompletion, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
@@ -56,7 +56,10 @@ impl SendEngine {
                 _ => self.rail_down(rail, DownReason::Port),
             },
             // The sender's own fence needs no follow-up: it only stops its QPs of the rail.
-            Event::FenceDone { .. } => Ok(()),
+            Event::FenceDone { rail } => {
+                self.fo.fence_wait = self.fo.fence_wait.without(rail);
+                Ok(())
+            }
             Event::QpsBuilt { rail, records } => {
                 self.on_qps_built(rail, records);
                 Ok(())
@@ -84,10 +87,7 @@ impl SendEngine {
             self.fo.stall_next_ns = now_ns + (stall / 4).max(1);
             self.check_stalls(now_ns)?;
         }
-        for rail in self.fo.fence_due.iter() {
-            out.actions.push(Action::FenceQps { rail });
-        }
-        self.fo.fence_due = RailMask::NONE;
+        self.fo.emit_fences(out);
         for rail in self.fo.report_due.iter() {
             let msg = CtlMsg::new(CtlKind::RailDown, rail, self.fo.epoch[rail]);
             if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {

@@ -155,3 +155,29 @@ fn a_readmission_attempt_starts_exactly_when_poll_timeout_says() {
     assert_eq!(send_round(&mut p, deadline), (vec![], vec![Action::RebuildQps { rail: SUP }]));
     assert_eq!(p.s.poll_timeout(), 0, "an attempt under way: its steps are taken at once");
 }
+
+#[test]
+fn a_fence_is_a_state_the_receiver_waits_in_until_the_plugin_answers() {
+    let mut p = Pair::new(Opts::default());
+    enable_failover(&mut p, 0);
+    p.irecv_one(4096);
+    p.r.handle_event(Event::RailDown { rail: SUP }).unwrap();
+    let round = |p: &mut Pair| {
+        let mut out = Output::default();
+        p.r.handle_timeout(p.now, &mut p.rs, &mut out).unwrap();
+        (kinds(&out), out.actions)
+    };
+    assert_eq!(p.r.poll_timeout(), 0);
+    let t0 = p.now;
+    assert_eq!(round(&mut p), (vec![], vec![Action::FenceQps { rail: SUP }]), "the fence is asked for");
+    // The plugin has not answered (its QPs' error state is not final yet, or the NIC's poll
+    // lock was taken): the engine keeps its rounds coming and reports nothing meanwhile.
+    for _ in 0..3 {
+        p.now += 10 * MS;
+        assert_eq!(p.r.poll_timeout(), 0, "a fence under way: at once");
+        assert_eq!(round(&mut p), (vec![], vec![]), "no report before the fence is done");
+    }
+    p.r.handle_event(Event::FenceDone { rail: SUP }).unwrap();
+    assert_eq!(round(&mut p), (vec![(SOUT, WrKind::Control)], vec![]), "then the Fenced report, on SOUT");
+    assert_eq!(p.r.poll_timeout(), t0 + KEEPALIVE_NS, "nothing more but the waiting receive's keepalive");
+}

@@ -81,6 +81,8 @@ pub struct VerbsQp {
     connected: bool,
     /// Moved to the error state by a fence (`to_error`), once.
     fenced: bool,
+    /// A fence waiting for this QP's `LAST_WQE_REACHED`: its flag and when it began.
+    last_wqe: Option<(Arc<std::sync::atomic::AtomicBool>, Instant)>,
     ctx: Arc<Ctx>,
     // Kept alive (and destroyed after the QP) by these handles.
     _cq: Arc<CqInner>,
@@ -111,6 +113,7 @@ impl VerbsQp {
             pool: SendPool::new(caps.max_send_wr as usize),
             connected: false,
             fenced: false,
+            last_wqe: None,
             ctx: ctx.clone(),
             _cq: cq.inner.clone(),
             _srq: srq.map(|s| s.inner.clone()),
@@ -286,7 +289,8 @@ impl QueuePair for VerbsQp {
         }
         // A QP on an SRQ may go on consuming WQEs (and completing receives) until the
         // device raises IBV_EVENT_QP_LAST_WQE_REACHED for it; only then is the set of
-        // receives it completed final, so the fence waits for that event (bounded).
+        // receives it completed final: `fence_settled` says when (registered before the
+        // state change, so the event cannot come first).
         let health = &self.ctx.health;
         let waits = self._srq.is_some() && self.ctx.reads_events() && !health.last_wqe_missing.load(Ordering::Relaxed);
         let seen = waits.then(|| health.expect_last_wqe(self.qpn));
@@ -294,12 +298,23 @@ impl QueuePair for VerbsQp {
         let mut a: ibv::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv::ibv_qp_state::IBV_QPS_ERR;
         let r = self.modify(&mut a, ibv::ibv_qp_attr_mask::IBV_QP_STATE, "ERR", None);
-        if let (Ok(()), Some(seen)) = (&r, &seen) {
-            let t0 = Instant::now();
-            while !seen.load(Ordering::Acquire) && t0.elapsed() < LAST_WQE_WAIT {
-                std::thread::sleep(Duration::from_micros(50));
+        match (&r, seen) {
+            (Ok(()), Some(seen)) => self.last_wqe = Some((seen, Instant::now())),
+            (_, Some(_)) => health.forget_last_wqe(self.qpn),
+            _ => {}
+        }
+        self.fenced = r.is_ok();
+        r
+    }
+
+    fn fence_settled(&mut self) -> bool {
+        let Some((seen, since)) = &self.last_wqe else { return true };
+        let health = &self.ctx.health;
+        if !seen.load(Ordering::Acquire) {
+            if since.elapsed() < LAST_WQE_WAIT && !health.last_wqe_missing.load(Ordering::Relaxed) {
+                return false;
             }
-            if !seen.load(Ordering::Acquire) && !health.last_wqe_missing.swap(true, Ordering::Relaxed) {
+            if !health.last_wqe_missing.swap(true, Ordering::Relaxed) {
                 // Once per device: it does not raise the event (rxe on Linux 6.1), so its
                 // fences drain the CQ at once from now on, as before this wait existed.
                 log::info!(
@@ -311,11 +326,9 @@ impl QueuePair for VerbsQp {
                 );
             }
         }
-        if seen.is_some() {
-            health.forget_last_wqe(self.qpn);
-        }
-        self.fenced = r.is_ok();
-        r
+        health.forget_last_wqe(self.qpn);
+        self.last_wqe = None;
+        true
     }
 
     fn drain_marker(&mut self, marker: u64) -> Result<bool> {
