@@ -9,7 +9,6 @@
 //! - Errors are typed ([`Violation`], [`CompletionFailed`], [`StrayCompletion`],
 //!   [`Refused`]) and displayed as their log lines; a connection keeps its first failure.
 
-mod error;
 mod error_state;
 pub mod failover;
 pub mod imm;
@@ -19,7 +18,7 @@ mod send;
 #[cfg(test)]
 mod tests;
 
-pub use error::{CompletionFailed, FailedWr, Refused, Side, StrayCompletion, Violation};
+pub use crate::error::protocol::{CompletionFailed, Refused, Side, StrayCompletion, Violation, WorkRequest};
 pub use failover::{
     Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, Output, QpRecords, RailState,
 };
@@ -132,7 +131,29 @@ pub enum WrKind {
     ReadmitProbe,
 }
 
+// The error messages' copies of the engine's limits.
+const _: () = assert!(crate::error::protocol::MAX_RECVS == layout::MAX_RECVS);
+const _: () = assert!(crate::error::protocol::SIZE_GRANULE == imm::SIZE_GRANULE);
+
 impl WrKind {
+    /// The work request a `wr_id` of this kind names, for error messages.
+    pub(crate) fn request(self) -> WorkRequest {
+        match self {
+            WrKind::DataSignal | WrKind::ReplaySignal => WorkRequest::WriteWithImm,
+            WrKind::Data => WorkRequest::DataWrite,
+            WrKind::Cts => WorkRequest::CtsWrite,
+            WrKind::Probe | WrKind::ReadmitProbe => WorkRequest::ProbeWrite,
+            WrKind::Flush => WorkRequest::FlushRead,
+            WrKind::Control => WorkRequest::ControlWrite,
+        }
+    }
+
+    /// The failure of a WR of this kind for `slot` on `rail` with `status`.
+    pub(crate) fn failed(self, rail: usize, slot: usize, status: crate::fabric::WcStatus) -> CompletionFailed {
+        let slot = if self == WrKind::Probe { None } else { Some(slot) };
+        CompletionFailed { rail, what: self.request(), slot, status }
+    }
+
     #[inline]
     pub(crate) fn id(self, rail: usize, slot: usize) -> u64 {
         let k = match self {

@@ -12,8 +12,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, oth
 use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
 use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
-    CompletionFailed, CtlMemory, DownReason, Event, FailedWr, Output, QpRef, RAIL_NAMES, RAILS, RailState, Violation,
-    WrKind,
+    CompletionFailed, CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailState, Violation,
+    WorkRequest, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::WcStatus;
@@ -170,7 +170,7 @@ impl RecvEngine {
                 // The keepalive of a rebuilt rail: the attempt fails (a stale one's is
                 // ignored).
                 if self.fo.probing(rail, tag) {
-                    log::warn!("{}", CompletionFailed::posted(rail, WrKind::ReadmitProbe, tag, status));
+                    log::warn!("{}", WrKind::ReadmitProbe.failed(rail, tag, status));
                     return self.rail_down(rail, DownReason::Completion);
                 }
                 return Ok(());
@@ -181,8 +181,8 @@ impl RecvEngine {
             return Ok(()); // flushed WRs of a rail already down
         }
         let what = match wr {
-            Some((kind, slot)) => CompletionFailed::posted(rail, kind, slot, status),
-            None => CompletionFailed { rail, what: FailedWr::ImmReceive, slot: None, status },
+            Some((kind, slot)) => kind.failed(rail, slot, status),
+            None => CompletionFailed { rail, what: WorkRequest::ImmReceive, slot: None, status },
         };
         log::log!(self.failure_level(), "{what}");
         self.rail_down(rail, DownReason::Completion)

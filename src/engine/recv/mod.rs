@@ -9,8 +9,8 @@ use super::failover::{Failover, FailoverConfig};
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
 use super::{
-    CompletionFailed, ErrorState, FailedWr, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side,
-    StrayCompletion, Violation, WrKind, cold,
+    CompletionFailed, ErrorState, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion,
+    Violation, WorkRequest, WrKind, cold,
 };
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
@@ -293,7 +293,7 @@ impl RecvEngine {
                     return self.on_rail_error(rail, None, c.status);
                 }
                 return Err(self.error.fail(cold(move || {
-                    CompletionFailed { rail, what: FailedWr::ImmReceive, slot: None, status: c.status }.into()
+                    CompletionFailed { rail, what: WorkRequest::ImmReceive, slot: None, status: c.status }.into()
                 })));
             }
             return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
@@ -305,7 +305,7 @@ impl RecvEngine {
                 }
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
                 return Err(self.error.fail(cold(move || {
-                    CompletionFailed { rail, what: FailedWr::Unknown, slot: None, status: c.status }.into()
+                    CompletionFailed { rail, what: WorkRequest::Unknown, slot: None, status: c.status }.into()
                 })));
             }
             return Err(self.error.unknown_wr_id(rail, c.wr_id));
@@ -315,7 +315,7 @@ impl RecvEngine {
             if self.fo.cfg.enabled && kind != WrKind::Flush {
                 return self.on_rail_error(rail, Some((kind, slot)), c.status);
             }
-            let e = self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into()));
+            let e = self.error.fail(cold(move || kind.failed(wr_rail, slot, c.status).into()));
             // A receive whose data is all in completes though its CTS WRITE's
             // acknowledgement was lost: the sender had the CTS (it sent the data).
             return self.after_failure(rail, c, mem).and(Err(e));
@@ -350,9 +350,9 @@ impl RecvEngine {
                 self.on_readmit_probe(wr_rail, slot);
                 Ok(())
             }
-            _ => Err(self
-                .error
-                .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Receive }.into()))),
+            _ => Err(self.error.fail(cold(move || {
+                StrayCompletion::Unexpected { rail: wr_rail, what: kind.request(), side: Side::Receive }.into()
+            }))),
         }
     }
 

@@ -11,8 +11,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS};
 use crate::engine::{
-    CompletionFailed, CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState, SOUT,
-    SUP, StrayCompletion, Violation, WrKind,
+    CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState, SOUT, SUP,
+    StrayCompletion, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
@@ -119,7 +119,7 @@ impl SendEngine {
         if kind == WrKind::ReadmitProbe {
             // A probe of a rebuilt rail: the attempt fails (a stale one's is ignored).
             if self.fo.probing(rail, slot) {
-                log::warn!("{}", CompletionFailed::posted(rail, kind, slot, status));
+                log::warn!("{}", kind.failed(rail, slot, status));
                 return self.readmit_failed(rail);
             }
             return Ok(());
@@ -127,7 +127,7 @@ impl SendEngine {
         if self.fo.failed().contains(rail) {
             return Ok(()); // flushed WRs of a rail already down
         }
-        log::log!(self.failure_level(), "{}", CompletionFailed::posted(rail, kind, slot, status));
+        log::log!(self.failure_level(), "{}", kind.failed(rail, slot, status));
         self.rail_down(rail, DownReason::Completion)
     }
 

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use super::failover::{Failover, FailoverConfig};
 use super::layout::{CtsEntry, MAX_RECVS, SLOTS, SendMemory};
 use super::{
-    CompletionFailed, ErrorState, Posts, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion,
-    Violation, WrKind, cold,
+    ErrorState, Posts, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion, Violation, WrKind, cold,
 };
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, WcStatus};
@@ -364,7 +363,7 @@ impl SendEngine {
                 return self.on_rail_error(rail, kind, slot, c.status);
             }
             self.tel[wr_rail].on_error();
-            return Err(self.error.fail(cold(move || CompletionFailed::posted(wr_rail, kind, slot, c.status).into())));
+            return Err(self.error.fail(cold(move || kind.failed(wr_rail, slot, c.status).into())));
         }
         match kind {
             WrKind::DataSignal => {
@@ -395,9 +394,9 @@ impl SendEngine {
             WrKind::ReplaySignal | WrKind::Control | WrKind::ReadmitProbe if self.fo.cfg.enabled => {
                 self.on_failover_completion(rail, kind, wr_rail, slot)
             }
-            _ => Err(self
-                .error
-                .fail(cold(move || StrayCompletion::Unexpected { rail: wr_rail, kind, side: Side::Send }.into()))),
+            _ => Err(self.error.fail(cold(move || {
+                StrayCompletion::Unexpected { rail: wr_rail, what: kind.request(), side: Side::Send }.into()
+            }))),
         }
     }
 

@@ -6,7 +6,7 @@
 use super::broken::*;
 use super::harness::*;
 use crate::engine::imm::Imm;
-use crate::engine::{CompletionFailed, FailedWr, FlushBuf, QpRef, Refused, SOUT, SUP, WrKind};
+use crate::engine::{CompletionFailed, FlushBuf, QpRef, Refused, SOUT, SUP, WorkRequest, WrKind};
 use crate::error::{Cause, Error};
 use crate::fabric::{WcOpcode, WcStatus, WrOpcode};
 use crate::split::{AnySplit, Fixed};
@@ -33,7 +33,7 @@ fn posted_transfer(p: &mut Pair, sizes: &[usize]) -> (u16, Vec<u16>) {
 }
 
 /// The completion of the WR `what` of `slot` failed on `rail` with `status`.
-fn failed_wr(rail: usize, what: FailedWr, slot: Option<usize>, status: WcStatus) -> CompletionFailed {
+fn failed_wr(rail: usize, what: WorkRequest, slot: Option<usize>, status: WcStatus) -> CompletionFailed {
     CompletionFailed { rail, what, slot, status }
 }
 
@@ -45,7 +45,7 @@ fn failed_data_write_breaks_the_sender_and_fails_its_rail() {
     let wr = p.fail_head(Dir::ToRecv, SOUT, 0, WcStatus::RemoteAccessError);
     assert_eq!((wr.opcode, wr.signaled), (WrOpcode::Write, false));
     p.deliver_all(); // SUP's chain goes through
-    let e = rejected(p.poll_send(), failed_wr(SOUT, FailedWr::DataWrite, Some(0), WcStatus::RemoteAccessError));
+    let e = rejected(p.poll_send(), failed_wr(SOUT, WorkRequest::DataWrite, Some(0), WcStatus::RemoteAccessError));
     assert_eq!(p.s.failed_rails(), RailMask::SOUT, "only the rail that failed is marked");
     assert_send_broken(&mut p, &e);
     assert!(sids.iter().all(|&id| p.s.is_live(id)), "no send completes");
@@ -62,7 +62,7 @@ fn failed_signalling_write_breaks_the_sender_and_fails_its_rail() {
     assert!(p.step(Dir::ToRecv, SOUT, 0) && p.step(Dir::ToRecv, SOUT, 0));
     let wr = p.fail_head(Dir::ToRecv, SOUT, 0, WcStatus::RetryExceeded);
     assert_eq!((wr.opcode, wr.num_sge), (WrOpcode::WriteImm, 1), "the leader's signalling WR");
-    let e = rejected(p.poll_send(), failed_wr(SOUT, FailedWr::WriteWithImm, Some(0), WcStatus::RetryExceeded));
+    let e = rejected(p.poll_send(), failed_wr(SOUT, WorkRequest::WriteWithImm, Some(0), WcStatus::RetryExceeded));
     assert_eq!(p.s.failed_rails(), RailMask::SOUT);
     assert_send_broken(&mut p, &e);
     // The data landed but no IMM came: the receive is not complete.
@@ -76,7 +76,7 @@ fn failed_fast_path_write_on_sup_fails_sup() {
     posted_transfer(&mut p, &[8192]);
     let wr = p.fail_head(Dir::ToRecv, SUP, 0, WcStatus::RemoteOpError);
     assert_eq!((wr.opcode, wr.bytes()), (WrOpcode::WriteImm, 8192));
-    let e = rejected(p.poll_send(), failed_wr(SUP, FailedWr::WriteWithImm, Some(0), WcStatus::RemoteOpError));
+    let e = rejected(p.poll_send(), failed_wr(SUP, WorkRequest::WriteWithImm, Some(0), WcStatus::RemoteOpError));
     assert_eq!(p.s.failed_rails(), RailMask::SUP);
     assert_send_broken(&mut p, &e);
 }
@@ -94,7 +94,7 @@ fn failed_cts_write_breaks_the_receiver() {
         assert_eq!(p.irecv_one(64).0, slot);
         let wr = p.fail_head(Dir::ToSend, SOUT, 0, WcStatus::RemoteAccessError);
         assert_eq!(wr.signaled, slot == 30);
-        let want = failed_wr(SOUT, FailedWr::CtsWrite, Some(slot as usize), WcStatus::RemoteAccessError);
+        let want = failed_wr(SOUT, WorkRequest::CtsWrite, Some(slot as usize), WcStatus::RemoteAccessError);
         let e = rejected(p.poll_recv(), want);
         assert_recv_broken(&mut p, &e);
     }
@@ -110,7 +110,7 @@ fn failed_probe_breaks_the_sender_and_fails_its_rail() {
     assert_eq!(WrKind::decode(wr.wr_id).map(|k| k.0), Some(WrKind::Probe));
     p.deliver_all();
     // SOUT's probe completes fine; SUP's fails.
-    let e = rejected(p.poll_send(), failed_wr(SUP, FailedWr::ProbeWrite, None, WcStatus::RetryExceeded));
+    let e = rejected(p.poll_send(), failed_wr(SUP, WorkRequest::ProbeWrite, None, WcStatus::RetryExceeded));
     assert_eq!(p.s.failed_rails(), RailMask::SUP);
     assert_send_broken(&mut p, &e);
 }
@@ -124,7 +124,7 @@ fn flushed_imm_receive_breaks_the_receiver() {
         opcode: WcOpcode::RecvRdmaWithImm,
         ..crate::fabric::Completion::default()
     };
-    let e = rejected(p.inject_recv(SUP, c), failed_wr(SUP, FailedWr::ImmReceive, None, WcStatus::Flushed));
+    let e = rejected(p.inject_recv(SUP, c), failed_wr(SUP, WorkRequest::ImmReceive, None, WcStatus::Flushed));
     assert_recv_broken(&mut p, &e);
     assert!(p.r.is_live(rid));
 }
@@ -137,7 +137,7 @@ fn failed_receive_with_an_undefined_opcode_breaks_the_receiver() {
     p.irecv_one(64);
     let e = rejected(
         p.inject_recv(SOUT, wr_cqe(0, WcStatus::Flushed)),
-        failed_wr(SOUT, FailedWr::Unknown, None, WcStatus::Flushed),
+        failed_wr(SOUT, WorkRequest::Unknown, None, WcStatus::Flushed),
     );
     assert_recv_broken(&mut p, &e);
 }
@@ -203,7 +203,7 @@ fn failed_flush_read_breaks_the_receiver() {
     let posts = flush_posts(&mut p);
     let e = rejected(
         p.inject_recv(SUP, wr_cqe(posts[1].1.wr_id, WcStatus::LocalError)),
-        failed_wr(SUP, FailedWr::FlushRead, Some(0), WcStatus::LocalError),
+        failed_wr(SUP, WorkRequest::FlushRead, Some(0), WcStatus::LocalError),
     );
     assert_recv_broken(&mut p, &e);
 }
@@ -233,7 +233,7 @@ fn an_imm_delivered_before_a_transport_failure_still_completes_its_receive() {
     p.inject_recv(SUP, p.cq_r[SUP][0]).unwrap();
     let e = rejected(
         p.inject_recv(SOUT, wr_cqe(0, WcStatus::RetryExceeded)),
-        failed_wr(SOUT, FailedWr::Unknown, None, WcStatus::RetryExceeded),
+        failed_wr(SOUT, WorkRequest::Unknown, None, WcStatus::RetryExceeded),
     );
     assert_eq!(Imm::decode(sout.imm).slot, 0);
     p.inject_recv(SOUT, sout).unwrap();

@@ -3,7 +3,7 @@
 //! signalled WRITE every `KEEPALIVE_NS` of silence; its failure is the error the caller sees.
 
 use super::harness::*;
-use crate::engine::{CompletionFailed, FailedWr, KEEPALIVE_NS, QpRef, SOUT, SUP, WrKind};
+use crate::engine::{CompletionFailed, KEEPALIVE_NS, QpRef, SOUT, SUP, WorkRequest, WrKind};
 use crate::error::Cause;
 use crate::fabric::{Completion, WcOpcode, WcStatus, WrOpcode};
 
@@ -117,7 +117,8 @@ fn a_failed_keepalive_is_the_error_the_waiting_receiver_sees() {
     let wr_id = WrKind::Probe.id(SOUT, 0);
     let c = Completion { wr_id, status: WcStatus::RetryExceeded, opcode: WcOpcode::RdmaWrite, ..Completion::default() };
     let e = p.r.handle_completion(SOUT, &c, &p.rs).unwrap_err();
-    let want = CompletionFailed { rail: SOUT, what: FailedWr::ProbeWrite, slot: None, status: WcStatus::RetryExceeded };
+    let want =
+        CompletionFailed { rail: SOUT, what: WorkRequest::ProbeWrite, slot: None, status: WcStatus::RetryExceeded };
     assert_eq!(e.cause, Cause::CompletionFailed(want));
     let later = p.r.test(id).unwrap_err();
     assert!(matches!(&later.cause, Cause::FailedEarlier(first) if *first == e), "{later}");

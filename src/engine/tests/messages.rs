@@ -4,7 +4,7 @@
 
 use crate::engine::imm::Imm;
 use crate::engine::{
-    CompletionFailed, FailedWr, RailMask, Refused, SOUT, SUP, Side, StrayCompletion, Violation, WrKind,
+    CompletionFailed, RailMask, Refused, SOUT, SUP, Side, StrayCompletion, Violation, WorkRequest, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind};
 use crate::fabric::WcStatus;
@@ -77,8 +77,8 @@ fn violations_say_what_the_peer_broke_on_which_rail() {
 
 #[test]
 fn failed_completions_say_the_rail_the_wr_and_the_status() {
-    use FailedWr::*;
     use WcStatus::*;
+    use WorkRequest::*;
     for (rail, what, slot, status, text) in [
         (SOUT, DataWrite, Some(0), RemoteAccessError, "SOUT rail: a data WRITE of slot 0 failed: remote access error"),
         (
@@ -98,9 +98,9 @@ fn failed_completions_say_the_rail_the_wr_and_the_status() {
         says(CompletionFailed { rail, what, slot, status }, ErrorKind::Remote, text);
     }
     // From a wr_id: a probe's carries no slot.
-    let probe = CompletionFailed::posted(SUP, WrKind::Probe, 0, RetryExceeded);
+    let probe = WrKind::Probe.failed(SUP, 0, RetryExceeded);
     assert_eq!((probe.what, probe.slot), (ProbeWrite, None));
-    let cts = CompletionFailed::posted(SOUT, WrKind::Cts, 5, Flushed);
+    let cts = WrKind::Cts.failed(SOUT, 5, Flushed);
     assert_eq!((cts.what, cts.slot), (CtsWrite, Some(5)));
 }
 
@@ -112,12 +112,12 @@ fn stray_completions_say_what_nothing_awaited() {
         (NoneOutstanding { rail: SUP, slot: 9 }, "SUP rail: completion for slot 9, which has none outstanding"),
         (NoProbeInFlight { rail: SOUT }, "SOUT rail: probe completion, but no probe is in flight"),
         (
-            Unexpected { rail: SOUT, kind: WrKind::Cts, side: Side::Send },
-            "SOUT rail: unexpected Cts completion on a send connection",
+            Unexpected { rail: SOUT, what: WorkRequest::CtsWrite, side: Side::Send },
+            "SOUT rail: unexpected completion of a CTS WRITE on a send connection",
         ),
         (
-            Unexpected { rail: SUP, kind: WrKind::DataSignal, side: Side::Receive },
-            "SUP rail: unexpected DataSignal completion on a receive connection",
+            Unexpected { rail: SUP, what: WorkRequest::WriteWithImm, side: Side::Receive },
+            "SUP rail: unexpected completion of a WRITE_WITH_IMM on a receive connection",
         ),
         (CtsNotAwaited { slot: 2 }, "CTS completion for slot 2, which awaits none"),
         (

@@ -7,7 +7,7 @@ use super::broken::*;
 use super::harness::*;
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, SLOTS};
-use crate::engine::{Refused, SOUT, SUP, Side, StrayCompletion, Violation, WrKind};
+use crate::engine::{Refused, SOUT, SUP, Side, StrayCompletion, Violation, WorkRequest, WrKind};
 use crate::fabric::WcStatus;
 
 /// A pair whose receiver has one receive (slot 0) of buffers of `sizes` posted, its CTS
@@ -275,7 +275,10 @@ fn completion_with_nothing_outstanding_breaks_the_sender() {
     for (c, want) in [
         (WrKind::DataSignal.id(SUP, 9), StrayCompletion::NoneOutstanding { rail: SUP, slot: 9 }),
         (WrKind::Probe.id(SOUT, 0), StrayCompletion::NoProbeInFlight { rail: SOUT }),
-        (WrKind::Cts.id(SOUT, 0), StrayCompletion::Unexpected { rail: SOUT, kind: WrKind::Cts, side: Side::Send }),
+        (
+            WrKind::Cts.id(SOUT, 0),
+            StrayCompletion::Unexpected { rail: SOUT, what: WorkRequest::CtsWrite, side: Side::Send },
+        ),
     ] {
         let mut p = Pair::new(Opts::default());
         let e = rejected(p.inject_send(SOUT, wr_cqe(c, WcStatus::Success)), want);
@@ -285,7 +288,7 @@ fn completion_with_nothing_outstanding_breaks_the_sender() {
 
 #[test]
 fn completion_with_nothing_outstanding_breaks_the_receiver() {
-    let unexpected = StrayCompletion::Unexpected { rail: SOUT, kind: WrKind::DataSignal, side: Side::Receive };
+    let unexpected = StrayCompletion::Unexpected { rail: SOUT, what: WorkRequest::WriteWithImm, side: Side::Receive };
     for (c, want) in [
         (WrKind::Cts.id(SOUT, 2), StrayCompletion::CtsNotAwaited { slot: 2 }),
         (WrKind::Cts.id(SOUT, 0), StrayCompletion::CtsNotAwaited { slot: 0 }),

@@ -9,7 +9,9 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use crate::engine::{CompletionFailed, Refused, StrayCompletion, Violation};
+pub mod protocol;
+
+use protocol::{CompletionFailed, Refused, StrayCompletion, Violation};
 
 /// The class of an error, mapped 1:1 onto the `ncclResult_t` values a plugin may return.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

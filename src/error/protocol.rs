@@ -10,14 +10,22 @@
 //! - [`Refused`]: a call the engine refuses (NCCL's misuse); the connection goes on.
 //!
 //! Each converts into [`crate::Error`] with its `ncclResult_t` class. They are built only on
-//! failure, in cold code ([`super::cold`]): a `Result` of the data path stays one pointer.
+//! failure, in cold code (`engine::cold`): a `Result` of the data path stays one pointer.
+//!
+//! A leaf beside `Error`: the engine (which makes them) and every layer that reads them
+//! depend on this module, which depends only on the rail names and the completion status.
 
 use std::fmt;
 
-use super::layout::MAX_RECVS;
-use super::{RAIL_NAMES, RailMask, WrKind};
-use crate::error::{Cause, Error, ErrorKind};
-use crate::fabric::WcStatus;
+use super::{Cause, Error, ErrorKind};
+use crate::fabric::status::WcStatus;
+use crate::rail::{RAIL_NAMES, RailMask};
+
+/// Most buffers one receive groups (the engine's `layout::MAX_RECVS`, checked equal there).
+pub const MAX_RECVS: usize = 8;
+/// Bytes one unit of an IMM's `size_q` stands for (the engine's `imm::SIZE_GRANULE`,
+/// checked equal there).
+pub const SIZE_GRANULE: u64 = 128;
 
 /// The peer broke the protocol. `rail`: the rail the offending IMM arrived on; `slot`: the
 /// CTS slot it names.
@@ -99,7 +107,7 @@ impl fmt::Display for Violation {
             BytesMismatch { slot, bytes, size_q, posted, .. } => write!(
                 f,
                 "slot {slot}: {bytes} bytes arrived, the IMM announced size_q {size_q} (x{}) for a {posted}-byte receive",
-                super::imm::SIZE_GRANULE
+                SIZE_GRANULE
             ),
             RecordTooLarge { slot, index, claimed, posted, .. } => {
                 write!(f, "slot {slot}: completion record {index} claims {claimed} bytes for a {posted}-byte receive")
@@ -116,9 +124,9 @@ impl fmt::Display for Violation {
     }
 }
 
-/// The work request of a failed completion.
+/// The work request a completion names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FailedWr {
+pub enum WorkRequest {
     /// The signalled WRITE_WITH_IMM that ends a data chain.
     WriteWithImm,
     /// An unsignalled data WRITE.
@@ -137,16 +145,18 @@ pub enum FailedWr {
     Unknown,
 }
 
-impl FailedWr {
-    /// The failed WR that a `wr_id` of `kind` names.
-    pub(crate) fn of(kind: WrKind) -> FailedWr {
-        match kind {
-            WrKind::DataSignal | WrKind::ReplaySignal => FailedWr::WriteWithImm,
-            WrKind::Data => FailedWr::DataWrite,
-            WrKind::Cts => FailedWr::CtsWrite,
-            WrKind::Probe | WrKind::ReadmitProbe => FailedWr::ProbeWrite,
-            WrKind::Flush => FailedWr::FlushRead,
-            WrKind::Control => FailedWr::ControlWrite,
+impl WorkRequest {
+    /// The request in words, for messages.
+    pub fn words(self) -> &'static str {
+        match self {
+            WorkRequest::WriteWithImm => "a WRITE_WITH_IMM",
+            WorkRequest::DataWrite => "a data WRITE",
+            WorkRequest::CtsWrite => "a CTS WRITE",
+            WorkRequest::ProbeWrite => "a probe WRITE",
+            WorkRequest::FlushRead => "a flush READ",
+            WorkRequest::ControlWrite => "a control-ring WRITE",
+            WorkRequest::ImmReceive => "an IMM receive",
+            WorkRequest::Unknown => "a work request",
         }
     }
 }
@@ -156,17 +166,9 @@ impl FailedWr {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompletionFailed {
     pub rail: usize,
-    pub what: FailedWr,
+    pub what: WorkRequest,
     pub slot: Option<usize>,
     pub status: WcStatus,
-}
-
-impl CompletionFailed {
-    /// A WR that a `wr_id` of `kind` for `slot` names.
-    pub(crate) fn posted(rail: usize, kind: WrKind, slot: usize, status: WcStatus) -> Self {
-        let slot = if kind == WrKind::Probe { None } else { Some(slot) };
-        CompletionFailed { rail, what: FailedWr::of(kind), slot, status }
-    }
 }
 
 impl fmt::Display for CompletionFailed {
@@ -174,14 +176,14 @@ impl fmt::Display for CompletionFailed {
         write!(f, "{} rail: ", RAIL_NAMES[self.rail])?;
         let slot = Slot(self.slot);
         match self.what {
-            FailedWr::WriteWithImm => write!(f, "the WRITE_WITH_IMM of slot {slot}"),
-            FailedWr::DataWrite => write!(f, "a data WRITE of slot {slot}"),
-            FailedWr::CtsWrite => write!(f, "the CTS WRITE of slot {slot}"),
-            FailedWr::ProbeWrite => f.write_str("a probe WRITE"),
-            FailedWr::FlushRead => write!(f, "the READ of flush {slot}"),
-            FailedWr::ControlWrite => f.write_str("a control-ring WRITE"),
-            FailedWr::ImmReceive => f.write_str("receiving an IMM"),
-            FailedWr::Unknown => f.write_str("a work request"),
+            WorkRequest::WriteWithImm => write!(f, "the WRITE_WITH_IMM of slot {slot}"),
+            WorkRequest::DataWrite => write!(f, "a data WRITE of slot {slot}"),
+            WorkRequest::CtsWrite => write!(f, "the CTS WRITE of slot {slot}"),
+            WorkRequest::ProbeWrite => f.write_str("a probe WRITE"),
+            WorkRequest::FlushRead => write!(f, "the READ of flush {slot}"),
+            WorkRequest::ControlWrite => f.write_str("a control-ring WRITE"),
+            WorkRequest::ImmReceive => f.write_str("receiving an IMM"),
+            WorkRequest::Unknown => f.write_str("a work request"),
         }?;
         write!(f, " failed: {}", self.status)
     }
@@ -216,7 +218,7 @@ pub enum StrayCompletion {
     /// A probe's, with no probe in flight on the rail (sender).
     NoProbeInFlight { rail: usize },
     /// A WR of a kind this side never posts (or, a keepalive, not in flight).
-    Unexpected { rail: usize, kind: WrKind, side: Side },
+    Unexpected { rail: usize, what: WorkRequest, side: Side },
     /// A CTS WRITE's, for a slot whose CTS completion is not awaited (receiver).
     CtsNotAwaited { slot: usize },
     /// A flush READ's, for a flush not in flight on the rail (receiver).
@@ -235,9 +237,9 @@ impl fmt::Display for StrayCompletion {
                 write!(f, "{} rail: completion for slot {slot}, which has none outstanding", name(rail))
             }
             NoProbeInFlight { rail } => write!(f, "{} rail: probe completion, but no probe is in flight", name(rail)),
-            Unexpected { rail, kind, side } => {
+            Unexpected { rail, what, side } => {
                 let side = if side == Side::Send { "send" } else { "receive" };
-                write!(f, "{} rail: unexpected {kind:?} completion on a {side} connection", name(rail))
+                write!(f, "{} rail: unexpected completion of {} on a {side} connection", name(rail), what.words())
             }
             CtsNotAwaited { slot } => write!(f, "CTS completion for slot {slot}, which awaits none"),
             FlushNotInFlight { rail, flush } => write!(
