@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use fabric_checks as checks;
 use mpib::config::Config;
-use mpib::fabric::verbs::{self, VerbsDevice, VerbsOptions};
+use mpib::fabric::verbs::{self, GidRule, VerbsDevice, VerbsOptions};
 use mpib::fabric::{ConnectParams, Device, LinkLayer, MemTypes, QueuePair, Timestamps, WcOpcode, WcStatus, WrOpcode};
 use mpib::plugin::discover;
 
@@ -44,7 +44,8 @@ fn expected_gid_index(i: usize) -> Option<u8> {
 fn open(i: usize) -> Arc<VerbsDevice> {
     mpib::abi::logger::install();
     let (d, p) = port_spec(i);
-    let opts = VerbsOptions { device: d.clone(), port: p, gid_index: None, relaxed_ordering: true };
+    let opts =
+        VerbsOptions { device: d.clone(), port: p, gid: GidRule::default(), relaxed_ordering: true, dmabuf: true };
     Arc::new(VerbsDevice::open(&opts).unwrap_or_else(|e| panic!("open {d}: {e}")))
 }
 

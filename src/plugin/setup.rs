@@ -70,7 +70,12 @@ pub struct Params {
     pub kind: FabricKind,
     pub abi: AbiVersion,
     pub qps: [u16; RAILS],
-    pub connect: ConnectParams,
+    /// Transport parameters of a send comm's QPs, per rail (they carry the data).
+    pub send: [ConnectParams; RAILS],
+    /// Transport parameters of a receive comm's QPs, per rail: the control traffic class
+    /// (`MPIB_CTS_TC`), as net_ib gives its receiver's QPs `NCCL_IB_FIFO_TC` (they carry the
+    /// CTS, the control writes and keepalives, and the ACKs of the data received).
+    pub recv: [ConnectParams; RAILS],
     /// A deadline for the whole set-up from its first call (`MPIB_CONNECT_TIMEOUT_MS`);
     /// `None` (the default): as long as NCCL calls.
     pub timeout: Option<Duration>,
@@ -79,21 +84,28 @@ pub struct Params {
 }
 
 impl Params {
+    /// For a connection in a communicator of traffic class `comm_tc` (v10 `connect`,
+    /// v11+ context).
     pub fn new(cfg: &'static Config, kind: FabricKind, abi: AbiVersion, comm_tc: Option<i32>) -> Params {
-        let tc = cfg.tc.or_else(|| comm_tc.filter(|t| (0..=255).contains(t)).map(|t| t as u8)).unwrap_or(0);
-        Params {
-            kind,
-            abi,
-            qps: [cfg.sout_qps as u16, cfg.sup_qps as u16],
-            connect: soft_floor(
+        let params = |r: usize, traffic_class: u8| {
+            let rc = &cfg.rails[r];
+            soft_floor(
                 kind,
                 ConnectParams {
-                    traffic_class: tc,
-                    service_level: cfg.sl.unwrap_or(0),
+                    traffic_class,
+                    service_level: rc.service_level(comm_tc),
                     timeout: cfg.timeout,
                     retry_cnt: cfg.retry_cnt,
                 },
-            ),
+            )
+        };
+        let rails = &cfg.rails;
+        Params {
+            kind,
+            abi,
+            qps: [rails[0].qps as u16, rails[1].qps as u16],
+            send: [0, 1].map(|r| params(r, rails[r].traffic_class(comm_tc))),
+            recv: [0, 1].map(|r| params(r, rails[r].cts_traffic_class(comm_tc))),
             timeout: (cfg.connect_timeout_ms > 0).then(|| Duration::from_millis(cfg.connect_timeout_ms)),
             probe_interval_ns: cfg.probe_interval_us * 1000,
             cfg,
@@ -304,7 +316,7 @@ impl<D: Device> Connecting<D> {
                         }
                         _ => return Err(Error::remote("connect: the listening peer sent something else than a Reply")),
                     };
-                    connect_qps(rails, &reply.qps_info, &self.p.connect)?;
+                    connect_qps(rails, &reply.qps_info, &self.p.send)?;
                     self.reply = Some(reply);
                     self.stage = ConnStage::AwaitQps;
                 }
@@ -507,7 +519,7 @@ impl<D: Device> Accepting<D> {
         let window = self.p.abi.max_requests() as u32;
         let plan = |r: usize| recv_plan(hello.qps[r], flush, window, self.p.cfg.failover);
         let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
-        connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
+        connect_qps(&mut rails, &hello.qps_info, &self.p.recv)?;
         let (_, rkeys) = region_keys(&rails);
         let reply = Reply {
             qps: hello.qps,
@@ -634,7 +646,7 @@ mod tests {
         assert_eq!(soft_floor(FabricKind::Verbs, q(14)).timeout, 14);
         assert_eq!(soft_floor(FabricKind::Soft, q(18)).timeout, 18);
         let soft = Params::new(cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
-        assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.connect)), "2.0s", "the default on the soft fabric");
+        assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.send[0])), "2.0s", "the default on the soft fabric");
         // Tiny budgets: the soft fabric's 100 ms floor.
         assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
     }
