@@ -200,8 +200,7 @@ fn open(cfg: &'static Config) -> Result<Active> {
         Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
     };
     let verbs = || -> Result<Active> {
-        let pairs =
-            discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device (MPIB_FABRIC=verbs)"))?;
+        let pairs = discover::verbs_pairs(cfg).map_err(|e| e.context("no usable RDMA rail pair"))?;
         Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg)))
     };
     match cfg.fabric {

@@ -139,13 +139,7 @@ impl VerbsDevice {
         let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, events));
 
         let clock = probe_clock(&ctx, dattr.hca_core_clock);
-        let mut mem_types = MemTypes::HOST;
-        if props::peer_memory_loaded() {
-            mem_types |= MemTypes::CUDA;
-        }
-        if opts.dmabuf && probe_dmabuf(&ctx) {
-            mem_types |= MemTypes::DMABUF;
-        }
+        let mem_types = mem_types(props::peer_memory_loaded(), opts.dmabuf, || probe_dmabuf(&ctx));
         let d = &dattr.orig_attr;
         let attrs = DeviceAttrs {
             name: name.to_string(),
@@ -367,6 +361,19 @@ fn probe_clock(ctx: &Arc<Ctx>, hca_core_clock_khz: u64) -> TsClock {
     TsClock::None
 }
 
+/// What a port can register: host memory; CUDA memory where peer memory is loaded; DMA-BUF
+/// where it is `wanted` and `probe` finds it works (not probed when not wanted).
+fn mem_types(peer_memory: bool, wanted: bool, probe: impl FnOnce() -> bool) -> MemTypes {
+    let mut m = MemTypes::HOST;
+    if peer_memory {
+        m |= MemTypes::CUDA;
+    }
+    if wanted && probe() {
+        m |= MemTypes::DMABUF;
+    }
+    m
+}
+
 /// DMA-BUF registration works when `ibv_reg_dmabuf_mr(fd = -1)` fails for the fd, not for
 /// lack of support (net_ib's probe).
 fn probe_dmabuf(ctx: &Ctx) -> bool {
@@ -408,5 +415,19 @@ mod tests {
             (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE | a::IBV_ACCESS_REMOTE_READ).0,
             "relaxed ordering is added by reg_mr itself, through ibv_reg_mr_iova2"
         );
+    }
+
+    #[test]
+    fn dmabuf_only_where_wanted_and_never_probed_otherwise() {
+        let probed = std::cell::Cell::new(0);
+        let probe = |ok| {
+            probed.set(probed.get() + 1);
+            ok
+        };
+        assert_eq!(mem_types(false, true, || probe(true)), MemTypes::HOST | MemTypes::DMABUF);
+        assert_eq!(mem_types(true, true, || probe(false)), MemTypes::HOST | MemTypes::CUDA, "the probe says no");
+        assert_eq!(probed.get(), 2);
+        assert_eq!(mem_types(true, false, || probe(true)), MemTypes::HOST | MemTypes::CUDA, "MPIB_DMABUF=0");
+        assert_eq!(probed.get(), 2, "not even probed");
     }
 }

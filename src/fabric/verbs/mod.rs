@@ -43,7 +43,7 @@ mod wr_pool;
 pub use cq::{TsClock, UNEXPECTED_OPCODE, VerbsCq, wc_status_str};
 pub use device::{VerbsDevice, VerbsMr, VerbsOptions};
 pub use gid::{AddrFamily, AddrRange, GidRule, GidType, format_gid};
-pub use qp::VerbsQp;
+pub use qp::{QpAttrs, VerbsQp};
 pub use srq::VerbsSrq;
 pub use sys::relaxed_ordering_available;
 pub use wr_pool::MAX_CHAIN;
