@@ -170,8 +170,8 @@ impl Layers {
     /// Resolves every layered setting; errors are in `self.errors`.
     pub fn resolve(&mut self) -> Resolved {
         let mut rails = [RailConfig::default(); 2];
-        for (r, rc) in rails.iter_mut().enumerate() {
-            let r = Some(r);
+        for (rail, rc) in rails.iter_mut().enumerate() {
+            let r = Some(rail);
             let qps = |v: &str| int(v, 1, 16);
             rc.qps = self.get("MPIB_QP", r, &|v| qps(v), &|v| c_ranged(v, 1, 16)).map_or(1, |n| n as u32);
             // -1 is "not set" in NCCL's variables and mpib's alike: the default, from there.
@@ -194,7 +194,7 @@ impl Layers {
             rc.gid.family =
                 self.get("MPIB_ADDR_FAMILY", r, &|v| parse_word(v, &words), &exact).unwrap_or(AddrFamily::V4);
             rc.gid.range = self.get("MPIB_ADDR_RANGE", r, &parse_range, &parse_range);
-            self.check_range(r.unwrap_or(0), &rc.gid);
+            self.check_range(rail, &rc.gid);
         }
         let g = None;
         Resolved {
@@ -273,7 +273,8 @@ fn parse_range(v: &str) -> Result<AddrRange, String> {
 pub fn describe(r: &Resolved, origins: &Origins) -> String {
     let from = |s: &'static str, rail: u8| *origins.get(&(s, rail)).unwrap_or(&"default");
     let opt = |v: Option<u8>, none: &str| v.map_or(none.to_string(), |v| v.to_string());
-    let per_rail: [(&str, &'static str, &dyn Fn(&RailConfig) -> String); 8] = [
+    type Show<'a> = &'a dyn Fn(&RailConfig) -> String;
+    let per_rail: [(&str, &'static str, Show); 8] = [
         ("qps", "MPIB_QP", &|c| c.qps.to_string()),
         ("tc", "MPIB_TC", &|c| opt(c.tc, "comm's")),
         ("cts_tc", "MPIB_CTS_TC", &|c| opt(c.cts_tc, "as-tc")),

@@ -209,7 +209,7 @@ fn followed_values_mean_what_they_mean_to_nccl() {
     let c = ok(&[("NCCL_IB_GID_INDEX", "3"), ("MPIB_GID_INDEX", "-1")]);
     assert_eq!((c.rails[0].gid.index, c.origin("MPIB_GID_INDEX", 0)), (None, "MPIB_GID_INDEX"));
     assert_eq!(ok(&[("NCCL_IB_ROCE_VERSION_NUM", "1")]).rails[0].gid.version, GidType::IbRoceV1);
-    assert_eq!(ok(&[("NCCL_DMABUF_ENABLE", "7")]).dmabuf, true, "NCCL turns DMA-BUF off for 0 only");
+    assert!(ok(&[("NCCL_DMABUF_ENABLE", "7")]).dmabuf, "NCCL turns DMA-BUF off for 0 only");
     assert_eq!(ok(&[("NCCL_IB_PCI_RELAXED_ORDERING", "1")]).relaxed_ordering, RelaxedOrdering::On);
     let r = ok(&[("NCCL_IB_ADDR_FAMILY", "AF_INET6"), ("NCCL_IB_ADDR_RANGE", "fd00::/8")]).rails[1].gid;
     assert_eq!((r.family, r.range), (AddrFamily::V6, Some(AddrRange { addr: "fd00::".parse().unwrap(), prefix: 8 })));

@@ -169,11 +169,13 @@ pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
         let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).send[0]);
         log::info!(
             target: "mpib::config",
-            "a peer that stops answering (frozen, host down) is reported within {:.1?} on verbs, {:.1?} on the soft fabric (MPIB_TIMEOUT={}, at least 16 on the soft fabric; MPIB_RETRY_CNT={}); a killed one on the soft fabric at once",
+            "a peer that stops answering (frozen, host down) is reported within {:.1?} on verbs, {:.1?} on the soft fabric (timeout {} from {}, at least 16 on the soft fabric; retry count {} from {}); a killed one on the soft fabric at once",
             bound(FabricKind::Verbs),
             bound(FabricKind::Soft),
             cfg.timeout,
-            cfg.retry_cnt
+            cfg.origin("MPIB_TIMEOUT", 2),
+            cfg.retry_cnt,
+            cfg.origin("MPIB_RETRY_CNT", 2),
         );
         let a = open(cfg)?;
         let _ = ACTIVE.set(a);
@@ -200,7 +202,7 @@ fn open(cfg: &'static Config) -> Result<Active> {
         Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
     };
     let verbs = || -> Result<Active> {
-        let pairs = discover::verbs_pairs(cfg).map_err(|e| e.context("no usable RDMA rail pair"))?;
+        let pairs = discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
         Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg)))
     };
     match cfg.fabric {

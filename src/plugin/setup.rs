@@ -628,6 +628,31 @@ mod tests {
     }
 
     #[test]
+    fn each_rails_qps_get_that_rails_settings_and_receive_comms_the_control_class() {
+        let vars = [
+            ("MPIB_SOUT_TC", "106"),
+            ("MPIB_SUP_TC", "41"),
+            ("MPIB_SUP_CTS_TC", "208"),
+            ("NCCL_IB_SL", "3"),
+            ("MPIB_SUP_QP", "2"),
+            ("NCCL_IB_TIMEOUT", "18"),
+        ];
+        let cfg: &'static Config = Box::leak(Box::new(Config::from_vars(vars).unwrap()));
+        let p = Params::new(cfg, FabricKind::Verbs, AbiVersion::V12, Some(72));
+        assert_eq!(p.qps, [1, 2]);
+        let of = |c: [ConnectParams; RAILS]| c.map(|c| (c.traffic_class, c.service_level, c.timeout, c.retry_cnt));
+        assert_eq!(of(p.send), [(106, 3, 18, 6), (41, 3, 18, 6)]);
+        assert_eq!(of(p.recv), [(106, 3, 18, 6), (208, 3, 18, 6)], "SUP's receive QPs: MPIB_SUP_CTS_TC");
+        // Nothing set: the communicator's class, and as the SL where it is one (net_ib).
+        let p = Params::new(cfg_leak(), FabricKind::Verbs, AbiVersion::V12, Some(72));
+        assert_eq!(of(p.send), [(72, 0, 14, 6); 2]);
+        let p = Params::new(cfg_leak(), FabricKind::Verbs, AbiVersion::V12, Some(5));
+        assert_eq!((p.send[1].traffic_class, p.send[1].service_level, p.recv[0].traffic_class), (5, 5, 5));
+        let p = Params::new(cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
+        assert_eq!(of(p.recv), [(0, 0, 16, 6); 2], "the soft fabric's timeout floor on every rail");
+    }
+
+    #[test]
     fn a_silent_peer_is_reported_within_the_ack_timeout_budget_and_a_keepalive() {
         let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
         // NCCL's settings (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.

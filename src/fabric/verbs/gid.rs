@@ -85,7 +85,7 @@ impl AddrRange {
             IpAddr::V4(a) => (u32::from(a) as u128, 96 + self.prefix as u32),
             IpAddr::V6(a) => (u128::from(a), self.prefix as u32),
         };
-        let want = if let IpAddr::V4(_) = self.addr { want | (0xffff << 32) } else { want };
+        let want = if self.addr.is_ipv4() { want | (0xffff << 32) } else { want };
         let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
         (want ^ have) & mask == 0
     }

@@ -177,12 +177,12 @@ impl VerbsQp {
             return Err(self.ctx.failed(&format!("ibv_query_qp(QP {})", self.qpn), sys::ret_errno(ret)));
         }
         Ok(QpAttrs {
-            state: a.qp_state as u32,
+            state: a.qp_state,
             traffic_class: a.ah_attr.grh.traffic_class,
             service_level: a.ah_attr.sl,
             sgid_index: a.ah_attr.grh.sgid_index,
             is_global: a.ah_attr.is_global != 0,
-            path_mtu: a.path_mtu as u32,
+            path_mtu: a.path_mtu,
             timeout: a.timeout,
             retry_cnt: a.retry_cnt,
             rnr_retry: a.rnr_retry,
