@@ -181,6 +181,7 @@ impl Layers {
             rc.cts_tc = self.get("MPIB_CTS_TC", r, &class(255), &c_class(255)).flatten();
             rc.sl = self.get("MPIB_SL", r, &class(15), &c_class(15)).flatten();
             rc.gid.index = self.get("MPIB_GID_INDEX", r, &class(255), &c_class(255)).flatten();
+            rc.gid.index_on_ib = self.origins.get(&("MPIB_GID_INDEX", rail as u8)) != Some(&"NCCL_IB_GID_INDEX");
             let version = |v: i64| if v == 1 { GidType::IbRoceV1 } else { GidType::RoceV2 };
             let ver = self.get("MPIB_ROCE_VERSION", r, &|v| int(v, 1, 2), &|v| c_ranged(v, 1, 2));
             rc.gid.version = ver.map_or(GidType::RoceV2, version);

@@ -205,6 +205,10 @@ fn followed_values_mean_what_they_mean_to_nccl() {
     assert_eq!(c.rails[1].gid.index, None, "-1: automatic, from NCCL_IB_GID_INDEX");
     assert_eq!(c.origin("MPIB_GID_INDEX", 1), "NCCL_IB_GID_INDEX");
     assert_eq!(c.rails[0].sl, None);
+    // NCCL_IB_GID_INDEX is a RoCE setting (net_ib's IB ports ignore it); mpib's is for both.
+    let c = ok(&[("NCCL_IB_GID_INDEX", "3"), ("MPIB_SUP_GID_INDEX", "2")]);
+    assert_eq!((c.rails[0].gid.index, c.rails[0].gid.index_on_ib), (Some(3), false));
+    assert_eq!((c.rails[1].gid.index, c.rails[1].gid.index_on_ib), (Some(2), true));
     // MPIB_GID_INDEX=-1 takes NCCL's index back to automatic.
     let c = ok(&[("NCCL_IB_GID_INDEX", "3"), ("MPIB_GID_INDEX", "-1")]);
     assert_eq!((c.rails[0].gid.index, c.origin("MPIB_GID_INDEX", 0)), (None, "MPIB_GID_INDEX"));

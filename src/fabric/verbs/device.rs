@@ -121,7 +121,7 @@ impl VerbsDevice {
             let e = table.iter().find(|e| e.index == idx);
             (idx, e.map(|e| e.gid).unwrap_or_default(), e.and_then(|e| e.kind))
         } else {
-            let idx = rule.index.unwrap_or(0);
+            let idx = rule.index.filter(|_| rule.index_on_ib).unwrap_or(0);
             (idx, gid::query_gid(oc.0, name, port, idx).unwrap_or_default(), None)
         };
         // SAFETY: oc.0 is an open context.

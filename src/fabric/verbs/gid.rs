@@ -102,6 +102,9 @@ impl std::fmt::Display for AddrRange {
 pub struct GidRule {
     /// This table index, as it is; `None`: chosen by the preferences below.
     pub index: Option<u8>,
+    /// Whether `index` also names the GRH source GID of InfiniBand ports (`MPIB_GID_INDEX`
+    /// does; NCCL's `NCCL_IB_GID_INDEX` is a RoCE setting, which net_ib's IB ports ignore).
+    pub index_on_ib: bool,
     /// The RoCE version preferred.
     pub version: GidType,
     /// The address family preferred.
@@ -113,7 +116,7 @@ pub struct GidRule {
 impl Default for GidRule {
     /// net_ib's defaults: RoCE v2, IPv4, any address.
     fn default() -> Self {
-        GidRule { index: None, version: GidType::RoceV2, family: AddrFamily::V4, range: None }
+        GidRule { index: None, index_on_ib: true, version: GidType::RoceV2, family: AddrFamily::V4, range: None }
     }
 }
 
@@ -332,6 +335,7 @@ mod tests {
         ];
         let rule = |version, family, range: Option<&str>| GidRule {
             index: None,
+            index_on_ib: true,
             version,
             family,
             range: range.map(|r| {
