@@ -1,9 +1,5 @@
 //! Prints README's configuration table from `mpib::config::VARS`:
-//! `cargo run --example config_table`.
+//! `cargo run --example config_table` (tests/docs.rs checks README holds exactly this).
 fn main() {
-    println!("| Variable | Default | Accepted | Meaning |");
-    println!("|---|---|---|---|");
-    for v in mpib::config::VARS {
-        println!("| `{}` | {} | {} | {} |", v.name, v.default, v.accepted, v.meaning);
-    }
+    print!("{}", mpib::config::markdown_table());
 }

@@ -1,9 +1,12 @@
-//! Every `MPIB_*` environment variable, parsed once into one validated [`Config`].
+//! Every `MPIB_*` environment variable, and NCCL's variables that are their defaults,
+//! parsed once into one validated [`Config`].
 //!
 //! A bad value (unknown word, out of range, unparsable number, unequal list lengths) is an
 //! error naming the variable, the value and what is accepted;
 //! `init` then fails with `ncclInvalidArgument`. An unknown `MPIB_*` name is only warned
-//! about (it is most likely a typo), with the list of known names.
+//! about (it is most likely a typo), with the list of known names. Settings of each rail and
+//! settings that follow an NCCL variable come in layers (`layers.rs`); what mpib says of
+//! NCCL's other `NCCL_IB_*` variables is in `nccl.rs`.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -12,13 +15,17 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::fabric::FaultKind;
 
+mod layers;
+pub mod nccl;
 mod vars;
-pub use vars::{VARS, VarDoc};
+pub use layers::{Origins, RAIL_NAMES, RailConfig};
+pub use vars::{VARS, VarDoc, known_names, markdown_table};
 
 /// Which fabric provider carries the rails.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FabricChoice {
-    /// verbs when libibverbs has usable devices, else soft (logged once at INFO).
+    /// verbs on a host with RDMA devices (`init` fails when they cannot be used); soft on
+    /// a host without (logged once at INFO).
     Auto,
     /// Real RDMA NICs through libibverbs; `init` fails when there are none.
     Verbs,
@@ -91,21 +98,21 @@ pub struct Config {
     /// The variable `hca_filter` came from.
     pub hca_filter_var: &'static str,
     pub relaxed_ordering: RelaxedOrdering,
+    /// Offer DMA-BUF registration of GPU memory where the NICs can (`MPIB_DMABUF`).
+    pub dmabuf: bool,
     pub nccl_devices: NcclDevices,
     pub split: SplitMode,
     /// Sends below this size go whole to one rail under `MPIB_SPLIT=auto`.
     pub split_min_bytes: u64,
-    pub sout_qps: u32,
-    pub sup_qps: u32,
     /// Depth of the shared receive queue of each NIC a communicator uses.
     pub srq_depth: u32,
-    /// `None` = choose the RoCE v2 GID automatically.
-    pub gid_index: Option<u8>,
-    /// `None` = the communicator's traffic class, else 0.
-    pub tc: Option<u8>,
-    pub sl: Option<u8>,
+    /// What each rail's QPs are made with (SOUT, SUP): QPs, traffic classes, service
+    /// level, GID.
+    pub rails: [RailConfig; 2],
     pub timeout: u8,
     pub retry_cnt: u8,
+    /// Which variable each layered setting's value came from (absent: the default).
+    pub origins: Origins,
     /// Rail failover (issue 19): a rail failure is survived while the other rail works.
     /// Off: any rail failure fails the connection.
     pub failover: bool,
@@ -134,6 +141,9 @@ pub struct Config {
     pub unknown: Vec<String>,
     /// Other variables read but ignored, each with why (warned about at init).
     pub ignored: Vec<String>,
+    /// NCCL variables set that concern only NCCL's own IB transport, each with why (named at
+    /// INFO at init).
+    pub not_applicable: Vec<String>,
 }
 
 impl Default for Config {
@@ -145,20 +155,18 @@ impl Default for Config {
             hca_filter: None,
             hca_filter_var: "MPIB_HCA",
             relaxed_ordering: RelaxedOrdering::Auto,
+            dmabuf: true,
             nccl_devices: NcclDevices::Auto,
             split: SplitMode::Auto,
             split_min_bytes: 65536,
-            sout_qps: 1,
-            sup_qps: 1,
             srq_depth: 16384,
-            gid_index: None,
-            tc: None,
-            sl: None,
+            rails: [RailConfig::default(); 2],
             // 4.096 µs × 2^14 × 7 ≈ 0.47 s before a silent link errors, well under NCCL's
             // ~34 s (20/7), so rail failover starts in time; a spurious timeout costs the
             // rail only until its re-admission. DESIGN.md "Rail failover".
             timeout: 14,
             retry_cnt: 6,
+            origins: Origins::new(),
             failover: true,
             stall_ms: 5000,
             readmit_ms: 100,
@@ -176,6 +184,7 @@ impl Default for Config {
             socket_ifname: None,
             unknown: Vec::new(),
             ignored: Vec::new(),
+            not_applicable: Vec::new(),
         }
     }
 }
@@ -194,6 +203,7 @@ impl Config {
         let mut nccl_ib_hca: Option<String> = None;
         let mut hca_sout_set = false;
         let mut hca_sup_set = false;
+        let mut layers = layers::Layers::default();
         for (k, v) in vars {
             let (name, raw) = (k.as_ref(), v.as_ref());
             if name == "NCCL_SOCKET_IFNAME" {
@@ -202,6 +212,17 @@ impl Config {
             }
             if name == "NCCL_IB_HCA" {
                 nccl_ib_hca = (!raw.trim().is_empty()).then(|| raw.trim().to_string());
+                continue;
+            }
+            if layers.take(name, raw) {
+                continue;
+            }
+            if name.starts_with("NCCL_") {
+                match nccl::unfollowed(name, raw) {
+                    nccl::Unfollowed::Warn(w) => c.ignored.push(w),
+                    nccl::Unfollowed::Info(i) => c.not_applicable.push(i),
+                    nccl::Unfollowed::Quiet => {}
+                }
                 continue;
             }
             if !name.starts_with("MPIB_") {
@@ -233,21 +254,9 @@ impl Config {
                     &[("auto", NcclDevices::Auto), ("pairs", NcclDevices::Pairs), ("nics", NcclDevices::Nics)],
                 )
                 .map(|d| c.nccl_devices = d),
-                "MPIB_PCI_RELAXED_ORDERING" => parse_word(
-                    value,
-                    &[("0", RelaxedOrdering::Off), ("1", RelaxedOrdering::On), ("2", RelaxedOrdering::Auto)],
-                )
-                .map(|r| c.relaxed_ordering = r),
                 "MPIB_SPLIT" => parse_split(value).map(|s| c.split = s),
                 "MPIB_SPLIT_MIN_BYTES" => parse_int(value, 0, 1 << 30).map(|n| c.split_min_bytes = n as u64),
-                "MPIB_SOUT_QP" => parse_int(value, 1, 16).map(|n| c.sout_qps = n as u32),
-                "MPIB_SUP_QP" => parse_int(value, 1, 16).map(|n| c.sup_qps = n as u32),
                 "MPIB_SRQ_DEPTH" => parse_int(value, 64, 1 << 20).map(|n| c.srq_depth = n as u32),
-                "MPIB_GID_INDEX" => parse_int(value, -1, 255).map(|n| c.gid_index = (n >= 0).then_some(n as u8)),
-                "MPIB_TC" => parse_int(value, 0, 255).map(|n| c.tc = Some(n as u8)),
-                "MPIB_SL" => parse_int(value, 0, 15).map(|n| c.sl = Some(n as u8)),
-                "MPIB_TIMEOUT" => parse_int(value, 1, 31).map(|n| c.timeout = n as u8),
-                "MPIB_RETRY_CNT" => parse_int(value, 0, 7).map(|n| c.retry_cnt = n as u8),
                 "MPIB_FAILOVER" => parse_word(value, &[("0", false), ("1", true)]).map(|b| c.failover = b),
                 "MPIB_STALL_MS" => parse_int(value, 0, 600_000).map(|n| c.stall_ms = n as u64),
                 "MPIB_READMIT_MS" => parse_int(value, 10, 60_000).map(|n| c.readmit_ms = n as u64),
@@ -294,6 +303,13 @@ impl Config {
                 )),
             }
         }
+        let r = layers.resolve();
+        (c.rails, c.timeout, c.retry_cnt, c.relaxed_ordering, c.dmabuf) =
+            (r.rails, r.timeout, r.retry_cnt, r.relaxed_ordering, r.dmabuf);
+        c.origins = std::mem::take(&mut layers.origins);
+        errors.append(&mut layers.errors);
+        c.ignored.sort();
+        c.not_applicable.sort();
         if hca_sout_set != hca_sup_set || c.hca_sout.len() != c.hca_sup.len() {
             errors.push(format!(
                 "MPIB_HCA_SOUT ({} entries) and MPIB_HCA_SUP ({} entries) must both be set, with equal lengths (pair i = SOUT[i] + SUP[i])",
@@ -305,12 +321,18 @@ impl Config {
         if errors.is_empty() { Ok(c) } else { Err(errors) }
     }
 
+    /// The variable that set layered setting `setting` (its `VARS` name) for `rail`
+    /// (0 SOUT, 1 SUP, 2 the whole plugin), or "default".
+    pub fn origin(&self, setting: &'static str, rail: usize) -> &'static str {
+        self.origins.get(&(setting, rail as u8)).copied().unwrap_or("default")
+    }
+
     /// The warning for unknown `MPIB_*` names, if any.
     pub fn unknown_warning(&self) -> Option<String> {
         if self.unknown.is_empty() {
             return None;
         }
-        let known: Vec<&str> = VARS.iter().map(|v| v.name).collect();
+        let known: Vec<&str> = known_names().collect();
         let names: Vec<String> =
             self.unknown.iter().map(|n| if n.len() > SHOWN_BYTES { shown(n) } else { n.clone() }).collect();
         Some(format!("ignoring unknown variable(s) {} (a typo?); known: {}", names.join(", "), known.join(", ")))
@@ -333,32 +355,31 @@ impl fmt::Display for Config {
             SplitMode::Sup => "sup".to_string(),
             SplitMode::Percent(p) => format!("{p}%"),
         };
-        let opt = |o: Option<u8>| o.map_or("auto".to_string(), |v| v.to_string());
         let addr = |a: &Option<RailAddr>| match a {
             None => "default".to_string(),
             Some(RailAddr::Ip(ip)) => ip.to_string(),
             Some(RailAddr::Interface(i)) => i.clone(),
         };
+        let layered = layers::Resolved {
+            rails: self.rails,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            relaxed_ordering: self.relaxed_ordering,
+            dmabuf: self.dmabuf,
+        };
         write!(
             f,
-            "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} relaxed_ordering={:?} split={split} split_min_bytes={} qps=sout:{}/sup:{} srq_depth={} \
-             gid_index={} tc={} sl={} timeout={} retry_cnt={} rtt_alpha={} rtt_beta={} probe_interval_us={} probe_rate={} \
+            "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} split={split} split_min_bytes={} srq_depth={} \
+             {} rtt_alpha={} rtt_beta={} probe_interval_us={} probe_rate={} \
              stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={}",
             self.fabric,
             self.hca_filter.as_ref().map_or("all".to_string(), |h| format!("{h} ({})", self.hca_filter_var)),
             hca(&self.hca_sout),
             hca(&self.hca_sup),
             self.nccl_devices,
-            self.relaxed_ordering,
             self.split_min_bytes,
-            self.sout_qps,
-            self.sup_qps,
             self.srq_depth,
-            opt(self.gid_index),
-            opt(self.tc),
-            opt(self.sl),
-            self.timeout,
-            self.retry_cnt,
+            layers::describe(&layered, &self.origins),
             self.rtt_alpha,
             self.rtt_beta,
             self.probe_interval_us,
@@ -537,5 +558,7 @@ pub fn errors() -> &'static [String] {
     }
 }
 
+#[cfg(test)]
+mod layers_tests;
 #[cfg(test)]
 mod tests;

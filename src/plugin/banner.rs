@@ -1,8 +1,9 @@
 //! The INFO lines `init` prints once, so that an NCCL log says exactly what ran: the plugin's
 //! version and commit, then one line per rail pair in the style of net_ib's
-//! `NET/IB : Using [0]mlx5_0:1/RoCE [RO]` — both rails, their link layer, address (GID or
-//! LID; TCP address on the soft fabric), speed, relaxed ordering, rail/plane ids, and which
-//! NCCL device(s) it is.
+//! `NET/IB : Using [0]mlx5_0:1/RoCE [RO]` — both rails, their link layer, address (GID and
+//! its RoCE version, or LID; TCP address on the soft fabric), speed, what their QPs are
+//! made with (QPs per connection; traffic classes and service level on verbs), relaxed
+//! ordering, rail/plane ids, and which NCCL device(s) it is.
 
 use std::fmt::Write;
 
@@ -24,6 +25,8 @@ pub struct RailDesc {
     pub speed_mbps: u32,
     /// Registrations use PCI relaxed ordering (verbs), `None` where that means nothing.
     pub relaxed_ordering: Option<bool>,
+    /// What the rail's QPs are made with: `qps 2, tc 106, cts-tc 106, sl 3`.
+    pub qps: String,
 }
 
 pub use super::table::Seen;
@@ -71,7 +74,16 @@ pub fn pair_line(k: usize, p: &PairDesc) -> String {
     if a.relaxed_ordering == Some(true) && b.relaxed_ordering == Some(true) {
         s.push_str(" [RO]");
     }
-    let _ = write!(s, "; SOUT {} {}, SUP {} {}", a.addr, speed(a.speed_mbps), b.addr, speed(b.speed_mbps));
+    let _ = write!(
+        s,
+        "; SOUT {} {}, {}; SUP {} {}, {}",
+        a.addr,
+        speed(a.speed_mbps),
+        a.qps,
+        b.addr,
+        speed(b.speed_mbps),
+        b.qps
+    );
     let id = |v: Option<i16>| v.map_or("-".to_string(), |v| v.to_string());
     if p.rail_id.is_some() || p.plane_id.is_some() {
         let _ = write!(s, "; rail {} plane {}", id(p.rail_id), id(p.plane_id));
@@ -87,6 +99,19 @@ pub fn pair_line(k: usize, p: &PairDesc) -> String {
     s
 }
 
+/// What rail `rc`'s QPs are made with, for its banner entry: QPs per connection, and on
+/// verbs (`qos`) the traffic classes and the service level ("comm's": the communicator's
+/// traffic class decides, else 0).
+pub fn qp_settings(rc: &crate::config::RailConfig, qos: bool) -> String {
+    let mut s = format!("qps {}", rc.qps);
+    if qos {
+        let class = |v: Option<u8>| v.map_or("comm's".to_string(), |v| v.to_string());
+        let cts = rc.cts_tc.map_or_else(|| class(rc.tc), |v| v.to_string());
+        let _ = write!(s, ", tc {}, cts-tc {cts}, sl {}", class(rc.tc), class(rc.sl));
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +123,7 @@ mod tests {
             addr: format!("GID 3 {gid}"),
             speed_mbps: 400_000,
             relaxed_ordering: Some(ro),
+            qps: "qps 1, tc 106, cts-tc 106, sl 3".into(),
         }
     }
 
@@ -111,8 +137,8 @@ mod tests {
         };
         assert_eq!(
             pair_line(0, &p),
-            "Using [0]mlx5_0:1/RoCE+mlx5_1:1/RoCE [RO]; SOUT GID 3 ::ffff:10.0.0.1 400 Gb/s, \
-             SUP GID 3 ::ffff:10.1.0.1 400 Gb/s; rail 2 plane -; NCCL devices 0 and 1, fused by NCCL"
+            "Using [0]mlx5_0:1/RoCE+mlx5_1:1/RoCE [RO]; SOUT GID 3 ::ffff:10.0.0.1 400 Gb/s, qps 1, tc 106, cts-tc 106, sl 3; \
+             SUP GID 3 ::ffff:10.1.0.1 400 Gb/s, qps 1, tc 106, cts-tc 106, sl 3; rail 2 plane -; NCCL devices 0 and 1, fused by NCCL"
         );
         let no_ro = PairDesc { rails: [p.rails[0].clone(), roce("mlx5_1:1", "x", false)], ..p.clone() };
         assert!(!pair_line(0, &no_ro).contains("[RO]"), "[RO] only when both rails have it");
@@ -126,6 +152,7 @@ mod tests {
             addr: a.into(),
             speed_mbps: 10_000,
             relaxed_ordering: None,
+            qps: "qps 1".into(),
         };
         let p = PairDesc {
             rails: [tcp("soft-sout:1", "127.0.0.1:40001"), tcp("soft-sup:1", "127.0.0.1:40002")],
@@ -135,8 +162,19 @@ mod tests {
         };
         assert_eq!(
             pair_line(0, &p),
-            "Using [0]soft-sout:1/TCP+soft-sup:1/TCP; SOUT 127.0.0.1:40001 10 Gb/s, SUP 127.0.0.1:40002 10 Gb/s; NCCL device 0"
+            "Using [0]soft-sout:1/TCP+soft-sup:1/TCP; SOUT 127.0.0.1:40001 10 Gb/s, qps 1; SUP 127.0.0.1:40002 10 Gb/s, qps 1; NCCL device 0"
         );
+    }
+
+    #[test]
+    fn rail_settings_in_words() {
+        let mut rc = crate::config::RailConfig::default();
+        assert_eq!(qp_settings(&rc, false), "qps 1", "the soft fabric has no traffic classes");
+        assert_eq!(qp_settings(&rc, true), "qps 1, tc comm's, cts-tc comm's, sl comm's");
+        (rc.qps, rc.tc, rc.sl) = (4, Some(106), Some(3));
+        assert_eq!(qp_settings(&rc, true), "qps 4, tc 106, cts-tc 106, sl 3", "the CTS class is tc's unless set");
+        rc.cts_tc = Some(96);
+        assert_eq!(qp_settings(&rc, true), "qps 4, tc 106, cts-tc 96, sl 3");
     }
 
     #[test]

@@ -406,6 +406,18 @@ impl<D: Device> Plugin<D> {
         Ok(())
     }
 
+    /// Calls `f` with the QPs of each rail (SOUT, SUP) of a send or receive comm (not the
+    /// flush QPs): for tools and device tests that check what the QPs were made with.
+    pub fn with_qps<R>(&self, comm: CommHandle, f: impl FnOnce([&[D::Qp]; RAILS]) -> R) -> Result<R> {
+        let (_, g) = self.objs.get_any(comm.0, &[Kind::Send, Kind::Recv])?;
+        let rails = match &*g {
+            Obj::Send(c) => &c.rails,
+            Obj::Recv(c) => &c.rails,
+            _ => return Err(Error::internal("comm entry holds something else")),
+        };
+        Ok(f([&rails[0].qps, &rails[1].qps]))
+    }
+
     /// Per-rail counters of a send or receive comm.
     pub fn counters(&self, comm: CommHandle) -> Result<[RailCounts; 2]> {
         let (_, g) = self.objs.get_any(comm.0, &[Kind::Send, Kind::Recv])?;

@@ -162,15 +162,20 @@ pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
         for w in &cfg.ignored {
             log::warn!(target: "mpib::config", "{w}");
         }
+        for i in &cfg.not_applicable {
+            log::info!(target: "mpib::config", "{i}");
+        }
         log::info!(target: "mpib::config", "configuration: {cfg}");
-        let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).connect);
+        let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).send[0]);
         log::info!(
             target: "mpib::config",
-            "a peer that stops answering (frozen, host down) is reported within {:.1?} on verbs, {:.1?} on the soft fabric (MPIB_TIMEOUT={}, at least 16 on the soft fabric; MPIB_RETRY_CNT={}); a killed one on the soft fabric at once",
+            "a peer that stops answering (frozen, host down) is reported within {:.1?} on verbs, {:.1?} on the soft fabric (timeout {} from {}, at least 16 on the soft fabric; retry count {} from {}); a killed one on the soft fabric at once",
             bound(FabricKind::Verbs),
             bound(FabricKind::Soft),
             cfg.timeout,
-            cfg.retry_cnt
+            cfg.origin("MPIB_TIMEOUT", 2),
+            cfg.retry_cnt,
+            cfg.origin("MPIB_RETRY_CNT", 2),
         );
         let a = open(cfg)?;
         let _ = ACTIVE.set(a);
@@ -197,8 +202,7 @@ fn open(cfg: &'static Config) -> Result<Active> {
         Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
     };
     let verbs = || -> Result<Active> {
-        let pairs =
-            discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device (MPIB_FABRIC=verbs)"))?;
+        let pairs = discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
         Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg)))
     };
     match cfg.fabric {
@@ -221,64 +225,60 @@ fn open(cfg: &'static Config) -> Result<Active> {
     }
 }
 
-/// `MPIB_FABRIC=auto`: verbs when the host has usable RDMA ports and they open, else the soft
-/// fabric. Never silently: a host with no RDMA at all says so at INFO; a host whose RDMA
-/// devices cannot be used (none active, a device or verb failing: which device, which
-/// call, errno) gets a WARN before the fallback, since the job then runs over TCP.
+/// `MPIB_FABRIC=auto`: verbs on a host with RDMA devices, the soft fabric on a host without
+/// any (said at INFO). A host whose RDMA devices cannot be used (none active, a device or
+/// verb failing: which device, which call, errno) fails `init` instead: NCCL then uses its
+/// own transports (its IB transport may well manage those devices), where RDMA over TCP
+/// would have been a silent 10-100x slowdown. The soft fabric on such a host is
+/// `MPIB_FABRIC=soft`.
 fn auto_open<T>(
     avail: Availability,
     verbs: impl FnOnce() -> Result<T>,
     soft: impl FnOnce() -> Result<T>,
     log: &mut dyn FnMut(log::Level, String),
 ) -> Result<T> {
-    const HOW: &str = "MPIB_FABRIC=verbs makes this an error, MPIB_FABRIC=soft silences it";
-    match avail {
+    const HOW: &str = "init fails so that NCCL uses its own transports (MPIB_FABRIC=soft runs mpib over TCP instead)";
+    let e = match avail {
         Availability::Usable => match verbs() {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                log(
-                    log::Level::Warn,
-                    format!(
-                        "RDMA devices are present but could not be used: {e}; falling back to the soft fabric (TCP) ({HOW})"
-                    ),
-                );
-                soft()
-            }
+            Ok(v) => return Ok(v),
+            Err(e) => e.context("RDMA devices are present but could not be used"),
         },
-        Availability::Broken(why) => {
-            log(
-                log::Level::Warn,
-                format!("RDMA devices are present but unusable: {why}; falling back to the soft fabric (TCP) ({HOW})"),
-            );
-            soft()
-        }
+        Availability::Broken(why) => Error::system(format!("RDMA devices are present but unusable: {why}")),
         Availability::Absent(why) => {
             log(log::Level::Info, format!("RDMA verbs unavailable ({why}); using the soft fabric (TCP)"));
-            soft()
+            return soft();
         }
-    }
+    };
+    log(log::Level::Warn, format!("{e}; {HOW}"));
+    Err(e.context("MPIB_FABRIC=auto"))
 }
 
 /// The banner `init` prints (see `banner.rs`).
 fn banner_lines(a: &Active, abi: AbiVersion, cfg: &Config) -> Vec<String> {
     let (fabric, fork, relaxed, pairs) = match a {
         Active::Soft(p) => {
-            let desc = |d: &SoftDevice| RailDesc {
+            let desc = |d: &SoftDevice, rail: usize| RailDesc {
                 label: format!("{}:{}", d.attrs().name, d.attrs().port),
                 link: "TCP",
                 addr: d.local_addr().map_or("in-process".to_string(), |a| a.to_string()),
                 speed_mbps: d.attrs().speed_mbps,
                 relaxed_ordering: None,
+                qps: banner::qp_settings(&cfg.rails[rail], false),
             };
             let kind = if p.kind == FabricKind::Inproc { "in-process soft" } else { "soft" };
             (kind, None, None, pair_descs(p, abi, &desc))
         }
         Active::Verbs(p) => {
-            let desc = |d: &VerbsDevice| {
+            let desc = |d: &VerbsDevice, rail: usize| {
                 let at = d.attrs();
+                let version = match d.gid_type() {
+                    Some(verbs::GidType::RoceV2) => " (RoCE v2)",
+                    Some(verbs::GidType::IbRoceV1) => " (RoCE v1)",
+                    None => "",
+                };
                 let (link, addr) = match at.link_layer {
                     LinkLayer::InfiniBand => ("IB", format!("LID {:#x}", d.lid())),
-                    _ => ("RoCE", format!("GID {} {}", d.gid_index(), verbs::format_gid(&d.gid()))),
+                    _ => ("RoCE", format!("GID {} {}{version}", d.gid_index(), verbs::format_gid(&d.gid()))),
                 };
                 RailDesc {
                     label: format!("{}:{}", at.name, at.port),
@@ -286,6 +286,7 @@ fn banner_lines(a: &Active, abi: AbiVersion, cfg: &Config) -> Vec<String> {
                     addr,
                     speed_mbps: at.speed_mbps,
                     relaxed_ordering: Some(d.relaxed_ordering()),
+                    qps: banner::qp_settings(&cfg.rails[rail], true),
                 }
             };
             let relaxed = match cfg.relaxed_ordering {
@@ -303,7 +304,7 @@ fn banner_lines(a: &Active, abi: AbiVersion, cfg: &Config) -> Vec<String> {
 }
 
 /// Every rail pair of `p`, described for the banner.
-fn pair_descs<D: Device>(p: &Plugin<D>, abi: AbiVersion, desc: &dyn Fn(&D) -> RailDesc) -> Vec<PairDesc> {
+fn pair_descs<D: Device>(p: &Plugin<D>, abi: AbiVersion, desc: &dyn Fn(&D, usize) -> RailDesc) -> Vec<PairDesc> {
     let d = &p.devices;
     d.pairs
         .iter()
@@ -312,7 +313,7 @@ fn pair_descs<D: Device>(p: &Plugin<D>, abi: AbiVersion, desc: &dyn Fn(&D) -> Ra
             let (na, nb) = (&d.nics[a], &d.nics[b]);
             let same = |x: Option<i16>, y: Option<i16>| if x == y { x } else { None };
             PairDesc {
-                rails: [desc(&na.dev), desc(&nb.dev)],
+                rails: [desc(&na.dev, 0), desc(&nb.dev, 1)],
                 rail_id: same(na.meta.rail, nb.meta.rail),
                 plane_id: same(na.meta.plane, nb.meta.plane),
                 seen: d.seen(abi, k),
@@ -520,24 +521,29 @@ mod tests {
     }
 
     #[test]
-    fn rdma_devices_that_fail_warn_with_device_call_and_errno_before_the_fallback() {
+    fn rdma_devices_that_fail_fail_init_with_device_call_and_errno_never_tcp() {
         // Devices present, none usable (availability's own words).
         let (r, lines) = auto(Availability::Broken("no active RDMA port on mlx5_0 (mlx5_0:1 DOWN)".into()), Ok("x"));
-        assert_eq!(r.unwrap(), "soft");
+        let e = r.expect_err("no fallback to the soft fabric");
+        assert!(e.msg().contains("mlx5_0:1 DOWN"), "{e}");
+        assert_eq!(lines.len(), 1);
         assert_eq!(lines[0].0, log::Level::Warn);
         assert!(
-            lines[0].1.contains("mlx5_0:1 DOWN") && lines[0].1.contains("falling back to the soft fabric"),
+            lines[0].1.contains("mlx5_0:1 DOWN") && lines[0].1.contains("NCCL uses its own transports"),
             "{lines:?}"
         );
-        // Ports active, but opening them fails: the verbs error (device, call, errno) is in the WARN.
-        // (the text of the verbs provider's `call_failed`)
+        // Ports active, but opening them fails: the verbs error (device, call, errno) is in the
+        // WARN and the error. (the text of the verbs provider's `call_failed`)
         let e = Error::system("ibv_alloc_pd on mlx5_0:1 failed: Cannot allocate memory (os error 12)");
         let (r, lines) = auto(Availability::Usable, Err(e));
-        assert_eq!(r.unwrap(), "soft");
+        let e = r.expect_err("no fallback to the soft fabric");
+        assert_eq!(e.kind, crate::error::ErrorKind::System, "the verbs error's kind");
+        assert!(e.msg().contains("MPIB_FABRIC=auto") && e.msg().contains("ibv_alloc_pd on mlx5_0:1 failed"), "{e}");
         assert_eq!(lines.len(), 1);
         assert_eq!(lines[0].0, log::Level::Warn);
         let w = &lines[0].1;
-        assert!(w.contains("ibv_alloc_pd on mlx5_0:1 failed: Cannot allocate memory"), "{w}");
-        assert!(w.contains("MPIB_FABRIC=verbs"), "says how to make it an error: {w}");
+        assert!(w.contains("ibv_alloc_pd on mlx5_0:1 failed: Cannot allocate memory (os error 12)"), "{w}");
+        assert!(w.contains("MPIB_FABRIC=soft"), "says how to run over TCP anyway: {w}");
+        assert!(!w.contains("falling back"), "{w}");
     }
 }

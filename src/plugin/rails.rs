@@ -167,9 +167,15 @@ pub(super) fn qp_infos<D: Device>(rails: &[Rail<D>; RAILS]) -> Vec<QpInfo> {
     rails.iter().flat_map(|r| r.qps.iter().map(|q| q.local_info())).collect()
 }
 
-pub(super) fn connect_qps<D: Device>(rails: &mut [Rail<D>; RAILS], infos: &[QpInfo], p: &ConnectParams) -> Result<()> {
+/// Connects each rail's QPs to the peer's (`infos`, in the same order), rail `r`'s with
+/// `p[r]`; the flush QP (a loopback) to itself.
+pub(super) fn connect_qps<D: Device>(
+    rails: &mut [Rail<D>; RAILS],
+    infos: &[QpInfo],
+    p: &[ConnectParams; RAILS],
+) -> Result<()> {
     let mut it = infos.iter();
-    for r in rails.iter_mut() {
+    for (r, p) in rails.iter_mut().zip(p) {
         for q in r.qps.iter_mut() {
             let peer = it.next().ok_or_else(|| Error::remote("peer sent too few QP infos"))?;
             q.connect(peer, p)?;

@@ -70,7 +70,12 @@ pub struct Params {
     pub kind: FabricKind,
     pub abi: AbiVersion,
     pub qps: [u16; RAILS],
-    pub connect: ConnectParams,
+    /// Transport parameters of a send comm's QPs, per rail (they carry the data).
+    pub send: [ConnectParams; RAILS],
+    /// Transport parameters of a receive comm's QPs, per rail: the control traffic class
+    /// (`MPIB_CTS_TC`), as net_ib gives its receiver's QPs `NCCL_IB_FIFO_TC` (they carry the
+    /// CTS, the control writes and keepalives, and the ACKs of the data received).
+    pub recv: [ConnectParams; RAILS],
     /// A deadline for the whole set-up from its first call (`MPIB_CONNECT_TIMEOUT_MS`);
     /// `None` (the default): as long as NCCL calls.
     pub timeout: Option<Duration>,
@@ -79,21 +84,28 @@ pub struct Params {
 }
 
 impl Params {
+    /// For a connection in a communicator of traffic class `comm_tc` (v10 `connect`,
+    /// v11+ context).
     pub fn new(cfg: &'static Config, kind: FabricKind, abi: AbiVersion, comm_tc: Option<i32>) -> Params {
-        let tc = cfg.tc.or_else(|| comm_tc.filter(|t| (0..=255).contains(t)).map(|t| t as u8)).unwrap_or(0);
-        Params {
-            kind,
-            abi,
-            qps: [cfg.sout_qps as u16, cfg.sup_qps as u16],
-            connect: soft_floor(
+        let params = |r: usize, traffic_class: u8| {
+            let rc = &cfg.rails[r];
+            soft_floor(
                 kind,
                 ConnectParams {
-                    traffic_class: tc,
-                    service_level: cfg.sl.unwrap_or(0),
+                    traffic_class,
+                    service_level: rc.service_level(comm_tc),
                     timeout: cfg.timeout,
                     retry_cnt: cfg.retry_cnt,
                 },
-            ),
+            )
+        };
+        let rails = &cfg.rails;
+        Params {
+            kind,
+            abi,
+            qps: [rails[0].qps as u16, rails[1].qps as u16],
+            send: [0, 1].map(|r| params(r, rails[r].traffic_class(comm_tc))),
+            recv: [0, 1].map(|r| params(r, rails[r].cts_traffic_class(comm_tc))),
             timeout: (cfg.connect_timeout_ms > 0).then(|| Duration::from_millis(cfg.connect_timeout_ms)),
             probe_interval_ns: cfg.probe_interval_us * 1000,
             cfg,
@@ -304,7 +316,7 @@ impl<D: Device> Connecting<D> {
                         }
                         _ => return Err(Error::remote("connect: the listening peer sent something else than a Reply")),
                     };
-                    connect_qps(rails, &reply.qps_info, &self.p.connect)?;
+                    connect_qps(rails, &reply.qps_info, &self.p.send)?;
                     self.reply = Some(reply);
                     self.stage = ConnStage::AwaitQps;
                 }
@@ -507,7 +519,7 @@ impl<D: Device> Accepting<D> {
         let window = self.p.abi.max_requests() as u32;
         let plan = |r: usize| recv_plan(hello.qps[r], flush, window, self.p.cfg.failover);
         let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
-        connect_qps(&mut rails, &hello.qps_info, &self.p.connect)?;
+        connect_qps(&mut rails, &hello.qps_info, &self.p.recv)?;
         let (_, rkeys) = region_keys(&rails);
         let reply = Reply {
             qps: hello.qps,
@@ -616,6 +628,31 @@ mod tests {
     }
 
     #[test]
+    fn each_rails_qps_get_that_rails_settings_and_receive_comms_the_control_class() {
+        let vars = [
+            ("MPIB_SOUT_TC", "106"),
+            ("MPIB_SUP_TC", "41"),
+            ("MPIB_SUP_CTS_TC", "208"),
+            ("NCCL_IB_SL", "3"),
+            ("MPIB_SUP_QP", "2"),
+            ("NCCL_IB_TIMEOUT", "18"),
+        ];
+        let cfg: &'static Config = Box::leak(Box::new(Config::from_vars(vars).unwrap()));
+        let p = Params::new(cfg, FabricKind::Verbs, AbiVersion::V12, Some(72));
+        assert_eq!(p.qps, [1, 2]);
+        let of = |c: [ConnectParams; RAILS]| c.map(|c| (c.traffic_class, c.service_level, c.timeout, c.retry_cnt));
+        assert_eq!(of(p.send), [(106, 3, 18, 6), (41, 3, 18, 6)]);
+        assert_eq!(of(p.recv), [(106, 3, 18, 6), (208, 3, 18, 6)], "SUP's receive QPs: MPIB_SUP_CTS_TC");
+        // Nothing set: the communicator's class, and as the SL where it is one (net_ib).
+        let p = Params::new(cfg_leak(), FabricKind::Verbs, AbiVersion::V12, Some(72));
+        assert_eq!(of(p.send), [(72, 0, 14, 6); 2]);
+        let p = Params::new(cfg_leak(), FabricKind::Verbs, AbiVersion::V12, Some(5));
+        assert_eq!((p.send[1].traffic_class, p.send[1].service_level, p.recv[0].traffic_class), (5, 5, 5));
+        let p = Params::new(cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
+        assert_eq!(of(p.recv), [(0, 0, 16, 6); 2], "the soft fabric's timeout floor on every rail");
+    }
+
+    #[test]
     fn a_silent_peer_is_reported_within_the_ack_timeout_budget_and_a_keepalive() {
         let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
         // NCCL's settings (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
@@ -634,7 +671,7 @@ mod tests {
         assert_eq!(soft_floor(FabricKind::Verbs, q(14)).timeout, 14);
         assert_eq!(soft_floor(FabricKind::Soft, q(18)).timeout, 18);
         let soft = Params::new(cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
-        assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.connect)), "2.0s", "the default on the soft fabric");
+        assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.send[0])), "2.0s", "the default on the soft fabric");
         // Tiny budgets: the soft fabric's 100 ms floor.
         assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
     }

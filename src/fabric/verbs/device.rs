@@ -9,7 +9,7 @@ use rdma_mummy_sys as ibv;
 use super::cq::{TsClock, VerbsCq};
 use super::ctx::Ctx;
 use super::events::{EventThread, Health};
-use super::gid;
+use super::gid::{self, GidRule, GidType};
 use super::props;
 use super::qp::{self, VerbsQp};
 use super::qp_info::PortInfo;
@@ -25,11 +25,14 @@ pub struct VerbsOptions {
     pub device: String,
     /// The port; `None`: the device's first active port.
     pub port: Option<u8>,
-    /// The GID table index to use; `None`: chosen automatically (`gid.rs`).
-    pub gid_index: Option<u8>,
+    /// Which RoCE GID to use: an index, or preferences (`gid.rs`).
+    pub gid: GidRule,
     /// Register memory with PCI relaxed ordering where libibverbs can
     /// ([`sys::relaxed_ordering_available`]).
     pub relaxed_ordering: bool,
+    /// Offer DMA-BUF registration where the kernel and driver have it (`MPIB_DMABUF`);
+    /// off: not even probed.
+    pub dmabuf: bool,
 }
 
 /// A registered memory region; deregistered by [`Device::dereg_mr`] or when dropped.
@@ -62,6 +65,8 @@ pub struct VerbsDevice {
     ctx: Arc<Ctx>,
     attrs: DeviceAttrs,
     port: PortInfo,
+    /// The RoCE version of the GID at `port.gid_index` (`None`: InfiniBand, or unknown).
+    gid_type: Option<GidType>,
     clock: TsClock,
     /// Every registration asks for PCI relaxed ordering (wanted and available).
     relaxed_ordering: bool,
@@ -86,9 +91,9 @@ fn access_flags(access: Access) -> u32 {
 
 impl VerbsDevice {
     /// Opens `opts.device`, port `opts.port` (default: its first active port), with the
-    /// RoCE GID at `opts.gid_index` (default: chosen automatically, see [`gid`]).
+    /// RoCE GID `opts.gid` says (see [`gid`]).
     pub fn open(opts: &VerbsOptions) -> Result<VerbsDevice> {
-        let (name, port, gid_index) = (opts.device.as_str(), opts.port, opts.gid_index);
+        let (name, port, rule) = (opts.device.as_str(), opts.port, &opts.gid);
         let list = DeviceList::get().map_err(|(_, why)| Error::system(why))?;
         let i = (0..list.len()).find(|&i| list.name(i) == name).ok_or_else(|| {
             Error::invalid_argument(format!("RDMA device {name} not found (devices: {})", list.names().join(", ")))
@@ -110,14 +115,14 @@ impl VerbsDevice {
             return Err(Error::system(format!("{name}:{port} is {}, not ACTIVE", sys::port_state_str(pattr.state))));
         }
         let roce = pattr.link_layer == LINK_LAYER_ETHERNET;
-        let (gid_index, gid) = if roce {
+        let (gid_index, gid, gid_type) = if roce {
             let table = gid::read_table(oc.0, name, port, pattr.gid_tbl_len.max(0) as usize);
-            let idx = gid::select(&table, gid_index, name, port)?;
-            let gid = table.iter().find(|e| e.index == idx).map(|e| e.gid).unwrap_or_default();
-            (idx, gid)
+            let idx = gid::select(&table, rule, name, port)?;
+            let e = table.iter().find(|e| e.index == idx);
+            (idx, e.map(|e| e.gid).unwrap_or_default(), e.and_then(|e| e.kind))
         } else {
-            let idx = gid_index.unwrap_or(0);
-            (idx, gid::query_gid(oc.0, name, port, idx).unwrap_or_default())
+            let idx = rule.index.filter(|_| rule.index_on_ib).unwrap_or(0);
+            (idx, gid::query_gid(oc.0, name, port, idx).unwrap_or_default(), None)
         };
         // SAFETY: oc.0 is an open context.
         let pd = unsafe { ibv::ibv_alloc_pd(oc.0) };
@@ -134,13 +139,7 @@ impl VerbsDevice {
         let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, events));
 
         let clock = probe_clock(&ctx, dattr.hca_core_clock);
-        let mut mem_types = MemTypes::HOST;
-        if props::peer_memory_loaded() {
-            mem_types |= MemTypes::CUDA;
-        }
-        if probe_dmabuf(&ctx) {
-            mem_types |= MemTypes::DMABUF;
-        }
+        let mem_types = mem_types(props::peer_memory_loaded(), opts.dmabuf, || probe_dmabuf(&ctx));
         let d = &dattr.orig_attr;
         let attrs = DeviceAttrs {
             name: name.to_string(),
@@ -184,12 +183,17 @@ impl VerbsDevice {
             clock.describe()
         );
         let relaxed_ordering = opts.relaxed_ordering && sys::relaxed_ordering_available();
-        Ok(VerbsDevice { ctx, attrs, port: port_info, clock, relaxed_ordering })
+        Ok(VerbsDevice { ctx, attrs, port: port_info, gid_type, clock, relaxed_ordering })
     }
 
     /// The GID index QPs use as source (RoCE: the chosen one; IB: for GRH only).
     pub fn gid_index(&self) -> u8 {
         self.port.gid_index
+    }
+
+    /// The RoCE version of the GID at [`Self::gid_index`] (`None` on InfiniBand).
+    pub fn gid_type(&self) -> Option<GidType> {
+        self.gid_type
     }
 
     /// The port's GID at [`Self::gid_index`] (network order).
@@ -357,6 +361,19 @@ fn probe_clock(ctx: &Arc<Ctx>, hca_core_clock_khz: u64) -> TsClock {
     TsClock::None
 }
 
+/// What a port can register: host memory; CUDA memory where peer memory is loaded; DMA-BUF
+/// where it is `wanted` and `probe` finds it works (not probed when not wanted).
+fn mem_types(peer_memory: bool, wanted: bool, probe: impl FnOnce() -> bool) -> MemTypes {
+    let mut m = MemTypes::HOST;
+    if peer_memory {
+        m |= MemTypes::CUDA;
+    }
+    if wanted && probe() {
+        m |= MemTypes::DMABUF;
+    }
+    m
+}
+
 /// DMA-BUF registration works when `ibv_reg_dmabuf_mr(fd = -1)` fails for the fd, not for
 /// lack of support (net_ib's probe).
 fn probe_dmabuf(ctx: &Ctx) -> bool {
@@ -398,5 +415,19 @@ mod tests {
             (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE | a::IBV_ACCESS_REMOTE_READ).0,
             "relaxed ordering is added by reg_mr itself, through ibv_reg_mr_iova2"
         );
+    }
+
+    #[test]
+    fn dmabuf_only_where_wanted_and_never_probed_otherwise() {
+        let probed = std::cell::Cell::new(0);
+        let probe = |ok| {
+            probed.set(probed.get() + 1);
+            ok
+        };
+        assert_eq!(mem_types(false, true, || probe(true)), MemTypes::HOST | MemTypes::DMABUF);
+        assert_eq!(mem_types(true, true, || probe(false)), MemTypes::HOST | MemTypes::CUDA, "the probe says no");
+        assert_eq!(probed.get(), 2);
+        assert_eq!(mem_types(true, false, || probe(true)), MemTypes::HOST | MemTypes::CUDA, "MPIB_DMABUF=0");
+        assert_eq!(probed.get(), 2, "not even probed");
     }
 }

@@ -1,10 +1,17 @@
 //! RoCE GID selection. Like net_ib: the GID table of the port is scanned; entries whose
 //! type cannot be read (sysfs hidden in a container, and libibverbs cannot tell either)
 //! are skipped, never fatal; link-local and empty GIDs are never chosen automatically.
-//! Preference: RoCE v2 + IPv4-mapped, then RoCE v2 + other, then RoCE v1 + IPv4-mapped,
-//! then RoCE v1 + other; the lowest index wins a tie. `MPIB_GID_INDEX` overrides it.
+//! A [`GidRule`] says what is wanted (`MPIB_GID_INDEX`, `MPIB_ROCE_VERSION`,
+//! `MPIB_ADDR_FAMILY`, `MPIB_ADDR_RANGE`, per rail; NCCL's `NCCL_IB_*` of the same names are
+//! their defaults). An index, when given, is taken as it is. Otherwise, among the usable
+//! entries (in the address range, when one is given), the address family comes first, then
+//! the RoCE version (net_ib's `ncclIbGetGidIndex` ranks them in that order too), then the
+//! lowest index: by default RoCE v2 + IPv4-mapped, then RoCE v1 + IPv4-mapped, then RoCE
+//! v2 + IPv6, then RoCE v1 + IPv6. Where net_ib falls back to index 0 when nothing
+//! matches, mpib fails with the table in the message.
 
 use std::fmt::Write;
+use std::net::IpAddr;
 
 use rdma_mummy_sys as ibv;
 
@@ -12,7 +19,7 @@ use super::sys::{self, ret_errno};
 use crate::error::{Error, Result};
 
 /// The type of a GID table entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GidType {
     /// InfiniBand, or RoCE v1 (sysfs says "IB/RoCE v1" for both).
     IbRoceV1,
@@ -26,6 +33,98 @@ pub struct GidEntry {
     pub gid: [u8; 16],
     /// `None` when the type could not be read.
     pub kind: Option<GidType>,
+}
+
+/// The address family of a GID: IPv4 for `::ffff:a.b.c.d`, else IPv6.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AddrFamily {
+    V4,
+    V6,
+}
+
+impl AddrFamily {
+    /// NCCL's spelling (`NCCL_IB_ADDR_FAMILY`).
+    pub fn name(self) -> &'static str {
+        match self {
+            AddrFamily::V4 => "AF_INET",
+            AddrFamily::V6 => "AF_INET6",
+        }
+    }
+
+    pub fn of_gid(gid: &[u8; 16]) -> AddrFamily {
+        if is_ipv4_mapped(gid) { AddrFamily::V4 } else { AddrFamily::V6 }
+    }
+}
+
+/// A range of addresses, `addr/prefix` (`NCCL_IB_ADDR_RANGE`): the GIDs whose first
+/// `prefix` bits (of the IPv4 address, for an IPv4 range) are `addr`'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AddrRange {
+    pub addr: IpAddr,
+    /// At most 32 (IPv4) or 128 (IPv6).
+    pub prefix: u8,
+}
+
+impl AddrRange {
+    pub fn family(&self) -> AddrFamily {
+        match self.addr {
+            IpAddr::V4(_) => AddrFamily::V4,
+            IpAddr::V6(_) => AddrFamily::V6,
+        }
+    }
+
+    /// Whether `gid` is an address of this range (of its family, and its prefix).
+    pub fn contains(&self, gid: &[u8; 16]) -> bool {
+        if AddrFamily::of_gid(gid) != self.family() {
+            return false;
+        }
+        // Both sides as 128-bit numbers; an IPv4 range compares the mapped address's last
+        // 32 bits, so its prefix counts from bit 96.
+        let have = u128::from_be_bytes(*gid);
+        let (want, bits) = match self.addr {
+            IpAddr::V4(a) => (u32::from(a) as u128, 96 + self.prefix as u32),
+            IpAddr::V6(a) => (u128::from(a), self.prefix as u32),
+        };
+        let want = if self.addr.is_ipv4() { want | (0xffff << 32) } else { want };
+        let mask = if bits == 0 { 0 } else { u128::MAX << (128 - bits) };
+        (want ^ have) & mask == 0
+    }
+}
+
+impl std::fmt::Display for AddrRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// What GID a RoCE port uses (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GidRule {
+    /// This table index, as it is; `None`: chosen by the preferences below.
+    pub index: Option<u8>,
+    /// Whether `index` also names the GRH source GID of InfiniBand ports (`MPIB_GID_INDEX`
+    /// does; NCCL's `NCCL_IB_GID_INDEX` is a RoCE setting, which net_ib's IB ports ignore).
+    pub index_on_ib: bool,
+    /// The RoCE version preferred.
+    pub version: GidType,
+    /// The address family preferred.
+    pub family: AddrFamily,
+    /// Only GIDs in this range.
+    pub range: Option<AddrRange>,
+}
+
+impl Default for GidRule {
+    /// net_ib's defaults: RoCE v2, IPv4, any address.
+    fn default() -> Self {
+        GidRule { index: None, index_on_ib: true, version: GidType::RoceV2, family: AddrFamily::V4, range: None }
+    }
+}
+
+impl GidRule {
+    /// The rule with only an index (`None`: automatic with the default preferences).
+    pub fn index(index: Option<u8>) -> GidRule {
+        GidRule { index, ..GidRule::default() }
+    }
 }
 
 /// `::ffff:a.b.c.d`.
@@ -42,23 +141,24 @@ pub fn is_zero(gid: &[u8; 16]) -> bool {
     gid.iter().all(|b| *b == 0)
 }
 
-/// The automatic choice: the best-ranked usable entry, `None` when nothing is usable.
-pub fn choose(table: &[GidEntry]) -> Option<u8> {
+/// The automatic choice under `rule`'s preferences (its index is not looked at): the
+/// best-ranked usable entry, `None` when nothing is usable.
+pub fn choose(table: &[GidEntry], rule: &GidRule) -> Option<u8> {
     table
         .iter()
         .filter_map(|e| {
             if is_zero(&e.gid) || is_link_local(&e.gid) {
                 return None;
             }
-            let v2 = match e.kind? {
-                GidType::RoceV2 => 0,
-                GidType::IbRoceV1 => 2,
-            };
-            let family = if is_ipv4_mapped(&e.gid) { 0 } else { 1 };
-            Some((v2 + family, e.index))
+            let version = e.kind?;
+            if rule.range.is_some_and(|r| !r.contains(&e.gid)) {
+                return None;
+            }
+            let family = AddrFamily::of_gid(&e.gid) != rule.family;
+            Some((family, version != rule.version, e.index))
         })
         .min()
-        .map(|(_, index)| index)
+        .map(|(_, _, index)| index)
 }
 
 /// A GID as text: the IPv4 address for IPv4-mapped ones, else eight hex groups.
@@ -133,21 +233,25 @@ pub fn read_table(ctx: *mut ibv::ibv_context, dev: &str, port: u8, len: usize) -
     table
 }
 
-/// The GID index to use on a RoCE port: the override when given (it must hold a GID),
-/// else the automatic choice; the error says what the table holds.
-pub fn select(table: &[GidEntry], override_index: Option<u8>, dev: &str, port: u8) -> Result<u8> {
-    if let Some(i) = override_index {
+/// The GID index to use on a RoCE port under `rule`: its index when given (it must hold a
+/// GID), else the automatic choice; the error says what the table holds.
+pub fn select(table: &[GidEntry], rule: &GidRule, dev: &str, port: u8) -> Result<u8> {
+    if let Some(i) = rule.index {
         return match table.iter().find(|e| e.index == i) {
             Some(e) if !is_zero(&e.gid) => Ok(i),
             _ => Err(Error::invalid_argument(format!(
-                "MPIB_GID_INDEX={i}: {dev}:{port} has no GID at index {i} (usable: {})",
+                "{dev}:{port} has no GID at index {i} (usable: {})",
                 describe(table)
             ))),
         };
     }
-    choose(table).ok_or_else(|| {
+    choose(table, rule).ok_or_else(|| {
+        let what = match &rule.range {
+            Some(r) => format!("a non-link-local GID of known type in {r}"),
+            None => "a non-link-local GID of known type".to_string(),
+        };
         Error::system(format!(
-            "{dev}:{port}: no usable RoCE GID (need a non-link-local GID of known type; table: {}); \
+            "{dev}:{port}: no usable RoCE GID (need {what}; table: {}); \
              give the port's netdev an IP address or set MPIB_GID_INDEX",
             describe(table)
         ))
@@ -193,15 +297,19 @@ mod tests {
     }
     use GidType::*;
 
+    fn auto() -> GidRule {
+        GidRule::default()
+    }
+
     #[test]
     fn rxe_like_table_picks_the_v2_ipv4_entry() {
         // What the kernel 6.1 rxe driver shows: 0 = fe80 link-local (v2), 1 = ::ffff:192.0.2.1 (v2).
         let t = [v6(0, 0xfe80, Some(RoceV2)), v4(1, 1, Some(RoceV2)), empty(2), empty(3)];
-        assert_eq!(choose(&t), Some(1));
+        assert_eq!(choose(&t, &auto()), Some(1));
     }
 
     #[test]
-    fn mlx5_like_table_prefers_v2_over_v1_and_ipv4_over_ipv6() {
+    fn mlx5_like_table_prefers_ipv4_then_v2() {
         let t = [
             v6(0, 0xfe80, Some(IbRoceV1)),
             v6(1, 0xfe80, Some(RoceV2)),
@@ -210,19 +318,70 @@ mod tests {
             v4(4, 7, Some(RoceV2)),
             v4(5, 8, Some(RoceV2)),
         ];
-        assert_eq!(choose(&t), Some(4), "v2 + IPv4, lowest index");
-        assert_eq!(choose(&t[..4]), Some(3), "v2 IPv6 beats v1 IPv4");
-        assert_eq!(choose(&t[..3]), Some(2), "v1 IPv4 when there is no v2");
+        assert_eq!(choose(&t, &auto()), Some(4), "v2 + IPv4, lowest index");
+        assert_eq!(choose(&t[..4], &auto()), Some(2), "the family first, as net_ib: v1 IPv4 beats v2 IPv6");
+        assert_eq!(choose(&t[..2], &auto()), None, "link-local only");
+    }
+
+    #[test]
+    fn version_family_and_range_preferences() {
+        let t = [
+            v6(0, 0xfe80, Some(RoceV2)),
+            v4(1, 7, Some(IbRoceV1)),
+            v4(2, 7, Some(RoceV2)),
+            v6(3, 0x2001, Some(IbRoceV1)),
+            v6(4, 0x2001, Some(RoceV2)),
+            v4(5, 200, Some(RoceV2)),
+        ];
+        let rule = |version, family, range: Option<&str>| GidRule {
+            index: None,
+            index_on_ib: true,
+            version,
+            family,
+            range: range.map(|r| {
+                let (a, p) = r.split_once('/').unwrap();
+                AddrRange { addr: a.parse().unwrap(), prefix: p.parse().unwrap() }
+            }),
+        };
+        use AddrFamily::*;
+        assert_eq!(choose(&t, &rule(IbRoceV1, V4, None)), Some(1), "RoCE v1 asked for");
+        assert_eq!(choose(&t, &rule(RoceV2, V6, None)), Some(4), "IPv6 asked for; never link-local");
+        assert_eq!(choose(&t, &rule(IbRoceV1, V6, None)), Some(3));
+        // A range is a filter: only its addresses, whatever the other preferences.
+        assert_eq!(choose(&t, &rule(RoceV2, V4, Some("192.0.2.128/25"))), Some(5));
+        assert_eq!(choose(&t, &rule(RoceV2, V4, Some("192.0.2.7/32"))), Some(2));
+        assert_eq!(choose(&t, &rule(IbRoceV1, V4, Some("192.0.2.0/24"))), Some(1));
+        assert_eq!(choose(&t, &rule(RoceV2, V4, Some("10.0.0.0/8"))), None);
+        assert_eq!(choose(&t, &rule(RoceV2, V6, Some("2001::/16"))), Some(4));
+        assert_eq!(choose(&t, &rule(RoceV2, V4, Some("0.0.0.0/0"))), Some(2), "/0: every IPv4 GID");
+        let e = select(&t, &rule(RoceV2, V4, Some("10.0.0.0/8")), "mlx5_0", 1).unwrap_err();
+        assert!(e.msg().contains("in 10.0.0.0/8") && e.msg().contains("2=::ffff:192.0.2.7(v2)"), "{e}");
+    }
+
+    #[test]
+    fn range_matching_counts_bits() {
+        let r = |s: &str| {
+            let (a, p) = s.split_once('/').unwrap();
+            AddrRange { addr: a.parse().unwrap(), prefix: p.parse().unwrap() }
+        };
+        let g = v4(0, 77, None).gid; // 192.0.2.77
+        assert!(r("192.0.2.64/26").contains(&g));
+        assert!(!r("192.0.2.0/26").contains(&g));
+        assert!(r("192.0.0.0/22").contains(&g) && !r("192.0.4.0/22").contains(&g));
+        assert!(!r("::/0").contains(&g), "an IPv6 range holds no IPv4-mapped GID");
+        let g6 = v6(0, 0x2001, None).gid; // 2001::1
+        assert!(r("2001::/16").contains(&g6) && r("2000::/3").contains(&g6) && !r("2002::/16").contains(&g6));
+        assert!(r("2001::1/128").contains(&g6) && !r("0.0.0.0/0").contains(&g6));
     }
 
     #[test]
     fn link_local_empty_and_unknown_types_are_never_chosen() {
         let t = [v6(0, 0xfe80, Some(RoceV2)), v6(1, 0xfebf, Some(RoceV2)), empty(2), v4(3, 9, None)];
-        assert_eq!(choose(&t), None);
-        assert_eq!(choose(&[]), None);
+        assert_eq!(choose(&t, &auto()), None);
+        assert_eq!(choose(&[], &auto()), None);
         // An unreadable type is skipped, the next readable one is taken.
         let t = [v4(0, 9, None), v4(1, 9, Some(IbRoceV1))];
-        assert_eq!(choose(&t), Some(1));
+        assert_eq!(choose(&t, &auto()), Some(1));
         // fec0::/10 (site-local) is not link-local.
         assert!(!is_link_local(&v6(0, 0xfec0, None).gid));
     }
@@ -230,14 +389,14 @@ mod tests {
     #[test]
     fn override_must_name_a_non_empty_entry() {
         let t = [v6(0, 0xfe80, Some(RoceV2)), v4(1, 1, Some(RoceV2)), empty(2)];
-        assert_eq!(select(&t, Some(0), "rxe0", 1).unwrap(), 0, "an override may pick link-local");
-        assert_eq!(select(&t, None, "rxe0", 1).unwrap(), 1);
-        let e = select(&t, Some(2), "rxe0", 1).unwrap_err();
-        assert!(e.msg().contains("MPIB_GID_INDEX=2: rxe0:1 has no GID at index 2"), "{e}");
+        assert_eq!(select(&t, &GidRule::index(Some(0)), "rxe0", 1).unwrap(), 0, "an override may pick link-local");
+        assert_eq!(select(&t, &auto(), "rxe0", 1).unwrap(), 1);
+        let e = select(&t, &GidRule::index(Some(2)), "rxe0", 1).unwrap_err();
+        assert!(e.msg().contains("rxe0:1 has no GID at index 2"), "{e}");
         assert!(e.msg().contains("1=::ffff:192.0.2.1(v2)"), "{e}");
-        let e = select(&t, Some(9), "rxe0", 1).unwrap_err();
+        let e = select(&t, &GidRule::index(Some(9)), "rxe0", 1).unwrap_err();
         assert!(e.msg().contains("index 9"), "{e}");
-        let e = select(&t[..1], None, "rxe0", 1).unwrap_err();
+        let e = select(&t[..1], &auto(), "rxe0", 1).unwrap_err();
         assert!(e.msg().contains("no usable RoCE GID") && e.msg().contains("MPIB_GID_INDEX"), "{e}");
     }
 

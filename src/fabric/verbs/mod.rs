@@ -42,8 +42,8 @@ mod wr_pool;
 
 pub use cq::{TsClock, UNEXPECTED_OPCODE, VerbsCq, wc_status_str};
 pub use device::{VerbsDevice, VerbsMr, VerbsOptions};
-pub use gid::format_gid;
-pub use qp::VerbsQp;
+pub use gid::{AddrFamily, AddrRange, GidRule, GidType, format_gid};
+pub use qp::{QpAttrs, VerbsQp};
 pub use srq::VerbsSrq;
 pub use sys::relaxed_ordering_available;
 pub use wr_pool::MAX_CHAIN;
@@ -64,9 +64,8 @@ pub enum Availability {
     Broken(String),
 }
 
-/// Whether verbs can be used on this host (see [`Availability`]). `MPIB_FABRIC=auto` falls
-/// back to the soft fabric unless `Usable`: silently (INFO) when `Absent`, with a WARN when
-/// `Broken`.
+/// Whether verbs can be used on this host (see [`Availability`]). `MPIB_FABRIC=auto` uses
+/// the soft fabric only when `Absent` (said at INFO); `Broken` fails `init` with a WARN.
 pub fn availability() -> Availability {
     if let Some(e) = sys::libibverbs_load_error() {
         return Availability::Absent(format!(

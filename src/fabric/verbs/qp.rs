@@ -159,6 +159,57 @@ impl VerbsQp {
     pub fn max_chain(&self) -> usize {
         self.pool.capacity()
     }
+
+    /// The attributes the device holds for this QP (`ibv_query_qp`): what was applied, not
+    /// what was asked for.
+    pub fn query(&self) -> Result<QpAttrs> {
+        use ibv::ibv_qp_attr_mask as m;
+        // SAFETY: all-zero is a valid ibv_qp_attr and ibv_qp_init_attr.
+        let (mut a, mut init): (ibv::ibv_qp_attr, ibv::ibv_qp_init_attr) =
+            unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY
+            | m::IBV_QP_PKEY_INDEX;
+        // SAFETY: a live QP; both out-structs are valid for the call.
+        let ret = unsafe { ibv::ibv_query_qp(self.qp, &mut a, mask.0 as i32, &mut init) };
+        if ret != 0 {
+            return Err(self.ctx.failed(&format!("ibv_query_qp(QP {})", self.qpn), sys::ret_errno(ret)));
+        }
+        Ok(QpAttrs {
+            state: a.qp_state,
+            traffic_class: a.ah_attr.grh.traffic_class,
+            service_level: a.ah_attr.sl,
+            sgid_index: a.ah_attr.grh.sgid_index,
+            is_global: a.ah_attr.is_global != 0,
+            path_mtu: a.path_mtu,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            pkey_index: a.pkey_index,
+        })
+    }
+}
+
+/// A QP's attributes as the device holds them ([`VerbsQp::query`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpAttrs {
+    /// `enum ibv_qp_state` (3 = RTS).
+    pub state: u32,
+    pub traffic_class: u8,
+    pub service_level: u8,
+    pub sgid_index: u8,
+    /// The address vector carries a GRH (always on RoCE).
+    pub is_global: bool,
+    /// `enum ibv_mtu`.
+    pub path_mtu: u32,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub pkey_index: u16,
 }
 
 impl QueuePair for VerbsQp {

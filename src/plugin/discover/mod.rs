@@ -1,6 +1,6 @@
 //! Which NCCL devices the plugin shows, and which NICs are the two rails of each: the
 //! configuration (`MPIB_FABRIC`, `MPIB_HCA_SOUT`/`MPIB_HCA_SUP`, `MPIB_SOFT_*_ADDR`,
-//! `NCCL_SOCKET_IFNAME`, `MPIB_GID_INDEX`) turned into providers' options, and the devices
+//! `NCCL_SOCKET_IFNAME`, the rails' GID settings) turned into providers' options, and the devices
 //! opened with them. The fabric providers know nothing of rails or the environment: they
 //! list what the host has and open what they are asked to.
 //!
@@ -9,8 +9,8 @@
 //!   mode (`MPIB_FABRIC=inproc`): two devices without sockets.
 //! - Verbs: explicit pairs from `MPIB_HCA_SOUT[i]` + `MPIB_HCA_SUP[i]`, or pairs chosen by PCI
 //!   locality to the GPUs among the ports `MPIB_HCA` (else `NCCL_IB_HCA`) selects
-//!   (`pairing.rs`, `topology.rs`); each port opened once (a port in several pairs, or both
-//!   rails on one port, share one device).
+//!   (`pairing.rs`, `topology.rs`); each port opened once per GID rule it is used with (a
+//!   port in several pairs, or both rails on one port, share one device).
 
 mod pairing;
 pub mod topology;
@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::fabric::Device;
 use crate::fabric::netif::{default_addr, first_matching, interfaces};
 use crate::fabric::soft::{self, SoftBind, SoftDevice, SoftOptions};
-use crate::fabric::verbs::{self, HostPort, VerbsDevice, VerbsOptions};
+use crate::fabric::verbs::{self, GidRule, HostPort, VerbsDevice, VerbsOptions};
 use pairing::Resolved;
 pub use topology::Sysfs;
 
@@ -73,8 +73,8 @@ impl<D: Device> Clone for RailPair<D> {
 /// How long a soft QP waits for its peer QP's CONNECT when no set-up deadline is set.
 pub const SOFT_QP_CONNECT_WITHIN: Duration = Duration::from_secs(120);
 
-/// Opens the soft rail pair: over TCP (`Soft`, and `Auto`/`Verbs` when the plugin falls
-/// back), or in-process (`Inproc`). The chosen addresses are logged at INFO.
+/// Opens the soft rail pair: over TCP (`Soft`, and `Auto` on a host without RDMA
+/// devices), or in-process (`Inproc`). The chosen addresses are logged at INFO.
 pub fn soft_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
     // A QP's own bound on its peer QP's CONNECT. It runs only once both sides exchanged
     // their QPs (both are there), so it catches a rail address the peer cannot reach, not
@@ -127,7 +127,10 @@ fn spec_text(s: &HcaSpec) -> String {
 }
 
 /// The verbs rail pairs NCCL's devices are made of, from `MPIB_HCA_SOUT`/`MPIB_HCA_SUP` or
-/// paired automatically (see `pairing`). `cfg.gid_index` applies to every port.
+/// paired automatically (see `pairing`). A rail's ports use the GID its rule says
+/// (`MPIB_SOUT_GID_INDEX`, … `MPIB_GID_INDEX`, …); a port is opened once per rule it is
+/// used with (a port in several pairs of one role shares one device), and a port carrying
+/// both rails of a pair uses SOUT's rule.
 ///
 /// Errors: verbs unavailable ([`verbs::unavailable_reason`]'s text), a named device or port
 /// that does not exist, a port that cannot be opened, or no pair left after down ports were
@@ -154,35 +157,68 @@ pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<RailPair<VerbsD
             ok
         }
     };
-    let mut opened: HashMap<usize, Arc<VerbsDevice>> = HashMap::new();
-    let open = |p: &HostPort| -> Result<Arc<VerbsDevice>> {
+    let rules = [cfg.rails[0].gid, cfg.rails[1].gid];
+    let mut opened: HashMap<(usize, GidRule), Arc<VerbsDevice>> = HashMap::new();
+    let open = |p: &HostPort, rail: usize| -> Result<Arc<VerbsDevice>> {
+        let gid = rules[rail];
         let opts =
-            VerbsOptions { device: p.device.clone(), port: Some(p.port), gid_index: cfg.gid_index, relaxed_ordering };
-        Ok(Arc::new(VerbsDevice::open(&opts)?))
+            VerbsOptions { device: p.device.clone(), port: Some(p.port), gid, relaxed_ordering, dmabuf: cfg.dmabuf };
+        VerbsDevice::open(&opts).map(Arc::new).map_err(|e| match gid_context(cfg, rail) {
+            Some(c) => e.context(c),
+            None => e,
+        })
     };
     let (pairs, ids) = if cfg.hca_sout.is_empty() {
-        plan_auto(cfg, &mut ports, sysfs, &mut |p: &HostPort, i: usize| match open(p) {
-            Ok(d) => {
-                opened.insert(i, d);
-                true
-            }
-            Err(e) => {
-                log::warn!("verbs: {} not used: {e}", p.label());
-                false
-            }
-        })
-    } else {
-        let (pairs, ids) = plan_explicit(cfg, &ports)?;
-        for &(a, b) in &pairs {
-            for i in [a, b] {
-                if let Entry::Vacant(slot) = opened.entry(i) {
-                    slot.insert(open(&ports[i])?);
+        // A port's rail is known only once the ports are paired: each is tried with SOUT's
+        // GID rule (then SUP's, where they differ) to see that it opens at all.
+        plan_auto(cfg, &mut ports, sysfs, &mut |p: &HostPort, i: usize| {
+            let mut last = None;
+            for rail in if rules[0] == rules[1] { &[0][..] } else { &[0, 1][..] } {
+                match open(p, *rail) {
+                    Ok(d) => {
+                        opened.insert((i, rules[*rail]), d);
+                        return true;
+                    }
+                    Err(e) => last = Some(e),
                 }
             }
-        }
-        (pairs, ids)
+            log::warn!("verbs: {} not used: {}", p.label(), last.expect("tried"));
+            false
+        })
+    } else {
+        plan_explicit(cfg, &ports)?
     };
-    if pairs.is_empty() {
+    let auto = cfg.hca_sout.is_empty();
+    let meta = |i: usize| {
+        let pci_path = sysfs.nic_pci_path(&ports[i].device);
+        let numa = pci_path.as_deref().and_then(|p| sysfs.numa_node(p));
+        NicMeta { pci_path, numa, rail: ids[i].0, plane: ids[i].1 }
+    };
+    let mut out = Vec::with_capacity(pairs.len());
+    for (a, b) in pairs {
+        // One port carrying both rails is one device: SOUT's rule.
+        let sup_rail = if a == b { 0 } else { 1 };
+        if a == b && rules[0] != rules[1] {
+            log::warn!("verbs: {} carries both rails of a pair: it uses SOUT's GID settings", ports[a].label());
+        }
+        let mut dev = |i: usize, rail: usize| -> Result<Arc<VerbsDevice>> {
+            match opened.entry((i, rules[rail])) {
+                Entry::Occupied(d) => Ok(d.get().clone()),
+                Entry::Vacant(slot) => Ok(slot.insert(open(&ports[i], rail)?).clone()),
+            }
+        };
+        let (sout, sup) = match dev(a, 0).and_then(|s| Ok((s, dev(b, sup_rail)?))) {
+            Ok(d) => d,
+            Err(e) if auto => {
+                log::warn!("verbs: rail pair {} + {} not used: {e}", ports[a].label(), ports[b].label());
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        log::info!("verbs: rail pair {} = SOUT {} + SUP {}", out.len(), ports[a].label(), ports[b].label());
+        out.push(RailPair { sout, sup, meta: [meta(a), meta(b)] });
+    }
+    if out.is_empty() {
         let seen: Vec<String> = ports.iter().map(|p| format!("{} {}", p.label(), p.state)).collect();
         let filter = match &cfg.hca_filter {
             Some(f) if cfg.hca_sout.is_empty() => format!("; {}={f}", cfg.hca_filter_var),
@@ -190,17 +226,18 @@ pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<RailPair<VerbsD
         };
         return Err(Error::system(format!("verbs: no usable rail pair (ports: {}{filter})", seen.join(", "))));
     }
-    let meta = |i: usize| {
-        let pci_path = sysfs.nic_pci_path(&ports[i].device);
-        let numa = pci_path.as_deref().and_then(|p| sysfs.numa_node(p));
-        NicMeta { pci_path, numa, rail: ids[i].0, plane: ids[i].1 }
-    };
-    let mut out = Vec::with_capacity(pairs.len());
-    for (k, (a, b)) in pairs.into_iter().enumerate() {
-        log::info!("verbs: rail pair {k} = SOUT {} + SUP {}", ports[a].label(), ports[b].label());
-        out.push(RailPair { sout: opened[&a].clone(), sup: opened[&b].clone(), meta: [meta(a), meta(b)] });
-    }
     Ok(out)
+}
+
+/// The variables behind rail `rail`'s GID rule where they decide alone (an index, or a
+/// range), for an error opening a port with it.
+fn gid_context(cfg: &Config, rail: usize) -> Option<String> {
+    let rule = &cfg.rails[rail].gid;
+    let from = |s| cfg.origin(s, rail);
+    if let Some(i) = rule.index {
+        return Some(format!("{}={i}", from("MPIB_GID_INDEX")));
+    }
+    rule.range.map(|r| format!("{}={r}", from("MPIB_ADDR_RANGE")))
 }
 
 /// Per port: NCCL's rail and plane ids, when the user gave them.
