@@ -1,7 +1,7 @@
 //! The published statistics of one rail of one connection: counters, the latency
 //! histogram and the current estimates, written by the connection's data path (single
 //! writer, no lock, no read-modify-write; see [`Counter`]) and read by the statistics
-//! writer and the query function through the [registry](super::registry).
+//! writer and the query function through the registry (`registry.rs`).
 
 use super::counter::Counter;
 use super::histogram::LatencyHistogram;
