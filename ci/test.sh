@@ -85,8 +85,9 @@ git diff --exit-code -- include/ || { echo "include/mpib.h changed by the build:
 step release "release archive (ci/release.sh --arch x86_64)"
 # Built against glibc 2.28 with cargo zigbuild; checked: the highest GLIBC symbol version
 # (<= 2.28), NEEDED (glibc's libraries and the loader only), the unpacked archive's
-# SHA256SUMS, mpib-perf --list and a checked run. Measured on 2 cores: ~130 s from an empty
-# target dir (zig and cargo-zigbuild from PyPI: once per machine, ~15 s more).
+# SHA256SUMS, mpib-perf --list and a checked run. Measured on 2 cores: 127 s from an empty
+# target dir, 9 s again (zig and cargo-zigbuild from PyPI: once per machine, 10-15 s more);
+# 330 s while other builds kept the load average at 10.
 ci/release.sh --arch x86_64
 
 step rxe "Soft-RoCE suites (ci/rxe-test.sh)"
