@@ -10,7 +10,13 @@ Reports and checks:
   * the ELF machine against this host's (an x86-64 build does not load on aarch64 GH200);
   * with ldd: every NEEDED library resolves on this host.
 
+A release (ci/release.sh) also asks for hosts other than this one:
+  --max-glibc 2.28     the glibc floor must be at most this version (RHEL 8 has 2.28);
+  --allow-needed A,B   every NEEDED library must be one of these sonames;
+  --program            an executable (mpib-perf), not a plugin: no entry points expected.
+
     ci/elf_check.py target/release/libnccl-net-mpib.so [--no-ldd] [--no-host]
+    ci/elf_check.py LIB --no-host --max-glibc 2.28 --allow-needed libc.so.6,libm.so.6
 
 Standard library only. Exit status: 0 loads, 1 a problem, 2 usage error or unreadable file.
 """
@@ -119,6 +125,8 @@ def host_glibc() -> Optional[str]:
 @dataclass
 class Report:
     lib: str
+    program: bool = False  # an executable, not a plugin
+    release: Optional[str] = None  # the release checks asked for, in words
     machine: Optional[str] = None
     needed: List[str] = field(default_factory=list)
     version_needs: Dict[str, List[str]] = field(default_factory=dict)
@@ -132,14 +140,15 @@ class Report:
     problems: List[str] = field(default_factory=list)
 
     def render(self) -> str:
-        out = [f"plugin library: {self.lib}"]
+        out = [f"{'program' if self.program else 'plugin library'}: {self.lib}"]
         out.append(f"  machine:        {self.machine or '?'}")
         out.append(f"  NEEDED:         {', '.join(self.needed) or '(none)'}")
         for lib, vers in self.version_needs.items():
             out.append(f"  needs from {lib}: {', '.join(vers)}")
         if self.glibc:
             out.append(f"  glibc floor:    {self.glibc} (needed by {', '.join(self.glibc_symbols) or '?'})")
-        out.append(f"  NCCL entry points: {', '.join(self.plugin_symbols) or '(none)'}")
+        if not self.program:
+            out.append(f"  NCCL entry points: {', '.join(self.plugin_symbols) or '(none)'}")
         if self.host_glibc or self.host_machine:
             out.append(f"  this host:      {self.host_machine or '?'}, glibc {self.host_glibc or '?'}")
         for name, path in self.ldd_resolved.items():
@@ -147,7 +156,10 @@ class Report:
         for name in self.ldd_missing:
             out.append(f"  ldd: {name} => not found")
         out += [f"  PROBLEM: {p}" for p in self.problems]
-        out.append("  verdict: " + ("loads on this host as it is" if not self.problems else "WILL NOT LOAD as it is"))
+        if self.release:
+            out.append("  verdict: " + (f"fit for release ({self.release})" if not self.problems else "NOT FIT FOR RELEASE"))
+        else:
+            out.append("  verdict: " + ("loads on this host as it is" if not self.problems else "WILL NOT LOAD as it is"))
         return "\n".join(out)
 
 
@@ -158,10 +170,14 @@ def _run(cmd: List[str]) -> str:
     return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
-def check(lib: str, run: Runner = _run, use_ldd: bool = True, host: bool = True) -> Report:
+def check(lib: str, run: Runner = _run, use_ldd: bool = True, host: bool = True,
+          max_glibc_allowed: Optional[str] = None, allow_needed: Optional[Sequence[str]] = None,
+          program: bool = False) -> Report:
     """Reads `lib` with readelf (and ldd) through `run` and judges it. `host` compares with
-    this machine (glibc, architecture); without it only the library's own facts are checked."""
-    rep = Report(lib=lib)
+    this machine (glibc, architecture); without it only the library's own facts are checked.
+    `max_glibc_allowed` ('2.28') bounds the glibc floor, `allow_needed` lists the only sonames
+    it may need, `program` says it is an executable (no NCCL entry points)."""
+    rep = Report(lib=lib, program=program)
     rep.machine = parse_machine(run(["readelf", "-h", lib]))
     rep.needed = parse_needed(run(["readelf", "-d", lib]))
     rep.version_needs = parse_version_needs(run(["readelf", "-V", "--wide", lib]))
@@ -172,8 +188,18 @@ def check(lib: str, run: Runner = _run, use_ldd: bool = True, host: bool = True)
     for n in rep.needed:
         if n.startswith(FORBIDDEN_NEEDED):
             rep.problems.append(f"{n} is NEEDED: RDMA libraries must be dlopened at run time, not linked")
-    if not rep.plugin_symbols:
+    if not rep.plugin_symbols and not program:
         rep.problems.append("exports no ncclNetPlugin_v<N> symbol: NCCL would not find a plugin in it")
+    asked = [f"glibc <= {max_glibc_allowed}"] if max_glibc_allowed else []
+    asked += ["NEEDED within " + ", ".join(allow_needed)] if allow_needed is not None else []
+    rep.release = "; ".join(asked) or None
+    if max_glibc_allowed and rep.glibc and version_key(rep.glibc) > version_key(max_glibc_allowed):
+        rep.problems.append(f"needs {rep.glibc} (by {', '.join(rep.glibc_symbols) or '?'}): "
+                            f"above glibc {max_glibc_allowed}, so it does not load where that is all there is")
+    if allow_needed is not None:
+        for n in rep.needed:
+            if n not in allow_needed:
+                rep.problems.append(f"{n} is NEEDED: not one of the libraries allowed ({', '.join(allow_needed)})")
     if host:
         rep.host_machine, rep.host_glibc = platform.machine(), host_glibc()
         if rep.machine and rep.machine != rep.host_machine:
@@ -186,17 +212,39 @@ def check(lib: str, run: Runner = _run, use_ldd: bool = True, host: bool = True)
     return rep
 
 
+def glibc_version(text: str) -> str:
+    """'2.28' (or 'GLIBC_2.28') -> '2.28'; anything else is a usage error."""
+    v = text[len("GLIBC_"):] if text.startswith("GLIBC_") else text
+    if not re.fullmatch(r"\d+\.\d+(\.\d+)?", v):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a glibc version such as 2.28")
+    return v
+
+
+def sonames(text: str) -> List[str]:
+    """'libc.so.6,libm.so.6' -> ['libc.so.6', 'libm.so.6']; an empty entry is a usage error."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated sonames, none empty")
+    return names
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="elf_check.py", description="Check that the plugin library loads on this host as it is.")
     p.add_argument("lib", metavar="LIB", help="the built plugin, e.g. target/release/libnccl-net-mpib.so")
     p.add_argument("--no-ldd", dest="ldd", action="store_false", help="do not run ldd")
     p.add_argument("--no-host", dest="host", action="store_false", help="do not compare with this host (glibc, machine)")
+    p.add_argument("--max-glibc", metavar="VERSION", type=glibc_version,
+                   help="the highest glibc it may need, e.g. 2.28")
+    p.add_argument("--allow-needed", metavar="SONAMES", type=sonames,
+                   help="comma-separated sonames: the only libraries it may need")
+    p.add_argument("--program", action="store_true", help="an executable, not a plugin (no entry points expected)")
     args = p.parse_args(argv)
     if not os.path.isfile(args.lib):
         print(f"elf_check.py: {args.lib}: no such file", file=sys.stderr)
         return 2
     try:
-        rep = check(args.lib, use_ldd=args.ldd, host=args.host)
+        rep = check(args.lib, use_ldd=args.ldd, host=args.host, max_glibc_allowed=args.max_glibc,
+                    allow_needed=args.allow_needed, program=args.program)
     except FileNotFoundError as e:
         print(f"elf_check.py: {e.filename} is not installed (Debian: apt-get install binutils)", file=sys.stderr)
         return 2

@@ -130,6 +130,16 @@ build_perf() {
 # shellcheck disable=SC2016 # expands in the guest
 suite perf 'MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 ./mpib-perf --fabric verbs --plugin $PWD/libmpib.so --sizes 8:1M --duration 5'
 
+# mpib-perf --list on real verbs: both rxe NICs with their pairing, link layer (RoCE), GID
+# and speed, and the devices NCCL is shown per ABI version (mpib_device_rails).
+build_perf-list() { build_perf "$1"; }
+# shellcheck disable=SC2016 # expands in the guest
+suite perf-list 'MPIB_HCA_SOUT=$RXE_DEV0 MPIB_HCA_SUP=$RXE_DEV1 ./mpib-perf --list --fabric verbs --plugin $PWD/libmpib.so > list.txt; rc=$?
+cat list.txt; [ $rc = 0 ] || exit 1
+for want in "$RXE_DEV0:1 *pair 0 SOUT *RoCE .*GID $RXE_GID_IDX0 " "$RXE_DEV1:1 *pair 0 SUP *RoCE .*GID $RXE_GID_IDX1 " "--dev 0: .*SOUT $RXE_DEV0:1 + SUP $RXE_DEV1:1"; do
+  grep -q -e "$want" list.txt || { echo "perf-list: no line matching: $want"; exit 1; }
+done'
+
 # Rail failover on real verbs (crates/mpib-tools/tests/link_down.rs): rxe1's netdev taken
 # down mid-stream and up 1.5 s later; the port-down event fails SUP over to SOUT; clean,
 # exact, counted, through the re-admission attempts (whether SUP comes back within the

@@ -4,6 +4,8 @@
 # ci/mpib-perf.sh runs `ci/setup.sh build`, ci/test.sh runs `ci/setup.sh test`.
 #
 #   ci/setup.sh [build|test]      (default: test, which includes build)
+#   ci/setup.sh release [ARCH...]  build, and what ci/release.sh needs for each ARCH
+#                                  (x86_64, aarch64; default this host's)
 #
 # apt-get runs as root, through sudo when this is not root. Rust itself (cargo) must already
 # be there (https://rustup.rs); its rustfmt and clippy components are added for `test`.
@@ -11,7 +13,13 @@
 set -euo pipefail
 
 what=${1:-test}
-[[ $what == build || $what == test ]] || { echo "usage: ci/setup.sh [build|test]" >&2; exit 2; }
+[[ $what == build || $what == test || $what == release ]] || {
+  echo "usage: ci/setup.sh [build|test] | ci/setup.sh release [ARCH...]" >&2
+  exit 2
+}
+shift || true
+release_arches=("$@")
+[[ $what == release ]] || ((${#release_arches[@]} == 0)) || { echo "ci/setup.sh: architectures only with release" >&2; exit 2; }
 say() { echo "ci/setup.sh: $*" >&2; }
 
 # Each entry: "package: why". rdma-mummy-sys (the libibverbs bindings) builds its dlopen
@@ -30,6 +38,20 @@ if [[ $what == test ]]; then
     "iproute2: ip and tc for ci/netem-rails.sh's namespaces and shaped rails"
     "shellcheck: ci/test.sh lints every shell script"
   )
+fi
+
+if [[ $what == release ]]; then
+  ((${#release_arches[@]})) || release_arches=("$(uname -m)")
+  packages+=(
+    "binutils: readelf for ci/elf_check.py's checks of the released files"
+    "python3-venv: ci/release.sh installs zig and cargo-zigbuild (PyPI) in a virtual environment"
+  )
+  for arch in "${release_arches[@]}"; do
+    case $arch in
+      x86_64 | aarch64) packages+=("binutils-${arch//_/-}-linux-gnu: ${arch}-linux-gnu-objcopy splits the $arch library's debug information") ;;
+      *) say "no release for architecture $arch (x86_64, aarch64)"; exit 2 ;;
+    esac
+  done
 fi
 
 command -v cargo >/dev/null || { say "cargo is missing: install Rust first (https://rustup.rs), then run this again"; exit 1; }

@@ -38,6 +38,21 @@
 #define NCCL_NET_ID_UNDEF -1
 
 /**
+ * `mpib_rail_info_t::link_layer`: InfiniBand (verbs).
+ */
+#define MPIB_LINK_INFINIBAND 1
+
+/**
+ * `mpib_rail_info_t::link_layer`: Ethernet, RDMA over Converged Ethernet (verbs).
+ */
+#define MPIB_LINK_ETHERNET 2
+
+/**
+ * `mpib_rail_info_t::link_layer`: TCP sockets (the soft fabric).
+ */
+#define MPIB_LINK_TCP 3
+
+/**
  * `ncclResult_t`: a C enum, 4 bytes. A plain integer here so the header does not clash
  * with `nccl.h`'s enum when both are included.
  */
@@ -80,6 +95,52 @@ typedef struct {
    */
   uint64_t probes;
 } mpib_rail_counters_t;
+
+/**
+ * One rail of a device (`mpib_device_rails`): the NIC port it runs on. Strings are
+ * NUL-terminated and cut to fit.
+ */
+typedef struct {
+  /**
+   * The NIC's name as `MPIB_HCA_SOUT` / `MPIB_HCA_SUP` take it (`mlx5_0`, `soft-sout`).
+   */
+  char name[64];
+  uint32_t port;
+  /**
+   * `MPIB_LINK_INFINIBAND`, `MPIB_LINK_ETHERNET` or `MPIB_LINK_TCP`.
+   */
+  uint32_t link_layer;
+  /**
+   * Link speed (Mbit/s).
+   */
+  uint32_t speed_mbps;
+  /**
+   * 1 when the NIC reported `speed_mbps`, 0 when it is a nominal figure (an interface
+   * without a line rate, such as loopback).
+   */
+  uint32_t speed_known;
+  /**
+   * Verbs: the index of the GID the rail's queue pairs use; -1 otherwise.
+   */
+  int32_t gid_index;
+  /**
+   * InfiniBand: the port's LID; 0 otherwise.
+   */
+  uint32_t lid;
+  /**
+   * Verbs: that GID (network byte order); zeros otherwise.
+   */
+  uint8_t gid[16];
+  /**
+   * The address as the plugin's INFO banner shows it: `GID 3 ::ffff:10.0.0.1`,
+   * `LID 0x5`, or a TCP address `127.0.0.1:40001`.
+   */
+  char address[64];
+  /**
+   * The NIC's sysfs PCI path (`/sys/devices/pci0000:00/…`), empty when it has none.
+   */
+  char pci_path[256];
+} mpib_rail_info_t;
 
 /**
  * One rail's figures over the whole process: every connection, live or closed, both
@@ -635,6 +696,22 @@ extern const ncclNet_v12_t ncclNetPlugin_v12;
  * `out` must be NULL or point to two writable `mpib_rail_counters_t`.
  */
 ncclResult_t mpib_comm_counters(void *comm, mpib_rail_counters_t *out_);
+
+/**
+ * Writes the rails of device `dev`, as NCCL sees it through ABI `version` (6 … 12), to
+ * `out[0]` (SOUT) and `out[1]` (SUP): through v6 – v8 device k is rail pair k; through v9+
+ * a device is a rail pair, a pair's NIC that NCCL fuses with its partner (used alone it
+ * carries both rails: the same NIC twice), or a device `makeVDevice` made.
+ *
+ * `size` is `sizeof(mpib_rail_info_t)` as the caller was compiled: it is the stride of
+ * `out`, and only the first `size` bytes of each entry are written. Returns ncclSuccess;
+ * ncclInvalidArgument for a version other than 6 … 12, a device that does not exist, a
+ * NULL `out` or a `size` below 8; ncclInvalidUsage before `init`.
+ *
+ * # Safety
+ * `out` must be NULL or point to `2 * size` writable bytes.
+ */
+ncclResult_t mpib_device_rails(int version, int dev, mpib_rail_info_t *out, size_t size);
 
 /**
  * Writes the process's statistics of SOUT to `out[0]` and of SUP to `out[1]`.

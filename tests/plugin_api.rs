@@ -6,8 +6,11 @@
 
 use std::time::{Duration, Instant};
 
+use mpib::abi::query::mpib_device_rails;
 use mpib::fabric::MemTypes;
 use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, MemHandle, RequestHandle};
+use ncclnet_types::mpib::{MPIB_LINK_TCP, mpib_rail_info_t};
+use ncclnet_types::result;
 
 mod common;
 
@@ -214,4 +217,64 @@ fn bad_handles_are_errors_not_crashes() {
     assert!(e.msg().contains("stale"), "{}", e.msg());
     plugin::close_send(send).unwrap();
     plugin::close_recv(recv).unwrap();
+}
+
+/// `mpib_device_rails` of device `dev` through ABI `version`: the result code and the two
+/// rails' names and link layers.
+fn device_rails(version: i32, dev: i32) -> (i32, [mpib_rail_info_t; 2]) {
+    let mut out = [mpib_rail_info_t::default(); 2];
+    // SAFETY: room for two whole entries.
+    let rc = unsafe { mpib_device_rails(version, dev, out.as_mut_ptr(), std::mem::size_of::<mpib_rail_info_t>()) };
+    (rc, out)
+}
+
+fn c_str(s: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = s.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8(bytes).unwrap()
+}
+
+#[test]
+fn device_rails_name_each_devices_nics_per_abi_version() {
+    if !is_child() {
+        return in_child(
+            "device_rails_name_each_devices_nics_per_abi_version",
+            &[
+                ("MPIB_FABRIC", "soft"),
+                ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"),
+                ("MPIB_SOFT_SUP_ADDR", "127.0.0.1"),
+                ("MPIB_NCCL_DEVICES", "nics"),
+            ],
+        );
+    }
+    assert_eq!(device_rails(8, 0).0, result::INVALID_USAGE, "before init");
+    plugin::init(AbiVersion::V12).expect("init");
+    // v8: device 0 is the rail pair.
+    let (rc, r) = device_rails(8, 0);
+    assert_eq!(rc, result::SUCCESS);
+    assert_eq!([c_str(&r[0].name), c_str(&r[1].name)], ["soft-sout", "soft-sup"]);
+    for x in &r {
+        assert_eq!((x.port, x.link_layer, x.gid_index, x.lid), (1, MPIB_LINK_TCP, -1, 0));
+        assert!(c_str(&x.address).starts_with("127.0.0.1:"), "{}", c_str(&x.address));
+        assert_eq!((x.speed_mbps, x.speed_known), (10_000, 0), "loopback: a nominal speed");
+    }
+    assert_ne!(c_str(&r[0].address), c_str(&r[1].address), "each rail listens on its own port");
+    // v12: the two NICs, each used alone carrying both rails, then the pair NCCL fuses.
+    let (rc, sup) = device_rails(12, 1);
+    assert_eq!(rc, result::SUCCESS);
+    assert_eq!([c_str(&sup[0].name), c_str(&sup[1].name)], ["soft-sup", "soft-sup"]);
+    assert_eq!(plugin::make_vdevice(&[0, 1]).unwrap(), 2);
+    let (rc, fused) = device_rails(12, 2);
+    assert_eq!((rc, [c_str(&fused[0].name), c_str(&fused[1].name)]), (0, ["soft-sout".into(), "soft-sup".into()]));
+    // A caller built against a shorter struct: only its prefix is written.
+    let mut short = [0xffu8; 2 * 68 + 1];
+    // SAFETY: 2 × 68 writable bytes and a sentinel.
+    let rc = unsafe { mpib_device_rails(8, 0, short.as_mut_ptr().cast(), 68) };
+    assert_eq!((rc, &short[68..77]), (result::SUCCESS, &b"soft-sup\0"[..]), "the stride is the caller's size");
+    assert_eq!(short[2 * 68], 0xff, "nothing past 2 × 68 bytes");
+    // Bad arguments are errors, not crashes.
+    assert_eq!(device_rails(5, 0).0, result::INVALID_ARGUMENT);
+    assert_eq!(device_rails(8, 1).0, result::INVALID_ARGUMENT, "v8 has one device");
+    assert_eq!(device_rails(12, -1).0, result::INVALID_ARGUMENT);
+    // SAFETY: NULL is refused before any write.
+    assert_eq!(unsafe { mpib_device_rails(8, 0, std::ptr::null_mut(), 424) }, result::INVALID_ARGUMENT);
 }

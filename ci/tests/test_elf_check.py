@@ -14,14 +14,15 @@ SCRIPT = os.path.join(helpers.CI, "elf_check.py")
 LIB = "target/release/libnccl-net-mpib.so"
 
 
-def recorded(**edits):
-    """A runner answering readelf/ldd with the recorded output of the plugin; `edits` maps a
-    fixture suffix to a function changing its text."""
+def recorded(build="plugin", **edits):
+    """A runner answering readelf/ldd with the recorded output of a build of the plugin
+    (`plugin`: cargo's on Debian 12, `release`: ci/release.sh's); `edits` maps a fixture
+    suffix to a function changing its text."""
     files = {"-h": "readelf-h", "-d": "readelf-d", "-V": "readelf-V", "--dyn-syms": "readelf-dyn-syms"}
 
     def run(cmd):
         key = "ldd" if cmd[0] == "ldd" else files[cmd[1]]
-        text = helpers.read_fixture("elf", f"plugin.{key}.txt")
+        text = helpers.read_fixture("elf", f"{build}.{key}.txt")
         return edits.get(key, lambda t: t)(text)
 
     return run
@@ -82,6 +83,60 @@ class Recorded(unittest.TestCase):
         found, missing = ec.parse_ldd("\tlinux-vdso.so.1 (0x00007ffd)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f00)\n\tlibfoo.so => not found\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f01)\n")
         self.assertEqual(found, {"libc.so.6": "/lib/x86_64-linux-gnu/libc.so.6"})
         self.assertEqual(missing, ["libfoo.so"])
+
+
+# What ci/release.sh allows a released x86_64 library to need.
+RELEASE_NEEDED = ["libc.so.6", "libm.so.6", "libgcc_s.so.1", "libdl.so.2", "libpthread.so.0", "librt.so.1",
+                  "ld-linux-x86-64.so.2"]
+
+
+class ReleaseChecks(unittest.TestCase):
+    def test_the_released_library_needs_glibc_2_28_and_glibcs_own_libraries(self):
+        rep = ec.check(LIB, run=recorded("release"), host=False, max_glibc_allowed="2.28", allow_needed=RELEASE_NEEDED)
+        self.assertEqual(rep.problems, [])
+        self.assertEqual(rep.glibc, "GLIBC_2.28")
+        self.assertEqual(rep.glibc_symbols, ["statx"])
+        self.assertEqual(rep.needed, ["libc.so.6", "ld-linux-x86-64.so.2", "libpthread.so.0", "libdl.so.2"])
+        self.assertEqual(rep.plugin_symbols, [f"ncclNetPlugin_v{n}" for n in range(6, 13)])
+        self.assertIn("verdict: fit for release (glibc <= 2.28; NEEDED within libc.so.6,", rep.render())
+
+    def test_a_build_against_the_hosts_glibc_is_not_fit_for_release(self):
+        rep = ec.check(LIB, run=recorded(), host=False, max_glibc_allowed="2.28", allow_needed=RELEASE_NEEDED)
+        self.assertEqual(len(rep.problems), 1, rep.problems)
+        self.assertTrue(rep.problems[0].startswith("needs GLIBC_2.34 (by pthread_key_create, pthread_key_delete, "
+                                                   "pthread_setspecific): above glibc 2.28"), rep.problems)
+        self.assertIn("verdict: NOT FIT FOR RELEASE", rep.render())
+        # The floor itself is allowed: 2.34 passes a 2.34 bound, and 2.3.4 < 2.28 < 2.34.
+        self.assertEqual(ec.check(LIB, run=recorded(), host=False, max_glibc_allowed="2.34").problems, [])
+
+    def test_a_library_needed_beyond_the_allowed_ones_is_named(self):
+        rep = ec.check(LIB, run=recorded("release"), host=False, allow_needed=["libc.so.6", "ld-linux-x86-64.so.2"])
+        self.assertEqual(rep.problems, [
+            "libpthread.so.0 is NEEDED: not one of the libraries allowed (libc.so.6, ld-linux-x86-64.so.2)",
+            "libdl.so.2 is NEEDED: not one of the libraries allowed (libc.so.6, ld-linux-x86-64.so.2)",
+        ])
+
+    def test_a_program_needs_no_entry_points(self):
+        strip = lambda t: "\n".join(line for line in t.splitlines() if "ncclNetPlugin" not in line)  # noqa: E731
+        run = recorded("release", **{"readelf-dyn-syms": strip})
+        self.assertIn("exports no ncclNetPlugin_v<N> symbol", ec.check(LIB, run=run, host=False).problems[0])
+        rep = ec.check(LIB, run=run, host=False, program=True)
+        self.assertEqual(rep.problems, [])
+        self.assertTrue(rep.render().startswith("program: "))
+        self.assertNotIn("NCCL entry points", rep.render())
+
+    def test_option_values(self):
+        self.assertEqual(ec.glibc_version("2.28"), "2.28")
+        self.assertEqual(ec.glibc_version("GLIBC_2.3.4"), "2.3.4")
+        self.assertEqual(ec.sonames("libc.so.6, libm.so.6"), ["libc.so.6", "libm.so.6"])
+        for bad in ("2", "2.x", "GLIBC_", ""):
+            with self.assertRaises(ec.argparse.ArgumentTypeError):
+                ec.glibc_version(bad)
+        with self.assertRaises(ec.argparse.ArgumentTypeError):
+            ec.sonames("libc.so.6,,libm.so.6")
+        r = helpers.run([sys.executable, SCRIPT, "--max-glibc", "2.x", "x.so"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is not a glibc version", r.stderr)
 
 
 @unittest.skipUnless(helpers.have_cc(), "needs cc")

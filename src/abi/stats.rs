@@ -108,7 +108,7 @@ pub unsafe extern "C" fn mpib_resource_stats(out: *mut mpib_resource_stats_t, si
 /// How many bytes of a `T` to write for a caller compiled with `sizeof(T) == size` (an
 /// older, shorter header gets only the fields it knows); an error for a NULL `out` or a
 /// `size` below one field.
-fn prefix_len<T>(out_is_null: bool, size: usize, type_name: &str) -> Result<usize> {
+pub(super) fn prefix_len<T>(out_is_null: bool, size: usize, type_name: &str) -> Result<usize> {
     if out_is_null {
         return Err(Error::invalid_argument("out is NULL"));
     }
@@ -123,7 +123,7 @@ fn prefix_len<T>(out_is_null: bool, size: usize, type_name: &str) -> Result<usiz
 /// # Safety
 /// `n ≤ size_of::<T>()` (what [`prefix_len`] returns) and `dst` points to `n` writable
 /// bytes; byte copies need no alignment.
-unsafe fn write_prefix<T: Copy>(v: &T, dst: *mut u8, n: usize) {
+pub(super) unsafe fn write_prefix<T: Copy>(v: &T, dst: *mut u8, n: usize) {
     // SAFETY: `v` is a plain struct of at least `n` bytes; the caller vouches for `dst`.
     unsafe { std::ptr::copy_nonoverlapping((v as *const T).cast::<u8>(), dst, n) };
 }

@@ -87,6 +87,9 @@ pub struct DeviceAttrs {
     pub link_layer: LinkLayer,
     /// Link speed in Mbit/s.
     pub speed_mbps: u32,
+    /// Whether the device reported `speed_mbps` (false: a nominal figure, as for loopback,
+    /// which has no line rate to compare a throughput with).
+    pub speed_known: bool,
     /// Active MTU in bytes.
     pub mtu: u32,
     pub max_qp: u32,

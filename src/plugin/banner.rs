@@ -13,28 +13,15 @@ pub fn version() -> String {
     format!("mpib {} (commit {})", env!("CARGO_PKG_VERSION"), env!("BUILD_GIT_COMMIT"))
 }
 
-/// One rail, as the banner shows it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RailDesc {
-    /// `device:port`.
-    pub label: String,
-    /// `IB`, `RoCE` or `TCP`.
-    pub link: &'static str,
-    /// `GID 3 ::ffff:10.0.0.1`, `LID 0x5`, or a TCP address.
-    pub addr: String,
-    pub speed_mbps: u32,
-    /// Registrations use PCI relaxed ordering (verbs), `None` where that means nothing.
-    pub relaxed_ordering: Option<bool>,
-    /// What the rail's QPs are made with: `qps 2, tc 106, cts-tc 106, sl 3`.
-    pub qps: String,
-}
-
+pub use super::describe::RailDesc;
 pub use super::table::Seen;
 
 /// What the banner says of one rail pair.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PairDesc {
     pub rails: [RailDesc; 2],
+    /// What each rail's QPs are made with: `qps 2, tc 106, cts-tc 106, sl 3` ([`qp_settings`]).
+    pub qps: [String; 2],
     pub rail_id: Option<i16>,
     pub plane_id: Option<i16>,
     pub seen: Seen,
@@ -70,7 +57,7 @@ pub fn header(
 /// `Using [k]SOUT/LINK+SUP/LINK [RO] …` for rail pair `k`.
 pub fn pair_line(k: usize, p: &PairDesc) -> String {
     let [a, b] = &p.rails;
-    let mut s = format!("Using [{k}]{}/{}+{}/{}", a.label, a.link, b.label, b.link);
+    let mut s = format!("Using [{k}]{}/{}+{}/{}", a.label(), a.link(), b.label(), b.link());
     if a.relaxed_ordering == Some(true) && b.relaxed_ordering == Some(true) {
         s.push_str(" [RO]");
     }
@@ -79,10 +66,10 @@ pub fn pair_line(k: usize, p: &PairDesc) -> String {
         "; SOUT {} {}, {}; SUP {} {}, {}",
         a.addr,
         speed(a.speed_mbps),
-        a.qps,
+        p.qps[0],
         b.addr,
         speed(b.speed_mbps),
-        b.qps
+        p.qps[1]
     );
     let id = |v: Option<i16>| v.map_or("-".to_string(), |v| v.to_string());
     if p.rail_id.is_some() || p.plane_id.is_some() {
@@ -115,22 +102,32 @@ pub fn qp_settings(rc: &crate::config::RailConfig, qos: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fabric::LinkLayer;
 
-    fn roce(label: &str, gid: &str, ro: bool) -> RailDesc {
+    fn rail(name: &str, link_layer: LinkLayer, addr: &str, speed_mbps: u32, ro: Option<bool>) -> RailDesc {
         RailDesc {
-            label: label.into(),
-            link: "RoCE",
-            addr: format!("GID 3 {gid}"),
-            speed_mbps: 400_000,
-            relaxed_ordering: Some(ro),
-            qps: "qps 1, tc 106, cts-tc 106, sl 3".into(),
+            name: name.into(),
+            port: 1,
+            link_layer,
+            addr: addr.into(),
+            gid: None,
+            lid: None,
+            speed_mbps,
+            speed_known: true,
+            relaxed_ordering: ro,
+            pci_path: None,
         }
+    }
+
+    fn roce(name: &str, gid: &str, ro: bool) -> RailDesc {
+        rail(name, LinkLayer::Ethernet, &format!("GID 3 {gid}"), 400_000, Some(ro))
     }
 
     #[test]
     fn a_verbs_pair_reads_like_net_ibs_line() {
         let p = PairDesc {
-            rails: [roce("mlx5_0:1", "::ffff:10.0.0.1", true), roce("mlx5_1:1", "::ffff:10.1.0.1", true)],
+            rails: [roce("mlx5_0", "::ffff:10.0.0.1", true), roce("mlx5_1", "::ffff:10.1.0.1", true)],
+            qps: ["qps 1, tc 106, cts-tc 106, sl 3".into(), "qps 1, tc 106, cts-tc 106, sl 3".into()],
             rail_id: Some(2),
             plane_id: None,
             seen: Seen::Fused(0, 1),
@@ -140,22 +137,16 @@ mod tests {
             "Using [0]mlx5_0:1/RoCE+mlx5_1:1/RoCE [RO]; SOUT GID 3 ::ffff:10.0.0.1 400 Gb/s, qps 1, tc 106, cts-tc 106, sl 3; \
              SUP GID 3 ::ffff:10.1.0.1 400 Gb/s, qps 1, tc 106, cts-tc 106, sl 3; rail 2 plane -; NCCL devices 0 and 1, fused by NCCL"
         );
-        let no_ro = PairDesc { rails: [p.rails[0].clone(), roce("mlx5_1:1", "x", false)], ..p.clone() };
+        let no_ro = PairDesc { rails: [p.rails[0].clone(), roce("mlx5_1", "x", false)], ..p.clone() };
         assert!(!pair_line(0, &no_ro).contains("[RO]"), "[RO] only when both rails have it");
     }
 
     #[test]
     fn a_soft_pair_names_its_tcp_addresses() {
-        let tcp = |l: &str, a: &str| RailDesc {
-            label: l.into(),
-            link: "TCP",
-            addr: a.into(),
-            speed_mbps: 10_000,
-            relaxed_ordering: None,
-            qps: "qps 1".into(),
-        };
+        let tcp = |n: &str, a: &str| rail(n, LinkLayer::Tcp, a, 10_000, None);
         let p = PairDesc {
-            rails: [tcp("soft-sout:1", "127.0.0.1:40001"), tcp("soft-sup:1", "127.0.0.1:40002")],
+            rails: [tcp("soft-sout", "127.0.0.1:40001"), tcp("soft-sup", "127.0.0.1:40002")],
+            qps: ["qps 1".into(), "qps 1".into()],
             rail_id: None,
             plane_id: None,
             seen: Seen::Device(0),

@@ -13,11 +13,12 @@ use parking_lot::Mutex;
 use crate::config::{self, Config, FabricChoice, RelaxedOrdering};
 use crate::engine::RailCounts;
 use crate::error::{Error, Result};
-use crate::fabric::{Device, LinkLayer, MemTypes};
+use crate::fabric::MemTypes;
 
 mod banner;
 pub mod comm;
 pub mod context;
+pub mod describe;
 pub mod devices;
 pub mod discover;
 pub mod failover;
@@ -37,7 +38,9 @@ pub mod wire;
 
 use crate::fabric::soft::SoftDevice;
 use crate::fabric::verbs::{self, Availability, VerbsDevice};
-use banner::{PairDesc, RailDesc};
+use banner::PairDesc;
+use describe::Describe;
+pub use describe::RailDesc;
 use handles::Kind;
 pub use handles::{CommHandle, ContextHandle, ListenHandle, MemHandle, RequestHandle};
 use instance::Plugin;
@@ -62,6 +65,12 @@ pub enum AbiVersion {
 }
 
 impl AbiVersion {
+    /// The version numbered `v` (6 … 12).
+    pub fn from_number(v: i32) -> Option<AbiVersion> {
+        use AbiVersion::*;
+        [V6, V7, V8, V9, V10, V11, V12].into_iter().find(|a| *a as i32 == v)
+    }
+
     /// `NCCL_NET_MAX_REQUESTS` of the NCCL releases that use this version.
     pub fn max_requests(self) -> usize {
         if self == AbiVersion::V6 { 8 } else { 32 }
@@ -257,44 +266,16 @@ fn auto_open<T>(
 fn banner_lines(a: &Active, abi: AbiVersion, cfg: &Config) -> Vec<String> {
     let (fabric, fork, relaxed, pairs) = match a {
         Active::Soft(p) => {
-            let desc = |d: &SoftDevice, rail: usize| RailDesc {
-                label: format!("{}:{}", d.attrs().name, d.attrs().port),
-                link: "TCP",
-                addr: d.local_addr().map_or("in-process".to_string(), |a| a.to_string()),
-                speed_mbps: d.attrs().speed_mbps,
-                relaxed_ordering: None,
-                qps: banner::qp_settings(&cfg.rails[rail], false),
-            };
             let kind = if p.kind == FabricKind::Inproc { "in-process soft" } else { "soft" };
-            (kind, None, None, pair_descs(p, abi, &desc))
+            (kind, None, None, pair_descs(p, abi, cfg, false))
         }
         Active::Verbs(p) => {
-            let desc = |d: &VerbsDevice, rail: usize| {
-                let at = d.attrs();
-                let version = match d.gid_type() {
-                    Some(verbs::GidType::RoceV2) => " (RoCE v2)",
-                    Some(verbs::GidType::IbRoceV1) => " (RoCE v1)",
-                    None => "",
-                };
-                let (link, addr) = match at.link_layer {
-                    LinkLayer::InfiniBand => ("IB", format!("LID {:#x}", d.lid())),
-                    _ => ("RoCE", format!("GID {} {}{version}", d.gid_index(), verbs::format_gid(&d.gid()))),
-                };
-                RailDesc {
-                    label: format!("{}:{}", at.name, at.port),
-                    link,
-                    addr,
-                    speed_mbps: at.speed_mbps,
-                    relaxed_ordering: Some(d.relaxed_ordering()),
-                    qps: banner::qp_settings(&cfg.rails[rail], true),
-                }
-            };
             let relaxed = match cfg.relaxed_ordering {
                 RelaxedOrdering::Off => "off (MPIB_PCI_RELAXED_ORDERING=0)",
                 _ if verbs::relaxed_ordering_available() => "on (ibv_reg_mr_iova2)",
                 _ => "unavailable (libibverbs has no ibv_reg_mr_iova2)",
             };
-            ("verbs", Some(verbs::fork_init().to_string()), Some(relaxed), pair_descs(p, abi, &desc))
+            ("verbs", Some(verbs::fork_init().to_string()), Some(relaxed), pair_descs(p, abi, cfg, true))
         }
     };
     let n = device_count_of(a, abi);
@@ -304,7 +285,7 @@ fn banner_lines(a: &Active, abi: AbiVersion, cfg: &Config) -> Vec<String> {
 }
 
 /// Every rail pair of `p`, described for the banner.
-fn pair_descs<D: Device>(p: &Plugin<D>, abi: AbiVersion, desc: &dyn Fn(&D, usize) -> RailDesc) -> Vec<PairDesc> {
+fn pair_descs<D: Describe>(p: &Plugin<D>, abi: AbiVersion, cfg: &Config, qos: bool) -> Vec<PairDesc> {
     let d = &p.devices;
     d.pairs
         .iter()
@@ -313,13 +294,20 @@ fn pair_descs<D: Device>(p: &Plugin<D>, abi: AbiVersion, desc: &dyn Fn(&D, usize
             let (na, nb) = (&d.nics[a], &d.nics[b]);
             let same = |x: Option<i16>, y: Option<i16>| if x == y { x } else { None };
             PairDesc {
-                rails: [desc(&na.dev, 0), desc(&nb.dev, 1)],
+                rails: [describe::rail(na), describe::rail(nb)],
+                qps: [banner::qp_settings(&cfg.rails[0], qos), banner::qp_settings(&cfg.rails[1], qos)],
                 rail_id: same(na.meta.rail, nb.meta.rail),
                 plane_id: same(na.meta.plane, nb.meta.plane),
                 seen: d.seen(abi, k),
             }
         })
         .collect()
+}
+
+/// The rails (SOUT, SUP) of device `dev` as `abi` sees it: a rail pair's two NICs, or one
+/// NIC twice for a NIC device NCCL uses as it is (`table.rs`).
+pub fn device_rails(abi: AbiVersion, dev: i32) -> Result<[RailDesc; 2]> {
+    dispatch!(p => p.devices.get(abi, dev).map(|d| d.nics().each_ref().map(describe::rail)))
 }
 
 fn device_count_of(a: &Active, abi: AbiVersion) -> usize {

@@ -151,9 +151,11 @@ pub fn raise_fd_limit() -> u64 {
     r.rlim_cur
 }
 
-/// The mpib library cargo built for the running executable (tests live in
-/// `target/<profile>/deps/`, examples in `target/<profile>/examples/`, tools in
-/// `target/<profile>/`), or `NCCL_NET_PLUGIN` when set, as NCCL would read it.
+/// The mpib library for the running executable: `NCCL_NET_PLUGIN` when set, as NCCL would
+/// read it; else the release's own plugin (`bin/mpib-perf` beside
+/// `lib/libnccl-net-mpib.so`: [`released_plugin`]); else the one cargo built for it (tests
+/// live in `target/<profile>/deps/`, examples in `target/<profile>/examples/`, tools in
+/// `target/<profile>/`).
 ///
 /// Cargo always rebuilds `target/<profile>/deps/libmpib.so` with the library, but copies it
 /// up to `target/<profile>/libmpib.so` only when the library itself was asked for (not for
@@ -165,6 +167,9 @@ pub fn default_plugin() -> String {
         return v;
     }
     let exe = std::env::current_exe().unwrap_or_default();
+    if let Some(lib) = released_plugin(&exe) {
+        return lib.to_string_lossy().into_owned();
+    }
     let mut dir = exe.parent();
     while let Some(d) = dir {
         if let Some(lib) = newest_lib(d) {
@@ -178,6 +183,14 @@ pub fn default_plugin() -> String {
     "libmpib.so".to_string()
 }
 
+/// The plugin of a release (ci/release.sh's layout) that `exe` belongs to:
+/// `<root>/lib/libnccl-net-mpib.so` for `<root>/bin/<exe>`, if it exists.
+pub fn released_plugin(exe: &std::path::Path) -> Option<std::path::PathBuf> {
+    let bin = exe.parent().filter(|d| d.file_name().is_some_and(|n| n == "bin"))?;
+    let lib = bin.parent()?.join("lib").join("libnccl-net-mpib.so");
+    lib.is_file().then_some(lib)
+}
+
 /// The newer of `profile/libmpib.so` and `profile/deps/libmpib.so`, if either exists.
 pub fn newest_lib(profile: &std::path::Path) -> Option<std::path::PathBuf> {
     let age = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
@@ -186,4 +199,22 @@ pub fn newest_lib(profile: &std::path::Path) -> Option<std::path::PathBuf> {
         .filter_map(|p| age(&p).map(|t| (t, p)))
         .max_by_key(|(t, _)| *t)
         .map(|(_, p)| p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_released_tool_finds_the_plugin_of_its_release() {
+        let root = std::env::temp_dir().join(format!("mpib-tools-release-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        let exe = root.join("bin").join("mpib-perf");
+        assert_eq!(released_plugin(&exe), None, "no lib/ beside bin/");
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        std::fs::write(root.join("lib").join("libnccl-net-mpib.so"), b"").unwrap();
+        assert_eq!(released_plugin(&exe), Some(root.join("lib").join("libnccl-net-mpib.so")));
+        assert_eq!(released_plugin(&root.join("mpib-perf")), None, "only from a bin/ folder");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 }

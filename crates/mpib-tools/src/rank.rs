@@ -117,6 +117,9 @@ fn session<'n>(
     let dev = net.nccl_device(w.dev)?;
     let props = net.properties(dev)?;
     rep.device = props.name.clone();
+    if let Some(rails) = plugin.device_rails(plugin.version(), dev)? {
+        rep.line_mbps = rails.each_ref().map(|r| r.line_mbps());
+    }
     for (i, p) in w.phases.iter().enumerate() {
         if p.nrecv > props.max_recvs.max(1) as usize {
             return Err(Error::usage(format!(

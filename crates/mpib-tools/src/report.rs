@@ -410,6 +410,9 @@ pub struct RankReport {
     /// The plugin's per-rail statistics of this process after the last phase
     /// (`mpib_rail_stats`), when the library has them.
     pub rails: Option<[RailStats; 2]>,
+    /// The line rate (Mbit/s) of each rail of the device used (SOUT, SUP), where the plugin
+    /// says what it is (`mpib_device_rails`).
+    pub line_mbps: [Option<u32>; 2],
     /// The process after `init`, before any connection.
     pub base: Snapshot,
     /// One entry per round ([`super::spec::Workload::rounds`]) this rank finished.
@@ -463,6 +466,7 @@ const CALLS: &[&str] = &[
     "mpib_comm_counters",
     "mpib_rail_stats",
     "mpib_resource_stats",
+    "mpib_device_rails",
 ];
 
 impl RankReport {
@@ -493,6 +497,11 @@ impl RankReport {
         if let Some(r) = &self.rails {
             for (n, s) in r.iter().enumerate() {
                 put_rail_stats(&mut w, &format!("rails.r{n}"), s);
+            }
+        }
+        for (n, m) in self.line_mbps.iter().enumerate() {
+            if let Some(m) = m {
+                w.put(&format!("line_mbps.r{n}"), m);
             }
         }
         if let Some(f) = &self.failure {
@@ -527,6 +536,12 @@ impl RankReport {
         }
         if f.has("rails.r0.wr_posted") {
             r.rails = Some([get_rail_stats(&f, "rails.r0")?, get_rail_stats(&f, "rails.r1")?]);
+        }
+        for n in 0..2 {
+            let key = format!("line_mbps.r{n}");
+            if f.has(&key) {
+                r.line_mbps[n] = Some(f.get(&key)?);
+            }
         }
         if f.has("error.kind") {
             let call = f.str("error.call")?;
@@ -573,6 +588,7 @@ mod tests {
             ],
             bad_handles: vec![("test(garbage)".into(), 4)],
             rails: Some([rails, RailStats { share: 0.375, ..rails }]),
+            line_mbps: [Some(400_000), None],
             failure: Some(Failure { error: Error::call("test", 6), at_ns: 12345 }),
             base: Snapshot { fds: 9, threads: 3, rss_kib: 1000, res: None },
             rounds: vec![RoundReport {

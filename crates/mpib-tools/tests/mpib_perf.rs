@@ -333,3 +333,75 @@ fn the_failure_drill_drops_a_rail_and_prints_failover_and_readmission_figures() 
         assert!(r.as_f64().unwrap() > -1.0, "{d}");
     }
 }
+
+/// `--list` on the soft fabric: both NICs with their pairing, link layer, nominal speed and
+/// TCP address; the devices of each ABI version; the devices NCCL would use, numbered as
+/// `--dev` takes them. With the NICs shown apart (v9+), NCCL fuses them.
+#[test]
+fn list_shows_the_nics_their_pairing_and_what_nccl_sees_per_abi_version() {
+    let out = run(&["--list", "--fabric", "soft"]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let nic = |name: &str, role: &str| {
+        stdout.lines().any(|l| {
+            l.contains(&format!("{name}:1 ")) && l.contains(role) && l.contains(" TCP ") && l.contains("127.0.0.1:")
+        })
+    };
+    assert!(stdout.contains("# NICs mpib uses (2):"), "{stdout}");
+    assert!(nic("soft-sout", "pair 0 SOUT") && nic("soft-sup", "pair 0 SUP"), "{stdout}");
+    assert!(stdout.contains("10 Gb/s (nominal)"), "loopback has no line rate: {stdout}");
+    assert!(stdout.contains("#   ABI v6-v12 (NCCL 2.14-2.30): 1 device(s)"), "{stdout}");
+    assert!(
+        stdout.contains("    --dev 0: [0] soft-sout+soft-sup  20 Gb/s  SOUT soft-sout:1 + SUP soft-sup:1"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("--dev 1"), "{stdout}");
+
+    let out = cmd(&["--list", "--fabric", "soft"]).env("MPIB_NCCL_DEVICES", "nics").output().unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("#   ABI v6-v8 (NCCL 2.14-2.23): 1 device(s)"), "{stdout}");
+    assert!(stdout.contains("#   ABI v9-v12 (NCCL 2.24-2.30): 2 device(s)"), "{stdout}");
+    assert!(stdout.contains("      [1] soft-sup  10 Gb/s  soft-sup:1 (both rails)"), "{stdout}");
+    assert!(stdout.contains("NCCL_NET_FORCE_MERGE=soft-sout:1,soft-sup:1"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "    --dev 0: [2] soft-sout+soft-sup  20 Gb/s  SOUT soft-sout:1 + SUP soft-sup:1  fused from [0, 1]"
+        ),
+        "{stdout}"
+    );
+    // Through v8 there is nothing to fuse.
+    let out = cmd(&["--list", "--fabric", "soft", "--abi", "v8"]).env("MPIB_NCCL_DEVICES", "nics").output().unwrap();
+    assert!(
+        text(&out).0.contains("through ABI v8, after fusing (mpib-perf --dev N):\n    --dev 0: [0] soft-sout+soft-sup"),
+        "{}",
+        text(&out).0
+    );
+}
+
+/// `--dev N` runs on the N-th device NCCL would use: with the NICs shown apart and nothing
+/// fused (the user's empty NCCL_NET_FORCE_MERGE), device 1 is SUP's NIC alone; a device
+/// that does not exist is an error naming it. The table has Gb/s beside GB/s, and no share
+/// of line rate where the NICs report no speed.
+#[test]
+fn dev_picks_the_device_and_the_table_has_gbits_and_line_share() {
+    let env = [("MPIB_NCCL_DEVICES", "nics"), ("NCCL_NET_FORCE_MERGE", "")];
+    let file = common::tmpdir("perf-dev").join("out.json");
+    let out = cmd(&["--dev", "1", "--sizes", "4K:64K", "--iters", "50", "--json", file.to_str().unwrap()])
+        .envs(env)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(", device 1: soft-sup (soft fabric),"), "{stdout}");
+    assert!(stdout.contains("     GB/s     Gb/s  %line "), "{stdout}");
+    assert!(stdout.contains("# line rate: unknown"), "{stdout}");
+    let doc = json(&file);
+    assert!(doc["line_mbps"].is_null(), "{doc}");
+    for r in doc["rows"].as_array().unwrap() {
+        let (gb, gbit) = (r["gbps"].as_f64().unwrap(), r["gbits_per_s"].as_f64().unwrap());
+        assert!(gb > 0.0 && (gbit - 8.0 * gb).abs() < 1e-9 && r["line_share"].is_null(), "{r}");
+    }
+    let e = fails(&["--dev", "2", "--sizes", "8", "--iters", "1"], &env);
+    assert!(e.starts_with("mpib-perf: --dev: device 2 does not exist"), "{e}");
+}

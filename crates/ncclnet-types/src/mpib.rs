@@ -2,6 +2,8 @@
 //! (declared in `include/mpib.h`). Tools read them through `dlsym`, as they read the tables.
 #![allow(non_camel_case_types)]
 
+use std::ffi::c_char;
+
 /// Per-rail counters of one connection (index 0 = SOUT, 1 = SUP).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -98,4 +100,56 @@ pub struct mpib_resource_stats_t {
     pub inbox_entries: u64,
     /// Completions no live connection claimed (a closed connection's late ones), so far.
     pub unrouted_completions: u64,
+}
+
+/// `mpib_rail_info_t::link_layer`: InfiniBand (verbs).
+pub const MPIB_LINK_INFINIBAND: u32 = 1;
+/// `mpib_rail_info_t::link_layer`: Ethernet, RDMA over Converged Ethernet (verbs).
+pub const MPIB_LINK_ETHERNET: u32 = 2;
+/// `mpib_rail_info_t::link_layer`: TCP sockets (the soft fabric).
+pub const MPIB_LINK_TCP: u32 = 3;
+
+/// One rail of a device (`mpib_device_rails`): the NIC port it runs on. Strings are
+/// NUL-terminated and cut to fit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mpib_rail_info_t {
+    /// The NIC's name as `MPIB_HCA_SOUT` / `MPIB_HCA_SUP` take it (`mlx5_0`, `soft-sout`).
+    pub name: [c_char; 64],
+    pub port: u32,
+    /// `MPIB_LINK_INFINIBAND`, `MPIB_LINK_ETHERNET` or `MPIB_LINK_TCP`.
+    pub link_layer: u32,
+    /// Link speed (Mbit/s).
+    pub speed_mbps: u32,
+    /// 1 when the NIC reported `speed_mbps`, 0 when it is a nominal figure (an interface
+    /// without a line rate, such as loopback).
+    pub speed_known: u32,
+    /// Verbs: the index of the GID the rail's queue pairs use; -1 otherwise.
+    pub gid_index: i32,
+    /// InfiniBand: the port's LID; 0 otherwise.
+    pub lid: u32,
+    /// Verbs: that GID (network byte order); zeros otherwise.
+    pub gid: [u8; 16],
+    /// The address as the plugin's INFO banner shows it: `GID 3 ::ffff:10.0.0.1`,
+    /// `LID 0x5`, or a TCP address `127.0.0.1:40001`.
+    pub address: [c_char; 64],
+    /// The NIC's sysfs PCI path (`/sys/devices/pci0000:00/…`), empty when it has none.
+    pub pci_path: [c_char; 256],
+}
+
+impl Default for mpib_rail_info_t {
+    fn default() -> Self {
+        mpib_rail_info_t {
+            name: [0; 64],
+            port: 0,
+            link_layer: 0,
+            speed_mbps: 0,
+            speed_known: 0,
+            gid_index: -1,
+            lid: 0,
+            gid: [0; 16],
+            address: [0; 64],
+            pci_path: [0; 256],
+        }
+    }
 }

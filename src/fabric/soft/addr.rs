@@ -9,13 +9,14 @@ fn sysfs(iface: &str, what: &str) -> Option<String> {
     std::fs::read_to_string(format!("/sys/class/net/{iface}/{what}")).ok().map(|s| s.trim().to_string())
 }
 
-/// Link speed of an interface in Mbit/s, or the nominal value when sysfs has none.
-pub fn speed_mbps(iface: Option<&str>) -> u32 {
+/// Link speed of an interface in Mbit/s, `None` when sysfs has none (then the device
+/// reports [`NOMINAL_SPEED_MBPS`]).
+pub fn speed_mbps(iface: Option<&str>) -> Option<u32> {
     iface
         .and_then(|i| sysfs(i, "speed"))
         .and_then(|s| s.parse::<i64>().ok())
         .filter(|s| *s > 0)
-        .map_or(NOMINAL_SPEED_MBPS, |s| s.min(u32::MAX as i64) as u32)
+        .map(|s| s.min(u32::MAX as i64) as u32)
 }
 
 /// MTU of an interface (1500 when unknown).
@@ -59,8 +60,8 @@ mod tests {
 
     #[test]
     fn loopback_has_nominal_speed_and_identities_are_stable() {
-        assert_eq!(speed_mbps(Some("lo")), NOMINAL_SPEED_MBPS);
-        assert_eq!(speed_mbps(None), NOMINAL_SPEED_MBPS);
+        assert_eq!(speed_mbps(Some("lo")), None);
+        assert_eq!(speed_mbps(None), None);
         assert_eq!(pci_path(Some("lo")), None);
         assert_eq!(guid(&["a", "b"]), guid(&["a", "b"]));
         assert_ne!(guid(&["ab", ""]), guid(&["a", "b"]));

@@ -201,11 +201,13 @@ pub fn open(opts: &SoftOptions) -> Result<SoftDevice> {
 }
 
 fn attrs(name: &str, iface: Option<&str>, id: &[&str], progress: Progress) -> DeviceAttrs {
+    let speed = addr::speed_mbps(iface);
     let mut a = DeviceAttrs {
         name: name.to_string(),
         port: 1,
         link_layer: LinkLayer::Tcp,
-        speed_mbps: addr::speed_mbps(iface),
+        speed_mbps: speed.unwrap_or(NOMINAL_SPEED_MBPS),
+        speed_known: speed.is_some(),
         mtu: addr::mtu(iface),
         max_qp: 0,
         max_qp_wr: 0,

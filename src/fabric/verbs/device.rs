@@ -146,6 +146,7 @@ impl VerbsDevice {
             port,
             link_layer: if roce { LinkLayer::Ethernet } else { LinkLayer::InfiniBand },
             speed_mbps: props::speed_mbps(pattr.active_width, pattr.active_speed, pattr.active_speed_ex),
+            speed_known: true,
             mtu: props::mtu_bytes(pattr.active_mtu),
             max_qp: d.max_qp.max(0) as u32,
             max_qp_wr: d.max_qp_wr.max(0) as u32,

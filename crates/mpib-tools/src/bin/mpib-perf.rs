@@ -7,6 +7,8 @@
 //! mpib-perf --listen                 (host A) prints `mpib-perf --connect TOKEN`
 //! mpib-perf --connect TOKEN          (host B) runs the test against A
 //! mpib-perf --rendezvous A:PORT      on both hosts: whoever can bind A:PORT listens
+//! mpib-perf --list                   the NICs, pairs and devices NCCL would see, then exit
+//! mpib-perf --dev N                  run on the N-th device NCCL would use (--list's numbers)
 //! mpib-perf --json out.json          also the results as JSON
 //! mpib-perf --timeline t.json        one size streamed for --duration, bytes per rail per ms
 //! ```

@@ -20,9 +20,11 @@ use ncclnet_types::types::*;
 
 mod comm;
 mod fusion;
+mod rails;
 
 use comm::{Closing, close_raw};
 pub use comm::{Mr, RecvBuf, RecvComm, ReqKind, Request, SendComm, Sizes};
+pub use rails::RailInfo;
 
 /// `NCCL_NET_HANDLE_MAXSIZE`.
 pub const HANDLE_BYTES: usize = consts::NCCL_NET_HANDLE_MAXSIZE;

@@ -1,8 +1,9 @@
 //! mpib-perf's parts: `opts` (the command line and what it means), `run` (the ways two
 //! ranks run), `token` (`--listen`'s token), `progress` (what is printed while they run),
-//! `results` (table, JSON, timeline).
+//! `results` (table, JSON, timeline), `list` (`--list`: what the plugin would use).
 
 pub mod drill;
+pub mod list;
 pub mod opts;
 pub mod progress;
 pub mod results;
@@ -64,6 +65,10 @@ fn go(plan: &Plan) -> Result<(), Fail> {
         run::ensure_env(plan)?;
     }
     let (lib, plugin) = run::load_plugin(plan)?;
+    if plan.mode == Mode::List {
+        print!("{}", list::list(&lib, &plugin)?);
+        return Ok(());
+    }
     if plan.opts.inflight as usize > plugin.max_requests() {
         return Err(Fail::new(format!(
             "--inflight {}: with ABI v{} NCCL keeps at most {} requests in flight per comm",
@@ -185,6 +190,9 @@ fn describe(rank: usize, f: &Failure) -> String {
             format!("peer unreachable through the plugin (rank {rank}): {}", e.msg)
         }
         (ErrorKind::Usage, _) if e.msg.contains("workloads differ") => format!("options differ: {}", e.msg),
+        (ErrorKind::Usage, _) if e.msg.starts_with("device ") && e.msg.contains("does not exist") => {
+            format!("--dev: {} on rank {rank} (mpib-perf --list numbers them)", e.msg)
+        }
         (ErrorKind::Data, _) => format!("data mismatch: {}", e.msg),
         _ => format!("rank {rank} failed: {}", e.msg),
     }

@@ -24,6 +24,16 @@ pub struct Opts {
     #[arg(long, value_name = "PATH")]
     pub plugin: Option<String>,
 
+    /// List every NIC mpib would use (its pairing, link layer, speed, address or GID) and the
+    /// devices NCCL is shown through each ABI version, then exit. The fabric is the plugin's
+    /// own choice (MPIB_FABRIC, else auto) unless --fabric says
+    #[arg(long, conflicts_with_all = ["peer", "timeline", "json", "fail_rail", "inject_corruption"])]
+    pub list: bool,
+
+    /// Run on device N: the N-th of the devices NCCL would use, as --list numbers them
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(i32).range(0..))]
+    pub dev: i32,
+
     /// ncclNet ABI version to drive (v6 … v12) [default: the newest the library exports]
     #[arg(long, value_name = "vN", value_parser = parse_abi)]
     pub abi: Option<u32>,
@@ -253,6 +263,8 @@ pub enum Mode {
     Connect(String),
     /// `--rendezvous HOST:PORT`, with `--rank` if given.
     Rendezvous(String, Option<u32>),
+    /// `--list`: no ranks; what the plugin would use, then exit.
+    List,
 }
 
 /// Groups (of `nrecv` sends) the warm-up of `size` runs: about 64 MiB, 4 … 256 groups.
@@ -290,14 +302,16 @@ impl Plan {
     /// What the options mean; `Err` is a usage error (exit code 2).
     pub fn new(opts: Opts) -> Result<Plan, String> {
         let mode = match (&opts.listen, &opts.connect, &opts.rendezvous) {
+            _ if opts.list => Mode::List,
             (Some(a), _, _) => Mode::Listen(a.clone()),
             (_, Some(t), _) => Mode::Connect(t.clone()),
             (_, _, Some(r)) => Mode::Rendezvous(r.clone(), opts.rank),
             _ if opts.fabric == Some(Fabric::Inproc) => Mode::Threads,
             _ => Mode::Local,
         };
-        let two_hosts = !matches!(mode, Mode::Local | Mode::Threads);
-        let fabric = opts.fabric.unwrap_or(if two_hosts { Fabric::Auto } else { Fabric::Soft });
+        // --list shows what the plugin would do under NCCL: its own fabric choice.
+        let two_hosts = !matches!(mode, Mode::Local | Mode::Threads | Mode::List);
+        let fabric = opts.fabric.unwrap_or(if two_hosts || mode == Mode::List { Fabric::Auto } else { Fabric::Soft });
         if two_hosts && fabric == Fabric::Inproc {
             return Err(
                 "--fabric inproc runs both ranks in this process: not with --listen, --connect or --rendezvous".into(),
@@ -346,6 +360,7 @@ impl Plan {
             })
             .collect();
         let workload = Workload {
+            dev: opts.dev,
             seed: 0x6d70_6962_7065_7266,
             check: !opts.no_check,
             bidir: opts.bidir,
@@ -525,6 +540,15 @@ mod tests {
         ] {
             assert!(plan(bad).is_err(), "{bad:?}");
         }
+        let p = plan(&["--list"]).unwrap();
+        assert_eq!((p.mode.clone(), p.fabric), (Mode::List, Fabric::Auto));
+        assert!(p.plugin_env().is_empty(), "--list leaves the fabric to the plugin: {:?}", p.plugin_env());
+        let p = plan(&["--list", "--fabric", "soft"]).unwrap();
+        assert_eq!(p.plugin_env(), vec![("MPIB_FABRIC".to_string(), "soft".to_string())], "no loopback rails");
+        for bad in [&["--list", "--listen"][..], &["--list", "--json", "x"], &["--dev", "-1"], &["--dev", "x"]] {
+            assert!(Opts::try_parse_from([&["mpib-perf"][..], bad].concat()).is_err(), "{bad:?}");
+        }
+        assert_eq!(plan(&["--dev", "3"]).unwrap().workload.dev, 3);
         assert_eq!(plan(&["--abi", "v9"]).unwrap().opts.abi, Some(9));
         assert_eq!(plan(&["--abi", "12"]).unwrap().opts.abi, Some(12));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));

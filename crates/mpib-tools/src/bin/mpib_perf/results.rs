@@ -23,6 +23,9 @@ pub struct Row {
     pub count: u64,
     pub us_per_msg: f64,
     pub gbps: f64,
+    /// `gbps` against the slower rail's line rate (both directions' with `--bidir`), where
+    /// the plugin knows both rails' rates.
+    pub line_share: Option<f64>,
     pub p50_us: f64,
     pub p99_us: f64,
     /// SOUT's part of the bytes the plugin posted (None: no bytes).
@@ -41,6 +44,8 @@ pub struct Summary {
     pub messages: u64,
     /// The sending rank's process statistics per rail (None: not an mpib library).
     pub rails: Option<[RailStats; 2]>,
+    /// The line rate of each rail of the sender's device (Mbit/s), where both are known.
+    pub line_mbps: Option<[u32; 2]>,
     /// The first thing that was wrong, with its size.
     pub first_wrong: Option<String>,
 }
@@ -70,6 +75,13 @@ fn fabric_name(plan: &Plan, device: &str) -> String {
     }
 }
 
+/// The slower rail's line rate in GB/s, for the share of it a run reached: both directions'
+/// with `bidir` (a link carries its rate each way).
+fn line_gbps(line_mbps: Option<[u32; 2]>, bidir: bool) -> Option<f64> {
+    let slower = line_mbps?.into_iter().min().filter(|&m| m > 0)?;
+    Some(slower as f64 / 8e3 * if bidir { 2.0 } else { 1.0 })
+}
+
 /// The summary of two ranks' reports (`reps[0]` received, `reps[1]` sent; both with
 /// `--bidir`), which must have one phase per size.
 pub fn summarize(plan: &Plan, reps: [&RankReport; 2]) -> Summary {
@@ -78,6 +90,11 @@ pub fn summarize(plan: &Plan, reps: [&RankReport; 2]) -> Summary {
     let mut first_wrong = None;
     let mut messages = 0;
     let empty = SideStats::default();
+    let line_mbps = match r1.line_mbps {
+        [Some(a), Some(b)] => Some([a, b]),
+        _ => None,
+    };
+    let line = line_gbps(line_mbps, plan.opts.bidir);
     for (i, &size) in plan.sizes.iter().enumerate() {
         let tx = r1.phases.get(i).and_then(|p| p.tx.as_ref()).unwrap_or(&empty);
         let back = r0.phases.get(i).and_then(|p| p.tx.as_ref());
@@ -95,11 +112,13 @@ pub fn summarize(plan: &Plan, reps: [&RankReport; 2]) -> Summary {
             let all = c[0].bytes + c[1].bytes;
             (all > 0).then(|| c[0].bytes as f64 / all as f64)
         });
+        let gbps = bytes as f64 / elapsed;
         rows.push(Row {
             size,
             count: tx.messages,
             us_per_msg: tx.elapsed_ns as f64 / 1e3 / tx.messages.max(1) as f64,
-            gbps: bytes as f64 / elapsed,
+            gbps,
+            line_share: line.map(|l| gbps / l),
             p50_us: tx.lat_p50_ns as f64 / 1e3,
             p99_us: tx.lat_p99_ns as f64 / 1e3,
             sout_share,
@@ -113,12 +132,36 @@ pub fn summarize(plan: &Plan, reps: [&RankReport; 2]) -> Summary {
         rows,
         messages,
         rails: r1.rails,
+        line_mbps,
         first_wrong,
     }
 }
 
 fn share_text(s: Option<f64>) -> String {
     s.map_or("-".into(), |s| format!("{:.1}", s * 100.0))
+}
+
+/// `400 Gb/s`, `2.5 Gb/s`, `100 Mb/s`.
+pub fn speed_text(mbps: u32) -> String {
+    if mbps >= 1000 {
+        let g = mbps as f64 / 1000.0;
+        if mbps.is_multiple_of(1000) { format!("{g:.0} Gb/s") } else { format!("{g} Gb/s") }
+    } else {
+        format!("{mbps} Mb/s")
+    }
+}
+
+/// What `%line` is measured against, in words.
+fn line_text(s: &Summary, bidir: bool) -> String {
+    match s.line_mbps {
+        Some([a, b]) => format!(
+            "# line rate: SOUT {}, SUP {}; %line is of the slower rail's{}",
+            speed_text(a),
+            speed_text(b),
+            if bidir { " (both directions: twice it)" } else { "" }
+        ),
+        None => "# line rate: unknown (the NICs report no speed, e.g. loopback): no %line".to_string(),
+    }
 }
 
 /// The table and the rail lines, as printed.
@@ -128,8 +171,9 @@ pub fn table(plan: &Plan, s: &Summary) -> String {
     let how = if plan.opts.bidir { "both directions" } else { "rank 1 sends, rank 0 receives" };
     let _ = writeln!(
         t,
-        "# mpib-perf: ncclNetPlugin_v{}, device {} ({} fabric), {how}, inflight {}, nrecv {}, split {}, check {}",
+        "# mpib-perf: ncclNetPlugin_v{}, device {}: {} ({} fabric), {how}, inflight {}, nrecv {}, split {}, check {}",
         s.abi,
+        o.dev,
         s.device,
         s.fabric,
         o.inflight,
@@ -137,19 +181,22 @@ pub fn table(plan: &Plan, s: &Summary) -> String {
         o.split.as_deref().unwrap_or("auto"),
         if plan.workload.check { "every byte" } else { "sizes only" },
     );
+    let _ = writeln!(t, "{}", line_text(s, plan.opts.bidir));
     let _ = writeln!(
         t,
-        "# {:>10} {:>9} {:>10} {:>8} {:>9} {:>9} {:>6} {:>7}",
-        "size", "count", "us/msg", "GB/s", "p50 us", "p99 us", "SOUT%", "#wrong"
+        "# {:>10} {:>9} {:>10} {:>8} {:>8} {:>6} {:>9} {:>9} {:>6} {:>7}",
+        "size", "count", "us/msg", "GB/s", "Gb/s", "%line", "p50 us", "p99 us", "SOUT%", "#wrong"
     );
     for r in &s.rows {
         let _ = writeln!(
             t,
-            "  {:>10} {:>9} {:>10.2} {:>8.3} {:>9.1} {:>9.1} {:>6} {:>7}",
+            "  {:>10} {:>9} {:>10.2} {:>8.3} {:>8.2} {:>6} {:>9.1} {:>9.1} {:>6} {:>7}",
             r.size,
             r.count,
             r.us_per_msg,
             r.gbps,
+            r.gbps * 8.0,
+            share_text(r.line_share),
             r.p50_us,
             r.p99_us,
             share_text(r.sout_share),
@@ -192,6 +239,7 @@ pub fn json(s: &Summary) -> Value {
         .map(|r| {
             json!({
                 "size": r.size, "count": r.count, "us_per_msg": r.us_per_msg, "gbps": r.gbps,
+                "gbits_per_s": r.gbps * 8.0, "line_share": r.line_share,
                 "p50_us": r.p50_us, "p99_us": r.p99_us, "sout_share": r.sout_share, "wrong": r.wrong,
             })
         })
@@ -211,7 +259,10 @@ pub fn json(s: &Summary) -> Value {
             })
         })
         .collect();
-    json!({ "abi": format!("v{}", s.abi), "fabric": s.fabric, "rows": rows, "messages": s.messages, "rails": rails })
+    json!({
+        "abi": format!("v{}", s.abi), "fabric": s.fabric, "rows": rows, "messages": s.messages, "rails": rails,
+        "line_mbps": s.line_mbps,
+    })
 }
 
 /// Bytes the sender posted on (SOUT, SUP) in each millisecond ([`TIMELINE_BIN_NS`]) of the stream, from its
@@ -285,6 +336,18 @@ pub fn write_json(path: &str, v: &Value) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_line_rate_is_the_slower_rails_and_twice_it_both_ways() {
+        assert_eq!(line_gbps(Some([400_000, 200_000]), false), Some(25.0));
+        assert_eq!(line_gbps(Some([400_000, 200_000]), true), Some(50.0));
+        assert_eq!(line_gbps(None, false), None);
+        assert_eq!(line_gbps(Some([0, 100_000]), false), None, "a rail of speed 0 gives no rate");
+        assert_eq!(
+            [speed_text(400_000), speed_text(2_500), speed_text(100)],
+            ["400 Gb/s", "2.5 Gb/s", "100 Mb/s"].map(String::from)
+        );
+    }
 
     #[test]
     fn per_ms_puts_each_interval_in_the_millisecond_it_ended() {

@@ -262,5 +262,6 @@ pub fn run(plan: &Plan, lib: &str, plugin: &Plugin, progress: &mut Progress) -> 
         Mode::Listen(a) => listen(plan, a, plugin, progress),
         Mode::Connect(t) => connect(plan, t, plugin, progress),
         Mode::Rendezvous(a, r) => rendezvous(plan, a, *r, plugin, progress),
+        Mode::List => Err(Fail::new("--list runs no ranks")),
     }
 }
