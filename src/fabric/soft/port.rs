@@ -52,6 +52,9 @@ const REDIAL: Duration = Duration::from_millis(20);
 /// How long a link nobody uses any more may take to send what its last QPs left (their
 /// ACK, their CLOSEs) before it closes anyway.
 pub const LINGER: Duration = Duration::from_secs(2);
+/// How long a link the peer replaced (it dialed again) may take to deliver what the peer
+/// sent on it before it gave it up: its FIN is on its way, behind its last frames.
+const SUPERSEDED_WAIT: Duration = Duration::from_secs(1);
 
 /// The shared part of a device (see the module documentation).
 pub struct Port<C: Station> {
@@ -84,6 +87,9 @@ pub struct Net<C: Station> {
     /// start of the next poll.
     again: Mutex<Vec<Arc<Link<C>>>>,
     any_again: AtomicBool,
+    /// Links the peer replaced by dialing again, out of the table, each until its FIN or
+    /// its deadline ([`Port::supersede`]).
+    superseded: Mutex<Vec<(Arc<Link<C>>, Instant)>>,
     /// Bumped by every poll that asks the callers' readiness set: callers serve all links.
     pub epoll_epoch: AtomicU64,
     /// How many times the helper waited (`ASK_AGAIN`, `helper.rs`) to see whether callers
@@ -130,6 +136,7 @@ impl<C: Station> Net<C> {
             watcher,
             again: Mutex::new(Vec::new()),
             any_again: AtomicBool::new(false),
+            superseded: Mutex::new(Vec::new()),
             epoll_epoch: AtomicU64::new(0),
             helper_asks: AtomicU64::new(0),
         })
@@ -426,6 +433,25 @@ impl<C: Station> Port<C> {
         self.remove(link);
     }
 
+    /// The peer dialed again while `link` is up here: it gave the link up (closed it when
+    /// its last QP left, or lost it), and what it sent before — acknowledgements of WRITEs
+    /// that landed, its QPs' CLOSEs — then its FIN, may still wait in the socket or be on
+    /// the way. That is read first: a WRITE the peer executed is not failed for a link it
+    /// closed after. The link leaves the table (new QPs go on the new one) and is taken
+    /// down at its FIN, or after [`SUPERSEDED_WAIT`] (the sweep).
+    pub fn supersede(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) {
+        for _ in 0..64 {
+            if st.phase != Phase::Up || !self.step_locked(link, st, false) {
+                break;
+            }
+        }
+        if st.phase == Phase::Down {
+            return;
+        }
+        self.remove(link);
+        self.net().superseded.lock().push((link.clone(), Instant::now() + SUPERSEDED_WAIT));
+    }
+
     /// Nothing uses the link any more (its last QP left, or the last CONNECT parked for one
     /// was let go). What those QPs still had to send — the ACK owed for what they executed,
     /// their CLOSEs — goes out before the FIN: a peer must not take a WRITE that landed for
@@ -543,6 +569,21 @@ impl<C: Station> Port<C> {
     /// by nobody. `quiet(link)`: no caller stepped it since the last sweep.
     pub fn sweep(&self, now: Instant, quiet: impl Fn(&Link<C>) -> bool) {
         let Some(net) = &self.net else { return };
+        net.superseded.lock().retain(|(l, deadline)| {
+            let Some(mut st) = l.try_lock() else { return true };
+            match st.phase {
+                Phase::Down => false,
+                _ if now >= *deadline => {
+                    self.down(l, &mut st, "the peer dialed again");
+                    false
+                }
+                _ if st.unused() => {
+                    self.close(l, &mut st);
+                    false
+                }
+                _ => true,
+            }
+        });
         for l in net.links() {
             let Some(mut st) = l.try_lock() else { continue };
             match st.phase {

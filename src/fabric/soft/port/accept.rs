@@ -138,7 +138,7 @@ impl<C: Station> Port<C> {
                 break l;
             }
             // The peer dialed again: it has given up on the link there was.
-            self.down(&l, &mut st, "the peer dialed again");
+            self.supersede(&l, &mut st);
         };
         a.orphans.retain(|w| w.upgrade().is_some_and(|l| l.try_lock().is_none_or(|s| !s.used && s.unused())));
         a.orphans.push_back(Arc::downgrade(&link));
