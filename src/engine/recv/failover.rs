@@ -97,7 +97,12 @@ impl RecvEngine {
             if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
                 self.fo.report_due = self.fo.report_due.without(rail);
                 self.fo.state[rail] = RailState::Failed { epoch: msg.epoch, fenced: true };
-                log::warn!(
+                // The first report of a down period is news (the failure was a WARN); one
+                // after each failed re-admission attempt is not.
+                let first = self.fo.down_warned_ns[rail] == 0;
+                self.fo.down_warned_ns[rail] = 1;
+                log::log!(
+                    if first { log::Level::Info } else { log::Level::Debug },
                     "recv: {} rail fenced: {} of the last {} receives had its part, reported to the sender",
                     RAIL_NAMES[rail],
                     msg.bitmap.count_ones(),
@@ -166,11 +171,14 @@ impl RecvEngine {
                 self.cts_redo |= 1 << slot;
             }
             Some((WrKind::Probe, _)) if self.keepalive == Some(rail) => self.keepalive = None,
+            Some((WrKind::Probe, _)) if self.keepalive_abandoned.contains(rail) => {
+                self.keepalive_abandoned = self.keepalive_abandoned.without(rail);
+            }
             Some((WrKind::ReadmitProbe, tag)) => {
                 // The keepalive of a rebuilt rail: the attempt fails (a stale one's is
                 // ignored).
                 if self.fo.probing(rail, tag) {
-                    log::warn!("{}", WrKind::ReadmitProbe.failed(rail, tag, status));
+                    log::debug!("{}", WrKind::ReadmitProbe.failed(rail, tag, status));
                     return self.rail_down(rail, DownReason::Completion);
                 }
                 return Ok(());
@@ -225,11 +233,14 @@ impl RecvEngine {
             );
             self.stats[rail].count_failover();
         } else {
-            log::warn!("recv: re-admission of the {} rail failed ({why:?}); fencing its new QPs", RAIL_NAMES[rail]);
+            log::debug!("recv: re-admission of the {} rail failed ({why:?}); fencing its new QPs", RAIL_NAMES[rail]);
         }
         self.fo.fence_due = self.fo.fence_due.with(rail);
         if self.keepalive == Some(rail) {
+            // Another keepalive may go on the surviving rail at once; this one's completion
+            // (flushed, or a success the fence did not stop) is still to come.
             self.keepalive = None;
+            self.keepalive_abandoned = self.keepalive_abandoned.with(rail);
         }
         Ok(())
     }

@@ -123,6 +123,9 @@ pub struct RecvEngine {
     quiet_since_ns: u64,
     /// The rail a keepalive is in flight on, if any.
     keepalive: Option<usize>,
+    /// Rails whose keepalive was left in flight when the rail failed: its completion
+    /// (success or flush) still comes and is dropped, not taken for a stray.
+    keepalive_abandoned: RailMask,
     /// Keepalives sent so far (they alternate rails).
     keepalives: u64,
     /// The device's rails that have not failed (CTS writes and keepalives go there).
@@ -162,6 +165,7 @@ impl RecvEngine {
             active: false,
             quiet_since_ns: 0,
             keepalive: None,
+            keepalive_abandoned: RailMask::NONE,
             keepalives: 0,
         }
     }
@@ -343,6 +347,10 @@ impl RecvEngine {
             },
             WrKind::Probe if self.keepalive == Some(wr_rail) => {
                 self.keepalive = None;
+                Ok(())
+            }
+            WrKind::Probe if self.keepalive_abandoned.contains(wr_rail) => {
+                self.keepalive_abandoned = self.keepalive_abandoned.without(wr_rail);
                 Ok(())
             }
             WrKind::Control if self.fo.cfg.enabled => Ok(()),

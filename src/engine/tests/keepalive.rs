@@ -124,3 +124,28 @@ fn a_failed_keepalive_is_the_error_the_waiting_receiver_sees() {
     assert!(matches!(&later.cause, Cause::FailedEarlier(first) if *first == e), "{later}");
     assert!(matches!(later.root().cause, Cause::CompletionFailed(CompletionFailed { rail: SOUT, .. })));
 }
+
+/// A rail that fails while the receiver's keepalive is in flight on it (the sender reported
+/// it silent, say, though it still works): the keepalive's completion comes later, a success
+/// or a flush, and is the rail's leftover, not a stray that fails the connection.
+#[test]
+fn a_keepalive_left_on_a_failed_rail_completes_without_an_error() {
+    for status in [WcStatus::Success, WcStatus::Flushed] {
+        let mut p = Pair::new(Opts::default());
+        super::faults::enable_failover(&mut p, 0);
+        let (id, _) = p.irecv_one(64);
+        p.keepalive();
+        p.now += KEEPALIVE_NS;
+        p.keepalive();
+        let wr_id = WrKind::Probe.id(SOUT, 0);
+        assert!(p.log.iter().any(|(_, _, _, wr)| wr.wr_id == wr_id), "the keepalive went out on SOUT");
+        p.r.handle_event(crate::engine::Event::RailDown { rail: SOUT }).unwrap();
+        let c = Completion { wr_id, status, opcode: WcOpcode::RdmaWrite, ..Completion::default() };
+        p.r.handle_completion(SOUT, &c, &p.rs).unwrap_or_else(|e| panic!("{status:?}: {e}"));
+        assert_eq!(p.r.test(id).unwrap(), None, "{status:?}: the receive still waits, without an error");
+        let again = p.r.handle_completion(SOUT, &c, &p.rs);
+        if status == WcStatus::Success {
+            assert!(again.is_err(), "a second completion of the one keepalive is still a stray");
+        }
+    }
+}
