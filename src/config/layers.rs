@@ -200,8 +200,8 @@ impl Layers {
         let g = None;
         Resolved {
             rails,
-            timeout: self.get("MPIB_TIMEOUT", g, &|v| int(v, 1, 31), &|v| c_ranged(v, 1, 31)).map_or(14, |n| n as u8),
-            retry_cnt: self.get("MPIB_RETRY_CNT", g, &|v| int(v, 0, 7), &|v| c_ranged(v, 0, 7)).map_or(6, |n| n as u8),
+            timeout: self.get("MPIB_TIMEOUT", g, &|v| int(v, 1, 31), &|v| c_ranged(v, 1, 31)).map_or(20, |n| n as u8),
+            retry_cnt: self.get("MPIB_RETRY_CNT", g, &|v| int(v, 0, 7), &|v| c_ranged(v, 0, 7)).map_or(7, |n| n as u8),
             relaxed_ordering: {
                 let ro = |n: i64| [RelaxedOrdering::Off, RelaxedOrdering::On, RelaxedOrdering::Auto][n as usize];
                 let words = [("0", 0), ("1", 1), ("2", 2)];

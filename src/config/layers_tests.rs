@@ -121,7 +121,7 @@ fn cases() -> Vec<Case> {
         Case {
             setting: "MPIB_RETRY_CNT",
             nccl: "NCCL_IB_RETRY_CNT",
-            nccl_value: "7",
+            nccl_value: "5",
             mpib_value: "3",
             bad_nccl: "8",
             bad_mpib: "seven",
@@ -249,7 +249,7 @@ fn each_rail_has_its_own_settings_over_the_shared_one() {
         "qps=sout:1 (default),sup:2 (MPIB_SUP_QP)",
         "roce_version=2 (default)",
         "addr_family=AF_INET (default)",
-        "timeout=14 (default) retry_cnt=6 (default)",
+        "timeout=20 (default) retry_cnt=7 (default)",
         "dmabuf=1 (default)",
     ] {
         assert!(line.contains(want), "{want:?} not in {line}");

@@ -161,16 +161,17 @@ impl Default for Config {
             split_min_bytes: 65536,
             srq_depth: 16384,
             rails: [RailConfig::default(); 2],
-            // 4.096 µs × 2^14 × 7 ≈ 0.47 s before a silent link errors, well under NCCL's
-            // ~34 s (20/7), so rail failover starts in time; a spurious timeout costs the
-            // rail only until its re-admission. DESIGN.md "Rail failover".
-            timeout: 14,
-            retry_cnt: 6,
+            // NCCL's defaults: 4.096 µs × 2^20 × 8 ≈ 34.4 s before a silent link errors, so an
+            // outage of both rails shorter than that is ridden out by RC's retransmissions; a
+            // silent rail beside a working one is left within ~50 ms by the engine's
+            // silent-rail detection, not by this budget. DESIGN.md "Rail failover".
+            timeout: 20,
+            retry_cnt: 7,
             origins: Origins::new(),
             failover: true,
-            stall_ms: 5000,
+            stall_ms: 0,
             readmit_ms: 100,
-            readmit_max_ms: 5000,
+            readmit_max_ms: 1000,
             fault_rail: None,
             rtt_alpha: 0.125,
             rtt_beta: 0.25,

@@ -215,7 +215,7 @@ fn relaxed_ordering_and_nccl_devices_words() {
 #[test]
 fn failover_switch_and_timings() {
     let d = parse(&[]).unwrap();
-    assert_eq!((d.failover, d.stall_ms, d.readmit_ms, d.readmit_max_ms), (true, 5000, 100, 5000), "on by default");
+    assert_eq!((d.failover, d.stall_ms, d.readmit_ms, d.readmit_max_ms), (true, 0, 100, 1000), "on by default");
     let c = parse(&[("MPIB_FAILOVER", "0"), ("MPIB_STALL_MS", "0"), ("MPIB_READMIT_MS", "250")]).unwrap();
     assert_eq!((c.failover, c.stall_ms, c.readmit_ms), (false, 0, 250));
     let e = one_error(&[("MPIB_FAILOVER", "yes")]);

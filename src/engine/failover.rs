@@ -55,6 +55,9 @@ pub struct FailoverConfig {
     pub drill: Option<crate::config::FaultDrill>,
 }
 
+/// While a rail stays down, at most one WARN about it this often.
+pub const DOWN_WARN_EVERY_NS: u64 = 60_000_000_000;
+
 /// A re-admission attempt not Up within this time has failed (its probes or its peer's
 /// answer never came): it backs off and is tried again.
 pub const READMIT_ATTEMPT_NS: u64 = 10_000_000_000;
@@ -99,6 +102,8 @@ pub enum DownReason {
     Completion,
     /// Sender: signalled work outstanding and no completion for `MPIB_STALL_MS`.
     Stall,
+    /// Sender: silent for long against its own round trips while the other rail completes.
+    Silent,
     /// The plugin saw it: a port-down async event (verbs), the peer's rail connection lost
     /// (soft).
     Port,
@@ -428,11 +433,21 @@ pub(crate) struct Failover {
     pub(crate) probes_out: [u8; RAILS],
     pub(crate) readmissions: u64,
     pub(crate) readmit_failures: u64,
+    /// Sender: rails failed by the silent-rail check (not by a completion or the port).
+    pub(crate) silent_failures: u64,
     /// When the engine's next failover round is due (0: at once; a lower bound kept by the
     /// engine: its `poll_timeout` reads it on every call).
     pub(crate) timer_ns: u64,
     /// Sender: the next stall check.
     pub(crate) stall_next_ns: u64,
+    /// Sender: the next silent-rail check (`u64::MAX`: nothing outstanding, the next post
+    /// arms it; 0 with failover off: never armed).
+    pub(crate) silence_next_ns: u64,
+    /// Sender: rails suspected silent (new sends leave them; a completion clears it).
+    pub(crate) suspect: RailMask,
+    /// When each rail's continued absence was last warned about (a rail that stays down
+    /// is one WARN a minute, not one per attempt).
+    pub(crate) down_warned_ns: [u64; RAILS],
 }
 
 /// What failover has counted on one side.
@@ -447,14 +462,16 @@ pub struct FailoverCounts {
     /// Rails re-admitted, and re-admission attempts that failed.
     pub readmissions: u64,
     pub readmit_failures: u64,
+    /// Rails failed because they fell silent while the other rail completed work.
+    pub silent_failures: u64,
 }
 
 impl Failover {
     /// The failover state of a connection that came up at `now_ns` (a round is due at once:
     /// it sets the timers).
     pub(crate) fn new(cfg: FailoverConfig, now_ns: u64) -> Failover {
-        let timer_ns = if cfg.enabled { 0 } else { u64::MAX };
-        Failover { cfg, now_ns, timer_ns, ..Failover::default() }
+        let (timer_ns, silence_next_ns) = if cfg.enabled { (0, u64::MAX) } else { (u64::MAX, 0) };
+        Failover { cfg, now_ns, timer_ns, silence_next_ns, ..Failover::default() }
     }
 
     /// Whether a rail has a fence, a report, a re-admission step or a connect waiting (one
@@ -462,6 +479,19 @@ impl Failover {
     #[inline]
     pub(crate) fn rail_work_due(&self) -> bool {
         !(self.fence_due | self.fence_wait | self.report_due | self.readmit_due | self.connect_wait).is_empty()
+    }
+
+    /// The level of a line about `rail` while it stays down (a re-admission attempt
+    /// failed, fenced again): a WARN when none was written for [`DOWN_WARN_EVERY_NS`] (the
+    /// rail's failure itself is one), else DEBUG: a rail down for hours writes one WARN a
+    /// minute, not one per attempt. Its return is an INFO line.
+    pub(crate) fn while_down_level(&mut self, rail: usize, now_ns: u64) -> log::Level {
+        if self.down_warned_ns[rail] == 0 || now_ns.saturating_sub(self.down_warned_ns[rail]) >= DOWN_WARN_EVERY_NS {
+            self.down_warned_ns[rail] = now_ns.max(1);
+            log::Level::Warn
+        } else {
+            log::Level::Debug
+        }
     }
 
     /// The fences to ask the plugin for, now waited on.
@@ -483,6 +513,7 @@ impl Failover {
             cts_reposts: self.cts_reposts,
             readmissions: self.readmissions,
             readmit_failures: self.readmit_failures,
+            silent_failures: self.silent_failures,
         }
     }
 

@@ -23,7 +23,9 @@ pub use failover::{
     Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, Output, QpRecords, RailState,
 };
 pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
-pub use send::{CallerWaits, CpuAccess, STALL_NS_PER_BYTE, SendBuf, SendConfig, SendEngine};
+pub use send::{
+    CallerWaits, CpuAccess, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS, SendBuf, SendConfig, SendEngine,
+};
 
 use crate::fabric::SendWr;
 use error_state::ErrorState;

@@ -180,9 +180,11 @@ fn soft_floor(kind: FabricKind, p: ConnectParams) -> ConnectParams {
 /// silence a keepalive (or the data itself) is in flight, and its transport gives up after
 /// the ACK-timeout budget `4.096 µs × 2^MPIB_TIMEOUT × (MPIB_RETRY_CNT + 1)` (the soft
 /// fabric waits at least 100 ms, and its timeout is at least [`SOFT_MIN_TIMEOUT`]). With the
-/// defaults (14, 6) 0.57 s on verbs, 2.0 s on the soft fabric (NCCL's own 20, 7 give 34.5 s). A killed peer on the soft
-/// fabric is reported at once (its kernel closes the sockets); on verbs only this bound
-/// tells (a NIC drops packets for a QP that no longer exists).
+/// defaults (NCCL's 20, 7) 34.5 s: the time both rails may be silent before the connection
+/// errors. A killed peer on the soft fabric is reported at once (its kernel closes the
+/// sockets); on verbs only this bound tells (a NIC drops packets for a QP that no longer
+/// exists). One silent rail beside a working one is left far sooner (the engine's
+/// silent-rail detection).
 pub fn silent_peer_bound(p: &ConnectParams) -> Duration {
     let keepalive = Duration::from_nanos(crate::engine::KEEPALIVE_NS);
     keepalive + crate::fabric::soft::silent_peer_bound(p)
@@ -641,15 +643,15 @@ mod tests {
         let p = Params::new(cfg, FabricKind::Verbs, AbiVersion::V12, Some(72));
         assert_eq!(p.qps, [1, 2]);
         let of = |c: [ConnectParams; RAILS]| c.map(|c| (c.traffic_class, c.service_level, c.timeout, c.retry_cnt));
-        assert_eq!(of(p.send), [(106, 3, 18, 6), (41, 3, 18, 6)]);
-        assert_eq!(of(p.recv), [(106, 3, 18, 6), (208, 3, 18, 6)], "SUP's receive QPs: MPIB_SUP_CTS_TC");
+        assert_eq!(of(p.send), [(106, 3, 18, 7), (41, 3, 18, 7)]);
+        assert_eq!(of(p.recv), [(106, 3, 18, 7), (208, 3, 18, 7)], "SUP's receive QPs: MPIB_SUP_CTS_TC");
         // Nothing set: the communicator's class, and as the SL where it is one (net_ib).
         let p = Params::new(cfg_leak(), FabricKind::Verbs, AbiVersion::V12, Some(72));
-        assert_eq!(of(p.send), [(72, 0, 14, 6); 2]);
+        assert_eq!(of(p.send), [(72, 0, 20, 7); 2]);
         let p = Params::new(cfg_leak(), FabricKind::Verbs, AbiVersion::V12, Some(5));
         assert_eq!((p.send[1].traffic_class, p.send[1].service_level, p.recv[0].traffic_class), (5, 5, 5));
         let p = Params::new(cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
-        assert_eq!(of(p.recv), [(0, 0, 16, 6); 2], "the soft fabric's timeout floor on every rail");
+        assert_eq!(of(p.recv), [(0, 0, 20, 7); 2], "the defaults on every rail (above the soft fabric's floor)");
     }
 
     #[test]
@@ -657,7 +659,7 @@ mod tests {
         let p = |timeout, retry_cnt| ConnectParams { traffic_class: 0, service_level: 0, timeout, retry_cnt };
         // NCCL's settings (MPIB_TIMEOUT=20, MPIB_RETRY_CNT=7): 4.096 µs × 2^20 × 8 + 100 ms.
         let cfg = Config::default();
-        assert_eq!((cfg.timeout, cfg.retry_cnt), (14, 6), "the defaults: rail failover starts in ~0.6 s");
+        assert_eq!((cfg.timeout, cfg.retry_cnt), (20, 7), "the defaults: NCCL's (both rails may be silent ~34 s)");
         assert_eq!(silent_peer_bound(&p(14, 6)), Duration::from_nanos(4096 * (1 << 14) * 7 + 100_000_000));
         assert_eq!(silent_peer_bound(&p(20, 7)), Duration::from_nanos(4096 * (1 << 20) * 8 + 100_000_000));
         assert_eq!(format!("{:.1?}", silent_peer_bound(&p(20, 7))), "34.5s");
@@ -671,7 +673,7 @@ mod tests {
         assert_eq!(soft_floor(FabricKind::Verbs, q(14)).timeout, 14);
         assert_eq!(soft_floor(FabricKind::Soft, q(18)).timeout, 18);
         let soft = Params::new(cfg_leak(), FabricKind::Soft, AbiVersion::V12, None);
-        assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.send[0])), "2.0s", "the default on the soft fabric");
+        assert_eq!(format!("{:.1?}", silent_peer_bound(&soft.send[0])), "34.5s", "the default on the soft fabric too");
         // Tiny budgets: the soft fabric's 100 ms floor.
         assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
     }

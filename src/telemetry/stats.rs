@@ -71,6 +71,9 @@ rail_counters! {
     replayed_bytes,
     /// Times this rail was re-admitted after a failure (new QPs, probed, used again).
     readmissions,
+    /// Times this rail was suspected silent (it completed nothing for long while its
+    /// partner completed work): new sends left it until it completed again or failed.
+    suspects,
 }
 
 /// The current estimates of a rail (gauges, overwritten by each sample).
@@ -128,6 +131,12 @@ impl RailStats {
     #[inline]
     pub fn count_cqes(&self, n: u64) {
         self.counters.cqe.add(n);
+    }
+
+    /// The rail is suspected silent (failover's silent-rail detection).
+    #[cold]
+    pub fn count_suspect(&self) {
+        self.counters.suspects.add(1);
     }
 
     /// The rail failed and the connection goes on without it (failover).

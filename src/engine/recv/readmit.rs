@@ -93,6 +93,7 @@ impl RecvEngine {
         }
         self.fo.probes_out[rail] = 0;
         self.fo.state[rail] = RailState::Up;
+        self.fo.down_warned_ns[rail] = 0;
         self.fo.readmissions += 1;
         self.live_rails = self.live_rails.with(rail);
         self.stats[rail].count_readmission();

@@ -17,6 +17,22 @@ use crate::engine::{
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
 
+/// Silent-rail detection: a rail with work outstanding that has completed nothing for
+/// longer than these bounds past what its oldest outstanding part should take (twice its
+/// serialization at the rail's measured rate), while the other rail of the connection
+/// completed work meanwhile, is suspect (new sends leave it), then failed (fence, report,
+/// replay). Each bound is a multiple of the rail's own recent round-trip spread (SRTT +
+/// 4·RTTVAR, a high percentile's stand-in) with a floor: a rail whose round trips are long
+/// gets longer bounds, one whose latency jumps (+20 ms) or whose rate drops stays below them
+/// while its completions keep coming. Both rails silent together (a paused peer, a loaded
+/// host, an outage of both links) is nobody's failure here: RC's own retry budget decides.
+pub const SUSPECT_FLOOR_NS: u64 = 20_000_000;
+pub const SILENT_FLOOR_NS: u64 = 50_000_000;
+const SUSPECT_RTTS: u64 = 8;
+const SILENT_RTTS: u64 = 20;
+/// How often the silence of a rail with work outstanding is looked at.
+pub const SILENCE_CHECK_NS: u64 = 5_000_000;
+
 /// The stall bound's allowance per byte of the oldest part outstanding on a rail: 32 ns, the
 /// time a byte takes at 250 Mb/s (a stall detector catches hangs, not slow links: 8 ns, 1
 /// Gb/s, failed a rail under a 512 MiB message of a debug build on a loaded 2-core host).
@@ -82,6 +98,9 @@ impl SendEngine {
             return Ok(());
         }
         self.fo.now_ns = now_ns;
+        if now_ns >= self.fo.silence_next_ns {
+            self.check_silence(now_ns)?;
+        }
         let stall = self.fo.cfg.stall_ns;
         if stall != 0 && now_ns >= self.fo.stall_next_ns {
             self.fo.stall_next_ns = now_ns + (stall / 4).max(1);
@@ -119,7 +138,7 @@ impl SendEngine {
         if kind == WrKind::ReadmitProbe {
             // A probe of a rebuilt rail: the attempt fails (a stale one's is ignored).
             if self.fo.probing(rail, slot) {
-                log::warn!("{}", kind.failed(rail, slot, status));
+                log::debug!("{}", kind.failed(rail, slot, status));
                 return self.readmit_failed(rail);
             }
             return Ok(());
@@ -154,6 +173,7 @@ impl SendEngine {
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         if was_up {
+            self.fo.down_warned_ns[rail] = self.fo.now_ns.max(1);
             log::log!(
                 level,
                 "send: {} rail failed ({why:?}); {} transfers wait for the receiver's report, traffic goes on {}",
@@ -163,7 +183,14 @@ impl SendEngine {
             );
             self.tel[rail].stats().count_failover();
         } else {
-            log::warn!("send: re-admission of the {} rail failed ({why:?}); it backs off", RAIL_NAMES[rail]);
+            let level = self.fo.while_down_level(rail, self.fo.now_ns);
+            log::log!(
+                level,
+                "send: re-admission of the {} rail failed ({why:?}); it stays down and is tried again ({} attempts \
+                 failed so far)",
+                RAIL_NAMES[rail],
+                self.fo.readmit_failures
+            );
         }
         self.fo.fence_due = self.fo.fence_due.with(rail);
         if why != DownReason::Peer {
@@ -225,7 +252,10 @@ impl SendEngine {
         }
         self.fo.state[rail] = RailState::Failed { epoch: m.epoch, fenced: true };
         self.schedule_readmit(rail);
-        log::warn!(
+        // The first fence of a failure is news; one after a failed attempt is not.
+        let level = if confirmed + replayed > 0 { log::Level::Warn } else { log::Level::Debug };
+        log::log!(
+            level,
             "send: {} rail fenced by the receiver: {confirmed} parts had arrived, {replayed} replayed on {}",
             RAIL_NAMES[rail],
             RAIL_NAMES[other(rail)]
@@ -347,6 +377,85 @@ impl SendEngine {
         Ok(())
     }
 
+    /// The silent-rail check (see [`SUSPECT_FLOOR_NS`]): suspects, then fails, a rail that
+    /// has been silent too long while its partner completes work; clears a suspect that has
+    /// nothing outstanding any more. Schedules the next check while work is outstanding.
+    fn check_silence(&mut self, now_ns: u64) -> Result<()> {
+        let mut busy = false;
+        for (rail, name) in RAIL_NAMES.iter().enumerate() {
+            let partner = other(rail);
+            if self.fo.state[rail] != RailState::Up || self.outstanding[rail] == 0 {
+                if self.fo.suspect.contains(rail) {
+                    self.heard_from(rail);
+                }
+                continue;
+            }
+            busy = true;
+            let Some((posted, bytes)) = self.oldest_part(rail) else { continue };
+            let v = self.tel[rail].view();
+            let since = posted.max(v.last_done_ns);
+            // RC says nothing before a chain's end: its bytes may be moving. Allow twice its
+            // serialization at the rate the rail has measured, or, before any measurement,
+            // at the stall bound's conservative 250 Mb/s (a first 256 MiB part is no silence).
+            let ns_per_byte =
+                if v.rate_sample_ns != 0 { 2.0 / v.rate_bytes_per_ns() } else { STALL_NS_PER_BYTE as f64 };
+            let serialization = (bytes as f64 * ns_per_byte) as u64;
+            let quiet = now_ns.saturating_sub(since).saturating_sub(serialization);
+            let spread = v.srtt_ns + 4 * v.rttvar_ns;
+            // The partner must be completing now, not merely have completed since: two rails
+            // both gone quiet (a paused peer, late acknowledgements on one, a second link
+            // down) leave nobody to blame.
+            let pv = self.tel[partner].view();
+            let p_spread = pv.srtt_ns + 4 * pv.rttvar_ns;
+            let p_fresh = self.outstanding[partner] == 0
+                || now_ns.saturating_sub(pv.last_done_ns) <= SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * p_spread);
+            let partner_alive = self.fo.state[partner] == RailState::Up && pv.last_done_ns > since && p_fresh;
+            if !partner_alive {
+                continue;
+            }
+            if quiet > SILENT_FLOOR_NS.max(SILENT_RTTS * spread) {
+                log::log!(
+                    self.failure_level(),
+                    "send: the {name} rail has completed nothing for {} ms while the {} rail completes: it has failed",
+                    now_ns.saturating_sub(since) / 1_000_000,
+                    RAIL_NAMES[partner]
+                );
+                self.fo.suspect = self.fo.suspect.without(rail);
+                self.fo.silent_failures += 1;
+                self.rail_down(rail, DownReason::Silent)?;
+            } else if quiet > SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * spread) && !self.fo.suspect.contains(rail) {
+                log::info!(
+                    "send: the {name} rail has completed nothing for {} ms while the {} rail completes: new sends leave it",
+                    now_ns.saturating_sub(since) / 1_000_000,
+                    RAIL_NAMES[partner]
+                );
+                self.fo.suspect = self.fo.suspect.with(rail);
+                self.tel[rail].stats().count_suspect();
+            }
+        }
+        self.fo.silence_next_ns = if busy { now_ns + SILENCE_CHECK_NS } else { u64::MAX };
+        Ok(())
+    }
+
+    /// `rail` completed something (or has nothing outstanding): no longer suspect.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn heard_from(&mut self, rail: usize) {
+        if self.fo.suspect.contains(rail) {
+            self.fo.suspect = self.fo.suspect.without(rail);
+            log::info!("send: the {} rail completes again: new sends use it again", RAIL_NAMES[rail]);
+        }
+    }
+
+    /// The post time and bytes of the oldest original part outstanding on `rail` (replays
+    /// ride the other rail).
+    fn oldest_part(&self, rail: usize) -> Option<(u64, u64)> {
+        (0..SLOTS)
+            .filter(|&s| self.slots[s].pending.contains(rail) && !self.slots[s].replay.contains(rail))
+            .map(|s| (self.slots[s].posted_ns[rail], self.slots[s].bytes[rail]))
+            .min()
+    }
+
     /// A healthy rail with signalled work out and no completion for the stall time fails.
     fn check_stalls(&mut self, now_ns: u64) -> Result<()> {
         let stall = self.fo.cfg.stall_ns;
@@ -357,12 +466,7 @@ impl SendEngine {
             if self.fo.state[rail] != RailState::Up || self.outstanding[rail] == 0 {
                 continue;
             }
-            // The oldest original part still out on the rail (replays ride the other one).
-            let oldest = (0..SLOTS)
-                .filter(|&s| self.slots[s].pending.contains(rail) && !self.slots[s].replay.contains(rail))
-                .map(|s| (self.slots[s].posted_ns[rail], self.slots[s].bytes[rail]))
-                .min();
-            let Some((oldest, bytes)) = oldest else { continue };
+            let Some((oldest, bytes)) = self.oldest_part(rail) else { continue };
             // The last data completion on the rail moves `drain_start_ns` forward. A large
             // part completes only at its end: it gets the time it takes at 1 Gb/s on top
             // (a 512 MiB part moving slowly on the soft fabric is no stall).

@@ -29,6 +29,7 @@ impl SendEngine {
             return 0;
         }
         let stall = if self.fo.cfg.enabled && self.fo.cfg.stall_ns != 0 { self.fo.stall_next_ns } else { u64::MAX };
+        let stall = if self.fo.cfg.enabled { stall.min(self.fo.silence_next_ns) } else { stall };
         (0..RAILS)
             .filter_map(|r| match self.fo.state[r] {
                 RailState::Failed { fenced: true, .. } if self.fo.cfg.readmit_ns != 0 => Some(self.fo.readmit_at[r]),
@@ -55,7 +56,7 @@ impl SendEngine {
                     out.actions.push(Action::RebuildQps { rail });
                 }
                 RailState::Rebuilding { .. } | RailState::Probing { .. } if due => {
-                    log::warn!("send: re-admission of the {name} rail timed out");
+                    log::debug!("send: re-admission of the {name} rail timed out");
                     self.readmit_failed(rail)?;
                 }
                 _ => {}
@@ -139,6 +140,7 @@ impl SendEngine {
     fn rail_up(&mut self, rail: usize) {
         let now = self.fo.now_ns;
         self.fo.state[rail] = RailState::Up;
+        self.fo.down_warned_ns[rail] = 0;
         self.fo.up_since_ns[rail] = now.max(1);
         self.fo.readmissions += 1;
         self.tel[rail].readmit(now);
@@ -199,7 +201,7 @@ impl SendEngine {
             *b = base;
         }
         self.fo.readmit_at[rail] = now + *b;
-        log::info!("send: {} rail: re-admission attempt in {} ms", RAIL_NAMES[rail], *b / 1_000_000);
+        log::debug!("send: {} rail: re-admission attempt in {} ms", RAIL_NAMES[rail], *b / 1_000_000);
         *b = (*b * 2).min(max);
     }
 }

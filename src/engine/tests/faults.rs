@@ -182,6 +182,25 @@ impl Pair {
         }
     }
 
+    /// RC's retry limit runs out on a silent `rail`: every requester of it with WRs queued
+    /// fails its head (`RetryExceeded`, the rest flushed); acknowledgements held back are
+    /// lost with it.
+    pub fn rc_gives_up(&mut self, rail: usize) {
+        for dir in [Dir::ToRecv, Dir::ToSend] {
+            for qp in 0..self.wires[dir as usize][rail].len() {
+                self.fail_qp(dir, rail, qp, WcStatus::RetryExceeded);
+            }
+        }
+        for qp in 0..self.late_acks[rail].len() {
+            if let Some(held) = self.late_acks[rail][qp].as_mut() {
+                for (idx, c) in std::mem::take(held) {
+                    self.push_cq(SEND_SIDE, rail, Completion { status: WcStatus::RetryExceeded, ..c });
+                    self.fate[idx] = Fate::Failed;
+                }
+            }
+        }
+    }
+
     /// Fences `side`'s QPs of `rail`: its requesters' queued WRs flush (and later posts
     /// flush at once); WRs reaching its responders fail at the peer.
     pub fn fence(&mut self, side: usize, rail: usize) {

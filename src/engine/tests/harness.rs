@@ -89,6 +89,9 @@ pub struct Pair {
     /// `[dir][rail]`: the responders of WRs travelling `dir` on `rail` are fenced (in the
     /// error state): such a WR fails when it reaches the head of its wire (`faults.rs`).
     pub fenced: [[bool; RAILS]; 2],
+    /// The rail's link is silent (a pulled cable): its WRs, both ways, neither land nor
+    /// complete until a fence or RC's retry limit ends them (`faults.rs`).
+    pub silent: [bool; RAILS],
     /// Re-admission: the plugin's side of rebuilding a rail's QPs (`faults.rs`).
     pub rb: super::faults::Rebuilds,
 }
@@ -205,6 +208,7 @@ impl Pair {
             cq_pushed: [[0; RAILS]; 2],
             late_acks: [vec![None; o.qps[0] as usize], vec![None; o.qps[1] as usize]],
             fenced: [[false; RAILS]; 2],
+            silent: [false; RAILS],
             rb: Default::default(),
         }
     }
@@ -306,6 +310,9 @@ impl Pair {
             self.fail_head(dir, rail, qp, WcStatus::RetryExceeded);
             self.wires[dir as usize][rail][qp].err = true;
             return true;
+        }
+        if self.silent[rail] {
+            return false; // nothing crosses a silent link
         }
         if wr.opcode == WrOpcode::WriteImm && dir == Dir::ToRecv {
             if self.srq[rail] == 0 {

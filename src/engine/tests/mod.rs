@@ -17,6 +17,7 @@ mod probes;
 mod protocol;
 mod readmit;
 mod readmit_outage;
+mod silence;
 mod slot_reuse;
 mod splits;
 mod teardown;

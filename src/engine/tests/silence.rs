@@ -1,0 +1,161 @@
+//! Silent-rail detection (sender): a rail with work outstanding that completes nothing for
+//! long against its own round trips, while the other rail completes work, is suspect (new
+//! sends leave it), then failed (fenced, reported, its parts replayed); one that completes
+//! again before that is used again, without a failover; both rails silent together is
+//! nobody's failure. Driven through the public timer interface with a fake clock.
+
+use super::faults::*;
+use super::harness::*;
+use super::readmit::MS;
+use crate::engine::{Action, Output, RailState, SILENT_FLOOR_NS, SOUT, SUP, SUSPECT_FLOOR_NS, WrKind};
+
+/// A 50/50 pair with failover on (no stall bound, no probes) and a few transfers done.
+fn warm() -> Pair {
+    let mut p = Pair::new(Opts::default());
+    enable_failover(&mut p, 0);
+    for i in 0..4 {
+        one_transfer(&mut p, i);
+    }
+    p
+}
+
+fn one_transfer(p: &mut Pair, seed: u64) -> (u16, u16) {
+    let (rid, _) = p.irecv_one(8192);
+    p.deliver_all();
+    p.poll_recv().unwrap();
+    let sa = p.send_buf(&pattern(seed, 8192));
+    let sid = p.isend(sbuf(sa, 8192, 0)).unwrap().expect("CTS delivered");
+    p.deliver_all();
+    p.poll_send().unwrap();
+    p.poll_recv().unwrap();
+    (rid, sid)
+}
+
+/// The sender's round at `now` (chains put on the wires): its WRs by (rail, kind), actions.
+fn round(p: &mut Pair, now: u64) -> (Vec<(usize, WrKind)>, Vec<Action>) {
+    p.now = now;
+    let mut out = Output::default();
+    p.s.handle_timeout(now, &mut p.ss, &mut out).expect("handle_timeout");
+    p.enqueue_chains(Dir::ToRecv, &out.chains);
+    let wrs = out
+        .chains
+        .iter()
+        .flat_map(|c| c.wrs().iter().map(move |w| (c.rail as usize, WrKind::decode(w.wr_id).unwrap().0)))
+        .collect();
+    (wrs, out.actions)
+}
+
+fn suspects(p: &Pair, rail: usize) -> u64 {
+    p.s.counters()[rail].suspects
+}
+
+#[test]
+fn a_silent_rail_is_suspected_then_failed_while_its_partner_completes() {
+    let mut p = warm();
+    p.hold_acks(SUP, 0); // SUP's link goes silent: nothing of it completes any more
+    let t0 = p.now + MS;
+    p.now = t0;
+    let (_, _) = one_transfer(&mut p, 10); // SUP's part lands, its ACK never comes; SOUT's does
+    // SOUT keeps completing (its part of the next transfer, a millisecond later).
+    p.now = t0 + MS;
+    let (rid2, _) = p.irecv_one(8192);
+    p.deliver_all();
+    p.poll_recv().unwrap();
+    let sa = p.send_buf(&pattern(11, 8192));
+    p.isend(sbuf(sa, 8192, 0)).unwrap().expect("CTS");
+    p.deliver_all();
+    p.poll_send().unwrap();
+    let mut now = p.now;
+    round(&mut p, now); // the first look sets the timers
+    let (mut suspected_at, mut failed_at) = (None, None);
+    while failed_at.is_none() {
+        let deadline = p.s.poll_timeout();
+        assert!(deadline > now && deadline - now <= 5 * MS, "checked every 5 ms while work is out: {deadline} {now}");
+        now = deadline;
+        let (wrs, actions) = round(&mut p, now);
+        if suspected_at.is_none() && suspects(&p, SUP) == 1 {
+            suspected_at = Some(now - t0);
+        }
+        if actions.contains(&Action::FenceQps { rail: SUP }) {
+            assert!(wrs.contains(&(SOUT, WrKind::Control)), "the receiver is told on SOUT");
+            failed_at = Some(now - t0);
+        }
+        assert!(now - t0 < SILENT_FLOOR_NS + 20 * MS, "not failed by {} ms", (now - t0) / MS);
+    }
+    let (s, f) = (suspected_at.expect("suspected first"), failed_at.unwrap());
+    assert!(s > SUSPECT_FLOOR_NS && s <= SUSPECT_FLOOR_NS + 10 * MS, "suspected after {} ms", s / MS);
+    assert!(f > SILENT_FLOOR_NS && f <= SILENT_FLOOR_NS + 10 * MS, "failed after {} ms", f / MS);
+    assert_eq!(p.s.rail_states()[SUP], RailState::Failed { epoch: 0, fenced: false });
+    assert_eq!(p.s.counters()[SUP].failovers, 1);
+    let _ = rid2;
+}
+
+#[test]
+fn new_sends_leave_a_suspect_rail_at_once() {
+    let mut p = warm();
+    p.hold_acks(SUP, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    one_transfer(&mut p, 20);
+    p.now = t0 + MS;
+    one_transfer(&mut p, 21); // SOUT completes after SUP went quiet: SUP is the silent one
+    let suspect_check = t0 + SUSPECT_FLOOR_NS + 6 * MS;
+    while p.s.poll_timeout() <= suspect_check {
+        let at = p.s.poll_timeout();
+        round(&mut p, at);
+    }
+    assert_eq!(suspects(&p, SUP), 1, "SUP is suspect");
+    let before = p.wrs_on(Dir::ToRecv, SUP);
+    one_transfer(&mut p, 22);
+    assert_eq!(p.wrs_on(Dir::ToRecv, SUP), before, "a new send went on SOUT alone");
+}
+
+#[test]
+fn a_slow_rail_that_completes_before_the_bound_is_used_again_without_a_failover() {
+    let mut p = warm();
+    p.hold_acks(SUP, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    one_transfer(&mut p, 30);
+    p.now = t0 + MS;
+    one_transfer(&mut p, 31);
+    // Suspect (past the suspect floor), but its acknowledgements come before the failure
+    // bound: a slow rail, the split's business.
+    let mut now = p.now;
+    while now < t0 + SUSPECT_FLOOR_NS + 10 * MS {
+        now = p.s.poll_timeout();
+        round(&mut p, now);
+    }
+    assert_eq!(suspects(&p, SUP), 1);
+    p.release_acks(SUP, 0);
+    p.now = now + MS;
+    p.poll_send().unwrap();
+    for _ in 0..20 {
+        now = p.s.poll_timeout().max(now + 5 * MS);
+        let (_, actions) = round(&mut p, now);
+        assert!(actions.is_empty(), "no failover: {actions:?}");
+    }
+    assert_eq!(p.s.rail_states(), [RailState::Up; 2]);
+    assert_eq!(p.s.counters()[SUP].failovers, 0);
+    let before = p.wrs_on(Dir::ToRecv, SUP);
+    one_transfer(&mut p, 32);
+    assert!(p.wrs_on(Dir::ToRecv, SUP) > before, "SUP carries again");
+}
+
+#[test]
+fn both_rails_silent_together_is_nobodys_failure() {
+    let mut p = warm();
+    p.hold_acks(SOUT, 0);
+    p.hold_acks(SUP, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    one_transfer(&mut p, 40); // both parts land, neither acknowledgement comes
+    let mut now = p.now;
+    while now < t0 + 10_000 * MS {
+        now = p.s.poll_timeout().max(now + MS);
+        let (_, actions) = round(&mut p, now);
+        assert!(actions.is_empty(), "both rails silent (a paused peer, an outage of both): no failover {actions:?}");
+    }
+    assert_eq!((suspects(&p, SOUT), suspects(&p, SUP)), (0, 0));
+    assert_eq!(p.s.rail_states(), [RailState::Up; 2]);
+}
