@@ -145,6 +145,46 @@ fn fence_settles_at_last_wqe_and_nothing_lands_after_it() {
     checks::assert_quiet(&mut [&mut b.cq], Duration::from_millis(200), "on the fenced side");
 }
 
+/// A chain `ibv_post_send` refuses part-way (the send queue full) says how many of its WRs
+/// were posted, and exactly those complete (flushed, once the QP is moved to the error
+/// state): what `QueuePair::post_send` promises.
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn a_chain_refused_part_way_says_what_was_posted() {
+    let (d0, d1) = (open(0), open(1));
+    let (mut a, mut b) = (checks::End::new(&d0, false, 1 << 16), checks::End::new(&d1, false, 1 << 16));
+    checks::connect(&mut a, &mut b);
+    // The responder refuses everything: the WRITEs stay in the send queue, retried (rxe
+    // reads retry_cnt 7 as "for ever"), until the queue is full.
+    b.qp.to_error().expect("fence b");
+    let (rk, raddr) = (b.keys().rkey, b.addr(0));
+    let chain: Vec<_> = (0..verbs::MAX_CHAIN as u64)
+        .map(|i| checks::wr(WrOpcode::Write, i, Some(a.sge(0, 8)), raddr, rk, 0, true))
+        .collect();
+    let mut posted = 0usize;
+    let e = loop {
+        match a.qp.post_send(&chain) {
+            Ok(()) => posted += chain.len(),
+            Err(e) => break e,
+        }
+        assert!(posted < 1 << 16, "the send queue never filled");
+    };
+    let msg = e.msg();
+    let prefix = if msg.contains("none of them was posted") {
+        0
+    } else {
+        let at = msg.find("WRs 0-").unwrap_or_else(|| panic!("the error does not say what was posted: {msg}"));
+        let end: String = msg[at + 6..].chars().take_while(|c| c.is_ascii_digit()).collect();
+        end.parse::<usize>().expect("a WR number") + 1
+    };
+    println!("{}: send queue full after {posted} + {prefix} WRs: {msg}", d0.attrs().name);
+    assert!(msg.contains(&format!("a chain of {} WRs", chain.len())), "{msg}");
+    a.qp.to_error().expect("fence a");
+    let got = checks::poll_until(&mut [&mut a.cq], &[posted + prefix]);
+    assert!(got[0].iter().all(|c| c.status == WcStatus::Flushed || c.status == WcStatus::Success), "{:?}", got[0]);
+    checks::assert_quiet(&mut [&mut a.cq], Duration::from_millis(200), "beyond the WRs the error said were posted");
+}
+
 #[test]
 #[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
 fn many_in_flight() {

@@ -39,7 +39,10 @@ bitflags! {
         const LOCAL_WRITE = 1;
         const REMOTE_WRITE = 2;
         const REMOTE_READ = 4;
-        /// PCIe relaxed ordering where the device supports it (ignored otherwise).
+        /// PCIe relaxed ordering where the device supports it and it is enabled (verbs:
+        /// `MPIB_PCI_RELAXED_ORDERING`); ignored otherwise. Only for data buffers: without
+        /// it a registration is strictly ordered, as memory whose write order the protocol
+        /// relies on must be (see [`QueuePair::post_send`]).
         const RELAXED_ORDERING = 8;
     }
 }
@@ -297,7 +300,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn create_qp(&self, cq: &Self::Cq, srq: Option<&Self::Srq>, caps: QpCaps) -> Result<Self::Qp>;
 
     /// How many times the port has gone down since the device was opened (verbs: async
-    /// `IBV_EVENT_PORT_ERR` events on this port), and whether it is down now. A caller that
+    /// `IBV_EVENT_PORT_ERR` events on this port, and `IBV_EVENT_DEVICE_FATAL`, after which
+    /// it stays down for good), and whether it is down now. A caller that
     /// sees the count move learns of a link loss before any WR times out. Providers without
     /// port events (the soft fabric): never down.
     fn port_downs(&self) -> (u64, bool) {
@@ -316,7 +320,16 @@ pub trait QueuePair: Send + 'static {
     fn connect(&mut self, remote: &QpInfo, params: &ConnectParams) -> Result<()>;
     /// Whether WRs posted now are carried at once (connection established).
     fn is_ready(&mut self) -> Result<bool>;
-    /// Posts a chain of WRs with one doorbell. On error nothing of the chain was posted.
+    /// Posts a chain of WRs with one doorbell.
+    ///
+    /// On error a prefix of the chain may have been posted, and its WRs execute and complete
+    /// as any others: verbs' `ibv_post_send` stops at the first WR the provider refuses
+    /// (send queue full, a bad SGE) and the WRs before it are on the wire; the error says
+    /// how many were posted. The soft provider checks the whole chain first: all or
+    /// nothing. So a caller never posts a failed chain again; the plugin fails the
+    /// connection on any failed post, and since every chain the protocol posts ends with
+    /// its one WRITE_WITH_IMM (`engine/send`), a posted prefix never completes a receive at
+    /// the peer.
     ///
     /// Placement order every provider keeps (the CTS FIFO relies on it, as net_ib relies on
     /// a NIC's in-order placement): for a WRITE of at least 8 bytes whose end

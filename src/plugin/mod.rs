@@ -22,6 +22,10 @@ pub mod describe;
 pub mod devices;
 pub mod discover;
 pub mod failover;
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod fake_tests;
 pub mod handles;
 pub mod inbox;
 pub mod instance;

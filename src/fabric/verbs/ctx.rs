@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use rdma_mummy_sys as ibv;
 
+use super::cq::PollBatches;
 use super::events::{EventThread, Health};
 use super::sys;
 use crate::error::Error;
@@ -18,6 +19,8 @@ pub struct Ctx {
     name: String,
     port: u8,
     pub(super) health: Arc<Health>,
+    /// How this device's extended CQs are polled (a provider quirk, see [`PollBatches`]).
+    pub(super) poll_batches: PollBatches,
     events: Option<EventThread>,
 }
 
@@ -35,9 +38,10 @@ impl Ctx {
         name: &str,
         port: u8,
         health: Arc<Health>,
+        poll_batches: PollBatches,
         events: Option<EventThread>,
     ) -> Ctx {
-        Ctx { raw, pd, name: name.to_string(), port, health, events }
+        Ctx { raw, pd, name: name.to_string(), port, health, poll_batches, events }
     }
 
     /// `device:port`, for messages.

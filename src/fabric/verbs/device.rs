@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 
 use rdma_mummy_sys as ibv;
 
-use super::cq::{TsClock, VerbsCq};
+use super::cq::{PollBatches, TsClock, VerbsCq};
 use super::ctx::Ctx;
 use super::events::{EventThread, Health};
 use super::gid::{self, GidRule, GidType};
@@ -18,6 +18,9 @@ use super::sys::{self, DeviceList, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, O
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, Progress, QpCaps, Timestamps};
 
+/// The vendor id Soft-RoCE (rxe) reports.
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
+
 /// How to open one port: what [`VerbsDevice::open`] takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VerbsOptions {
@@ -27,8 +30,8 @@ pub struct VerbsOptions {
     pub port: Option<u8>,
     /// Which RoCE GID to use: an index, or preferences (`gid.rs`).
     pub gid: GidRule,
-    /// Register memory with PCI relaxed ordering where libibverbs can
-    /// ([`sys::relaxed_ordering_available`]).
+    /// Registrations that ask for PCI relaxed ordering ([`Access::RELAXED_ORDERING`]: data
+    /// buffers) get it where libibverbs can ([`sys::relaxed_ordering_available`]).
     pub relaxed_ordering: bool,
     /// Offer DMA-BUF registration where the kernel and driver have it (`MPIB_DMABUF`);
     /// off: not even probed.
@@ -68,12 +71,12 @@ pub struct VerbsDevice {
     /// The RoCE version of the GID at `port.gid_index` (`None`: InfiniBand, or unknown).
     gid_type: Option<GidType>,
     clock: TsClock,
-    /// Every registration asks for PCI relaxed ordering (wanted and available).
+    /// Registrations that ask for PCI relaxed ordering get it (wanted and available).
     relaxed_ordering: bool,
 }
 
-/// `ibv_access_flags` for an [`Access`]. Verbs refuses REMOTE_WRITE without LOCAL_WRITE,
-/// so LOCAL_WRITE is added to it.
+/// `ibv_access_flags` for an [`Access`], without relaxed ordering (see [`reg_flags`]).
+/// Verbs refuses REMOTE_WRITE without LOCAL_WRITE, so LOCAL_WRITE is added to it.
 fn access_flags(access: Access) -> u32 {
     use ibv::ibv_access_flags as a;
     let mut f = 0;
@@ -87,6 +90,20 @@ fn access_flags(access: Access) -> u32 {
         f |= a::IBV_ACCESS_REMOTE_READ.0;
     }
     f
+}
+
+/// The `ibv_access_flags` of one registration, and whether they ask for PCI relaxed
+/// ordering (then only `ibv_reg_mr_iova2` can pass them). Relaxed ordering only where the
+/// caller asks for it ([`Access::RELAXED_ORDERING`]: data buffers) and the device allows it
+/// (`device_relaxed`: wanted by the configuration and available in libibverbs). The plugin
+/// never asks for it on its control region (CTS FIFO, completion records, control ring):
+/// the protocol reads a WRITE's last 8 bytes as the sign that the rest landed, which a
+/// host honouring relaxed ordering does not keep (net_ib registers its FIFO strictly
+/// ordered too).
+fn reg_flags(access: Access, device_relaxed: bool) -> (u32, bool) {
+    let relaxed = device_relaxed && access.contains(Access::RELAXED_ORDERING);
+    let ro = if relaxed { ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0 } else { 0 };
+    (access_flags(access) | ro, relaxed)
 }
 
 impl VerbsDevice {
@@ -136,7 +153,10 @@ impl VerbsDevice {
                 log::warn!("{name}:{port}: no async event thread ({e}); port and QP errors show only in completions")
             })
             .ok();
-        let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, events));
+        // Soft-RoCE (its vendor id, RXE_VENDOR_ID) ends an extended CQ's poll batch in
+        // ibv_next_poll before rdma-core 58; one completion per batch is right everywhere.
+        let batches = if dattr.orig_attr.vendor_id == RXE_VENDOR_ID { PollBatches::One } else { PollBatches::Many };
+        let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, batches, events));
 
         let clock = probe_clock(&ctx, dattr.hca_core_clock);
         let mem_types = mem_types(props::peer_memory_loaded(), opts.dmabuf, || probe_dmabuf(&ctx));
@@ -212,7 +232,7 @@ impl VerbsDevice {
         self.clock
     }
 
-    /// Whether registrations ask for PCI relaxed ordering.
+    /// Whether registrations that ask for PCI relaxed ordering get it.
     pub fn relaxed_ordering(&self) -> bool {
         self.relaxed_ordering
     }
@@ -254,7 +274,7 @@ impl Device for VerbsDevice {
 
     fn port_downs(&self) -> (u64, bool) {
         let h = &self.ctx.health;
-        (h.port_downs.load(Ordering::Acquire), !h.port_active.load(Ordering::Acquire))
+        (h.port_downs.load(Ordering::Acquire), h.port_down())
     }
 
     fn attrs(&self) -> &DeviceAttrs {
@@ -262,36 +282,32 @@ impl Device for VerbsDevice {
     }
 
     fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<VerbsMr> {
-        let flags = access_flags(access);
-        let ro = ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
-        let access = if self.relaxed_ordering { access | Access::RELAXED_ORDERING } else { access };
+        let (flags, relaxed) = reg_flags(access, self.relaxed_ordering);
         // SAFETY: the caller owns [addr, addr+len) for the registration's lifetime (the
         // trait's contract); the PD is live.
         let mut mr = unsafe {
-            if access.contains(Access::RELAXED_ORDERING) {
-                ibv::ibv_reg_mr_iova2(self.ctx.pd, addr.cast(), len, addr as u64, flags | ro)
+            if relaxed {
+                ibv::ibv_reg_mr_iova2(self.ctx.pd, addr.cast(), len, addr as u64, flags)
             } else {
                 ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, flags as i32)
             }
         };
-        if mr.is_null() && access.contains(Access::RELAXED_ORDERING) && sys::errno() == libc::EOPNOTSUPP {
+        if mr.is_null() && relaxed && sys::errno() == libc::EOPNOTSUPP {
             // libibverbs older than ibv_reg_mr_iova2 (rdma-core 29): no relaxed ordering.
             // SAFETY: as above.
-            mr = unsafe { ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, flags as i32) };
+            mr = unsafe { ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, access_flags(access) as i32) };
         }
         if mr.is_null() {
+            let shown = if relaxed { access } else { access - Access::RELAXED_ORDERING };
             return Err(self
                 .ctx
-                .failed(&format!("ibv_reg_mr({len} bytes at {addr:p}, access {access:?})"), sys::errno()));
+                .failed(&format!("ibv_reg_mr({len} bytes at {addr:p}, access {shown:?})"), sys::errno()));
         }
         Ok(self.wrap_mr(mr))
     }
 
     fn reg_dmabuf_mr(&self, fd: i32, offset: u64, len: usize, iova: u64, access: Access) -> Result<VerbsMr> {
-        let mut flags = access_flags(access);
-        if access.contains(Access::RELAXED_ORDERING) || self.relaxed_ordering {
-            flags |= ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
-        }
+        let (flags, _) = reg_flags(access, self.relaxed_ordering);
         // SAFETY: the PD is live; the kernel validates the fd and the range.
         let mr = unsafe { ibv::ibv_reg_dmabuf_mr(self.ctx.pd, offset, len, iova, fd, flags as i32) };
         if mr.is_null() {
@@ -414,7 +430,7 @@ mod tests {
         assert_eq!(
             access_flags(Access::all()),
             (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE | a::IBV_ACCESS_REMOTE_READ).0,
-            "relaxed ordering is added by reg_mr itself, through ibv_reg_mr_iova2"
+            "relaxed ordering is added by reg_flags only"
         );
     }
 
@@ -430,5 +446,19 @@ mod tests {
         assert_eq!(probed.get(), 2);
         assert_eq!(mem_types(true, false, || probe(true)), MemTypes::HOST | MemTypes::CUDA, "MPIB_DMABUF=0");
         assert_eq!(probed.get(), 2, "not even probed");
+    }
+
+    #[test]
+    fn relaxed_ordering_only_where_asked_and_allowed() {
+        let ro = a::IBV_ACCESS_RELAXED_ORDERING.0;
+        let rw = (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE | a::IBV_ACCESS_REMOTE_READ).0;
+        let control = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let data = control | Access::RELAXED_ORDERING;
+        // Control memory is strictly ordered whatever the device allows.
+        assert_eq!(reg_flags(control, true), (rw, false));
+        assert_eq!(reg_flags(control, false), (rw, false));
+        // Data buffers get it where the device allows it, through ibv_reg_mr_iova2.
+        assert_eq!(reg_flags(data, true), (rw | ro, true));
+        assert_eq!(reg_flags(data, false), (rw, false));
     }
 }

@@ -321,13 +321,13 @@ impl QueuePair for VerbsQp {
         // for the call (the provider copies the WRs before returning).
         let ret = unsafe { ibv::ibv_post_send(self.qp, head, &mut bad) };
         if ret != 0 {
-            let at = self.pool.index_of(bad).map_or("?".to_string(), |i| i.to_string());
+            let posted = match self.pool.index_of(bad) {
+                Some(0) => "none of them was posted".to_string(),
+                Some(i) => format!("WRs 0-{} were posted, WR {i} and after were not", i - 1),
+                None => "the provider did not say which WR it refused: an unknown prefix was posted".to_string(),
+            };
             return Err(self.ctx.failed(
-                &format!(
-                    "ibv_post_send(QP {}, WR {at} of a chain of {}; the WRs before it were posted)",
-                    self.qpn,
-                    chain.len()
-                ),
+                &format!("ibv_post_send(QP {}, a chain of {} WRs: {posted})", self.qpn, chain.len()),
                 sys::ret_errno(ret),
             ));
         }
