@@ -214,25 +214,38 @@ pub const QP_INFO_LEN: usize = 48;
 pub struct QpInfo(pub [u8; QP_INFO_LEN]);
 
 /// Bytes of a [`QpInfo`] that differ between two QPs of one port (rail re-admission sends
-/// only these for a rebuilt QP; the rest is the port's, as in the set-up's info). Every
-/// provider keeps its per-QP fields there: soft, QP number and nonce (`[4..16]`); verbs, QP
-/// number and PSN (`[4..12]`; `[12..16]` are the port's LID, MTU and READ depth).
+/// only these for a rebuilt QP, with the port's [`QP_INFO_ADDRESS`]; the rest is the
+/// port's, as in the set-up's info). Every provider keeps its per-QP fields there: soft, QP
+/// number and nonce (`[4..16]`); verbs, QP number and PSN (`[4..12]`; `[12..16]` are the
+/// port's LID, MTU and READ depth).
 pub const QP_INFO_VARYING: std::ops::Range<usize> = 4..16;
 
+/// Bytes of a [`QpInfo`] that are the port's address: the same for every QP of the port,
+/// but not fixed for the process's life (verbs: the GID, which a RoCE port may register
+/// again under another index or, its IP address changed, another value; soft: the rail's
+/// IP address). A rail's re-admission carries it anew.
+pub const QP_INFO_ADDRESS: std::ops::Range<usize> = 16..32;
+
+/// Length of [`QP_INFO_VARYING`].
+pub const QP_VARYING_LEN: usize = QP_INFO_VARYING.end - QP_INFO_VARYING.start;
+
 impl QpInfo {
-    /// The varying bytes ([`QP_INFO_VARYING`]) as two words (the second's high half 0).
-    pub fn record(&self) -> [u64; 2] {
-        let b = &self.0;
-        let lo = u64::from_le_bytes(b[4..12].try_into().expect("8 bytes"));
-        let hi = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) as u64;
-        [lo, hi]
+    /// The varying bytes ([`QP_INFO_VARYING`]).
+    pub fn varying(&self) -> [u8; QP_VARYING_LEN] {
+        self.0[QP_INFO_VARYING].try_into().expect("12 bytes")
     }
 
-    /// `self` (an earlier QP of the same port) with the varying bytes of `rec`.
-    pub fn with_record(&self, rec: [u64; 2]) -> QpInfo {
+    /// The port's address bytes ([`QP_INFO_ADDRESS`]).
+    pub fn address(&self) -> [u8; 16] {
+        self.0[QP_INFO_ADDRESS].try_into().expect("16 bytes")
+    }
+
+    /// `self` (an earlier QP of the same port) with the varying bytes of another QP and the
+    /// port's address as that QP gave it.
+    pub fn with_varying_and_address(&self, varying: &[u8; QP_VARYING_LEN], address: &[u8; 16]) -> QpInfo {
         let mut b = self.0;
-        b[4..12].copy_from_slice(&rec[0].to_le_bytes());
-        b[12..16].copy_from_slice(&(rec[1] as u32).to_le_bytes());
+        b[QP_INFO_VARYING].copy_from_slice(varying);
+        b[QP_INFO_ADDRESS].copy_from_slice(address);
         QpInfo(b)
     }
 }

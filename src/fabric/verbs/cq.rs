@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use rdma_mummy_sys as ibv;
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, PollBatches};
 use super::sys::{self, strerror};
 use crate::error::Result;
 use crate::fabric::{Completion, CompletionQueue, WcOpcode, WcStatus};
@@ -254,20 +254,6 @@ impl VerbsCq {
         // by this one thread (`&mut self`).
         unsafe { poll_ex(ex, clock, batches, out) }.map_err(|(call, e)| self.inner.ctx.failed(call, e))
     }
-}
-
-/// How an extended CQ is polled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PollBatches {
-    /// Every completion there is in one `ibv_start_poll` / `ibv_next_poll`… / `ibv_end_poll`
-    /// batch (up to the caller's buffer), as the man page describes.
-    Many,
-    /// One completion per start/end pair, never `ibv_next_poll`: rxe before rdma-core 58
-    /// ends the batch itself when `ibv_next_poll` finds the queue empty, so the
-    /// `ibv_end_poll` the man page asks for after it skips a completion slot and unlocks
-    /// twice (rdma-core 5e7aa4102, "rxe: Fix double unlock in cq_ex polling"; caught by the
-    /// Soft-RoCE tests). Correct on every provider; one uncontended lock pair each.
-    One,
 }
 
 /// Polls up to `out.len()` completions of `ex` (see [`PollBatches`]); the failed call and

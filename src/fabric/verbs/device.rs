@@ -4,15 +4,18 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use parking_lot::Mutex;
 use rdma_mummy_sys as ibv;
 
-use super::cq::{PollBatches, TsClock, VerbsCq};
-use super::ctx::Ctx;
+use super::cq::{TsClock, VerbsCq};
+use super::ctx::{Ctx, PollBatches};
 use super::events::{EventThread, Health};
-use super::gid::{self, GidRule, GidType};
+use super::gid::{self, GidEntry, GidRule, GidType};
+use super::pkey;
 use super::props;
 use super::qp::{self, VerbsQp};
 use super::qp_info::PortInfo;
+use super::route;
 use super::srq::VerbsSrq;
 use super::sys::{self, DeviceList, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, OpenContext, PORT_ACTIVE};
 use crate::error::{Error, Result};
@@ -30,6 +33,8 @@ pub struct VerbsOptions {
     pub port: Option<u8>,
     /// Which RoCE GID to use: an index, or preferences (`gid.rs`).
     pub gid: GidRule,
+    /// The P_Key table index of the QPs (`pkey.rs`).
+    pub pkey_index: u16,
     /// Registrations that ask for PCI relaxed ordering ([`Access::RELAXED_ORDERING`]: data
     /// buffers) get it where libibverbs can ([`sys::relaxed_ordering_available`]).
     pub relaxed_ordering: bool,
@@ -67,12 +72,23 @@ impl Drop for VerbsMr {
 pub struct VerbsDevice {
     ctx: Arc<Ctx>,
     attrs: DeviceAttrs,
-    port: PortInfo,
-    /// The RoCE version of the GID at `port.gid_index` (`None`: InfiniBand, or unknown).
-    gid_type: Option<GidType>,
+    /// The port's facts QPs are made with; its GID checked before each QP ([`Self::port_now`]).
+    addr: Mutex<PortAddr>,
+    /// Which GID the port uses (`MPIB_GID_INDEX` and the preferences).
+    rule: GidRule,
     clock: TsClock,
     /// Registrations that ask for PCI relaxed ordering get it (wanted and available).
     relaxed_ordering: bool,
+}
+
+/// The port's facts as last read, with what the GID choice needs to find its GID again.
+struct PortAddr {
+    info: PortInfo,
+    /// The RoCE version of the GID in use (`None`: InfiniBand, or unknown; a GID value is in
+    /// a RoCE table once per version).
+    kind: Option<GidType>,
+    /// `Health::gid_events` when the GID was last read.
+    gid_events: u64,
 }
 
 /// `ibv_access_flags` for an [`Access`], without relaxed ordering (see [`reg_flags`]).
@@ -138,9 +154,12 @@ impl VerbsDevice {
             let e = table.iter().find(|e| e.index == idx);
             (idx, e.map(|e| e.gid).unwrap_or_default(), e.and_then(|e| e.kind))
         } else {
-            let idx = rule.index.filter(|_| rule.index_on_ib).unwrap_or(0);
+            let idx = rule.index.filter(|_| rule.index_on_ib);
+            let idx = idx.unwrap_or_else(|| ib_gid_index(oc.0, name, port, pattr.gid_tbl_len));
             (idx, gid::query_gid(oc.0, name, port, idx).unwrap_or_default(), None)
         };
+        let pkeys = pkey::read_table(oc.0, name, port, pattr.pkey_tbl_len as usize);
+        let pkey = pkey::check(&pkeys, opts.pkey_index, name, port)?;
         // SAFETY: oc.0 is an open context.
         let pd = unsafe { ibv::ibv_alloc_pd(oc.0) };
         if pd.is_null() {
@@ -189,12 +208,24 @@ impl VerbsDevice {
             gid_index,
             rd_atomic_responder: d.max_qp_rd_atom.clamp(1, 16) as u8,
             rd_atomic_initiator: d.max_qp_init_rd_atom.clamp(1, 16) as u8,
+            grh_required: pattr.flags & QPF_GRH_REQUIRED != 0,
+            pkey_index: opts.pkey_index,
         };
-        let addr = if roce {
+        let mut addr = if roce {
             format!("RoCE, GID index {gid_index} ({})", gid::format_gid(&gid))
         } else {
-            format!("InfiniBand, LID {:#x}", pattr.lid)
+            let flid = match route::flid(&gid) {
+                0 => String::new(),
+                f => format!(", FLID {f:#x} (GID index {gid_index})"),
+            };
+            format!("InfiniBand, LID {:#x}{flid}", pattr.lid)
         };
+        if port_info.grh_required && !roce {
+            addr.push_str(", GRH required");
+        }
+        if let Some(p) = pkey.filter(|p| *p != 0xffff || opts.pkey_index != 0) {
+            addr.push_str(&format!(", P_Key {p:#06x} (index {})", opts.pkey_index));
+        }
         log::info!(
             "verbs device {name}:{port}: {addr}, MTU {}, {} Mbit/s, memory {:?}, max inline {}, completion timestamps: {}",
             attrs.mtu,
@@ -204,27 +235,72 @@ impl VerbsDevice {
             clock.describe()
         );
         let relaxed_ordering = opts.relaxed_ordering && sys::relaxed_ordering_available();
-        Ok(VerbsDevice { ctx, attrs, port: port_info, gid_type, clock, relaxed_ordering })
+        let gid_events = ctx.health.gid_events.load(Ordering::Acquire);
+        let addr = Mutex::new(PortAddr { info: port_info, kind: gid_type, gid_events });
+        Ok(VerbsDevice { ctx, attrs, addr, rule: opts.gid, clock, relaxed_ordering })
     }
 
-    /// The GID index QPs use as source (RoCE: the chosen one; IB: for GRH only).
+    /// The GID index QPs use as source (RoCE: the chosen one; IB: for GRH only), as last read.
     pub fn gid_index(&self) -> u8 {
-        self.port.gid_index
+        self.addr.lock().info.gid_index
     }
 
-    /// The RoCE version of the GID at [`Self::gid_index`] (`None` on InfiniBand).
+    /// The RoCE version of the GID at [`Self::gid_index`] (`None` on InfiniBand), as last read.
     pub fn gid_type(&self) -> Option<GidType> {
-        self.gid_type
+        self.addr.lock().kind
     }
 
-    /// The port's GID at [`Self::gid_index`] (network order).
+    /// The port's GID at [`Self::gid_index`] (network order), as last read.
     pub fn gid(&self) -> [u8; 16] {
-        self.port.gid
+        self.addr.lock().info.gid
     }
 
     /// The port's LID (InfiniBand; 0 on RoCE).
     pub fn lid(&self) -> u16 {
-        self.port.lid
+        self.addr.lock().info.lid
+    }
+
+    /// The P_Key table index QPs use.
+    pub fn pkey_index(&self) -> u16 {
+        self.addr.lock().info.pkey_index
+    }
+
+    /// The port's facts a new QP is made with, its RoCE GID checked first: read again when
+    /// a GID_CHANGE or PORT_ACTIVE event came since it was last read, or when the entry in
+    /// use no longer holds it (an event may be missed or late); then the same GID found
+    /// again (perhaps at another index), else one chosen anew (`gid::reselect`). An error
+    /// when the port has no usable GID now (its address removed): the QP is not made, and
+    /// a rail's re-admission tries again later.
+    pub fn port_now(&self) -> Result<PortInfo> {
+        let mut a = self.addr.lock();
+        if !a.info.is_roce() {
+            return Ok(a.info);
+        }
+        let (name, port) = (self.attrs.name.as_str(), a.info.port);
+        // Loaded before the table is read: an event during the read makes the next call read again.
+        let events = self.ctx.health.gid_events.load(Ordering::Acquire);
+        let same = events == a.gid_events
+            && gid::query_gid(self.ctx.raw, name, port, a.info.gid_index).is_ok_and(|g| g == a.info.gid);
+        if same {
+            return Ok(a.info);
+        }
+        let len = sys::query_port(self.ctx.raw, name, port)?.gid_tbl_len.max(0) as usize;
+        let table = gid::read_table(self.ctx.raw, name, port, len);
+        let current = GidEntry { index: a.info.gid_index, gid: a.info.gid, kind: a.kind };
+        let idx =
+            gid::reselect(&table, &current, &self.rule, name, port).map_err(|e| e.context("the GID table changed"))?;
+        let e = table.iter().find(|e| e.index == idx).copied().unwrap_or(current);
+        if (e.index, e.gid) != (current.index, current.gid) {
+            log::info!(
+                "{name}:{port}: RoCE GID now index {} ({}), was index {} ({}); new QPs use it",
+                e.index,
+                gid::format_gid(&e.gid),
+                current.index,
+                gid::format_gid(&current.gid)
+            );
+        }
+        (a.info.gid_index, a.info.gid, a.kind, a.gid_events) = (e.index, e.gid, e.kind, events);
+        Ok(a.info)
     }
 
     /// How completion timestamps are taken on this device.
@@ -345,7 +421,7 @@ impl Device for VerbsDevice {
     }
 
     fn create_qp(&self, cq: &VerbsCq, srq: Option<&VerbsSrq>, caps: QpCaps) -> Result<VerbsQp> {
-        VerbsQp::create(&self.ctx, self.port, cq, srq, caps)
+        VerbsQp::create(&self.ctx, self.port_now()?, cq, srq, caps)
     }
 }
 
@@ -359,7 +435,7 @@ impl VerbsDevice {
 
 impl std::fmt::Debug for VerbsDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VerbsDevice({}, gid index {})", self.ctx.label(), self.port.gid_index)
+        write!(f, "VerbsDevice({}, gid index {})", self.ctx.label(), self.gid_index())
     }
 }
 
@@ -391,6 +467,21 @@ fn mem_types(peer_memory: bool, wanted: bool, probe: impl FnOnce() -> bool) -> M
     m
 }
 
+/// `IBV_QPF_GRH_REQUIRED` of `ibv_port_attr.flags` (verbs.h; not bound by the crate).
+const QPF_GRH_REQUIRED: u8 = 1;
+
+/// The GID table index of the InfiniBand GID with a routable FLID, as net_ib looks for it
+/// (`NCCL_IB_ROUTABLE_FLID_GID_INDEX`, default 1).
+const ROUTABLE_FLID_GID_INDEX: u8 = 1;
+
+/// An InfiniBand port's GID index: the one holding a routable FLID if the table has it
+/// (routed IB: the subnet prefix carries it), else 0, as net_ib chooses.
+fn ib_gid_index(ctx: *mut ibv::ibv_context, name: &str, port: u8, gid_tbl_len: i32) -> u8 {
+    let i = ROUTABLE_FLID_GID_INDEX;
+    let routable = (i as i32) < gid_tbl_len && gid::query_gid(ctx, name, port, i).is_ok_and(|g| route::flid(&g) != 0);
+    if routable { i } else { 0 }
+}
+
 /// DMA-BUF registration works when `ibv_reg_dmabuf_mr(fd = -1)` fails for the fd, not for
 /// lack of support (net_ib's probe).
 fn probe_dmabuf(ctx: &Ctx) -> bool {
@@ -404,15 +495,30 @@ fn probe_dmabuf(ctx: &Ctx) -> bool {
     props::dmabuf_supported_from_errno(sys::errno())
 }
 
-/// The largest inline payload an RC QP accepts, among a few sizes (0 when none).
+/// The largest inline payload an RC QP accepts, among a few sizes (0 when none, with a WARN
+/// saying why: small sends then go from registered memory, and a failure here, e.g. ENOMEM
+/// from the locked-memory limit, will fail the first connection too).
 fn probe_inline(ctx: &Arc<Ctx>) -> u32 {
-    let Ok(cq) = VerbsCq::create_plain(ctx, 4) else { return 0 };
-    for size in [512, 256, 128, 64, 32] {
-        if let Ok(q) = qp::create_raw(ctx, cq.inner.cq, std::ptr::null_mut(), 4, size) {
-            // SAFETY: a QP just created here, destroyed once.
-            unsafe { ibv::ibv_destroy_qp(q) };
-            return size;
+    let cq = match VerbsCq::create_plain(ctx, 4) {
+        Ok(cq) => cq,
+        Err(e) => {
+            log::warn!("{}: no inline sends: the probe's CQ: {e}", ctx.label());
+            return 0;
         }
+    };
+    let mut last = None;
+    for size in [512, 256, 128, 64, 32] {
+        match qp::create_raw(ctx, cq.inner.cq, std::ptr::null_mut(), 4, size) {
+            Ok(q) => {
+                // SAFETY: a QP just created here, destroyed once.
+                unsafe { ibv::ibv_destroy_qp(q) };
+                return size;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
+        log::warn!("{}: no inline sends: no RC QP with 32 inline bytes or more: {e}", ctx.label());
     }
     0
 }
