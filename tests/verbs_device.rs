@@ -435,8 +435,7 @@ fn a_small_memlock_limit_is_warned_and_named_in_errors() {
     }
     let buf = vec![0u8; 4 << 20];
     let e = plugin::reg_mr(send.unwrap(), buf.as_ptr() as u64, buf.len(), MemTypes::HOST)
-        .err()
-        .expect("4 MiB cannot be pinned under a 64 KiB limit");
+        .expect_err("4 MiB cannot be pinned under a 64 KiB limit");
     named(&e);
 }
 

@@ -181,7 +181,8 @@ impl VerbsCq {
         // SAFETY: ctx.raw is an open context; no channel, vector 0.
         let cq = unsafe { ibv::ibv_create_cq(ctx.raw, cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         if cq.is_null() {
-            return Err(ctx.failed(&format!("ibv_create_cq({cqe} entries)"), sys::errno()));
+            let errno = sys::errno();
+            return Err(ctx.failed(&format!("ibv_create_cq({cqe} entries)"), errno));
         }
         let inner = CqInner { cq, ex: std::ptr::null_mut(), clock: TsClock::None, ctx: ctx.clone() };
         Ok(VerbsCq { inner: Arc::new(inner), wcs: zeroed_wcs() })
@@ -366,7 +367,8 @@ pub(super) fn create_cq_ex_raw(ctx: &Ctx, depth: u32, wc_flags: u64) -> Result<*
     // SAFETY: ctx.raw is an open context; attr is fully initialised.
     let ex = unsafe { ibv::ibv_create_cq_ex(ctx.raw, &mut attr) };
     if ex.is_null() {
-        return Err(ctx.failed(&format!("ibv_create_cq_ex(wc_flags {wc_flags:#x})"), sys::errno()));
+        let errno = sys::errno();
+        return Err(ctx.failed(&format!("ibv_create_cq_ex(wc_flags {wc_flags:#x})"), errno));
     }
     Ok(ex)
 }

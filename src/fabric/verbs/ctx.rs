@@ -16,7 +16,7 @@ pub enum PollBatches {
     /// Every completion there is in one `ibv_start_poll` / `ibv_next_poll`… / `ibv_end_poll`
     /// batch (up to the caller's buffer), as the man page describes.
     Many,
-    /// One completion per start/end pair, never `ibv_next_poll`: rxe before rdma-core 58
+    /// One completion per start/end pair, never `ibv_next_poll`: rxe before rdma-core 59
     /// ends the batch itself when `ibv_next_poll` finds the queue empty, so the
     /// `ibv_end_poll` the man page asks for after it skips a completion slot and unlocks
     /// twice (rdma-core 5e7aa4102, "rxe: Fix double unlock in cq_ex polling"; caught by the

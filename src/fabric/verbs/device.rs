@@ -163,7 +163,8 @@ impl VerbsDevice {
         // SAFETY: oc.0 is an open context.
         let pd = unsafe { ibv::ibv_alloc_pd(oc.0) };
         if pd.is_null() {
-            return Err(sys::call_failed("ibv_alloc_pd", name, port, sys::errno()));
+            let errno = sys::errno();
+            return Err(sys::call_failed("ibv_alloc_pd", name, port, errno));
         }
         let raw = oc.into_raw();
         let health = Arc::new(Health::new());
@@ -173,7 +174,7 @@ impl VerbsDevice {
             })
             .ok();
         // Soft-RoCE (its vendor id, RXE_VENDOR_ID) ends an extended CQ's poll batch in
-        // ibv_next_poll before rdma-core 58; one completion per batch is right everywhere.
+        // ibv_next_poll before rdma-core 59; one completion per batch is right everywhere.
         let batches = if dattr.orig_attr.vendor_id == RXE_VENDOR_ID { PollBatches::One } else { PollBatches::Many };
         let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, batches, events));
 
@@ -374,10 +375,9 @@ impl Device for VerbsDevice {
             mr = unsafe { ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, access_flags(access) as i32) };
         }
         if mr.is_null() {
+            let errno = sys::errno();
             let shown = if relaxed { access } else { access - Access::RELAXED_ORDERING };
-            return Err(self
-                .ctx
-                .failed(&format!("ibv_reg_mr({len} bytes at {addr:p}, access {shown:?})"), sys::errno()));
+            return Err(self.ctx.failed(&format!("ibv_reg_mr({len} bytes at {addr:p}, access {shown:?})"), errno));
         }
         Ok(self.wrap_mr(mr))
     }

@@ -52,8 +52,9 @@ pub(super) fn create_raw(
     // SAFETY: ctx.pd is live; cq/srq are live objects of the same context (or NULL srq).
     let qp = unsafe { ibv::ibv_create_qp(ctx.pd, &mut init) };
     if qp.is_null() {
+        let errno = sys::errno();
         return Err(
-            ctx.failed(&format!("ibv_create_qp(RC, max_send_wr {max_send_wr}, max_inline {max_inline})"), sys::errno())
+            ctx.failed(&format!("ibv_create_qp(RC, max_send_wr {max_send_wr}, max_inline {max_inline})"), errno)
         );
     }
     Ok(qp)
