@@ -387,9 +387,8 @@ impl Device for VerbsDevice {
         // SAFETY: the PD is live; the kernel validates the fd and the range.
         let mr = unsafe { ibv::ibv_reg_dmabuf_mr(self.ctx.pd, offset, len, iova, fd, flags as i32) };
         if mr.is_null() {
-            return Err(self
-                .ctx
-                .failed(&format!("ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes)"), sys::errno()));
+            let errno = sys::errno();
+            return Err(self.ctx.failed(&format!("ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes)"), errno));
         }
         Ok(self.wrap_mr(mr))
     }
