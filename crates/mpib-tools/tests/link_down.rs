@@ -220,7 +220,7 @@ fn sup_gid_change_mid_stream_readmits_with_the_new_gid() {
             std::thread::sleep(Duration::from_millis(1500));
             ip(&["addr", "add", &at(&ip1), "dev", &netdev]);
             eprintln!("gid_change: {ip1} added to {netdev} again");
-            std::thread::sleep(Duration::from_millis(8000));
+            std::thread::sleep(Duration::from_millis(5000));
             ip(&["addr", "del", &at(&ip1), "dev", &netdev]);
             std::thread::sleep(Duration::from_millis(1500));
             ip(&["addr", "add", &at(&other), "dev", &netdev]);
