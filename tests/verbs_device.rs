@@ -47,8 +47,14 @@ fn expected_gid_index(i: usize) -> Option<u8> {
 fn open(i: usize) -> Arc<VerbsDevice> {
     mpib::abi::logger::install();
     let (d, p) = port_spec(i);
-    let opts =
-        VerbsOptions { device: d.clone(), port: p, gid: GidRule::default(), relaxed_ordering: true, dmabuf: true };
+    let opts = VerbsOptions {
+        device: d.clone(),
+        port: p,
+        gid: GidRule::default(),
+        pkey_index: 0,
+        relaxed_ordering: true,
+        dmabuf: true,
+    };
     Arc::new(VerbsDevice::open(&opts).unwrap_or_else(|e| panic!("open {d}: {e}")))
 }
 
@@ -143,6 +149,46 @@ fn fence_settles_at_last_wqe_and_nothing_lands_after_it() {
     b.qp.to_error().expect("a second fence");
     assert!(b.qp.fence_settled(), "a second fence is a no-op");
     checks::assert_quiet(&mut [&mut b.cq], Duration::from_millis(200), "on the fenced side");
+}
+
+/// A chain `ibv_post_send` refuses part-way (the send queue full) says how many of its WRs
+/// were posted, and exactly those complete (flushed, once the QP is moved to the error
+/// state): what `QueuePair::post_send` promises.
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn a_chain_refused_part_way_says_what_was_posted() {
+    let (d0, d1) = (open(0), open(1));
+    let (mut a, mut b) = (checks::End::new(&d0, false, 1 << 16), checks::End::new(&d1, false, 1 << 16));
+    checks::connect(&mut a, &mut b);
+    // The responder refuses everything: the WRITEs stay in the send queue, retried (rxe
+    // reads retry_cnt 7 as "for ever"), until the queue is full.
+    b.qp.to_error().expect("fence b");
+    let (rk, raddr) = (b.keys().rkey, b.addr(0));
+    let chain: Vec<_> = (0..verbs::MAX_CHAIN as u64)
+        .map(|i| checks::wr(WrOpcode::Write, i, Some(a.sge(0, 8)), raddr, rk, 0, true))
+        .collect();
+    let mut posted = 0usize;
+    let e = loop {
+        match a.qp.post_send(&chain) {
+            Ok(()) => posted += chain.len(),
+            Err(e) => break e,
+        }
+        assert!(posted < 1 << 16, "the send queue never filled");
+    };
+    let msg = e.msg();
+    let prefix = if msg.contains("none of them was posted") {
+        0
+    } else {
+        let at = msg.find("WRs 0-").unwrap_or_else(|| panic!("the error does not say what was posted: {msg}"));
+        let end: String = msg[at + 6..].chars().take_while(|c| c.is_ascii_digit()).collect();
+        end.parse::<usize>().expect("a WR number") + 1
+    };
+    println!("{}: send queue full after {posted} + {prefix} WRs: {msg}", d0.attrs().name);
+    assert!(msg.contains(&format!("a chain of {} WRs", chain.len())), "{msg}");
+    a.qp.to_error().expect("fence a");
+    let got = checks::poll_until(&mut [&mut a.cq], &[posted + prefix]);
+    assert!(got[0].iter().all(|c| c.status == WcStatus::Flushed || c.status == WcStatus::Success), "{:?}", got[0]);
+    checks::assert_quiet(&mut [&mut a.cq], Duration::from_millis(200), "beyond the WRs the error said were posted");
 }
 
 #[test]
@@ -317,6 +363,82 @@ fn pairing_through_config() {
     assert!(e.msg().contains("has no port 9"), "{e}");
 }
 
+/// Log records, kept for the memlock test (the plugin logs through the `log` crate).
+struct Capture(std::sync::Mutex<Vec<(log::Level, String)>>);
+
+impl log::Log for Capture {
+    fn enabled(&self, _: &log::Metadata) -> bool {
+        true
+    }
+    fn log(&self, r: &log::Record) {
+        eprintln!("[{}] {}", r.level(), r.args());
+        self.0.lock().unwrap().push((r.level(), r.args().to_string()));
+    }
+    fn flush(&self) {}
+}
+
+/// A job whose locked memory is limited (not root, `ulimit -l 64`): `init` WARNs with the
+/// `ulimit -l` advice, and what fails for lack of it fails with an error that names the
+/// limit, not a bare "Cannot allocate memory" and not a crash. `ci/rxe-test.sh memlock`
+/// runs it as `nobody` with the limit set and the verbs environment given.
+#[test]
+#[ignore = "needs a locked-memory limit that applies: ci/rxe-test.sh memlock (MPIB_TEST_MEMLOCK=1)"]
+fn a_small_memlock_limit_is_warned_and_named_in_errors() {
+    if std::env::var("MPIB_TEST_MEMLOCK").as_deref() != Ok("1") {
+        eprintln!("MPIB_TEST_MEMLOCK is not 1: skipped");
+        return;
+    }
+    let m = verbs::memlock::locked_memory();
+    assert_eq!(m.applies(), Some(64 << 10), "run without CAP_IPC_LOCK under `ulimit -l 64`: {m:?}");
+    let capture: &'static Capture = Box::leak(Box::new(Capture(std::sync::Mutex::new(Vec::new()))));
+    log::set_logger(capture).expect("the first logger");
+    log::set_max_level(log::LevelFilter::Info);
+    use mpib::plugin::{self, AbiVersion};
+    plugin::init(AbiVersion::V8).expect("init works: only pinning needs the limit");
+    let warned: Vec<String> = capture
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(l, m)| *l == log::Level::Warn && m.contains("RLIMIT_MEMLOCK"))
+        .map(|(_, m)| m.clone())
+        .collect();
+    assert_eq!(warned.len(), 1, "one WARN about the limit at init");
+    assert!(warned[0].contains("64 KiB (ulimit -l 64)") && warned[0].contains("ulimit -l unlimited"), "{}", warned[0]);
+    // A connection, then NCCL's buffer: whatever fails first says why.
+    let named = |e: &mpib::Error| {
+        let msg = e.msg();
+        assert!(
+            msg.contains("Cannot allocate memory") && msg.contains("RLIMIT_MEMLOCK) is 64 KiB"),
+            "not named: {msg}"
+        );
+        println!("memlock: the error: {msg}");
+    };
+    let mut handle = [0u8; 128];
+    let listen = plugin::listen(AbiVersion::V8, None, 0, &mut handle).expect("listen");
+    let (mut send, mut recv) = (None, None);
+    let t0 = Instant::now();
+    while send.is_none() || recv.is_none() {
+        assert!(t0.elapsed() < checks::WAIT, "connect/accept did not finish");
+        if send.is_none() {
+            match plugin::connect(AbiVersion::V8, None, 0, &mut handle, None) {
+                Ok(s) => send = s,
+                Err(e) => return named(&e),
+            }
+        }
+        if recv.is_none() {
+            match plugin::accept(listen) {
+                Ok(r) => recv = r,
+                Err(e) => return named(&e),
+            }
+        }
+    }
+    let buf = vec![0u8; 4 << 20];
+    let e = plugin::reg_mr(send.unwrap(), buf.as_ptr() as u64, buf.len(), MemTypes::HOST)
+        .expect_err("4 MiB cannot be pinned under a 64 KiB limit");
+    named(&e);
+}
+
 #[test]
 #[ignore = "takes a link down: only on a throw-away machine with MPIB_TEST_LINK_TOGGLE=1 (the guest)"]
 fn port_down_is_seen_and_skipped() {
@@ -459,6 +581,35 @@ fn qp_attributes_follow_each_rails_settings() {
     for a in ra.iter().flatten().filter(|a| a.is_global) {
         assert_eq!(a.traffic_class, 0, "{a:?}");
     }
+}
+
+/// The partition reaches every QP of both comms: `ibv_query_qp` shows the P_Key index
+/// `MPIB_PKEY` names (Soft-RoCE has one entry, the default partition 0xffff at index 0; on
+/// an InfiniBand host `MPIB_TEST_PKEY_INDEX` names another index its ports have), and an
+/// index a port's table does not have fails when the device opens, naming the table.
+#[test]
+#[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
+fn pkey_index_as_configured() {
+    let index = std::env::var("MPIB_TEST_PKEY_INDEX").unwrap_or_else(|_| "0".to_string());
+    let want: u16 = index.parse().expect("MPIB_TEST_PKEY_INDEX");
+    let p = plugin_with(&[("MPIB_PKEY", index.as_str())]);
+    let (send, recv) = connected(&p, None);
+    for comm in [send, recv] {
+        let attrs = qp_attrs(&p, comm);
+        for a in attrs.iter().flatten() {
+            assert_eq!((a.state, a.pkey_index), (3, want), "RTS, with the configured P_Key index: {a:?}");
+        }
+        assert_eq!(attrs.iter().flatten().count(), 2, "a QP on each rail");
+    }
+    let (d0, d1) = (port_spec(0).0, port_spec(1).0);
+    let cfg = config(&[("MPIB_HCA_SOUT", &d0), ("MPIB_HCA_SUP", &d1), ("NCCL_IB_PKEY", "65535")]);
+    let e = discover::verbs_pairs(&cfg).err().expect("an index beyond every table");
+    let msg = e.msg();
+    assert!(
+        msg.contains("P_Key index 65535 (MPIB_PKEY, else NCCL_IB_PKEY)") && msg.contains("has no P_Key there"),
+        "{e}"
+    );
+    assert!(msg.contains("0=0x"), "the table is named: {e}");
 }
 
 #[test]

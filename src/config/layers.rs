@@ -34,6 +34,7 @@ const LAYERED: &[&str] = &[
     "MPIB_RETRY_CNT",
     "MPIB_PCI_RELAXED_ORDERING",
     "MPIB_DMABUF",
+    "MPIB_PKEY",
 ];
 
 /// What one rail's QPs are made with.
@@ -88,6 +89,7 @@ pub struct Resolved {
     pub retry_cnt: u8,
     pub relaxed_ordering: RelaxedOrdering,
     pub dmabuf: bool,
+    pub pkey_index: u16,
 }
 
 /// Which variable each layered setting's value came from: `(setting, rail)` (rail 2: the
@@ -214,6 +216,9 @@ impl Layers {
                     c_int(v).map(|n| n != 0).ok_or_else(|| "an integer".to_string())
                 })
                 .unwrap_or(true),
+            pkey_index: self
+                .get("MPIB_PKEY", g, &|v| int(v, 0, 65535), &|v| c_ranged(v, 0, 65535))
+                .map_or(0, |n| n as u16),
         }
     }
 
@@ -302,7 +307,7 @@ pub fn describe(r: &Resolved, origins: &Origins) -> String {
     };
     let _ = write!(
         s,
-        " timeout={} ({}) retry_cnt={} ({}) relaxed_ordering={ro} ({}) dmabuf={} ({})",
+        " timeout={} ({}) retry_cnt={} ({}) relaxed_ordering={ro} ({}) dmabuf={} ({}) pkey_index={} ({})",
         r.timeout,
         from("MPIB_TIMEOUT", 2),
         r.retry_cnt,
@@ -310,6 +315,8 @@ pub fn describe(r: &Resolved, origins: &Origins) -> String {
         from("MPIB_PCI_RELAXED_ORDERING", 2),
         r.dmabuf as u8,
         from("MPIB_DMABUF", 2),
+        r.pkey_index,
+        from("MPIB_PKEY", 2),
     );
     s.trim_start().to_string()
 }

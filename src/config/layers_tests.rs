@@ -145,6 +145,15 @@ fn cases() -> Vec<Case> {
             bad_mpib: "2",
             get: |c, _| c.dmabuf.to_string(),
         },
+        Case {
+            setting: "MPIB_PKEY",
+            nccl: "NCCL_IB_PKEY",
+            nccl_value: "0x2",
+            mpib_value: "3",
+            bad_nccl: "65536",
+            bad_mpib: "-1",
+            get: |c, _| c.pkey_index.to_string(),
+        },
     ]
 }
 

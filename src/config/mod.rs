@@ -100,6 +100,8 @@ pub struct Config {
     pub relaxed_ordering: RelaxedOrdering,
     /// Offer DMA-BUF registration of GPU memory where the NICs can (`MPIB_DMABUF`).
     pub dmabuf: bool,
+    /// The P_Key table index of the verbs QPs (`MPIB_PKEY`, else `NCCL_IB_PKEY`).
+    pub pkey_index: u16,
     pub nccl_devices: NcclDevices,
     pub split: SplitMode,
     /// Sends below this size go whole to one rail under `MPIB_SPLIT=auto`.
@@ -156,6 +158,7 @@ impl Default for Config {
             hca_filter_var: "MPIB_HCA",
             relaxed_ordering: RelaxedOrdering::Auto,
             dmabuf: true,
+            pkey_index: 0,
             nccl_devices: NcclDevices::Auto,
             split: SplitMode::Auto,
             split_min_bytes: 65536,
@@ -305,8 +308,8 @@ impl Config {
             }
         }
         let r = layers.resolve();
-        (c.rails, c.timeout, c.retry_cnt, c.relaxed_ordering, c.dmabuf) =
-            (r.rails, r.timeout, r.retry_cnt, r.relaxed_ordering, r.dmabuf);
+        (c.rails, c.timeout, c.retry_cnt, c.relaxed_ordering, c.dmabuf, c.pkey_index) =
+            (r.rails, r.timeout, r.retry_cnt, r.relaxed_ordering, r.dmabuf, r.pkey_index);
         c.origins = std::mem::take(&mut layers.origins);
         errors.append(&mut layers.errors);
         c.ignored.sort();
@@ -367,6 +370,7 @@ impl fmt::Display for Config {
             retry_cnt: self.retry_cnt,
             relaxed_ordering: self.relaxed_ordering,
             dmabuf: self.dmabuf,
+            pkey_index: self.pkey_index,
         };
         write!(
             f,

@@ -69,10 +69,9 @@ pub const NOT_FOLLOWED: &[NotFollowed] = &[
     },
     NotFollowed {
         name: "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
-        matches: None,
-        instead: "mpib addresses InfiniBand ports by LID, with no FLID routing between IB subnets",
+        matches: Some(1),
+        instead: "mpib looks for an InfiniBand port's routable FLID at GID index 1, net_ib's default",
     },
-    NotFollowed { name: "NCCL_IB_PKEY", matches: Some(0), instead: "mpib's QPs use P_Key index 0" },
     NotFollowed {
         name: "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
         matches: None,

@@ -178,6 +178,14 @@ pub const VARS: &[VarDoc] = &[
         rails: None,
     },
     VarDoc {
+        name: "MPIB_PKEY",
+        default: "0",
+        accepted: "0-65535",
+        meaning: "verbs: the P_Key table index of the QPs (the partition), checked against each port's table at init",
+        nccl: "NCCL_IB_PKEY",
+        rails: None,
+    },
+    VarDoc {
         name: "MPIB_FAILOVER",
         default: "1",
         accepted: "0, 1",

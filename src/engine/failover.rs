@@ -66,8 +66,9 @@ pub const READMIT_ATTEMPT_NS: u64 = 10_000_000_000;
 pub const READMIT_RESET_NS: u64 = 10_000_000_000;
 /// Probe WRITEs the sender posts on a rebuilt rail's data QPs before it uses it again.
 pub const READMIT_PROBES: u8 = 3;
-/// 64-bit words of QP records one `Rebuild`/`Rebuilt` carries (one entry's payload).
-pub const QP_RECORD_WORDS: usize = 4;
+/// 64-bit words of QP records one `Rebuild`/`Rebuilt` carries: the entry's four payload
+/// words and its `base_seq` word, which only `Fenced` uses otherwise.
+pub const QP_RECORD_WORDS: usize = 5;
 
 /// A side's new QPs of a rail, as the plugin describes them to the peer (opaque to the
 /// engines; `plugin/readmit.rs` encodes them): `n` words of `words` used.
@@ -202,7 +203,7 @@ pub enum CtlKind {
     /// Receiver → sender: "rail `rail` is fenced at `epoch`; these parts arrived".
     Fenced = 2,
     /// Re-admission, sender → receiver: "my new QPs of `rail` at `epoch`" (records in the
-    /// payload, their count in `flags`).
+    /// payload and the `base_seq` word, their count in `flags`).
     Rebuild = 3,
     /// Re-admission: the receiver's new QPs of `rail`, answering `Rebuild`.
     Rebuilt = 4,
@@ -272,11 +273,14 @@ impl CtlMsg {
     /// `Fenced`: whether part `rail` of receive `seq` arrived. Receives before the window
     /// completed (their slot was reused); after it, they were posted after the fence.
     pub fn records(&self) -> QpRecords {
-        QpRecords { n: (self.flags as u8).min(QP_RECORD_WORDS as u8), words: self.payload }
+        let p = &self.payload;
+        QpRecords { n: (self.flags as u8).min(QP_RECORD_WORDS as u8), words: [p[0], p[1], p[2], p[3], self.base_seq] }
     }
 
+    /// `Rebuild`/`Rebuilt` with records `r` (the fifth word in `base_seq`).
     pub fn with_records(mut self, r: &QpRecords) -> Self {
-        (self.payload, self.flags) = (r.words, r.n as u16);
+        let w = &r.words;
+        (self.payload, self.base_seq, self.flags) = ([w[0], w[1], w[2], w[3]], w[4], r.n as u16);
         self
     }
 
@@ -581,6 +585,16 @@ mod tests {
         bad[0] |= 2 << 8;
         assert_eq!(CtlMsg::from_words(&bad), None, "rail 2 does not exist");
         assert_eq!(CTL_RING_BYTES, 512);
+    }
+
+    #[test]
+    fn qp_records_round_trip_through_a_control_entry() {
+        let r = QpRecords { n: 5, words: [1, 2, 3, u64::MAX, 0x5555_aaaa_0000_ffff] };
+        let m = CtlMsg::new(CtlKind::Rebuilt, 1, 9).with_records(&r);
+        let (back, _) = CtlMsg::from_words(&m.to_words(3, 2)).expect("decodes");
+        assert_eq!(back.records(), r);
+        let short = QpRecords { n: 2, words: [7, 8, 0, 0, 0] };
+        assert_eq!(CtlMsg::new(CtlKind::Rebuild, 0, 1).with_records(&short).records(), short);
     }
 
     #[test]

@@ -39,7 +39,10 @@ bitflags! {
         const LOCAL_WRITE = 1;
         const REMOTE_WRITE = 2;
         const REMOTE_READ = 4;
-        /// PCIe relaxed ordering where the device supports it (ignored otherwise).
+        /// PCIe relaxed ordering where the device supports it and it is enabled (verbs:
+        /// `MPIB_PCI_RELAXED_ORDERING`); ignored otherwise. Only for data buffers: without
+        /// it a registration is strictly ordered, as memory whose write order the protocol
+        /// relies on must be (see [`QueuePair::post_send`]).
         const RELAXED_ORDERING = 8;
     }
 }
@@ -211,25 +214,38 @@ pub const QP_INFO_LEN: usize = 48;
 pub struct QpInfo(pub [u8; QP_INFO_LEN]);
 
 /// Bytes of a [`QpInfo`] that differ between two QPs of one port (rail re-admission sends
-/// only these for a rebuilt QP; the rest is the port's, as in the set-up's info). Every
-/// provider keeps its per-QP fields there: soft, QP number and nonce (`[4..16]`); verbs, QP
-/// number and PSN (`[4..12]`; `[12..16]` are the port's LID, MTU and READ depth).
+/// only these for a rebuilt QP, with the port's [`QP_INFO_ADDRESS`]; the rest is the
+/// port's, as in the set-up's info). Every provider keeps its per-QP fields there: soft, QP
+/// number and nonce (`[4..16]`); verbs, QP number and PSN (`[4..12]`; `[12..16]` are the
+/// port's LID, MTU and READ depth).
 pub const QP_INFO_VARYING: std::ops::Range<usize> = 4..16;
 
+/// Bytes of a [`QpInfo`] that are the port's address: the same for every QP of the port,
+/// but not fixed for the process's life (verbs: the GID, which a RoCE port may register
+/// again under another index or, its IP address changed, another value; soft: the rail's
+/// IP address). A rail's re-admission carries it anew.
+pub const QP_INFO_ADDRESS: std::ops::Range<usize> = 16..32;
+
+/// Length of [`QP_INFO_VARYING`].
+pub const QP_VARYING_LEN: usize = QP_INFO_VARYING.end - QP_INFO_VARYING.start;
+
 impl QpInfo {
-    /// The varying bytes ([`QP_INFO_VARYING`]) as two words (the second's high half 0).
-    pub fn record(&self) -> [u64; 2] {
-        let b = &self.0;
-        let lo = u64::from_le_bytes(b[4..12].try_into().expect("8 bytes"));
-        let hi = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) as u64;
-        [lo, hi]
+    /// The varying bytes ([`QP_INFO_VARYING`]).
+    pub fn varying(&self) -> [u8; QP_VARYING_LEN] {
+        self.0[QP_INFO_VARYING].try_into().expect("12 bytes")
     }
 
-    /// `self` (an earlier QP of the same port) with the varying bytes of `rec`.
-    pub fn with_record(&self, rec: [u64; 2]) -> QpInfo {
+    /// The port's address bytes ([`QP_INFO_ADDRESS`]).
+    pub fn address(&self) -> [u8; 16] {
+        self.0[QP_INFO_ADDRESS].try_into().expect("16 bytes")
+    }
+
+    /// `self` (an earlier QP of the same port) with the varying bytes of another QP and the
+    /// port's address as that QP gave it.
+    pub fn with_varying_and_address(&self, varying: &[u8; QP_VARYING_LEN], address: &[u8; 16]) -> QpInfo {
         let mut b = self.0;
-        b[4..12].copy_from_slice(&rec[0].to_le_bytes());
-        b[12..16].copy_from_slice(&(rec[1] as u32).to_le_bytes());
+        b[QP_INFO_VARYING].copy_from_slice(varying);
+        b[QP_INFO_ADDRESS].copy_from_slice(address);
         QpInfo(b)
     }
 }
@@ -297,7 +313,8 @@ pub trait Device: Send + Sync + Sized + 'static {
     fn create_qp(&self, cq: &Self::Cq, srq: Option<&Self::Srq>, caps: QpCaps) -> Result<Self::Qp>;
 
     /// How many times the port has gone down since the device was opened (verbs: async
-    /// `IBV_EVENT_PORT_ERR` events on this port), and whether it is down now. A caller that
+    /// `IBV_EVENT_PORT_ERR` events on this port, and `IBV_EVENT_DEVICE_FATAL`, after which
+    /// it stays down for good), and whether it is down now. A caller that
     /// sees the count move learns of a link loss before any WR times out. Providers without
     /// port events (the soft fabric): never down.
     fn port_downs(&self) -> (u64, bool) {
@@ -316,7 +333,16 @@ pub trait QueuePair: Send + 'static {
     fn connect(&mut self, remote: &QpInfo, params: &ConnectParams) -> Result<()>;
     /// Whether WRs posted now are carried at once (connection established).
     fn is_ready(&mut self) -> Result<bool>;
-    /// Posts a chain of WRs with one doorbell. On error nothing of the chain was posted.
+    /// Posts a chain of WRs with one doorbell.
+    ///
+    /// On error a prefix of the chain may have been posted, and its WRs execute and complete
+    /// as any others: verbs' `ibv_post_send` stops at the first WR the provider refuses
+    /// (send queue full, a bad SGE) and the WRs before it are on the wire; the error says
+    /// how many were posted. The soft provider checks the whole chain first: all or
+    /// nothing. So a caller never posts a failed chain again; the plugin fails the
+    /// connection on any failed post, and since every chain the protocol posts ends with
+    /// its one WRITE_WITH_IMM (`engine/send`), a posted prefix never completes a receive at
+    /// the peer.
     ///
     /// Placement order every provider keeps (the CTS FIFO relies on it, as net_ib relies on
     /// a NIC's in-order placement): for a WRITE of at least 8 bytes whose end

@@ -138,7 +138,7 @@ impl<D: Device> DevPair<D> {
             // As `reg_mr`: an empty registration registers nothing, carries no keys.
             return Ok(MrHandle::new(MrInfo { addr, len, gpu: true, keys: Default::default() }, Box::new(|| Ok(()))));
         }
-        let access = super::mr::ACCESS;
+        let access = super::mr::DATA_ACCESS;
         let m0 = self.rails[0].reg_dmabuf_mr(fd, offset, len as usize, addr, access)?;
         let m1 = match self.rails[1].reg_dmabuf_mr(fd, offset, len as usize, addr, access) {
             Ok(m) => m,

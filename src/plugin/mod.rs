@@ -22,10 +22,15 @@ pub mod describe;
 pub mod devices;
 pub mod discover;
 pub mod failover;
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod fake_tests;
 pub mod handles;
 pub mod inbox;
 pub mod instance;
 pub mod listen;
+mod memlock;
 pub mod mr;
 pub mod nic;
 pub mod oob;
@@ -212,6 +217,7 @@ fn open(cfg: &'static Config) -> Result<Active> {
     };
     let verbs = || -> Result<Active> {
         let pairs = discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
+        check_locked_memory(cfg, &pairs);
         Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg)))
     };
     match cfg.fabric {
@@ -231,6 +237,20 @@ fn open(cfg: &'static Config) -> Result<Active> {
                 &mut |level, line| log::log!(target: "mpib::abi", level, "{line}"),
             )
         }
+    }
+}
+
+/// The locked-memory check (`memlock.rs`): a WARN when the limit is too small for the
+/// opened NICs, else the limit at INFO.
+fn check_locked_memory(cfg: &Config, pairs: &[discover::RailPair<VerbsDevice>]) {
+    let mut nics: Vec<*const VerbsDevice> =
+        pairs.iter().flat_map(|p| [std::sync::Arc::as_ptr(&p.sout), std::sync::Arc::as_ptr(&p.sup)]).collect();
+    nics.sort();
+    nics.dedup();
+    let m = verbs::memlock::locked_memory();
+    match memlock::warning(&m, memlock::need(cfg, nics.len()), nics.len(), cfg.srq_depth) {
+        Some(w) => log::warn!(target: "mpib::abi", "{w}"),
+        None => log::info!(target: "mpib::abi", "locked memory (RLIMIT_MEMLOCK): {m}"),
     }
 }
 

@@ -28,9 +28,15 @@ use crate::engine::{CpuAccess, RAILS, SendBuf};
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Device, MrKeys};
 
-/// Access rights of every registration: peers write into receive buffers and read
-/// from them (the flush READ), send buffers are read locally.
-pub const ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+/// Access rights of the control region (CTS FIFO, completion records, control ring):
+/// peers write into it and read from it, strictly ordered: the protocol takes a WRITE's
+/// last 8 bytes as the sign that the rest landed, which PCIe relaxed ordering does not keep.
+pub const CONTROL_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ);
+
+/// Access rights of NCCL's buffers: peers write into receive buffers and read from them (the
+/// flush READ), send buffers are read locally; PCIe relaxed ordering where the NIC has it
+/// enabled (`MPIB_PCI_RELAXED_ORDERING`): nothing reads their bytes before the completion.
+pub const DATA_ACCESS: Access = CONTROL_ACCESS.union(Access::RELAXED_ORDERING);
 
 /// Checks `[addr, addr + len)` as a range a NIC could register: not NULL, no wrap, at most
 /// `isize::MAX` bytes (no process has more).
@@ -83,7 +89,7 @@ impl<D: Device> MrCache<D> {
         }
         let mr = self
             .dev
-            .reg_mr(addr as *mut u8, len as usize, ACCESS)
+            .reg_mr(addr as *mut u8, len as usize, DATA_ACCESS)
             .map_err(|e| e.context(format!("registering {len} bytes at {addr:#x} on {}", self.dev.attrs().name)))?;
         let keys = D::mr_keys(&mr);
         es.push(Entry { addr, len, refs: 1, keys, mr: Some(mr) });

@@ -59,7 +59,7 @@ pub const SRQ_LOW: u32 = 16;
 /// ... to `reserved + SRQ_HIGH` (batches of at least 32 WQEs, one call each).
 pub const SRQ_HIGH: u32 = 48;
 /// The CQ's first depth; it grows as connections come.
-const FIRST_CQ_DEPTH: u32 = 1024;
+pub const FIRST_CQ_DEPTH: u32 = 1024;
 
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
 

@@ -29,7 +29,7 @@ use super::comm::Rail;
 use super::context::Context;
 use super::devices::DevPair;
 use super::inbox::Inbox;
-use super::mr::ACCESS;
+use super::mr::CONTROL_ACCESS;
 use super::nic::{QpSpec, new_owner};
 use super::resources::{Held, Res};
 use crate::engine::CTS_SIGNAL_EVERY;
@@ -38,7 +38,7 @@ use crate::engine::layout::SLOTS;
 use crate::engine::{MAX_CHAIN, MAX_FLUSHES, RAILS};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{ConnectParams, Device, QpCaps, QpInfo, QueuePair};
+use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair};
 
 /// Inline bytes of a sender's QPs (probes; small sends from host memory) and of a
 /// receiver's (a CTS of up to 8 entries).
@@ -69,6 +69,15 @@ pub(super) fn clamp_caps<D: Device>(dev: &D, caps: QpCaps) -> QpCaps {
 pub(super) enum FlushQp {
     With,
     Without,
+}
+
+impl FlushQp {
+    /// Flush QPs wherever the device pair can register GPU memory at all, through peer
+    /// memory (nvidia-peermem) or DMA-BUF, as net_ib builds its flush QP; none for a pair
+    /// that registers host memory only (its `iflush` is always a no-op).
+    pub(super) fn for_memory(mem: MemTypes) -> FlushQp {
+        if mem.intersects(MemTypes::CUDA | MemTypes::DMABUF) { FlushQp::With } else { FlushQp::Without }
+    }
 }
 
 /// What one rail of a connection needs: its QPs (the last one the flush QP, if any), and
@@ -112,7 +121,7 @@ pub(super) fn build_rail<D: Device>(
     let sq: u64 = specs.iter().map(|q| q.caps.max_send_wr as u64).sum();
     // Everything that can complete for this rail: each send-queue WR, each receive.
     let inbox = Arc::new(Inbox::new(sq as usize + plan.window as usize));
-    let region_mr = dev.reg_mr(region.as_mut_ptr(), region.len(), ACCESS)?;
+    let region_mr = dev.reg_mr(region.as_mut_ptr(), region.len(), CONTROL_ACCESS)?;
     let mut qps = match nic.attach(owner, rail, &inbox, &specs, plan.window) {
         Ok(q) => q,
         Err(e) => {
@@ -199,4 +208,17 @@ pub(super) fn all_ready<D: Device>(rails: &mut [Rail<D>; RAILS]) -> Result<bool>
         }
     }
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flush_qps_wherever_gpu_memory_can_be_registered() {
+        assert_eq!(FlushQp::for_memory(MemTypes::HOST), FlushQp::Without);
+        assert_eq!(FlushQp::for_memory(MemTypes::HOST | MemTypes::CUDA), FlushQp::With, "nvidia-peermem");
+        assert_eq!(FlushQp::for_memory(MemTypes::HOST | MemTypes::DMABUF), FlushQp::With, "DMA-BUF alone");
+        assert_eq!(FlushQp::for_memory(MemTypes::all()), FlushQp::With);
+    }
 }

@@ -8,8 +8,13 @@
 //!   specs, the NIC's same shared CQ and SRQ, routes to the same inbox). So a rail that
 //!   flaps for hours holds one set of QPs, not one per re-admission.
 //! - [`Action::ConnectQps`]: each new QP connected to the peer's new one: the peer's info
-//!   from set-up with the varying bytes of its record ([`QpInfo::record`]; port facts such
-//!   as GID and LID stay). Readiness is polled in later rounds ([`Event::QpsConnected`]).
+//!   from set-up with the varying bytes of its new QP and its port's address now (verbs:
+//!   its GID, which may have changed since set-up: a RoCE GID table rebuilt after a port
+//!   flap, an address changed). The records of a rail ([`encode_records`]) are each QP's
+//!   varying bytes, then the port's address once. Readiness is polled in later rounds
+//!   ([`Event::QpsConnected`]).
+//! - A verbs device checks its GID before it makes a QP (`fabric/verbs/device.rs`): the
+//!   rebuilt QPs use the port's GID as it is now, and the records carry it to the peer.
 //! - The drill (`MPIB_FAULT_RAIL=rail:N:MS`): a dropped rail refuses to be rebuilt for MS
 //!   (for good without MS), as a link that stays down would.
 
@@ -20,11 +25,50 @@ use super::failover::FoSide;
 use crate::engine::failover::QP_RECORD_WORDS;
 use crate::engine::{Event, QpRecords, RAIL_NAMES, RAILS, RailMask};
 use crate::error::{Error, Result};
-use crate::fabric::{Device, QueuePair};
+use crate::fabric::{Device, QP_VARYING_LEN, QpInfo, QueuePair};
 
-/// QPs per rail whose records fit one control entry (two words each): re-admission is off
-/// for a connection with more on a rail (`MPIB_SOUT_QP`/`MPIB_SUP_QP` > 2).
-pub const READMIT_MAX_QPS: u16 = (QP_RECORD_WORDS / 2) as u16;
+/// QPs per rail whose records fit one control entry (each QP's varying bytes, then the
+/// port's 16-byte address): re-admission is off for a connection with more on a rail
+/// (`MPIB_SOUT_QP`/`MPIB_SUP_QP` > 2).
+pub const READMIT_MAX_QPS: u16 = ((QP_RECORD_WORDS * 8 - 16) / QP_VARYING_LEN) as u16;
+
+/// The records of a rail's new QPs (at most [`READMIT_MAX_QPS`]): each one's varying bytes,
+/// then the port's address (the first QP's: one port), packed little-endian into words.
+pub fn encode_records(infos: &[QpInfo]) -> QpRecords {
+    let mut bytes = [0u8; QP_RECORD_WORDS * 8];
+    let mut at = 0;
+    for info in infos {
+        bytes[at..at + QP_VARYING_LEN].copy_from_slice(&info.varying());
+        at += QP_VARYING_LEN;
+    }
+    if let Some(first) = infos.first() {
+        bytes[at..at + 16].copy_from_slice(&first.address());
+        at += 16;
+    }
+    let mut r = QpRecords { n: at.div_ceil(8) as u8, ..QpRecords::default() };
+    for (w, chunk) in r.words.iter_mut().zip(bytes.chunks(8)) {
+        *w = u64::from_le_bytes(chunk.try_into().expect("8 bytes"));
+    }
+    r
+}
+
+/// The peer's records of `nqps` new QPs: each one's varying bytes and its port's address;
+/// an error when they do not describe that many.
+pub fn decode_records(rec: &QpRecords, nqps: usize) -> Result<(Vec<[u8; QP_VARYING_LEN]>, [u8; 16])> {
+    let len = nqps * QP_VARYING_LEN + 16;
+    if nqps == 0 || len.div_ceil(8) != rec.n as usize {
+        return Err(Error::remote(format!(
+            "the peer's re-admission records hold {} words; {nqps} QPs need {}",
+            rec.n,
+            len.div_ceil(8)
+        )));
+    }
+    let bytes: Vec<u8> = rec.words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let varying =
+        (0..nqps).map(|i| bytes[i * QP_VARYING_LEN..(i + 1) * QP_VARYING_LEN].try_into().expect("12 bytes")).collect();
+    let address = bytes[len - 16..len].try_into().expect("16 bytes");
+    Ok((varying, address))
+}
 
 /// How long a dropped rail (the drill) refuses to come back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,26 +99,30 @@ impl<D: Device> Rail<D> {
         self.flush_qp = if had_flush { qps.pop() } else { None };
         self.qps = qps;
         self.first_qp = self.qps.first().map_or(0, |q| q.qp_num());
-        let mut r = QpRecords { n: (2 * self.qps.len()) as u8, ..QpRecords::default() };
-        for (i, q) in self.qps.iter().enumerate() {
-            let [a, b] = q.local_info().record();
-            (r.words[2 * i], r.words[2 * i + 1]) = (a, b);
-        }
-        Ok(r)
+        let infos: Vec<QpInfo> = self.qps.iter().map(|q| q.local_info()).collect();
+        Ok(encode_records(&infos))
     }
 
     /// Connects the new QPs to the peer's new ones (`rec`), the flush QP to itself.
     fn connect_new(&mut self, rec: &QpRecords) -> Result<()> {
         let p = self.connect.ok_or_else(|| Error::internal("re-admission of a rail never connected"))?;
-        if rec.n as usize != 2 * self.qps.len() || self.peer.len() != self.qps.len() {
-            return Err(Error::remote(format!(
-                "the peer rebuilt {} QPs of the rail, this side has {}",
-                rec.n / 2,
+        if self.peer.len() != self.qps.len() {
+            return Err(Error::internal(format!(
+                "re-admission: {} peer QPs known for {} QPs of the rail",
+                self.peer.len(),
                 self.qps.len()
             )));
         }
+        let (varying, address) = decode_records(rec, self.qps.len())?;
+        if address != self.peer[0].address() {
+            log::info!(
+                "re-admission: the peer's address on the rail changed since set-up (GID or IP {} -> {})",
+                hex(&self.peer[0].address()),
+                hex(&address)
+            );
+        }
         for (i, q) in self.qps.iter_mut().enumerate() {
-            let info = self.peer[i].with_record([rec.words[2 * i], rec.words[2 * i + 1]]);
+            let info = self.peer[i].with_varying_and_address(&varying[i], &address);
             q.connect(&info, &p)?;
             self.peer[i] = info;
         }
@@ -178,5 +226,43 @@ impl FoSide {
         for r in mask.iter() {
             self.refuse[r] = ms.map_or(Refuse::Forever, |ms| Refuse::Until(Instant::now() + Duration::from_millis(ms)));
         }
+    }
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fabric::QP_INFO_LEN;
+
+    fn info(seed: u8) -> QpInfo {
+        QpInfo(std::array::from_fn::<u8, QP_INFO_LEN, _>(|i| seed.wrapping_mul(31).wrapping_add(i as u8)))
+    }
+
+    #[test]
+    fn records_carry_each_qps_varying_bytes_and_the_ports_address() {
+        for n in 1..=READMIT_MAX_QPS as usize {
+            let infos: Vec<QpInfo> = (0..n as u8).map(info).collect();
+            let rec = encode_records(&infos);
+            assert!(rec.n as usize <= QP_RECORD_WORDS);
+            let (varying, address) = decode_records(&rec, n).expect("decodes");
+            assert_eq!(address, infos[0].address(), "the port's address (verbs: its GID now)");
+            for (v, i) in varying.iter().zip(&infos) {
+                assert_eq!(*v, i.varying());
+            }
+            // The peer's set-up info with the new bytes: the new QP's info, whatever the
+            // address was at set-up.
+            let old = QpInfo([0xee; QP_INFO_LEN]);
+            let new = old.with_varying_and_address(&varying[0], &address);
+            assert_eq!(new.0[4..32], infos[0].0[4..32]);
+            assert_eq!(new.0[..4], old.0[..4], "the rest stays the set-up's");
+        }
+        assert_eq!(READMIT_MAX_QPS, 2, "two QPs per rail fit one control entry");
+        let rec = encode_records(&[info(1), info(2)]);
+        assert!(decode_records(&rec, 1).unwrap_err().msg().contains("1 QPs need 4"));
+        assert!(decode_records(&rec, 3).is_err());
     }
 }

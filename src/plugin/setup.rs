@@ -47,7 +47,7 @@ use crate::config::Config;
 use crate::engine::{FailoverConfig, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{ConnectParams, Device, MemTypes};
+use crate::fabric::{ConnectParams, Device};
 use crate::split::AnySplit;
 use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
 
@@ -516,8 +516,7 @@ impl<D: Device> Accepting<D> {
     /// Builds the rails for the peer's `hello`, connects them and replies.
     fn on_hello(&mut self, hello: Hello) -> Result<()> {
         let region = HostRegion::new(RECV_REGION_BYTES)?;
-        let gpu = self.pair.props.mem_types.contains(MemTypes::CUDA);
-        let flush = if gpu { FlushQp::With } else { FlushQp::Without };
+        let flush = FlushQp::for_memory(self.pair.props.mem_types);
         let window = self.p.abi.max_requests() as u32;
         let plan = |r: usize| recv_plan(hello.qps[r], flush, window, self.p.cfg.failover);
         let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use mpib::fabric::{Device, MrKeys, QueuePair, WcStatus, WrOpcode};
-use mpib::plugin::mr::{ACCESS, MrCache};
+use mpib::plugin::mr::{DATA_ACCESS, MrCache};
 
 use super::{Buf, End, connect, poll_until, wr};
 
@@ -93,7 +93,7 @@ pub fn unwritable_memory_is_refused<D: Device>(d: &Arc<D>) {
     // SAFETY: the middle page of the mapping just made; nothing else uses it.
     assert_eq!(unsafe { libc::munmap(hole.add(PAGE).cast(), PAGE) }, 0);
     for (what, p, len) in [("read-only", ro, 2 * PAGE), ("PROT_NONE", none, 64), ("with a hole", hole, 3 * PAGE)] {
-        match d.reg_mr(p, len, ACCESS) {
+        match d.reg_mr(p, len, DATA_ACCESS) {
             Err(e) => eprintln!("{what}: refused: {e}"),
             Ok(mr) => {
                 let _ = d.dereg_mr(mr);
@@ -101,6 +101,6 @@ pub fn unwritable_memory_is_refused<D: Device>(d: &Arc<D>) {
             }
         }
     }
-    let mr = d.reg_mr(hole, PAGE, ACCESS).expect("the writable page registers");
+    let mr = d.reg_mr(hole, PAGE, DATA_ACCESS).expect("the writable page registers");
     d.dereg_mr(mr).unwrap();
 }

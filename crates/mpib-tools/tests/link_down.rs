@@ -13,6 +13,15 @@
 //!
 //! `ci/rxe-test.sh link-down` runs it (`MPIB_TEST_LINK_TOGGLE=1`, `RXE_NETDEV1`, the verbs
 //! environment in `CONFORMANCE_ENV`); anywhere else it is ignored.
+//!
+//! `sup_gid_change_mid_stream_readmits_with_the_new_gid` changes SUP's RoCE GID table under
+//! the same kind of stream instead, the link staying up: rxe1's IP address is removed and
+//! added again (its GID is re-added at another index while the failed QPs still hold the
+//! old entry), then removed and replaced by another address (a GID of another value). Each
+//! time SUP fails over (rxe fails the WRs of a QP whose source GID is gone), re-admission
+//! waits while the port has no usable GID, and the rail comes back on the GID as it is
+//! then: found again at its new index, then chosen anew and carried to the peer in the
+//! re-admission exchange. `ci/rxe-test.sh gid-change` runs it.
 
 mod common;
 
@@ -35,8 +44,13 @@ fn rank_child() {
 }
 
 fn ip_link(netdev: &str, state: &str) {
-    let ok = Command::new("/usr/bin/ip").args(["link", "set", netdev, state]).status().is_ok_and(|s| s.success());
-    assert!(ok, "ip link set {netdev} {state}");
+    ip(&["link", "set", netdev, state]);
+}
+
+/// iproute2's `ip ARGS` (the guest's busybox `ip` cannot do all of it), which must succeed.
+fn ip(args: &[&str]) {
+    let ok = Command::new("/usr/bin/ip").args(args).status().is_ok_and(|s| s.success());
+    assert!(ok, "ip {}", args.join(" "));
 }
 
 /// Brings the link up again however the test ends.
@@ -134,4 +148,111 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     assert!(flat.is_some(), "the sender's timeline shows no outage of SUP\n{}", out.describe());
     assert_eq!(readmitted, [1, 1], "SUP re-admitted once on each rank (receiver, sender)\n{}", out.describe());
     assert!(back.is_some(), "SUP carries bytes again after the outage\n{}", out.describe());
+}
+
+/// Gives rxe1's netdev its address back however the test ends: the guest's rig (its policy
+/// route from rxe1's address to rxe0's, which went with the address) as it was.
+struct AddressBack {
+    netdev: String,
+    ip: String,
+    peer_ip: String,
+}
+
+impl Drop for AddressBack {
+    fn drop(&mut self) {
+        let out = Command::new("/usr/bin/ip").args(["-4", "-o", "addr", "show", "dev", &self.netdev]).output();
+        let have = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+        for word in have.split_whitespace().filter(|w| w.contains('/') && w.contains('.')) {
+            if !word.starts_with(&format!("{}/", self.ip)) {
+                let _ = Command::new("/usr/bin/ip").args(["addr", "del", word, "dev", &self.netdev]).status();
+            }
+        }
+        if !have.contains(&format!("inet {}/", self.ip)) {
+            let _ = Command::new("/usr/bin/ip")
+                .args(["addr", "add", &format!("{}/24", self.ip), "dev", &self.netdev])
+                .status();
+        }
+        let route = ["route", "replace", &self.peer_ip, "dev", &self.netdev, "src", &self.ip, "table", "101"];
+        let _ = Command::new("/usr/bin/ip").args(route).status();
+    }
+}
+
+#[test]
+#[ignore = "changes a netdev's address: only in the Soft-RoCE guest (ci/rxe-test.sh gid-change)"]
+fn sup_gid_change_mid_stream_readmits_with_the_new_gid() {
+    if std::env::var("MPIB_TEST_LINK_TOGGLE").as_deref() != Ok("1") {
+        eprintln!("MPIB_TEST_LINK_TOGGLE is not 1: skipped");
+        return;
+    }
+    let var = |n: &str| std::env::var(n).unwrap_or_else(|_| panic!("{n}"));
+    let (netdev, ip1, ip0) = (var("RXE_NETDEV1"), var("RXE_IP1"), var("RXE_IP0"));
+    // Another address in the rig's subnet for the second change.
+    let other = {
+        let (net, last) = ip1.rsplit_once('.').expect("an IPv4 address");
+        format!("{net}.{}", last.parse::<u8>().expect("a byte").wrapping_add(10))
+    };
+    let _back = AddressBack { netdev: netdev.clone(), ip: ip1.clone(), peer_ip: ip0 };
+    let phase = Phase {
+        sizes: vec![4 * KIB, MIB + 7, 64 * KIB, 256 * KIB + 3],
+        count: 1500,
+        nrecv: 1,
+        inflight: 4,
+        warmup: 4,
+        timeline_us: 20_000,
+        ..Phase::default()
+    };
+    let w = Workload { seed: 38, stall_ms: 120_000, phases: vec![phase], ..Workload::default() };
+    let mut spec = pair(w);
+    spec.env.push(("MPIB_SPLIT".into(), "50".into()));
+    spec.env.push(("RUST_LOG".into(), "mpib=info".into())); // the GID and re-admission INFO lines
+    let mut triggered = false;
+    let mut observer = |rank: usize, p: &PhaseStart| {
+        if rank != 1 || p.warmup || triggered {
+            return;
+        }
+        triggered = true;
+        let (netdev, ip1, other) = (netdev.clone(), ip1.clone(), other.clone());
+        std::thread::spawn(move || {
+            let at = |s: &str| format!("{s}/24");
+            std::thread::sleep(Duration::from_millis(1500));
+            ip(&["addr", "del", &at(&ip1), "dev", &netdev]);
+            eprintln!("gid_change: {ip1} removed from {netdev}");
+            std::thread::sleep(Duration::from_millis(1500));
+            ip(&["addr", "add", &at(&ip1), "dev", &netdev]);
+            eprintln!("gid_change: {ip1} added to {netdev} again");
+            std::thread::sleep(Duration::from_millis(5000));
+            ip(&["addr", "del", &at(&ip1), "dev", &netdev]);
+            std::thread::sleep(Duration::from_millis(1500));
+            ip(&["addr", "add", &at(&other), "dev", &netdev]);
+            eprintln!("gid_change: {netdev} now has {other} instead of {ip1}");
+        });
+    };
+    let t0 = Instant::now();
+    let out = run_pair_observed(&spec, &Launcher::test_binary(RANK_ENTRY), &mut observer).expect("start the ranks");
+    eprintln!("GID changes mid-stream: {:.2} s", t0.elapsed().as_secs_f64());
+    for (rank, who) in [(0, "receiver"), (1, "sender")] {
+        for line in out.ranks[rank].stderr.lines().filter(|l| {
+            l.contains("SUP") || l.contains("re-admission") || l.contains("GID") || l.contains("address on the rail")
+        }) {
+            eprintln!("gid_change: {who}: {line}");
+        }
+    }
+    if let Err(e) = out.check_clean() {
+        panic!("{e}");
+    }
+    let stats: Vec<_> =
+        out.ranks.iter().map(|r| r.report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats")).collect();
+    let (failovers, readmitted): (Vec<_>, Vec<_>) =
+        stats.iter().map(|x| ((x[0].failovers, x[1].failovers), x[1].readmissions)).unzip();
+    eprintln!("gid_change: failovers (SOUT, SUP) per rank {failovers:?}, SUP readmissions {readmitted:?}");
+    assert_eq!(failovers, [(0, 2), (0, 2)], "SUP failed over at each change, SOUT never\n{}", out.describe());
+    assert_eq!(readmitted, [2, 2], "SUP re-admitted after each change on each rank\n{}", out.describe());
+    let logs = format!("{}{}", out.ranks[0].stderr, out.ranks[1].stderr);
+    assert!(logs.contains("RoCE GID now index"), "no GID re-read logged\n{}", out.describe());
+    assert!(logs.contains(&format!("::ffff:{other}")), "the new address's GID was never chosen\n{}", out.describe());
+    assert!(
+        logs.contains("the peer's address on the rail changed"),
+        "the new GID did not reach the peer in the re-admission exchange\n{}",
+        out.describe()
+    );
 }

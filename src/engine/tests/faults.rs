@@ -106,7 +106,7 @@ pub struct Rebuilds {
 
 /// The records a fake side's rebuilt QPs of `rail`, generation `g`, are described by.
 pub fn fake_records(side: usize, rail: usize, g: u64) -> QpRecords {
-    QpRecords { n: 2, words: [(side as u64) << 32 | (rail as u64) << 16 | g, 7, 0, 0] }
+    QpRecords { n: 5, words: [(side as u64) << 32 | (rail as u64) << 16 | g, 7, 0, 0, 0xfe80 << 48 | g] }
 }
 
 /// Turns re-admission on (after [`enable_failover`]): first back-off `base_ns`, cap `max_ns`.

@@ -1,11 +1,12 @@
 //! Completion queues: a plain CQ polled in batches with `ibv_poll_cq`, or an extended CQ
-//! (`ibv_create_cq_ex`) when completions should carry device timestamps.
+//! (`ibv_create_cq_ex`) when completions should carry device timestamps, polled in batches
+//! of `ibv_start_poll` / `ibv_next_poll` / `ibv_end_poll` (see [`PollBatches`]).
 
 use std::sync::Arc;
 
 use rdma_mummy_sys as ibv;
 
-use super::ctx::Ctx;
+use super::ctx::{Ctx, PollBatches};
 use super::sys::{self, strerror};
 use crate::error::Result;
 use crate::fabric::{Completion, CompletionQueue, WcOpcode, WcStatus};
@@ -180,7 +181,8 @@ impl VerbsCq {
         // SAFETY: ctx.raw is an open context; no channel, vector 0.
         let cq = unsafe { ibv::ibv_create_cq(ctx.raw, cqe, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
         if cq.is_null() {
-            return Err(ctx.failed(&format!("ibv_create_cq({cqe} entries)"), sys::errno()));
+            let errno = sys::errno();
+            return Err(ctx.failed(&format!("ibv_create_cq({cqe} entries)"), errno));
         }
         let inner = CqInner { cq, ex: std::ptr::null_mut(), clock: TsClock::None, ctx: ctx.clone() };
         Ok(VerbsCq { inner: Arc::new(inner), wcs: zeroed_wcs() })
@@ -194,6 +196,7 @@ impl VerbsCq {
             let e = &*ex;
             e.start_poll.is_some()
                 && e.end_poll.is_some()
+                && (e.next_poll.is_some() || ctx.poll_batches == PollBatches::One)
                 && e.read_opcode.is_some()
                 && e.read_byte_len.is_some()
                 && e.read_imm_data.is_some()
@@ -246,47 +249,90 @@ impl VerbsCq {
         Ok(n)
     }
 
-    /// One completion per `ibv_start_poll` / `ibv_end_poll` batch, never `ibv_next_poll`:
-    /// the man page says `end_poll` follows a `next_poll` that returned ENOENT, but rxe's
-    /// `next_poll` then ends the batch itself and the `end_poll` after it moves the consumer
-    /// index past the producer (garbage completions follow; caught by the Soft-RoCE tests).
-    /// A batch of one is correct on every provider and costs one uncontended lock pair.
     fn poll_ex(&mut self, out: &mut [Completion]) -> Result<usize> {
-        let ex = self.inner.ex;
-        let clock = self.inner.clock;
-        let mut n = 0;
-        while n < out.len() {
-            let mut attr = ibv::ibv_poll_cq_attr { comp_mask: 0 };
-            // SAFETY: a live extended CQ whose poll functions were checked at creation.
-            match unsafe { ibv::ibv_start_poll(ex, &mut attr) } {
-                0 => {}
-                libc::ENOENT => break,
-                e => return Err(self.inner.ctx.failed("ibv_start_poll", e)),
-            }
-            // SAFETY: between start_poll and end_poll the current completion's fields may
-            // be read with the functions checked at creation; end_poll is called once.
-            out[n] = unsafe {
-                let e = &*ex;
-                let with_imm = ibv::ibv_wc_read_wc_flags(ex) & ibv::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
-                let mut c = completion(
-                    e.wr_id,
-                    e.status,
-                    ibv::ibv_wc_read_opcode(ex),
-                    ibv::ibv_wc_read_byte_len(ex),
-                    with_imm.then(|| ibv::ibv_wc_read_imm_data(ex)),
-                    ibv::ibv_wc_read_qp_num(ex),
-                );
-                c.timestamp_ns = match clock {
-                    TsClock::None => 0,
-                    TsClock::Wallclock => ibv::ibv_wc_read_completion_wallclock_ns(ex),
-                    TsClock::Raw { .. } => clock.to_ns(ibv::ibv_wc_read_completion_ts(ex)),
-                };
-                ibv::ibv_end_poll(ex);
-                c
-            };
-            n += 1;
+        let (ex, clock, batches) = (self.inner.ex, self.inner.clock, self.inner.ctx.poll_batches);
+        // SAFETY: a live extended CQ whose poll functions were checked at creation, polled
+        // by this one thread (`&mut self`).
+        unsafe { poll_ex(ex, clock, batches, out) }.map_err(|(call, e)| self.inner.ctx.failed(call, e))
+    }
+}
+
+/// Polls up to `out.len()` completions of `ex` (see [`PollBatches`]); the failed call and
+/// its errno on error (the batch it was in is ended first).
+///
+/// # Safety
+/// `ex` is a live extended CQ whose `start_poll`, `next_poll` (with [`PollBatches::Many`]),
+/// `end_poll` and the read functions `clock` needs are set, polled by no other thread.
+pub(super) unsafe fn poll_ex(
+    ex: *mut ibv::ibv_cq_ex,
+    clock: TsClock,
+    batches: PollBatches,
+    out: &mut [Completion],
+) -> std::result::Result<usize, (&'static str, i32)> {
+    let mut n = 0;
+    while n < out.len() {
+        let mut attr = ibv::ibv_poll_cq_attr { comp_mask: 0 };
+        // SAFETY: the caller's contract.
+        match unsafe { ibv::ibv_start_poll(ex, &mut attr) } {
+            0 => {}
+            libc::ENOENT => break,
+            e => return Err(("ibv_start_poll", e)),
         }
-        Ok(n)
+        // SAFETY: between start_poll and end_poll the current completion's fields may be
+        // read (the caller's contract); end_poll is called once per successful start_poll.
+        unsafe {
+            out[n] = read_ex(ex, clock);
+            n += 1;
+            if batches == PollBatches::One {
+                ibv::ibv_end_poll(ex);
+                continue;
+            }
+            while n < out.len() {
+                match ibv::ibv_next_poll(ex) {
+                    0 => {
+                        out[n] = read_ex(ex, clock);
+                        n += 1;
+                    }
+                    libc::ENOENT => {
+                        ibv::ibv_end_poll(ex);
+                        return Ok(n);
+                    }
+                    e => {
+                        ibv::ibv_end_poll(ex);
+                        return Err(("ibv_next_poll", e));
+                    }
+                }
+            }
+            ibv::ibv_end_poll(ex);
+        }
+    }
+    Ok(n)
+}
+
+/// The current completion of an extended CQ.
+///
+/// # Safety
+/// Between a successful `ibv_start_poll`/`ibv_next_poll` of `ex` and its `ibv_end_poll`;
+/// the read functions `clock` needs are set.
+unsafe fn read_ex(ex: *mut ibv::ibv_cq_ex, clock: TsClock) -> Completion {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let e = &*ex;
+        let with_imm = ibv::ibv_wc_read_wc_flags(ex) & ibv::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
+        let mut c = completion(
+            e.wr_id,
+            e.status,
+            ibv::ibv_wc_read_opcode(ex),
+            ibv::ibv_wc_read_byte_len(ex),
+            with_imm.then(|| ibv::ibv_wc_read_imm_data(ex)),
+            ibv::ibv_wc_read_qp_num(ex),
+        );
+        c.timestamp_ns = match clock {
+            TsClock::None => 0,
+            TsClock::Wallclock => ibv::ibv_wc_read_completion_wallclock_ns(ex),
+            TsClock::Raw { .. } => clock.to_ns(ibv::ibv_wc_read_completion_ts(ex)),
+        };
+        c
     }
 }
 
@@ -321,7 +367,8 @@ pub(super) fn create_cq_ex_raw(ctx: &Ctx, depth: u32, wc_flags: u64) -> Result<*
     // SAFETY: ctx.raw is an open context; attr is fully initialised.
     let ex = unsafe { ibv::ibv_create_cq_ex(ctx.raw, &mut attr) };
     if ex.is_null() {
-        return Err(ctx.failed(&format!("ibv_create_cq_ex(wc_flags {wc_flags:#x})"), sys::errno()));
+        let errno = sys::errno();
+        return Err(ctx.failed(&format!("ibv_create_cq_ex(wc_flags {wc_flags:#x})"), errno));
     }
     Ok(ex)
 }
@@ -339,85 +386,5 @@ impl std::fmt::Debug for VerbsCq {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ibv::ibv_wc_opcode as o;
-    use ibv::ibv_wc_status as s;
-
-    fn wc(status: u32, opcode: u32, flags: u32, imm_be: u32) -> ibv::ibv_wc {
-        // SAFETY: all-zero is a valid ibv_wc.
-        let mut w: ibv::ibv_wc = unsafe { std::mem::zeroed() };
-        w.wr_id = 0xfeed;
-        w.status = status;
-        w.opcode = opcode;
-        w.wc_flags = flags;
-        w.byte_len = 4096;
-        w.qp_num = 17;
-        w.imm_data_invalidated_rkey_union.imm_data = imm_be;
-        w
-    }
-
-    #[test]
-    fn error_statuses_map_and_keep_unknown_codes() {
-        assert_eq!(map_status(s::IBV_WC_SUCCESS), WcStatus::Success);
-        assert_eq!(map_status(s::IBV_WC_LOC_LEN_ERR), WcStatus::LocalError);
-        assert_eq!(map_status(s::IBV_WC_LOC_PROT_ERR), WcStatus::LocalError);
-        assert_eq!(map_status(s::IBV_WC_REM_ACCESS_ERR), WcStatus::RemoteAccessError);
-        assert_eq!(map_status(s::IBV_WC_REM_INV_REQ_ERR), WcStatus::RemoteOpError);
-        assert_eq!(map_status(s::IBV_WC_REM_OP_ERR), WcStatus::RemoteOpError);
-        assert_eq!(map_status(s::IBV_WC_RETRY_EXC_ERR), WcStatus::RetryExceeded);
-        assert_eq!(map_status(s::IBV_WC_RNR_RETRY_EXC_ERR), WcStatus::RnrRetryExceeded);
-        assert_eq!(map_status(s::IBV_WC_WR_FLUSH_ERR), WcStatus::Flushed);
-        assert_eq!(map_status(s::IBV_WC_FATAL_ERR), WcStatus::Other(s::IBV_WC_FATAL_ERR));
-        assert_eq!(map_status(s::IBV_WC_GENERAL_ERR), WcStatus::Other(21));
-        assert_eq!(map_status(s::IBV_WC_LOC_QP_OP_ERR), WcStatus::LocalQpError);
-        for st in [
-            WcStatus::RemoteAccessError,
-            WcStatus::RetryExceeded,
-            WcStatus::Flushed,
-            WcStatus::LocalQpError,
-            WcStatus::Other(19),
-        ] {
-            assert_eq!(map_status(status_code(st)), st, "round trip of {st:?}");
-        }
-    }
-
-    #[test]
-    fn immediate_data_is_converted_from_network_order() {
-        let c = from_wc(&wc(
-            s::IBV_WC_SUCCESS,
-            o::IBV_WC_RECV_RDMA_WITH_IMM,
-            ibv::ibv_wc_flags::IBV_WC_WITH_IMM.0,
-            0x0102_0304u32.to_be(),
-        ));
-        assert_eq!(c.opcode, WcOpcode::RecvRdmaWithImm);
-        assert_eq!(c.imm, 0x0102_0304);
-        assert_eq!((c.wr_id, c.byte_len, c.qp_num, c.status), (0xfeed, 4096, 17, WcStatus::Success));
-        // Without the WITH_IMM flag the union holds no immediate.
-        let c = from_wc(&wc(s::IBV_WC_SUCCESS, o::IBV_WC_RDMA_WRITE, 0, 0xdead_beef));
-        assert_eq!((c.opcode, c.imm), (WcOpcode::RdmaWrite, 0));
-        assert_eq!(from_wc(&wc(s::IBV_WC_SUCCESS, o::IBV_WC_RDMA_READ, 0, 0)).opcode, WcOpcode::RdmaRead);
-    }
-
-    #[test]
-    fn unexpected_opcodes_are_errors_and_failed_opcodes_are_ignored() {
-        let c = from_wc(&wc(s::IBV_WC_SUCCESS, o::IBV_WC_RECV, 0, 0));
-        assert_eq!(c.status, WcStatus::Other(UNEXPECTED_OPCODE | o::IBV_WC_RECV));
-        assert!(wc_status_str(c.status).contains("unexpected completion opcode"));
-        // A flushed WR reports garbage as opcode: the status stays the flush.
-        let c = from_wc(&wc(s::IBV_WC_WR_FLUSH_ERR, 0x7777, 0, 0));
-        assert_eq!(c.status, WcStatus::Flushed);
-    }
-
-    #[test]
-    fn timestamp_clocks() {
-        assert_eq!(TsClock::None.to_ns(123), 0);
-        assert_eq!(TsClock::Wallclock.to_ns(123_456), 123_456);
-        let c = TsClock::raw(1_000_000); // 1 GHz: 1 tick = 1 ns
-        assert_eq!(c.to_ns(5_000_000_000), 5_000_000_000);
-        let c = TsClock::raw(156_250); // 156.25 MHz: 6.4 ns per tick
-        assert_eq!(c.to_ns(1_000), 6_400);
-        assert_eq!(c.to_ns(1 << 60), ((1u128 << 60) * 64 / 10) as u64, "no overflow on large counters");
-        assert_eq!(TsClock::raw(0), TsClock::Raw { khz: 1 }, "never divides by 0");
-    }
-}
+#[path = "cq_tests.rs"]
+mod tests;

@@ -10,6 +10,20 @@ use super::events::{EventThread, Health};
 use super::sys;
 use crate::error::Error;
 
+/// How an extended CQ is polled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PollBatches {
+    /// Every completion there is in one `ibv_start_poll` / `ibv_next_poll`… / `ibv_end_poll`
+    /// batch (up to the caller's buffer), as the man page describes.
+    Many,
+    /// One completion per start/end pair, never `ibv_next_poll`: rxe before rdma-core 59
+    /// ends the batch itself when `ibv_next_poll` finds the queue empty, so the
+    /// `ibv_end_poll` the man page asks for after it skips a completion slot and unlocks
+    /// twice (rdma-core 5e7aa4102, "rxe: Fix double unlock in cq_ex polling"; caught by the
+    /// Soft-RoCE tests). Correct on every provider; one uncontended lock pair each.
+    One,
+}
+
 /// The opened context and its PD, shared (Arc) by the device and every object made on it,
 /// so that it is closed only after the last of them is gone.
 pub struct Ctx {
@@ -18,6 +32,8 @@ pub struct Ctx {
     name: String,
     port: u8,
     pub(super) health: Arc<Health>,
+    /// How this device's extended CQs are polled (a provider quirk, see [`PollBatches`]).
+    pub(super) poll_batches: PollBatches,
     events: Option<EventThread>,
 }
 
@@ -35,9 +51,10 @@ impl Ctx {
         name: &str,
         port: u8,
         health: Arc<Health>,
+        poll_batches: PollBatches,
         events: Option<EventThread>,
     ) -> Ctx {
-        Ctx { raw, pd, name: name.to_string(), port, health, events }
+        Ctx { raw, pd, name: name.to_string(), port, health, poll_batches, events }
     }
 
     /// `device:port`, for messages.

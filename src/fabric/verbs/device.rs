@@ -4,19 +4,25 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use parking_lot::Mutex;
 use rdma_mummy_sys as ibv;
 
 use super::cq::{TsClock, VerbsCq};
-use super::ctx::Ctx;
+use super::ctx::{Ctx, PollBatches};
 use super::events::{EventThread, Health};
-use super::gid::{self, GidRule, GidType};
+use super::gid::{self, GidEntry, GidRule, GidType};
+use super::pkey;
 use super::props;
 use super::qp::{self, VerbsQp};
 use super::qp_info::PortInfo;
+use super::route;
 use super::srq::VerbsSrq;
 use super::sys::{self, DeviceList, LINK_LAYER_ETHERNET, LINK_LAYER_INFINIBAND, OpenContext, PORT_ACTIVE};
 use crate::error::{Error, Result};
 use crate::fabric::{Access, Device, DeviceAttrs, LinkLayer, MemTypes, MrKeys, Progress, QpCaps, Timestamps};
+
+/// The vendor id Soft-RoCE (rxe) reports.
+const RXE_VENDOR_ID: u32 = 0xff_ffff;
 
 /// How to open one port: what [`VerbsDevice::open`] takes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,8 +33,10 @@ pub struct VerbsOptions {
     pub port: Option<u8>,
     /// Which RoCE GID to use: an index, or preferences (`gid.rs`).
     pub gid: GidRule,
-    /// Register memory with PCI relaxed ordering where libibverbs can
-    /// ([`sys::relaxed_ordering_available`]).
+    /// The P_Key table index of the QPs (`pkey.rs`).
+    pub pkey_index: u16,
+    /// Registrations that ask for PCI relaxed ordering ([`Access::RELAXED_ORDERING`]: data
+    /// buffers) get it where libibverbs can ([`sys::relaxed_ordering_available`]).
     pub relaxed_ordering: bool,
     /// Offer DMA-BUF registration where the kernel and driver have it (`MPIB_DMABUF`);
     /// off: not even probed.
@@ -64,16 +72,27 @@ impl Drop for VerbsMr {
 pub struct VerbsDevice {
     ctx: Arc<Ctx>,
     attrs: DeviceAttrs,
-    port: PortInfo,
-    /// The RoCE version of the GID at `port.gid_index` (`None`: InfiniBand, or unknown).
-    gid_type: Option<GidType>,
+    /// The port's facts QPs are made with; its GID checked before each QP ([`Self::port_now`]).
+    addr: Mutex<PortAddr>,
+    /// Which GID the port uses (`MPIB_GID_INDEX` and the preferences).
+    rule: GidRule,
     clock: TsClock,
-    /// Every registration asks for PCI relaxed ordering (wanted and available).
+    /// Registrations that ask for PCI relaxed ordering get it (wanted and available).
     relaxed_ordering: bool,
 }
 
-/// `ibv_access_flags` for an [`Access`]. Verbs refuses REMOTE_WRITE without LOCAL_WRITE,
-/// so LOCAL_WRITE is added to it.
+/// The port's facts as last read, with what the GID choice needs to find its GID again.
+struct PortAddr {
+    info: PortInfo,
+    /// The RoCE version of the GID in use (`None`: InfiniBand, or unknown; a GID value is in
+    /// a RoCE table once per version).
+    kind: Option<GidType>,
+    /// `Health::gid_events` when the GID was last read.
+    gid_events: u64,
+}
+
+/// `ibv_access_flags` for an [`Access`], without relaxed ordering (see [`reg_flags`]).
+/// Verbs refuses REMOTE_WRITE without LOCAL_WRITE, so LOCAL_WRITE is added to it.
 fn access_flags(access: Access) -> u32 {
     use ibv::ibv_access_flags as a;
     let mut f = 0;
@@ -87,6 +106,20 @@ fn access_flags(access: Access) -> u32 {
         f |= a::IBV_ACCESS_REMOTE_READ.0;
     }
     f
+}
+
+/// The `ibv_access_flags` of one registration, and whether they ask for PCI relaxed
+/// ordering (then only `ibv_reg_mr_iova2` can pass them). Relaxed ordering only where the
+/// caller asks for it ([`Access::RELAXED_ORDERING`]: data buffers) and the device allows it
+/// (`device_relaxed`: wanted by the configuration and available in libibverbs). The plugin
+/// never asks for it on its control region (CTS FIFO, completion records, control ring):
+/// the protocol reads a WRITE's last 8 bytes as the sign that the rest landed, which a
+/// host honouring relaxed ordering does not keep (net_ib registers its FIFO strictly
+/// ordered too).
+fn reg_flags(access: Access, device_relaxed: bool) -> (u32, bool) {
+    let relaxed = device_relaxed && access.contains(Access::RELAXED_ORDERING);
+    let ro = if relaxed { ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0 } else { 0 };
+    (access_flags(access) | ro, relaxed)
 }
 
 impl VerbsDevice {
@@ -121,13 +154,17 @@ impl VerbsDevice {
             let e = table.iter().find(|e| e.index == idx);
             (idx, e.map(|e| e.gid).unwrap_or_default(), e.and_then(|e| e.kind))
         } else {
-            let idx = rule.index.filter(|_| rule.index_on_ib).unwrap_or(0);
+            let idx = rule.index.filter(|_| rule.index_on_ib);
+            let idx = idx.unwrap_or_else(|| ib_gid_index(oc.0, name, port, pattr.gid_tbl_len));
             (idx, gid::query_gid(oc.0, name, port, idx).unwrap_or_default(), None)
         };
+        let pkeys = pkey::read_table(oc.0, name, port, pattr.pkey_tbl_len as usize);
+        let pkey = pkey::check(&pkeys, opts.pkey_index, name, port)?;
         // SAFETY: oc.0 is an open context.
         let pd = unsafe { ibv::ibv_alloc_pd(oc.0) };
         if pd.is_null() {
-            return Err(sys::call_failed("ibv_alloc_pd", name, port, sys::errno()));
+            let errno = sys::errno();
+            return Err(sys::call_failed("ibv_alloc_pd", name, port, errno));
         }
         let raw = oc.into_raw();
         let health = Arc::new(Health::new());
@@ -136,7 +173,10 @@ impl VerbsDevice {
                 log::warn!("{name}:{port}: no async event thread ({e}); port and QP errors show only in completions")
             })
             .ok();
-        let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, events));
+        // Soft-RoCE (its vendor id, RXE_VENDOR_ID) ends an extended CQ's poll batch in
+        // ibv_next_poll before rdma-core 59; one completion per batch is right everywhere.
+        let batches = if dattr.orig_attr.vendor_id == RXE_VENDOR_ID { PollBatches::One } else { PollBatches::Many };
+        let ctx = Arc::new(Ctx::new(raw, pd, name, port, health, batches, events));
 
         let clock = probe_clock(&ctx, dattr.hca_core_clock);
         let mem_types = mem_types(props::peer_memory_loaded(), opts.dmabuf, || probe_dmabuf(&ctx));
@@ -169,12 +209,24 @@ impl VerbsDevice {
             gid_index,
             rd_atomic_responder: d.max_qp_rd_atom.clamp(1, 16) as u8,
             rd_atomic_initiator: d.max_qp_init_rd_atom.clamp(1, 16) as u8,
+            grh_required: pattr.flags & QPF_GRH_REQUIRED != 0,
+            pkey_index: opts.pkey_index,
         };
-        let addr = if roce {
+        let mut addr = if roce {
             format!("RoCE, GID index {gid_index} ({})", gid::format_gid(&gid))
         } else {
-            format!("InfiniBand, LID {:#x}", pattr.lid)
+            let flid = match route::flid(&gid) {
+                0 => String::new(),
+                f => format!(", FLID {f:#x} (GID index {gid_index})"),
+            };
+            format!("InfiniBand, LID {:#x}{flid}", pattr.lid)
         };
+        if port_info.grh_required && !roce {
+            addr.push_str(", GRH required");
+        }
+        if let Some(p) = pkey.filter(|p| *p != 0xffff || opts.pkey_index != 0) {
+            addr.push_str(&format!(", P_Key {p:#06x} (index {})", opts.pkey_index));
+        }
         log::info!(
             "verbs device {name}:{port}: {addr}, MTU {}, {} Mbit/s, memory {:?}, max inline {}, completion timestamps: {}",
             attrs.mtu,
@@ -184,27 +236,72 @@ impl VerbsDevice {
             clock.describe()
         );
         let relaxed_ordering = opts.relaxed_ordering && sys::relaxed_ordering_available();
-        Ok(VerbsDevice { ctx, attrs, port: port_info, gid_type, clock, relaxed_ordering })
+        let gid_events = ctx.health.gid_events.load(Ordering::Acquire);
+        let addr = Mutex::new(PortAddr { info: port_info, kind: gid_type, gid_events });
+        Ok(VerbsDevice { ctx, attrs, addr, rule: opts.gid, clock, relaxed_ordering })
     }
 
-    /// The GID index QPs use as source (RoCE: the chosen one; IB: for GRH only).
+    /// The GID index QPs use as source (RoCE: the chosen one; IB: for GRH only), as last read.
     pub fn gid_index(&self) -> u8 {
-        self.port.gid_index
+        self.addr.lock().info.gid_index
     }
 
-    /// The RoCE version of the GID at [`Self::gid_index`] (`None` on InfiniBand).
+    /// The RoCE version of the GID at [`Self::gid_index`] (`None` on InfiniBand), as last read.
     pub fn gid_type(&self) -> Option<GidType> {
-        self.gid_type
+        self.addr.lock().kind
     }
 
-    /// The port's GID at [`Self::gid_index`] (network order).
+    /// The port's GID at [`Self::gid_index`] (network order), as last read.
     pub fn gid(&self) -> [u8; 16] {
-        self.port.gid
+        self.addr.lock().info.gid
     }
 
     /// The port's LID (InfiniBand; 0 on RoCE).
     pub fn lid(&self) -> u16 {
-        self.port.lid
+        self.addr.lock().info.lid
+    }
+
+    /// The P_Key table index QPs use.
+    pub fn pkey_index(&self) -> u16 {
+        self.addr.lock().info.pkey_index
+    }
+
+    /// The port's facts a new QP is made with, its RoCE GID checked first: read again when
+    /// a GID_CHANGE or PORT_ACTIVE event came since it was last read, or when the entry in
+    /// use no longer holds it (an event may be missed or late); then the same GID found
+    /// again (perhaps at another index), else one chosen anew (`gid::reselect`). An error
+    /// when the port has no usable GID now (its address removed): the QP is not made, and
+    /// a rail's re-admission tries again later.
+    pub fn port_now(&self) -> Result<PortInfo> {
+        let mut a = self.addr.lock();
+        if !a.info.is_roce() {
+            return Ok(a.info);
+        }
+        let (name, port) = (self.attrs.name.as_str(), a.info.port);
+        // Loaded before the table is read: an event during the read makes the next call read again.
+        let events = self.ctx.health.gid_events.load(Ordering::Acquire);
+        let same = events == a.gid_events
+            && gid::query_gid(self.ctx.raw, name, port, a.info.gid_index).is_ok_and(|g| g == a.info.gid);
+        if same {
+            return Ok(a.info);
+        }
+        let len = sys::query_port(self.ctx.raw, name, port)?.gid_tbl_len.max(0) as usize;
+        let table = gid::read_table(self.ctx.raw, name, port, len);
+        let current = GidEntry { index: a.info.gid_index, gid: a.info.gid, kind: a.kind };
+        let idx =
+            gid::reselect(&table, &current, &self.rule, name, port).map_err(|e| e.context("the GID table changed"))?;
+        let e = table.iter().find(|e| e.index == idx).copied().unwrap_or(current);
+        if (e.index, e.gid) != (current.index, current.gid) {
+            log::info!(
+                "{name}:{port}: RoCE GID now index {} ({}), was index {} ({}); new QPs use it",
+                e.index,
+                gid::format_gid(&e.gid),
+                current.index,
+                gid::format_gid(&current.gid)
+            );
+        }
+        (a.info.gid_index, a.info.gid, a.kind, a.gid_events) = (e.index, e.gid, e.kind, events);
+        Ok(a.info)
     }
 
     /// How completion timestamps are taken on this device.
@@ -212,7 +309,7 @@ impl VerbsDevice {
         self.clock
     }
 
-    /// Whether registrations ask for PCI relaxed ordering.
+    /// Whether registrations that ask for PCI relaxed ordering get it.
     pub fn relaxed_ordering(&self) -> bool {
         self.relaxed_ordering
     }
@@ -254,7 +351,7 @@ impl Device for VerbsDevice {
 
     fn port_downs(&self) -> (u64, bool) {
         let h = &self.ctx.health;
-        (h.port_downs.load(Ordering::Acquire), !h.port_active.load(Ordering::Acquire))
+        (h.port_downs.load(Ordering::Acquire), h.port_down())
     }
 
     fn attrs(&self) -> &DeviceAttrs {
@@ -262,42 +359,36 @@ impl Device for VerbsDevice {
     }
 
     fn reg_mr(&self, addr: *mut u8, len: usize, access: Access) -> Result<VerbsMr> {
-        let flags = access_flags(access);
-        let ro = ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
-        let access = if self.relaxed_ordering { access | Access::RELAXED_ORDERING } else { access };
+        let (flags, relaxed) = reg_flags(access, self.relaxed_ordering);
         // SAFETY: the caller owns [addr, addr+len) for the registration's lifetime (the
         // trait's contract); the PD is live.
         let mut mr = unsafe {
-            if access.contains(Access::RELAXED_ORDERING) {
-                ibv::ibv_reg_mr_iova2(self.ctx.pd, addr.cast(), len, addr as u64, flags | ro)
+            if relaxed {
+                ibv::ibv_reg_mr_iova2(self.ctx.pd, addr.cast(), len, addr as u64, flags)
             } else {
                 ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, flags as i32)
             }
         };
-        if mr.is_null() && access.contains(Access::RELAXED_ORDERING) && sys::errno() == libc::EOPNOTSUPP {
+        if mr.is_null() && relaxed && sys::errno() == libc::EOPNOTSUPP {
             // libibverbs older than ibv_reg_mr_iova2 (rdma-core 29): no relaxed ordering.
             // SAFETY: as above.
-            mr = unsafe { ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, flags as i32) };
+            mr = unsafe { ibv::ibv_reg_mr(self.ctx.pd, addr.cast(), len, access_flags(access) as i32) };
         }
         if mr.is_null() {
-            return Err(self
-                .ctx
-                .failed(&format!("ibv_reg_mr({len} bytes at {addr:p}, access {access:?})"), sys::errno()));
+            let errno = sys::errno();
+            let shown = if relaxed { access } else { access - Access::RELAXED_ORDERING };
+            return Err(self.ctx.failed(&format!("ibv_reg_mr({len} bytes at {addr:p}, access {shown:?})"), errno));
         }
         Ok(self.wrap_mr(mr))
     }
 
     fn reg_dmabuf_mr(&self, fd: i32, offset: u64, len: usize, iova: u64, access: Access) -> Result<VerbsMr> {
-        let mut flags = access_flags(access);
-        if access.contains(Access::RELAXED_ORDERING) || self.relaxed_ordering {
-            flags |= ibv::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
-        }
+        let (flags, _) = reg_flags(access, self.relaxed_ordering);
         // SAFETY: the PD is live; the kernel validates the fd and the range.
         let mr = unsafe { ibv::ibv_reg_dmabuf_mr(self.ctx.pd, offset, len, iova, fd, flags as i32) };
         if mr.is_null() {
-            return Err(self
-                .ctx
-                .failed(&format!("ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes)"), sys::errno()));
+            let errno = sys::errno();
+            return Err(self.ctx.failed(&format!("ibv_reg_dmabuf_mr(fd {fd}, offset {offset}, {len} bytes)"), errno));
         }
         Ok(self.wrap_mr(mr))
     }
@@ -329,7 +420,7 @@ impl Device for VerbsDevice {
     }
 
     fn create_qp(&self, cq: &VerbsCq, srq: Option<&VerbsSrq>, caps: QpCaps) -> Result<VerbsQp> {
-        VerbsQp::create(&self.ctx, self.port, cq, srq, caps)
+        VerbsQp::create(&self.ctx, self.port_now()?, cq, srq, caps)
     }
 }
 
@@ -343,7 +434,7 @@ impl VerbsDevice {
 
 impl std::fmt::Debug for VerbsDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "VerbsDevice({}, gid index {})", self.ctx.label(), self.port.gid_index)
+        write!(f, "VerbsDevice({}, gid index {})", self.ctx.label(), self.gid_index())
     }
 }
 
@@ -375,6 +466,21 @@ fn mem_types(peer_memory: bool, wanted: bool, probe: impl FnOnce() -> bool) -> M
     m
 }
 
+/// `IBV_QPF_GRH_REQUIRED` of `ibv_port_attr.flags` (verbs.h; not bound by the crate).
+const QPF_GRH_REQUIRED: u8 = 1;
+
+/// The GID table index of the InfiniBand GID with a routable FLID, as net_ib looks for it
+/// (`NCCL_IB_ROUTABLE_FLID_GID_INDEX`, default 1).
+const ROUTABLE_FLID_GID_INDEX: u8 = 1;
+
+/// An InfiniBand port's GID index: the one holding a routable FLID if the table has it
+/// (routed IB: the subnet prefix carries it), else 0, as net_ib chooses.
+fn ib_gid_index(ctx: *mut ibv::ibv_context, name: &str, port: u8, gid_tbl_len: i32) -> u8 {
+    let i = ROUTABLE_FLID_GID_INDEX;
+    let routable = (i as i32) < gid_tbl_len && gid::query_gid(ctx, name, port, i).is_ok_and(|g| route::flid(&g) != 0);
+    if routable { i } else { 0 }
+}
+
 /// DMA-BUF registration works when `ibv_reg_dmabuf_mr(fd = -1)` fails for the fd, not for
 /// lack of support (net_ib's probe).
 fn probe_dmabuf(ctx: &Ctx) -> bool {
@@ -388,15 +494,30 @@ fn probe_dmabuf(ctx: &Ctx) -> bool {
     props::dmabuf_supported_from_errno(sys::errno())
 }
 
-/// The largest inline payload an RC QP accepts, among a few sizes (0 when none).
+/// The largest inline payload an RC QP accepts, among a few sizes (0 when none, with a WARN
+/// saying why: small sends then go from registered memory, and a failure here, e.g. ENOMEM
+/// from the locked-memory limit, will fail the first connection too).
 fn probe_inline(ctx: &Arc<Ctx>) -> u32 {
-    let Ok(cq) = VerbsCq::create_plain(ctx, 4) else { return 0 };
-    for size in [512, 256, 128, 64, 32] {
-        if let Ok(q) = qp::create_raw(ctx, cq.inner.cq, std::ptr::null_mut(), 4, size) {
-            // SAFETY: a QP just created here, destroyed once.
-            unsafe { ibv::ibv_destroy_qp(q) };
-            return size;
+    let cq = match VerbsCq::create_plain(ctx, 4) {
+        Ok(cq) => cq,
+        Err(e) => {
+            log::warn!("{}: no inline sends: the probe's CQ: {e}", ctx.label());
+            return 0;
         }
+    };
+    let mut last = None;
+    for size in [512, 256, 128, 64, 32] {
+        match qp::create_raw(ctx, cq.inner.cq, std::ptr::null_mut(), 4, size) {
+            Ok(q) => {
+                // SAFETY: a QP just created here, destroyed once.
+                unsafe { ibv::ibv_destroy_qp(q) };
+                return size;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    if let Some(e) = last {
+        log::warn!("{}: no inline sends: no RC QP with 32 inline bytes or more: {e}", ctx.label());
     }
     0
 }
@@ -414,7 +535,7 @@ mod tests {
         assert_eq!(
             access_flags(Access::all()),
             (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE | a::IBV_ACCESS_REMOTE_READ).0,
-            "relaxed ordering is added by reg_mr itself, through ibv_reg_mr_iova2"
+            "relaxed ordering is added by reg_flags only"
         );
     }
 
@@ -430,5 +551,19 @@ mod tests {
         assert_eq!(probed.get(), 2);
         assert_eq!(mem_types(true, false, || probe(true)), MemTypes::HOST | MemTypes::CUDA, "MPIB_DMABUF=0");
         assert_eq!(probed.get(), 2, "not even probed");
+    }
+
+    #[test]
+    fn relaxed_ordering_only_where_asked_and_allowed() {
+        let ro = a::IBV_ACCESS_RELAXED_ORDERING.0;
+        let rw = (a::IBV_ACCESS_LOCAL_WRITE | a::IBV_ACCESS_REMOTE_WRITE | a::IBV_ACCESS_REMOTE_READ).0;
+        let control = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+        let data = control | Access::RELAXED_ORDERING;
+        // Control memory is strictly ordered whatever the device allows.
+        assert_eq!(reg_flags(control, true), (rw, false));
+        assert_eq!(reg_flags(control, false), (rw, false));
+        // Data buffers get it where the device allows it, through ibv_reg_mr_iova2.
+        assert_eq!(reg_flags(data, true), (rw | ro, true));
+        assert_eq!(reg_flags(data, false), (rw, false));
     }
 }

@@ -1,7 +1,12 @@
-//! Asynchronous events of a device (port down/up, QP fatal, device fatal): one thread per
-//! opened device sleeps in `poll(2)` on the context's async fd and an eventfd that stops
-//! it; it wakes only when the kernel has an event, logs it, records port/device health and
-//! acknowledges it. It never spins.
+//! Asynchronous events of a device (port down/up, GID table change, QP fatal, device fatal):
+//! one thread per opened device sleeps in `poll(2)` on the context's async fd and an eventfd
+//! that stops it; it wakes only when the kernel has an event, logs it, records port/device
+//! health and acknowledges it. It never spins.
+//!
+//! A DEVICE_FATAL counts as the port going down for good (the device must be reopened,
+//! which mpib does not do): every rail on the device fails at once, and re-admission waits
+//! for a port that never comes back. A GID_CHANGE or PORT_ACTIVE on the port marks its GID
+//! for re-reading before the next QP is made (`device.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,6 +26,9 @@ pub struct Health {
     /// PORT_ERR events on this port so far.
     pub port_downs: AtomicU64,
     pub device_fatal: AtomicBool,
+    /// GID_CHANGE and PORT_ACTIVE events on this port so far: the GID table may differ from
+    /// what was read before the last one.
+    pub gid_events: AtomicU64,
     /// Events seen so far (all kinds).
     pub events: AtomicU64,
     /// QP errors (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR) seen so far.
@@ -41,6 +49,7 @@ impl Health {
             port_active: AtomicBool::new(true),
             port_downs: AtomicU64::new(0),
             device_fatal: AtomicBool::new(false),
+            gid_events: AtomicU64::new(0),
             events: AtomicU64::new(0),
             qp_errors: AtomicU64::new(0),
             last_wqe_events: AtomicU64::new(0),
@@ -60,6 +69,11 @@ impl Health {
     /// QP `qpn` waits no more.
     pub fn forget_last_wqe(&self, qpn: u32) {
         self.last_wqe.lock().remove(&qpn);
+    }
+
+    /// Whether the port is down: a PORT_ERR not followed by PORT_ACTIVE, or DEVICE_FATAL.
+    pub fn port_down(&self) -> bool {
+        !self.port_active.load(Ordering::Acquire) || self.device_fatal.load(Ordering::Acquire)
     }
 
     fn on_last_wqe(&self, qpn: u32) {
@@ -201,9 +215,19 @@ fn report(ev: &RawAsyncEvent, label: &str, port: u8, health: &Health) {
         log::warn!("{label}: async event {name} on port {event_port}: the link is down");
     } else if t == e::IBV_EVENT_PORT_ACTIVE as u32 {
         if event_port == port as i32 {
+            // The GID table may have been rebuilt while the link was down (mlx5 re-adds its
+            // RoCE GIDs, sometimes at other indexes).
+            health.gid_events.fetch_add(1, Ordering::Release);
             health.port_active.store(true, Ordering::Release);
         }
         log::info!("{label}: async event {name} on port {event_port}: the link is up");
+    } else if t == e::IBV_EVENT_GID_CHANGE as u32 {
+        if event_port == port as i32 {
+            health.gid_events.fetch_add(1, Ordering::Release);
+        }
+        log::info!(
+            "{label}: async event {name} on port {event_port}: the GID table changed; re-read before the next QP"
+        );
     } else if t == e::IBV_EVENT_QP_FATAL as u32
         || t == e::IBV_EVENT_QP_REQ_ERR as u32
         || t == e::IBV_EVENT_QP_ACCESS_ERR as u32
@@ -216,11 +240,51 @@ fn report(ev: &RawAsyncEvent, label: &str, port: u8, health: &Health) {
         health.on_last_wqe(qp_num());
         log::debug!("{label}: async event {name} on QP {}", qp_num());
     } else if t == e::IBV_EVENT_DEVICE_FATAL as u32 {
+        // Before the down count: a reader that sees the count move sees the port down.
         health.device_fatal.store(true, Ordering::Release);
-        log::warn!("{label}: async event {name}: the device must be reopened");
+        health.port_downs.fetch_add(1, Ordering::Release);
+        log::warn!("{label}: async event {name}: the device must be reopened; every rail on it fails now");
     } else if t == e::IBV_EVENT_CQ_ERR as u32 || t == e::IBV_EVENT_SRQ_ERR as u32 {
         log::warn!("{label}: async event {name}");
     } else {
         log::info!("{label}: async event {name}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ibv::ibv_event_type as e;
+
+    fn ev(t: ibv::ibv_event_type, port: usize) -> RawAsyncEvent {
+        RawAsyncEvent { element: port, event_type: t as u32 }
+    }
+
+    #[test]
+    fn device_fatal_is_the_port_down_for_good() {
+        let h = Health::new();
+        report(&ev(e::IBV_EVENT_DEVICE_FATAL, 0), "mlx5_0:1", 1, &h);
+        assert_eq!(h.port_downs.load(Ordering::Acquire), 1, "the rails on it see a port-down at once");
+        assert!(h.port_down());
+        // A PORT_ACTIVE after it does not bring the device back: it must be reopened.
+        report(&ev(e::IBV_EVENT_PORT_ACTIVE, 1), "mlx5_0:1", 1, &h);
+        assert!(h.port_down());
+    }
+
+    #[test]
+    fn port_events_of_this_port_move_the_health_and_the_gid_generation() {
+        let h = Health::new();
+        assert!(!h.port_down());
+        report(&ev(e::IBV_EVENT_PORT_ERR, 2), "mlx5_0:1", 1, &h);
+        assert_eq!((h.port_downs.load(Ordering::Acquire), h.port_down()), (0, false), "another port's event");
+        report(&ev(e::IBV_EVENT_PORT_ERR, 1), "mlx5_0:1", 1, &h);
+        assert_eq!((h.port_downs.load(Ordering::Acquire), h.port_down()), (1, true));
+        report(&ev(e::IBV_EVENT_PORT_ACTIVE, 1), "mlx5_0:1", 1, &h);
+        assert!(!h.port_down());
+        assert_eq!(h.gid_events.load(Ordering::Acquire), 1, "PORT_ACTIVE: the GID is read again");
+        report(&ev(e::IBV_EVENT_GID_CHANGE, 1), "mlx5_0:1", 1, &h);
+        report(&ev(e::IBV_EVENT_GID_CHANGE, 2), "mlx5_0:1", 1, &h);
+        assert_eq!(h.gid_events.load(Ordering::Acquire), 2, "GID_CHANGE of this port only");
+        assert_eq!(h.events.load(Ordering::Relaxed), 5);
     }
 }

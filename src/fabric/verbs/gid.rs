@@ -258,6 +258,22 @@ pub fn select(table: &[GidEntry], rule: &GidRule, dev: &str, port: u8) -> Result
     })
 }
 
+/// The GID index to use now on a RoCE port whose GID was `current` (value and type), after
+/// its table may have changed (a GID_CHANGE or PORT_ACTIVE event, or the entry at the index
+/// in use no longer holding it): with an index (`MPIB_GID_INDEX`), that index as [`select`]
+/// checks it; else the entry holding the same value and type again (mlx5 and rxe re-add a
+/// RoCE GID at another index after a port flap; it was chosen by `rule` and still is), else
+/// a choice made anew by [`select`] with `rule` (the port's address changed). The error
+/// says what the table holds (no usable GID: the address is gone for now).
+pub fn reselect(table: &[GidEntry], current: &GidEntry, rule: &GidRule, dev: &str, port: u8) -> Result<u8> {
+    if rule.index.is_none()
+        && let Some(e) = table.iter().find(|e| e.gid == current.gid && e.kind == current.kind && !is_zero(&e.gid))
+    {
+        return Ok(e.index);
+    }
+    select(table, rule, dev, port)
+}
+
 /// The non-empty entries, `index=gid(type)`, for error messages and logs.
 pub fn describe(table: &[GidEntry]) -> String {
     let items: Vec<String> = table
@@ -398,6 +414,29 @@ mod tests {
         assert!(e.msg().contains("index 9"), "{e}");
         let e = select(&t[..1], &auto(), "rxe0", 1).unwrap_err();
         assert!(e.msg().contains("no usable RoCE GID") && e.msg().contains("MPIB_GID_INDEX"), "{e}");
+    }
+
+    #[test]
+    fn a_changed_table_keeps_the_same_gid_else_chooses_anew() {
+        let ours = v4(1, 1, Some(RoceV2));
+        // The same GID again, at another index (re-added after a flap while the old entry
+        // was still held): found again, not the first v2 IPv4 GID of the table.
+        let t = [v6(0, 0xfe80, Some(RoceV2)), v4(1, 9, Some(RoceV2)), v4(2, 1, Some(IbRoceV1)), v4(3, 1, Some(RoceV2))];
+        assert_eq!(reselect(&t, &ours, &auto(), "mlx5_0", 1).unwrap(), 3, "same value and type, not the v1 twin");
+        // Gone: chosen anew by the same rules as at open.
+        let t = [v6(0, 0xfe80, Some(RoceV2)), v4(4, 7, Some(RoceV2)), v4(5, 8, Some(RoceV2))];
+        assert_eq!(reselect(&t, &ours, &auto(), "rxe0", 1).unwrap(), 4);
+        // Nothing usable (the address removed): the error says so, to be tried again later.
+        let e = reselect(&t[..1], &ours, &auto(), "rxe0", 1).unwrap_err();
+        assert!(e.msg().contains("no usable RoCE GID"), "{e}");
+        // MPIB_GID_INDEX: the index the user chose, whatever it holds now.
+        let t = [v6(0, 0xfe80, Some(RoceV2)), v4(1, 7, Some(RoceV2)), v4(2, 1, Some(RoceV2))];
+        assert_eq!(reselect(&t, &ours, &GidRule::index(Some(1)), "rxe0", 1).unwrap(), 1);
+        assert!(reselect(&t, &ours, &GidRule::index(Some(9)), "rxe0", 1).is_err());
+        // The preferences of the rule choose anew: an IPv6 rule takes the v2 IPv6 GID.
+        let v6_rule = GidRule { family: AddrFamily::V6, ..auto() };
+        let t = [v6(0, 0xfe80, Some(RoceV2)), v4(4, 7, Some(RoceV2)), v6(5, 0x2001, Some(RoceV2))];
+        assert_eq!(reselect(&t, &ours, &v6_rule, "rxe0", 1).unwrap(), 5);
     }
 
     #[test]

@@ -19,13 +19,17 @@
 //! ```text
 //! device      VerbsDevice (open, probe, reg_mr, the object factories), VerbsOptions
 //! qp          VerbsQp: RC QP, INIT → RTR → RTS, chained posts
-//! cq  srq     VerbsCq (plain and extended, timestamps), VerbsSrq (generic WQEs)
+//! cq  cq_tests  srq
+//!             VerbsCq (plain and extended, timestamps; its tests), VerbsSrq (generic WQEs)
 //! ctx         Ctx: the opened context and PD every object holds alive
-//! events  gid  qp_info
+//! route       the address vector a QP reaches its peer with (RoCE, IB, routed IB)
+//! events  gid  pkey  qp_info
 //!             the async-event thread and the port/device health it records; the RoCE
-//!             GID choice; a QP's connection info bytes
+//!             GID choice (and its re-reading when the table changes); the P_Key index;
+//!             a QP's connection info bytes
 //! props  wr_pool  sys
 //!             leaves: sysfs and speed tables, WR pools, the libibverbs calls and errors
+//! memlock     the locked-memory limit an ENOMEM names
 //! ```
 
 mod cq;
@@ -33,9 +37,12 @@ mod ctx;
 mod device;
 mod events;
 mod gid;
+pub mod memlock;
+mod pkey;
 mod props;
 mod qp;
 mod qp_info;
+mod route;
 mod srq;
 mod sys;
 mod wr_pool;

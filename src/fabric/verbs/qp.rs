@@ -11,6 +11,7 @@ use rdma_mummy_sys as ibv;
 use super::cq::{CqInner, VerbsCq};
 use super::ctx::Ctx;
 use super::qp_info::{self, PortInfo};
+use super::route;
 use super::srq::{SrqInner, VerbsSrq};
 use super::sys::{self, LINK_LAYER_ETHERNET};
 use super::wr_pool::SendPool;
@@ -51,8 +52,9 @@ pub(super) fn create_raw(
     // SAFETY: ctx.pd is live; cq/srq are live objects of the same context (or NULL srq).
     let qp = unsafe { ibv::ibv_create_qp(ctx.pd, &mut init) };
     if qp.is_null() {
+        let errno = sys::errno();
         return Err(
-            ctx.failed(&format!("ibv_create_qp(RC, max_send_wr {max_send_wr}, max_inline {max_inline})"), sys::errno())
+            ctx.failed(&format!("ibv_create_qp(RC, max_send_wr {max_send_wr}, max_inline {max_inline})"), errno)
         );
     }
     Ok(qp)
@@ -121,7 +123,7 @@ impl VerbsQp {
         // SAFETY: all-zero is a valid ibv_qp_attr.
         let mut a: ibv::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = ibv::ibv_qp_state::IBV_QPS_INIT;
-        a.pkey_index = 0;
+        a.pkey_index = port.pkey_index;
         a.port_num = port.port;
         a.qp_access_flags = (ibv::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
             | ibv::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
@@ -246,17 +248,17 @@ impl QueuePair for VerbsQp {
         a.min_rnr_timer = MIN_RNR_TIMER;
         a.ah_attr.port_num = self.port.port;
         a.ah_attr.sl = params.service_level;
-        // RoCE always routes by GID; InfiniBand by LID, with a GRH only across subnets.
-        let other_subnet = r.gid[..8] != self.port.gid[..8] && r.gid[..8].iter().any(|b| *b != 0);
-        if self.port.is_roce() || other_subnet {
-            a.ah_attr.is_global = 1;
-            a.ah_attr.grh.dgid = ibv::ibv_gid { raw: r.gid };
-            a.ah_attr.grh.sgid_index = self.port.gid_index;
-            a.ah_attr.grh.hop_limit = 255;
-            a.ah_attr.grh.traffic_class = params.traffic_class;
+        let (av, warning) = route::address_vector(&self.port, &r, params.traffic_class);
+        if let Some(w) = warning {
+            log::warn!("{}: QP {}: {w}", self.ctx.label(), self.qpn);
         }
-        if !self.port.is_roce() {
-            a.ah_attr.dlid = r.lid;
+        a.ah_attr.dlid = av.dlid;
+        if let Some(g) = av.grh {
+            a.ah_attr.is_global = 1;
+            a.ah_attr.grh.dgid = ibv::ibv_gid { raw: g.dgid };
+            a.ah_attr.grh.sgid_index = g.sgid_index;
+            a.ah_attr.grh.hop_limit = g.hop_limit;
+            a.ah_attr.grh.traffic_class = g.traffic_class;
         }
         let mask = m::IBV_QP_STATE
             | m::IBV_QP_AV
@@ -321,13 +323,13 @@ impl QueuePair for VerbsQp {
         // for the call (the provider copies the WRs before returning).
         let ret = unsafe { ibv::ibv_post_send(self.qp, head, &mut bad) };
         if ret != 0 {
-            let at = self.pool.index_of(bad).map_or("?".to_string(), |i| i.to_string());
+            let posted = match self.pool.index_of(bad) {
+                Some(0) => "none of them was posted".to_string(),
+                Some(i) => format!("WRs 0-{} were posted, WR {i} and after were not", i - 1),
+                None => "the provider did not say which WR it refused: an unknown prefix was posted".to_string(),
+            };
             return Err(self.ctx.failed(
-                &format!(
-                    "ibv_post_send(QP {}, WR {at} of a chain of {}; the WRs before it were posted)",
-                    self.qpn,
-                    chain.len()
-                ),
+                &format!("ibv_post_send(QP {}, a chain of {} WRs: {posted})", self.qpn, chain.len()),
                 sys::ret_errno(ret),
             ));
         }

@@ -31,6 +31,10 @@ pub struct PortInfo {
     pub rd_atomic_responder: u8,
     /// RDMA READs this end may keep outstanding as initiator (`max_rd_atomic`).
     pub rd_atomic_initiator: u8,
+    /// The port requires a GRH on every packet (`IBV_QPF_GRH_REQUIRED`: virtual functions).
+    pub grh_required: bool,
+    /// The P_Key table index QPs use (`pkey.rs`).
+    pub pkey_index: u16,
 }
 
 impl PortInfo {
@@ -124,6 +128,8 @@ mod tests {
             gid_index: 1,
             rd_atomic_responder: 16,
             rd_atomic_initiator: 16,
+            grh_required: false,
+            pkey_index: 0,
         }
     }
 

@@ -49,7 +49,8 @@ impl VerbsSrq {
         // SAFETY: ctx.pd is live; init is fully initialised.
         let srq = unsafe { ibv::ibv_create_srq(ctx.pd, &mut init) };
         if srq.is_null() {
-            return Err(ctx.failed(&format!("ibv_create_srq(max_wr {depth})"), sys::errno()));
+            let errno = sys::errno();
+            return Err(ctx.failed(&format!("ibv_create_srq(max_wr {depth})"), errno));
         }
         Ok(VerbsSrq { inner: Arc::new(SrqInner { srq, ctx: ctx.clone() }), pool: RecvPool::new(depth as usize) })
     }

@@ -46,8 +46,13 @@ pub fn strerror(code: i32) -> String {
     std::io::Error::from_raw_os_error(code).to_string()
 }
 
-/// The error for a failed verbs call: the call, the device and port, `strerror(errno)`.
+/// The error for a failed verbs call: the call, the device and port, `strerror(errno)`;
+/// for ENOMEM, the locked-memory limit and whether it can be the cause (`memlock.rs`).
 pub fn call_failed(call: &str, dev: &str, port: u8, code: i32) -> Error {
+    if code == libc::ENOMEM {
+        let hint = super::memlock::enomem_hint(&super::memlock::locked_memory());
+        return Error::system(format!("{call} on {dev}:{port} failed: {}; {hint}", strerror(code)));
+    }
     Error::system(format!("{call} on {dev}:{port} failed: {}", strerror(code)))
 }
 
@@ -239,4 +244,19 @@ pub const PORT_ACTIVE: u32 = ibv::ibv_port_state::IBV_PORT_ACTIVE;
 /// flag is an optional one: a device without relaxed ordering ignores it.
 pub fn relaxed_ordering_available() -> bool {
     libibverbs_has(c"ibv_reg_mr_iova2")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_enomem_names_the_locked_memory_limit() {
+        let e = call_failed("ibv_create_srq(max_wr 16384)", "mlx5_0", 1, libc::ENOMEM);
+        let m = e.msg();
+        assert!(m.starts_with("ibv_create_srq(max_wr 16384) on mlx5_0:1 failed: Cannot allocate memory"), "{m}");
+        assert!(m.contains("locked memory (RLIMIT_MEMLOCK) is"), "{m}");
+        let e = call_failed("ibv_create_srq(max_wr 16384)", "mlx5_0", 1, libc::EINVAL);
+        assert!(!e.msg().contains("RLIMIT_MEMLOCK"), "{e}");
+    }
 }

@@ -1,8 +1,8 @@
 //! Which NCCL devices the plugin shows, and which NICs are the two rails of each: the
 //! configuration (`MPIB_FABRIC`, `MPIB_HCA_SOUT`/`MPIB_HCA_SUP`, `MPIB_SOFT_*_ADDR`,
-//! `NCCL_SOCKET_IFNAME`, the rails' GID settings) turned into providers' options, and the devices
-//! opened with them. The fabric providers know nothing of rails or the environment: they
-//! list what the host has and open what they are asked to.
+//! `NCCL_SOCKET_IFNAME`, the rails' GID settings, `MPIB_PKEY`) turned into providers'
+//! options, and the devices opened with them. The fabric providers know nothing of rails
+//! or the environment: they list what the host has and open what they are asked to.
 //!
 //! - Soft fabric: one pair, SOUT on `MPIB_SOFT_SOUT_ADDR` and SUP on `MPIB_SOFT_SUP_ADDR`
 //!   (default: the address NCCL's socket transport would pick, see `netif`); in-process
@@ -130,7 +130,7 @@ fn spec_text(s: &HcaSpec) -> String {
 /// paired automatically (see `pairing`). A rail's ports use the GID its rule says
 /// (`MPIB_SOUT_GID_INDEX`, … `MPIB_GID_INDEX`, …); a port is opened once per rule it is
 /// used with (a port in several pairs of one role shares one device), and a port carrying
-/// both rails of a pair uses SOUT's rule.
+/// both rails of a pair uses SOUT's rule. `MPIB_PKEY` (a P_Key index) applies to every port.
 ///
 /// Errors: verbs unavailable ([`verbs::unavailable_reason`]'s text), a named device or port
 /// that does not exist, a port that cannot be opened, or no pair left after down ports were
@@ -161,8 +161,14 @@ pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<RailPair<VerbsD
     let mut opened: HashMap<(usize, GidRule), Arc<VerbsDevice>> = HashMap::new();
     let open = |p: &HostPort, rail: usize| -> Result<Arc<VerbsDevice>> {
         let gid = rules[rail];
-        let opts =
-            VerbsOptions { device: p.device.clone(), port: Some(p.port), gid, relaxed_ordering, dmabuf: cfg.dmabuf };
+        let opts = VerbsOptions {
+            device: p.device.clone(),
+            port: Some(p.port),
+            gid,
+            pkey_index: cfg.pkey_index,
+            relaxed_ordering,
+            dmabuf: cfg.dmabuf,
+        };
         VerbsDevice::open(&opts).map(Arc::new).map_err(|e| match gid_context(cfg, rail) {
             Some(c) => e.context(c),
             None => e,
