@@ -8,7 +8,7 @@
 # and a sender (rank 1) through the plugin on the soft fabric, each rail bound to its veth
 # address, and measures: each rail alone (--split sout / sup), auto, static 50/50, in
 # --rounds interleaved rounds (median); then an auto --timeline run during which one rail's
-# rate is halved. examples/netem_report prints the figures, draws the timeline (SVG) and ends
+# rate is cut (halved by default). examples/netem_report prints the figures, draws the timeline (SVG) and ends
 # with the line `auto_vs_sum: <ratio> static_vs_sum: <ratio> settle_ms: <ms>`, which is also
 # this script's last line. Then (unless --outage none) the outage drill: a second auto
 # --timeline run during which one rail's veth is taken down (both ends) at --outage-at and
@@ -31,17 +31,21 @@ Usage: ci/netem-rails.sh [options]    (as root; needs ip, tc, python3)
   --sup-rate RATE      SUP rate                                       [2gbit]
   --sout-delay TIME    SOUT one-way delay (netem only)                [50us]
   --sup-delay TIME     SUP one-way delay (netem only)                 [20us]
-  --change RAIL        rail whose rate is halved mid-run: sout|sup    [sout]
+  --change RAIL        rail whose rate is cut mid-run: sout|sup       [sout]
+  --change-factor N    the rate is divided by N (2: halved; 10: a tenth) [2]
   --size SIZE          message size of every run (mpib-perf --sizes)  [256K]
   --duration SECS      each throughput run                            [2]
   --rounds N           interleaved rounds of the four throughput runs [3]
   --timeline SECS      the timeline run                               [3]
   --change-at SECS     when the rate changes, after TIMELINE-START    [1.5]
-  --outage RAIL        rail whose veth goes down and up: sout|sup|none [sup]
+  --outage RAIL        rail whose veth goes down and up: sout|sup|both|none [sup]
   --outage-at SECS     first outage, after TIMELINE-START             [1]
   --outage-for SECS    how long the link stays down                   [1.5]
   --outages N          outages in the drill run                       [1]
   --outage-every SECS  from one outage to the next                    [outage-for + 2.5]
+  --outage-expect WHAT ok: the outage run must deliver everything; error: it must fail
+                       with an error naming both rails (an outage past the grace)  [ok]
+  --env NAME=VALUE     set for both ranks (repeatable), e.g. MPIB_TIMEOUT=14
   --out DIR            results, timeline JSON, picture, logs          [target/netem]
   --no-build           use the existing release build
   --strict             exit 3 when a goal (auto >= 0.95 x sum, settle <= 10 ms) is missed
@@ -52,9 +56,9 @@ and settling time, the picture's path, and last: auto_vs_sum: R static_vs_sum: R
 EOF
 }
 
-sout_rate=4gbit sup_rate=2gbit sout_delay=50us sup_delay=20us change=sout size=256K
+sout_rate=4gbit sup_rate=2gbit sout_delay=50us sup_delay=20us change=sout change_factor=2 size=256K
 duration=2 rounds=3 tl_secs=3 change_at=1.5 out=target/netem build=1 strict=()
-outage=sup outage_at=1 outage_for=1.5 outages=1 outage_every=
+outage=sup outage_at=1 outage_for=1.5 outages=1 outage_every='' outage_expect=ok extra_env=()
 while (($#)); do
   case $1 in
     --sout-rate) sout_rate=$2; shift ;;
@@ -62,6 +66,7 @@ while (($#)); do
     --sout-delay) sout_delay=$2; shift ;;
     --sup-delay) sup_delay=$2; shift ;;
     --change) change=$2; shift ;;
+    --change-factor) change_factor=$2; shift ;;
     --size) size=$2; shift ;;
     --duration) duration=$2; shift ;;
     --rounds) rounds=$2; shift ;;
@@ -72,6 +77,8 @@ while (($#)); do
     --outage-for) outage_for=$2; shift ;;
     --outages) outages=$2; shift ;;
     --outage-every) outage_every=$2; shift ;;
+    --outage-expect) outage_expect=$2; shift ;;
+    --env) extra_env+=("$2"); shift ;;
     --out) out=$2; shift ;;
     --no-build) build=0 ;;
     --strict) strict=(--strict) ;;
@@ -83,7 +90,12 @@ done
 die() { echo "netem-rails: $*" >&2; exit 1; }
 [[ $change == sout || $change == sup ]] || { echo "netem-rails: --change sout|sup" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "netem-rails: --rounds N (N >= 1)" >&2; exit 2; }
-[[ $outage == sout || $outage == sup || $outage == none ]] || { echo "netem-rails: --outage sout|sup|none" >&2; exit 2; }
+[[ $change_factor =~ ^[1-9][0-9]*$ ]] || { echo "netem-rails: --change-factor N (N >= 1)" >&2; exit 2; }
+[[ $outage =~ ^(sout|sup|both|none)$ ]] || { echo "netem-rails: --outage sout|sup|both|none" >&2; exit 2; }
+[[ $outage_expect =~ ^(ok|error)$ ]] || { echo "netem-rails: --outage-expect ok|error" >&2; exit 2; }
+for v in ${extra_env[@]+"${extra_env[@]}"}; do
+  [[ $v =~ ^[A-Z_][A-Z0-9_]*= ]] || { echo "netem-rails: --env NAME=VALUE ($v)" >&2; exit 2; }
+done
 [[ $outages =~ ^[1-9][0-9]*$ ]] || { echo "netem-rails: --outages N (N >= 1)" >&2; exit 2; }
 for v in "$outage_at" "$outage_for" ${outage_every:+"$outage_every"}; do
   [[ $v =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "netem-rails: outage times are seconds (e.g. 1.5)" >&2; exit 2; }
@@ -207,8 +219,8 @@ echo "# rails: SOUT $(gbps "$sout_kbit") Gbit/s, SUP $(gbps "$sup_kbit") Gbit/s 
 
 # --- runs ---------------------------------------------------------------------------------
 port=7400
-env_rx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.1 MPIB_SOFT_SUP_ADDR=198.18.1.1)
-env_tx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.2 MPIB_SOFT_SUP_ADDR=198.18.1.2)
+env_rx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.1 MPIB_SOFT_SUP_ADDR=198.18.1.1 ${extra_env[@]+"${extra_env[@]}"})
+env_tx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.2 MPIB_SOFT_SUP_ADDR=198.18.1.2 ${extra_env[@]+"${extra_env[@]}"})
 # pair NAME SECS [mpib-perf options…]: starts both ranks in the background; sets rx_pid, tx_pid.
 pair() {
   local name=$1 secs=$2
@@ -248,11 +260,11 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 
-# The timeline: auto, one rail halved $change_at s after the stream starts.
+# The timeline: auto, one rail cut to 1/$change_factor $change_at s after the stream starts.
 dev_tx=${change}1 dev_rx=${change}0
 k=$sout_kbit
 [[ $change == sup ]] && k=$sup_kbit
-half=$((k / 2))
+half=$((k / change_factor))
 # The change comes from a helper started before the run: one `tc -batch` per namespace waits
 # on stdin, and python3, told when the stream has started, writes the change to both
 # $change_at s later. Nothing is forked, exec'd or torn down while the stream runs: on the
@@ -339,7 +351,7 @@ for try in 1 2 3; do
   # shellcheck disable=SC2046
   tc -n "$rx" qdisc change dev "$dev_rx" root $(shape_args "$change" "$k")
 done
-echo "# $change halved: $(gbps "$k") -> $(gbps "$half") Gbit/s at CLOCK_MONOTONIC $t_change ns"
+echo "# $change cut to 1/$change_factor: $(gbps "$k") -> $(gbps "$half") Gbit/s at CLOCK_MONOTONIC $t_change ns"
 # The rail's rate back for the outage drill (its "other rail alone" is the single-rail runs').
 # shellcheck disable=SC2046 # shape_args prints the qdisc's arguments, one word each
 tc -n "$tx" qdisc change dev "$dev_tx" root $(shape_args "$change" "$k")
@@ -362,13 +374,17 @@ fi
 # peer loses carrier with it) and as up once both ends are.
 outage_args=()
 if [[ $outage != none ]]; then
+  # The veths taken down, each side's: the rail's, or both rails'.
+  o_tx=${outage}1 o_rx=${outage}0
+  [[ $outage == both ]] && o_tx=sout1,sup1 o_rx=sout0,sup0
   o_secs=$(awk -v a="$outage_at" -v e="$outage_every" -v n="$outages" 'BEGIN { s = a + e * n + 1; printf "%d", (s == int(s)) ? s : int(s) + 1 }')
   coproc OUTAGER {
     exec python3 -c '
 import subprocess, sys, time
 ns_tx, ns_rx, dev_tx, dev_rx, at, down, every, n = sys.argv[1:]
-def link(ns, dev, state):
-    subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, state], check=True)
+def link(ns, devs, state):
+    for dev in devs.split(","):
+        subprocess.run(["ip", "-n", ns, "link", "set", "dev", dev, state], check=True)
 if sys.stdin.readline() == "":
     sys.exit(0)
 t0 = time.monotonic()
@@ -382,7 +398,7 @@ for k in range(int(n)):
     link(ns_tx, dev_tx, "up")
     link(ns_rx, dev_rx, "up")
     spans.append("%d:%d" % (a, time.monotonic_ns()))
-print(",".join(spans), flush=True)' "$tx" "$rx" "${outage}1" "${outage}0" "$outage_at" "$outage_for" "$outage_every" "$outages"
+print(",".join(spans), flush=True)' "$tx" "$rx" "$o_tx" "$o_rx" "$outage_at" "$outage_for" "$outage_every" "$outages"
   }
   # shellcheck disable=SC2153 # set by coproc
   changer_pid=$OUTAGER_PID
@@ -403,15 +419,33 @@ print(max(100, int(r["gbps"] * 1e9 * secs * 1.2 / max(r["size"], 1))))' "${files
   done
   grep -q '^TIMELINE-START' "$out/outage-tx.log" || { finish outage; die "the outage run's sender never printed TIMELINE-START"; }
   echo go >&"$o_in"
+  if [[ $outage_expect == error ]]; then
+    # Past the grace the sender must fail: when its process ended (CLOCK_MONOTONIC), to
+    # measure from the link going down.
+    while [[ -e /proc/$tx_pid && $(awk '{ print $3 }' "/proc/$tx_pid/stat" 2>/dev/null) != Z ]]; do sleep 0.01; done
+    t_exit=$(python3 -c 'import time; print(time.monotonic_ns())')
+  fi
   read -r spans <&"$o_out" || true
   exec {o_in}>&-
   wait "$changer_pid" || true
   changer_pid=
   [[ -n ${spans:-} ]] || { finish outage; die "taking the ${outage^^} link down and up failed"; }
-  finish outage
-  [[ -s $out/outage.json ]] || die "no outage timeline written"
-  echo "# outage drill: ${outage^^} veth down ${outage_for} s, $outages time(s) from ${outage_at} s, every ${outage_every} s; load $(cut -d' ' -f1-3 /proc/loadavg)"
-  outage_args=(--outage-timeline "$out/outage.json" --outages "$spans" --outage-rail "$outage" --outage-svg "$out/outage.svg")
+  echo "# outage drill: ${outage^^} veth down ${outage_for} s, $outages time(s) from ${outage_at} s, every ${outage_every} s${extra_env[*]:+ (${extra_env[*]})}; load $(cut -d' ' -f1-3 /proc/loadavg)"
+  if [[ $outage_expect == error ]]; then
+    rc=0
+    wait "$tx_pid" || rc=$?
+    wait "$rx_pid" || rc=$((rc ? rc : $?))
+    ((rc)) || die "the outage run delivered everything: expected an error past the grace"
+    grep -h 'both rails' "$out/outage-tx.log" "$out/outage-rx.log" >"$out/outage-errors.txt" || true
+    [[ -s $out/outage-errors.txt ]] || { tail -n 20 "$out/outage-tx.log" >&2; die "the outage run failed without naming both rails"; }
+    down_ns=${spans%%:*}
+    echo "# outage past the grace: the sender failed $(((t_exit - down_ns) / 1000000)) ms after both links went down; its words:"
+    awk 'NR <= 3 { print "#   " $0 }' "$out/outage-errors.txt"
+  else
+    finish outage
+    [[ -s $out/outage.json ]] || die "no outage timeline written"
+    outage_args=(--outage-timeline "$out/outage.json" --outages "$spans" --outage-rail "$outage" --outage-svg "$out/outage.svg")
+  fi
 fi
 
 "$report" --tput "sout=${files[sout]}" --tput "sup=${files[sup]}" --tput "auto=${files[auto]}" \

@@ -210,6 +210,11 @@ typedef struct {
    * Times this rail was re-admitted after a failure (new QPs, probed, used again).
    */
   uint64_t readmissions;
+  /**
+   * Times this rail was suspected silent: it completed nothing for long while the other
+   * rail of its connection completed work, and new sends left it.
+   */
+  uint64_t suspects;
 } mpib_rail_stats_t;
 
 /**

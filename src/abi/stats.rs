@@ -35,6 +35,7 @@ impl From<&RailTotals> for mpib_rail_stats_t {
             replayed_bytes: c.replayed_bytes,
             failed_connections: t.failed,
             readmissions: c.readmissions,
+            suspects: c.suspects,
         }
     }
 }

@@ -449,6 +449,10 @@ pub(crate) struct Failover {
     pub(crate) silence_next_ns: u64,
     /// Sender: rails suspected silent (new sends leave them; a completion clears it).
     pub(crate) suspect: RailMask,
+    /// Sender: when each rail last completed something (data or a probe), and when it was
+    /// last suspected (`engine/send/silence.rs`).
+    pub(crate) heard_ns: [u64; RAILS],
+    pub(crate) suspect_at: [u64; RAILS],
     /// When each rail's continued absence was last warned about (a rail that stays down
     /// is one WARN a minute, not one per attempt).
     pub(crate) down_warned_ns: [u64; RAILS],

@@ -65,6 +65,9 @@ pub fn failover_config(
 /// A comm's share of failover in the plugin: the engine's output buffer (allocated once),
 /// the port-down counts it has acted on, the re-admissions it is connecting and the drill's
 /// refusals.
+/// At most one WARN per rail this often for failed re-admission attempts.
+const READMIT_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub struct FoSide {
     pub(super) out: Output,
     /// Each rail's port-down count (`Device::port_downs`) this comm has acted on.
@@ -77,6 +80,9 @@ pub struct FoSide {
     pub(super) port_wait: RailMask,
     /// Rails whose fence is under way: moved to the error state, FenceDone not answered yet.
     pub(super) fencing: RailMask,
+    /// A failed re-admission attempt is a WARN at most once a minute per rail (a rail may
+    /// stay down for hours, tried every second), else DEBUG.
+    pub(super) readmit_warn: [crate::ratelimit::RateLimit; RAILS],
 }
 
 impl FoSide {
@@ -92,6 +98,7 @@ impl FoSide {
             connecting: RailMask::NONE,
             port_wait: RailMask::NONE,
             fencing: RailMask::NONE,
+            readmit_warn: std::array::from_fn(|_| crate::ratelimit::RateLimit::new(READMIT_WARN_EVERY)),
         })
     }
 

@@ -172,7 +172,7 @@ impl FoSide {
         match rail.rebuild(idx) {
             Ok(records) => Event::QpsBuilt { rail: idx, records },
             Err(e) => {
-                log::warn!("re-admission of the {} rail: new QPs: {e}", RAIL_NAMES[idx]);
+                self.attempt_failed(idx, format_args!("new QPs: {e}"));
                 Event::ReadmitFailed { rail: idx }
             }
         }
@@ -187,9 +187,22 @@ impl FoSide {
                 None
             }
             Err(e) => {
-                log::warn!("re-admission of the {} rail: connecting the new QPs: {e}", RAIL_NAMES[idx]);
+                self.attempt_failed(idx, format_args!("connecting the new QPs: {e}"));
                 Some(Event::ReadmitFailed { rail: idx })
             }
+        }
+    }
+
+    /// A re-admission attempt of rail `idx` failed: a WARN at most once a minute (the next
+    /// says how many were held back), else DEBUG; the attempts go on with their back-off.
+    fn attempt_failed(&self, idx: usize, what: std::fmt::Arguments<'_>) {
+        match self.readmit_warn[idx].admit(Instant::now()) {
+            Some(held) => log::warn!(
+                "re-admission of the {} rail: {what}; tried again with back-off{}",
+                RAIL_NAMES[idx],
+                crate::ratelimit::suppressed(held)
+            ),
+            None => log::debug!("re-admission of the {} rail: {what}", RAIL_NAMES[idx]),
         }
     }
 
@@ -210,7 +223,7 @@ impl FoSide {
                 Ok(false) => continue,
                 Ok(true) => Event::QpsConnected { rail: idx },
                 Err(e) => {
-                    log::warn!("re-admission of the {} rail: the new QPs did not connect: {e}", RAIL_NAMES[idx]);
+                    self.attempt_failed(idx, format_args!("the new QPs did not connect: {e}"));
                     Event::ReadmitFailed { rail: idx }
                 }
             };

@@ -45,7 +45,6 @@ mod tests {
         congested: false,
         congestion_events: 0,
         failed: false,
-        last_done_ns: 0,
     }; 2];
 
     #[test]

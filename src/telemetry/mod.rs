@@ -157,9 +157,6 @@ pub struct RailView {
     pub congestion_events: u64,
     /// A completion on this rail failed: it gets no new traffic.
     pub failed: bool,
-    /// When the rail last completed something (a data chain or a probe; ns; 0: never): its
-    /// partner rail's silence is measured against it (failover's silent-rail detection).
-    pub last_done_ns: u64,
 }
 
 impl RailView {
@@ -295,7 +292,6 @@ impl RailTelemetry {
         let v = &mut self.view;
         v.inflight_bytes = v.inflight_bytes.saturating_sub(sample.bytes);
         v.drain_start_ns = v.drain_start_ns.max(sample.completed_ns);
-        v.last_done_ns = v.last_done_ns.max(sample.completed_ns);
         // A chain the ring could not hold (more than its capacity in flight) counts as
         // queued with no expected wait: a late sample at worst, never a base latency.
         let chain = self.chains.remove(sample.posted_ns, sample.bytes).unwrap_or_default();
@@ -348,6 +344,13 @@ impl RailTelemetry {
     pub fn on_error(&mut self) {
         self.view.failed = true;
         self.stats.counters.errors.add(1);
+    }
+
+    /// Failover's silent-rail check suspects the rail (`true`), or no longer (`false`):
+    /// while suspect it gets no new traffic and no probes, as a failed rail (its work out
+    /// completes or fails as it will). Never called on a rail that has failed.
+    pub fn set_suspect(&mut self, on: bool) {
+        self.view.failed = on;
     }
 
     /// The rail was re-admitted after a failure (failover) at `now_ns`: new traffic and
@@ -453,7 +456,6 @@ impl RailTelemetry {
     /// The outstanding probe completed at `completed_ns`: an RTT sample of an empty
     /// chain (SRTT/RTTVAR, base latency, congestion signal; not the delivery rate).
     pub fn on_probe_complete(&mut self, completed_ns: u64) {
-        self.view.last_done_ns = self.view.last_done_ns.max(completed_ns);
         if let Some(posted) = self.probe_posted_ns.take() {
             self.on_rtt(completed_ns, completed_ns.saturating_sub(posted), 0, 0, Occupancy::Alone);
             if self.last_post_ns <= posted {

@@ -52,9 +52,10 @@ pub struct SideStats {
     /// bytes posted on SOUT, on SUP]` since the phase started, one entry per interval and
     /// one at the end.
     pub timeline: Vec<[u64; 3]>,
-    /// With the timeline: `[ns, failovers, re-admissions, replayed bytes]` of the process
-    /// since the phase started, whenever one changed (the library's `mpib_rail_stats`).
-    pub failover_events: Vec<[u64; 4]>,
+    /// With the timeline: `[ns, failovers, re-admissions, replayed bytes, suspects]` of the
+    /// process since the phase started, whenever one changed (the library's
+    /// `mpib_rail_stats`).
+    pub failover_events: Vec<[u64; 5]>,
     /// With the timeline: `[ns of the last sample before a failover showed, ns every send
     /// posted before it showed completed]`.
     pub recoveries: Vec<[u64; 2]>,
@@ -202,6 +203,7 @@ rail_stats_fields!(
     replayed_bytes,
     failed_connections,
     readmissions,
+    suspects,
 );
 
 /// The counters' fields by name, in the order of `mpib_rail_counters_t`.
@@ -571,7 +573,7 @@ mod tests {
             first_wrong: "group 3 buffer 1: size 5, expected 6".into(),
             counters: Some([c, RailCounters::default()]),
             timeline: vec![[1_000_000, 5, 7], [2_000_123, 4096, 0]],
-            failover_events: vec![[1, 0, 0, 0], [900, 1, 0, 4096]],
+            failover_events: vec![[1, 0, 0, 0, 0], [900, 1, 0, 4096, 1]],
             recoveries: vec![[900, 1500]],
             ..SideStats::default()
         };

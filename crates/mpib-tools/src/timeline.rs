@@ -21,9 +21,9 @@ pub struct Timeline {
     base: Option<[u64; 2]>,
     samples: Vec<[u64; 3]>,
     /// The failover counters when sampling started (None: not exported, or not read yet).
-    fo_base: Option<[u64; 3]>,
-    fo_last: [u64; 3],
-    events: Vec<[u64; 4]>,
+    fo_base: Option<[u64; 4]>,
+    fo_last: [u64; 4],
+    events: Vec<[u64; 5]>,
     /// A failover seen after sends `0..0` were posted (`.1`: the sample before): it is
     /// recovered when they all completed.
     watch: Option<(u64, u64)>,
@@ -36,7 +36,7 @@ pub struct Recorded {
     pub samples: Vec<[u64; 3]>,
     /// `[ns, failovers, readmissions, replayed bytes]` since the phase started, at every
     /// sample where one changed.
-    pub events: Vec<[u64; 4]>,
+    pub events: Vec<[u64; 5]>,
     /// `[ns of the last sample before a failover showed, ns when every send posted before
     /// it showed completed]`.
     pub recoveries: Vec<[u64; 2]>,
@@ -55,7 +55,7 @@ impl Timeline {
                 base: None,
                 samples: Vec::with_capacity(expected),
                 fo_base: None,
-                fo_last: [0; 3],
+                fo_last: [0; 4],
                 events: Vec::new(),
                 watch: None,
                 recoveries: Vec::new(),
@@ -89,9 +89,9 @@ impl Timeline {
     fn failover_counters(&mut self, comm: &SendComm<'_>, t: u64, posted: u64) -> Result<()> {
         let Some(s) = comm.net().plugin().rail_stats()? else { return Ok(()) };
         let sum = |f: fn(&super::net::RailStats) -> u64| f(&s[0]) + f(&s[1]);
-        let now = [sum(|r| r.failovers), sum(|r| r.readmissions), sum(|r| r.replayed_bytes)];
+        let now = [sum(|r| r.failovers), sum(|r| r.readmissions), sum(|r| r.replayed_bytes), sum(|r| r.suspects)];
         let base = *self.fo_base.get_or_insert(now);
-        let rel = [now[0] - base[0], now[1] - base[1], now[2] - base[2]];
+        let rel = std::array::from_fn(|i| now[i] - base[i]);
         if rel != self.fo_last || self.events.is_empty() {
             if rel[0] > self.fo_last[0] && self.watch.is_none() {
                 // From the sample before, which did not show it yet: the failover happened
@@ -100,7 +100,7 @@ impl Timeline {
                 self.watch = Some((posted, before));
             }
             self.fo_last = rel;
-            self.events.push([t, rel[0], rel[1], rel[2]]);
+            self.events.push([t, rel[0], rel[1], rel[2], rel[3]]);
         }
         Ok(())
     }

@@ -68,6 +68,9 @@ pub struct mpib_rail_stats_t {
     pub failed_connections: u64,
     /// Times this rail was re-admitted after a failure (new QPs, probed, used again).
     pub readmissions: u64,
+    /// Times this rail was suspected silent: it completed nothing for long while the other
+    /// rail of its connection completed work, and new sends left it.
+    pub suspects: u64,
 }
 
 /// What the plugin holds now, process-wide (`mpib_resource_stats`): comms, contexts, fabric

@@ -17,22 +17,6 @@ use crate::engine::{
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
 
-/// Silent-rail detection: a rail with work outstanding that has completed nothing for
-/// longer than these bounds past what its oldest outstanding part should take (twice its
-/// serialization at the rail's measured rate), while the other rail of the connection
-/// completed work meanwhile, is suspect (new sends leave it), then failed (fence, report,
-/// replay). Each bound is a multiple of the rail's own recent round-trip spread (SRTT +
-/// 4·RTTVAR, a high percentile's stand-in) with a floor: a rail whose round trips are long
-/// gets longer bounds, one whose latency jumps (+20 ms) or whose rate drops stays below them
-/// while its completions keep coming. Both rails silent together (a paused peer, a loaded
-/// host, an outage of both links) is nobody's failure here: RC's own retry budget decides.
-pub const SUSPECT_FLOOR_NS: u64 = 20_000_000;
-pub const SILENT_FLOOR_NS: u64 = 50_000_000;
-const SUSPECT_RTTS: u64 = 8;
-const SILENT_RTTS: u64 = 20;
-/// How often the silence of a rail with work outstanding is looked at.
-pub const SILENCE_CHECK_NS: u64 = 5_000_000;
-
 /// The stall bound's allowance per byte of the oldest part outstanding on a rail: 32 ns, the
 /// time a byte takes at 250 Mb/s (a stall detector catches hangs, not slow links: 8 ns, 1
 /// Gb/s, failed a rail under a 512 MiB message of a debug build on a loaded 2-core host).
@@ -161,7 +145,10 @@ impl SendEngine {
         }
         let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
         self.fo.timer_ns = 0;
+        self.fo.suspect = self.fo.suspect.without(rail);
         self.tel[rail].on_error(); // the split no longer uses it, probes stop
+        // The other rail is all there is now: used, suspect or not.
+        self.clear_suspect(other(rail));
         let level = self.failure_level();
         if self.fo.failed() == RailMask::BOTH {
             log::log!(
@@ -202,7 +189,7 @@ impl SendEngine {
     /// A rail's failure is a warning while NCCL waits on the connection; with nothing of
     /// NCCL's outstanding (a peer that closed after its last receive looks the same to a
     /// probe) it is information, and the next call that needs the peer reports it.
-    fn failure_level(&self) -> log::Level {
+    pub(super) fn failure_level(&self) -> log::Level {
         if self.nccl_waits() { log::Level::Warn } else { log::Level::Info }
     }
 
@@ -377,79 +364,9 @@ impl SendEngine {
         Ok(())
     }
 
-    /// The silent-rail check (see [`SUSPECT_FLOOR_NS`]): suspects, then fails, a rail that
-    /// has been silent too long while its partner completes work; clears a suspect that has
-    /// nothing outstanding any more. Schedules the next check while work is outstanding.
-    fn check_silence(&mut self, now_ns: u64) -> Result<()> {
-        let mut busy = false;
-        for (rail, name) in RAIL_NAMES.iter().enumerate() {
-            let partner = other(rail);
-            if self.fo.state[rail] != RailState::Up || self.outstanding[rail] == 0 {
-                if self.fo.suspect.contains(rail) {
-                    self.heard_from(rail);
-                }
-                continue;
-            }
-            busy = true;
-            let Some((posted, bytes)) = self.oldest_part(rail) else { continue };
-            let v = self.tel[rail].view();
-            let since = posted.max(v.last_done_ns);
-            // RC says nothing before a chain's end: its bytes may be moving. Allow twice its
-            // serialization at the rate the rail has measured, or, before any measurement,
-            // at the stall bound's conservative 250 Mb/s (a first 256 MiB part is no silence).
-            let ns_per_byte =
-                if v.rate_sample_ns != 0 { 2.0 / v.rate_bytes_per_ns() } else { STALL_NS_PER_BYTE as f64 };
-            let serialization = (bytes as f64 * ns_per_byte) as u64;
-            let quiet = now_ns.saturating_sub(since).saturating_sub(serialization);
-            let spread = v.srtt_ns + 4 * v.rttvar_ns;
-            // The partner must be completing now, not merely have completed since: two rails
-            // both gone quiet (a paused peer, late acknowledgements on one, a second link
-            // down) leave nobody to blame.
-            let pv = self.tel[partner].view();
-            let p_spread = pv.srtt_ns + 4 * pv.rttvar_ns;
-            let p_fresh = self.outstanding[partner] == 0
-                || now_ns.saturating_sub(pv.last_done_ns) <= SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * p_spread);
-            let partner_alive = self.fo.state[partner] == RailState::Up && pv.last_done_ns > since && p_fresh;
-            if !partner_alive {
-                continue;
-            }
-            if quiet > SILENT_FLOOR_NS.max(SILENT_RTTS * spread) {
-                log::log!(
-                    self.failure_level(),
-                    "send: the {name} rail has completed nothing for {} ms while the {} rail completes: it has failed",
-                    now_ns.saturating_sub(since) / 1_000_000,
-                    RAIL_NAMES[partner]
-                );
-                self.fo.suspect = self.fo.suspect.without(rail);
-                self.fo.silent_failures += 1;
-                self.rail_down(rail, DownReason::Silent)?;
-            } else if quiet > SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * spread) && !self.fo.suspect.contains(rail) {
-                log::info!(
-                    "send: the {name} rail has completed nothing for {} ms while the {} rail completes: new sends leave it",
-                    now_ns.saturating_sub(since) / 1_000_000,
-                    RAIL_NAMES[partner]
-                );
-                self.fo.suspect = self.fo.suspect.with(rail);
-                self.tel[rail].stats().count_suspect();
-            }
-        }
-        self.fo.silence_next_ns = if busy { now_ns + SILENCE_CHECK_NS } else { u64::MAX };
-        Ok(())
-    }
-
-    /// `rail` completed something (or has nothing outstanding): no longer suspect.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn heard_from(&mut self, rail: usize) {
-        if self.fo.suspect.contains(rail) {
-            self.fo.suspect = self.fo.suspect.without(rail);
-            log::info!("send: the {} rail completes again: new sends use it again", RAIL_NAMES[rail]);
-        }
-    }
-
     /// The post time and bytes of the oldest original part outstanding on `rail` (replays
     /// ride the other rail).
-    fn oldest_part(&self, rail: usize) -> Option<(u64, u64)> {
+    pub(super) fn oldest_part(&self, rail: usize) -> Option<(u64, u64)> {
         (0..SLOTS)
             .filter(|&s| self.slots[s].pending.contains(rail) && !self.slots[s].replay.contains(rail))
             .map(|s| (self.slots[s].posted_ns[rail], self.slots[s].bytes[rail]))

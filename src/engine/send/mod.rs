@@ -18,9 +18,11 @@ mod drill;
 mod failover;
 mod post;
 mod readmit;
+mod silence;
 mod timers;
 
-pub use failover::{SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS};
+pub use failover::STALL_NS_PER_BYTE;
+pub use silence::{SILENT_FLOOR_NS, SUSPECT_FLOOR_NS};
 
 pub use timers::CallerWaits;
 
@@ -255,22 +257,6 @@ impl SendEngine {
         RailMask::from_fn(|r| self.tel[r].view().failed)
     }
 
-    /// The rails new sends leave: the failed ones, and those suspected silent while another
-    /// rail can take the traffic (a suspect is not known dead: it is used when nothing else
-    /// is left).
-    #[inline]
-    fn avoided_rails(&self) -> RailMask {
-        let failed = self.failed_rails();
-        if self.fo.suspect.is_empty() { failed } else { self.with_suspects(failed) }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn with_suspects(&self, failed: RailMask) -> RailMask {
-        let avoided = failed | self.fo.suspect;
-        if avoided == RailMask::BOTH && failed != RailMask::BOTH { failed } else { avoided }
-    }
-
     /// A failure outside the engine (a post or poll the fabric refused) breaks the
     /// connection: the requests it leaves incomplete and every later call report it.
     pub fn fail(&mut self, e: Error) {
@@ -393,9 +379,7 @@ impl SendEngine {
                 let sample = Sample { posted_ns: s.posted_ns[wr_rail], completed_ns: t, bytes: s.bytes[wr_rail] };
                 let done = s.pending.is_empty();
                 self.tel[wr_rail].on_complete(sample);
-                if !self.fo.suspect.is_empty() {
-                    self.heard_from(wr_rail);
-                }
+                self.fo.heard_ns[wr_rail] = t; // the silent-rail check's (`silence.rs`)
                 if done {
                     self.complete_slot(slot);
                 }
@@ -408,9 +392,7 @@ impl SendEngine {
                         .fail(cold(move || StrayCompletion::NoProbeInFlight { rail: wr_rail }.into())));
                 }
                 self.tel[wr_rail].on_probe_complete(t);
-                if !self.fo.suspect.is_empty() {
-                    self.heard_from(wr_rail);
-                }
+                self.fo.heard_ns[wr_rail] = t;
                 Ok(())
             }
             WrKind::ReplaySignal | WrKind::Control | WrKind::ReadmitProbe if self.fo.cfg.enabled => {

@@ -67,7 +67,7 @@ impl SendEngine {
         self.outstanding[rail] += 1;
         if self.fo.silence_next_ns == u64::MAX {
             // Work outstanding again: the silent-rail checks resume.
-            self.fo.silence_next_ns = now_ns + super::failover::SILENCE_CHECK_NS;
+            self.fo.silence_next_ns = now_ns + super::silence::SILENCE_CHECK_NS;
             self.fo.timer_ns = self.fo.timer_ns.min(self.fo.silence_next_ns);
         }
         if !self.carried.contains(rail) {
@@ -82,7 +82,7 @@ impl SendEngine {
     /// Splits and posts the fully matched slot `cur`: one chain per active rail.
     pub(super) fn post_slot(&mut self, now_ns: u64, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
-        let failed = self.avoided_rails();
+        let failed = self.failed_rails();
         if failed == RailMask::BOTH {
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }

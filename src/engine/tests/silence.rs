@@ -159,3 +159,64 @@ fn both_rails_silent_together_is_nobodys_failure() {
     assert_eq!((suspects(&p, SOUT), suspects(&p, SUP)), (0, 0));
     assert_eq!(p.s.rail_states(), [RailState::Up; 2]);
 }
+
+/// The bounds are multiples of the rail's own round-trip spread with a floor: a rail whose
+/// round trips take 10 ms (a long or deeply queued path) is not failed at the 50 ms floor.
+#[test]
+fn a_rail_with_long_round_trips_gets_a_longer_bound() {
+    let mut p = Pair::new(Opts::default());
+    enable_failover(&mut p, 0);
+    for seed in 0..16 {
+        let (rid, _) = p.irecv_one(8192);
+        p.deliver_all();
+        p.poll_recv().unwrap();
+        let sa = p.send_buf(&pattern(seed, 8192));
+        let sid = p.isend(sbuf(sa, 8192, 0)).unwrap().expect("CTS delivered");
+        p.now += 10 * MS; // every part takes 10 ms to come back
+        p.deliver_all();
+        p.poll_send().unwrap();
+        p.poll_recv().unwrap();
+        assert!(p.test_send(sid).unwrap().is_some() && p.test_recv(rid).unwrap().is_some());
+    }
+    let srtt = p.s.telemetry()[SUP].view().srtt_ns;
+    assert!(srtt >= 9 * MS, "SUP's SRTT {} ms", srtt / MS);
+    p.hold_acks(SUP, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    one_transfer(&mut p, 50);
+    p.now = t0 + MS;
+    one_transfer(&mut p, 51);
+    let mut now = p.now;
+    let mut failed_at = None;
+    while failed_at.is_none() && now < t0 + 1000 * MS {
+        now = p.s.poll_timeout().max(now + MS);
+        if round(&mut p, now).1.contains(&Action::FenceQps { rail: SUP }) {
+            failed_at = Some(now - t0);
+        }
+    }
+    let f = failed_at.expect("failed in the end");
+    assert!(f > SILENT_FLOOR_NS + 5 * MS, "failed after {} ms: the floor alone, not its round trips", f / MS);
+}
+
+/// Both rails busy, both going quiet 8 ms apart (an outage of both links, seen through
+/// queues of different depth): the one that crosses its bound first is not blamed because
+/// its partner's last completion is still recent; both were stuck together.
+#[test]
+fn rails_going_quiet_a_moment_apart_are_not_blamed() {
+    let mut p = warm();
+    p.hold_acks(SOUT, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    one_transfer(&mut p, 60); // SOUT's part held; SUP's completes at t0
+    p.now = t0 + 8 * MS;
+    one_transfer(&mut p, 61); // SUP completes 8 ms into SOUT's silence
+    p.hold_acks(SUP, 0);
+    one_transfer(&mut p, 62); // now both hold theirs: both rails have work out, no completion
+    let mut now = p.now;
+    while now < t0 + 1000 * MS {
+        now = p.s.poll_timeout().max(now + MS);
+        let (_, actions) = round(&mut p, now);
+        assert!(actions.is_empty(), "both stuck: no failover {actions:?}");
+    }
+    assert_eq!((suspects(&p, SOUT), suspects(&p, SUP)), (0, 0));
+}

@@ -2,6 +2,8 @@
 //! `auto --timeline` run. From the timeline (per-ms bytes per rail, the sender's failover
 //! counters when they changed, and per failover when every send posted before it completed)
 //! and the times the script took the link down and up (CLOCK_MONOTONIC), per outage:
+//! - suspect: from the link going down to the sender's suspect counter moving (the rail
+//!   left by new sends: it completed nothing for long while the other rail completed);
 //! - failover: from the link going down to the sender's failover counter moving (the sample
 //!   that showed it), and to the dead rail's last posted bytes (negative: it had stopped
 //!   posting before, its sends stalled behind the link);
@@ -27,6 +29,7 @@ const UP: RGBColor = RGBColor(44, 160, 44);
 pub struct Outage {
     pub down_ms: f64,
     pub up_ms: f64,
+    pub suspect_ms: Option<f64>,
     pub failover_ms: Option<f64>,
     pub last_bytes_ms: Option<f64>,
     pub recovery_ms: Option<f64>,
@@ -36,23 +39,24 @@ pub struct Outage {
     pub outage_rate: Option<f64>,
 }
 
-/// `[t_ms, failovers, readmissions]` of the timeline's `failover_events`, and its
+/// `[t_ms, failovers, readmissions, suspects]` of the timeline's `failover_events`, and its
 /// `recoveries` as `[from_ms, done_ms]`.
-pub fn events(v: &Value) -> (Vec<[f64; 3]>, Vec<[f64; 2]>) {
+pub fn events(v: &Value) -> (Vec<[f64; 4]>, Vec<[f64; 2]>) {
     let f = |e: &Value, k: &str| e.get(k).and_then(Value::as_f64).unwrap_or(f64::NAN);
     let ev = v.get("failover_events").and_then(Value::as_array).cloned().unwrap_or_default();
     let rec = v.get("recoveries").and_then(Value::as_array).cloned().unwrap_or_default();
     (
-        ev.iter().map(|e| [f(e, "t_ms"), f(e, "failovers"), f(e, "readmissions")]).collect(),
+        ev.iter().map(|e| [f(e, "t_ms"), f(e, "failovers"), f(e, "readmissions"), f(e, "suspects")]).collect(),
         rec.iter().map(|e| [f(e, "from_ms"), f(e, "done_ms")]).collect(),
     )
 }
 
-/// The figures of each outage `[down_ns, up_ns]` of `rail` (0 SOUT, 1 SUP).
+/// The figures of each outage `[down_ns, up_ns]` of `rail` (0 SOUT, 1 SUP, 2 both: bytes of
+/// either count).
 pub fn analyse(t: &Timeline, v: &Value, rail: usize, spans: &[[u64; 2]]) -> Vec<Outage> {
     let (ev, rec) = events(v);
     let ms = |ns: u64| (ns as f64 - t.start_mono_ns as f64) / 1e6;
-    let carries = |i: usize| t.bins.get(i).is_some_and(|b| b[rail] > 0);
+    let carries = |i: usize| t.bins.get(i).is_some_and(|b| if rail == 2 { b[0] + b[1] > 0 } else { b[rail] > 0 });
     let mut out = Vec::new();
     for (k, &[down, up]) in spans.iter().enumerate() {
         let n = (k + 1) as f64;
@@ -65,6 +69,9 @@ pub fn analyse(t: &Timeline, v: &Value, rail: usize, spans: &[[u64; 2]]) -> Vec<
         let fo = ev.iter().find(|e| e[1] >= n && e[0] >= o.down_ms).map(|e| e[0]);
         let ra = ev.iter().find(|e| e[2] >= n && e[0] >= o.down_ms).map(|e| e[0]);
         o.failover_ms = fo.map(|f| f - o.down_ms);
+        // The first suspicion after the link went down (the counter above its value then).
+        let before = ev.iter().take_while(|e| e[0] < o.down_ms).last().map_or(0.0, |e| e[3]);
+        o.suspect_ms = ev.iter().find(|e| e[0] >= o.down_ms && e[3] > before).map(|e| e[0] - o.down_ms);
         o.readmit_ms = ra.map(|r| r - o.up_ms);
         let end = ra.map_or(t.bins.len(), |r| r as usize);
         // Searched from the start: a rail whose sends stall behind the dead link stops
@@ -101,13 +108,17 @@ fn stat(v: &[Option<f64>]) -> String {
 }
 
 /// Prints the outages' figures; `alone`: the surviving rail's median bytes/ns alone. Returns
-/// whether every goal was met (recovery <= 5 ms, outage >= 0.9 x alone, return <= 1 s).
+/// whether every goal was met (suspect <= 50 ms and the last replayed byte <= 100 ms after
+/// the link went down, recovery <= 5 ms, outage >= 0.9 x alone, return <= 1 s; p99).
 pub fn report(os: &[Outage], rail: &str, alone: f64) -> bool {
+    if rail == "BOTH" {
+        return report_both(os);
+    }
     for (k, o) in os.iter().enumerate() {
         let f = |v: Option<f64>| v.map_or("never".into(), |x| format!("{x:+.1} ms"));
         println!(
             "outage {}: {rail} down at {:.1} ms, up at {:.1} ms; failover counter {}, {rail}'s last bytes {}; \
-             recovery {}; re-admission counter {} after up, {rail} carrying {} after up; outage {}",
+             recovery {}; re-admission counter {} after up, {rail} carrying {} after up; outage {}; suspect counter {}",
             k + 1,
             o.down_ms,
             o.up_ms,
@@ -117,13 +128,17 @@ pub fn report(os: &[Outage], rail: &str, alone: f64) -> bool {
             f(o.readmit_ms),
             f(o.carry_ms),
             o.outage_rate.map_or("-".into(), |r| format!("{:.2} Gbit/s", r * 8.0)),
+            f(o.suspect_ms),
         );
     }
     let col = |g: fn(&Outage) -> Option<f64>| os.iter().map(g).collect::<Vec<_>>();
     println!("outage summary over {} outages of {rail}:", os.len());
+    println!("  link down -> suspect counter: {}", stat(&col(|o| o.suspect_ms)));
     println!("  link down -> failover counter: {}", stat(&col(|o| o.failover_ms)));
     let rec = col(|o| o.recovery_ms);
     println!("  detection -> every send in flight done (bound of the last replayed byte): {}", stat(&rec));
+    let delivered = col(|o| Some(o.failover_ms? + o.recovery_ms?));
+    println!("  link down -> last replayed byte delivered (bound): {}", stat(&delivered));
     let (mut bytes, mut ns) = (0.0, 0.0);
     for o in os {
         if let (Some(f), Some(r), Some(rate)) = (o.failover_ms, o.readmit_ms, o.outage_rate) {
@@ -143,6 +158,8 @@ pub fn report(os: &[Outage], rail: &str, alone: f64) -> bool {
     let flat = |v: &[Option<f64>]| v.iter().map(|x| x.unwrap_or(f64::INFINITY)).collect::<Vec<_>>();
     let p99 = |v: &[Option<f64>]| pct(&flat(v), 0.99).unwrap_or(f64::INFINITY);
     let goals = [
+        ("suspect_p99_ms <= 50", p99(&col(|o| o.suspect_ms)) <= 50.0),
+        ("delivered_p99_ms <= 100", p99(&delivered) <= 100.0),
         ("recovery_p99_ms <= 5", p99(&rec) <= 5.0),
         ("outage_vs_alone >= 0.9", ratio >= 0.9),
         ("return_p99_ms <= 1000", p99(&ret) <= 1000.0),
@@ -150,6 +167,32 @@ pub fn report(os: &[Outage], rail: &str, alone: f64) -> bool {
     let line: Vec<String> = goals.iter().map(|(g, ok)| format!("{g} {}", if *ok { "met" } else { "MISSED" })).collect();
     println!("outage goals: {}", line.join(", "));
     goals.iter().all(|(_, ok)| *ok)
+}
+
+/// Both rails down together: no rail to fail over to, so no failover and no error while RC's
+/// grace lasts; the stream stalls and goes on once the links are back.
+fn report_both(os: &[Outage]) -> bool {
+    let f = |v: Option<f64>| v.map_or("never".into(), |x| format!("{x:+.1} ms"));
+    for (k, o) in os.iter().enumerate() {
+        println!(
+            "outage {}: both rails down at {:.1} ms, up at {:.1} ms; failover counter {}, suspect counter {}; \
+             carrying again {} after up",
+            k + 1,
+            o.down_ms,
+            o.up_ms,
+            f(o.failover_ms),
+            f(o.suspect_ms),
+            f(o.carry_ms)
+        );
+    }
+    let quiet = os.iter().all(|o| o.failover_ms.is_none() && o.suspect_ms.is_none());
+    let back = os.iter().all(|o| o.carry_ms.is_some());
+    println!(
+        "outage goals: no failover or suspicion while both are down {}, carrying again after {}",
+        if quiet { "met" } else { "MISSED" },
+        if back { "met" } else { "MISSED" }
+    );
+    quiet && back
 }
 
 /// The outage run as a picture: both rails' Gbit/s in 10 ms windows, each outage's down (red)
@@ -198,4 +241,50 @@ pub fn draw(path: &str, t: &Timeline, os: &[Outage], rail: &str) -> Result<(), B
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 400 ms of 1 ms bins from `start` (1 s): SUP carries nothing from 100 to 250 ms.
+    fn run() -> (Timeline, Value) {
+        let bins = (0..400).map(|i| [1000, if (100..250).contains(&i) { 0 } else { 500 }]).collect();
+        let t = Timeline { size: 262144, start_mono_ns: 1_000_000_000, bins };
+        let ev = |t_ms: f64, f: u64, r: u64, s: u64| serde_json::json!({"t_ms": t_ms, "failovers": f, "readmissions": r, "replayed_bytes": 0, "suspects": s});
+        let v = serde_json::json!({
+            "failover_events": [ev(0.0, 0, 0, 0), ev(50.0, 0, 0, 1), ev(60.0, 0, 0, 1), ev(122.0, 0, 0, 2),
+                                ev(152.0, 1, 0, 2), ev(251.0, 1, 1, 2)],
+            "recoveries": [{"from_ms": 151.0, "done_ms": 154.0}],
+        });
+        (t, v)
+    }
+
+    #[test]
+    fn an_outage_is_measured_from_the_link_going_down() {
+        let (t, v) = run();
+        // Down at 100 ms, up at 240 ms (CLOCK_MONOTONIC, the timeline starting at 1 s).
+        let os = analyse(&t, &v, 1, &[[1_100_000_000, 1_240_000_000]]);
+        assert_eq!(os.len(), 1);
+        let o = &os[0];
+        // The suspicion before the outage (50 ms) is not this one's: the next, at 122 ms.
+        assert_eq!(o.suspect_ms, Some(22.0));
+        assert_eq!(o.failover_ms, Some(52.0));
+        assert_eq!(o.recovery_ms, Some(3.0));
+        assert_eq!(o.readmit_ms, Some(11.0));
+        assert_eq!(o.carry_ms, Some(11.0), "from the re-admission on: its first bin with bytes");
+        assert!(report(&os, "SUP", 1000.0 / 1e6), "every goal met: {o:?}");
+    }
+
+    #[test]
+    fn both_rails_down_wants_no_failover_and_traffic_after() {
+        let (t, v) = run();
+        // Both "down" from 100 to 240 ms: either rail's bytes count as carrying.
+        let quiet = serde_json::json!({"failover_events": [], "recoveries": []});
+        let os = analyse(&t, &quiet, 2, &[[1_100_000_000, 1_240_000_000]]);
+        assert_eq!((os[0].failover_ms, os[0].suspect_ms, os[0].carry_ms), (None, None, Some(0.0)));
+        assert!(report(&os, "BOTH", 0.0));
+        let blamed = analyse(&t, &v, 2, &[[1_100_000_000, 1_240_000_000]]);
+        assert!(!report(&blamed, "BOTH", 0.0), "a failover while both were down is a missed goal");
+    }
 }

@@ -122,7 +122,7 @@ pub fn figures(d: &Drill, tx: &PhaseReport, alone_gbps: Option<f64>) -> Figures 
     let s = tx.tx.clone().unwrap_or_default();
     let (ev, tl) = (&s.failover_events, &s.timeline);
     let mut f = Figures { alone_gbps, ..Figures::default() };
-    let first = |pred: &dyn Fn(&[u64; 4]) -> bool| ev.iter().find(|e| pred(e)).copied();
+    let first = |pred: &dyn Fn(&[u64; 5]) -> bool| ev.iter().find(|e| pred(e)).copied();
     let replayed_before = |t: u64| ev.iter().take_while(|e| e[0] < t).last().map_or(0, |e| e[3]);
     let total = ev.last().map_or(0, |e| e[1]);
     f.seen = total;

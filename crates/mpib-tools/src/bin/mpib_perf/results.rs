@@ -308,8 +308,8 @@ pub fn timeline(plan: &Plan, s: &Summary, sender: &PhaseReport) -> Value {
         // The sender process's failover counters whenever they changed (ms since the start,
         // both rails summed), and per failover the sample before it showed and when every
         // send posted before then had completed (ms).
-        "failover_events": tx.failover_events.iter().map(|[t, f, r, b]| json!({
-            "t_ms": *t as f64 / 1e6, "failovers": f, "readmissions": r, "replayed_bytes": b,
+        "failover_events": tx.failover_events.iter().map(|[t, f, r, b, s]| json!({
+            "t_ms": *t as f64 / 1e6, "failovers": f, "readmissions": r, "replayed_bytes": b, "suspects": s,
         })).collect::<Vec<_>>(),
         "recoveries": tx.recoveries.iter().map(|[a, b]| json!({
             "from_ms": *a as f64 / 1e6, "done_ms": *b as f64 / 1e6,

@@ -1,0 +1,124 @@
+//! Silent-rail detection (sender). A link that goes silent — a cable pulled, a switch port
+//! dead, an optic failing — gives no error completion: RC retries for its whole budget
+//! (seconds) while the rail holds its share of every transfer. A rail with work outstanding
+//! that has completed nothing for longer than its oldest part should take (twice its
+//! serialization at the rail's measured rate) plus a bound, while the other rail of the
+//! connection completes work, is *suspect*: new sends leave it. Past a longer bound it has
+//! *failed*: fenced, reported, its parts replayed, as any failure.
+//!
+//! Each bound is a multiple of the rail's own round-trip spread (SRTT + 4·RTTVAR, a high
+//! percentile's stand-in) with a floor: a rail whose round trips are long gets longer
+//! bounds; one whose latency jumps or whose rate drops stays below them while its
+//! completions keep coming. Both rails quiet together (a paused peer, a loaded host, an
+//! outage of both links) is nobody's failure here: RC's own retry budget decides.
+//!
+//! All of it runs in the failover round, every [`SILENCE_CHECK_NS`] while work is out; the
+//! data path only stores each rail's last completion time (`Failover::heard_ns`).
+
+use super::SendEngine;
+use super::failover::STALL_NS_PER_BYTE;
+use crate::engine::failover::other;
+use crate::engine::{DownReason, RAIL_NAMES, RAILS, RailState};
+use crate::error::Result;
+
+/// The suspect and failure bounds' floors: whatever the rail's round trips, a silence
+/// shorter than these is never a rail failure.
+pub const SUSPECT_FLOOR_NS: u64 = 20_000_000;
+pub const SILENT_FLOOR_NS: u64 = 50_000_000;
+/// The bounds in multiples of the rail's round-trip spread.
+const SUSPECT_RTTS: u64 = 3;
+const SILENT_RTTS: u64 = 6;
+/// How often the silence of a rail with work outstanding is looked at.
+pub const SILENCE_CHECK_NS: u64 = 5_000_000;
+
+impl SendEngine {
+    /// The silent-rail check: clears a suspect that completed something since it was
+    /// suspected (or has nothing outstanding), suspects, then fails, a rail
+    /// silent too long while its partner completes work. Schedules the next check while
+    /// work is outstanding.
+    pub(super) fn check_silence(&mut self, now_ns: u64) -> Result<()> {
+        for rail in 0..RAILS {
+            if self.fo.heard_ns[rail] > self.fo.suspect_at[rail] {
+                self.clear_suspect(rail);
+            }
+        }
+        let mut busy = false;
+        for (rail, name) in RAIL_NAMES.iter().enumerate() {
+            if self.fo.state[rail] != RailState::Up || self.outstanding[rail] == 0 {
+                self.clear_suspect(rail);
+                continue;
+            }
+            busy = true;
+            let Some((posted, bytes)) = self.oldest_part(rail) else { continue };
+            let since = posted.max(self.fo.heard_ns[rail]);
+            let partner = other(rail);
+            if !self.completing(partner, since, now_ns) {
+                continue;
+            }
+            let v = self.tel[rail].view();
+            // RC says nothing before a chain's end: its bytes may be moving. Allow twice its
+            // serialization at the rate the rail has measured, or, before any measurement,
+            // at the stall bound's conservative 250 Mb/s (a first 256 MiB part is no silence).
+            let ns_per_byte =
+                if v.rate_sample_ns != 0 { 2.0 / v.rate_bytes_per_ns() } else { STALL_NS_PER_BYTE as f64 };
+            let quiet = now_ns.saturating_sub(since).saturating_sub((bytes as f64 * ns_per_byte) as u64);
+            let spread = v.srtt_ns + 4 * v.rttvar_ns;
+            let silent_ms = now_ns.saturating_sub(since) / 1_000_000;
+            if quiet > SILENT_FLOOR_NS.max(SILENT_RTTS * spread) {
+                log::log!(
+                    self.failure_level(),
+                    "send: the {name} rail has completed nothing for {silent_ms} ms while the {} rail completes: it \
+                     has failed",
+                    RAIL_NAMES[partner]
+                );
+                self.fo.silent_failures += 1;
+                self.rail_down(rail, DownReason::Silent)?;
+            } else if quiet > SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * spread)
+                && !self.fo.suspect.contains(rail)
+                && !self.fo.suspect.contains(partner)
+            {
+                log::info!(
+                    "send: the {name} rail has completed nothing for {silent_ms} ms while the {} rail completes: new \
+                     sends leave it",
+                    RAIL_NAMES[partner]
+                );
+                (self.fo.suspect, self.fo.suspect_at[rail]) = (self.fo.suspect.with(rail), now_ns);
+                self.tel[rail].set_suspect(true);
+                self.tel[rail].stats().count_suspect();
+            }
+        }
+        self.fo.silence_next_ns = if busy { now_ns + SILENCE_CHECK_NS } else { u64::MAX };
+        Ok(())
+    }
+
+    /// Whether `partner` is working while the other rail has been silent since `since_ns`:
+    /// up, heard from since then and, if it has work out itself, heard from lately and well
+    /// into that silence. Two rails gone quiet together (a paused peer, late
+    /// acknowledgements, an outage of both) leave nobody to blame, whichever crosses its
+    /// bound first. An idle partner heard from since is working: its part is done.
+    fn completing(&self, partner: usize, since_ns: u64, now_ns: u64) -> bool {
+        let heard = self.fo.heard_ns[partner];
+        if self.fo.state[partner] != RailState::Up || heard <= since_ns {
+            return false;
+        }
+        if self.outstanding[partner] == 0 {
+            return true;
+        }
+        let v = self.tel[partner].view();
+        let quiet = now_ns.saturating_sub(heard);
+        quiet <= SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * (v.srtt_ns + 4 * v.rttvar_ns))
+            && quiet.saturating_mul(2) <= now_ns.saturating_sub(since_ns)
+    }
+
+    /// `rail` is no longer suspect (it completed something, has nothing outstanding, or is
+    /// the only rail left): new sends may use it again.
+    pub(super) fn clear_suspect(&mut self, rail: usize) {
+        if self.fo.suspect.contains(rail) {
+            self.fo.suspect = self.fo.suspect.without(rail);
+            if self.fo.state[rail] == RailState::Up {
+                self.tel[rail].set_suspect(false);
+                log::info!("send: the {} rail completes again: new sends use it again", RAIL_NAMES[rail]);
+            }
+        }
+    }
+}
