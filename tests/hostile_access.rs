@@ -27,8 +27,8 @@ use mpib::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QueuePair, SendWr, Sge, Timestamps, WcStatus,
     WrOpcode,
 };
-use mpib::plugin::comm::SEND_SCRATCH_OFF;
 use mpib::plugin::oob::{OobAddr, OobConn};
+use mpib::plugin::region::SEND_SCRATCH_OFF;
 use mpib::plugin::setup::{FabricKind, read_handle};
 use mpib::plugin::wire::{self, Hello, Msg};
 

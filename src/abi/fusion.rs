@@ -1,6 +1,6 @@
 //! Device counts per ABI version, `makeVDevice` (v9+) and the one environment variable the
 //! plugin sets for NCCL (`NCCL_NET_FORCE_MERGE`). Which devices each version sees, and why,
-//! is `plugin/table.rs`.
+//! is `plugin/devices.rs`.
 
 use std::ffi::c_int;
 

@@ -445,7 +445,7 @@ pub static ncclNetPlugin_v9: ncclNet_v9_t = ncclNet_v9_t {
     closeListen: Some(close_listen),
     getDeviceMr: None,
     irecvConsumed: None,
-    // NCCL fuses each rail pair's NICs into one device (plugin/table.rs).
+    // NCCL fuses each rail pair's NICs into one device (plugin/devices.rs).
     makeVDevice: Some(make_vdevice_v9),
 };
 

@@ -1,9 +1,9 @@
 //! What each ABI version's `getProperties` reports for the two kinds of device NCCL sees
-//! from v9 on: a NIC shown as itself, and a rail pair NCCL fused (`plugin/table.rs`).
+//! from v9 on: a NIC shown as itself, and a rail pair NCCL fused (`plugin/devices.rs`).
 
 use super::*;
 use crate::fabric::MemTypes;
-use crate::plugin::devices::VDevs;
+use crate::plugin::nic_pair::VDevs;
 
 /// NIC device 1 of the NCCL view: one NIC, its PCI path, rail 3 / plane 0 given by the user.
 fn nic() -> Properties {

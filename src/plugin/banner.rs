@@ -14,7 +14,7 @@ pub fn version() -> String {
 }
 
 pub use super::describe::RailDesc;
-pub use super::table::Seen;
+pub use super::devices::Seen;
 
 /// What the banner says of one rail pair.
 #[derive(Clone, Debug, PartialEq, Eq)]

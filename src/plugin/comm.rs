@@ -2,102 +2,26 @@
 //! the caller's thread (NCCL's proxy): read the clock once, feed completions to the engine,
 //! post the chains it emits with one call each. No allocation, and no lock that another
 //! thread may hold while this one waits: completions come from the connection's inboxes
-//! and, when the NIC's poll lock is free, from the NIC's shared CQ (`nic.rs`).
+//! and, when the NIC's poll lock is free, from the NIC's shared CQ (`nic_queues.rs`).
 
 use std::sync::Arc;
 
-use super::devices::DevPair;
-use super::failover::FoSide;
+use super::failover::{FoSide, MAX_ROUNDS, carry_out, feed_port_downs};
 use super::inbox::Inbox;
 use super::mr::{MrInfo, MrMemo};
-use super::nic::{NicQueues, QpSpec};
+use super::nic_pair::NicPair;
+use super::rail::Rail;
+use super::region::{RecvMem, SendMem};
 use super::resources::{Held, Res};
-use crate::engine::layout::{
-    CTS_ENTRY_BYTES, CTS_ENTRY_WORDS, CTS_FIFO_BYTES, CTS_SLOT_BYTES, CTS_WORD_OFFSET, CtsEntry, RECORD_SLOT_BYTES,
-    RecvMemory, SendMemory,
-};
-use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold};
+use crate::engine::{FlushBuf, Posts, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
-use crate::fabric::{Completion, ConnectParams, Device, Progress, QpInfo, QueuePair};
-
-/// Offsets inside a send comm's control region: the FIFO, then the sizes source, then a
-/// scratch word (the receiver's keepalives land there).
-pub const SEND_SIZES_OFF: usize = CTS_FIFO_BYTES;
-pub const SEND_SCRATCH_OFF: usize = SEND_SIZES_OFF + crate::engine::layout::RECORDS_BYTES;
-/// Offsets inside a receive comm's control region: CTS source, records, scratch words.
-pub const RECV_RECORDS_OFF: usize = CTS_FIFO_BYTES;
-pub const RECV_SCRATCH_OFF: usize = RECV_RECORDS_OFF + crate::engine::layout::RECORDS_BYTES;
-/// The flush READs land here (away from the probe word).
-pub const RECV_FLUSH_OFF: usize = RECV_SCRATCH_OFF + 64;
-/// Bytes after the scratch offset: the probe word, and the flush/keepalive word at +64.
-pub const SCRATCH_BYTES: usize = 128;
+use crate::fabric::{Completion, Device, Progress, QueuePair};
 
 /// `CLOCK_MONOTONIC` nanoseconds (one clock read per ncclNet call).
 #[inline]
 pub fn now_ns() -> u64 {
     crate::fabric::clock::monotonic_ns()
-}
-
-/// One rail of a connection: its QPs on the rail's NIC (whose shared queues it holds), the
-/// registration of its control region there, and its inbox on that NIC.
-pub struct Rail<D: Device> {
-    pub qps: Vec<D::Qp>,
-    pub flush_qp: Option<D::Qp>,
-    /// The comm's control region registered on this rail.
-    pub region_mr: Option<D::Mr>,
-    pub nic: Arc<NicQueues<D>>,
-    pub inbox: Arc<Inbox>,
-    /// The connection's identity in the NIC's routes, and its first QP's number (the one
-    /// polls tell apart without a route lookup).
-    pub owner: u64,
-    pub first_qp: u32,
-    /// What `NicQueues::attach` was given: the QPs' send-queue depths, the receive window.
-    pub sq: u64,
-    pub window: u32,
-    pub dev: Arc<D>,
-    /// What this rail holds, for `mpib_resource_stats`.
-    pub held: Vec<Held>,
-    /// Re-admission (`plugin/readmit.rs`): what the QPs were made with (the flush QP's
-    /// last), the peer's QP infos and the transport parameters they were connected with.
-    pub specs: Vec<QpSpec>,
-    pub peer: Vec<QpInfo>,
-    pub connect: Option<ConnectParams>,
-}
-
-impl<D: Device> Rail<D> {
-    #[inline]
-    pub(super) fn qp(&mut self, q: QpRef) -> Result<&mut D::Qp> {
-        let qp = match q {
-            QpRef::Cts => self.qps.first_mut(),
-            QpRef::Data(i) => self.qps.get_mut(i as usize),
-            QpRef::Flush => self.flush_qp.as_mut(),
-        };
-        qp.ok_or_else(|| cold(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have"))))
-    }
-
-    /// Tears the rail down: the QPs drained off the shared CQ and destroyed (`NicQueues::
-    /// detach`), then the region's registration. Runs once.
-    fn shutdown(&mut self) {
-        if self.held.is_empty() {
-            return;
-        }
-        let mut qps = std::mem::take(&mut self.qps);
-        qps.extend(self.flush_qp.take());
-        self.nic.detach(self.owner, qps, self.sq, self.window);
-        if let Some(mr) = self.region_mr.take()
-            && let Err(e) = self.dev.dereg_mr(mr)
-        {
-            log::warn!("deregistering a connection's control region: {e}");
-        }
-        self.held.clear();
-    }
-}
-
-impl<D: Device> Drop for Rail<D> {
-    fn drop(&mut self) {
-        self.shutdown();
-    }
 }
 
 /// What the comms' shared fabric helpers need of an engine.
@@ -218,41 +142,6 @@ fn post_chains<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result
     Ok(())
 }
 
-/// The sender's control region as the engine sees it.
-pub(super) struct SendMem<'a>(pub(super) &'a HostRegion);
-
-impl SendMemory for SendMem<'_> {
-    #[inline]
-    fn fifo_word(&self, slot: usize, i: usize) -> u64 {
-        self.0.load_acquire(slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES + CTS_WORD_OFFSET)
-    }
-    #[inline]
-    fn fifo_entry(&self, slot: usize, i: usize) -> CtsEntry {
-        let base = slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES;
-        CtsEntry::from_words(&self.0.load_words::<CTS_ENTRY_WORDS>(base))
-    }
-    #[inline]
-    fn write_sizes(&mut self, slot: usize, sizes: &[u64]) {
-        for (i, &s) in sizes.iter().enumerate() {
-            self.0.store(SEND_SIZES_OFF + slot * RECORD_SLOT_BYTES + i * 8, s);
-        }
-    }
-}
-
-/// The receiver's control region as the engine sees it.
-pub(super) struct RecvMem<'a>(pub(super) &'a HostRegion);
-
-impl RecvMemory for RecvMem<'_> {
-    #[inline]
-    fn write_cts(&mut self, slot: usize, i: usize, e: &CtsEntry) {
-        self.0.store_words(slot * CTS_SLOT_BYTES + i * CTS_ENTRY_BYTES, &e.to_words());
-    }
-    #[inline]
-    fn record(&self, slot: usize, i: usize) -> u64 {
-        self.0.load_acquire(RECV_RECORDS_OFF + slot * RECORD_SLOT_BYTES + i * 8)
-    }
-}
-
 /// Request sequence numbers, so a handle kept after `test` said done is recognised.
 pub struct Seqs(Box<[u8]>);
 
@@ -279,7 +168,7 @@ pub struct SendComm<D: Device> {
     /// whose device makes progress only when polled ([`Progress::OnPoll`]).
     poll_always: RailMask,
     pub engine: SendEngine,
-    pub dev: Arc<DevPair<D>>,
+    pub dev: Arc<NicPair<D>>,
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
     posts: Posts,
@@ -293,7 +182,7 @@ impl<D: Device> SendComm<D> {
     pub fn new(
         rails: [Rail<D>; RAILS],
         engine: SendEngine,
-        dev: Arc<DevPair<D>>,
+        dev: Arc<NicPair<D>>,
         region: HostRegion,
         fo: Box<FoSide>,
     ) -> Self {
@@ -426,7 +315,7 @@ impl<D: Device> Drop for SendComm<D> {
 pub struct RecvComm<D: Device> {
     pub rails: [Rail<D>; RAILS],
     pub engine: RecvEngine,
-    pub dev: Arc<DevPair<D>>,
+    pub dev: Arc<NicPair<D>>,
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
     posts: Posts,
@@ -450,7 +339,7 @@ impl<D: Device> RecvComm<D> {
     pub fn new(
         rails: [Rail<D>; RAILS],
         engine: RecvEngine,
-        dev: Arc<DevPair<D>>,
+        dev: Arc<NicPair<D>>,
         region: HostRegion,
         fo: Box<FoSide>,
     ) -> Self {
@@ -469,7 +358,7 @@ impl<D: Device> RecvComm<D> {
     }
 
     /// `irecv` of `bufs` (checked against their registrations by the caller). The NICs'
-    /// SRQs are stocked for every receive it may have outstanding (`nic.rs`).
+    /// SRQs are stocked for every receive it may have outstanding (`nic_queues.rs`).
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
         self.posts.clear();
         let r = self.engine.irecv(bufs, &mut RecvMem(&self.region), &mut self.posts)?;
@@ -563,6 +452,71 @@ impl<D: Device> Drop for RecvComm<D> {
         for r in &mut self.rails {
             r.shutdown();
         }
+    }
+}
+
+impl<D: Device> SendComm<D> {
+    /// Whether the receiver or the fabric has news for the engine (a control message, a
+    /// port gone down): two loads and compares, for calls that wait.
+    #[inline(always)]
+    pub(super) fn news(&self) -> bool {
+        self.engine.control_waiting(&SendMem(&self.region)) || self.fo.port_news(&self.rails)
+    }
+
+    /// A round of the engine's own work at `now` (probes, keepalives, failover, the drill):
+    /// the port-downs fed in, then `handle_timeout` and what it asks for, again while an
+    /// action was answered (a fence, then its report), a few times at most.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn round(&mut self, now: u64) -> Result<()> {
+        if self.fo.failover {
+            let engine = &mut self.engine;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(now, e))?;
+        }
+        for _ in 0..MAX_ROUNDS {
+            self.fo.out.clear();
+            self.engine.handle_timeout(now, &mut SendMem(&self.region), &mut self.fo.out)?;
+            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
+                e.handle_completion(now, rail, c)
+            })?;
+            if !acted {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> RecvComm<D> {
+    /// Whether the sender or the fabric has news for the engine, or the engine has failover
+    /// work to emit: for calls that wait and every few `irecv`s.
+    #[inline(always)]
+    pub(super) fn news(&self) -> bool {
+        self.engine.control_waiting(&RecvMem(&self.region)) || self.fo.port_news(&self.rails)
+    }
+
+    /// A round of the engine's own work at `now` (a keepalive, failover: the sender's
+    /// messages read, fences performed and answered, the `Fenced` reports and CTS re-posts
+    /// posted).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn round(&mut self, now: u64) -> Result<()> {
+        if self.fo.failover {
+            let engine = &mut self.engine;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(e))?;
+        }
+        for _ in 0..MAX_ROUNDS {
+            self.fo.out.clear();
+            self.engine.handle_timeout(now, &mut RecvMem(&self.region), &mut self.fo.out)?;
+            let mem = RecvMem(&self.region);
+            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
+                e.handle_completion(rail, c, &mem)
+            })?;
+            if !acted {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -3,7 +3,7 @@
 //! no context, and every connection of the process uses the plugin's default one.
 //!
 //! A context owns, per rail NIC its connections use, one [`NicQueues`]: the shared CQ, SRQ
-//! and routes (`nic.rs`). It keeps them weakly: each connection holds its NICs' queues, so
+//! and routes (`nic_queues.rs`). It keeps them weakly: each connection holds its NICs' queues, so
 //! they go with the last connection using them, whether before or after `finalize` (NCCL
 //! may close comms after finalizing their communicator, and a listen comm or a pending
 //! connection keeps its context alive until it is done with it).
@@ -14,13 +14,13 @@
 //! thread drives anyway. With a pre-v11 ABI every communicator of the process shares the
 //! default context, and several progress threads may meet at a NIC's poll lock: `try_lock`
 //! keeps each of them from ever waiting (the holder queues the others' completions in their
-//! inboxes), see `nic.rs`.
+//! inboxes), see `nic_queues.rs`.
 
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use super::nic::NicQueues;
+use super::nic_queues::NicQueues;
 use super::resources::{Held, Res};
 use crate::error::Result;
 use crate::fabric::Device;

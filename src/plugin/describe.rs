@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use super::devices::Nic;
+use super::nic_pair::Nic;
 use crate::fabric::soft::SoftDevice;
 use crate::fabric::verbs::{self, VerbsDevice};
 use crate::fabric::{Device, LinkLayer};

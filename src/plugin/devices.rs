@@ -1,230 +1,262 @@
-//! The NCCL devices. Every device NCCL uses is a pair of rails (SOUT, SUP): over two NICs,
-//! or over one NIC carrying both rails. What NCCL is *shown* depends on the ABI version
-//! (see `table.rs`): a rail pair as one device, or each NIC as a device that NCCL fuses
-//! with its partner through `makeVDevice`.
+//! Which devices NCCL sees, per ABI version, and NIC fusion (`makeVDevice`).
 //!
-//! Each NIC has one registration cache, shared by every device that uses it, so a buffer
-//! NCCL registers through several devices on one NIC costs one NIC registration.
+//! NCCL builds its topology from each device's `pciPath` (`src/graph/topo.cc`:
+//! `ncclTopoPopulateNics` → `ncclTopoFillNet`): a device is one NIC at one PCI position,
+//! with that NIC's PCIe link. A rail pair shown as one device therefore sits at SOUT's
+//! position with SOUT's link, and NCCL never learns where SUP is. From ABI v9 (NCCL 2.24) a
+//! plugin may instead show its NICs and let NCCL fuse them (`ncclTopoMakeVNics` calls
+//! `makeVDevice`); NCCL then places the fused device at the NICs' common PCI parent, with
+//! their links added up (`ncclTopoGetVNicParent`), and hides the NICs it fused
+//! (`ncclTopoUpdateVNics`). So:
+//!
+//! - **pair view** (ABI v6–v8, where there is no `makeVDevice`, and `MPIB_NCCL_DEVICES=
+//!   pairs`): device k is rail pair k.
+//! - **NCCL view** (ABI v9+): first the base devices: the two NICs of every pair that NCCL
+//!   can fuse (two PCI devices on one NUMA node: NCCL refuses to fuse across NUMA nodes and
+//!   cannot place NICs without a PCI device), and every other pair as one device; then the
+//!   devices `makeVDevice` made. A base NIC device NCCL uses as it is carries both rails.
+//!
+//! NCCL fuses only NICs within `NCCL_NET_MERGE_LEVEL` (default `PORT`: ports of one NIC)
+//! unless `NCCL_NET_FORCE_MERGE` names groups, so `init` publishes the pairs there (see
+//! [`Devices::force_merge`]); DESIGN.md has the code references. `makeVDevice` accepts
+//! exactly the configured pairs (either order) and lone devices (NCCL 2.24–2.27 "fuse" each
+//! device left over into a virtual device of its own); anything else is refused.
 
-use std::ffi::{CStr, CString};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use super::discover::NicMeta;
-use super::mr::{MrCache, MrHandle, MrInfo};
-use super::{MAX_RECVS, Properties};
+use parking_lot::RwLock;
+
+use super::AbiVersion;
+use super::discover::FoundPair;
+use super::discover::topology::pci_device;
+use super::nic_pair::{Nic, NicPair, Shape};
+use crate::config::NcclDevices;
 use crate::engine::RAILS;
 use crate::error::{Error, Result};
-use crate::fabric::{Device, MemTypes, MrKeys};
-use crate::telemetry::ProbeBudget;
+use crate::fabric::Device;
 
-/// Largest single send or receive NCCL may hand the plugin (1 GiB, NCCL_MAX_NET_SIZE);
-/// `test` reports sizes as `int`, so nothing above `i32::MAX` can be accepted anyway.
-pub const MAX_P2P_BYTES: usize = 1 << 30;
+/// Most devices the NCCL view may grow to (`makeVDevice` appends one per call; NCCL calls
+/// it once per group it fuses, once per process).
+const MAX_DEVICES: usize = 256;
 
-/// One opened NIC (a port), its registration cache, its idle-probe budget and what is known
-/// of it.
-pub struct Nic<D: Device> {
-    pub dev: Arc<D>,
-    cache: MrCache<D>,
-    /// Shared by every connection of the process on this NIC (made at the first).
-    probe_budget: OnceLock<Arc<ProbeBudget>>,
-    pub meta: NicMeta,
-}
-
-impl<D: Device> Nic<D> {
-    pub fn new(dev: Arc<D>, meta: NicMeta) -> Self {
-        Nic { cache: MrCache::new(dev.clone()), dev, probe_budget: OnceLock::new(), meta }
-    }
-
-    /// The NIC's idle-probe budget, `per_second` (`MPIB_PROBE_RATE`, the same for every
-    /// connection: the configuration is read once) when the first connection makes it.
-    pub fn probe_budget(&self, per_second: u64) -> Arc<ProbeBudget> {
-        self.probe_budget.get_or_init(|| Arc::new(ProbeBudget::per_second(per_second))).clone()
-    }
-
-    /// `device:port`.
-    pub fn label(&self) -> String {
-        format!("{}:{}", self.dev.attrs().name, self.dev.attrs().port)
-    }
-
-    /// Registrations cached on this NIC.
-    pub fn cached_registrations(&self) -> usize {
-        self.cache.len()
-    }
-}
-
-/// How a device came to be, for NCCL's view of it.
+/// A pair NCCL may fuse: its NICs' base device indices (SOUT, SUP) and the pair's index.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shape {
-    /// A rail pair shown as one device (its name `sout+sup`, SOUT's PCI path).
-    Pair,
-    /// One NIC shown as itself; used alone it carries both rails.
-    Nic,
-    /// Two NICs NCCL fused (`makeVDevice`) into a rail pair.
-    Fused,
+struct Fusable {
+    devs: [i32; RAILS],
+    pair: usize,
 }
 
-/// One NCCL device: two rails.
-pub struct DevPair<D: Device> {
-    pub rails: [Arc<D>; RAILS],
-    nics: [Arc<Nic<D>>; RAILS],
-    pub shape: Shape,
-    pub props: Properties,
+/// The plugin's devices: its NICs, its rail pairs, and the two views of them.
+pub struct Devices<D: Device> {
+    pub nics: Vec<Arc<Nic<D>>>,
+    /// Rail pairs, as NIC indices (SOUT, SUP).
+    pub pairs: Vec<[usize; RAILS]>,
+    /// One device per rail pair.
+    pair_view: Vec<Arc<NicPair<D>>>,
+    /// Base devices, then the ones `makeVDevice` made.
+    nccl_view: RwLock<Vec<Arc<NicPair<D>>>>,
+    base: usize,
+    fusable: Vec<Fusable>,
+    /// How the NCCL view shows each rail pair.
+    seen: Vec<Seen>,
 }
 
-impl<D: Device> DevPair<D> {
-    /// Device `index` over `nics` (SOUT, SUP); `vdevs` the NIC devices NCCL fused into it
-    /// (itself for a device shown as it is).
-    pub fn new(index: usize, nics: [Arc<Nic<D>>; RAILS], shape: Shape, vdevs: &[i32]) -> Self {
-        let props = properties(index, &nics, shape, vdevs);
-        DevPair { rails: [nics[0].dev.clone(), nics[1].dev.clone()], nics, shape, props }
+/// How NCCL's view shows a rail pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Seen {
+    /// As one device (its index).
+    Device(usize),
+    /// As two NIC devices (SOUT's, SUP's) for NCCL to fuse.
+    Fused(usize, usize),
+}
+
+/// Whether NCCL can fuse the two NICs of a pair (see the module doc).
+fn can_fuse<D: Device>(a: &Nic<D>, b: &Nic<D>, mode: NcclDevices) -> bool {
+    match mode {
+        NcclDevices::Pairs => false,
+        NcclDevices::Nics => true,
+        NcclDevices::Auto => match (&a.meta.pci_path, &b.meta.pci_path) {
+            // Two functions of one PCI device are one card: shown as one device, the pair
+            // already sits at its true position.
+            (Some(x), Some(y)) => pci_device(x) != pci_device(y) && a.meta.numa == b.meta.numa,
+            _ => false,
+        },
+    }
+}
+
+impl<D: Device> Devices<D> {
+    pub fn new(pairs: Vec<FoundPair<D>>, mode: NcclDevices) -> Self {
+        let mut nics: Vec<Arc<Nic<D>>> = Vec::new();
+        let mut nic_of = |dev: &Arc<D>, meta: &super::discover::NicMeta| -> usize {
+            if let Some(i) = nics.iter().position(|n| Arc::ptr_eq(&n.dev, dev)) {
+                return i;
+            }
+            nics.push(Arc::new(Nic::new(dev.clone(), meta.clone())));
+            nics.len() - 1
+        };
+        let pairs: Vec<[usize; RAILS]> =
+            pairs.iter().map(|p| [nic_of(&p.sout, &p.meta[0]), nic_of(&p.sup, &p.meta[1])]).collect();
+        let pair_view: Vec<Arc<NicPair<D>>> = pairs
+            .iter()
+            .enumerate()
+            .map(|(k, &[a, b])| Arc::new(NicPair::new(k, [nics[a].clone(), nics[b].clone()], Shape::Pair, &[k as i32])))
+            .collect();
+        let mut fuse: Vec<bool> = pairs.iter().map(|&[a, b]| a != b && can_fuse(&nics[a], &nics[b], mode)).collect();
+        // NCCL keys its topology by device name: two NIC devices of one name (two ports of
+        // one device in different pairs) would be one node to it. Such pairs stay pairs.
+        let name = |i: usize| nics[i].dev.attrs().name.clone();
+        let shown: Vec<usize> = pairs.iter().zip(&fuse).filter(|(_, f)| **f).flat_map(|(p, _)| *p).collect();
+        for (k, p) in pairs.iter().enumerate() {
+            let clash = |i: usize| shown.iter().any(|&j| j != i && name(j) == name(i));
+            if fuse[k] && (clash(p[0]) || clash(p[1])) {
+                fuse[k] = false;
+            }
+        }
+        let mut view: Vec<Arc<NicPair<D>>> = Vec::new();
+        let mut nic_dev: Vec<Option<i32>> = vec![None; nics.len()];
+        let mut fusable = Vec::new();
+        let mut seen = Vec::new();
+        for (k, &[a, b]) in pairs.iter().enumerate() {
+            if !fuse[k] {
+                let i = view.len();
+                view.push(Arc::new(NicPair::new(i, [nics[a].clone(), nics[b].clone()], Shape::Pair, &[i as i32])));
+                seen.push(Seen::Device(i));
+                continue;
+            }
+            let mut devs = [0; RAILS];
+            for (r, n) in [a, b].into_iter().enumerate() {
+                devs[r] = *nic_dev[n].get_or_insert_with(|| {
+                    let i = view.len();
+                    view.push(Arc::new(NicPair::new(i, [nics[n].clone(), nics[n].clone()], Shape::Nic, &[i as i32])));
+                    i as i32
+                });
+            }
+            fusable.push(Fusable { devs, pair: k });
+            seen.push(Seen::Fused(devs[0] as usize, devs[1] as usize));
+        }
+        let base = view.len();
+        Devices { nics, pairs, pair_view, nccl_view: RwLock::new(view), base, fusable, seen }
     }
 
-    /// The same rails under another index (NCCL 2.24–2.27 asks `makeVDevice` to "fuse" each
-    /// lone device into a virtual device of its own).
-    pub fn alias(&self, index: usize, vdev: i32) -> Self {
-        let mut props = self.props;
-        props.dev = index as i32;
-        props.vdevs = VDevs::one(vdev);
-        DevPair { rails: self.rails.clone(), nics: self.nics.clone(), shape: self.shape, props }
+    /// How `abi` sees rail pair `k`.
+    pub fn seen(&self, abi: AbiVersion, k: usize) -> Seen {
+        if Self::nccl_view(abi) { self.seen[k] } else { Seen::Device(k) }
     }
 
-    /// The two rails' NICs (SOUT, SUP).
-    pub fn nics(&self) -> &[Arc<Nic<D>>; RAILS] {
-        &self.nics
+    /// Whether calls through `abi` see the NCCL view (else the pair view).
+    fn nccl_view(abi: AbiVersion) -> bool {
+        abi >= AbiVersion::V9
     }
 
-    /// Registers exactly `[addr, addr+len)` on both rails (see `mr.rs`); `mem` is its one
-    /// memory type.
-    pub fn reg_mr(self: &Arc<Self>, addr: u64, len: u64, mem: MemTypes) -> Result<MrHandle> {
-        let gpu = if mem == MemTypes::HOST {
-            false
-        } else if mem == MemTypes::CUDA && self.props.mem_types.contains(MemTypes::CUDA) {
-            true
+    /// Number of devices `abi` sees.
+    pub fn len(&self, abi: AbiVersion) -> usize {
+        if Self::nccl_view(abi) { self.nccl_view.read().len() } else { self.pair_view.len() }
+    }
+
+    /// Number of base devices of the NCCL view (the ones NCCL may fuse).
+    pub fn base_len(&self) -> usize {
+        self.base
+    }
+
+    /// Device `dev` as `abi` sees it.
+    pub fn get(&self, abi: AbiVersion, dev: i32) -> Result<Arc<NicPair<D>>> {
+        let found = |v: &[Arc<NicPair<D>>]| usize::try_from(dev).ok().and_then(|i| v.get(i).cloned());
+        let (got, n) = if Self::nccl_view(abi) {
+            let v = self.nccl_view.read();
+            (found(&v), v.len())
         } else {
-            return Err(Error::invalid_argument(format!(
-                "regMr of {mem:?} memory on {}, which supports {:?}",
-                self.props.name.to_string_lossy(),
-                self.props.mem_types
-            )));
+            (found(&self.pair_view), self.pair_view.len())
         };
-        let k0 = self.nics[0].cache.acquire(addr, len)?;
-        let k1 = match self.nics[1].cache.acquire(addr, len) {
-            Ok(k) => k,
-            Err(e) => {
-                let _ = self.nics[0].cache.release(addr, len);
-                return Err(e);
-            }
-        };
-        let me = self.clone();
-        let release = Box::new(move || {
-            let a = me.nics[0].cache.release(addr, len);
-            let b = me.nics[1].cache.release(addr, len);
-            a.and(b)
-        });
-        Ok(MrHandle::new(MrInfo { addr, len, gpu, keys: [k0, k1] }, release))
+        got.ok_or_else(|| Error::invalid_argument(format!("device {dev} does not exist (there are {n})")))
     }
 
-    /// Registers a DMA-BUF range on both rails (not cached: the fd is the caller's).
-    pub fn reg_dmabuf(self: &Arc<Self>, addr: u64, len: u64, offset: u64, fd: i32) -> Result<MrHandle> {
-        if !self.props.mem_types.contains(MemTypes::DMABUF) {
+    /// Drops the devices `makeVDevice` made. NCCL 2.28+ unload the plugin when its last
+    /// communicator is finalized and load it again for the next one (`ncclNetPluginUnload`,
+    /// `src/plugin/net.cc`); this library stays loaded, and NCCL, starting afresh, reads
+    /// `devices()` as the number of NICs it may fuse: it must be the base devices again.
+    pub fn forget_made(&self) {
+        self.nccl_view.write().truncate(self.base);
+    }
+
+    /// Every device of the NCCL view (base and made), for logs.
+    pub fn nccl_devices(&self) -> Vec<Arc<NicPair<D>>> {
+        self.nccl_view.read().clone()
+    }
+
+    /// The value of `NCCL_NET_FORCE_MERGE` that makes NCCL fuse each pair of NIC devices
+    /// (`mlx5_0:1,mlx5_1:1;…`, NCCL's `parseStringList` syntax: exact names, ports), or
+    /// `None` when no pair is shown as NICs.
+    pub fn force_merge(&self) -> Option<String> {
+        let v = self.nccl_view.read();
+        let entry = |d: i32| {
+            let a = v[d as usize].rails[0].attrs();
+            format!("{}:{}", a.name, a.port)
+        };
+        let groups: Vec<String> =
+            self.fusable.iter().map(|f| format!("{},{}", entry(f.devs[0]), entry(f.devs[1]))).collect();
+        (!groups.is_empty()).then(|| groups.join(";"))
+    }
+
+    /// The pairs NCCL may fuse, in words (for errors).
+    fn fusable_text(&self, v: &[Arc<NicPair<D>>]) -> String {
+        if self.fusable.is_empty() {
+            return "none".to_string();
+        }
+        let name = |d: i32| format!("[{d}] {}", v[d as usize].props.name.to_string_lossy());
+        self.fusable.iter().map(|f| format!("{} + {}", name(f.devs[0]), name(f.devs[1]))).collect::<Vec<_>>().join(", ")
+    }
+
+    /// `makeVDevice`: a new device fusing base devices `devs`; returns its index. Accepts one
+    /// device (an alias of it) or the two NIC devices of one rail pair, in either order.
+    pub fn make_vdevice(&self, devs: &[i32]) -> Result<i32> {
+        let mut v = self.nccl_view.write();
+        if v.len() >= MAX_DEVICES {
             return Err(Error::invalid_usage(format!(
-                "regMrDmaBuf on {}, which does not support DMA-BUF",
-                self.props.name.to_string_lossy()
+                "makeVDevice: already {} devices (at most {MAX_DEVICES})",
+                v.len()
             )));
         }
-        super::mr::check_range(addr, len)?;
-        if len == 0 {
-            // As `reg_mr`: an empty registration registers nothing, carries no keys.
-            return Ok(MrHandle::new(MrInfo { addr, len, gpu: true, keys: Default::default() }, Box::new(|| Ok(()))));
+        if let Some(&d) = devs.iter().find(|&&d| d < 0 || d as usize >= self.base) {
+            return Err(Error::invalid_argument(format!(
+                "makeVDevice of device {d}: only the {} devices mpib lists first can be fused",
+                self.base
+            )));
         }
-        let access = super::mr::DATA_ACCESS;
-        let m0 = self.rails[0].reg_dmabuf_mr(fd, offset, len as usize, addr, access)?;
-        let m1 = match self.rails[1].reg_dmabuf_mr(fd, offset, len as usize, addr, access) {
-            Ok(m) => m,
-            Err(e) => {
-                let _ = self.rails[0].dereg_mr(m0);
-                return Err(e);
+        let i = v.len();
+        let made = match devs {
+            [d] => Arc::new(v[*d as usize].alias(i, *d)),
+            [x, y] => {
+                let Some(f) = self.fusable.iter().find(|f| f.devs == [*x, *y] || f.devs == [*y, *x]) else {
+                    let name = |d: i32| format!("[{d}] {}", v[d as usize].props.name.to_string_lossy());
+                    return Err(Error::invalid_usage(format!(
+                        "makeVDevice: mpib fuses only its rail pairs ({}), not {} + {} (MPIB_HCA_SOUT/MPIB_HCA_SUP set the pairs)",
+                        self.fusable_text(&v),
+                        name(*x),
+                        name(*y)
+                    )));
+                };
+                let [a, b] = self.pairs[f.pair];
+                Arc::new(NicPair::new(i, [self.nics[a].clone(), self.nics[b].clone()], Shape::Fused, &f.devs))
+            }
+            _ => {
+                return Err(Error::invalid_usage(format!(
+                    "makeVDevice of {} devices: mpib fuses two NICs (SOUT and SUP), or takes one as it is",
+                    devs.len()
+                )));
             }
         };
-        let keys: [MrKeys; RAILS] = [D::mr_keys(&m0), D::mr_keys(&m1)];
-        let me = self.clone();
-        let release = Box::new(move || {
-            let a = me.rails[0].dereg_mr(m0);
-            let b = me.rails[1].dereg_mr(m1);
-            a.and(b)
-        });
-        Ok(MrHandle::new(MrInfo { addr, len, gpu: true, keys }, release))
-    }
-
-    /// Registrations cached on each rail's NIC.
-    pub fn cached_registrations(&self) -> [usize; RAILS] {
-        [self.nics[0].cached_registrations(), self.nics[1].cached_registrations()]
+        log::info!(
+            target: "mpib::abi",
+            "NCCL made device [{i}] {} from {:?}{}",
+            made.props.name.to_string_lossy(),
+            devs,
+            if made.shape == Shape::Fused { " (a rail pair: SOUT + SUP)" } else { "" }
+        );
+        v.push(made);
+        Ok(i as i32)
     }
 }
 
-/// The NIC devices fused into a device (NCCL's `vProps`): at most two for mpib.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct VDevs {
-    pub n: usize,
-    pub devs: [i32; RAILS],
-}
-
-impl VDevs {
-    pub fn one(d: i32) -> VDevs {
-        VDevs { n: 1, devs: [d, 0] }
-    }
-
-    pub fn as_slice(&self) -> &[i32] {
-        &self.devs[..self.n]
-    }
-}
-
-/// A string NCCL may keep a pointer to: leaked (kept for the process lifetime), as NCCL
-/// holds `name` and `pciPath` after `getProperties` returns.
-fn leak(s: String) -> &'static CStr {
-    Box::leak(CString::new(s.replace('\0', "?")).unwrap_or_default().into_boxed_c_str())
-}
-
-/// NCCL's view of a device over `nics` (SOUT, SUP).
-fn properties<D: Device>(index: usize, nics: &[Arc<Nic<D>>; RAILS], shape: Shape, vdevs: &[i32]) -> Properties {
-    let (a, b) = (nics[0].dev.attrs(), nics[1].dev.attrs());
-    let one_nic = Arc::ptr_eq(&nics[0], &nics[1]);
-    // Host memory always; GPU memory only where both rails can register it.
-    let mem_types = MemTypes::HOST | (a.mem_types & b.mem_types);
-    let name = match shape {
-        Shape::Nic => a.name.clone(),
-        Shape::Pair | Shape::Fused => format!("{}+{}", a.name, b.name),
-    };
-    // Both rails on one NIC move no more than that NIC does.
-    let speed = if one_nic { a.speed_mbps as u64 } else { a.speed_mbps as u64 + b.speed_mbps as u64 };
-    let same = |x: Option<i16>, y: Option<i16>| if x == y { x } else { None };
-    let (ma, mb) = (&nics[0].meta, &nics[1].meta);
-    let mut v = VDevs { n: vdevs.len().min(RAILS), devs: [0; RAILS] };
-    v.devs[..v.n].copy_from_slice(&vdevs[..v.n]);
-    Properties {
-        dev: index as i32,
-        name: leak(name),
-        // SOUT's: for a pair shown as one device NCCL places it there; for a fused one
-        // NCCL places it itself, at the two NICs' common parent (net_ib reports its first
-        // NIC's path there too).
-        pci_path: ma.pci_path.clone().or_else(|| a.pci_path.clone()).map(leak),
-        guid: a.guid,
-        mem_types,
-        reg_is_global: true,
-        force_flush: false,
-        speed_mbps: speed.min(i32::MAX as u64) as i32,
-        port: a.port as i32,
-        latency_us: 0.0,
-        max_comms: (a.max_qp.min(b.max_qp) / 4).clamp(1, 65536) as i32,
-        max_recvs: MAX_RECVS as i32,
-        max_p2p_bytes: MAX_P2P_BYTES,
-        max_coll_bytes: MAX_P2P_BYTES,
-        max_multi_request_size: 1,
-        vdevs: v,
-        // A fused device's rail (or plane) is defined only where both NICs agree (net_ib's
-        // rule for fused devices).
-        rail: same(ma.rail, mb.rail),
-        plane: same(ma.plane, mb.plane),
-    }
-}
+#[cfg(test)]
+#[path = "devices_tests.rs"]
+mod tests;

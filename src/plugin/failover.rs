@@ -1,35 +1,22 @@
-//! Rail failover in the plugin (DESIGN.md "Rail failover (issue 19)"): the control ring in
-//! each comm's registered control region, the engine's failover rounds (its control
-//! messages, replays and CTS re-posts posted, its fences performed on the fabric and
-//! answered), and the soft fabric's fault drill (`MPIB_FAULT_RAIL`).
+//! Rail failover in the plugin: the engine's rounds (its control messages, replays and CTS
+//! re-posts posted, its fences performed on the fabric and answered, its re-admission
+//! actions handed to `readmit.rs`), the port-down events fed in, and the soft fabric's fault
+//! drill (`MPIB_FAULT_RAIL`). The control ring's place in a comm's region is `region.rs`'s.
 //!
 //! Nothing here runs on a data path that completes: a comm enters a round only from a
 //! call that did not complete a request (`test` not done, `isend`/`irecv` answering "not
-//! now") and only when the engine has failover work due, the peer's next control message
-//! is in place (one load, one compare), or the sender's stall check is due
-//! (`MPIB_STALL_MS / 4`).
-//!
-//! Control region layout (both sides): after the scratch words, the control ring this
-//! side's peer writes ([`CTL_RING_BYTES`]), then the local source of the messages this
-//! side writes (as many bytes). The peer's ring is at its exchanged scratch address +
-//! [`SCRATCH_BYTES`], under the rkeys exchanged with it: no set-up field is added.
+//! now") and only when the engine's timer is due, it has failover work, the peer's next
+//! control message is in place (one load, one compare), or a port went down.
 
-use super::comm::{RECV_SCRATCH_OFF, Rail, RecvComm, RecvMem, SCRATCH_BYTES, SEND_SCRATCH_OFF, SendComm, SendMem};
-use super::readmit::{READMIT_MAX_QPS, Refuse};
+use super::rail::Rail;
+use super::readmit::{READMIT_MAX_QPS, Readmission};
+use super::region::SCRATCH_BYTES;
 use crate::engine::RailMask;
-use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
-use crate::engine::{Action, CtlMemory, Event, FailoverConfig, Output, RAIL_NAMES, RAILS};
+use crate::engine::failover::CTL_RING_BYTES;
+use crate::engine::{Action, Event, FailoverConfig, Output, RAIL_NAMES, RAILS};
 use crate::engine::{RecvEngine, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, Device, FaultKind, QueuePair};
-
-/// Offsets of the control ring (in) and of the outgoing messages' source in a send comm's
-/// region, and the region's size.
-pub const SEND_CTL_OFF: usize = SEND_SCRATCH_OFF + SCRATCH_BYTES;
-pub const SEND_REGION_BYTES: usize = SEND_CTL_OFF + 2 * CTL_RING_BYTES;
-/// The same in a receive comm's region.
-pub const RECV_CTL_OFF: usize = RECV_SCRATCH_OFF + SCRATCH_BYTES;
-pub const RECV_REGION_BYTES: usize = RECV_CTL_OFF + 2 * CTL_RING_BYTES;
 
 /// The engine's failover settings for a comm whose region starts at `region_addr` (its
 /// control ring at `ctl_off`, registered with `lkeys`) and whose peer's scratch words are
@@ -63,26 +50,15 @@ pub fn failover_config(
 }
 
 /// A comm's share of failover in the plugin: the engine's output buffer (allocated once),
-/// the port-down counts it has acted on, the re-admissions it is connecting and the drill's
-/// refusals.
-/// At most one WARN per rail this often for failed re-admission attempts.
-const READMIT_WARN_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
-
+/// the port-down counts it has acted on, the fences under way and the re-admissions.
 pub struct FoSide {
     pub(super) out: Output,
     /// Each rail's port-down count (`Device::port_downs`) this comm has acted on.
-    port_downs: [u64; RAILS],
-    failover: bool,
-    pub(super) refuse: [Refuse; RAILS],
-    /// Rails whose new QPs are connecting (re-admission, `plugin/readmit.rs`).
-    pub(super) connecting: RailMask,
-    /// Rails whose re-admission waits for their port to be active (logged once).
-    pub(super) port_wait: RailMask,
+    pub(super) port_downs: [u64; RAILS],
+    pub(super) failover: bool,
     /// Rails whose fence is under way: moved to the error state, FenceDone not answered yet.
-    pub(super) fencing: RailMask,
-    /// A failed re-admission attempt is a WARN at most once a minute per rail (a rail may
-    /// stay down for hours, tried every second), else DEBUG.
-    pub(super) readmit_warn: [crate::ratelimit::RateLimit; RAILS],
+    fencing: RailMask,
+    readmit: Readmission,
 }
 
 impl FoSide {
@@ -94,11 +70,8 @@ impl FoSide {
             out: Output::default(),
             port_downs,
             failover: cfg.failover,
-            refuse: [Refuse::No; RAILS],
-            connecting: RailMask::NONE,
-            port_wait: RailMask::NONE,
             fencing: RailMask::NONE,
-            readmit_warn: std::array::from_fn(|_| crate::ratelimit::RateLimit::new(READMIT_WARN_EVERY)),
+            readmit: Readmission::default(),
         })
     }
 
@@ -112,7 +85,7 @@ impl FoSide {
 
 /// Tells `on_event` of each rail whose port went down since `seen` (and is down still):
 /// failover starts from the async event, before any WR times out.
-fn feed_port_downs<D: Device>(
+pub(super) fn feed_port_downs<D: Device>(
     rails: &[Rail<D>; RAILS],
     seen: &mut [u64; RAILS],
     mut on_event: impl FnMut(Event) -> Result<()>,
@@ -130,27 +103,8 @@ fn feed_port_downs<D: Device>(
     Ok(())
 }
 
-macro_rules! ctl_memory {
-    ($t:ident, $off:expr) => {
-        impl CtlMemory for $t<'_> {
-            #[inline]
-            fn ctl_seq(&self, i: usize) -> u64 {
-                self.0.load_acquire($off + i * CTL_ENTRY_BYTES + (CTL_WORDS - 1) * 8)
-            }
-            fn ctl_entry(&self, i: usize) -> [u64; CTL_WORDS] {
-                self.0.load_words::<CTL_WORDS>($off + i * CTL_ENTRY_BYTES)
-            }
-            fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]) {
-                self.0.store_words($off + CTL_RING_BYTES + i * CTL_ENTRY_BYTES, words);
-            }
-        }
-    };
-}
-ctl_memory!(SendMem, SEND_CTL_OFF);
-ctl_memory!(RecvMem, RECV_CTL_OFF);
-
 /// Rounds one call may run back to back (a fence answered, then its report written).
-const MAX_ROUNDS: usize = 4;
+pub(super) const MAX_ROUNDS: usize = 4;
 
 /// Moves every QP of `rail` to the error state (the fence): its responders accept nothing
 /// more. A QP that refuses is logged: the rail is being given up either way.
@@ -189,7 +143,7 @@ fn drain_rail<D: Device>(
 }
 
 /// The engine calls a round needs, the same for both comms.
-trait RoundEngine {
+pub(super) trait RoundEngine {
     fn handle_event(&mut self, now: u64, ev: Event) -> Result<()>;
     fn fail(&mut self, e: Error);
 }
@@ -216,7 +170,7 @@ impl RoundEngine for RecvEngine {
 /// chains posted (a failed post breaks the connection), its actions performed on the rails
 /// and answered (a fenced rail's completions fed in with `on_completion`), the re-admitted
 /// QPs that are connecting polled. Whether an action was answered (another round is due).
-fn carry_out<D: Device, E: RoundEngine>(
+pub(super) fn carry_out<D: Device, E: RoundEngine>(
     now: u64,
     rails: &mut [Rail<D>; RAILS],
     fo: &mut FoSide,
@@ -235,12 +189,12 @@ fn carry_out<D: Device, E: RoundEngine>(
         let ev = match fo.out.actions[i] {
             Action::FenceQps { rail } => {
                 fence_rail(&mut rails[rail], RAIL_NAMES[rail]);
-                fo.fenced(rail);
+                fo.readmit.fenced(rail);
                 fo.fencing = fo.fencing.with(rail);
                 continue;
             }
-            Action::RebuildQps { rail } => fo.rebuild(&mut rails[rail], rail),
-            Action::ConnectQps { rail, records } => match fo.connect(&mut rails[rail], rail, &records) {
+            Action::RebuildQps { rail } => fo.readmit.rebuild(&mut rails[rail], rail),
+            Action::ConnectQps { rail, records } => match fo.readmit.connect(&mut rails[rail], rail, &records) {
                 Some(ev) => ev,
                 None => continue,
             },
@@ -260,7 +214,7 @@ fn carry_out<D: Device, E: RoundEngine>(
             acted = true;
         }
     }
-    fo.poll_connecting(rails, |ev| engine.handle_event(now, ev))?;
+    fo.readmit.poll_connecting(rails, |ev| engine.handle_event(now, ev))?;
     Ok(acted)
 }
 
@@ -278,7 +232,7 @@ fn drop_rails<D: Device>(
     refuse_ms: Option<u64>,
     isend: u64,
 ) {
-    fo.refuse_for(refuse, refuse_ms);
+    fo.readmit.refuse_for(refuse, refuse_ms);
     for r in refuse.iter() {
         if !inject.contains(r) {
             log::warn!("MPIB_FAULT_RAIL: the {} rail is not up at isend {isend}: it stays down", RAIL_NAMES[r]);
@@ -298,70 +252,5 @@ fn drop_rails<D: Device>(
                 Err(e) => log::warn!("MPIB_FAULT_RAIL: {e}"),
             }
         }
-    }
-}
-
-impl<D: Device> SendComm<D> {
-    /// Whether the receiver or the fabric has news for the engine (a control message, a
-    /// port gone down): two loads and compares, for calls that wait.
-    #[inline(always)]
-    pub(super) fn news(&self) -> bool {
-        self.engine.control_waiting(&SendMem(&self.region)) || self.fo.port_news(&self.rails)
-    }
-
-    /// A round of the engine's own work at `now` (probes, keepalives, failover, the drill):
-    /// the port-downs fed in, then `handle_timeout` and what it asks for, again while an
-    /// action was answered (a fence, then its report), a few times at most.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn round(&mut self, now: u64) -> Result<()> {
-        if self.fo.failover {
-            let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(now, e))?;
-        }
-        for _ in 0..MAX_ROUNDS {
-            self.fo.out.clear();
-            self.engine.handle_timeout(now, &mut SendMem(&self.region), &mut self.fo.out)?;
-            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
-                e.handle_completion(now, rail, c)
-            })?;
-            if !acted {
-                break;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl<D: Device> RecvComm<D> {
-    /// Whether the sender or the fabric has news for the engine, or the engine has failover
-    /// work to emit: for calls that wait and every few `irecv`s.
-    #[inline(always)]
-    pub(super) fn news(&self) -> bool {
-        self.engine.control_waiting(&RecvMem(&self.region)) || self.fo.port_news(&self.rails)
-    }
-
-    /// A round of the engine's own work at `now` (a keepalive, failover: the sender's
-    /// messages read, fences performed and answered, the `Fenced` reports and CTS re-posts
-    /// posted).
-    #[cold]
-    #[inline(never)]
-    pub(super) fn round(&mut self, now: u64) -> Result<()> {
-        if self.fo.failover {
-            let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(e))?;
-        }
-        for _ in 0..MAX_ROUNDS {
-            self.fo.out.clear();
-            self.engine.handle_timeout(now, &mut RecvMem(&self.region), &mut self.fo.out)?;
-            let mem = RecvMem(&self.region);
-            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
-                e.handle_completion(rail, c, &mem)
-            })?;
-            if !acted {
-                break;
-            }
-        }
-        Ok(())
     }
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::discover::RailPair;
+use super::discover::FoundPair;
 use super::fake::Recording;
 use super::handles::{CommHandle, MemHandle, RequestHandle};
 use super::instance::Plugin;
@@ -19,7 +19,7 @@ const ABI: AbiVersion = AbiVersion::V8;
 fn plugin(sout: &Arc<Recording>, sup: &Arc<Recording>) -> Plugin<Recording> {
     let cfg: &'static Config =
         Box::leak(Box::new(Config { fabric: FabricChoice::Inproc, stall_ms: 0, ..Config::default() }));
-    Plugin::new(FabricKind::Inproc, vec![RailPair::new(sout.clone(), sup.clone())], cfg)
+    Plugin::new(FabricKind::Inproc, vec![FoundPair::new(sout.clone(), sup.clone())], cfg)
 }
 
 /// A send and a receive comm on device 0, set up from one thread as NCCL does.

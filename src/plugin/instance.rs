@@ -10,14 +10,14 @@ use parking_lot::Mutex;
 
 use super::comm::{RecvComm, SendComm};
 use super::context::Context;
-use super::devices::DevPair;
-use super::discover::RailPair;
+use super::devices::Devices;
+use super::discover::FoundPair;
 use super::handles::{CommHandle, ContextHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
 use super::listen::ListenComm;
 use super::mr::{MrHandle, MrInfo, MrMemo};
+use super::nic_pair::NicPair;
 use super::oob::OobListener;
 use super::setup::{self, Connecting, FabricKind, Params};
-use super::table::Devices;
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
 use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
@@ -62,7 +62,7 @@ fn size_ok(size: usize) -> Result<u64> {
 }
 
 impl<D: Device> Plugin<D> {
-    pub fn new(kind: FabricKind, pairs: Vec<RailPair<D>>, cfg: &'static Config) -> Self {
+    pub fn new(kind: FabricKind, pairs: Vec<FoundPair<D>>, cfg: &'static Config) -> Self {
         let devices = Devices::new(pairs, cfg.nccl_devices);
         Plugin {
             kind,
@@ -100,7 +100,7 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    fn pair(&self, abi: AbiVersion, dev: i32) -> Result<Arc<DevPair<D>>> {
+    fn pair(&self, abi: AbiVersion, dev: i32) -> Result<Arc<NicPair<D>>> {
         self.devices.get(abi, dev)
     }
 
@@ -194,7 +194,7 @@ impl<D: Device> Plugin<D> {
         }
     }
 
-    fn comm_pair(&self, comm: CommHandle) -> Result<Arc<DevPair<D>>> {
+    fn comm_pair(&self, comm: CommHandle) -> Result<Arc<NicPair<D>>> {
         let (_, g) = self.objs.get_any(comm.0, &[Kind::Send, Kind::Recv])?;
         match &*g {
             Obj::Send(c) => Ok(c.dev.clone()),

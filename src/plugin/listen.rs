@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use super::comm::RecvComm;
 use super::context::Context;
-use super::devices::DevPair;
+use super::nic_pair::NicPair;
 use super::oob::OobListener;
 use super::resources::{Held, Res};
 use super::setup::{AcceptFailed, Accepting, Params};
@@ -40,7 +40,7 @@ pub struct ListenComm<D: Device> {
     listener: OobListener,
     /// The listener's address, for log lines.
     local: String,
-    pair: Arc<DevPair<D>>,
+    pair: Arc<NicPair<D>>,
     /// The context of the communicator that listens: its receive comms' queues.
     ctx: Arc<Context<D>>,
     p: Params,
@@ -50,7 +50,7 @@ pub struct ListenComm<D: Device> {
 }
 
 impl<D: Device> ListenComm<D> {
-    pub fn new(listener: OobListener, pair: Arc<DevPair<D>>, ctx: Arc<Context<D>>, p: Params) -> Self {
+    pub fn new(listener: OobListener, pair: Arc<NicPair<D>>, ctx: Arc<Context<D>>, p: Params) -> Self {
         let local = listener.local();
         let _held = Held::new(Res::ListenComms, 1);
         ListenComm { listener, local, pair, ctx, p, pending: VecDeque::new(), _held }
@@ -169,8 +169,8 @@ mod tests {
     use crate::config::Config;
     use crate::fabric::soft::{self, SoftDevice, SoftOptions};
     use crate::plugin::AbiVersion;
-    use crate::plugin::devices::{Nic, Shape};
     use crate::plugin::discover::NicMeta;
+    use crate::plugin::nic_pair::{Nic, Shape};
     use crate::plugin::oob::OobAddr;
     use crate::plugin::setup::{Connecting, FabricKind, HELLO_WITHIN};
     use crate::plugin::wire::{self, Hello, Msg};
@@ -182,10 +182,10 @@ mod tests {
     }
 
     /// The same with configuration `cfg`, and what a connector on the same devices needs.
-    fn listen_comm_with(cfg: Config) -> (ListenComm<SoftDevice>, SocketAddr, Arc<DevPair<SoftDevice>>, Params) {
+    fn listen_comm_with(cfg: Config) -> (ListenComm<SoftDevice>, SocketAddr, Arc<NicPair<SoftDevice>>, Params) {
         let d = Arc::new(soft::open(&SoftOptions::inproc("l")).unwrap());
         let nic = Arc::new(Nic::new(d, NicMeta::default()));
-        let pair = Arc::new(DevPair::new(0, [nic.clone(), nic], Shape::Pair, &[0]));
+        let pair = Arc::new(NicPair::new(0, [nic.clone(), nic], Shape::Pair, &[0]));
         let cfg: &'static Config = Box::leak(Box::new(cfg));
         let p = Params::new(cfg, FabricKind::Inproc, AbiVersion::V8, None);
         let (l, addr) = OobListener::tcp("127.0.0.1".parse().unwrap()).unwrap();
@@ -195,7 +195,7 @@ mod tests {
     }
 
     /// A connector to `addr` on `pair`'s devices (its own context).
-    fn connecting(pair: &Arc<DevPair<SoftDevice>>, p: &Params, addr: SocketAddr) -> Connecting<SoftDevice> {
+    fn connecting(pair: &Arc<NicPair<SoftDevice>>, p: &Params, addr: SocketAddr) -> Connecting<SoftDevice> {
         let ctx = Context::new(2, 0, None, p.cfg.srq_depth);
         Connecting::start(pair.clone(), p.clone(), OobAddr::Tcp(addr), &ctx).unwrap()
     }

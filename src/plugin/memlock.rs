@@ -5,9 +5,9 @@
 //! top). The figure is an estimate at a NIC's usual layout: 64 bytes per CQ entry, SRQ
 //! WQE and send-queue WQE.
 
-use super::failover::{RECV_REGION_BYTES, SEND_REGION_BYTES};
-use super::nic::FIRST_CQ_DEPTH;
-use super::rails::{CTS_QP_DEPTH, CTS_QP_DEPTH_FAILOVER, send_qp_depth};
+use super::nic_queues::FIRST_CQ_DEPTH;
+use super::rail::{CTS_QP_DEPTH, CTS_QP_DEPTH_FAILOVER, send_qp_depth};
+use super::region::{RECV_REGION_BYTES, SEND_REGION_BYTES};
 use crate::config::Config;
 use crate::fabric::verbs::memlock::{ADVICE, LockedMemory, bytes};
 

@@ -32,13 +32,14 @@ pub mod instance;
 pub mod listen;
 mod memlock;
 pub mod mr;
-pub mod nic;
+pub mod nic_pair;
+pub mod nic_queues;
 pub mod oob;
-mod rails;
+mod rail;
 mod readmit;
+pub mod region;
 pub mod resources;
 pub mod setup;
-pub mod table;
 pub mod wire;
 
 use crate::fabric::soft::SoftDevice;
@@ -102,7 +103,7 @@ pub struct Properties {
     pub max_coll_bytes: usize,
     pub max_multi_request_size: i32,
     /// The NIC devices fused into this one (NCCL's `vProps`; itself when not fused).
-    pub vdevs: devices::VDevs,
+    pub vdevs: nic_pair::VDevs,
     /// NCCL's `railId` / `planeId` (v12) when known.
     pub rail: Option<i16>,
     pub plane: Option<i16>,
@@ -154,7 +155,7 @@ pub struct NcclEnv {
 /// Fails with one clear line when the configuration is bad or no device is usable, so that
 /// NCCL falls back to its own transports. Returns what NCCL should be told through its
 /// environment: for ABI v9+ with rail pairs shown as NICs, `NCCL_NET_FORCE_MERGE` naming
-/// the pairs (`table.rs`).
+/// the pairs (`devices.rs`).
 pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
     let cfg = match config::get() {
         Ok(c) => c,
@@ -242,7 +243,7 @@ fn open(cfg: &'static Config) -> Result<Active> {
 
 /// The locked-memory check (`memlock.rs`): a WARN when the limit is too small for the
 /// opened NICs, else the limit at INFO.
-fn check_locked_memory(cfg: &Config, pairs: &[discover::RailPair<VerbsDevice>]) {
+fn check_locked_memory(cfg: &Config, pairs: &[discover::FoundPair<VerbsDevice>]) {
     let mut nics: Vec<*const VerbsDevice> =
         pairs.iter().flat_map(|p| [std::sync::Arc::as_ptr(&p.sout), std::sync::Arc::as_ptr(&p.sup)]).collect();
     nics.sort();
@@ -325,7 +326,7 @@ fn pair_descs<D: Describe>(p: &Plugin<D>, abi: AbiVersion, cfg: &Config, qos: bo
 }
 
 /// The rails (SOUT, SUP) of device `dev` as `abi` sees it: a rail pair's two NICs, or one
-/// NIC twice for a NIC device NCCL uses as it is (`table.rs`).
+/// NIC twice for a NIC device NCCL uses as it is (`devices.rs`).
 pub fn device_rails(abi: AbiVersion, dev: i32) -> Result<[RailDesc; 2]> {
     dispatch!(p => p.devices.get(abi, dev).map(|d| d.nics().each_ref().map(describe::rail)))
 }
@@ -369,7 +370,7 @@ pub fn set_net_attr(ctx: ContextHandle, max_peers: i32, op: u32, algo: u32, prot
     Ok(())
 }
 
-/// Number of devices `abi` sees (`table.rs`).
+/// Number of devices `abi` sees (`devices.rs`).
 pub fn device_count(abi: AbiVersion) -> Result<usize> {
     Ok(device_count_of(active()?, abi))
 }

@@ -1,6 +1,6 @@
-//! Re-admission of a failed rail in the plugin (DESIGN.md "Rail failover (issue 19)",
-//! Re-admission): the engines decide and exchange the new QPs' records over the surviving
-//! rail's control ring; this file performs their actions on the fabric.
+//! Re-admission of a failed rail in the plugin (DESIGN.md, "Rail failover"): the engines
+//! decide and exchange the new QPs' records over the surviving rail's control ring; this
+//! file performs their actions on the fabric.
 //!
 //! - [`Action::RebuildQps`]: the old QPs of the rail (in the error state since the fence)
 //!   detached and destroyed (`NicQueues::detach`: marker-drained, routes removed; the
@@ -20,8 +20,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::comm::Rail;
-use super::failover::FoSide;
+use super::rail::Rail;
 use crate::engine::failover::QP_RECORD_WORDS;
 use crate::engine::{Event, QpRecords, RAIL_NAMES, RAILS, RailMask};
 use crate::error::{Error, Result};
@@ -144,7 +143,35 @@ impl<D: Device> Rail<D> {
     }
 }
 
-impl FoSide {
+/// At most one WARN per rail this often for failed re-admission attempts.
+const READMIT_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// A comm's re-admissions in progress on the fabric: the rails whose new QPs are
+/// connecting, those waiting for their port, the drill's refusals, and the rate limit of
+/// the attempts' warnings.
+pub struct Readmission {
+    refuse: [Refuse; RAILS],
+    /// Rails whose new QPs are connecting.
+    connecting: RailMask,
+    /// Rails whose re-admission waits for their port to be active (logged once).
+    port_wait: RailMask,
+    /// A failed attempt is a WARN at most once a minute per rail (a rail may stay down for
+    /// hours, tried every second), else DEBUG.
+    warn: [crate::ratelimit::RateLimit; RAILS],
+}
+
+impl Default for Readmission {
+    fn default() -> Self {
+        Readmission {
+            refuse: [Refuse::No; RAILS],
+            connecting: RailMask::NONE,
+            port_wait: RailMask::NONE,
+            warn: std::array::from_fn(|_| crate::ratelimit::RateLimit::new(READMIT_WARN_EVERY)),
+        }
+    }
+}
+
+impl Readmission {
     /// [`crate::engine::Action::RebuildQps`] on `rail` (index `idx`): the event to feed back.
     pub(super) fn rebuild<D: Device>(&mut self, rail: &mut Rail<D>, idx: usize) -> Event {
         let refused = match self.refuse[idx] {
@@ -196,7 +223,7 @@ impl FoSide {
     /// A re-admission attempt of rail `idx` failed: a WARN at most once a minute (the next
     /// says how many were held back), else DEBUG; the attempts go on with their back-off.
     fn attempt_failed(&self, idx: usize, what: std::fmt::Arguments<'_>) {
-        match self.readmit_warn[idx].admit(Instant::now()) {
+        match self.warn[idx].admit(Instant::now()) {
             Some(held) => log::warn!(
                 "re-admission of the {} rail: {what}; tried again with back-off{}",
                 RAIL_NAMES[idx],

@@ -28,18 +28,23 @@
 //! deadline from the first call for sites that want one.
 //!
 //! The QPs are made on the shared queues of each rail's NIC in the connection's context,
-//! with send queues as deep as what can be outstanding on them (`rails.rs`).
+//! with send queues as deep as what can be outstanding on them (`rail.rs`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::comm::{RECV_FLUSH_OFF, RECV_SCRATCH_OFF, Rail, RecvComm, SEND_SCRATCH_OFF, SEND_SIZES_OFF, SendComm};
+use super::comm::{RecvComm, SendComm};
 use super::context::Context;
-use super::devices::DevPair;
-use super::failover::{FoSide, RECV_CTL_OFF, RECV_REGION_BYTES, SEND_CTL_OFF, SEND_REGION_BYTES, failover_config};
+use super::failover::{FoSide, failover_config};
+use super::nic_pair::NicPair;
 use super::oob::{OobAddr, OobConn};
-use super::rails::{
-    FlushQp, RECV_INLINE, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys, send_plan,
+use super::rail::{
+    FlushQp, RECV_INLINE, Rail, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys,
+    send_plan,
+};
+use super::region::{
+    RECV_CTL_OFF, RECV_FLUSH_OFF, RECV_RECORDS_OFF, RECV_REGION_BYTES, RECV_SCRATCH_OFF, SEND_CTL_OFF,
+    SEND_REGION_BYTES, SEND_SCRATCH_OFF, SEND_SIZES_OFF,
 };
 use super::wire::{self, DecodeError, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
@@ -230,7 +235,7 @@ pub fn set_handle_token(handle: &mut [u8; 128], token: u64) {
     handle[TOKEN_OFF..].copy_from_slice(&token.to_le_bytes());
 }
 
-fn telemetry<D: Device>(pair: &DevPair<D>, p: &Params) -> [RailTelemetry; RAILS] {
+fn telemetry<D: Device>(pair: &NicPair<D>, p: &Params) -> [RailTelemetry; RAILS] {
     let t =
         |i: usize| RailTelemetry::registered(TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps), i);
     [t(0), t(1)]
@@ -244,7 +249,7 @@ enum ConnStage {
 
 /// A send comm being set up.
 pub struct Connecting<D: Device> {
-    pair: Arc<DevPair<D>>,
+    pair: Arc<NicPair<D>>,
     p: Params,
     conn: OobConn,
     stage: ConnStage,
@@ -256,7 +261,7 @@ pub struct Connecting<D: Device> {
 
 impl<D: Device> Connecting<D> {
     /// Starts a send comm to the listener at `addr`, its QPs on the NICs' queues of `ctx`.
-    pub fn start(pair: Arc<DevPair<D>>, p: Params, addr: OobAddr, ctx: &Context<D>) -> Result<Self> {
+    pub fn start(pair: Arc<NicPair<D>>, p: Params, addr: OobAddr, ctx: &Context<D>) -> Result<Self> {
         // The TCP connect first: its handshake completes while the QPs are made, so the
         // Hello goes out at once below. The acceptor drops a connection that says nothing
         // for HELLO_WITHIN, and NCCL calls `connect` for its other comms in between (each
@@ -423,7 +428,7 @@ enum AcceptStage {
 
 /// A receive comm being set up on an accepted connection.
 pub struct Accepting<D: Device> {
-    pair: Arc<DevPair<D>>,
+    pair: Arc<NicPair<D>>,
     /// The listening communicator's context: the receive comm's queues.
     ctx: Arc<Context<D>>,
     p: Params,
@@ -438,7 +443,7 @@ pub struct Accepting<D: Device> {
 
 impl<D: Device> Accepting<D> {
     /// A connection the listener took at `now`.
-    pub fn new(pair: Arc<DevPair<D>>, ctx: Arc<Context<D>>, p: Params, conn: OobConn, now: Instant) -> Self {
+    pub fn new(pair: Arc<NicPair<D>>, ctx: Arc<Context<D>>, p: Params, conn: OobConn, now: Instant) -> Self {
         let by = now + p.timeout.map_or(HELLO_WITHIN, |t| HELLO_WITHIN.min(t));
         Accepting {
             pair,
@@ -524,7 +529,7 @@ impl<D: Device> Accepting<D> {
         let (_, rkeys) = region_keys(&rails);
         let reply = Reply {
             qps: hello.qps,
-            records_addr: region.addr() + super::comm::RECV_RECORDS_OFF as u64,
+            records_addr: region.addr() + RECV_RECORDS_OFF as u64,
             records_rkeys: rkeys,
             scratch_addr: region.addr() + RECV_SCRATCH_OFF as u64,
             scratch_rkeys: rkeys,

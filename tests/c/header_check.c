@@ -29,9 +29,10 @@ const void* mpib_header_check_tables[] = {
 
 /* mpib's own query functions, as tools declare them. */
 _Static_assert(sizeof(mpib_rail_counters_t) == 64, "rail counters");
-_Static_assert(sizeof(mpib_rail_stats_t) == 224, "rail stats: the counters, 15 more figures, share, 4 failover figures");
+_Static_assert(sizeof(mpib_rail_stats_t) == 232, "rail stats: the counters, 15 more figures, share, 4 failover figures, suspects");
 _Static_assert(offsetof(mpib_rail_stats_t, errors) == 64, "rail stats after the counters");
 _Static_assert(offsetof(mpib_rail_stats_t, share) == 184, "rail stats share");
+_Static_assert(offsetof(mpib_rail_stats_t, suspects) == 224, "rail stats: suspects appended last (older callers read a prefix)");
 ncclResult_t (*const mpib_header_check_counters)(void*, mpib_rail_counters_t*) = mpib_comm_counters;
 ncclResult_t (*const mpib_header_check_stats)(mpib_rail_stats_t*, size_t) = mpib_rail_stats;
 _Static_assert(sizeof(mpib_resource_stats_t) == 15 * 8, "resource stats: 15 figures");

@@ -93,14 +93,14 @@ pub struct Phase {
     /// so the receiver must report exactly one wrong byte: proof that the check can fail.
     pub corrupt: Option<u64>,
     /// Groups run (and checked, with their own patterns) before the phase, reported apart
-    /// ([`super::report::PhaseReport::warmup`]): connection and page warm-up, and the
+    /// (the report's `PhaseReport::warmup`): connection and page warm-up, and the
     /// measurement `budget_ms` sizes the phase from.
     pub warmup: u64,
     /// 0: the phase runs `count` groups. Else `count` is a maximum: after the warm-up,
     /// rank 0 picks the count that makes the phase last about this long and tells rank 1.
     pub budget_ms: u64,
     /// 0: off. Else the sender samples its comm's per-rail byte counters every this many
-    /// µs during the phase ([`super::report::SideStats::timeline`]).
+    /// µs during the phase (the report's `SideStats::timeline`).
     pub timeline_us: u64,
 }
 

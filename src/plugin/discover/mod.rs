@@ -45,17 +45,17 @@ pub struct NicMeta {
 
 /// The two rails of one NCCL device: SOUT (index 0) and SUP (index 1). Both may be the
 /// same NIC (two rails over one port, e.g. for loopback tests).
-pub struct RailPair<D: Device> {
+pub struct FoundPair<D: Device> {
     pub sout: Arc<D>,
     pub sup: Arc<D>,
     /// Per rail (SOUT, SUP).
     pub meta: [NicMeta; 2],
 }
 
-impl<D: Device> RailPair<D> {
+impl<D: Device> FoundPair<D> {
     /// A pair with nothing known of its NICs beyond the devices.
     pub fn new(sout: Arc<D>, sup: Arc<D>) -> Self {
-        RailPair { sout, sup, meta: Default::default() }
+        FoundPair { sout, sup, meta: Default::default() }
     }
 
     /// The rail's device by index (0 = SOUT, 1 = SUP).
@@ -64,9 +64,9 @@ impl<D: Device> RailPair<D> {
     }
 }
 
-impl<D: Device> Clone for RailPair<D> {
+impl<D: Device> Clone for FoundPair<D> {
     fn clone(&self) -> Self {
-        RailPair { sout: self.sout.clone(), sup: self.sup.clone(), meta: self.meta.clone() }
+        FoundPair { sout: self.sout.clone(), sup: self.sup.clone(), meta: self.meta.clone() }
     }
 }
 
@@ -75,7 +75,7 @@ pub const SOFT_QP_CONNECT_WITHIN: Duration = Duration::from_secs(120);
 
 /// Opens the soft rail pair: over TCP (`Soft`, and `Auto` on a host without RDMA
 /// devices), or in-process (`Inproc`). The chosen addresses are logged at INFO.
-pub fn soft_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
+pub fn soft_pairs(cfg: &Config) -> Result<Vec<FoundPair<SoftDevice>>> {
     // A QP's own bound on its peer QP's CONNECT. It runs only once both sides exchanged
     // their QPs (both are there), so it catches a rail address the peer cannot reach, not
     // a late rank: the set-up's deadline, if any, or a generous one.
@@ -86,7 +86,7 @@ pub fn soft_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
     if cfg.fabric == FabricChoice::Inproc {
         let open =
             |rail: &str| soft::open(&SoftOptions { name: format!("inproc-{rail}"), bind: None, connect_timeout });
-        let pair = RailPair::new(Arc::new(open("sout")?), Arc::new(open("sup")?));
+        let pair = FoundPair::new(Arc::new(open("sout")?), Arc::new(open("sup")?));
         log::info!("soft fabric: in-process rails inproc-sout and inproc-sup");
         return Ok(vec![pair]);
     }
@@ -102,7 +102,7 @@ pub fn soft_pairs(cfg: &Config) -> Result<Vec<RailPair<SoftDevice>>> {
     };
     let sout = open("sout", cfg.soft_sout_addr.as_ref(), "MPIB_SOFT_SOUT_ADDR")?;
     let sup = open("sup", cfg.soft_sup_addr.as_ref(), "MPIB_SOFT_SUP_ADDR")?;
-    Ok(vec![RailPair::new(Arc::new(sout), Arc::new(sup))])
+    Ok(vec![FoundPair::new(Arc::new(sout), Arc::new(sup))])
 }
 
 /// A soft rail's local address (from `MPIB_SOFT_*_ADDR`, named `var`) and the interface it
@@ -135,12 +135,12 @@ fn spec_text(s: &HcaSpec) -> String {
 /// Errors: verbs unavailable ([`verbs::unavailable_reason`]'s text), a named device or port
 /// that does not exist, a port that cannot be opened, or no pair left after down ports were
 /// skipped (each skip is a WARN).
-pub fn verbs_pairs(cfg: &Config) -> Result<Vec<RailPair<VerbsDevice>>> {
+pub fn verbs_pairs(cfg: &Config) -> Result<Vec<FoundPair<VerbsDevice>>> {
     verbs_pairs_in(cfg, &Sysfs::host())
 }
 
 /// [`verbs_pairs`] with the PCI topology read from `sysfs`.
-pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<RailPair<VerbsDevice>>> {
+pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<FoundPair<VerbsDevice>>> {
     if let Some(why) = verbs::unavailable_reason() {
         return Err(Error::system(format!("the verbs fabric cannot be used: {why}")));
     }
@@ -222,7 +222,7 @@ pub fn verbs_pairs_in(cfg: &Config, sysfs: &Sysfs) -> Result<Vec<RailPair<VerbsD
             Err(e) => return Err(e),
         };
         log::info!("verbs: rail pair {} = SOUT {} + SUP {}", out.len(), ports[a].label(), ports[b].label());
-        out.push(RailPair { sout, sup, meta: [meta(a), meta(b)] });
+        out.push(FoundPair { sout, sup, meta: [meta(a), meta(b)] });
     }
     if out.is_empty() {
         let seen: Vec<String> = ports.iter().map(|p| format!("{} {}", p.label(), p.state)).collect();

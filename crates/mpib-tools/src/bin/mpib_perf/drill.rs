@@ -21,8 +21,6 @@ use std::time::Duration;
 use mpib_tools::report::PhaseReport;
 use serde_json::{Value, json};
 
-use super::opts::{Fabric, Mode, Opts};
-
 /// Goals of issue 19.
 const RECOVERY_GOAL_MS: f64 = 5.0;
 const OUTAGE_GOAL: f64 = 0.9;
@@ -41,23 +39,6 @@ pub struct Drill {
 const NAMES: [&str; 2] = ["SOUT", "SUP"];
 
 impl Drill {
-    /// The drill the options ask for, if any; `Err`: a usage error.
-    pub fn of(o: &Opts, mode: &Mode, fabric: Fabric) -> Result<Option<Drill>, String> {
-        let Some(rail) = &o.fail_rail else { return Ok(None) };
-        if *mode != Mode::Local || fabric != Fabric::Soft {
-            return Err("--fail-rail drills two local ranks on the soft fabric".into());
-        }
-        if o.bidir || o.iters.is_some() {
-            return Err("--fail-rail streams one way for a time: not with --bidir or --iters".into());
-        }
-        let every = o.fail_every.unwrap_or(o.fail_for + Duration::from_millis(1500));
-        if o.injections > 1 && every <= o.fail_for {
-            return Err("--fail-every must be longer than --fail-for (the rail must come back in between)".into());
-        }
-        let rail = if rail == "sout" { 0 } else { 1 };
-        Ok(Some(Drill { rail, at: o.fail_at, down: o.fail_for, every, injections: o.injections }))
-    }
-
     /// The stream's length when --duration is not given: the last injection gets its period,
     /// then a quarter more and a second (the stream's count is chosen from its warm-up's
     /// rate: 20 drops of 1 MiB sends once ended after 16 at a load of 4; the plugin drops

@@ -317,7 +317,7 @@ impl Plan {
                 "--fabric inproc runs both ranks in this process: not with --listen, --connect or --rendezvous".into(),
             );
         }
-        let drill = Drill::of(&opts, &mode, fabric)?;
+        let drill = drill_of(&opts, &mode, fabric)?;
         let timeline = opts.timeline.is_some() || drill.is_some();
         let sizes = match &opts.sizes {
             Some(s) => s.list.clone(),
@@ -438,6 +438,23 @@ pub fn differences(ours: &str, theirs: &str) -> Vec<String> {
         .filter(|k| a.get(*k) != b.get(*k))
         .map(|k| format!("{k} (here {}, peer {})", a.get(k).unwrap_or(&none), b.get(k).unwrap_or(&none)))
         .collect()
+}
+
+/// The drill the options ask for, if any; `Err`: a usage error.
+fn drill_of(o: &Opts, mode: &Mode, fabric: Fabric) -> Result<Option<Drill>, String> {
+    let Some(rail) = &o.fail_rail else { return Ok(None) };
+    if *mode != Mode::Local || fabric != Fabric::Soft {
+        return Err("--fail-rail drills two local ranks on the soft fabric".into());
+    }
+    if o.bidir || o.iters.is_some() {
+        return Err("--fail-rail streams one way for a time: not with --bidir or --iters".into());
+    }
+    let every = o.fail_every.unwrap_or(o.fail_for + Duration::from_millis(1500));
+    if o.injections > 1 && every <= o.fail_for {
+        return Err("--fail-every must be longer than --fail-for (the rail must come back in between)".into());
+    }
+    let rail = if rail == "sout" { 0 } else { 1 };
+    Ok(Some(Drill { rail, at: o.fail_at, down: o.fail_for, every, injections: o.injections }))
 }
 
 #[cfg(test)]

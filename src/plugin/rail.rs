@@ -1,5 +1,5 @@
 //! A connection's rails: the QPs of each rail, made on the shared queues of the rail's NIC
-//! in the connection's context (`context.rs`, `nic.rs`), and the registration of its
+//! in the connection's context (`context.rs`, `nic_queues.rs`), and the registration of its
 //! control region, with send queues as deep as what can be outstanding on them:
 //!
 //! - a sender's data QP: each rail carries at most one chain per CTS slot in flight (a slot
@@ -25,20 +25,80 @@
 use std::sync::Arc;
 
 use super::MAX_RECVS;
-use super::comm::Rail;
 use super::context::Context;
-use super::devices::DevPair;
 use super::inbox::Inbox;
 use super::mr::CONTROL_ACCESS;
-use super::nic::{QpSpec, new_owner};
+use super::nic_pair::NicPair;
+use super::nic_queues::{NicQueues, QpSpec, new_owner};
 use super::resources::{Held, Res};
 use crate::engine::CTS_SIGNAL_EVERY;
 use crate::engine::failover::CTL_MAX_UNACKED;
 use crate::engine::layout::SLOTS;
-use crate::engine::{MAX_CHAIN, MAX_FLUSHES, RAILS};
+use crate::engine::{MAX_CHAIN, MAX_FLUSHES, QpRef, RAILS, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{ConnectParams, Device, MemTypes, QpCaps, QpInfo, QueuePair};
+
+/// One rail of a connection: its QPs on the rail's NIC (whose shared queues it holds), the
+/// registration of its control region there, and its inbox on that NIC.
+pub struct Rail<D: Device> {
+    pub qps: Vec<D::Qp>,
+    pub flush_qp: Option<D::Qp>,
+    /// The comm's control region registered on this rail.
+    pub region_mr: Option<D::Mr>,
+    pub nic: Arc<NicQueues<D>>,
+    pub inbox: Arc<Inbox>,
+    /// The connection's identity in the NIC's routes, and its first QP's number (the one
+    /// polls tell apart without a route lookup).
+    pub owner: u64,
+    pub first_qp: u32,
+    /// What `NicQueues::attach` was given: the QPs' send-queue depths, the receive window.
+    pub sq: u64,
+    pub window: u32,
+    pub dev: Arc<D>,
+    /// What this rail holds, for `mpib_resource_stats`.
+    pub held: Vec<Held>,
+    /// Re-admission (`plugin/readmit.rs`): what the QPs were made with (the flush QP's
+    /// last), the peer's QP infos and the transport parameters they were connected with.
+    pub specs: Vec<QpSpec>,
+    pub peer: Vec<QpInfo>,
+    pub connect: Option<ConnectParams>,
+}
+
+impl<D: Device> Rail<D> {
+    #[inline]
+    pub(super) fn qp(&mut self, q: QpRef) -> Result<&mut D::Qp> {
+        let qp = match q {
+            QpRef::Cts => self.qps.first_mut(),
+            QpRef::Data(i) => self.qps.get_mut(i as usize),
+            QpRef::Flush => self.flush_qp.as_mut(),
+        };
+        qp.ok_or_else(|| cold(|| Error::internal(format!("the engine chose {q:?}, which this rail does not have"))))
+    }
+
+    /// Tears the rail down: the QPs drained off the shared CQ and destroyed (`NicQueues::
+    /// detach`), then the region's registration. Runs once.
+    pub(super) fn shutdown(&mut self) {
+        if self.held.is_empty() {
+            return;
+        }
+        let mut qps = std::mem::take(&mut self.qps);
+        qps.extend(self.flush_qp.take());
+        self.nic.detach(self.owner, qps, self.sq, self.window);
+        if let Some(mr) = self.region_mr.take()
+            && let Err(e) = self.dev.dereg_mr(mr)
+        {
+            log::warn!("deregistering a connection's control region: {e}");
+        }
+        self.held.clear();
+    }
+}
+
+impl<D: Device> Drop for Rail<D> {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
 
 /// Inline bytes of a sender's QPs (probes; small sends from host memory) and of a
 /// receiver's (a CTS of up to 8 entries).
@@ -157,7 +217,7 @@ pub(super) fn build_rail<D: Device>(
 
 pub(super) fn build_rails<D: Device>(
     ctx: &Context<D>,
-    pair: &DevPair<D>,
+    pair: &NicPair<D>,
     plan: impl Fn(usize) -> RailPlan,
     region: &HostRegion,
 ) -> Result<[Rail<D>; RAILS]> {

@@ -15,11 +15,11 @@ fn meta(pci: Option<&str>, numa: Option<i32>) -> NicMeta {
     NicMeta { pci_path: pci.map(|p| format!("/sys/devices/pci0000:00/0000:00:01.0/{p}")), numa, ..NicMeta::default() }
 }
 
-fn pair(a: &Arc<SoftDevice>, b: &Arc<SoftDevice>, ma: NicMeta, mb: NicMeta) -> RailPair<SoftDevice> {
-    RailPair { sout: a.clone(), sup: b.clone(), meta: [ma, mb] }
+fn pair(a: &Arc<SoftDevice>, b: &Arc<SoftDevice>, ma: NicMeta, mb: NicMeta) -> FoundPair<SoftDevice> {
+    FoundPair { sout: a.clone(), sup: b.clone(), meta: [ma, mb] }
 }
 
-fn name(d: &DevPair<SoftDevice>) -> String {
+fn name(d: &NicPair<SoftDevice>) -> String {
     d.props.name.to_string_lossy().into_owned()
 }
 
