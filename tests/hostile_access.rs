@@ -1,4 +1,4 @@
-//! A hostile peer's RDMA against a running receiver (issue 16, item 2): the key a peer
+//! A hostile peer's RDMA against a running receiver: the key a peer
 //! receives in a CTS covers exactly `[data, data + size)` of what NCCL registered, so a
 //! WRITE or READ a byte outside it completes with a remote access error, and not one byte
 //! around the buffer changes (canaries on every side).

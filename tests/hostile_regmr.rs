@@ -1,4 +1,4 @@
-//! `regMr` with what cannot be registered (issue 16, item 3): a range whose end wraps
+//! `regMr` with what cannot be registered: a range whose end wraps
 //! around the address space, memory that is not mapped, or not writable (peers write into
 //! registrations). Each is refused with an error at `regMr` — never another registration's
 //! keys, never a SIGSEGV when a peer's data arrives later. Through the exported C table, in

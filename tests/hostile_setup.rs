@@ -1,4 +1,4 @@
-//! Hostile input on the set-up port (issue 16, item 1): whatever connects to the port a
+//! Hostile input on the set-up port: whatever connects to the port a
 //! listen handle names — a port scanner, a health check, garbage, a peer of another
 //! version — NCCL's `accept` still returns the real peer's comm, and never an error for a
 //! connection that is not an mpib peer. Each scenario runs in a child process (soft fabric

@@ -557,7 +557,7 @@ fn an_orderly_close_is_not_a_warning_and_fails_what_waited_on_the_peer() {
     assert_eq!(warnings("to error state"), before, "an orderly close is no warning of the fabric's");
 }
 
-/// Issue 16, item 4: a flood of connections that never say who they are neither exhausts
+/// A flood of connections that never say who they are neither exhausts
 /// the rail's descriptors nor floods the log, and a real connection still comes up.
 #[test]
 fn a_flood_of_silent_connections_is_bounded_and_quiet() {
@@ -587,7 +587,7 @@ fn a_flood_of_silent_connections_is_bounded_and_quiet() {
     drop(flood);
 }
 
-/// Issue 18: 1,024 QP connections in each direction between two processes' rails (2,048 QP
+/// 1,024 QP connections in each direction between two processes' rails (2,048 QP
 /// pairs; one process writes through the first half, the other through the second) share
 /// one TCP link: each process keeps a bounded number of descriptors (the goal: at most 64 at
 /// 1,024 comms). Both ends are children, so no other test's sockets are counted; the count

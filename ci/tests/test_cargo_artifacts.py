@@ -103,7 +103,7 @@ sys.exit({exit_code})
 @unittest.skipUnless(shutil.which("cargo"), "no cargo")
 class WithRealCargo(unittest.TestCase):
     def test_a_workspace_with_its_own_target_dir(self):
-        # The layout of issue 14: the plugin at the root, its tool in a member. Built only as a
+        # A workspace layout: the plugin at the root, its tool in a member. Built only as a
         # dependency of the member's binary, the library is not copied up out of deps/, and
         # CARGO_TARGET_DIR moves everything: a path guessed under target/ would be wrong twice.
         d = helpers.tempdir(self)

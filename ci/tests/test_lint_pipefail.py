@@ -38,7 +38,7 @@ class Flags(unittest.TestCase):
         self.assertIn(f"s.sh:{line}: a pipeline ends in `{words}", out)
 
     def test_the_nccl_tests_mpi_check(self):
-        # The flake of issue 15: ci/nccl-two-ranks.sh concluded "built without MPI".
+        # A real flake: ci/nccl-two-ranks.sh concluded "built without MPI".
         self.assertFlagged("if ! ldd \"$bin\" 2>/dev/null | grep -q 'libmpi'; then\n  exit 1\nfi\n", 3, "grep -q libmpi")
 
     def test_every_early_reader(self):

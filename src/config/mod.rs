@@ -115,7 +115,7 @@ pub struct Config {
     pub retry_cnt: u8,
     /// Which variable each layered setting's value came from (absent: the default).
     pub origins: Origins,
-    /// Rail failover (issue 19): a rail failure is survived while the other rail works.
+    /// Rail failover: a rail failure is survived while the other rail works.
     /// Off: any rail failure fails the connection.
     pub failover: bool,
     /// A rail with signalled work outstanding and no completion for this long has failed

@@ -1,4 +1,4 @@
-//! Rail failover, the parts both engines share (DESIGN.md "Rail failover (issue 19)"): the
+//! Rail failover, the parts both engines share (DESIGN.md "Rail failover"): the
 //! configuration, each rail's state, the control ring's messages and their encoding, and
 //! what the engines ask the plugin for (actions out) and learn from it (events in).
 //!

@@ -4,7 +4,7 @@
 //! ```text
 //!  [ 4:0]   slot         CTS slot of the request (0..31, `layout::SLOTS`)
 //!  [ 6:5]   zero         (a slot byte of 32..127 is a violation: no receive waiting)
-//!  [ 7]     replay       this IMM delivers the OTHER rail's part (rail failover, issue 19):
+//!  [ 7]     replay       this IMM delivers the OTHER rail's part (rail failover):
 //!                        part = arrival rail XOR this bit
 //!  [ 9:8]   active mask  rails that carry the transfer: bit0 SOUT, bit1 SUP (1, 2 or 3)
 //!  [31:10]  size_q       ceil(bytes / 128) for a single receive; all ones = sentinel

@@ -18,7 +18,7 @@
 //!  Ready   nothing more
 //!  Refusal @8  why, UTF-8, at most 256 bytes (sent before a close, so the peer can say why)
 //! ```
-//! Version 1 (before issue 16) had a magic per message (`MPIH`, `MPIR`, `MPIY`); such a
+//! Version 1 had a magic per message (`MPIH`, `MPIR`, `MPIY`); such a
 //! peer is recognized as version 1. Version 3 has version 2's layouts; what the
 //! connection then exchanges changed: a rail's re-admission records carry the port's
 //! address (`plugin/readmit.rs`), so peers of versions 2 and 3 must not connect.

@@ -413,7 +413,7 @@ impl RailTelemetry {
     /// probes are what its estimate lives on, and every probe costs both ends a doorbell
     /// and a completion in the middle of the other rail's traffic (on the soft fabric two
     /// `sendmsg` and two reads, which stall a round trip between busy-polling processes
-    /// sharing cores: issue 20). Keepalives use [`Self::probe_due`] (their bound is fixed).
+    /// sharing cores). Keepalives use [`Self::probe_due`] (their bound is fixed).
     /// A probe the NIC's budget refused ([`Self::on_probe_refused`]) is tried again no
     /// sooner than an interval later.
     #[inline]

@@ -1,6 +1,6 @@
 //! Registration bounds every provider keeps, through the plugin's registration cache (what
 //! NCCL's `regMr` becomes): the key of a registration reaches exactly its bytes, and memory
-//! that is not mapped writable is refused when it is registered (issue 16, items 2 and 3).
+//! that is not mapped writable is refused when it is registered.
 
 use std::sync::Arc;
 

@@ -46,9 +46,10 @@ pub struct Launcher {
 }
 
 impl Launcher {
-    /// The running test binary, running only the test `name` (which calls [`child_main`]).
+    /// The running test binary, running only the test `name` (ignored in a normal run: it
+    /// calls [`child_main`]).
     pub fn test_binary(name: &str) -> Launcher {
-        let args = [name, "--exact", "--nocapture", "--test-threads=1", "-q"];
+        let args = [name, "--exact", "--ignored", "--nocapture", "--test-threads=1", "-q"];
         Launcher { program: current_exe(), args: args.iter().map(|s| s.to_string()).collect() }
     }
 

@@ -21,9 +21,10 @@ use mpib_tools::{ErrorKind, code};
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
 
-/// Re-executed as a rank by every two-process test (see `common::RANK_ENTRY`); a no-op in
-/// a normal test run.
+/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
+/// test of its own.
 #[test]
+#[ignore = "a child rank: the two-process tests start it"]
 fn rank_child() {
     child_main();
 }

@@ -1,4 +1,4 @@
-//! Rail failover through the C ABI, two processes on the soft fabric (issue 19): the sender
+//! Rail failover through the C ABI, two processes on the soft fabric: the sender
 //! drops one rail's QP connections (both directions, `MPIB_FAULT_RAIL`) at a seeded random
 //! isend while checksummed traffic streams over both rails. The run must end clean: every
 //! byte as the pattern says, every size exact, no error code seen by either rank, and the
@@ -19,8 +19,10 @@ use mpib_tools::spec::{Phase, Workload};
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
 
-/// Re-executed as a rank by every two-process test (see `common::RANK_ENTRY`).
+/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
+/// test of its own.
 #[test]
+#[ignore = "a child rank: the two-process tests start it"]
 fn rank_child() {
     child_main();
 }
@@ -257,7 +259,7 @@ fn with_failover_off_a_dropped_rail_fails_the_connection() {
     assert_eq!(f.error.kind, ErrorKind::Call, "{}", out.describe());
 }
 
-/// Re-admission (issue 19): SOUT dropped mid-stream and refusing to come back for 150 ms
+/// Re-admission: SOUT dropped mid-stream and refusing to come back for 150 ms
 /// (`MPIB_FAULT_RAIL=sout:N:150`), then rebuilt and probed: no wrong byte, no error, both
 /// sides count one re-admission, and the sender's per-rail byte timeline shows the outage
 /// (SOUT flat while SUP carries on) and the return (SOUT grows again afterwards).

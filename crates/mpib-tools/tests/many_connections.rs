@@ -26,8 +26,10 @@ use mpib_tools::spec::{Phase, Workload};
 
 const KIB: u64 = 1024;
 
-/// Re-executed as a rank (see `common::RANK_ENTRY`); a no-op in a normal test run.
+/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
+/// test of its own.
 #[test]
+#[ignore = "a child rank: the two-process tests start it"]
 fn rank_child() {
     mpib_tools::raise_fd_limit();
     child_main();

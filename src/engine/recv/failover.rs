@@ -1,4 +1,4 @@
-//! The receiver's side of rail failover (DESIGN.md "Rail failover (issue 19)"). The
+//! The receiver's side of rail failover (DESIGN.md "Rail failover"). The
 //! receiver alone knows which parts arrived, so it fences before it reports: when a rail
 //! fails (its own error completion, the plugin's word, the sender's `RailDown`) it asks the
 //! plugin to move its QPs of that rail to the error state and drain their completions

@@ -1,5 +1,5 @@
-//! The receiver's side of re-admission (DESIGN.md "Rail failover (issue 19)",
-//! Re-admission). The sender decides when; the receiver follows: on the sender's
+//! The receiver's side of re-admission (DESIGN.md "Rail failover", Re-admission). The
+//! sender decides when; the receiver follows: on the sender's
 //! `Rebuild{rail, epoch + 1, records}` for a rail it has fenced and reported at `epoch`, it
 //! builds new QPs of that rail ([`Action::RebuildQps`] → [`Event::QpsBuilt`]), answers
 //! `Rebuilt{rail, epoch + 1, records}`, connects them to the sender's

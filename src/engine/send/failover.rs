@@ -1,4 +1,4 @@
-//! The sender's side of rail failover (DESIGN.md "Rail failover (issue 19)"). When a rail
+//! The sender's side of rail failover (DESIGN.md "Rail failover"). When a rail
 //! fails (an error completion, a stall, the plugin's word, the receiver's report) it gets
 //! no new traffic; its QPs are fenced; the receiver is told (`RailDown`). The receiver's
 //! `Fenced` report says, per transfer, whether the dead rail's part arrived: a part that

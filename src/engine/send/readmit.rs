@@ -1,4 +1,4 @@
-//! The sender's side of re-admission (DESIGN.md "Rail failover (issue 19)", Re-admission).
+//! The sender's side of re-admission (DESIGN.md "Rail failover", Re-admission).
 //! The sender owns rail health: it alone posts data, so it alone decides when a failed rail
 //! is tried again, and a single owner cannot race itself. After the rail's fence was
 //! settled it waits a back-off (`MPIB_READMIT_MS`, doubling per failed attempt up to

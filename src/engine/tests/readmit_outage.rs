@@ -1,4 +1,4 @@
-//! Re-admission across a real link outage (issue 19, the Soft-RoCE finding), sans-IO: the
+//! Re-admission across a real link outage (what Soft-RoCE showed), sans-IO: the
 //! SUP link goes down under traffic and stays down through the first re-admission attempt,
 //! so both sides' new QPs fail — the receiver's keepalive, the sender's probes, in either
 //! order or together — and then the link works again. The rail must come back at a later

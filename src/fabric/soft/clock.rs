@@ -12,7 +12,7 @@
 //!   which is the bound it keeps. On 2 cores with two busy-polling processes each helper's
 //!   wake-up was a context switch of ~20 µs on the CPU of a caller, 100 a second per
 //!   device: ~400 stalls a second of the 8-byte round trip between them, most of its 1 %
-//!   tail (issue 20).
+//!   tail.
 //! - **But not for ever.** The helper still sweeps at least every [`MAX_DEFER`]: links no
 //!   caller steps (a dial to retry, a silent peer, a link that never carried a QP) are
 //!   looked at while other links of the device are busy. Those sweeps fall on whole

@@ -60,7 +60,7 @@ pub struct SoftCq {
 /// (~480 ns, and the socket lock the peer's sender needs to deliver). The first step that
 /// moves makes it hot again. An 8-byte ping-pong's link waits ~7 polls per message and
 /// stays hot; the rail that carries nothing (SUP under small sends) goes cold: its polls
-/// were a third of the waiting loop (issue 20: `soft_rtt` median 13.0 → 12.1 µs). 8,
+/// were a third of the waiting loop. 8,
 /// 32 and 128 measured the same; 2 (the busy link cold too: two system calls per
 /// arrival) slower than none.
 const COLD_STEPS: u32 = 16;

@@ -1,6 +1,6 @@
 //! A link: the one TCP connection between a soft device (a rail) and a device of a peer,
 //! carrying the frames of every QP pair between them, as a NIC's port carries all its QPs
-//! (issue 18: a thousand connections no longer need two thousand sockets).
+//! (a thousand connections need not two thousand sockets).
 //!
 //! - **Receive.** Headers are read in batches into a staging buffer; a payload segment goes
 //!   from the socket straight into its target region (`readv` with the region first and the

@@ -1,5 +1,5 @@
 //! Warnings a peer can provoke, rate-limited: a hostile or broken peer must not be able to
-//! flood the log (issue 16: a connection flood once logged 2,000 lines a second). Each kind
+//! flood the log (a connection flood would otherwise log a line per connection). Each kind
 //! of warning of a device is a [`Limited`]: at most one line per [`PERIOD`], and the next
 //! line says how many were left out.
 

@@ -8,7 +8,7 @@
 //!   end each way); the dialer sends HELLO first. A link lives while a QP is on it or a
 //!   CONNECT for one is parked, and closes when the last one goes. The peer dialing again
 //!   replaces the old link (the dialer only dials when it has none).
-//! - **Hostile input** (issue 16). At most [`MAX_PENDING`] accepted connections may be
+//! - **Hostile input.** At most [`MAX_PENDING`] accepted connections may be
 //!   waiting for their HELLO (a new one closes the oldest), each for at most
 //!   [`HELLO_TIMEOUT`]; at most [`MAX_ORPHANS`] links may carry no QP, each for at most the
 //!   connect timeout. `accept` failing (descriptors exhausted) pauses accepting, from

@@ -21,7 +21,7 @@ use std::time::Duration;
 use mpib_tools::report::PhaseReport;
 use serde_json::{Value, json};
 
-/// Goals of issue 19.
+/// The drill's goals: recovery, throughput while a rail is down, return.
 const RECOVERY_GOAL_MS: f64 = 5.0;
 const OUTAGE_GOAL: f64 = 0.9;
 const RETURN_GOAL_MS: f64 = 1000.0;
