@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job from a fresh clone (README "Run: start here"): installs the build's
+# The main job from a fresh clone (README "Quick start on two hosts"): installs the build's
 # prerequisites when they are missing (ci/setup.sh build says what and why), builds the
 # release workspace, and runs mpib-perf on the plugin library that build made. Arguments
 # go to mpib-perf as they are:

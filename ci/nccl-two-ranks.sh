@@ -69,8 +69,8 @@ Options
   -h, --help                this text
 
 Environment: PYTHON (default python3: the one with torch), NCCL_TESTS_DIR, NCCL_TESTS_ARGS,
-MPIRUN, MPIRUN_ARGS. Other NCCL_* and MPIB_* variables you set are passed through (README,
-"Configuration").
+MPIRUN, MPIRUN_ARGS. Other NCCL_* and MPIB_* variables you set are passed through
+(docs/configuration.md).
 Exit status: 0 everything proven, 1 something failed (listed at the end), 2 usage error.
 EOF
 }

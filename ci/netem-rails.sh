@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proof of the auto split on emulated rails (README "Proof on emulated rails").
+# Proof of the auto split on emulated rails (docs/testing.md, "Emulated rails").
 #
 # Two network namespaces (receiver, sender) joined by two veth pairs, one per rail, with
 # addresses in 198.18.0.0/15 (the benchmarking range, RFC 2544) that exist only inside them.
@@ -270,7 +270,7 @@ half=$((k / change_factor))
 # $change_at s later. Nothing is forked, exec'd or torn down while the stream runs: on the
 # 2-core machine a process starting or exiting near the change (python3's own exit takes
 # ~90 ms of CPU) took a core from the ranks, and the stream then stalled and came in bursts
-# for tens of ms whether or not the rate changed (README). The two CLOCK_MONOTONIC times
+# for tens of ms whether or not the rate changed. The two CLOCK_MONOTONIC times
 # bracket the data direction's request (the sender's egress): written, then confirmed by
 # the output of a `show` that tc runs only after it. The reverse direction
 # (acknowledgements only) follows at once, untimed. The helper exits once the ranks have

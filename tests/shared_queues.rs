@@ -1,4 +1,4 @@
-//! The queues a communicator's connections share (`plugin::context`, `plugin::nic`), through
+//! The queues a communicator's connections share (`plugin::context`, `plugin::nic_queues`), through
 //! the plugin's API in one process on the in-process fabric: one CQ and one SRQ per NIC and
 //! context however many connections, a context per v11+ `init` and one default context for
 //! older ABIs, connections that outlive their context's `finalize`, a closed connection's

@@ -29,8 +29,8 @@ pub const CTL_MAX_UNACKED: u64 = (2 * RAILS) as u64;
 pub const FENCE_WINDOW: u64 = SLOTS as u64;
 
 /// The failover settings a connection's engines get (`MPIB_FAILOVER`, `MPIB_STALL_MS`) and
-/// where its control messages go. The default is off: the engines behave as before issue
-/// 19 (any rail failure fails the connection) until the plugin configures a control ring.
+/// where its control messages go. The default is off: any rail failure fails the connection
+/// until the plugin configures a control ring.
 #[derive(Clone, Debug, Default)]
 pub struct FailoverConfig {
     /// Failover on: a rail failure is survived while the other rail works.

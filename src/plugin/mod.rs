@@ -164,7 +164,7 @@ pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
                 log::warn!(target: "mpib::config", "{line}");
             }
             return Err(Error::invalid_argument(format!(
-                "bad MPIB_* environment ({} variable(s), see the lines above); the plugin is disabled",
+                "bad configuration ({} variable(s), see the lines above); the plugin is disabled",
                 config::errors().len()
             )));
         }
@@ -181,6 +181,14 @@ pub fn init(abi: AbiVersion) -> Result<Option<NcclEnv>> {
             log::info!(target: "mpib::config", "{i}");
         }
         log::info!(target: "mpib::config", "configuration: {cfg}");
+        let max = readmit::READMIT_MAX_QPS as u32;
+        if cfg.failover && cfg.rails.iter().any(|r| r.qps > max) {
+            log::warn!(
+                target: "mpib::config",
+                "more than {max} QPs on a rail (MPIB_QP or NCCL_IB_QPS_PER_CONNECTION): a rail that fails over stays \
+                 down for the rest of its connection (re-admission describes at most {max} QPs per rail)"
+            );
+        }
         let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).send[0]);
         log::info!(
             target: "mpib::config",

@@ -10,7 +10,7 @@
 //!   signalled, and a slot is reused only after its signalled CTS completed, so the queue
 //!   holds at most the unsignalled ones before the oldest signalled one still outstanding
 //!   (`CTS_SIGNAL_EVERY - 1`), that one, and the CTS of the other slots posted after it
-//!   (`SLOTS - 1`, whichever rail each takes: they follow the data, `engine/recv.rs`), plus
+//!   (`SLOTS - 1`, whichever rail each takes: they follow the data, `engine/recv/mod.rs`), plus
 //!   one keepalive; its other QPs post nothing; a flush QP: one READ per flush in flight.
 //!
 //! With rail failover on, the surviving rail also carries what the failed one owed: a

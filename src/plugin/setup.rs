@@ -69,6 +69,16 @@ pub enum FabricKind {
     Inproc = 3,
 }
 
+/// The fabric a peer's set-up byte names, in words (an unknown value as it is).
+fn fabric_name(b: u8) -> String {
+    match b {
+        1 => "soft".into(),
+        2 => "verbs".into(),
+        3 => "inproc".into(),
+        other => format!("unknown ({other})"),
+    }
+}
+
 /// Connection parameters from the configuration (read once per connection).
 #[derive(Clone, Debug)]
 pub struct Params {
@@ -140,7 +150,8 @@ impl WaitNote {
     }
 
     /// At `now`: fails the set-up past `deadline`, else logs an INFO line when one is due.
-    fn check(&mut self, now: Instant, deadline: Option<Duration>, what: impl Fn() -> String) -> Result<()> {
+    /// `side` ("connect", "accept") leads the INFO note; the error gets it from the ABI edge.
+    fn check(&mut self, now: Instant, deadline: Option<Duration>, side: &str, what: impl Fn() -> String) -> Result<()> {
         let waited = now.saturating_duration_since(self.started);
         if let Some(t) = deadline
             && waited > t
@@ -152,8 +163,8 @@ impl WaitNote {
             self.next = now + self.interval;
             if let Some(held) = WAITING.admit(now) {
                 log::info!(
-                    "{} yet: still waiting after {:.0?} (a late rank; NCCL keeps calling, MPIB_CONNECT_TIMEOUT_MS \
-                     sets a deadline){}",
+                    "{side}: {} yet: still waiting after {:.0?} (a late rank; NCCL keeps calling, \
+                     MPIB_CONNECT_TIMEOUT_MS sets a deadline){}",
                     what(),
                     waited,
                     crate::ratelimit::suppressed(held)
@@ -168,8 +179,8 @@ impl WaitNote {
 /// On verbs the budget times the link (a NIC acknowledges whatever its host is doing); on
 /// the soft fabric it times the peer *process*, which answers for both rails at once, so a
 /// process descheduled or paused for longer than the budget (a loaded host, a long page
-/// fault, a checkpoint) would fail both rails together: the connection, not a rail. The
-/// default MPIB_TIMEOUT=14 (0.47 s, chosen for verbs failover) is raised to 16 there.
+/// fault, a checkpoint) would fail both rails together: the connection, not a rail. A
+/// smaller MPIB_TIMEOUT (one set for fast verbs failover) is raised to 16 there.
 const SOFT_MIN_TIMEOUT: u8 = 16;
 
 /// `p`, with the soft fabric's timeout raised to [`SOFT_MIN_TIMEOUT`] (see there).
@@ -219,8 +230,9 @@ pub fn read_handle(handle: &[u8; 128], kind: FabricKind) -> Result<OobAddr> {
     }
     if handle[5] != kind as u8 {
         return Err(Error::invalid_argument(format!(
-            "the listener uses fabric {} and this side {kind:?}: set the same MPIB_FABRIC on every rank",
-            handle[5]
+            "the listener uses the {} fabric and this side the {} fabric: set the same MPIB_FABRIC on every rank",
+            fabric_name(handle[5]),
+            fabric_name(kind as u8)
         )));
     }
     OobAddr::read(handle[8..27].try_into().expect("19 bytes"))
@@ -304,7 +316,7 @@ impl<D: Device> Connecting<D> {
 
     fn progress(&mut self, now: Instant) -> Result<Option<SendComm<D>>> {
         let peer = self.conn.peer();
-        self.waited.check(now, self.p.timeout, || format!("connect: the peer {peer} has not completed set-up"))?;
+        self.waited.check(now, self.p.timeout, "connect", || format!("the peer {peer} has not completed set-up"))?;
         let rails = self.rails.as_mut().expect("rails until done");
         loop {
             match self.stage {
@@ -314,14 +326,14 @@ impl<D: Device> Connecting<D> {
                         Msg::Reply(r) if r.qps == self.p.qps => r,
                         Msg::Reply(r) => {
                             return Err(Error::remote(format!(
-                                "connect: the peer created {:?} QPs per rail, {:?} were asked for",
+                                "the peer created {:?} QPs per rail, {:?} were asked for",
                                 r.qps, self.p.qps
                             )));
                         }
                         Msg::Refusal(why) => {
-                            return Err(Error::remote(format!("connect: the listening peer refused: {why}")));
+                            return Err(Error::remote(format!("the listening peer refused: {why}")));
                         }
-                        _ => return Err(Error::remote("connect: the listening peer sent something else than a Reply")),
+                        _ => return Err(Error::remote("the listening peer sent something else than a Reply")),
                     };
                     connect_qps(rails, &reply.qps_info, &self.p.send)?;
                     self.reply = Some(reply);
@@ -502,8 +514,10 @@ impl<D: Device> Accepting<D> {
         let e = match wire::decode(&m) {
             Ok(Msg::Hello(h)) if h.kind == self.p.kind as u8 => return Ok(Some(h)),
             Ok(Msg::Hello(h)) => Error::remote(format!(
-                "the connecting peer uses fabric {}, this side {:?} ({}): set the same MPIB_FABRIC on every rank",
-                h.kind, self.p.kind, self.p.kind as u8
+                "the connecting peer uses the {} fabric and this side the {} fabric: set the same MPIB_FABRIC on \
+                 every rank",
+                fabric_name(h.kind),
+                fabric_name(self.p.kind as u8)
             )),
             Ok(_) => {
                 return Err(AcceptFailed::Stray(format!(
@@ -545,9 +559,9 @@ impl<D: Device> Accepting<D> {
 
     fn await_ready(&mut self, now: Instant) -> Result<Option<RecvComm<D>>> {
         let peer = self.conn.peer();
-        self.waited.check(now, self.p.timeout, || format!("accept: the peer {peer} has not completed set-up"))?;
+        self.waited.check(now, self.p.timeout, "accept", || format!("the peer {peer} has not completed set-up"))?;
         let AcceptStage::AwaitReady { mut got_ready } = self.stage else {
-            return Err(Error::internal("accept: set-up stepped before its Hello"));
+            return Err(Error::internal("set-up stepped before its Hello"));
         };
         // Once Ready is read the set-up channel has done its job: the connector closes it as
         // soon as Ready left (it is connected then), so it is not read again. Reading it
@@ -556,8 +570,8 @@ impl<D: Device> Accepting<D> {
         if !got_ready && let Some(m) = self.conn.poll()? {
             match wire::decode(&m)? {
                 Msg::Ready => got_ready = true,
-                Msg::Refusal(why) => return Err(Error::remote(format!("accept: the connecting peer gave up: {why}"))),
-                _ => return Err(Error::remote("accept: the peer sent something else than Ready")),
+                Msg::Refusal(why) => return Err(Error::remote(format!("the connecting peer gave up: {why}"))),
+                _ => return Err(Error::remote("the peer sent something else than Ready")),
             }
         }
         self.stage = AcceptStage::AwaitReady { got_ready };
@@ -617,16 +631,16 @@ mod tests {
         let t0 = Instant::now();
         let s = |n: u64| t0 + Duration::from_secs(n);
         let mut w = WaitNote::new(t0);
-        let what = || "connect: the peer has not completed set-up".to_string();
+        let what = || "the peer has not completed set-up".to_string();
         let notes = [(29, 30), (30, 90), (91, 211), (119, 211), (211, 451), (3600, 4080), (4080, 4680), (4680, 5280)];
         for (at, next) in notes {
-            w.check(s(at), None, what).unwrap();
+            w.check(s(at), None, "connect", what).unwrap();
             assert_eq!(w.next, s(next), "after a check at {at} s");
         }
         let mut w = WaitNote::new(t0);
-        w.check(s(10), Some(Duration::from_secs(10)), what).unwrap();
-        let e = w.check(s(11), Some(Duration::from_secs(10)), what).unwrap_err();
-        assert_eq!(e.msg(), "connect: the peer has not completed set-up within 10000 ms (MPIB_CONNECT_TIMEOUT_MS)");
+        w.check(s(10), Some(Duration::from_secs(10)), "connect", what).unwrap();
+        let e = w.check(s(11), Some(Duration::from_secs(10)), "connect", what).unwrap_err();
+        assert_eq!(e.msg(), "the peer has not completed set-up within 10000 ms (MPIB_CONNECT_TIMEOUT_MS)");
     }
 
     fn cfg_leak() -> &'static Config {

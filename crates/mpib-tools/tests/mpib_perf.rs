@@ -284,8 +284,8 @@ fn the_timeline_has_one_entry_per_millisecond_and_adds_up_to_what_was_sent() {
 /// The failure drill: SUP dropped three times for 0.2 s while 1 MiB messages stream (the
 /// back-off capped at its minimum, so each return takes one attempt or two): every byte
 /// right, no error, each drop seen as a failover and followed by a re-admission, the
-/// figures printed and in the JSON. (The figures themselves are the benchmark's, README "Drilling
-/// failover"; a missed goal is printed, never fatal.)
+/// figures printed and in the JSON. (The figures themselves are the benchmark's,
+/// docs/benchmarks.md; a missed goal is printed, never fatal.)
 #[test]
 fn the_failure_drill_drops_a_rail_and_prints_failover_and_readmission_figures() {
     let file = common::tmpdir("perf-drill").join("drill.json");
@@ -305,10 +305,10 @@ fn the_failure_drill_drops_a_rail_and_prints_failover_and_readmission_figures() 
         "--json",
         file.to_str().unwrap(),
     ];
-    // The back-off capped at 100 ms (README "Drilling failover": drops 1.5 s apart would
-    // double it to seconds); the stall check every 250 ms (MPIB_STALL_MS / 4). Each return
+    // The back-off capped at 100 ms (drops 1.5 s apart would otherwise double it towards its
+    // 1 s cap); the stall check every 250 ms (MPIB_STALL_MS / 4). Each return
     // must end before the next drop (1.3 s later), or that drop finds SUP still down and is
-    // no failover: CI saw 2 of 3 when each step of a return waited for the periodic round.
+    // no failover.
     let env = [("MPIB_READMIT_MAX_MS", "100"), ("MPIB_STALL_MS", "1000")];
     let out = cmd(&args).envs(env).output().unwrap();
     let (stdout, stderr) = text(&out);

@@ -141,7 +141,7 @@ pub struct RecvEngine {
 }
 
 /// Every this many CTS WRITEs on a rail, one is signalled (its completion retires the
-/// earlier ones from the CTS QP's send queue; `plugin/rails.rs` sizes the queue from it).
+/// earlier ones from the CTS QP's send queue; `plugin/rail.rs` sizes the queue from it).
 pub const CTS_SIGNAL_EVERY: u8 = (SLOTS / 2) as u8;
 const _: () = assert!(CTS_SIGNAL_EVERY.is_power_of_two(), "the run counter wraps with a mask");
 

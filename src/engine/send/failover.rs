@@ -385,7 +385,7 @@ impl SendEngine {
             }
             let Some((oldest, bytes)) = self.oldest_part(rail) else { continue };
             // The last data completion on the rail moves `drain_start_ns` forward. A large
-            // part completes only at its end: it gets the time it takes at 1 Gb/s on top
+            // part completes only at its end: it gets the time it takes at 250 Mb/s on top
             // (a 512 MiB part moving slowly on the soft fabric is no stall).
             let last = oldest.max(self.tel[rail].view().drain_start_ns);
             if now_ns.saturating_sub(last) > stall + bytes.saturating_mul(STALL_NS_PER_BYTE) {

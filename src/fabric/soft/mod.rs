@@ -69,7 +69,7 @@
 //!   QPs are not affected. A peer that goes silent without closing (host down, process
 //!   stopped) is detected when requests wait on it and no byte moved for
 //!   `4.096 µs × 2^timeout × (retry_cnt + 1)` (from `ConnectParams`, at least 100 ms; the
-//!   defaults `MPIB_TIMEOUT=14`, `MPIB_RETRY_CNT=6` give 0.47 s); `TCP_USER_TIMEOUT` is set
+//!   defaults `MPIB_TIMEOUT=20`, `MPIB_RETRY_CNT=7` give 34.4 s); `TCP_USER_TIMEOUT` is set
 //!   to the same bound.
 //! - **Deregistration.** `dereg_mr` returns only when no placement into (or send from) the
 //!   region is running; after it no byte lands there (see `mr.rs`).

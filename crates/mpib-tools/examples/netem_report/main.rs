@@ -1,4 +1,4 @@
-//! The report of ci/netem-rails.sh (README "Proof on emulated rails"): reads the `--json`
+//! The report of ci/netem-rails.sh (docs/testing.md, "Emulated rails"): reads the `--json`
 //! results of its single-rail, `auto` and static 50/50 runs and the `--timeline` of its `auto`
 //! run with a mid-run rate change, prints the figures, draws the timeline as SVG, and ends
 //! with `auto_vs_sum: <ratio> static_vs_sum: <ratio> settle_ms: <ms>`. With `--outage-*`, also

@@ -2,7 +2,7 @@
 //! SOUT shares, the steady share before and after a change, and how long the split took to
 //! settle on the new one.
 //!
-//! Definitions (README "Proof on emulated rails"):
+//! Definitions (docs/testing.md, "Emulated rails"):
 //! - A *window* is `window_ms` consecutive 1 ms bins starting at bin `s`; its share is SOUT's
 //!   part of the bytes posted in it. Per-ms bins alone are too lumpy to judge (the sender posts
 //!   a 256 KiB send every ~0.4 ms and the split corrects queue imbalances send by send), so
