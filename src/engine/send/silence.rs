@@ -28,6 +28,9 @@ pub const SILENT_FLOOR_NS: u64 = 50_000_000;
 /// The bounds in multiples of the rail's round-trip spread.
 const SUSPECT_RTTS: u64 = 3;
 const SILENT_RTTS: u64 = 6;
+/// Before the rail has measured its rate, a part may take this many times its time at the
+/// stall bound's 250 Mb/s before silence fails the rail.
+const UNMEASURED_FAIL_FACTOR: u64 = 8;
 /// How often the silence of a rail with work outstanding is looked at.
 pub const SILENCE_CHECK_NS: u64 = 5_000_000;
 
@@ -57,14 +60,22 @@ impl SendEngine {
             }
             let v = self.tel[rail].view();
             // RC says nothing before a chain's end: its bytes may be moving. Allow twice its
-            // serialization at the rate the rail has measured, or, before any measurement,
-            // at the stall bound's conservative 250 Mb/s (a first 256 MiB part is no silence).
-            let ns_per_byte =
-                if v.rate_sample_ns != 0 { 2.0 / v.rate_bytes_per_ns() } else { STALL_NS_PER_BYTE as f64 };
-            let quiet = now_ns.saturating_sub(since).saturating_sub((bytes as f64 * ns_per_byte) as u64);
+            // serialization at the rate the rail has measured. Before any measurement (small
+            // parts give none) a part gets its time at the stall bound's conservative
+            // 250 Mb/s before the rail is suspect, and at an eighth of that before it fails:
+            // on a loaded host one rail may finish a first 256 MiB part many seconds after
+            // the other, while a small part's allowance stays near the floor.
+            let (suspect_allow, fail_allow) = if v.rate_sample_ns != 0 {
+                let t = (bytes as f64 * 2.0 / v.rate_bytes_per_ns()) as u64;
+                (t, t)
+            } else {
+                let t = bytes.saturating_mul(STALL_NS_PER_BYTE);
+                (t, t.saturating_mul(UNMEASURED_FAIL_FACTOR))
+            };
+            let silent_ns = now_ns.saturating_sub(since);
             let spread = v.srtt_ns + 4 * v.rttvar_ns;
-            let silent_ms = now_ns.saturating_sub(since) / 1_000_000;
-            if quiet > SILENT_FLOOR_NS.max(SILENT_RTTS * spread) {
+            let silent_ms = silent_ns / 1_000_000;
+            if silent_ns.saturating_sub(fail_allow) > SILENT_FLOOR_NS.max(SILENT_RTTS * spread) {
                 log::log!(
                     self.failure_level(),
                     "send: the {name} rail has completed nothing for {silent_ms} ms while the {} rail completes: it \
@@ -73,7 +84,7 @@ impl SendEngine {
                 );
                 self.fo.silent_failures += 1;
                 self.rail_down(rail, DownReason::Silent)?;
-            } else if quiet > SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * spread)
+            } else if silent_ns.saturating_sub(suspect_allow) > SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * spread)
                 && !self.fo.suspect.contains(rail)
                 && !self.fo.suspect.contains(partner)
             {

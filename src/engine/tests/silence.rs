@@ -220,3 +220,40 @@ fn rails_going_quiet_a_moment_apart_are_not_blamed() {
     }
     assert_eq!((suspects(&p, SOUT), suspects(&p, SUP)), (0, 0));
 }
+
+/// Before the rail has measured its rate, a large first part gets far more time before
+/// silence fails the rail (on a loaded host one rail may finish its half of a first huge
+/// message seconds after the other): it is suspect at its time at 250 Mb/s, failed only
+/// at eight times that.
+#[test]
+fn a_large_first_part_on_an_unmeasured_rail_gets_eight_times_its_time_before_failing() {
+    const SIZE: usize = 8 << 20;
+    let mut p = Pair::new(Opts::default());
+    enable_failover(&mut p, 0);
+    assert_eq!(p.s.telemetry()[SUP].view().rate_sample_ns, 0, "no rate measured yet");
+    p.hold_acks(SUP, 0);
+    let t0 = p.now;
+    let (rid, _) = p.irecv_one(SIZE);
+    p.deliver_all();
+    p.poll_recv().unwrap();
+    let sa = p.send_buf(&pattern(70, SIZE));
+    p.isend(sbuf(sa, SIZE as u64, 0)).unwrap().expect("CTS delivered");
+    p.deliver_all();
+    p.poll_send().unwrap(); // SOUT's half completes, SUP's acknowledgement is held
+    let sup_bytes = p.s.counters()[SUP].bytes;
+    assert!(sup_bytes >= SIZE as u64 / 4, "SUP carries a large part: {sup_bytes}");
+    let at_250 = sup_bytes * 32; // ns at 250 Mb/s
+    let mut now = p.now;
+    let mut failed_at = None;
+    while failed_at.is_none() && now < t0 + 10 * at_250 {
+        now = p.s.poll_timeout().max(now + MS);
+        if round(&mut p, now).1.contains(&Action::FenceQps { rail: SUP }) {
+            failed_at = Some(now - t0);
+        }
+    }
+    assert_eq!(suspects(&p, SUP), 1, "suspect once past its time at 250 Mb/s");
+    let f = failed_at.expect("failed in the end");
+    assert!(f > 8 * at_250 + SILENT_FLOOR_NS, "failed after {} ms, its time at 250 Mb/s {} ms", f / MS, at_250 / MS);
+    assert!(f <= 8 * at_250 + SILENT_FLOOR_NS + 10 * MS, "failed after {} ms", f / MS);
+    let _ = rid;
+}
