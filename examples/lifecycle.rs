@@ -32,6 +32,8 @@ fn pair(abi: AbiVersion, ctx: ContextHandle) -> (CommHandle, CommHandle) {
 
 fn main() {
     let rounds: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(3);
+    // Messages to stderr at the level RUST_LOG names, as the C ABI does before NCCL's logger.
+    mpib::abi::logger::install();
     let ctx = {
         plugin::init(AbiVersion::V12).expect("init");
         plugin::new_context(7, Some(-1)).expect("context")
@@ -45,18 +47,24 @@ fn main() {
         let (raddr, rlen) = (rbuf.as_ptr() as u64, rbuf.len());
         let rarg = move |_| Ok(BufArg { addr: raddr, size: rlen, tag: 1, mh: Some(rmr) });
         // A few complete messages.
-        for _ in 0..4 {
+        for msg in 0..4 {
             let r = plugin::irecv(recv, 1, rarg).expect("irecv").expect("a receive is never refused");
             let deadline = Instant::now() + Duration::from_secs(60);
+            // The receiving side is driven while the sender waits for its CTS, as the peer's
+            // progress thread tests its receives: a CTS to redo (after a failover, which a
+            // slow valgrind run may provoke) goes out from the receiver's calls.
+            let mut rd = false;
             let s = loop {
-                assert!(Instant::now() < deadline, "no CTS");
+                assert!(Instant::now() < deadline, "round {round} message {msg}: no CTS");
                 if let Some(s) = plugin::isend(send, sbuf.as_ptr() as u64, 4096, 1, smr).expect("isend") {
                     break s;
                 }
+                rd = plugin::test(r, &mut [0; 8]).expect("test").is_some();
+                assert!(!rd, "round {round} message {msg}: a receive completed before its send");
             };
-            let (mut sd, mut rd) = (false, false);
+            let mut sd = false;
             while !(sd && rd) {
-                assert!(Instant::now() < deadline, "no completion");
+                assert!(Instant::now() < deadline, "round {round} message {msg}: no completion");
                 sd = sd || plugin::test(s, &mut [0; 8]).expect("test").is_some();
                 rd = rd || plugin::test(r, &mut [0; 8]).expect("test").is_some();
             }

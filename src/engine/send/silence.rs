@@ -52,6 +52,12 @@ impl SendEngine {
                 continue;
             }
             busy = true;
+            if self.fo.heard_ns[rail] == 0 {
+                // Nothing completed on this rail yet: no round trip to judge a silence by,
+                // and its first work may wait for the path to come up (the soft fabric dials
+                // at first use). RC's retry budget decides.
+                continue;
+            }
             let Some((posted, bytes)) = self.oldest_part(rail) else { continue };
             let since = posted.max(self.fo.heard_ns[rail]);
             let partner = other(rail);

@@ -230,8 +230,10 @@ fn a_large_first_part_on_an_unmeasured_rail_gets_eight_times_its_time_before_fai
     const SIZE: usize = 8 << 20;
     let mut p = Pair::new(Opts::default());
     enable_failover(&mut p, 0);
+    one_transfer(&mut p, 69); // both rails have completed something (a round trip, no rate)
     assert_eq!(p.s.telemetry()[SUP].view().rate_sample_ns, 0, "no rate measured yet");
     p.hold_acks(SUP, 0);
+    p.now += MS;
     let t0 = p.now;
     let (rid, _) = p.irecv_one(SIZE);
     p.deliver_all();
@@ -256,4 +258,22 @@ fn a_large_first_part_on_an_unmeasured_rail_gets_eight_times_its_time_before_fai
     assert!(f > 8 * at_250 + SILENT_FLOOR_NS, "failed after {} ms, its time at 250 Mb/s {} ms", f / MS, at_250 / MS);
     assert!(f <= 8 * at_250 + SILENT_FLOOR_NS + 10 * MS, "failed after {} ms", f / MS);
     let _ = rid;
+}
+
+/// A rail that has completed nothing on the connection yet (its first transfer waits for
+/// the path to come up, say) has no round trip to judge a silence by: RC decides.
+#[test]
+fn a_rail_that_never_completed_is_not_judged_by_its_silence() {
+    let mut p = Pair::new(Opts::default());
+    enable_failover(&mut p, 0);
+    p.hold_acks(SUP, 0);
+    let t0 = p.now;
+    one_transfer(&mut p, 80); // SOUT completes, SUP's first acknowledgement is held
+    let mut now = p.now;
+    while now < t0 + 2000 * MS {
+        now = p.s.poll_timeout().max(now + MS);
+        let (_, actions) = round(&mut p, now);
+        assert!(actions.is_empty(), "no failover of a rail never heard from: {actions:?}");
+    }
+    assert_eq!((suspects(&p, SUP), p.s.counters()[SUP].failovers), (0, 0));
 }

