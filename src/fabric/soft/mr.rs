@@ -22,6 +22,13 @@
 //! `i`; slot 0 is never registered and holds a key of another index for good. A slot reused
 //! has a new generation, so a stale key fails too.
 //!
+//! Keys do not come back: a slot whose generations are spent (4,095 registrations) is
+//! *retired*, and new chunks serve instead, until the table holds all [`MAX_CHUNKS`]; only
+//! then is the longest-retired slot taken again, from generation 1. A key so recurs only
+//! after every other key of the device has been handed out: `(2^20 - 1) × 4,095`, about
+//! 2^32 registrations, later (a device registering a million regions a second would take
+//! 71 minutes to get there). The cost is 32 KiB of slots per ~4 million registrations.
+//!
 //! The wait is short: a pin lasts one non-blocking `readv`/`writev` or one copy.
 //! Slots live in chunks allocated on demand by `reg` (control path) and never freed before
 //! the table, so a lookup is two loads. A chunk not allocated yet is [`EMPTY`], a shared
@@ -31,6 +38,7 @@
 //! `CHUNK_SLOTS`: never 0, never equal to its key half. (Pins that fail there count in its
 //! gates' low halves for an instant, as in any slot; nothing else ever writes it.)
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -83,7 +91,45 @@ type Chunk = [Slot; CHUNK_SLOTS];
 struct Alloc {
     /// Free slot indexes, with the generation each will use next.
     free: Vec<(u32, u32)>,
+    /// Slots whose generations are spent, oldest first: taken again (from generation 1)
+    /// only once every chunk is allocated and no free slot is left.
+    retired: VecDeque<u32>,
     chunks: usize,
+}
+
+/// Where the next registration goes.
+#[derive(Debug, PartialEq)]
+enum Next {
+    /// A slot index and the generation its key gets.
+    Slot(u32, u32),
+    /// No free slot: allocate a chunk first.
+    NewChunk,
+    /// Every slot of every chunk is registered now.
+    Full,
+}
+
+impl Alloc {
+    fn next(&mut self, max_chunks: usize) -> Next {
+        if let Some((index, generation)) = self.free.pop() {
+            return Next::Slot(index, generation);
+        }
+        if self.chunks < max_chunks {
+            return Next::NewChunk;
+        }
+        match self.retired.pop_front() {
+            Some(index) => Next::Slot(index, 1),
+            None => Next::Full,
+        }
+    }
+
+    /// Slot `index`, registered last with `generation`, is free again.
+    fn release(&mut self, index: u32, generation: u32) {
+        if generation == GEN_MASK {
+            self.retired.push_back(index);
+        } else {
+            self.free.push((index, generation + 1));
+        }
+    }
 }
 
 /// The registrations of one device.
@@ -119,7 +165,7 @@ impl Default for MrTable {
     fn default() -> Self {
         let t = MrTable {
             chunks: std::array::from_fn(|_| AtomicPtr::new(empty())),
-            alloc: Mutex::new(Alloc { free: Vec::new(), chunks: 0 }),
+            alloc: Mutex::new(Alloc { free: Vec::new(), retired: VecDeque::new(), chunks: 0 }),
         };
         // Chunk 0 now: key 0 (index 0) must never land in `EMPTY`, whose key halves are 0.
         t.add_chunk(&mut t.alloc.lock());
@@ -161,13 +207,15 @@ impl MrTable {
             return Err(Error::invalid_argument(format!("memory region {addr:#x}+{len} wraps around")));
         }
         let mut a = self.alloc.lock();
-        if a.free.is_empty() {
-            if a.chunks == MAX_CHUNKS {
-                return Err(Error::system(format!("soft fabric: more than {MAX_MRS} memory registrations")));
+        let (index, generation) = loop {
+            match a.next(MAX_CHUNKS) {
+                Next::Slot(index, generation) => break (index, generation),
+                Next::NewChunk => self.add_chunk(&mut a),
+                Next::Full => {
+                    return Err(Error::system(format!("soft fabric: more than {MAX_MRS} memory registrations")));
+                }
             }
-            self.add_chunk(&mut a);
-        }
-        let (index, generation) = a.free.pop().expect("refilled above");
+        };
         drop(a);
         let slot = self.slot(index);
         let key = index << GEN_BITS | generation;
@@ -200,8 +248,7 @@ impl MrTable {
                 std::thread::yield_now();
             }
         }
-        let next = (key & GEN_MASK) % GEN_MASK + 1;
-        self.alloc.lock().free.push((index, next));
+        self.alloc.lock().release(index, key & GEN_MASK);
         Ok(())
     }
 
@@ -306,6 +353,50 @@ mod tests {
         released.store(true, Ordering::Release);
         drop(p);
         assert!(h.join().unwrap(), "dereg returned while a pin was held");
+    }
+
+    /// A slot registered and deregistered 4,095 times has spent its generations: the next
+    /// registration goes elsewhere, and none of the old keys (its first included) pins.
+    #[test]
+    fn a_spent_slot_is_retired_and_its_keys_never_match_again() {
+        let t = MrTable::default();
+        let first = t.reg(0x1000, 64, Access::REMOTE_WRITE).unwrap();
+        let slot = first >> GEN_BITS;
+        let mut keys = vec![first];
+        t.dereg(first).unwrap();
+        for _ in 1..GEN_MASK {
+            let k = t.reg(0x1000, 64, Access::REMOTE_WRITE).unwrap();
+            assert_eq!(k >> GEN_BITS, slot, "the slot is reused while it has generations");
+            keys.push(k);
+            t.dereg(k).unwrap();
+        }
+        assert_eq!(keys.len(), GEN_MASK as usize);
+        let next = t.reg(0x1000, 64, Access::REMOTE_WRITE).unwrap();
+        assert_ne!(next >> GEN_BITS, slot, "the spent slot is retired");
+        for _ in 0..2 * CHUNK_SLOTS {
+            let k = t.reg(0x2000, 64, Access::REMOTE_WRITE).unwrap();
+            assert!(!keys.contains(&k), "key {k:#x} came back");
+            t.dereg(k).unwrap();
+        }
+        assert!(keys.iter().all(|k| t.pin(*k).is_none()), "a stale key pins");
+    }
+
+    /// Retired slots are taken again, oldest first and from generation 1, only when every
+    /// chunk is allocated and no slot is free.
+    #[test]
+    fn retired_slots_come_back_only_when_the_table_is_full() {
+        let mut a = Alloc { free: vec![(9, 3)], retired: VecDeque::from([5, 7]), chunks: 2 };
+        assert_eq!(a.next(4), Next::Slot(9, 3));
+        assert_eq!(a.next(4), Next::NewChunk, "a new chunk before a retired slot");
+        a.chunks = 4;
+        assert_eq!(a.next(4), Next::Slot(5, 1), "the longest retired first");
+        a.release(5, GEN_MASK - 1);
+        assert_eq!(a.free, vec![(5, GEN_MASK)]);
+        assert_eq!(a.next(4), Next::Slot(5, GEN_MASK));
+        a.release(5, GEN_MASK);
+        assert_eq!(a.next(4), Next::Slot(7, 1));
+        assert_eq!(a.next(4), Next::Slot(5, 1));
+        assert_eq!(a.next(4), Next::Full);
     }
 
     #[test]
