@@ -284,6 +284,8 @@ impl Config {
                         Ok(())
                     }
                 }),
+                // The project's own test switches (`MPIB_TEST_*`) are no settings of mpib.
+                _ if name.starts_with("MPIB_TEST_") => Ok(()),
                 _ => {
                     c.unknown.push(name.to_string());
                     Ok(())
