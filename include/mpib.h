@@ -744,6 +744,22 @@ ncclResult_t mpib_rail_stats(mpib_rail_stats_t *out, size_t size);
  */
 ncclResult_t mpib_resource_stats(mpib_resource_stats_t *out, size_t size);
 
+/**
+ * The state of every live connection, in words: per connection its place (NICs, addresses,
+ * QPs, communicator) and what it waits for (requests with their slots, bytes, rails and
+ * ages, each rail's work in flight and last completion, failover), as the hang report
+ * (`MPIB_HANG_REPORT_MS`) shows it. For a debugger (`call mpib_dump_state(0, 0, 0)`) or a
+ * tool.
+ *
+ * With `buf` NULL the text is logged (WARN); else its first `size - 1` bytes are copied to
+ * `buf` and a NUL after them. `needed`, when not NULL, gets the text's length plus one (a
+ * `size` that large holds it all). Returns ncclSuccess, or ncclInvalidUsage before `init`.
+ *
+ * # Safety
+ * `buf` must be NULL or point to `size` writable bytes; `needed` NULL or writable.
+ */
+ncclResult_t mpib_dump_state(char *buf, size_t size, size_t *needed);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

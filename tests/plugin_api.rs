@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use mpib::abi::query::mpib_device_rails;
+use mpib::abi::stats::mpib_dump_state;
 use mpib::fabric::MemTypes;
 use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, MemHandle, RequestHandle};
 use ncclnet_types::mpib::{MPIB_LINK_TCP, mpib_rail_info_t};
@@ -14,7 +15,7 @@ use ncclnet_types::result;
 
 mod common;
 
-use common::{in_child, is_child};
+use common::{child_output, in_child, is_child};
 
 /// Connects a send and a receive comm on device 0 (same thread, non-blocking calls).
 fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {
@@ -277,4 +278,65 @@ fn device_rails_name_each_devices_nics_per_abi_version() {
     assert_eq!(device_rails(12, -1).0, result::INVALID_ARGUMENT);
     // SAFETY: NULL is refused before any write.
     assert_eq!(unsafe { mpib_device_rails(8, 0, std::ptr::null_mut(), 424) }, result::INVALID_ARGUMENT);
+}
+
+/// A receive whose sender never sends: once it has waited `MPIB_HANG_REPORT_MS` (200 ms
+/// here) while NCCL tests it, one hang report names the connection's place and the slot;
+/// `mpib_dump_state` returns the same state for both connections, in the caller's buffer
+/// (cut to its size, with the size needed).
+#[test]
+fn a_stuck_receive_is_reported_once_and_mpib_dump_state_returns_the_state() {
+    if !is_child() {
+        let env = [
+            ("MPIB_FABRIC", "soft"),
+            ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"),
+            ("MPIB_SOFT_SUP_ADDR", "127.0.0.1"),
+            ("MPIB_HANG_REPORT_MS", "200"),
+            ("RUST_LOG", "warn"),
+        ];
+        let out = child_output("a_stuck_receive_is_reported_once_and_mpib_dump_state_returns_the_state", &env);
+        let reports: Vec<&str> = out.lines().filter(|l| l.contains("hang report")).collect();
+        assert_eq!(reports.len(), 1, "one report for the stuck receive:\n{out}");
+        let r = reports[0];
+        assert!(r.contains("a request (slot 0) has waited") && r.contains("recv comm"), "{r}");
+        assert!(r.contains("SOUT soft-sout:1 127.0.0.1:") && r.contains("; SUP soft-sup:1 127.0.0.1:"), "{r}");
+        return;
+    }
+    mpib::abi::logger::install(); // as every C entry point does: the report is a log line
+    plugin::init(AbiVersion::V8).expect("init");
+    let (send, recv) = pair(AbiVersion::V8);
+    let rbuf = vec![0u8; 4096];
+    let rmr = plugin::reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
+    let rreq = irecv1(recv, rbuf.as_ptr(), 4096, 3, rmr).expect("irecv").expect("a request");
+    // NCCL's proxy tests the receive in a loop; the sender never sends.
+    let until = Instant::now() + Duration::from_millis(700);
+    while Instant::now() < until {
+        assert_eq!(plugin::test(rreq, &mut [0; 8]).expect("test"), None);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let mut needed = 0usize;
+    let mut buf = vec![0 as std::ffi::c_char; 64 * 1024];
+    // SAFETY: `buf` has `buf.len()` writable bytes; `needed` is writable.
+    let rc = unsafe { mpib_dump_state(buf.as_mut_ptr(), buf.len(), &mut needed) };
+    assert_eq!(rc, result::SUCCESS);
+    let text = c_str(&buf);
+    assert_eq!(needed, text.len() + 1, "{text}");
+    assert!(text.starts_with("mpib state: 2 connections\n"), "{text}");
+    assert!(text.contains("recv comm:") && text.contains("send comm:"), "{text}");
+    assert!(text.contains("slot 0 (receive 0): 1 buffers, 4096 bytes; no data yet: waiting for the sender"), "{text}");
+    assert!(text.contains("seen waiting for "), "{text}");
+    assert!(text.contains("waiting for the receiver's CTS") || text.contains("0 sends NCCL waits on"), "{text}");
+    // Cut to a short buffer, NUL-terminated, still saying how much it needs.
+    let mut short = [0x55 as std::ffi::c_char; 16];
+    let mut again = 0usize;
+    // SAFETY: as above, 16 bytes.
+    assert_eq!(unsafe { mpib_dump_state(short.as_mut_ptr(), short.len(), &mut again) }, result::SUCCESS);
+    assert_eq!((c_str(&short), short[15]), ("mpib state: 2 c".to_string(), 0));
+    assert!(again >= needed - 64, "{again} vs {needed}");
+    // NULL: logged.
+    // SAFETY: NULL buffer and NULL `needed` are allowed.
+    assert_eq!(unsafe { mpib_dump_state(std::ptr::null_mut(), 0, std::ptr::null_mut()) }, result::SUCCESS);
+    plugin::dereg_mr(recv, Some(rmr)).expect("deregMr");
+    plugin::close_send(send).unwrap();
+    plugin::close_recv(recv).unwrap();
 }

@@ -84,6 +84,7 @@ fn cause_class(e: &Error) -> &'static str {
         (Cause::StrayCompletion(_), _) => "stray",
         (Cause::BothRailsFailed, _) => "rails",
         (Cause::FailedEarlier(_), _) => "earlier",
+        (Cause::At { .. }, _) => "placed", // (a root is never placed)
         (Cause::Message(_), ErrorKind::System) => "system",
         (Cause::Message(_), ErrorKind::Internal) => "internal",
         (Cause::Message(_), ErrorKind::InvalidArgument) => "argument",

@@ -106,6 +106,41 @@ pub unsafe extern "C" fn mpib_resource_stats(out: *mut mpib_resource_stats_t, si
     })
 }
 
+/// The state of every live connection, in words: per connection its place (NICs, addresses,
+/// QPs, communicator) and what it waits for (requests with their slots, bytes, rails and
+/// ages, each rail's work in flight and last completion, failover), as the hang report
+/// (`MPIB_HANG_REPORT_MS`) shows it. For a debugger (`call mpib_dump_state(0, 0, 0)`) or a
+/// tool.
+///
+/// With `buf` NULL the text is logged (WARN); else its first `size - 1` bytes are copied to
+/// `buf` and a NUL after them. `needed`, when not NULL, gets the text's length plus one (a
+/// `size` that large holds it all). Returns ncclSuccess, or ncclInvalidUsage before `init`.
+///
+/// # Safety
+/// `buf` must be NULL or point to `size` writable bytes; `needed` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn mpib_dump_state(buf: *mut std::ffi::c_char, size: usize, needed: *mut usize) -> ncclResult_t {
+    super::logger::install();
+    run("mpib_dump_state", || {
+        let text = crate::plugin::dump_state()?;
+        if !needed.is_null() {
+            // SAFETY: the caller gives a writable `size_t` at `needed` when it is not NULL.
+            unsafe { needed.write(text.len() + 1) };
+        }
+        if buf.is_null() {
+            log::warn!("{}", text.trim_end());
+        } else if size > 0 {
+            let n = text.len().min(size - 1);
+            // SAFETY: the caller gives `size` (> n) writable bytes at `buf`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+                buf.add(n).write(0);
+            }
+        }
+        Ok(())
+    })
+}
+
 /// How many bytes of a `T` to write for a caller compiled with `sizeof(T) == size` (an
 /// older, shorter header gets only the fields it knows); an error for a NULL `out` or a
 /// `size` below one field.

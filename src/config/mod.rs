@@ -137,6 +137,8 @@ pub struct Config {
     pub soft_sout_addr: Option<RailAddr>,
     pub soft_sup_addr: Option<RailAddr>,
     pub connect_timeout_ms: u64,
+    /// A request outstanding this long makes its connection log a hang report (0: never).
+    pub hang_report_ms: u64,
     /// `NCCL_SOCKET_IFNAME`, honoured for the default soft-rail and bootstrap addresses.
     pub socket_ifname: Option<String>,
     /// `MPIB_*` names that are not known (typos); warned about, not fatal.
@@ -185,6 +187,7 @@ impl Default for Config {
             soft_sout_addr: None,
             soft_sup_addr: None,
             connect_timeout_ms: 0,
+            hang_report_ms: 10_000,
             socket_ifname: None,
             unknown: Vec::new(),
             ignored: Vec::new(),
@@ -284,6 +287,13 @@ impl Config {
                         Ok(())
                     }
                 }),
+                "MPIB_HANG_REPORT_MS" => parse_int(value, 0, 3_600_000).and_then(|n| match n {
+                    1..=99 => Err(format!("{n} ms is too short for a hang report (0 = off, else 100 or more)")),
+                    n => {
+                        c.hang_report_ms = n as u64;
+                        Ok(())
+                    }
+                }),
                 // The project's own test switches (`MPIB_TEST_*`) are no settings of mpib.
                 _ if name.starts_with("MPIB_TEST_") => Ok(()),
                 _ => {
@@ -378,7 +388,7 @@ impl fmt::Display for Config {
             f,
             "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} split={split} split_min_bytes={} srq_depth={} \
              {} rtt_alpha={} rtt_beta={} probe_interval_us={} probe_rate={} \
-             stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={}",
+             stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={} hang_report_ms={}",
             self.fabric,
             self.hca_filter.as_ref().map_or("all".to_string(), |h| format!("{h} ({})", self.hca_filter_var)),
             hca(&self.hca_sout),
@@ -400,6 +410,7 @@ impl fmt::Display for Config {
             addr(&self.soft_sout_addr),
             addr(&self.soft_sup_addr),
             self.connect_timeout_ms,
+            self.hang_report_ms,
         )
     }
 }

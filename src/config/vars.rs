@@ -304,6 +304,14 @@ pub const VARS: &[VarDoc] = &[
         nccl: "",
         rails: None,
     },
+    VarDoc {
+        name: "MPIB_HANG_REPORT_MS",
+        default: "10000",
+        accepted: "0 or 100-3600000 (0 = off)",
+        meaning: "a connection whose oldest request NCCL posted has waited this long logs once what it waits for (requests, rails, failover state); again only after that request completed",
+        nccl: "",
+        rails: None,
+    },
 ];
 
 impl VarDoc {

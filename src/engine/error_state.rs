@@ -3,24 +3,29 @@
 //! needs the peer reports it, and so does the `test` of a request it left incomplete; a
 //! request that had completed stays completed. The failure is kept whole, its typed cause
 //! included: failover reads it, and it says whether completions polled after it may still
-//! be believed.
+//! be believed. What it hands the caller to report is placed (`[SOUT …; SUP …; … comm]`,
+//! the plugin's [`PlaceRef`]), in the failure path only: the data path pays nothing for it.
 
-use super::StrayCompletion;
+use super::{PlaceRef, StrayCompletion};
 use crate::error::{Cause, Error, Result};
 
-/// The first failure of a connection, if any.
-#[derive(Debug, Default)]
-pub(crate) struct ErrorState(Option<Error>);
+/// The first failure of a connection, if any, and where the connection is.
+#[derive(Default)]
+pub(crate) struct ErrorState {
+    first: Option<Error>,
+    /// Where the connection is: its engine's log lines and the errors it reports name it.
+    pub(crate) place: PlaceRef,
+}
 
 impl ErrorState {
     /// The error that broke the connection, if any.
     pub(crate) fn get(&self) -> Option<&Error> {
-        self.0.as_ref()
+        self.first.as_ref()
     }
 
     /// Whether the connection has failed.
     pub(crate) fn is_set(&self) -> bool {
-        self.0.is_some()
+        self.first.is_some()
     }
 
     /// Whether a successful completion polled after the failure still means what it says:
@@ -28,7 +33,7 @@ impl ErrorState {
     /// it acknowledged before), no when the peer broke the protocol or a completion made no
     /// sense (nothing it says is believed any more).
     pub(crate) fn trusts_completions(&self) -> bool {
-        match self.0.as_ref().map(|e| &e.root().cause) {
+        match self.first.as_ref().map(|e| &e.root().cause) {
             None => true,
             Some(Cause::Violation(_) | Cause::StrayCompletion(_)) => false,
             Some(_) => true,
@@ -37,19 +42,19 @@ impl ErrorState {
 
     /// `Ok` while the connection is healthy; afterwards, the error that broke it.
     pub(crate) fn check(&self) -> Result<()> {
-        match &self.0 {
+        match &self.first {
             None => Ok(()),
-            Some(e) => Err(failed_earlier(e)),
+            Some(e) => Err(failed_earlier(e, &self.place)),
         }
     }
 
     /// Records `e` as the connection's failure unless an earlier one is recorded; returns
-    /// `e` for the caller to report.
+    /// `e`, placed, for the caller to report.
     pub(crate) fn fail(&mut self, e: Error) -> Error {
-        if self.0.is_none() {
-            self.0 = Some(e.clone());
+        if self.first.is_none() {
+            self.first = Some(e.clone());
         }
-        e
+        self.place.placed(e)
     }
 
     /// Records and returns the error for a completion whose `wr_id` mpib never made.
@@ -64,6 +69,6 @@ impl ErrorState {
 /// [`Cause::FailedEarlier`] with `e` inside.
 #[cold]
 #[inline(never)]
-fn failed_earlier(e: &Error) -> Error {
-    Error::from_cause(e.kind, Cause::FailedEarlier(e.clone()))
+fn failed_earlier(e: &Error, place: &PlaceRef) -> Error {
+    place.placed(Error::from_cause(e.kind, Cause::FailedEarlier(e.clone())))
 }

@@ -134,6 +134,9 @@ pub enum Action {
     /// re-admission of every rail in `refuse` for `refuse_ms` (`None`: for good). `isend`:
     /// the comm's isends so far, for the log. No event answers it.
     Drop { inject: RailMask, refuse: RailMask, kind: crate::fabric::FaultKind, refuse_ms: Option<u64>, isend: u64 },
+    /// The request in `slot` has waited `age_ns` (at least): log the connection's state
+    /// (`state_report`) once. No event answers it.
+    HangReport { slot: usize, age_ns: u64 },
 }
 
 /// What the plugin tells an engine.

@@ -11,8 +11,10 @@
 
 mod error_state;
 pub mod failover;
+mod hang;
 pub mod imm;
 pub mod layout;
+pub mod place;
 mod recv;
 mod send;
 #[cfg(test)]
@@ -22,6 +24,7 @@ pub use crate::error::protocol::{CompletionFailed, Refused, Side, StrayCompletio
 pub use failover::{
     Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, Output, QpRecords, RailState,
 };
+pub use place::{Place, PlaceRef};
 pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{
     CallerWaits, CpuAccess, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS, SendBuf, SendConfig, SendEngine,
@@ -150,10 +153,10 @@ impl WrKind {
         }
     }
 
-    /// The failure of a WR of this kind for `slot` on `rail` with `status`.
-    pub(crate) fn failed(self, rail: usize, slot: usize, status: crate::fabric::WcStatus) -> CompletionFailed {
+    /// The failure of a WR of this kind for `slot` on `rail`, as completion `c` reports it.
+    pub(crate) fn failed(self, rail: usize, slot: usize, c: &crate::fabric::Completion) -> CompletionFailed {
         let slot = if self == WrKind::Probe { None } else { Some(slot) };
-        CompletionFailed { rail, what: self.request(), slot, status }
+        failure(rail, self.request(), slot, c)
     }
 
     #[inline]
@@ -191,6 +194,17 @@ impl WrKind {
         }
         Some((kind, rail, (id & 0xff) as usize))
     }
+}
+
+/// The failure of `what` (for `slot`) on `rail`, as completion `c` reports it: its status,
+/// QP and vendor error.
+pub(crate) fn failure(
+    rail: usize,
+    what: WorkRequest,
+    slot: Option<usize>,
+    c: &crate::fabric::Completion,
+) -> CompletionFailed {
+    CompletionFailed { rail, what, slot, status: c.status, qp_num: c.qp_num, vendor_err: c.vendor_err() }
 }
 
 /// Builds an error out of the hot path: `make` runs only on failure, in a function of its

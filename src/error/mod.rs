@@ -59,6 +59,9 @@ pub enum Cause {
     BothRailsFailed,
     /// The connection failed earlier with this error; every later call reports it.
     FailedEarlier(Error),
+    /// `error`, of the connection at `place` (its NICs, addresses, QPs and communicator, as
+    /// the plugin describes them): what NCCL's log shows of a failed call.
+    At { error: Error, place: Box<str> },
 }
 
 impl fmt::Display for Cause {
@@ -71,6 +74,7 @@ impl fmt::Display for Cause {
             Cause::Refused(r) => r.fmt(f),
             Cause::BothRailsFailed => f.write_str("both rails have failed"),
             Cause::FailedEarlier(e) => write!(f, "connection failed earlier: {e}"),
+            Cause::At { error, place } => write!(f, "{error} [{place}]"),
         }
     }
 }
@@ -128,13 +132,21 @@ impl Error {
             c => Cow::Owned(c.to_string()),
         }
     }
-    /// The failure behind this error: the one a [`Cause::FailedEarlier`] repeats, else the
-    /// error itself.
+    /// The failure behind this error: the one a [`Cause::FailedEarlier`] repeats or a
+    /// [`Cause::At`] places, else the error itself.
     pub fn root(&self) -> &Error {
         match &self.cause {
-            Cause::FailedEarlier(e) => e.root(),
+            Cause::FailedEarlier(e) | Cause::At { error: e, .. } => e.root(),
             _ => self,
         }
+    }
+
+    /// The same error, placed: `[place]` after its message, its class and root kept.
+    #[cold]
+    #[inline(never)]
+    pub fn at(self, place: impl fmt::Display) -> Self {
+        let kind = self.kind;
+        Error::from_cause(kind, Cause::At { error: self, place: place.to_string().into() })
     }
 }
 

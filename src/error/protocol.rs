@@ -163,12 +163,16 @@ impl WorkRequest {
 
 /// A work request failed on `rail` with `status`: the rail's failure. `slot`: the CTS slot
 /// of a data or CTS WR, the flush index of a flush READ; `None` where the WR names none.
+/// `qp_num`: the local QP the completion names (0: not known, as for one another caller
+/// polled); `vendor_err`: the NIC's syndrome (0: none, as on the soft fabric).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CompletionFailed {
     pub rail: usize,
     pub what: WorkRequest,
     pub slot: Option<usize>,
     pub status: WcStatus,
+    pub qp_num: u32,
+    pub vendor_err: u32,
 }
 
 impl fmt::Display for CompletionFailed {
@@ -185,7 +189,14 @@ impl fmt::Display for CompletionFailed {
             WorkRequest::ImmReceive => f.write_str("receiving an IMM"),
             WorkRequest::Unknown => f.write_str("a work request"),
         }?;
-        write!(f, " failed: {}", self.status)
+        write!(f, " failed: {} ({}", self.status, self.status.name())?;
+        if self.vendor_err != 0 {
+            write!(f, ", vendor_err {:#x}", self.vendor_err)?;
+        }
+        if self.qp_num != 0 {
+            write!(f, ", QP {}", self.qp_num)?;
+        }
+        f.write_str(")")
     }
 }
 

@@ -198,12 +198,24 @@ pub struct Completion {
     pub opcode: WcOpcode,
     /// Bytes written by the peer (receives), or read (READ).
     pub byte_len: u32,
-    /// Immediate data, host byte order (receives only).
+    /// Immediate data, host byte order (successful receives only). On a failed completion
+    /// (whose immediate data and opcode mean nothing) the provider's vendor error syndrome
+    /// ([`Completion::vendor_err`]): kept in this word so that a completion stays 40 bytes
+    /// and crosses an inbox whole.
     pub imm: u32,
     /// The local QP the completion belongs to ([`QueuePair::qp_num`]).
     pub qp_num: u32,
     /// Device completion timestamp in ns, 0 when the CQ has none.
     pub timestamp_ns: u64,
+}
+
+impl Completion {
+    /// A failed completion's vendor error syndrome (verbs' `vendor_err`); 0 on success and
+    /// where the provider has none (the soft fabric).
+    #[inline]
+    pub fn vendor_err(&self) -> u32 {
+        if self.status == WcStatus::Success { 0 } else { self.imm }
+    }
 }
 
 /// Size of the serialized connection info of one QP.
@@ -233,6 +245,11 @@ impl QpInfo {
     /// The varying bytes ([`QP_INFO_VARYING`]).
     pub fn varying(&self) -> [u8; QP_VARYING_LEN] {
         self.0[QP_INFO_VARYING].try_into().expect("12 bytes")
+    }
+
+    /// The QP's number: every provider keeps it in bytes `[4..8]`, little-endian.
+    pub fn qp_num(&self) -> u32 {
+        u32::from_le_bytes(self.0[4..8].try_into().expect("4 bytes"))
     }
 
     /// The port's address bytes ([`QP_INFO_ADDRESS`]).
@@ -319,6 +336,13 @@ pub trait Device: Send + Sync + Sized + 'static {
     /// port events (the soft fabric): never down.
     fn port_downs(&self) -> (u64, bool) {
         (0, false)
+    }
+
+    /// The address a QP's connection info names, as a user reads it in logs (verbs: the
+    /// GID, and the LID on InfiniBand; soft: the IP address and port, or in-process).
+    fn address_of(info: &QpInfo) -> String {
+        let a = info.address();
+        a.iter().map(|b| format!("{b:02x}")).collect()
     }
 }
 

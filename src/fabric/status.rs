@@ -26,6 +26,24 @@ pub enum WcStatus {
     Other(u32),
 }
 
+impl WcStatus {
+    /// The status by its verbs name (`IBV_WC_*`, without the prefix; a group's
+    /// representative), as net_ib and `ibv_wc_status_str` users read it in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            WcStatus::Success => "SUCCESS",
+            WcStatus::LocalError => "LOC_PROT_ERR",
+            WcStatus::RemoteAccessError => "REM_ACCESS_ERR",
+            WcStatus::RemoteOpError => "REM_OP_ERR",
+            WcStatus::RetryExceeded => "RETRY_EXC_ERR",
+            WcStatus::RnrRetryExceeded => "RNR_RETRY_EXC_ERR",
+            WcStatus::Flushed => "WR_FLUSH_ERR",
+            WcStatus::LocalQpError => "LOC_QP_OP_ERR",
+            WcStatus::Other(_) => "OTHER",
+        }
+    }
+}
+
 impl fmt::Display for WcStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -26,19 +26,19 @@ pub fn now_ns() -> u64 {
 
 /// What the comms' shared fabric helpers need of an engine.
 trait Engine {
-    /// A fabric call failed: the connection is broken.
-    fn fail(&mut self, e: Error);
+    /// A fabric call failed: the connection is broken. Returns `e` placed.
+    fn fail(&mut self, e: Error) -> Error;
 }
 
 impl Engine for SendEngine {
-    fn fail(&mut self, e: Error) {
-        SendEngine::fail(self, e);
+    fn fail(&mut self, e: Error) -> Error {
+        SendEngine::fail(self, e)
     }
 }
 
 impl Engine for RecvEngine {
-    fn fail(&mut self, e: Error) {
-        RecvEngine::fail(self, e);
+    fn fail(&mut self, e: Error) -> Error {
+        RecvEngine::fail(self, e)
     }
 }
 
@@ -56,8 +56,7 @@ fn fabric<T>(engine: &mut impl Engine, r: Result<T>) -> Result<T> {
 #[cold]
 #[inline(never)]
 fn broken(engine: &mut impl Engine, e: Error) -> Error {
-    engine.fail(e.clone());
-    e
+    engine.fail(e)
 }
 
 /// The result of polling for `test`: a failure is recorded in `engine` (it keeps the first)
@@ -471,7 +470,7 @@ impl<D: Device> SendComm<D> {
     pub(super) fn round(&mut self, now: u64) -> Result<()> {
         if self.fo.failover {
             let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(now, e))?;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, &self.fo.place, |e| engine.handle_event(now, e))?;
         }
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
@@ -503,7 +502,7 @@ impl<D: Device> RecvComm<D> {
     pub(super) fn round(&mut self, now: u64) -> Result<()> {
         if self.fo.failover {
             let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, |e| engine.handle_event(e))?;
+            feed_port_downs(&self.rails, &mut self.fo.port_downs, &self.fo.place, |e| engine.handle_event(e))?;
         }
         for _ in 0..MAX_ROUNDS {
             self.fo.out.clear();
@@ -530,8 +529,9 @@ mod tests {
     }
 
     impl Engine for Fake {
-        fn fail(&mut self, e: Error) {
-            self.error.get_or_insert(e);
+        fn fail(&mut self, e: Error) -> Error {
+            self.error.get_or_insert(e.clone());
+            e
         }
     }
 

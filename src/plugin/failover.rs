@@ -8,6 +8,9 @@
 //! now") and only when the engine's timer is due, it has failover work, the peer's next
 //! control message is in place (one load, one compare), or a port went down.
 
+use std::sync::Arc;
+
+use super::place::ConnPlace;
 use super::rail::Rail;
 use super::readmit::{READMIT_MAX_QPS, Readmission};
 use super::region::SCRATCH_BYTES;
@@ -59,19 +62,24 @@ pub struct FoSide {
     /// Rails whose fence is under way: moved to the error state, FenceDone not answered yet.
     fencing: RailMask,
     readmit: Readmission,
+    /// Where the connection is (`place.rs`): the engine's log lines and the comm's errors
+    /// name it; refreshed when a rail's QPs are rebuilt or connected anew.
+    pub place: Arc<ConnPlace>,
 }
 
 impl FoSide {
     /// `rails`: the comm's rails, whose ports' down counts start here (a port that went
     /// down before the comm existed is the set-up's business).
-    pub fn new<D: Device>(cfg: &crate::config::Config, rails: &[Rail<D>; RAILS]) -> Box<FoSide> {
+    /// `place`: where the connection is.
+    pub fn new<D: Device>(cfg: &crate::config::Config, rails: &[Rail<D>; RAILS], place: Arc<ConnPlace>) -> Box<FoSide> {
         let port_downs = std::array::from_fn(|r| rails[r].dev.port_downs().0);
         Box::new(FoSide {
             out: Output::default(),
             port_downs,
             failover: cfg.failover,
             fencing: RailMask::NONE,
-            readmit: Readmission::default(),
+            readmit: Readmission::at(place.clone()),
+            place,
         })
     }
 
@@ -88,6 +96,7 @@ impl FoSide {
 pub(super) fn feed_port_downs<D: Device>(
     rails: &[Rail<D>; RAILS],
     seen: &mut [u64; RAILS],
+    place: &ConnPlace,
     mut on_event: impl FnMut(Event) -> Result<()>,
 ) -> Result<()> {
     for (r, rail) in rails.iter().enumerate() {
@@ -95,7 +104,11 @@ pub(super) fn feed_port_downs<D: Device>(
         if downs != seen[r] {
             seen[r] = downs;
             if down {
-                log::warn!("failover: the {} rail's port is down (async event): failing the rail over", RAIL_NAMES[r]);
+                log::warn!(
+                    "failover: the {} rail's port is down (async event): failing the rail over{}",
+                    RAIL_NAMES[r],
+                    place.at(r)
+                );
                 on_event(Event::RailDown { rail: r })?;
             }
         }
@@ -108,10 +121,15 @@ pub(super) const MAX_ROUNDS: usize = 4;
 
 /// Moves every QP of `rail` to the error state (the fence): its responders accept nothing
 /// more. A QP that refuses is logged: the rail is being given up either way.
-fn fence_rail<D: Device>(rail: &mut Rail<D>, name: &str) {
+fn fence_rail<D: Device>(rail: &mut Rail<D>, idx: usize, place: &ConnPlace) {
     for qp in rail.qps.iter_mut().chain(rail.flush_qp.as_mut()) {
         if let Err(e) = qp.to_error() {
-            log::warn!("failover: moving QP {} of the {name} rail to the error state: {e}", qp.qp_num());
+            log::warn!(
+                "failover: moving QP {} of the {} rail to the error state: {e}{}",
+                qp.qp_num(),
+                RAIL_NAMES[idx],
+                place.at(idx)
+            );
         }
     }
 }
@@ -145,15 +163,21 @@ fn drain_rail<D: Device>(
 /// The engine calls a round needs, the same for both comms.
 pub(super) trait RoundEngine {
     fn handle_event(&mut self, now: u64, ev: Event) -> Result<()>;
-    fn fail(&mut self, e: Error);
+    /// Records `e` as what broke the connection; returns it placed.
+    fn fail(&mut self, e: Error) -> Error;
+    /// Logs the hang report [`Action::HangReport`] asks for.
+    fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64);
 }
 
 impl RoundEngine for SendEngine {
     fn handle_event(&mut self, now: u64, ev: Event) -> Result<()> {
         SendEngine::handle_event(self, now, ev)
     }
-    fn fail(&mut self, e: Error) {
-        SendEngine::fail(self, e);
+    fn fail(&mut self, e: Error) -> Error {
+        SendEngine::fail(self, e)
+    }
+    fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64) {
+        super::hang::report(place, slot, age_ns, self.state_report(now));
     }
 }
 
@@ -161,8 +185,11 @@ impl RoundEngine for RecvEngine {
     fn handle_event(&mut self, _now: u64, ev: Event) -> Result<()> {
         RecvEngine::handle_event(self, ev)
     }
-    fn fail(&mut self, e: Error) {
-        RecvEngine::fail(self, e);
+    fn fail(&mut self, e: Error) -> Error {
+        RecvEngine::fail(self, e)
+    }
+    fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64) {
+        super::hang::report(place, slot, age_ns, self.state_report(now));
     }
 }
 
@@ -180,24 +207,35 @@ pub(super) fn carry_out<D: Device, E: RoundEngine>(
     for c in &fo.out.chains {
         let r = rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
         if let Err(e) = r {
-            engine.fail(e.clone());
-            return Err(e);
+            return Err(engine.fail(e));
         }
     }
     let mut acted = false;
     for i in 0..fo.out.actions.len() {
         let ev = match fo.out.actions[i] {
             Action::FenceQps { rail } => {
-                fence_rail(&mut rails[rail], RAIL_NAMES[rail]);
+                fence_rail(&mut rails[rail], rail, &fo.place);
                 fo.readmit.fenced(rail);
                 fo.fencing = fo.fencing.with(rail);
                 continue;
             }
-            Action::RebuildQps { rail } => fo.readmit.rebuild(&mut rails[rail], rail),
-            Action::ConnectQps { rail, records } => match fo.readmit.connect(&mut rails[rail], rail, &records) {
-                Some(ev) => ev,
-                None => continue,
-            },
+            Action::RebuildQps { rail } => {
+                let ev = fo.readmit.rebuild(&mut rails[rail], rail);
+                fo.place.refresh(rail, &rails[rail]);
+                ev
+            }
+            Action::ConnectQps { rail, records } => {
+                let ev = fo.readmit.connect(&mut rails[rail], rail, &records);
+                fo.place.refresh(rail, &rails[rail]);
+                match ev {
+                    Some(ev) => ev,
+                    None => continue,
+                }
+            }
+            Action::HangReport { slot, age_ns } => {
+                engine.hang_report(now, &fo.place, slot, age_ns);
+                continue;
+            }
             Action::Drop { inject, refuse, kind, refuse_ms, isend } => {
                 drop_rails(rails, fo, inject, refuse, kind, refuse_ms, isend);
                 continue;

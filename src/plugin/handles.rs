@@ -251,6 +251,24 @@ impl<T> Table<T> {
         }
     }
 
+    /// Calls `f` with every live object, in handle order; `None` for one another thread has
+    /// held for `wait` (a debugger may call this with a thread stopped holding a lock: the
+    /// object is skipped, not waited for). Not for the data path: it visits every entry.
+    pub fn for_each_live(&self, wait: std::time::Duration, mut f: impl FnMut(Option<&mut T>)) {
+        let issued = self.free.lock().next;
+        for index in 0..issued {
+            let Some(slot) = self.slot(index) else { continue };
+            match slot.try_lock_for(wait) {
+                Some(mut g) => {
+                    if let Some(obj) = g.obj.as_mut() {
+                        f(Some(obj));
+                    }
+                }
+                None => f(None),
+            }
+        }
+    }
+
     /// Removes and returns the object of handle `v`.
     pub fn remove(&self, v: u64, kind: Kind) -> Result<T> {
         let (h, mut g) = self.get(v, kind)?;

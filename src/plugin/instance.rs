@@ -395,6 +395,29 @@ impl<D: Device> Plugin<D> {
         Ok(true)
     }
 
+    /// Every live connection's state, as a hang report shows it (`hang.rs`): a header line,
+    /// then each connection's place and state.
+    pub fn dump_state(&self) -> String {
+        use std::fmt::Write;
+        let now = super::comm::now_ns();
+        let (mut text, mut n, mut busy) = (String::new(), 0, 0);
+        self.objs.for_each_live(std::time::Duration::from_millis(100), |o| match o {
+            Some(Obj::Send(c)) => {
+                n += 1;
+                let _ = writeln!(text, "{}", super::hang::describe(&c.fo.place, c.engine.state_report(now)));
+            }
+            Some(Obj::Recv(c)) => {
+                n += 1;
+                let _ = writeln!(text, "{}", super::hang::describe(&c.fo.place, c.engine.state_report(now)));
+            }
+            Some(_) => {}
+            None => busy += 1,
+        });
+        let busy =
+            if busy > 0 { format!(" ({busy} objects busy in another thread, not shown)") } else { String::new() };
+        format!("mpib state: {n} connections{busy}\n{text}")
+    }
+
     pub fn close(&self, handle: u64, kind: Kind) -> Result<()> {
         match self.objs.remove(handle, kind)? {
             Obj::Send(c) => log::info!("closing a send comm: {}", counters_line(&c.counters())),

@@ -27,6 +27,7 @@ mod fake;
 #[cfg(test)]
 mod fake_tests;
 pub mod handles;
+mod hang;
 pub mod inbox;
 pub mod instance;
 pub mod listen;
@@ -35,6 +36,7 @@ pub mod mr;
 pub mod nic_pair;
 pub mod nic_queues;
 pub mod oob;
+pub mod place;
 mod rail;
 mod readmit;
 pub mod region;
@@ -502,6 +504,11 @@ pub fn close_recv(comm: CommHandle) -> Result<()> {
 
 pub fn close_listen(comm: ListenHandle) -> Result<()> {
     dispatch!(p => p.close(comm.0, Kind::Listen))
+}
+
+/// Every live connection's state in words (`mpib_dump_state`).
+pub fn dump_state() -> Result<String> {
+    dispatch!(p => Ok(p.dump_state()))
 }
 
 /// Per-rail counters of a send or receive comm (for tools and tests).

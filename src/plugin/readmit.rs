@@ -158,6 +158,8 @@ pub struct Readmission {
     /// A failed attempt is a WARN at most once a minute per rail (a rail may stay down for
     /// hours, tried every second), else DEBUG.
     warn: [crate::ratelimit::RateLimit; RAILS],
+    /// Where the connection is, for those warnings.
+    pub(super) place: Option<std::sync::Arc<super::place::ConnPlace>>,
 }
 
 impl Default for Readmission {
@@ -167,11 +169,17 @@ impl Default for Readmission {
             connecting: RailMask::NONE,
             port_wait: RailMask::NONE,
             warn: std::array::from_fn(|_| crate::ratelimit::RateLimit::new(READMIT_WARN_EVERY)),
+            place: None,
         }
     }
 }
 
 impl Readmission {
+    /// The re-admission state of the connection at `place`.
+    pub(super) fn at(place: std::sync::Arc<super::place::ConnPlace>) -> Readmission {
+        Readmission { place: Some(place), ..Readmission::default() }
+    }
+
     /// [`crate::engine::Action::RebuildQps`] on `rail` (index `idx`): the event to feed back.
     pub(super) fn rebuild<D: Device>(&mut self, rail: &mut Rail<D>, idx: usize) -> Event {
         let refused = match self.refuse[idx] {
@@ -225,9 +233,10 @@ impl Readmission {
     fn attempt_failed(&self, idx: usize, what: std::fmt::Arguments<'_>) {
         match self.warn[idx].admit(Instant::now()) {
             Some(held) => log::warn!(
-                "re-admission of the {} rail: {what}; tried again with back-off{}",
+                "re-admission of the {} rail: {what}; tried again with back-off{}{}",
                 RAIL_NAMES[idx],
-                crate::ratelimit::suppressed(held)
+                crate::ratelimit::suppressed(held),
+                self.place.as_ref().map_or(String::new(), |p| p.at(idx).to_string())
             ),
             None => log::debug!("re-admission of the {} rail: {what}", RAIL_NAMES[idx]),
         }

@@ -38,6 +38,7 @@ use super::context::Context;
 use super::failover::{FoSide, failover_config};
 use super::nic_pair::NicPair;
 use super::oob::{OobAddr, OobConn};
+use super::place::ConnPlace;
 use super::rail::{
     FlushQp, RECV_INLINE, Rail, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys,
     send_plan,
@@ -49,7 +50,7 @@ use super::region::{
 use super::wire::{self, DecodeError, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::{FailoverConfig, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::engine::{FailoverConfig, PlaceRef, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{ConnectParams, Device};
@@ -269,6 +270,8 @@ pub struct Connecting<D: Device> {
     rails: Option<[Rail<D>; RAILS]>,
     region: Option<HostRegion>,
     reply: Option<Reply>,
+    /// The communicator's id (its context's), for the connection's place.
+    comm_id: u64,
 }
 
 impl<D: Device> Connecting<D> {
@@ -301,6 +304,7 @@ impl<D: Device> Connecting<D> {
             rails: Some(rails),
             region: Some(region),
             reply: None,
+            comm_id: ctx.comm_id,
         })
     }
 
@@ -395,11 +399,14 @@ impl<D: Device> Connecting<D> {
             },
         };
         let split = AnySplit::from_config(self.p.cfg);
-        let engine = SendEngine::new(cfg, split, telemetry(&self.pair, &self.p), super::comm::now_ns());
+        let mut engine = SendEngine::new(cfg, split, telemetry(&self.pair, &self.p), super::comm::now_ns());
+        let place = ConnPlace::new("send", self.comm_id, &rails);
+        engine.set_place(PlaceRef::new(place.clone()));
+        engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
-        let fo = FoSide::new(self.p.cfg, &rails);
+        let fo = FoSide::new(self.p.cfg, &rails, place);
         Ok(SendComm::new(rails, engine, self.pair.clone(), region, fo))
     }
 }
@@ -616,8 +623,11 @@ impl<D: Device> Accepting<D> {
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
         let stats = [StatsHandle::register(0), StatsHandle::register(1)];
-        let engine = RecvEngine::new(cfg, stats);
-        let fo = FoSide::new(self.p.cfg, &rails);
+        let mut engine = RecvEngine::new(cfg, stats);
+        let place = ConnPlace::new("recv", self.ctx.comm_id, &rails);
+        engine.set_place(PlaceRef::new(place.clone()));
+        engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
+        let fo = FoSide::new(self.p.cfg, &rails, place);
         Ok(RecvComm::new(rails, engine, self.pair.clone(), region, fo))
     }
 }

@@ -38,6 +38,7 @@ ncclResult_t (*const mpib_header_check_stats)(mpib_rail_stats_t*, size_t) = mpib
 _Static_assert(sizeof(mpib_resource_stats_t) == 15 * 8, "resource stats: 15 figures");
 _Static_assert(offsetof(mpib_resource_stats_t, unrouted_completions) == 14 * 8, "resource stats: the last figure");
 ncclResult_t (*const mpib_header_check_resources)(mpib_resource_stats_t*, size_t) = mpib_resource_stats;
+ncclResult_t (*const mpib_header_check_dump)(char*, size_t, size_t*) = mpib_dump_state;
 _Static_assert(sizeof(mpib_rail_info_t) == 64 + 6 * 4 + 16 + 64 + 256, "rail info: name, 6 words, GID, address, PCI path");
 _Static_assert(offsetof(mpib_rail_info_t, gid) == 88, "rail info: the GID after the name and 6 words");
 _Static_assert(offsetof(mpib_rail_info_t, pci_path) == 168, "rail info: the PCI path last");

@@ -257,6 +257,15 @@ fn with_failover_off_a_dropped_rail_fails_the_connection() {
     assert!(!out.timed_out, "{}", out.describe());
     let f = out.ranks[1].failure().unwrap_or_else(|| panic!("the sender did not fail\n{}", out.describe()));
     assert_eq!(f.error.kind, ErrorKind::Call, "{}", out.describe());
+    // The error NCCL's log shows names the connection: both rails' NICs and the comm.
+    let failed = out.ranks[1].stderr.lines().find(|l| l.contains("mpib::abi::guard") && l.contains(": SUP rail: "));
+    assert!(
+        failed.is_some_and(|l| l.contains(" [SOUT soft-sout:1 ")
+            && l.contains("; SUP soft-sup:1 ")
+            && l.contains("send comm")),
+        "{}",
+        out.describe()
+    );
 }
 
 /// Re-admission: SOUT dropped mid-stream and refusing to come back for 150 ms
@@ -310,5 +319,73 @@ fn a_dropped_rail_comes_back_and_carries_bytes_again() {
             last[0] / 1_000_000
         );
         assert!(last[1] > sout_then, "seed {s}: SOUT never carried bytes again: {tl:?}");
+    }
+}
+
+/// Where a rail failed, in the words an operator looks for: a rail dropped on the soft
+/// fabric makes the sender's WARN name the NIC and port, its local and the peer's address
+/// (`IP:port`) and the QP numbers, and the NCCL communicator; the receiver's line about the
+/// same rail names the same two ends the other way round, and the QP the soft fabric moved
+/// to the error state is one the sender's line names.
+#[test]
+fn a_failed_rails_warning_names_the_nic_the_addresses_and_the_qps() {
+    let s = seed("where");
+    let (out, _) = run_with_hook("place", s, "sup", "", 20_000, &[("RUST_LOG", "info")]);
+    if let Err(e) = out.check_clean() {
+        panic!("seed {s}: {e}");
+    }
+    let (sender, receiver) = (&out.ranks[1].stderr, &out.ranks[0].stderr);
+    let warn = sender
+        .lines()
+        .find(|l| l.starts_with("mpib WARN") && l.contains("send: SUP rail failed"))
+        .unwrap_or_else(|| panic!("no WARN of the failed rail\n{}", out.describe()));
+    let place = Place::parse(warn).unwrap_or_else(|| panic!("the WARN does not say where: {warn}"));
+    assert_eq!(place.nic, "soft-sup:1", "{warn}");
+    assert!(place.comm.starts_with("send comm of NCCL comm 0x"), "{warn}");
+    for a in [&place.local, &place.peer] {
+        assert!(a.parse::<std::net::SocketAddr>().is_ok(), "not an IP:port: {a} in {warn}");
+    }
+    // The soft fabric's own line names the QP it moved to the error state (the drill's).
+    let errored: Vec<u32> = sender
+        .lines()
+        .filter_map(|l| l.split("soft fabric: QP ").nth(1)?.split(" to error state").next()?.parse().ok())
+        .collect();
+    assert!(!errored.is_empty() && errored.iter().all(|q| place.qps.contains(q)), "{errored:?} vs {warn}");
+    // The receiver's line about SUP: the same connection seen from the other end.
+    let theirs = receiver
+        .lines()
+        .filter(|l| l.contains("recv: SUP rail"))
+        .find_map(Place::parse)
+        .unwrap_or_else(|| panic!("no line of the receiver places its SUP rail\n{}", out.describe()));
+    assert_eq!((theirs.local, theirs.peer), (place.peer.clone(), place.local.clone()), "{warn}");
+    assert_eq!((theirs.qps, theirs.peer_qps), (place.peer_qps, place.qps), "{warn}");
+    assert!(theirs.comm.starts_with("recv comm"), "{warn}");
+}
+
+/// The place at the end of a line: `[NIC LOCAL QP(s) N[,M] -> peer PEER QP(s) N[,M]; COMM]`.
+#[derive(Debug)]
+struct Place {
+    nic: String,
+    local: String,
+    qps: Vec<u32>,
+    peer: String,
+    peer_qps: Vec<u32>,
+    comm: String,
+}
+
+impl Place {
+    fn parse(line: &str) -> Option<Place> {
+        let inner = line.rsplit_once(" [")?.1.strip_suffix(']')?;
+        let (rail, comm) = inner.split_once("; ")?;
+        let (mine, theirs) = rail.split_once(" -> peer ")?;
+        let end = |s: &str| -> Option<(String, Vec<u32>)> {
+            let (addr, qps) = s.split_once(" QP")?;
+            let qps = qps.trim_start_matches('s').trim().split(',').map(|q| q.parse().ok()).collect::<Option<_>>()?;
+            Some((addr.to_string(), qps))
+        };
+        let (nic, mine) = mine.split_once(' ')?;
+        let (local, qps) = end(mine)?;
+        let (peer, peer_qps) = end(theirs)?;
+        Some(Place { nic: nic.into(), local, qps, peer, peer_qps, comm: comm.into() })
     }
 }

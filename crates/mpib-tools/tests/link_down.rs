@@ -126,6 +126,18 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     }
     let sender = &out.ranks[1].stderr;
     assert!(sender.contains("port is down (async event)"), "the port-down event did not start the failover\n{sender}");
+    // The WARN says where: SUP's NIC and port, both ends' GIDs and QP numbers, the comm.
+    let dev = std::env::var("RXE_DEV1").expect("RXE_DEV1");
+    let placed = |l: &&str| {
+        l.contains(&format!(" [{dev}:1 GID "))
+            && l.contains(" -> peer GID ")
+            && l.contains(" QP ")
+            && l.contains("send comm")
+    };
+    let down: Vec<&str> = sender.lines().filter(|l| l.contains("port is down (async event)")).collect();
+    assert!(!down.is_empty() && down.iter().all(placed), "the port-down WARN does not say where: {down:?}");
+    let failed = sender.lines().find(|l| l.contains("send: SUP rail failed"));
+    assert!(failed.as_ref().is_some_and(placed), "the rail's failure does not say where: {failed:?}");
     let readmitted: Vec<u64> = out
         .ranks
         .iter()

@@ -12,11 +12,10 @@ use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, oth
 use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
 use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
-    CompletionFailed, CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailState, Violation,
-    WorkRequest, WrKind,
+    CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailState, Violation, WorkRequest, WrKind, failure,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
-use crate::fabric::WcStatus;
+use crate::fabric::Completion;
 
 impl RecvEngine {
     #[cfg(test)]
@@ -103,10 +102,11 @@ impl RecvEngine {
                 self.fo.down_warned_ns[rail] = 1;
                 log::log!(
                     if first { log::Level::Info } else { log::Level::Debug },
-                    "recv: {} rail fenced: {} of the last {} receives had its part, reported to the sender",
+                    "recv: {} rail fenced: {} of the last {} receives had its part, reported to the sender{}",
                     RAIL_NAMES[rail],
                     msg.bitmap.count_ones(),
-                    FENCE_WINDOW
+                    FENCE_WINDOW,
+                    self.at(rail)
                 );
             }
         }
@@ -157,7 +157,7 @@ impl RecvEngine {
     /// A failed completion on `rail` (failover on): `wr` is the WR it names, if any.
     #[cold]
     #[inline(never)]
-    pub(super) fn on_rail_error(&mut self, rail: usize, wr: Option<(WrKind, usize)>, status: WcStatus) -> Result<()> {
+    pub(super) fn on_rail_error(&mut self, rail: usize, wr: Option<(WrKind, usize)>, c: &Completion) -> Result<()> {
         match wr {
             Some((WrKind::Cts, slot)) if slot < SLOTS => {
                 // The WR is dead: no completion will follow. Re-post it if still needed.
@@ -178,7 +178,7 @@ impl RecvEngine {
                 // The keepalive of a rebuilt rail: the attempt fails (a stale one's is
                 // ignored).
                 if self.fo.probing(rail, tag) {
-                    log::debug!("{}", WrKind::ReadmitProbe.failed(rail, tag, status));
+                    log::debug!("{}{}", WrKind::ReadmitProbe.failed(rail, tag, c), self.at(rail));
                     return self.rail_down(rail, DownReason::Completion);
                 }
                 return Ok(());
@@ -189,10 +189,10 @@ impl RecvEngine {
             return Ok(()); // flushed WRs of a rail already down
         }
         let what = match wr {
-            Some((kind, slot)) => kind.failed(rail, slot, status),
-            None => CompletionFailed { rail, what: WorkRequest::ImmReceive, slot: None, status },
+            Some((kind, slot)) => kind.failed(rail, slot, c),
+            None => failure(rail, WorkRequest::ImmReceive, None, c),
         };
-        log::log!(self.failure_level(), "{what}");
+        log::log!(self.failure_level(), "{what}{}", self.at(rail));
         self.rail_down(rail, DownReason::Completion)
     }
 
@@ -219,17 +219,19 @@ impl RecvEngine {
         if self.live_rails.is_empty() {
             log::log!(
                 level,
-                "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails{}",
+                "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails{}{}",
                 RAIL_NAMES[rail],
-                if level == log::Level::Warn { "" } else { " (no receive outstanding: the peer may have closed)" }
+                if level == log::Level::Warn { "" } else { " (no receive outstanding: the peer may have closed)" },
+                self.at(rail)
             );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         if was_up {
             log::log!(
                 level,
-                "recv: {} rail failed ({why:?}); fencing it before reporting to the sender",
-                RAIL_NAMES[rail]
+                "recv: {} rail failed ({why:?}); fencing it before reporting to the sender{}",
+                RAIL_NAMES[rail],
+                self.at(rail)
             );
             self.stats[rail].count_failover();
         } else {

@@ -9,8 +9,8 @@ use super::failover::{Failover, FailoverConfig};
 use super::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use super::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
 use super::{
-    CompletionFailed, ErrorState, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion,
-    Violation, WorkRequest, WrKind, cold,
+    ErrorState, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion, Violation,
+    WorkRequest, WrKind, cold, failure,
 };
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
@@ -18,6 +18,7 @@ use crate::telemetry::StatsHandle;
 
 mod failover;
 mod readmit;
+mod report;
 mod timers;
 
 /// What the receiver needs to know about the connection.
@@ -138,6 +139,8 @@ pub struct RecvEngine {
     data_rails: RailMask,
     /// CTS WRITEs on each rail since its last signalled one.
     cts_run: [u8; RAILS],
+    /// Receives that wait too long make a hang report (`engine/hang.rs`).
+    hang: crate::engine::hang::HangWatch,
 }
 
 /// Every this many CTS WRITEs on a rail, one is signalled (its completion retires the
@@ -167,7 +170,19 @@ impl RecvEngine {
             keepalive: None,
             keepalive_abandoned: RailMask::NONE,
             keepalives: 0,
+            hang: crate::engine::hang::HangWatch::new(0),
         }
+    }
+
+    /// Where the connection is: its log lines about a rail end with the rail's place, the
+    /// errors it reports with the connection's.
+    pub fn set_place(&mut self, place: crate::engine::PlaceRef) {
+        self.error.place = place;
+    }
+
+    /// ` [the place of rail]`, for the end of a log line.
+    pub(crate) fn at(&self, rail: usize) -> crate::engine::place::At<'_> {
+        self.error.place.at(rail)
     }
 
     /// The counters of both rails, now.
@@ -186,8 +201,9 @@ impl RecvEngine {
 
     /// A failure outside the engine (a post or poll the fabric refused) breaks the
     /// connection: the receives it leaves incomplete and every later call report it.
-    pub fn fail(&mut self, e: Error) {
-        self.error.fail(e);
+    /// Returns `e` placed, for the caller to report.
+    pub fn fail(&mut self, e: Error) -> Error {
+        self.error.fail(e)
     }
 
     /// Records and returns the protocol violation `v` makes (`v`: a `move` closure, see
@@ -294,32 +310,28 @@ impl RecvEngine {
         if imm_recv {
             if c.status != WcStatus::Success {
                 if self.fo.cfg.enabled {
-                    return self.on_rail_error(rail, None, c.status);
+                    return self.on_rail_error(rail, None, c);
                 }
-                return Err(self.error.fail(cold(move || {
-                    CompletionFailed { rail, what: WorkRequest::ImmReceive, slot: None, status: c.status }.into()
-                })));
+                return Err(self.error.fail(cold(move || failure(rail, WorkRequest::ImmReceive, None, c).into())));
             }
             return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
         }
         let Some((kind, wr_rail, slot)) = WrKind::decode(c.wr_id) else {
             if c.status != WcStatus::Success {
                 if self.fo.cfg.enabled {
-                    return self.on_rail_error(rail, None, c.status);
+                    return self.on_rail_error(rail, None, c);
                 }
                 // A flushed SRQ WQE or an unknown WR: report the status, it is the cause.
-                return Err(self.error.fail(cold(move || {
-                    CompletionFailed { rail, what: WorkRequest::Unknown, slot: None, status: c.status }.into()
-                })));
+                return Err(self.error.fail(cold(move || failure(rail, WorkRequest::Unknown, None, c).into())));
             }
             return Err(self.error.unknown_wr_id(rail, c.wr_id));
         };
         if c.status != WcStatus::Success {
             // A flush READ goes on the rail's loopback QP: its failure is not the link's.
             if self.fo.cfg.enabled && kind != WrKind::Flush {
-                return self.on_rail_error(rail, Some((kind, slot)), c.status);
+                return self.on_rail_error(rail, Some((kind, slot)), c);
             }
-            let e = self.error.fail(cold(move || kind.failed(wr_rail, slot, c.status).into()));
+            let e = self.error.fail(cold(move || kind.failed(wr_rail, slot, c).into()));
             // A receive whose data is all in completes though its CTS WRITE's
             // acknowledgement was lost: the sender had the CTS (it sent the data).
             return self.after_failure(rail, c, mem).and(Err(e));

@@ -43,7 +43,8 @@ impl RecvEngine {
         }
         self.poll_keepalive(now_ns, out);
         let r = self.poll_failover(mem, out);
-        self.fo.timer_ns = if self.failover_due() { 0 } else { u64::MAX };
+        self.watch_hang(now_ns, out);
+        self.fo.timer_ns = if self.failover_due() { 0 } else { self.hang.next_ns };
         r
     }
 

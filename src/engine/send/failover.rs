@@ -15,7 +15,7 @@ use crate::engine::{
     StrayCompletion, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
-use crate::fabric::{SendWr, Sge, WcStatus, WrOpcode};
+use crate::fabric::{Completion, SendWr, Sge, WrOpcode};
 
 /// The stall bound's allowance per byte of the oldest part outstanding on a rail: 32 ns, the
 /// time a byte takes at 250 Mb/s (a stall detector catches hangs, not slow links: 8 ns, 1
@@ -118,11 +118,11 @@ impl SendEngine {
     /// goes on unless it was the last rail.
     #[cold]
     #[inline(never)]
-    pub(super) fn on_rail_error(&mut self, rail: usize, kind: WrKind, slot: usize, status: WcStatus) -> Result<()> {
+    pub(super) fn on_rail_error(&mut self, rail: usize, kind: WrKind, slot: usize, c: &Completion) -> Result<()> {
         if kind == WrKind::ReadmitProbe {
             // A probe of a rebuilt rail: the attempt fails (a stale one's is ignored).
             if self.fo.probing(rail, slot) {
-                log::debug!("{}", kind.failed(rail, slot, status));
+                log::debug!("{}{}", kind.failed(rail, slot, c), self.at(rail));
                 return self.readmit_failed(rail);
             }
             return Ok(());
@@ -130,7 +130,7 @@ impl SendEngine {
         if self.fo.failed().contains(rail) {
             return Ok(()); // flushed WRs of a rail already down
         }
-        log::log!(self.failure_level(), "{}", kind.failed(rail, slot, status));
+        log::log!(self.failure_level(), "{}{}", kind.failed(rail, slot, c), self.at(rail));
         self.rail_down(rail, DownReason::Completion)
     }
 
@@ -153,9 +153,10 @@ impl SendEngine {
         if self.fo.failed() == RailMask::BOTH {
             log::log!(
                 level,
-                "send: {} rail failed ({why:?}) and the other rail is down: the connection fails{}",
+                "send: {} rail failed ({why:?}) and the other rail is down: the connection fails{}{}",
                 RAIL_NAMES[rail],
-                if level == log::Level::Warn { "" } else { " (no send outstanding: the peer may have closed)" }
+                if level == log::Level::Warn { "" } else { " (no send outstanding: the peer may have closed)" },
+                self.at(rail)
             );
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
@@ -163,10 +164,11 @@ impl SendEngine {
             self.fo.down_warned_ns[rail] = self.fo.now_ns.max(1);
             log::log!(
                 level,
-                "send: {} rail failed ({why:?}); {} transfers wait for the receiver's report, traffic goes on {}",
+                "send: {} rail failed ({why:?}); {} transfers wait for the receiver's report, traffic goes on {}{}",
                 RAIL_NAMES[rail],
                 self.outstanding[rail],
-                RAIL_NAMES[other(rail)]
+                RAIL_NAMES[other(rail)],
+                self.at(rail)
             );
             self.tel[rail].stats().count_failover();
         } else {
@@ -174,9 +176,10 @@ impl SendEngine {
             log::log!(
                 level,
                 "send: re-admission of the {} rail failed ({why:?}); it stays down and is tried again ({} attempts \
-                 failed so far)",
+                 failed so far){}",
                 RAIL_NAMES[rail],
-                self.fo.readmit_failures
+                self.fo.readmit_failures,
+                self.at(rail)
             );
         }
         self.fo.fence_due = self.fo.fence_due.with(rail);
@@ -243,9 +246,10 @@ impl SendEngine {
         let level = if confirmed + replayed > 0 { log::Level::Warn } else { log::Level::Debug };
         log::log!(
             level,
-            "send: {} rail fenced by the receiver: {confirmed} parts had arrived, {replayed} replayed on {}",
+            "send: {} rail fenced by the receiver: {confirmed} parts had arrived, {replayed} replayed on {}{}",
             RAIL_NAMES[rail],
-            RAIL_NAMES[other(rail)]
+            RAIL_NAMES[other(rail)],
+            self.at(rail)
         );
         Ok(())
     }

@@ -18,6 +18,7 @@ mod drill;
 mod failover;
 mod post;
 mod readmit;
+mod report;
 mod silence;
 mod timers;
 
@@ -171,6 +172,8 @@ pub struct SendEngine {
     fo: Failover,
     /// The fault drill's schedule (`MPIB_FAULT_RAIL`), if configured.
     drill: Option<drill::Drill>,
+    /// Requests that wait too long make a hang report (`engine/hang.rs`).
+    hang: crate::engine::hang::HangWatch,
 }
 
 impl SendEngine {
@@ -204,8 +207,20 @@ impl SendEngine {
             no_cts: false,
             fo,
             drill,
+            hang: crate::engine::hang::HangWatch::new(0),
             cfg,
         }
+    }
+
+    /// Where the connection is: its log lines about a rail end with the rail's place, the
+    /// errors it reports with the connection's.
+    pub fn set_place(&mut self, place: crate::engine::PlaceRef) {
+        self.error.place = place;
+    }
+
+    /// ` [the place of rail]`, for the end of a log line.
+    pub(crate) fn at(&self, rail: usize) -> crate::engine::place::At<'_> {
+        self.error.place.at(rail)
     }
 
     /// The counters of both rails, now.
@@ -259,8 +274,9 @@ impl SendEngine {
 
     /// A failure outside the engine (a post or poll the fabric refused) breaks the
     /// connection: the requests it leaves incomplete and every later call report it.
-    pub fn fail(&mut self, e: Error) {
-        self.error.fail(e);
+    /// Returns `e` placed, for the caller to report.
+    pub fn fail(&mut self, e: Error) -> Error {
+        self.error.fail(e)
     }
 
     /// Reads the next CTS slot if the receiver has written all of it.
@@ -362,10 +378,10 @@ impl SendEngine {
         if c.status != WcStatus::Success {
             if self.fo.cfg.enabled {
                 // The rail of the CQ: a replay's wr_id names the part, not the rail.
-                return self.on_rail_error(rail, kind, slot, c.status);
+                return self.on_rail_error(rail, kind, slot, c);
             }
             self.tel[wr_rail].on_error();
-            return Err(self.error.fail(cold(move || kind.failed(wr_rail, slot, c.status).into())));
+            return Err(self.error.fail(cold(move || kind.failed(wr_rail, slot, c).into())));
         }
         match kind {
             WrKind::DataSignal => {

@@ -85,8 +85,9 @@ impl SendEngine {
                 log::log!(
                     self.failure_level(),
                     "send: the {name} rail has completed nothing for {silent_ms} ms while the {} rail completes: it \
-                     has failed",
-                    RAIL_NAMES[partner]
+                     has failed{}",
+                    RAIL_NAMES[partner],
+                    self.at(rail)
                 );
                 self.fo.silent_failures += 1;
                 self.rail_down(rail, DownReason::Silent)?;

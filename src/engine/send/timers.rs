@@ -43,7 +43,8 @@ impl SendEngine {
             self.drill_drop(out);
         }
         let r = self.poll_failover(now_ns, mem, out);
-        self.fo.timer_ns = self.failover_timer_ns();
+        self.watch_hang(now_ns, out);
+        self.fo.timer_ns = self.failover_timer_ns().min(self.hang.next_ns);
         r
     }
 

@@ -32,9 +32,10 @@ fn posted_transfer(p: &mut Pair, sizes: &[usize]) -> (u16, Vec<u16>) {
     (rid, sids)
 }
 
-/// The completion of the WR `what` of `slot` failed on `rail` with `status`.
+/// The completion of the WR `what` of `slot` failed on `rail` with `status` (on the QP the
+/// harness numbers 0: SOUT's first).
 fn failed_wr(rail: usize, what: WorkRequest, slot: Option<usize>, status: WcStatus) -> CompletionFailed {
-    CompletionFailed { rail, what, slot, status }
+    CompletionFailed { rail, what, slot, status, qp_num: 0, vendor_err: 0 }
 }
 
 #[test]
@@ -76,7 +77,10 @@ fn failed_fast_path_write_on_sup_fails_sup() {
     posted_transfer(&mut p, &[8192]);
     let wr = p.fail_head(Dir::ToRecv, SUP, 0, WcStatus::RemoteOpError);
     assert_eq!((wr.opcode, wr.bytes()), (WrOpcode::WriteImm, 8192));
-    let e = rejected(p.poll_send(), failed_wr(SUP, WorkRequest::WriteWithImm, Some(0), WcStatus::RemoteOpError));
+    let e = rejected(
+        p.poll_send(),
+        CompletionFailed { qp_num: 100, ..failed_wr(SUP, WorkRequest::WriteWithImm, Some(0), WcStatus::RemoteOpError) },
+    );
     assert_eq!(p.s.failed_rails(), RailMask::SUP);
     assert_send_broken(&mut p, &e);
 }
@@ -110,7 +114,10 @@ fn failed_probe_breaks_the_sender_and_fails_its_rail() {
     assert_eq!(WrKind::decode(wr.wr_id).map(|k| k.0), Some(WrKind::Probe));
     p.deliver_all();
     // SOUT's probe completes fine; SUP's fails.
-    let e = rejected(p.poll_send(), failed_wr(SUP, WorkRequest::ProbeWrite, None, WcStatus::RetryExceeded));
+    let e = rejected(
+        p.poll_send(),
+        CompletionFailed { qp_num: 100, ..failed_wr(SUP, WorkRequest::ProbeWrite, None, WcStatus::RetryExceeded) },
+    );
     assert_eq!(p.s.failed_rails(), RailMask::SUP);
     assert_send_broken(&mut p, &e);
 }

@@ -143,6 +143,7 @@ impl Pair {
                 }
             }
             Action::Drop { .. } => unreachable!("no drill in the engine tests' pairs"),
+            Action::HangReport { .. } => None,
             Action::ConnectQps { rail, records } => {
                 let peer = 1 - side;
                 assert_eq!(

@@ -117,8 +117,14 @@ fn a_failed_keepalive_is_the_error_the_waiting_receiver_sees() {
     let wr_id = WrKind::Probe.id(SOUT, 0);
     let c = Completion { wr_id, status: WcStatus::RetryExceeded, opcode: WcOpcode::RdmaWrite, ..Completion::default() };
     let e = p.r.handle_completion(SOUT, &c, &p.rs).unwrap_err();
-    let want =
-        CompletionFailed { rail: SOUT, what: WorkRequest::ProbeWrite, slot: None, status: WcStatus::RetryExceeded };
+    let want = CompletionFailed {
+        rail: SOUT,
+        what: WorkRequest::ProbeWrite,
+        slot: None,
+        status: WcStatus::RetryExceeded,
+        qp_num: 0,
+        vendor_err: 0,
+    };
     assert_eq!(e.cause, Cause::CompletionFailed(want));
     let later = p.r.test(id).unwrap_err();
     assert!(matches!(&later.cause, Cause::FailedEarlier(first) if *first == e), "{later}");

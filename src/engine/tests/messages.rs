@@ -80,28 +80,80 @@ fn failed_completions_say_the_rail_the_wr_and_the_status() {
     use WcStatus::*;
     use WorkRequest::*;
     for (rail, what, slot, status, text) in [
-        (SOUT, DataWrite, Some(0), RemoteAccessError, "SOUT rail: a data WRITE of slot 0 failed: remote access error"),
+        (
+            SOUT,
+            DataWrite,
+            Some(0),
+            RemoteAccessError,
+            "SOUT rail: a data WRITE of slot 0 failed: remote access error (REM_ACCESS_ERR)",
+        ),
         (
             SOUT,
             WriteWithImm,
             Some(0),
             RetryExceeded,
-            "SOUT rail: the WRITE_WITH_IMM of slot 0 failed: transport retry counter exceeded",
+            "SOUT rail: the WRITE_WITH_IMM of slot 0 failed: transport retry counter exceeded (RETRY_EXC_ERR)",
         ),
-        (SOUT, CtsWrite, Some(2), RemoteAccessError, "SOUT rail: the CTS WRITE of slot 2 failed: remote access error"),
-        (SUP, ProbeWrite, None, RetryExceeded, "SUP rail: a probe WRITE failed: transport retry counter exceeded"),
-        (SUP, FlushRead, Some(0), LocalError, "SUP rail: the READ of flush 0 failed: local length/protection error"),
-        (SUP, ImmReceive, None, Flushed, "SUP rail: receiving an IMM failed: work request flushed (QP in error state)"),
-        (SOUT, Unknown, None, Flushed, "SOUT rail: a work request failed: work request flushed (QP in error state)"),
-        (SUP, DataWrite, None, Other(99), "SUP rail: a data WRITE of slot ? failed: completion error 99"),
+        (
+            SOUT,
+            CtsWrite,
+            Some(2),
+            RemoteAccessError,
+            "SOUT rail: the CTS WRITE of slot 2 failed: remote access error (REM_ACCESS_ERR)",
+        ),
+        (
+            SUP,
+            ProbeWrite,
+            None,
+            RetryExceeded,
+            "SUP rail: a probe WRITE failed: transport retry counter exceeded (RETRY_EXC_ERR)",
+        ),
+        (
+            SUP,
+            FlushRead,
+            Some(0),
+            LocalError,
+            "SUP rail: the READ of flush 0 failed: local length/protection error (LOC_PROT_ERR)",
+        ),
+        (
+            SUP,
+            ImmReceive,
+            None,
+            Flushed,
+            "SUP rail: receiving an IMM failed: work request flushed (QP in error state) (WR_FLUSH_ERR)",
+        ),
+        (
+            SOUT,
+            Unknown,
+            None,
+            Flushed,
+            "SOUT rail: a work request failed: work request flushed (QP in error state) (WR_FLUSH_ERR)",
+        ),
+        (SUP, DataWrite, None, Other(99), "SUP rail: a data WRITE of slot ? failed: completion error 99 (OTHER)"),
     ] {
-        says(CompletionFailed { rail, what, slot, status }, ErrorKind::Remote, text);
+        says(CompletionFailed { rail, what, slot, status, qp_num: 0, vendor_err: 0 }, ErrorKind::Remote, text);
     }
-    // From a wr_id: a probe's carries no slot.
-    let probe = WrKind::Probe.failed(SUP, 0, RetryExceeded);
-    assert_eq!((probe.what, probe.slot), (ProbeWrite, None));
-    let cts = WrKind::Cts.failed(SOUT, 5, Flushed);
-    assert_eq!((cts.what, cts.slot), (CtsWrite, Some(5)));
+    // The QP and the NIC's syndrome where the completion names them.
+    says(
+        CompletionFailed {
+            rail: SUP,
+            what: WriteWithImm,
+            slot: Some(3),
+            status: RemoteAccessError,
+            qp_num: 0x1a2,
+            vendor_err: 0x88,
+        },
+        ErrorKind::Remote,
+        "SUP rail: the WRITE_WITH_IMM of slot 3 failed: remote access error (REM_ACCESS_ERR, vendor_err 0x88, QP 418)",
+    );
+    // From a wr_id: a probe's carries no slot; the status, QP and vendor error come from
+    // the completion (a failed one's vendor error where its immediate data would be).
+    let c = |status| crate::fabric::Completion { status, qp_num: 7, imm: 0x51, ..Default::default() };
+    let probe = WrKind::Probe.failed(SUP, 0, &c(RetryExceeded));
+    assert_eq!((probe.what, probe.slot, probe.qp_num, probe.vendor_err), (ProbeWrite, None, 7, 0x51));
+    let cts = WrKind::Cts.failed(SOUT, 5, &c(Flushed));
+    assert_eq!((cts.what, cts.slot, cts.status), (CtsWrite, Some(5), Flushed));
+    assert_eq!(c(Success).vendor_err(), 0, "a successful completion's word is its immediate data");
 }
 
 #[test]

@@ -7,6 +7,7 @@ mod failover_cases;
 mod failures;
 mod faults;
 mod gpu_memory;
+mod hang;
 mod harness;
 mod interleavings;
 mod keepalive;

@@ -102,6 +102,10 @@ impl Device for SoftDevice {
     type Srq = SoftSrq;
     type Qp = SoftQp;
 
+    fn address_of(info: &crate::fabric::QpInfo) -> String {
+        qp::describe_info(info)
+    }
+
     fn attrs(&self) -> &DeviceAttrs {
         &self.attrs
     }

@@ -90,6 +90,16 @@ fn decode_info(info: &QpInfo) -> Result<Remote> {
     })
 }
 
+/// Where a QP's info says it is, for logs: `IP:port` of its device's TCP port, or the
+/// in-process device.
+pub(super) fn describe_info(info: &QpInfo) -> String {
+    match decode_info(info) {
+        Ok(Remote { addr: Some(a), .. }) => a.to_string(),
+        Ok(Remote { dev, .. }) => format!("in-process device {dev:#x}"),
+        Err(_) => "an unreadable QP info".to_string(),
+    }
+}
+
 impl SoftQp {
     /// The QP of connection `conn`.
     pub(super) fn new(conn: Arc<Conn>) -> SoftQp {

@@ -115,7 +115,17 @@ pub fn wc_status_str(status: WcStatus) -> &'static str {
 }
 
 /// A completion from its parts (shared by the plain and the extended poll).
-fn completion(wr_id: u64, status: u32, opcode: u32, byte_len: u32, imm_be: Option<u32>, qp_num: u32) -> Completion {
+/// A failed one carries `vendor_err` where the immediate data would be
+/// ([`Completion::vendor_err`]).
+fn completion(
+    wr_id: u64,
+    status: u32,
+    opcode: u32,
+    byte_len: u32,
+    imm_be: Option<u32>,
+    qp_num: u32,
+    vendor_err: impl FnOnce() -> u32,
+) -> Completion {
     use ibv::ibv_wc_opcode as o;
     let mut status = map_status(status);
     // The opcode of a failed completion is undefined; the wr_id says what failed.
@@ -130,7 +140,8 @@ fn completion(wr_id: u64, status: u32, opcode: u32, byte_len: u32, imm_be: Optio
             WcOpcode::RdmaWrite
         }
     };
-    Completion { wr_id, status, opcode, byte_len, imm: imm_be.map_or(0, u32::from_be), qp_num, timestamp_ns: 0 }
+    let imm = if status == WcStatus::Success { imm_be.map_or(0, u32::from_be) } else { vendor_err() };
+    Completion { wr_id, status, opcode, byte_len, imm, qp_num, timestamp_ns: 0 }
 }
 
 /// Converts a polled `ibv_wc` (immediate data arrives big-endian).
@@ -138,7 +149,7 @@ pub fn from_wc(wc: &ibv::ibv_wc) -> Completion {
     let with_imm = wc.wc_flags & ibv::ibv_wc_flags::IBV_WC_WITH_IMM.0 != 0;
     // SAFETY: both union members are plain u32s; which one is meaningful is told by wc_flags.
     let imm = with_imm.then_some(unsafe { wc.imm_data_invalidated_rkey_union.imm_data });
-    completion(wc.wr_id, wc.status, wc.opcode, wc.byte_len, imm, wc.qp_num)
+    completion(wc.wr_id, wc.status, wc.opcode, wc.byte_len, imm, wc.qp_num, || wc.vendor_err)
 }
 
 /// The CQ object; destroyed when the last handle (the CQ or a QP using it) goes.
@@ -326,6 +337,8 @@ unsafe fn read_ex(ex: *mut ibv::ibv_cq_ex, clock: TsClock) -> Completion {
             ibv::ibv_wc_read_byte_len(ex),
             with_imm.then(|| ibv::ibv_wc_read_imm_data(ex)),
             ibv::ibv_wc_read_qp_num(ex),
+            // (The caller's contract; `read_vendor_err` is set on every extended CQ.)
+            || ibv::ibv_wc_read_vendor_err(ex),
         );
         c.timestamp_ns = match clock {
             TsClock::None => 0,

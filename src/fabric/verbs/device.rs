@@ -349,6 +349,16 @@ impl Device for VerbsDevice {
     type Srq = VerbsSrq;
     type Qp = VerbsQp;
 
+    fn address_of(info: &crate::fabric::QpInfo) -> String {
+        match super::qp_info::decode(info) {
+            Ok(r) if r.link_layer == LINK_LAYER_INFINIBAND => {
+                format!("LID {:#x} GID {}", r.lid, gid::format_gid(&r.gid))
+            }
+            Ok(r) => format!("GID {}", gid::format_gid(&r.gid)),
+            Err(_) => "an unreadable QP info".to_string(),
+        }
+    }
+
     fn port_downs(&self) -> (u64, bool) {
         let h = &self.ctx.health;
         (h.port_downs.load(Ordering::Acquire), h.port_down())
