@@ -11,9 +11,9 @@ RXE_VM_HOST_PKGS=(qemu-system-x86 busybox-static rdma-core ibverbs-utils
 # Kernel modules the guest loads (dependencies are resolved with modprobe).
 # rdma_rxe needs the "crc32" crypto shash (ICRC) at `rdma link add` time.
 RXE_VM_MODULES=(virtio_pci virtio_net veth 9pnet_virtio 9p crc32_generic crc32_pclmul
-  ib_uverbs rdma_rxe rdma_ucm ib_umad)
+  ib_uverbs rdma_rxe rdma_ucm ib_umad sch_netem)
 # Programs (and, through ldd, their libraries) copied into the initramfs.
-RXE_VM_PROGS=(/usr/bin/ibv_* /usr/bin/rdma /usr/bin/ip /usr/sbin/rdma-ndd
+RXE_VM_PROGS=(/usr/bin/ibv_* /usr/bin/rdma /usr/bin/ip /usr/sbin/tc /usr/sbin/rdma-ndd
   /usr/bin/rping /usr/bin/ucmatose /usr/bin/udaddy /usr/bin/rdma_client
   /usr/bin/rdma_server /usr/bin/rdma_xclient /usr/bin/rdma_xserver
   /usr/bin/rstream /usr/bin/riostream /usr/bin/mckey /usr/bin/cmtime

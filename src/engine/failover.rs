@@ -38,6 +38,10 @@ pub struct FailoverConfig {
     /// Sender: a rail with signalled work outstanding and no completion for this long has
     /// failed (0 = never).
     pub stall_ns: u64,
+    /// Sender: the silent-rail check (`engine/send/silence.rs`) runs. Off where the two
+    /// rails leave through one port: they share its link, so one cannot go silent beside
+    /// the other, and a rail queued behind its partner's traffic in the NIC is no failure.
+    pub silence: bool,
     /// Local source of the outgoing control messages ([`CTL_ENTRIES`] entries of
     /// [`CTL_ENTRY_BYTES`], the one of message `seq` at `(seq - 1) % CTL_ENTRIES`): address
     /// and lkey per rail.

@@ -192,6 +192,13 @@ fn soft_floor(kind: FabricKind, p: ConnectParams) -> ConnectParams {
     }
 }
 
+/// Whether both rails of a connection leave through one port (an odd port out of the
+/// pairing carries both): the silent-rail check is off there (`FailoverConfig::silence`).
+fn one_port<D: Device>(rails: &[Rail<D>; RAILS]) -> bool {
+    let (a, b) = (rails[0].dev.attrs(), rails[1].dev.attrs());
+    a.name == b.name && a.port == b.port
+}
+
 /// The longest a connection takes to report a peer that stops answering without closing
 /// (frozen, host down, link cut) while this side waits on it: within `KEEPALIVE_NS` of
 /// silence a keepalive (or the data itself) is in flight, and its transport gives up after
@@ -387,6 +394,7 @@ impl<D: Device> Connecting<D> {
             // The fault drill (MPIB_FAULT_RAIL) runs on send comms.
             failover: FailoverConfig {
                 drill: self.p.cfg.fault_rail,
+                silence: !one_port(&rails),
                 ..failover_config(
                     self.p.cfg,
                     self.p.qps,

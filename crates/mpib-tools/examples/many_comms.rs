@@ -108,6 +108,7 @@ fn main() -> ExitCode {
             plugin: plugin.clone(),
             abi: [None, None],
             env: env.clone(),
+            rank_env: Default::default(),
             workload: w,
             timeout: Duration::from_secs(1800),
         };

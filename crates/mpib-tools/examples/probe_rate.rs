@@ -39,6 +39,7 @@ fn run(plugin: &str, env: &[(String, String)], comms: u32, secs: f64) -> Result<
         plugin: plugin.into(),
         abi: [None, None],
         env: env.to_vec(),
+        rank_env: Default::default(),
         workload: w,
         timeout: Duration::from_secs(1800),
     };

@@ -88,6 +88,8 @@ pub struct PairSpec {
     /// Environment of both ranks. Every `MPIB_*` variable of the parent is removed first, so
     /// a run depends on nothing but this list.
     pub env: Vec<(String, String)>,
+    /// Environment of one rank on top of `env` (a rail on another device, say).
+    pub rank_env: [Vec<(String, String)>; 2],
     pub workload: Workload,
     /// The parent kills both ranks after this long.
     pub timeout: Duration,
@@ -246,7 +248,7 @@ fn spawn(l: &Launcher, spec: &PairSpec, rank: usize, link: &str, tx: &mpsc::Send
             cmd.env_remove(&*k);
         }
     }
-    cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
+    cmd.envs(spec.env.iter().chain(&spec.rank_env[rank]).map(|(k, v)| (k, v)))
         .env(ENV_RANK, rank.to_string())
         .env(ENV_LINK, link)
         .env(ENV_WORKLOAD, spec.workload.to_line())

@@ -65,7 +65,7 @@ impl SendEngine {
         self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
         self.tel[rail].on_post(now_ns, rail_bytes);
         self.outstanding[rail] += 1;
-        if self.fo.silence_next_ns == u64::MAX {
+        if self.fo.silence_next_ns == u64::MAX && self.fo.cfg.silence {
             // Work outstanding again: the silent-rail checks resume.
             self.fo.silence_next_ns = now_ns + super::silence::SILENCE_CHECK_NS;
             self.fo.timer_ns = self.fo.timer_ns.min(self.fo.silence_next_ns);

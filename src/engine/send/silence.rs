@@ -40,6 +40,10 @@ impl SendEngine {
     /// silent too long while its partner completes work. Schedules the next check while
     /// work is outstanding.
     pub(super) fn check_silence(&mut self, now_ns: u64) -> Result<()> {
+        if !self.fo.cfg.silence {
+            self.fo.silence_next_ns = u64::MAX;
+            return Ok(());
+        }
         for rail in 0..RAILS {
             if self.fo.heard_ns[rail] > self.fo.suspect_at[rail] {
                 self.clear_suspect(rail);

@@ -69,6 +69,7 @@ pub fn enable_failover(p: &mut Pair, stall_ns: u64) {
     let cfg = |lk: u32, rk: u32| FailoverConfig {
         enabled: true,
         stall_ns,
+        silence: true,
         ctl_out_addr: CTL_OUT,
         ctl_out_lkeys: [lk, lk + 1],
         ctl_ring_addr: CTL_RING,

@@ -277,3 +277,24 @@ fn a_rail_that_never_completed_is_not_judged_by_its_silence() {
     }
     assert_eq!((suspects(&p, SUP), p.s.counters()[SUP].failovers), (0, 0));
 }
+
+/// Rails that leave through one port (`FailoverConfig::silence` off) share its link: the
+/// check does not run, a rail silent beside its partner is left to RC.
+#[test]
+fn rails_on_one_port_are_not_judged_by_silence() {
+    let mut p = warm();
+    p.s.failover_config_mut().silence = false;
+    p.hold_acks(SUP, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    one_transfer(&mut p, 90);
+    p.now = t0 + MS;
+    one_transfer(&mut p, 91);
+    let mut now = p.now;
+    while now < t0 + 1000 * MS {
+        now = p.s.poll_timeout().max(now + MS);
+        let (_, actions) = round(&mut p, now);
+        assert!(actions.is_empty(), "no failover: {actions:?}");
+    }
+    assert_eq!((suspects(&p, SUP), p.s.counters()[SUP].failovers), (0, 0));
+}

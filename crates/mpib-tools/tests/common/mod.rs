@@ -68,7 +68,14 @@ pub fn plugin_path() -> String {
 
 /// A run of `w` between two processes on [`fabric_env`], newest ABI on both.
 pub fn pair(w: Workload) -> PairSpec {
-    PairSpec { plugin: plugin_path(), abi: [None, None], env: fabric_env(), workload: w, timeout: pair_timeout() }
+    PairSpec {
+        plugin: plugin_path(),
+        abi: [None, None],
+        env: fabric_env(),
+        rank_env: Default::default(),
+        workload: w,
+        timeout: pair_timeout(),
+    }
 }
 
 /// The parent's last-resort limit for a run (a rank hung inside a call cannot report

@@ -78,8 +78,14 @@ pub fn local(plan: &Plan, lib: &str, progress: &mut Progress) -> Result<Outcome,
         Some(d) => d * 3 + Duration::from_secs(120),
         None => Duration::from_secs(3600),
     };
-    let spec =
-        PairSpec { plugin: lib.to_string(), abi: [plan.opts.abi; 2], env, workload: plan.workload.clone(), timeout };
+    let spec = PairSpec {
+        plugin: lib.to_string(),
+        abi: [plan.opts.abi; 2],
+        env,
+        rank_env: Default::default(),
+        workload: plan.workload.clone(),
+        timeout,
+    };
     let out = run_pair_observed(&spec, &Launcher::this_program(&[]), &mut |r, p| {
         // Both ranks tell; the sender's notes carry the stream's start.
         if r == 1 {
