@@ -37,6 +37,7 @@ if [[ $what == test ]]; then
     "valgrind: the leak test (tests/leaks.rs)"
     "iproute2: ip and tc for ci/netem-rails.sh's namespaces and shaped rails"
     "shellcheck: ci/test.sh lints every shell script"
+    "python3-prometheus-client: ci/tests parse the Prometheus textfile with prometheus_client's parser"
   )
 fi
 
@@ -98,6 +99,12 @@ else
 fi
 
 if [[ $what == test ]]; then
+  # The Debian package serves Debian's python3; a python3 of its own first on PATH (pyenv,
+  # a virtual environment) gets prometheus_client from PyPI.
+  if ! python3 -c 'import prometheus_client' 2>/dev/null; then
+    say "installing prometheus_client from PyPI for $(command -v python3) (ci/tests parse the Prometheus textfile)"
+    python3 -m pip install --quiet prometheus_client
+  fi
   # cargo's subcommand, and the rustup component that provides it.
   for pair in fmt:rustfmt clippy:clippy; do
     if ! cargo "${pair%%:*}" --version >/dev/null 2>&1; then

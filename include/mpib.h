@@ -38,6 +38,18 @@
 #define NCCL_NET_ID_UNDEF -1
 
 /**
+ * `mpib_worst_peers`' ranking: by the p99 latency of data chains (then SRTT) of live
+ * connections.
+ */
+#define MPIB_WORST_BY_LATENCY 0
+
+/**
+ * `mpib_worst_peers`' ranking: by error completions + failovers + silent-rail suspicions
+ * over the whole run (then errors).
+ */
+#define MPIB_WORST_BY_ERRORS 1
+
+/**
  * `mpib_rail_info_t::link_layer`: InfiniBand (verbs).
  */
 #define MPIB_LINK_INFINIBAND 1
@@ -216,6 +228,62 @@ typedef struct {
    */
   uint64_t suspects;
 } mpib_rail_stats_t;
+
+/**
+ * One NIC on one rail over the whole process (`mpib_nic_stats`): the figures
+ * `mpib_rail_stats_t` gives per rail, for the connections of this NIC on this rail (a
+ * NIC both rails use has a row per rail). `stats.share` is this row's part of the payload
+ * bytes of all rows. The name is NUL-terminated and cut to fit.
+ */
+typedef struct {
+  /**
+   * The NIC and port: `mlx5_0:1`, `soft-sout:1`.
+   */
+  char nic[64];
+  /**
+   * 0 = SOUT, 1 = SUP.
+   */
+  uint32_t rail;
+  uint32_t reserved;
+  mpib_rail_stats_t stats;
+} mpib_nic_stats_t;
+
+/**
+ * One peer as one local NIC reaches it on one rail (`mpib_worst_peers`). Counters are over
+ * the whole run; latencies and SRTT are of the live connections (0 without any). Strings
+ * are NUL-terminated and cut to fit.
+ */
+typedef struct {
+  /**
+   * The peer's address on this rail: `GID fe80::…`, `LID 0x5 GID …`, or `IP:port`.
+   */
+  char peer[128];
+  /**
+   * The local NIC and port: `mlx5_0:1`.
+   */
+  char nic[64];
+  /**
+   * 0 = SOUT, 1 = SUP.
+   */
+  uint32_t rail;
+  uint32_t reserved;
+  uint64_t live_connections;
+  uint64_t latency_samples;
+  uint64_t latency_median_ns;
+  uint64_t latency_p99_ns;
+  uint64_t latency_max_ns;
+  uint64_t srtt_ns;
+  /**
+   * Payload bytes posted.
+   */
+  uint64_t bytes;
+  /**
+   * Completions with an error status, failovers survived, silent-rail suspicions.
+   */
+  uint64_t errors;
+  uint64_t failovers;
+  uint64_t suspects;
+} mpib_peer_stats_t;
 
 /**
  * What the plugin holds now, process-wide (`mpib_resource_stats`): comms, contexts, fabric
@@ -730,6 +798,38 @@ ncclResult_t mpib_device_rails(int version, int dev, mpib_rail_info_t *out, size
  * `out` must be NULL or point to `2 * size` writable bytes.
  */
 ncclResult_t mpib_rail_stats(mpib_rail_stats_t *out, size_t size);
+
+/**
+ * The per-NIC view: writes the process's figures of each NIC on each rail (summed over live
+ * and closed connections, ordered by NIC name then rail) to `out[0 .. max]`, and the number
+ * of rows there are to `*count` (NULL: not wanted). Call it with `max` 0 and `out` NULL to
+ * learn the count.
+ *
+ * `size` is `sizeof(mpib_nic_stats_t)` as the caller was compiled: it is the stride of
+ * `out`, and only the first `size` bytes of each entry are written. Returns ncclSuccess, or
+ * ncclInvalidArgument for a NULL `out` with `max` > 0 or a `size` below 8.
+ *
+ * # Safety
+ * `out` must be NULL or point to `max * size` writable bytes; `count` NULL or writable.
+ */
+ncclResult_t mpib_nic_stats(mpib_nic_stats_t *out, size_t size, size_t max, size_t *count);
+
+/**
+ * The per-peer view: writes the `max` worst peers (a peer is the remote address one local
+ * NIC reaches on one rail), worst first, to `out`, and how many were written to `*count`
+ * (NULL: not wanted). `by` is `MPIB_WORST_BY_LATENCY` (p99 latency of the live
+ * connections' data chains, then SRTT; peers without samples are not ranked) or
+ * `MPIB_WORST_BY_ERRORS` (errors + failovers + suspicions over the run; peers without any
+ * are not ranked).
+ *
+ * `size` is `sizeof(mpib_peer_stats_t)` as the caller was compiled (stride of `out`; only
+ * that prefix of each entry is written). Returns ncclSuccess, or ncclInvalidArgument for
+ * an unknown `by`, a NULL `out` with `max` > 0, or a `size` below 8.
+ *
+ * # Safety
+ * `out` must be NULL or point to `max * size` writable bytes; `count` NULL or writable.
+ */
+ncclResult_t mpib_worst_peers(int32_t by, mpib_peer_stats_t *out, size_t size, size_t max, size_t *count);
 
 /**
  * Writes what the plugin holds now (comms, contexts, CQs, SRQs, QPs, registered control

@@ -48,7 +48,7 @@ pub unsafe extern "C" fn mpib_comm_counters(comm: *mut c_void, out_: *mut mpib_r
 }
 
 /// Copies `s` into the C string field `dst`, cut to fit and NUL-terminated.
-fn c_string(dst: &mut [c_char], s: &str) {
+pub(super) fn c_string(dst: &mut [c_char], s: &str) {
     let n = s.len().min(dst.len() - 1);
     for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
         *d = *b as c_char;

@@ -133,6 +133,8 @@ pub struct Config {
     /// Idle probes per second per NIC (0 = no cap).
     pub probe_rate: u64,
     pub stats_file: Option<String>,
+    /// The node-exporter textfile (Prometheus text format), rewritten with the statistics.
+    pub prom_file: Option<String>,
     pub stats_interval_ms: u64,
     pub soft_sout_addr: Option<RailAddr>,
     pub soft_sup_addr: Option<RailAddr>,
@@ -183,6 +185,7 @@ impl Default for Config {
             probe_interval_us: 1000,
             probe_rate: 10_000,
             stats_file: None,
+            prom_file: None,
             stats_interval_ms: 1000,
             soft_sout_addr: None,
             soft_sup_addr: None,
@@ -275,6 +278,10 @@ impl Config {
                 "MPIB_PROBE_RATE" => parse_int(value, 0, 10_000_000).map(|n| c.probe_rate = n as u64),
                 "MPIB_STATS_FILE" => {
                     c.stats_file = (!value.is_empty()).then(|| value.to_string());
+                    Ok(())
+                }
+                "MPIB_PROM_FILE" => {
+                    c.prom_file = (!value.is_empty()).then(|| value.to_string());
                     Ok(())
                 }
                 "MPIB_STATS_INTERVAL_MS" => parse_int(value, 10, 3_600_000).map(|n| c.stats_interval_ms = n as u64),
@@ -388,7 +395,7 @@ impl fmt::Display for Config {
             f,
             "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} split={split} split_min_bytes={} srq_depth={} \
              {} rtt_alpha={} rtt_beta={} probe_interval_us={} probe_rate={} \
-             stats_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={} hang_report_ms={}",
+             stats_file={} prom_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={} hang_report_ms={}",
             self.fabric,
             self.hca_filter.as_ref().map_or("all".to_string(), |h| format!("{h} ({})", self.hca_filter_var)),
             hca(&self.hca_sout),
@@ -402,6 +409,11 @@ impl fmt::Display for Config {
             self.probe_interval_us,
             self.probe_rate,
             self.stats_file.as_deref().map_or("off".to_string(), |f| if f.len() > SHOWN_BYTES {
+                shown(f)
+            } else {
+                f.to_string()
+            }),
+            self.prom_file.as_deref().map_or("off".to_string(), |f| if f.len() > SHOWN_BYTES {
                 shown(f)
             } else {
                 f.to_string()

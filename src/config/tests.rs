@@ -161,7 +161,7 @@ fn every_parsed_variable_is_documented() {
         let c = parse(&[(name, "definitely-not-valid-%%")]);
         let unknown = c.as_ref().map(|c| c.unknown.contains(&name.to_string())).unwrap_or(false);
         assert!(!unknown, "{name} is documented but not parsed");
-        if name != "MPIB_STATS_FILE" {
+        if name != "MPIB_STATS_FILE" && name != "MPIB_PROM_FILE" {
             let e = c.expect_err(name);
             assert!(e.iter().any(|l| l.starts_with(&format!("{name}="))), "a bad value names {name}: {e:?}");
         }
@@ -173,6 +173,9 @@ fn display_shows_effective_values() {
     let c = parse(&[("MPIB_SPLIT", "30"), ("MPIB_FABRIC", "soft")]).unwrap();
     let s = c.to_string();
     assert!(s.contains("fabric=Soft") && s.contains("split=30%") && s.contains("stats_file=off"), "{s}");
+    let c = parse(&[("MPIB_PROM_FILE", "/var/lib/node_exporter/mpib-%p.prom")]).unwrap();
+    assert_eq!(c.prom_file.as_deref(), Some("/var/lib/node_exporter/mpib-%p.prom"));
+    assert!(c.to_string().contains("prom_file=/var/lib/node_exporter/mpib-%p.prom"), "{c}");
 }
 
 #[test]

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::rail::Rail;
 use crate::engine::{Place, RAIL_NAMES, RAILS};
 use crate::fabric::{Device, QueuePair};
+use crate::telemetry::StatsPlace;
 
 /// One rail of a connection, as text made at set-up (no work when nothing is logged).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -36,6 +37,15 @@ impl RailPlace {
             peer_qps: r.peer.iter().map(|i| i.qp_num()).collect(),
         }
     }
+}
+
+/// Where each rail's statistics are grouped in the per-NIC and per-peer views: the rail's
+/// NIC and the peer's address on it, as the log lines name them.
+pub fn stats_places<D: Device>(rails: &[Rail<D>; RAILS]) -> [StatsPlace; RAILS] {
+    std::array::from_fn(|r| {
+        let p = RailPlace::of(&rails[r]);
+        StatsPlace::new(&p.nic, &p.peer)
+    })
 }
 
 /// QP numbers as `QP 18` or `QPs 18,19` (decimal, as the fabrics' own lines and net_ib's).

@@ -38,7 +38,7 @@ use super::context::Context;
 use super::failover::{FoSide, failover_config};
 use super::nic_pair::NicPair;
 use super::oob::{OobAddr, OobConn};
-use super::place::ConnPlace;
+use super::place::{ConnPlace, stats_places};
 use super::rail::{
     FlushQp, RECV_INLINE, Rail, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys,
     send_plan,
@@ -255,10 +255,12 @@ pub fn set_handle_token(handle: &mut [u8; 128], token: u64) {
     handle[TOKEN_OFF..].copy_from_slice(&token.to_le_bytes());
 }
 
-fn telemetry<D: Device>(pair: &NicPair<D>, p: &Params) -> [RailTelemetry; RAILS] {
-    let t =
-        |i: usize| RailTelemetry::registered(TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps), i);
-    [t(0), t(1)]
+fn telemetry<D: Device>(pair: &NicPair<D>, p: &Params, rails: &[Rail<D>; RAILS]) -> [RailTelemetry; RAILS] {
+    let [sout, sup] = stats_places(rails);
+    let t = |i: usize, place| {
+        RailTelemetry::registered(TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps), i, place)
+    };
+    [t(0, sout), t(1, sup)]
 }
 
 enum ConnStage {
@@ -407,7 +409,7 @@ impl<D: Device> Connecting<D> {
             },
         };
         let split = AnySplit::from_config(self.p.cfg);
-        let mut engine = SendEngine::new(cfg, split, telemetry(&self.pair, &self.p), super::comm::now_ns());
+        let mut engine = SendEngine::new(cfg, split, telemetry(&self.pair, &self.p, &rails), super::comm::now_ns());
         let place = ConnPlace::new("send", self.comm_id, &rails);
         engine.set_place(PlaceRef::new(place.clone()));
         engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
@@ -630,7 +632,8 @@ impl<D: Device> Accepting<D> {
         };
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
-        let stats = [StatsHandle::register(0), StatsHandle::register(1)];
+        let [sout, sup] = stats_places(&rails);
+        let stats = [StatsHandle::register_at(0, sout), StatsHandle::register_at(1, sup)];
         let mut engine = RecvEngine::new(cfg, stats);
         let place = ConnPlace::new("recv", self.ctx.comm_id, &rails);
         engine.set_place(PlaceRef::new(place.clone()));

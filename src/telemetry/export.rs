@@ -1,9 +1,10 @@
-//! The statistics file (`MPIB_STATS_FILE`, `%p` = pid): `rail<N>_<key>: <value>` lines,
+//! The statistics file (`MPIB_STATS_FILE`, `%p` = pid): `<group>_<key>: <value>` lines,
 //! rewritten every `MPIB_STATS_INTERVAL_MS` by a background thread and at close/finalize
 //! ([`stats_flush_now`]). Each write goes to a temporary file in the same directory and
 //! is renamed over the old one, so a reader sees the previous file or the new one, never
 //! a partial one. The thread exists only when the file is configured, and sleeps in the
-//! kernel between writes; the data path never touches the file.
+//! kernel between writes; the data path never touches the file. The Prometheus textfile
+//! (`MPIB_PROM_FILE`, `prom.rs`) is written the same way by a writer of its own.
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -14,37 +15,98 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::registry::{RailTotals, process_totals};
+use super::prom::format_prometheus;
+use super::registry::{
+    NicTotals, PeerTotals, RailTotals, WORST_PEERS, WorstPeers, process_nic_totals, process_totals, process_worst_peers,
+};
 use crate::config::Config;
 use crate::error::{Error, Result};
 
-/// The file's text: for each rail, latency statistics, estimates, share and counters.
-pub fn format_stats(totals: &[RailTotals; 2]) -> String {
-    let mut s = String::with_capacity(1024);
-    for (n, t) in totals.iter().enumerate() {
-        let l = &t.latency;
-        let mut line = |key: &str, value: &dyn std::fmt::Display| {
-            let _ = writeln!(s, "rail{n}_{key}: {value}");
-        };
-        line("latency_samples", &l.samples);
-        line("latency_min_ns", &l.min_ns);
-        line("latency_avg_ns", &l.avg_ns);
-        line("latency_median_ns", &l.median_ns);
-        line("latency_p95_ns", &l.p95_ns);
-        line("latency_p99_ns", &l.p99_ns);
-        line("latency_max_ns", &l.max_ns);
-        line("srtt_ns", &t.srtt_ns);
-        line("rttvar_ns", &t.rttvar_ns);
-        line("base_latency_ns", &t.base_ns);
-        line("bw_bytes_per_s", &t.bw_bytes_per_s);
-        line("share", &format_args!("{:.4}", t.share));
-        for (key, value) in t.counts.fields() {
-            line(key, &value);
-        }
-        line("live_connections", &t.live);
-        line("failed_connections", &t.failed);
+/// What the statistics file and the Prometheus textfile show: the per-rail totals, the
+/// per-NIC rows and the worst peers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatsView {
+    pub rails: [RailTotals; 2],
+    pub nics: Vec<NicTotals>,
+    pub worst: WorstPeers,
+}
+
+impl StatsView {
+    /// The process's view now.
+    pub fn of_process() -> StatsView {
+        StatsView { rails: process_totals(), nics: process_nic_totals(), worst: process_worst_peers(WORST_PEERS) }
+    }
+}
+
+/// The lines of one group of figures, each key after `prefix`.
+fn totals_lines(s: &mut String, prefix: &str, t: &RailTotals) {
+    let l = &t.latency;
+    let mut line = |key: &str, value: &dyn std::fmt::Display| {
+        let _ = writeln!(s, "{prefix}{key}: {value}");
+    };
+    line("latency_samples", &l.samples);
+    line("latency_min_ns", &l.min_ns);
+    line("latency_avg_ns", &l.avg_ns);
+    line("latency_median_ns", &l.median_ns);
+    line("latency_p95_ns", &l.p95_ns);
+    line("latency_p99_ns", &l.p99_ns);
+    line("latency_max_ns", &l.max_ns);
+    line("srtt_ns", &t.srtt_ns);
+    line("rttvar_ns", &t.rttvar_ns);
+    line("base_latency_ns", &t.base_ns);
+    line("bw_bytes_per_s", &t.bw_bytes_per_s);
+    line("share", &format_args!("{:.4}", t.share));
+    for (key, value) in t.counts.fields() {
+        line(key, &value);
+    }
+    line("live_connections", &t.live);
+    line("failed_connections", &t.failed);
+}
+
+/// The file's text: for each rail, latency statistics, estimates, share and counters
+/// (`rail<N>_<key>`); the same per NIC and rail (`nic<I>_<key>`, after `nic<I>_name` and
+/// `nic<I>_rail`); the worst peers by latency (`slow_peer<I>_<key>`) and by errors
+/// (`error_peer<I>_<key>`), worst first.
+pub fn format_stats(view: &StatsView) -> String {
+    let mut s = String::with_capacity(1024 + 1024 * view.nics.len());
+    for (n, t) in view.rails.iter().enumerate() {
+        totals_lines(&mut s, &format!("rail{n}_"), t);
+    }
+    for (i, n) in view.nics.iter().enumerate() {
+        let _ = writeln!(s, "nic{i}_name: {}", n.nic);
+        let _ = writeln!(s, "nic{i}_rail: {}", n.rail);
+        totals_lines(&mut s, &format!("nic{i}_"), &n.totals);
+    }
+    for (i, p) in view.worst.by_latency.iter().enumerate() {
+        peer_lines(&mut s, &format!("slow_peer{i}_"), p);
+    }
+    for (i, p) in view.worst.by_errors.iter().enumerate() {
+        peer_lines(&mut s, &format!("error_peer{i}_"), p);
     }
     s
+}
+
+fn peer_lines(s: &mut String, prefix: &str, p: &PeerTotals) {
+    let l = &p.latency;
+    let c = &p.counts;
+    let fields: [(&str, &dyn std::fmt::Display); 13] = [
+        ("peer", &p.peer),
+        ("nic", &p.nic),
+        ("rail", &p.rail),
+        ("latency_samples", &l.samples),
+        ("latency_median_ns", &l.median_ns),
+        ("latency_p99_ns", &l.p99_ns),
+        ("latency_max_ns", &l.max_ns),
+        ("srtt_ns", &p.srtt_ns),
+        ("bytes", &c.bytes),
+        ("errors", &c.errors),
+        ("failovers", &c.failovers),
+        ("suspects", &c.suspects),
+        ("live_connections", &p.live),
+    ];
+    for (key, value) in fields {
+        let _ = writeln!(s, "{prefix}{key}: {value}");
+    }
 }
 
 /// `template` with `%p` replaced by `pid` (and `%%` by `%`).
@@ -227,37 +289,63 @@ impl Drop for StatsWriter {
     }
 }
 
-/// The process's writer, once started (`None` inside: no file configured).
-static PROCESS_WRITER: OnceLock<Option<StatsWriter>> = OnceLock::new();
+/// The process's writers, once started (`None`: that file is not configured).
+#[derive(Default)]
+struct ProcessWriters {
+    stats: Option<StatsWriter>,
+    prom: Option<StatsWriter>,
+}
 
-/// Starts the process's statistics writer if `MPIB_STATS_FILE` is set; otherwise does
-/// nothing. Idempotent: the first call decides. Call it from `init`.
+static PROCESS_WRITERS: OnceLock<ProcessWriters> = OnceLock::new();
+
+/// Starts the writer of `template` (`%p` = pid), rendering with `render`; `what` names the
+/// file in messages.
+fn start_writer(
+    what: &str,
+    template: &str,
+    interval_ms: u64,
+    render: fn() -> String,
+    failed: &mut Option<Error>,
+) -> Option<StatsWriter> {
+    let path = expand_path(template, std::process::id());
+    let interval = Duration::from_millis(interval_ms.max(1));
+    match StatsWriter::spawn(path.clone(), interval, render) {
+        Ok(w) => {
+            log::info!(target: "mpib::stats", "{what} every {interval_ms} ms to {}", path.display());
+            Some(w)
+        }
+        Err(e) => {
+            let path = crate::config::cut(&path.to_string_lossy());
+            failed.get_or_insert(Error::system(format!("cannot write the {what} {path}: {e}; none is written")));
+            None
+        }
+    }
+}
+
+/// Starts the process's statistics writers: the statistics file if `MPIB_STATS_FILE` is
+/// set, the Prometheus textfile if `MPIB_PROM_FILE` is; otherwise does nothing.
+/// Idempotent: the first call decides. Call it from `init`.
 pub fn start_stats_export(cfg: &Config) -> Result<()> {
     let mut failed = None;
-    PROCESS_WRITER.get_or_init(|| {
-        let template = cfg.stats_file.as_deref()?;
-        let path = expand_path(template, std::process::id());
-        let interval = Duration::from_millis(cfg.stats_interval_ms.max(1));
-        let render = || format_stats(&process_totals());
-        match StatsWriter::spawn(path.clone(), interval, render) {
-            Ok(w) => {
-                log::info!(target: "mpib::stats", "statistics every {} ms to {}", cfg.stats_interval_ms, path.display());
-                Some(w)
-            }
-            Err(e) => {
-                let path = crate::config::cut(&path.to_string_lossy());
-                failed = Some(Error::system(format!("cannot write the statistics file {path}: {e}; none is written")));
-                None
-            }
-        }
+    PROCESS_WRITERS.get_or_init(|| {
+        let ms = cfg.stats_interval_ms;
+        let stats = cfg.stats_file.as_deref().and_then(|t| {
+            start_writer("statistics file", t, ms, || format_stats(&StatsView::of_process()), &mut failed)
+        });
+        let prom = cfg.prom_file.as_deref().and_then(|t| {
+            start_writer("Prometheus textfile", t, ms, || format_prometheus(&StatsView::of_process()), &mut failed)
+        });
+        ProcessWriters { stats, prom }
     });
     failed.map_or(Ok(()), Err)
 }
 
-/// Writes the statistics file now (connection close, finalize), if it is configured.
+/// Writes the statistics files now (connection close, finalize), those configured.
 pub fn stats_flush_now() {
-    if let Some(Some(w)) = PROCESS_WRITER.get() {
-        let _ = w.flush_now();
+    if let Some(w) = PROCESS_WRITERS.get() {
+        for w in [&w.stats, &w.prom].into_iter().flatten() {
+            let _ = w.flush_now();
+        }
     }
 }
 

@@ -38,7 +38,7 @@ fn every_key_of_both_rails_with_its_value() {
     t[1].counts.bytes = 1 << 20;
     (t[0].share, t[1].share) = (0.75, 0.25);
     (t[1].srtt_ns, t[1].rttvar_ns, t[1].base_ns, t[1].bw_bytes_per_s) = (21_000, 1_500, 19_000, 250_000_000);
-    let text = format_stats(&t);
+    let text = format_stats(&StatsView { rails: t, ..Default::default() });
     let kv = parse(&text);
     let keys = [
         "latency_samples",
@@ -76,6 +76,26 @@ fn every_key_of_both_rails_with_its_value() {
     assert_eq!(kv["rail1_bw_bytes_per_s"], "250000000");
     assert_eq!(kv["rail1_zero_byte_imm"], "0");
     assert!(text.ends_with('\n'));
+}
+
+#[test]
+fn nic_rows_and_the_worst_peers_follow_the_rails() {
+    let view = crate::telemetry::prom::tests::sample_view();
+    let text = format_stats(&view);
+    let kv = parse(&text);
+    assert_eq!(text.lines().count(), kv.len(), "no key twice");
+    assert_eq!((kv["nic0_name"].as_str(), kv["nic0_rail"].as_str()), ("mlx5_0:1", "0"));
+    assert_eq!((kv["nic1_name"].as_str(), kv["nic1_rail"].as_str()), ("mlx5_1:1", "1"));
+    assert_eq!(kv["nic0_bytes"], (3 << 20).to_string());
+    assert_eq!((kv["nic1_errors"].as_str(), kv["nic1_failed_connections"].as_str()), ("2", "1"));
+    assert_eq!(kv["nic0_latency_p99_ns"], "2900");
+    assert_eq!((kv["slow_peer0_peer"].as_str(), kv["slow_peer0_latency_p99_ns"].as_str()), ("GID fe80::b", "250000"));
+    assert_eq!((kv["slow_peer1_peer"].as_str(), kv["slow_peer1_srtt_ns"].as_str()), ("GID fe80::a", "1500"));
+    assert!(!kv.contains_key("slow_peer2_peer"));
+    assert_eq!((kv["error_peer0_peer"].as_str(), kv["error_peer0_nic"].as_str()), ("GID fe80::c", "mlx5_1:1"));
+    assert_eq!((kv["error_peer0_errors"].as_str(), kv["error_peer0_failovers"].as_str()), ("2", "1"));
+    // The rail lines come first and are what they were.
+    assert!(text.starts_with("rail0_latency_samples: 10\n"), "{text}");
 }
 
 #[test]
@@ -223,8 +243,9 @@ fn the_writer_sleeps_between_writes_and_stops_when_dropped() {
 
 #[test]
 fn without_a_file_nothing_starts() {
-    // The default configuration has no statistics file: no thread, flush is a no-op.
+    // The default configuration has no statistics file and no Prometheus file: no thread,
+    // flush is a no-op.
     start_stats_export(&Config::default()).unwrap();
     stats_flush_now();
-    assert!(matches!(PROCESS_WRITER.get(), Some(None)));
+    assert!(matches!(PROCESS_WRITERS.get(), Some(ProcessWriters { stats: None, prom: None })));
 }

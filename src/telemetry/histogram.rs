@@ -119,6 +119,16 @@ impl HistogramSnapshot {
         self.max = self.max.max(h.max.get());
     }
 
+    /// Adds another snapshot's counts.
+    pub fn add(&mut self, o: &HistogramSnapshot) {
+        for (into, from) in self.buckets.iter_mut().zip(o.buckets.iter()) {
+            *into += from;
+        }
+        self.sum += o.sum;
+        self.min = self.min.min(o.min);
+        self.max = self.max.max(o.max);
+    }
+
     pub fn samples(&self) -> u64 {
         self.buckets.iter().sum()
     }

@@ -13,7 +13,7 @@
 //! How the engine drives it, per rail of each connection (one clock read per batch):
 //!
 //! ```text
-//! connect:   tel[r] = RailTelemetry::registered(TelemetryConfig::from_config(cfg, speed_mbps), r)
+//! connect:   tel[r] = RailTelemetry::registered(TelemetryConfig::from_config(cfg, speed_mbps), r, place)
 //!            policy = AnySplit::from_config(cfg)
 //! isend:     sout = policy.sout_bytes(size, now, [tel[0].view(), tel[1].view()])
 //!            mask = split::active_mask(size, sout)      // then per rail r of the mask:
@@ -27,7 +27,7 @@
 //!                if nic_budget[r].take(now) {       // ProbeBudget: MPIB_PROBE_RATE per NIC
 //!                    post a small signalled RDMA WRITE without IMM; tel[r].on_probe_post(now)
 //!                } else { tel[r].on_probe_refused(now, interval) } }
-//! receiver:  stats = StatsHandle::register(r); stats.count_cqes(n); stats.count_rnr(n)
+//! receiver:  stats = StatsHandle::register_at(r, place); stats.count_cqes(n); stats.count_rnr(n)
 //! close:     drop the telemetry / handles (figures fold into the totals); stats_flush_now()
 //! init:      start_stats_export(cfg)    finalize: stats_flush_now()
 //! ```
@@ -37,6 +37,7 @@ mod counter;
 mod export;
 mod histogram;
 mod inflight;
+mod prom;
 mod rate;
 mod registry;
 mod rtt;
@@ -45,10 +46,14 @@ mod window_min;
 
 pub use budget::ProbeBudget;
 pub use counter::Counter;
-pub use export::{format_stats, start_stats_export, stats_flush_now, write_atomic};
+pub use export::{StatsView, format_stats, start_stats_export, stats_flush_now, write_atomic};
 pub use histogram::{LatencyHistogram, LatencySummary};
-pub use registry::{RailTotals, StatsHandle, process_totals};
-pub use stats::{RailCounters, RailCounts, RailGauges, RailStats};
+pub use prom::format_prometheus;
+pub use registry::{
+    NicTotals, PeerTotals, RailTotals, StatsHandle, WORST_PEERS, WorstPeers, process_nic_totals, process_totals,
+    process_worst_peers,
+};
+pub use stats::{RailCounters, RailCounts, RailGauges, RailStats, StatsPlace};
 
 use crate::config::Config;
 use inflight::{Chain, InflightChains, Occupancy};
@@ -241,9 +246,10 @@ impl RailTelemetry {
     }
 
     /// Telemetry of rail `rail` (0 = SOUT, 1 = SUP) of a new connection, its statistics
-    /// in the process registry (statistics file, `process_totals`) until it drops.
-    pub fn registered(cfg: TelemetryConfig, rail: usize) -> Self {
-        Self::with_stats(cfg, StatsHandle::register(rail))
+    /// in the process registry (statistics file, `process_totals`) until it drops, under
+    /// its NIC and peer (`place`) in the per-NIC and per-peer views.
+    pub fn registered(cfg: TelemetryConfig, rail: usize, place: StatsPlace) -> Self {
+        Self::with_stats(cfg, StatsHandle::register_at(rail, place))
     }
 
     pub fn with_stats(cfg: TelemetryConfig, stats: StatsHandle) -> Self {

@@ -293,7 +293,11 @@ fn drain_follows_the_chain_on_the_wire_and_distrusts_a_silent_rail() {
 #[test]
 fn registered_telemetry_is_in_the_process_totals_until_and_after_it_closes() {
     let before = process_totals()[1];
-    let mut t = RailTelemetry::registered(TelemetryConfig::from_config(&crate::config::Config::default(), 100_000), 1);
+    let mut t = RailTelemetry::registered(
+        TelemetryConfig::from_config(&crate::config::Config::default(), 100_000),
+        1,
+        StatsPlace::default(),
+    );
     t.on_post(0, 8192);
     t.stats().count_post(2, 1, 8192, 16384);
     t.on_complete(Sample { posted_ns: 0, completed_ns: 7_000, bytes: 8192 });

@@ -3,6 +3,8 @@
 //! writer, no lock, no read-modify-write; see [`Counter`]) and read by the statistics
 //! writer and the query function through the registry (`registry.rs`).
 
+use std::sync::Arc;
+
 use super::counter::Counter;
 use super::histogram::LatencyHistogram;
 
@@ -87,10 +89,33 @@ pub struct RailGauges {
     pub failed: Counter,
 }
 
+/// Where one rail of a connection runs, as the per-NIC and per-peer views group it: the
+/// local NIC as `name:port` and the peer's address on that rail (its GID, or `IP:port` on
+/// the soft fabric). Set once when the connection is made; the data path never reads it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StatsPlace {
+    pub nic: Arc<str>,
+    pub peer: Arc<str>,
+}
+
+impl StatsPlace {
+    pub fn new(nic: &str, peer: &str) -> Self {
+        StatsPlace { nic: nic.into(), peer: peer.into() }
+    }
+}
+
+impl Default for StatsPlace {
+    /// Statistics registered without a place (tests, tools).
+    fn default() -> Self {
+        StatsPlace::new("unknown", "unknown")
+    }
+}
+
 /// Everything published about one rail of one connection.
 #[derive(Debug)]
 pub struct RailStats {
     rail: usize,
+    place: StatsPlace,
     pub counters: RailCounters,
     pub gauges: RailGauges,
     pub latency: LatencyHistogram,
@@ -99,9 +124,15 @@ pub struct RailStats {
 impl RailStats {
     /// Statistics of rail `rail` (0 = SOUT, 1 = SUP), not yet registered anywhere.
     pub fn new(rail: usize) -> Self {
+        Self::at(rail, StatsPlace::default())
+    }
+
+    /// Statistics of rail `rail` running at `place`.
+    pub fn at(rail: usize, place: StatsPlace) -> Self {
         assert!(rail < 2, "rail {rail}: 0 is SOUT, 1 is SUP");
         RailStats {
             rail,
+            place,
             counters: RailCounters::default(),
             gauges: RailGauges::default(),
             latency: LatencyHistogram::default(),
@@ -110,6 +141,10 @@ impl RailStats {
 
     pub fn rail(&self) -> usize {
         self.rail
+    }
+
+    pub fn place(&self) -> &StatsPlace {
+        &self.place
     }
 
     /// One post call (doorbell) of `wrs` work requests, `imm_wrs` of them WRITE_WITH_IMM,

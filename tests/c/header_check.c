@@ -38,6 +38,13 @@ ncclResult_t (*const mpib_header_check_stats)(mpib_rail_stats_t*, size_t) = mpib
 _Static_assert(sizeof(mpib_resource_stats_t) == 15 * 8, "resource stats: 15 figures");
 _Static_assert(offsetof(mpib_resource_stats_t, unrouted_completions) == 14 * 8, "resource stats: the last figure");
 ncclResult_t (*const mpib_header_check_resources)(mpib_resource_stats_t*, size_t) = mpib_resource_stats;
+_Static_assert(sizeof(mpib_nic_stats_t) == 64 + 8 + 232, "NIC stats: name, rail, the rail stats last");
+_Static_assert(offsetof(mpib_nic_stats_t, stats) == 72, "NIC stats: the rail stats after the name and the rail");
+ncclResult_t (*const mpib_header_check_nics)(mpib_nic_stats_t*, size_t, size_t, size_t*) = mpib_nic_stats;
+_Static_assert(sizeof(mpib_peer_stats_t) == 128 + 64 + 8 + 10 * 8, "peer stats: peer, NIC, rail, 10 figures");
+_Static_assert(offsetof(mpib_peer_stats_t, live_connections) == 200, "peer stats: the figures after the names");
+_Static_assert(MPIB_WORST_BY_LATENCY == 0 && MPIB_WORST_BY_ERRORS == 1, "worst-peer rankings");
+ncclResult_t (*const mpib_header_check_peers)(int, mpib_peer_stats_t*, size_t, size_t, size_t*) = mpib_worst_peers;
 ncclResult_t (*const mpib_header_check_dump)(char*, size_t, size_t*) = mpib_dump_state;
 _Static_assert(sizeof(mpib_rail_info_t) == 64 + 6 * 4 + 16 + 64 + 256, "rail info: name, 6 words, GID, address, PCI path");
 _Static_assert(offsetof(mpib_rail_info_t, gid) == 88, "rail info: the GID after the name and 6 words");

@@ -6,8 +6,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The `mpib_*` functions the library exports besides the seven tables.
-pub const EXPORTED_FUNCTIONS: &[&str] =
-    &["mpib_comm_counters", "mpib_rail_stats", "mpib_resource_stats", "mpib_device_rails", "mpib_dump_state"];
+pub const EXPORTED_FUNCTIONS: &[&str] = &[
+    "mpib_comm_counters",
+    "mpib_rail_stats",
+    "mpib_nic_stats",
+    "mpib_worst_peers",
+    "mpib_resource_stats",
+    "mpib_device_rails",
+    "mpib_dump_state",
+];
 
 /// The cdylib cargo built with this test binary: the newer of `target/<profile>/libmpib.so`
 /// and `target/<profile>/deps/libmpib.so`. Cargo rebuilds the one in `deps/` with every test

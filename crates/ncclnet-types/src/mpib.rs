@@ -73,6 +73,82 @@ pub struct mpib_rail_stats_t {
     pub suspects: u64,
 }
 
+/// One NIC on one rail over the whole process (`mpib_nic_stats`): the figures
+/// `mpib_rail_stats_t` gives per rail, for the connections of this NIC on this rail (a
+/// NIC both rails use has a row per rail). `stats.share` is this row's part of the payload
+/// bytes of all rows. The name is NUL-terminated and cut to fit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct mpib_nic_stats_t {
+    /// The NIC and port: `mlx5_0:1`, `soft-sout:1`.
+    pub nic: [c_char; 64],
+    /// 0 = SOUT, 1 = SUP.
+    pub rail: u32,
+    pub reserved: u32,
+    pub stats: mpib_rail_stats_t,
+}
+
+impl Default for mpib_nic_stats_t {
+    fn default() -> Self {
+        mpib_nic_stats_t { nic: [0; 64], rail: 0, reserved: 0, stats: mpib_rail_stats_t::default() }
+    }
+}
+
+/// `mpib_worst_peers`' ranking: by the p99 latency of data chains (then SRTT) of live
+/// connections.
+pub const MPIB_WORST_BY_LATENCY: i32 = 0;
+/// `mpib_worst_peers`' ranking: by error completions + failovers + silent-rail suspicions
+/// over the whole run (then errors).
+pub const MPIB_WORST_BY_ERRORS: i32 = 1;
+
+/// One peer as one local NIC reaches it on one rail (`mpib_worst_peers`). Counters are over
+/// the whole run; latencies and SRTT are of the live connections (0 without any). Strings
+/// are NUL-terminated and cut to fit.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct mpib_peer_stats_t {
+    /// The peer's address on this rail: `GID fe80::…`, `LID 0x5 GID …`, or `IP:port`.
+    pub peer: [c_char; 128],
+    /// The local NIC and port: `mlx5_0:1`.
+    pub nic: [c_char; 64],
+    /// 0 = SOUT, 1 = SUP.
+    pub rail: u32,
+    pub reserved: u32,
+    pub live_connections: u64,
+    pub latency_samples: u64,
+    pub latency_median_ns: u64,
+    pub latency_p99_ns: u64,
+    pub latency_max_ns: u64,
+    pub srtt_ns: u64,
+    /// Payload bytes posted.
+    pub bytes: u64,
+    /// Completions with an error status, failovers survived, silent-rail suspicions.
+    pub errors: u64,
+    pub failovers: u64,
+    pub suspects: u64,
+}
+
+impl Default for mpib_peer_stats_t {
+    fn default() -> Self {
+        mpib_peer_stats_t {
+            peer: [0; 128],
+            nic: [0; 64],
+            rail: 0,
+            reserved: 0,
+            live_connections: 0,
+            latency_samples: 0,
+            latency_median_ns: 0,
+            latency_p99_ns: 0,
+            latency_max_ns: 0,
+            srtt_ns: 0,
+            bytes: 0,
+            errors: 0,
+            failovers: 0,
+            suspects: 0,
+        }
+    }
+}
+
 /// What the plugin holds now, process-wide (`mpib_resource_stats`): comms, contexts, fabric
 /// objects and registered control memory. Every figure but `unrouted_completions` returns to
 /// its earlier value when what was opened is closed again.
