@@ -29,6 +29,8 @@
 //!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets
 //! spin clock  the spin lock of a connection's state and of a CQ ring's producers; the
 //!             helper's clock (when it wakes with no event; callers' polls put it off)
+//! sync        the atomics and cell of spin, ring and mr: std's, or loom's under
+//!             `--cfg loom` (the models: `loom_models`)
 //! ```
 //!
 //! `port`, `link`, `endpoint` (a CQ's attachments) and `watch` hold connections (or links)
@@ -113,6 +115,8 @@ mod hook;
 mod link;
 mod liveness;
 mod logs;
+#[cfg(all(test, loom))]
+mod loom_models;
 mod mr;
 mod port;
 mod qp;
@@ -121,6 +125,7 @@ mod responder;
 mod ring;
 mod rx;
 mod spin;
+mod sync;
 mod transport;
 mod tx;
 mod watch;
