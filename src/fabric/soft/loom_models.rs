@@ -122,6 +122,7 @@ fn loom_ring_two_producers() {
             .collect();
         let mut got = Vec::new();
         pop(&r, &mut got);
+        pop(&r, &mut got);
         for p in ps {
             p.join().unwrap();
         }
