@@ -15,7 +15,7 @@
 
 use loom::cell::UnsafeCell;
 use loom::sync::Arc;
-use loom::sync::atomic::{AtomicBool, Ordering};
+use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use loom::thread;
 
 use super::mr::MrTable;
@@ -23,13 +23,23 @@ use super::ring::CqRing;
 use super::spin::SpinMutex;
 use crate::fabric::{Access, Completion};
 
+/// Runs `f` under loom with at most 3 preemptions per run (`LOOM_MAX_PREEMPTIONS` sets
+/// another bound): every model here passes unbounded in under a second, but a broken one
+/// (a lock removed) can make the unbounded search run for many minutes, where a bound of 2
+/// finds the race at once.
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound.get_or_insert(3);
+    b.check(f);
+}
+
 /// A thread and the main one each add 1 through the lock to a counter that is not atomic:
 /// both additions count, and loom sees no two accesses unordered. (Two threads: with a
 /// third, loom's scheduler can pass the turn between two waiters for ever while the holder
 /// never runs, and stops the model as a livelock.)
 #[test]
 fn loom_spin_lock_excludes() {
-    loom::model(|| {
+    model(|| {
         let m = Arc::new(SpinMutex::new(UnsafeCell::new(0u32)));
         let add = |m: &SpinMutex<UnsafeCell<u32>>| {
             let g = m.lock();
@@ -80,25 +90,50 @@ fn drain(r: &CqRing, got: &mut Vec<u64>) {
     }
 }
 
-// The ring models' threads never wait on each other's progress (a producer gives up when
-// the ring is full, the consumer pops a bounded number of times before it joins them and
-// drains): a waiter that spins for another's progress makes runs loom cannot end.
+// The ring models' threads never wait on each other's progress through the ring (a
+// producer gives up when the ring is full, the consumer pops a bounded number of times
+// before it joins them and drains): two waiters that spin for each other make runs loom
+// cannot end. The consumer does wait, boundedly, for a producer's Relaxed word (`pushed`,
+// no happens-before) before some pops: loom does not reorder a load before a store that
+// follows a load by the storing thread (tokio-rs/loom#392), so without it the consumer
+// would never pop while the producers push, and a missing Release on `tail` went unseen.
+
+/// Waits a little for `pushed` (Relaxed: it orders nothing) to reach `n` (a bounded wait:
+/// a producer may be waiting for the other's lock meanwhile).
+fn wait_for(pushed: &AtomicUsize, n: usize) {
+    for _ in 0..3 {
+        if pushed.load(Ordering::Relaxed) >= n {
+            return;
+        }
+        thread::yield_now();
+    }
+}
 
 /// One producer pushes into a ring of depth 1 while the consumer pops, grows it to 4 and
 /// pops again: every completion pushed comes out once, whole, in order, and none that was
 /// not pushed; the grown ring holds 4.
 #[test]
 fn loom_ring_producer_consumer_and_growth() {
-    loom::model(|| {
+    model(|| {
         let r = Arc::new(CqRing::new(1));
+        let pushed = Arc::new(AtomicUsize::new(0));
         let p = {
-            let r = r.clone();
-            thread::spawn(move || produce(&r, &[1, 2, 3]))
+            let (r, pushed) = (r.clone(), pushed.clone());
+            thread::spawn(move || {
+                let mut done = produce(&r, &[1]);
+                pushed.store(1, Ordering::Relaxed);
+                done.extend(produce(&r, &[2, 3]));
+                pushed.store(2, Ordering::Relaxed);
+                done
+            })
         };
         let mut got = Vec::new();
         pop(&r, &mut got);
+        wait_for(&pushed, 1);
         // SAFETY: this thread is the only consumer, not inside `pop_into`.
         unsafe { r.grow(4) };
+        pop(&r, &mut got);
+        wait_for(&pushed, 2);
         pop(&r, &mut got);
         let pushed = p.join().unwrap();
         drain(&r, &mut got);
@@ -111,17 +146,22 @@ fn loom_ring_producer_consumer_and_growth() {
 /// each producer's in its order.
 #[test]
 fn loom_ring_two_producers() {
-    loom::model(|| {
+    model(|| {
         let r = Arc::new(CqRing::new(4));
+        let pushed = Arc::new(AtomicUsize::new(0));
         let ps: Vec<_> = [[10, 11], [20, 21]]
             .into_iter()
             .map(|ids| {
-                let r = r.clone();
-                thread::spawn(move || assert_eq!(produce(&r, &ids), ids, "room for all"))
+                let (r, pushed) = (r.clone(), pushed.clone());
+                thread::spawn(move || {
+                    assert_eq!(produce(&r, &ids), ids, "room for all");
+                    pushed.fetch_add(1, Ordering::Relaxed);
+                })
             })
             .collect();
         let mut got = Vec::new();
         pop(&r, &mut got);
+        wait_for(&pushed, 1);
         pop(&r, &mut got);
         for p in ps {
             p.join().unwrap();
@@ -138,7 +178,7 @@ fn loom_ring_two_producers() {
 /// is not room for another.
 #[test]
 fn loom_ring_reserved_slot() {
-    loom::model(|| {
+    model(|| {
         let r = Arc::new(CqRing::new(2));
         let p = {
             let r = r.clone();
@@ -167,7 +207,7 @@ const LEN: u64 = 64;
 /// (loom fails on a race otherwise), and a pin that starts after `dereg` returned fails.
 #[test]
 fn loom_mr_pin_races_dereg() {
-    loom::model(|| {
+    model(|| {
         let t = Arc::new(MrTable::default());
         let key = t.reg(ADDR, LEN, Access::REMOTE_WRITE).unwrap();
         let region = Arc::new(UnsafeCell::new(0u64));
@@ -198,7 +238,7 @@ fn loom_mr_pin_races_dereg() {
 /// the region's address and length.
 #[test]
 fn loom_mr_reg_races_pin() {
-    loom::model(|| {
+    model(|| {
         let t = Arc::new(MrTable::default());
         // The first registration of a table: slot 1, generation 1.
         let key = MrTable::first_key();
