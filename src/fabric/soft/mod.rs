@@ -24,6 +24,7 @@
 //! transport   vectored socket I/O; an in-process peer's end
 //! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
 //! fault       why a QP goes to the error state
+//! loom_models the model checker's tests of ring, mr and spin (built under `--cfg loom`)
 //! addr frame liveness logs mr ring watch
 //!             leaves: interface facts and random names, the wire format, the silent-peer
 //!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets

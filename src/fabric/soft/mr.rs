@@ -173,7 +173,7 @@ impl Pinned<'_> {
     }
 
     /// The size of the pinned region.
-    #[cfg(test)]
+    #[cfg(all(test, loom))]
     pub fn size(&self) -> u64 {
         self.slot.len.load(Ordering::Relaxed)
     }
@@ -218,7 +218,7 @@ impl MrTable {
     }
 
     /// The key the first registration of a table gets (slot 1, generation 1).
-    #[cfg(test)]
+    #[cfg(all(test, loom))]
     pub fn first_key() -> u32 {
         1 << GEN_BITS | 1
     }
