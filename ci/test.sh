@@ -5,8 +5,9 @@
 #   static checks   cargo fmt, cargo clippy, shellcheck and ci/lint-pipefail.py on every
 #                   shell script of the checkout
 #   cargo test      the whole workspace (unit, C header and loader, soft fabric, conformance,
-#                   mpib-perf, ...), then a bounded fuzz run of the soft fabric's frame decoder
-#                   and of the set-up message decoder
+#                   mpib-perf, ...), the loom models of the soft fabric's lock-free parts, then
+#                   a bounded fuzz run of the soft fabric's frame decoder and of the set-up
+#                   message decoder
 #   ci/tests        the CPU-side tests of the CI scripts (python3 -m unittest)
 #   ci/release.sh   the x86_64 release archive (glibc 2.28), its ELF checks, and its
 #                   unpacked mpib-perf's checked run against its unpacked plugin
@@ -68,6 +69,15 @@ step build "cargo build -p mpib --lib (the cdylib the C loader tests dlopen)"
 cargo build -p mpib --lib
 step cargo-test "cargo test --workspace"
 cargo test --workspace
+
+step loom "loom models of the soft fabric's spin lock, CQ ring and key table (--cfg loom)"
+# A build of its own (--cfg loom changes every crate's flags): its own target subdirectory,
+# so the steps around it keep their cache. Measured on 2 cores shared with other builds:
+# ~5 min from an empty directory (the dependencies), ~75 s after a change to the crate;
+# the models run ~16 s. The time limit stops a model whose search has gone wide.
+loom_target="${CARGO_TARGET_DIR:-target}/loom"
+CARGO_TARGET_DIR=$loom_target RUSTFLAGS="--cfg loom" timeout -k 10 900 \
+  cargo test --release -p mpib --lib loom_models
 
 step fuzz "fuzz the soft fabric frame decoder and the set-up message decoder (bounded)"
 # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP=1 lets the stable toolchain accept them.

@@ -24,11 +24,14 @@
 //! transport   vectored socket I/O; an in-process peer's end
 //! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
 //! fault       why a QP goes to the error state
+//! loom_models the model checker's tests of ring, mr and spin (built under `--cfg loom`)
 //! addr frame liveness logs mr ring watch
 //!             leaves: interface facts and random names, the wire format, the silent-peer
 //!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets
 //! spin clock  the spin lock of a connection's state and of a CQ ring's producers; the
 //!             helper's clock (when it wakes with no event; callers' polls put it off)
+//! sync        the atomics and cell of spin, ring and mr: std's, or loom's under
+//!             `--cfg loom` (the models: `loom_models`)
 //! ```
 //!
 //! `port`, `link`, `endpoint` (a CQ's attachments) and `watch` hold connections (or links)
@@ -113,6 +116,8 @@ mod hook;
 mod link;
 mod liveness;
 mod logs;
+#[cfg(all(test, loom))]
+mod loom_models;
 mod mr;
 mod port;
 mod qp;
@@ -121,6 +126,7 @@ mod responder;
 mod ring;
 mod rx;
 mod spin;
+mod sync;
 mod transport;
 mod tx;
 mod watch;

@@ -39,16 +39,25 @@
 //! gates' low halves for an instant, as in any slot; nothing else ever writes it.)
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
+use super::sync::{AtomicPtr, AtomicU32, AtomicU64, spin_loop, yield_now};
 use crate::error::{Error, Result};
 use crate::fabric::Access;
 
+#[cfg(not(loom))]
 const GEN_BITS: u32 = 12;
-const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+#[cfg(not(loom))]
 const CHUNK_BITS: u32 = 10;
+// Under the model checker, a table it can build in every run: 4 chunks of 4 slots (the
+// same arithmetic, other widths).
+#[cfg(loom)]
+const GEN_BITS: u32 = 28;
+#[cfg(loom)]
+const CHUNK_BITS: u32 = 2;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
 const CHUNK_SLOTS: usize = 1 << CHUNK_BITS;
 const MAX_CHUNKS: usize = 1 << (32 - GEN_BITS - CHUNK_BITS);
 /// Most registrations a soft device holds at once.
@@ -66,19 +75,28 @@ struct Slot {
     access: AtomicU32,
 }
 
-impl Slot {
-    const fn new() -> Slot {
+macro_rules! new_slot {
+    () => {
         Slot { gate: AtomicU64::new(0), addr: AtomicU64::new(0), len: AtomicU64::new(0), access: AtomicU32::new(0) }
+    };
+}
+
+impl Slot {
+    // loom's atomics are not made in a `const fn`.
+    #[cfg(not(loom))]
+    const fn new() -> Slot {
+        new_slot!()
+    }
+    #[cfg(loom)]
+    fn new() -> Slot {
+        new_slot!()
     }
 }
 
-/// What the chunks not allocated yet point to (see the module documentation).
+/// What the chunks not allocated yet point to (see the module documentation). Under the
+/// model checker, whose atomics live only in a model's run, each table has its own.
+#[cfg(not(loom))]
 static EMPTY: Chunk = [const { Slot::new() }; CHUNK_SLOTS];
-
-/// [`EMPTY`] as a chunk pointer (never written through: only its atomics change).
-fn empty() -> *mut Chunk {
-    &EMPTY as *const Chunk as *mut Chunk
-}
 
 /// The key half of a gate value.
 #[inline]
@@ -138,6 +156,8 @@ pub struct MrTable {
     /// check on the data path. [`EMPTY`] where no chunk is allocated yet.
     chunks: [AtomicPtr<Chunk>; MAX_CHUNKS],
     alloc: Mutex<Alloc>,
+    #[cfg(loom)]
+    empty: Box<Chunk>,
 }
 
 /// A registration pinned for one access: its memory stays registered until this drops.
@@ -151,6 +171,12 @@ impl Pinned<'_> {
     pub fn addr(&self) -> u64 {
         self.slot.addr.load(Ordering::Relaxed)
     }
+
+    /// The size of the pinned region.
+    #[cfg(all(test, loom))]
+    pub fn size(&self) -> u64 {
+        self.slot.len.load(Ordering::Relaxed)
+    }
 }
 
 impl Drop for Pinned<'_> {
@@ -163,9 +189,17 @@ impl Drop for Pinned<'_> {
 
 impl Default for MrTable {
     fn default() -> Self {
+        #[cfg(loom)]
+        let empty: Box<Chunk> = Box::new(std::array::from_fn(|_| Slot::new()));
+        #[cfg(not(loom))]
+        let empty_chunk = &EMPTY as *const Chunk as *mut Chunk;
+        #[cfg(loom)]
+        let empty_chunk = &*empty as *const Chunk as *mut Chunk;
         let t = MrTable {
-            chunks: std::array::from_fn(|_| AtomicPtr::new(empty())),
+            chunks: std::array::from_fn(|_| AtomicPtr::new(empty_chunk)),
             alloc: Mutex::new(Alloc { free: Vec::new(), retired: VecDeque::new(), chunks: 0 }),
+            #[cfg(loom)]
+            empty,
         };
         // Chunk 0 now: key 0 (index 0) must never land in `EMPTY`, whose key halves are 0.
         t.add_chunk(&mut t.alloc.lock());
@@ -174,10 +208,25 @@ impl Default for MrTable {
 }
 
 impl MrTable {
+    /// [`EMPTY`] as a chunk pointer (never written through: only its atomics change).
+    fn empty(&self) -> *mut Chunk {
+        #[cfg(not(loom))]
+        let p: *const Chunk = &EMPTY;
+        #[cfg(loom)]
+        let p: *const Chunk = &*self.empty;
+        p as *mut Chunk
+    }
+
+    /// The key the first registration of a table gets (slot 1, generation 1).
+    #[cfg(all(test, loom))]
+    pub fn first_key() -> u32 {
+        1 << GEN_BITS | 1
+    }
+
     #[inline(always)]
     fn slot(&self, index: u32) -> &Slot {
         let chunk = self.chunks[index as usize >> CHUNK_BITS].load(Ordering::Acquire);
-        // SAFETY: a chunk pointer is `EMPTY` (a static) or was published (Release) by
+        // SAFETY: a chunk pointer is `EMPTY` (a static, or the table's own) or was published (Release) by
         // `add_chunk` from a live Box, freed only in `Drop`, which has `&mut self`; so it is
         // never null either (said to the compiler, which otherwise checks the `Pinned` built
         // from it for null where a caller matches the `Option`).
@@ -243,9 +292,9 @@ impl MrTable {
         while slot.gate.load(Ordering::Acquire) & PINS != 0 {
             spins += 1;
             if spins < 64 {
-                std::hint::spin_loop();
+                spin_loop();
             } else {
-                std::thread::yield_now();
+                yield_now();
             }
         }
         self.alloc.lock().release(index, key & GEN_MASK);
@@ -283,7 +332,7 @@ impl Drop for MrTable {
     fn drop(&mut self) {
         for c in self.chunks.iter() {
             let p = c.load(Ordering::Acquire);
-            if p != empty() {
+            if p != self.empty() {
                 // SAFETY: published from Box::into_raw in `add_chunk`, freed only here, once.
                 drop(unsafe { Box::from_raw(p) });
             }
@@ -291,7 +340,7 @@ impl Drop for MrTable {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -34,10 +34,10 @@
 //! and stores (a push, a reservation, a retire of a send queue's finished WRs, a grow's
 //! copy), with no system call and no other lock taken inside.
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use super::spin::{SpinGuard, SpinMutex};
+use super::sync::{AtomicUsize, UnsafeCell};
 
 use crate::fabric::Completion;
 
@@ -123,15 +123,18 @@ impl CqRing {
             return 0;
         }
         let n = max.min(tail.wrapping_sub(head));
-        // SAFETY: only the consumer (the caller) replaces the array.
-        let buf = unsafe { &*self.buf.get() };
-        for i in 0..n {
-            // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load
-            // of `tail`, and no producer writes it until `head` moves past it (below, after
-            // `f` is done with it).
-            // `& mask` is below the array's length (a power of two, `mask + 1`).
-            f(unsafe { &*buf.slots.get_unchecked(head.wrapping_add(i) & buf.mask).get() });
-        }
+        self.buf.with(|buf| {
+            // SAFETY: only the consumer (the caller) replaces the array.
+            let buf = unsafe { &*buf };
+            for i in 0..n {
+                // SAFETY: `& mask` is below the array's length (a power of two, `mask + 1`).
+                let slot = unsafe { buf.slots.get_unchecked(head.wrapping_add(i) & buf.mask) };
+                // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire
+                // load of `tail`, and no producer writes it until `head` moves past it
+                // (below, after `f` is done with it).
+                slot.with(|c| f(unsafe { &*c }));
+            }
+        });
         self.head.store(head.wrapping_add(n), Ordering::Release);
         n
     }
@@ -142,27 +145,31 @@ impl CqRing {
     /// One consumer: only the ring's consumer calls this, never while in `pop_into`.
     pub unsafe fn grow(&self, depth: usize) {
         let _producers = self.lock();
-        // SAFETY: the producers are locked out and the caller is the consumer: nobody else
-        // reads or writes the array until this returns.
-        let buf = unsafe { &mut *self.buf.get() };
-        if depth <= buf.cap {
-            return;
-        }
-        let new = Buf::new(depth);
-        // The reserved slots stay reserved: the limit grows by the slots added.
-        self.limit.fetch_add(new.cap - buf.cap, Ordering::Relaxed);
-        let (head, tail) = (self.head.load(Ordering::Relaxed), self.tail.load(Ordering::Relaxed));
-        let mut c = head;
-        while c != tail {
-            // SAFETY: as above; `c` lies in `[head, tail)`, published.
-            unsafe { *new.slots[c & new.mask].get() = *buf.slots[c & buf.mask].get() };
-            c = c.wrapping_add(1);
-        }
-        *buf = new;
+        self.buf.with_mut(|buf| {
+            // SAFETY: the producers are locked out and the caller is the consumer: nobody
+            // else reads or writes the array until this returns.
+            let buf = unsafe { &mut *buf };
+            if depth <= buf.cap {
+                return;
+            }
+            let new = Buf::new(depth);
+            // The reserved slots stay reserved: the limit grows by the slots added.
+            self.limit.fetch_add(new.cap - buf.cap, Ordering::Relaxed);
+            let (head, tail) = (self.head.load(Ordering::Relaxed), self.tail.load(Ordering::Relaxed));
+            let mut c = head;
+            while c != tail {
+                let (from, to) = (&buf.slots[c & buf.mask], &new.slots[c & new.mask]);
+                // SAFETY: as above; `c` lies in `[head, tail)`, published; `to` is not
+                // shared yet.
+                from.with(|from| to.with_mut(|to| unsafe { *to = *from }));
+                c = c.wrapping_add(1);
+            }
+            *buf = new;
+        })
     }
 
     /// Completions queued now (tests).
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub fn len(&self) -> usize {
         self.tail.load(Ordering::Acquire).wrapping_sub(self.head.load(Ordering::Acquire))
     }
@@ -236,20 +243,22 @@ impl Room<'_> {
     #[inline(always)]
     pub fn push(self, c: Completion) {
         let ring = self.ring;
-        // SAFETY: the slot at `tail` lies outside `[head, tail)` (`room` checked it, and the
-        // consumer only moves `head` on): the consumer does not read it, and no other
-        // producer writes (or replaces the array) while this one holds the lock (`Room`
-        // borrows the `Producer`).
-        unsafe {
-            let buf = &*ring.buf.get();
-            // `& mask` is below the array's length (a power of two, `mask + 1`).
-            *buf.slots.get_unchecked(self.tail & buf.mask).get() = c;
-        }
+        ring.buf.with(|buf| {
+            // SAFETY: no other producer replaces the array while this one holds the lock
+            // (`Room` borrows the `Producer`), and the consumer replaces it only under it.
+            let buf = unsafe { &*buf };
+            // SAFETY: `& mask` is below the array's length (a power of two, `mask + 1`).
+            let slot = unsafe { buf.slots.get_unchecked(self.tail & buf.mask) };
+            // SAFETY: the slot at `tail` lies outside `[head, tail)` (`room` checked it, and
+            // the consumer only moves `head` on): the consumer does not read it, and no
+            // other producer writes it while this one holds the lock.
+            slot.with_mut(|s| unsafe { *s = c });
+        });
         ring.tail.store(self.tail.wrapping_add(1), Ordering::Release);
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

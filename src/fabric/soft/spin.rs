@@ -12,7 +12,9 @@
 
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
+
+use super::sync::{AtomicBool, spin_loop, yield_now};
 
 /// A value behind a spin lock.
 pub struct SpinMutex<T> {
@@ -25,18 +27,33 @@ pub struct SpinMutex<T> {
 unsafe impl<T: Send> Sync for SpinMutex<T> {}
 
 impl<T> SpinMutex<T> {
-    pub const fn new(value: T) -> SpinMutex<T> {
+    pub fn new(value: T) -> SpinMutex<T> {
         SpinMutex { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
     }
 
     /// Waits for the lock (see the module documentation).
     #[inline(always)]
     pub fn lock(&self) -> SpinGuard<'_, T> {
-        // Acquire: what the previous holder did under the lock is visible.
-        if self.locked.swap(true, Ordering::Acquire) {
+        if !self.try_take() {
             self.lock_contended();
         }
         SpinGuard { m: self }
+    }
+
+    /// Takes the lock if it is free: one swap. Acquire: what the previous holder did under
+    /// the lock is visible.
+    #[inline(always)]
+    fn try_take(&self) -> bool {
+        #[cfg(not(loom))]
+        let taken = !self.locked.swap(true, Ordering::Acquire);
+        // The same step for the model checker, as a compare-and-swap: a swap that finds
+        // the lock held writes `true` over `true`, and loom leaves that store unordered
+        // against the holder's release, so the spinning loads may read it for ever (loom
+        // stops the run as a livelock). A failed compare-and-swap stores nothing; either
+        // way the lock's value is unchanged and the taker gets no ordering.
+        #[cfg(loom)]
+        let taken = self.locked.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        taken
     }
 
     #[cold]
@@ -47,12 +64,12 @@ impl<T> SpinMutex<T> {
             while self.locked.load(Ordering::Relaxed) {
                 spins += 1;
                 if spins < 64 {
-                    std::hint::spin_loop();
+                    spin_loop();
                 } else {
-                    std::thread::yield_now();
+                    yield_now();
                 }
             }
-            if !self.locked.swap(true, Ordering::Acquire) {
+            if self.try_take() {
                 return;
             }
         }
@@ -89,7 +106,7 @@ impl<T> Drop for SpinGuard<'_, T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
