@@ -142,6 +142,8 @@ impl SendEngine {
         self.fo.state[rail] = RailState::Up;
         self.fo.down_warned_ns[rail] = 0;
         self.fo.up_since_ns[rail] = now.max(1);
+        // New QPs, a new path: not judged by its silence before it completed something.
+        self.fo.heard_ns[rail] = 0;
         self.fo.readmissions += 1;
         self.tel[rail].readmit(now);
         self.tel[rail].stats().count_readmission();

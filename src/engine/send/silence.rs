@@ -57,9 +57,9 @@ impl SendEngine {
             }
             busy = true;
             if self.fo.heard_ns[rail] == 0 {
-                // Nothing completed on this rail yet: no round trip to judge a silence by,
-                // and its first work may wait for the path to come up (the soft fabric dials
-                // at first use). RC's retry budget decides.
+                // Nothing completed on this rail yet (since it came up or was re-admitted):
+                // no round trip to judge a silence by, and its first work may wait for the
+                // path to come up (the soft fabric dials at first use). RC's budget decides.
                 continue;
             }
             let Some((posted, bytes)) = self.oldest_part(rail) else { continue };
