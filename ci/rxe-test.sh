@@ -164,9 +164,9 @@ suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUG
 build_gid-change() { build_link-down "$1"; }
 suite gid-change "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_gid_change_mid_stream_readmits_with_the_new_gid --test-threads=1 --nocapture"
 
-# A silent link on real verbs (crates/mpib-tools/tests/silent_link.rs): SUP on devices that
-# cross the guest's wire (rxe1 on the receiver, rxe0 on the sender; SOUT on rxe0 loops back
-# inside it), every wire packet dropped for 1.5 s mid-stream (tc netem), no port event:
+# A silent link on real verbs (crates/mpib-tools/tests/silent_link.rs): SUP on a veth pair of
+# its own with an rxe device on each end (SOUT on rxe0 loops back inside it), every packet on
+# it dropped for 6 s mid-stream (tc netem), no port event:
 # the sender's silent-rail check fails SUP over; clean, exact, counted, re-admitted.
 build_silent-link() {
   cargo_test_binary silent_link "$1" || return 1
