@@ -7,6 +7,7 @@
 //! Each file imports only files listed below it (no circles); read top-down:
 //!
 //! ```text
+//! port_tests  the port's unit tests (of `port`)
 //! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
 //! qp          SoftQp: QpInfo, connect, is_ready, post_send, drop
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
