@@ -27,9 +27,10 @@ use mpib::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, QpCaps, QueuePair, SendWr, Sge, Timestamps, WcStatus,
     WrOpcode,
 };
+use mpib::plugin::listen_handle::read_handle;
 use mpib::plugin::oob::{OobAddr, OobConn};
 use mpib::plugin::region::SEND_SCRATCH_OFF;
-use mpib::plugin::setup::{FabricKind, read_handle};
+use mpib::plugin::setup::FabricKind;
 use mpib::plugin::wire::{self, Hello, Msg};
 
 const WAIT: Duration = Duration::from_secs(60);

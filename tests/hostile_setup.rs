@@ -14,8 +14,9 @@ use std::time::{Duration, Instant};
 
 use hostile_common::abi::{Handle, Net};
 use hostile_common::{in_child, is_child};
+use mpib::plugin::listen_handle::{read_handle, write_handle};
 use mpib::plugin::oob::OobAddr;
-use mpib::plugin::setup::{FabricKind, read_handle, write_handle};
+use mpib::plugin::setup::FabricKind;
 use ncclnet_types::result::REMOTE_ERROR;
 
 /// Longest wait for the real peer's set-up. `MPIB_CONNECT_TIMEOUT_MS` is set far above it:

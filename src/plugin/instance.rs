@@ -14,10 +14,11 @@ use super::devices::Devices;
 use super::discover::FoundPair;
 use super::handles::{CommHandle, ContextHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
 use super::listen::ListenComm;
+use super::listen_handle;
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::nic_pair::NicPair;
 use super::oob::OobListener;
-use super::setup::{self, Connecting, FabricKind, Params};
+use super::setup::{Connecting, FabricKind, Params};
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
 use crate::engine::{RAILS, RailCounts, RecvBuf, cold};
@@ -134,7 +135,7 @@ impl<D: Device> Plugin<D> {
             FabricKind::Inproc => OobListener::inproc(),
             _ => OobListener::tcp(self.listen_ip()?)?,
         };
-        setup::write_handle(handle, self.kind, addr);
+        listen_handle::write_handle(handle, self.kind, addr);
         let p = self.params(abi, None);
         let listen = ListenComm::new(listener, pair, ctx, p);
         self.objs.insert(Kind::Listen, Obj::Listen(Box::new(listen))).map(ListenHandle)
@@ -149,14 +150,14 @@ impl<D: Device> Plugin<D> {
         handle: &mut [u8; HANDLE_BYTES],
         tc: Option<i32>,
     ) -> Result<Option<CommHandle>> {
-        let mut token = setup::handle_token(handle);
+        let mut token = listen_handle::handle_token(handle);
         if token == 0 {
-            let addr = setup::read_handle(handle, self.kind)?;
+            let addr = listen_handle::read_handle(handle, self.kind)?;
             let ctx = self.context(ctx)?;
             let p = self.params(abi, tc.or(ctx.traffic_class));
             let c = Connecting::start(self.pair(abi, dev)?, p, addr, &ctx)?;
             token = self.objs.insert(Kind::Pending, Obj::Connecting(Box::new(c)))?;
-            setup::set_handle_token(handle, token);
+            listen_handle::set_handle_token(handle, token);
         }
         let step = {
             let (_, mut g) = self.objs.get(token, Kind::Pending)?;
@@ -169,12 +170,12 @@ impl<D: Device> Plugin<D> {
             Ok(None) => Ok(None),
             Ok(Some(comm)) => {
                 let _ = self.objs.remove(token, Kind::Pending);
-                setup::set_handle_token(handle, 0);
+                listen_handle::set_handle_token(handle, 0);
                 self.objs.insert(Kind::Send, Obj::Send(Box::new(comm))).map(|h| Some(CommHandle(h)))
             }
             Err(e) => {
                 let _ = self.objs.remove(token, Kind::Pending);
-                setup::set_handle_token(handle, 0);
+                listen_handle::set_handle_token(handle, 0);
                 Err(e)
             }
         }

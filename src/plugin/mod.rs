@@ -31,6 +31,7 @@ mod hang;
 pub mod inbox;
 pub mod instance;
 pub mod listen;
+pub mod listen_handle;
 mod memlock;
 pub mod mr;
 pub mod nic_pair;
