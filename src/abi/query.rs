@@ -2,11 +2,11 @@
 //! rails for tools such as `mpib-perf` and the conformance suite. Every one is prefixed `mpib_`.
 #![allow(non_camel_case_types)]
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 
 use super::args::out;
 use super::guard::run;
-use super::stats::{prefix_len, write_prefix};
+use super::stats::{c_string, prefix_len, write_prefix};
 use crate::error::Error;
 use crate::fabric::LinkLayer;
 use crate::plugin::{self, AbiVersion};
@@ -45,15 +45,6 @@ pub unsafe extern "C" fn mpib_comm_counters(comm: *mut c_void, out_: *mut mpib_r
         unsafe { *out_.add(1) = (&c[1]).into() };
         Ok(())
     })
-}
-
-/// Copies `s` into the C string field `dst`, cut to fit and NUL-terminated.
-pub(super) fn c_string(dst: &mut [c_char], s: &str) {
-    let n = s.len().min(dst.len() - 1);
-    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
-        *d = *b as c_char;
-    }
-    dst[n] = 0;
 }
 
 impl From<&plugin::RailDesc> for mpib_rail_info_t {

@@ -6,7 +6,6 @@
 use std::mem::size_of;
 
 use super::guard::run;
-use super::query::c_string;
 use crate::error::{Error, Result};
 use crate::telemetry::{NicTotals, PeerTotals, RailTotals, process_nic_totals, process_totals, process_worst_peers};
 use ncclnet_types::mpib::*;
@@ -285,6 +284,15 @@ pub(super) fn prefix_len<T>(out_is_null: bool, size: usize, type_name: &str) -> 
 pub(super) unsafe fn write_prefix<T: Copy>(v: &T, dst: *mut u8, n: usize) {
     // SAFETY: `v` is a plain struct of at least `n` bytes; the caller vouches for `dst`.
     unsafe { std::ptr::copy_nonoverlapping((v as *const T).cast::<u8>(), dst, n) };
+}
+
+/// Copies `s` into the C string field `dst`, cut to fit and NUL-terminated.
+pub(super) fn c_string(dst: &mut [std::ffi::c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(&s.as_bytes()[..n]) {
+        *d = *b as std::ffi::c_char;
+    }
+    dst[n] = 0;
 }
 
 #[cfg(test)]
