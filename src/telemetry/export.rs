@@ -16,27 +16,9 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 
 use super::prom::format_prometheus;
-use super::registry::{
-    NicTotals, PeerTotals, RailTotals, WORST_PEERS, WorstPeers, process_nic_totals, process_totals, process_worst_peers,
-};
+use super::registry::{PeerTotals, RailTotals, StatsView};
 use crate::config::Config;
 use crate::error::{Error, Result};
-
-/// What the statistics file and the Prometheus textfile show: the per-rail totals, the
-/// per-NIC rows and the worst peers.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct StatsView {
-    pub rails: [RailTotals; 2],
-    pub nics: Vec<NicTotals>,
-    pub worst: WorstPeers,
-}
-
-impl StatsView {
-    /// The process's view now.
-    pub fn of_process() -> StatsView {
-        StatsView { rails: process_totals(), nics: process_nic_totals(), worst: process_worst_peers(WORST_PEERS) }
-    }
-}
 
 /// The lines of one group of figures, each key after `prefix`.
 fn totals_lines(s: &mut String, prefix: &str, t: &RailTotals) {

@@ -46,12 +46,12 @@ mod window_min;
 
 pub use budget::ProbeBudget;
 pub use counter::Counter;
-pub use export::{StatsView, format_stats, start_stats_export, stats_flush_now, write_atomic};
+pub use export::{format_stats, start_stats_export, stats_flush_now, write_atomic};
 pub use histogram::{LatencyHistogram, LatencySummary};
 pub use prom::format_prometheus;
 pub use registry::{
-    NicTotals, PeerTotals, RailTotals, StatsHandle, WORST_PEERS, WorstPeers, process_nic_totals, process_totals,
-    process_worst_peers,
+    NicTotals, PeerTotals, RailTotals, StatsHandle, StatsView, WORST_PEERS, WorstPeers, process_nic_totals,
+    process_totals, process_worst_peers,
 };
 pub use stats::{RailCounters, RailCounts, RailGauges, RailStats, StatsPlace};
 

@@ -6,7 +6,7 @@
 
 use std::fmt::Write as _;
 
-use super::export::StatsView;
+use super::registry::StatsView;
 use super::registry::{NicTotals, PeerTotals};
 use super::stats::RailCounts;
 

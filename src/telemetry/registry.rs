@@ -290,6 +290,22 @@ pub fn global() -> &'static Registry {
     &GLOBAL
 }
 
+/// What the statistics file and the Prometheus textfile show: the per-rail totals, the
+/// per-NIC rows and the worst peers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatsView {
+    pub rails: [RailTotals; 2],
+    pub nics: Vec<NicTotals>,
+    pub worst: WorstPeers,
+}
+
+impl StatsView {
+    /// The process's view now.
+    pub fn of_process() -> StatsView {
+        StatsView { rails: process_totals(), nics: process_nic_totals(), worst: process_worst_peers(WORST_PEERS) }
+    }
+}
+
 /// Both rails' figures for the whole process, summed over the run (live connections and
 /// everything closed ones left behind): what the `mpib_*` query function returns.
 pub fn process_totals() -> [RailTotals; 2] {
