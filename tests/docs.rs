@@ -30,18 +30,22 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
+/// The lines of a page outside its fenced code blocks.
+fn prose_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |line| {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 /// The anchors a page offers: its headings' (outside code blocks) and explicit `<a id>`s.
 fn anchors(text: &str) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in prose_lines(text) {
         if let Some(h) = line.strip_prefix('#') {
             let h = h.trim_start_matches('#');
             out.insert(slug(&h.replace('`', "")));
@@ -60,15 +64,7 @@ fn anchors(text: &str) -> BTreeSet<String> {
 /// The `](target)` links of a page, outside code blocks.
 fn links(text: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.starts_with("```") {
-            fenced = !fenced;
-            continue;
-        }
-        if fenced {
-            continue;
-        }
+    for line in prose_lines(text) {
         let mut rest = line;
         while let Some(i) = rest.find("](") {
             let tail = &rest[i + 2..];
