@@ -4,7 +4,7 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PROG=ci/nccl-two-ranks.sh
-USAGE="usage: $PROG [--fabric soft|verbs|auto] [--lib PATH] [--out DIR] [--gpu N] [--min-bytes S] [--max-bytes S] [--ops LIST] [--iters N] [--timeout SECONDS] [--nccl-version X.Y.Z] [--no-baseline] [--no-torch] [--check-lib-only] [--dry-run] [-h|--help]"
+USAGE="usage: $PROG [--fabric soft|verbs|auto] [--lib PATH] [--out DIR] [--gpu N] [--min-bytes S] [--max-bytes S] [--ops LIST] [--iters N] [--lifecycle N] [--abort] [--timeout SECONDS] [--nccl-version X.Y.Z] [--no-baseline] [--no-torch] [--check-lib-only] [--dry-run] [-h|--help]"
 
 show_help() {
   cat <<EOF
@@ -59,6 +59,14 @@ Options
   --min-bytes S, --max-bytes S   sizes for PyTorch (default 1K and 256M; K/M/G = 2^10/2^20/2^30)
   --ops LIST                collectives (default all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv)
   --iters N                 timed iterations per size (default: auto, 5..50)
+  --lifecycle N             after the collectives through mpib, N rounds of a second
+                            communicator beside the default one, both checked and destroyed,
+                            the default one set up again (NCCL unloads and reloads the plugin)
+                            (default 0). NCCL 2.27 to 2.29 forget NCCL_NET_PLUGIN when they
+                            unload a plugin, so for those versions the rounds run with
+                            NCCL_NET_PLUGIN_REF_COUNT=1 (the plugin stays loaded; said so)
+  --abort                   after the collectives through mpib, abort a second communicator
+                            while a receive on it is in flight, then check the default one
   --timeout SECONDS         limit for each run (default 1800)
   --nccl-version X.Y.Z      NCCL version for the baseline's NCCL_NET_PLUGIN choice (default:
                             asked from PyTorch)
@@ -78,7 +86,7 @@ EOF
 die_usage() { echo "$PROG: $*" >&2; echo "$USAGE" >&2; exit 2; }
 die() { echo "$PROG: $*" >&2; exit 1; }
 
-FABRIC=soft LIB='' OUT='' GPU=0 MIN=1K MAX=256M OPS='' ITERS='' TIMEOUT=1800 NCCL_VER=''
+FABRIC=soft LIB='' OUT='' GPU=0 MIN=1K MAX=256M OPS='' ITERS='' LIFECYCLE=0 ABORT=0 TIMEOUT=1800 NCCL_VER=''
 BASELINE=1 TORCH=1 LIB_ONLY=0 DRY=0
 split=()
 for a in "$@"; do
@@ -97,6 +105,8 @@ while (($#)); do
     --max-bytes) need "$@"; MAX=$2; shift 2 ;;
     --ops) need "$@"; OPS=$2; shift 2 ;;
     --iters) need "$@"; ITERS=$2; shift 2 ;;
+    --lifecycle) need "$@"; LIFECYCLE=$2; shift 2 ;;
+    --abort) ABORT=1; shift ;;
     --timeout) need "$@"; TIMEOUT=$2; shift 2 ;;
     --nccl-version) need "$@"; NCCL_VER=$2; shift 2 ;;
     --no-baseline) BASELINE=0; shift ;;
@@ -110,6 +120,7 @@ case $FABRIC in soft | verbs | auto) ;; *) die_usage "--fabric must be soft, ver
 [[ $GPU =~ ^[0-9]+$ ]] || die_usage "--gpu must be a CUDA device number, not '$GPU'"
 [[ $TIMEOUT =~ ^[0-9]+$ && $TIMEOUT -gt 0 ]] || die_usage "--timeout must be a positive number of seconds, not '$TIMEOUT'"
 [[ -z $ITERS || $ITERS =~ ^[0-9]+$ ]] || die_usage "--iters must be a number, not '$ITERS'"
+[[ $LIFECYCLE =~ ^[0-9]+$ ]] || die_usage "--lifecycle must be a number of rounds, not '$LIFECYCLE'"
 [[ -z $NCCL_VER || $NCCL_VER =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]] || die_usage "--nccl-version must look like 2.21.5, not '$NCCL_VER'"
 PY=${PYTHON:-python3}
 command -v "$PY" >/dev/null || die "$PY not found (set PYTHON)"
@@ -191,6 +202,13 @@ fi
 COMMON_ENV=(NCCL_DEBUG=INFO "NCCL_DEBUG_SUBSYS=INIT,NET,ENV" NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_MULTI_RANK_GPU_ENABLE=1)
 PLUGIN_ENV=("${COMMON_ENV[@]}" "NCCL_NET_PLUGIN=$LIB" NCCL_NET=MPIB "MPIB_FABRIC=$FABRIC")
 BASE_ENV=(-u MPIB_STATS_FILE "${COMMON_ENV[@]}" NCCL_NET=Socket)
+# NCCL 2.27.3 to 2.29.x clear the plugin's name when they unload it after the last
+# communicator, so a communicator created after that cannot find a plugin NCCL_NET_PLUGIN names.
+if ((LIFECYCLE)) && [[ -n $NCCL_VER ]] && version_ge "$NCCL_VER" 2.27 && ! version_ge "$NCCL_VER" 2.30 \
+  && [[ -z ${NCCL_NET_PLUGIN_REF_COUNT:-} ]]; then
+  echo "NCCL $NCCL_VER forgets NCCL_NET_PLUGIN once it unloads the plugin: the lifecycle rounds run with NCCL_NET_PLUGIN_REF_COUNT=1"
+  PLUGIN_ENV+=(NCCL_NET_PLUGIN_REF_COUNT=1)
+fi
 if [[ -n $NCCL_VER ]] && version_ge "$NCCL_VER" 2.28; then
   BASE_ENV=("${BASE_ENV[@]}" NCCL_NET_PLUGIN=none)
 else
@@ -214,14 +232,17 @@ rank_logs() {
 run_torch() {
   local label=$1 extra=()
   shift
-  [[ $label == plugin ]] && extra=(--stats)
+  if [[ $label == plugin ]]; then
+    extra=(--stats --lifecycle "$LIFECYCLE")
+    ((ABORT)) && extra+=(--abort)
+  fi
   local cmd=(env "$@" "$PY" "$ROOT/ci/torch_collectives.py" run --label "$label" "${TORCH_ARGS[@]}" "${extra[@]}")
   if ((DRY)); then
     show_cmd "${cmd[@]}"
     local r
     for r in 0 1; do
       echo "  rank $r: $("$PY" "$ROOT/ci/torch_collectives.py" rank-env --rank "$r" --label "$label" \
-        --out-dir "$OUT" "${extra[@]}" | tr '\n' ' ')"
+        --out-dir "$OUT" "${extra[@]:0:1}" | tr '\n' ' ')"
     done
     return 0
   fi
@@ -300,7 +321,7 @@ run_nccl_tests() {
   local targs=(${NCCL_TESTS_ARGS:--b 1K -e 256M -f 2 -g 1 -n 20 -w 5} -c 1)
   for t in sendrecv_perf all_reduce_perf alltoall_perf; do
     local tag=nccltests-$t
-    local cmd=(env "${PLUGIN_ENV[@]}" "NCCL_TESTS_DEVICE=$GPU" "MPIB_PROOF_OUT=$OUT" "MPIB_PROOF_TAG=$tag"
+    local cmd=(env "${PLUGIN_ENV[@]}" "NCCL_TESTS_DEVICE=$GPU" "PROOF_OUT=$OUT" "PROOF_TAG=$tag"
       OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
       timeout "$TIMEOUT" "$mpirun" "${mpi[@]}" "$ROOT/ci/nccl-rank-env.sh" "$bindir/$t" "${targs[@]}")
     if ((DRY)); then show_cmd "${cmd[@]}"; continue; fi

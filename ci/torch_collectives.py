@@ -324,6 +324,19 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stats", action="store_true", help="give each rank MPIB_STATS_FILE=OUT_DIR/LABEL.rank<N>.stats and print them")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds before the spawned ranks are killed (default 1800)")
     p.add_argument("--port", type=int, default=0, help="rendezvous port on 127.0.0.1 (default: a free one)")
+    p.add_argument(
+        "--lifecycle",
+        type=int,
+        default=0,
+        help="after the collectives, N rounds of: a second communicator beside the default one, both "
+        "checked, both destroyed, the default one set up again (NCCL unloads and reloads the plugin) (default 0)",
+    )
+    p.add_argument(
+        "--abort",
+        action="store_true",
+        help="at the end, abort a second communicator while a receive on it is in flight (its sender never "
+        "sends), then check the default one still carries exact data",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -394,7 +407,7 @@ def launch(args: argparse.Namespace, argv: Sequence[str]) -> int:
     for r in range(args.nranks):
         env = dict(os.environ)
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(r), WORLD_SIZE=str(args.nranks))
-        env.update(LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(args.nranks), MPIB_PROOF_CHILD="1")
+        env.update(LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(args.nranks), PROOF_CHILD="1")
         env.update(rank_env(r, args.label, out_dir, args.fake_hosts, args.hostid_prefix, args.stats))
         log = os.path.join(out_dir, f"{args.label}.rank{r}.out")
         cmd = [sys.executable, os.path.abspath(__file__), "run", *argv]
@@ -474,8 +487,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     under_launcher = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
     if not under_launcher:
         return launch(args, argv[1:])
-    # The only path that needs torch. MPIB_PROOF_WORKER names a stand-in module (CPU tests).
-    module = importlib.import_module(os.environ.get("MPIB_PROOF_WORKER") or "torch_collectives_worker")
+    # The only path that needs torch. PROOF_WORKER names a stand-in module (CPU tests).
+    module = importlib.import_module(os.environ.get("PROOF_WORKER") or "torch_collectives_worker")
     return module.worker(args)
 
 

@@ -8,6 +8,7 @@ on rank, collective and size, so sums are exact and a stale or misplaced chunk i
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -83,6 +84,86 @@ def _timed(torch, dist, run, iters, warmup, device, n):
     return t.item() / n
 
 
+def _lifecycle(torch, dist, args, rank, n, device) -> int:
+    """Rounds of what a job's restarts and sub-groups do to the plugin: a second communicator
+    (its own connections) carrying traffic interleaved with the default one, both destroyed
+    (after the last one NCCL finalizes and unloads the plugin), the default one set up again on
+    a new rendezvous port. Returns the wrong elements seen over all rounds (summed over ranks)."""
+    base_port = int(os.environ["MASTER_PORT"])
+    wrong_total = 0
+    for k in range(args.lifecycle):
+        side = dist.new_group(ranks=list(range(n)))
+        big, small = 1 << 18, 1 << 14
+        want_big = sum(_pattern(torch, big, r, k, device) for r in range(n))
+        want_small = sum(_pattern(torch, small, r, k + 1, device) for r in range(n))
+        wrong = 0
+        for _ in range(4):
+            a, b = _pattern(torch, big, rank, k, device), _pattern(torch, small, rank, k + 1, device)
+            dist.all_reduce(a)
+            dist.all_reduce(b, group=side)
+            torch.cuda.synchronize(device)
+            wrong += int((a != want_big).sum().item()) + int((b != want_small).sum().item())
+        w = torch.tensor([wrong], dtype=torch.int64, device=device)
+        dist.all_reduce(w)
+        wrong_total += int(w.item())
+        dist.destroy_process_group(side)
+        dist.destroy_process_group()
+        os.environ["MASTER_PORT"] = str(base_port + 1 + k)
+        dist.init_process_group("nccl", init_method="env://", rank=rank, world_size=n)
+        if rank == 0:
+            print(
+                f"[{args.label}] lifecycle round {k + 1}/{args.lifecycle}: two communicators checked, "
+                f"destroyed, set up again  #wrong {int(w.item())}",
+                flush=True,
+            )
+    return wrong_total
+
+
+def _abort_in_flight(torch, dist, args, rank, n, device) -> int:
+    """ncclCommAbort as a failing job does it: a second communicator aborted while rank 0's
+    receive on it is in flight (rank 1 never sends), then the default communicator must still
+    carry exact data. Returns the wrong elements afterwards (summed over ranks), -1 where this
+    torch cannot abort one group."""
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if abort is None:
+        if rank == 0:
+            print(f"[{args.label}] abort: skipped, torch {torch.__version__} has no _abort_process_group", flush=True)
+        return -1
+    side = dist.new_group(ranks=list(range(n)))
+    warm = torch.ones(1024, device=device)
+    dist.all_reduce(warm, group=side)  # the side communicator's connections exist and carry data
+    # NCCL sets up point-to-point connections per peer and direction on first use, with both
+    # ranks taking part (torch may also give point-to-point a communicator of its own): one
+    # matched exchange each way first, so the receive below waits in the plugin, not in set-up.
+    for src, dst in ((0, 1), (1, 0)):
+        if rank == src:
+            dist.send(warm, dst=dst, group=side)
+        elif rank == dst:
+            dist.recv(warm, src=src, group=side)
+    torch.cuda.synchronize(device)
+    if rank == 0:
+        stuck = torch.zeros(1 << 20, device=device)
+        dist.irecv(stuck, src=1, group=side)
+    time.sleep(2.0)  # the proxy has posted the receive to the plugin
+    t0 = time.perf_counter()
+    abort(side)
+    took = time.perf_counter() - t0
+    count = 1 << 16
+    a = _pattern(torch, count, rank, 7, device)
+    dist.all_reduce(a)
+    torch.cuda.synchronize(device)
+    wrong = int((a != sum(_pattern(torch, count, r, 7, device) for r in range(n))).sum().item())
+    w = torch.tensor([wrong], dtype=torch.int64, device=device)
+    dist.all_reduce(w)
+    if rank == 0:
+        print(
+            f"[{args.label}] abort: a communicator with a receive in flight aborted in {took:.2f} s; "
+            f"the default one then exact  #wrong {int(w.item())}",
+            flush=True,
+        )
+    return int(w.item())
+
+
 def _nccl_version(torch):
     v = torch.cuda.nccl.version()
     if isinstance(v, tuple):
@@ -102,6 +183,9 @@ def worker(args) -> int:
     if not torch.cuda.is_available() or not dist.is_nccl_available():
         print(f"rank {rank}: torch {torch.__version__} has no CUDA device or no NCCL", file=sys.stderr)
         return 3
+    # A rank still running shortly before the launcher's limit prints every thread's stack: where
+    # it waits (NCCL set-up, a collective, the plugin) is the first question about a hang.
+    faulthandler.dump_traceback_later(max(args.timeout - 10.0, 5.0), exit=False)
     dev = int(os.environ.get("LOCAL_RANK", "0")) if args.gpu == "local" else int(args.gpu)
     torch.cuda.set_device(dev)
     device = torch.device("cuda", dev)
@@ -128,6 +212,10 @@ def worker(args) -> int:
                     flush=True,
                 )
             del run, prepare, out, expected
+    lifecycle_wrong = _lifecycle(torch, dist, args, rank, n, device) if args.lifecycle else 0
+    wrong_total += lifecycle_wrong
+    abort_wrong = _abort_in_flight(torch, dist, args, rank, n, device) if args.abort else 0
+    wrong_total += max(abort_wrong, 0)
     if rank == 0:
         result = {
             "schema": SCHEMA,
@@ -140,13 +228,16 @@ def worker(args) -> int:
             "seconds": round(time.time() - started, 1),
             "rows": rows,
             "wrong_total": wrong_total,
+            "lifecycle_rounds": args.lifecycle,
+            "lifecycle_wrong": lifecycle_wrong,
+            "abort_wrong": abort_wrong,
         }
         if args.json:
             tmp = args.json + ".tmp"
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(result, f, indent=1)
             os.replace(tmp, args.json)
-        if os.environ.get("MPIB_PROOF_CHILD") != "1":  # under torchrun nobody else prints it
+        if os.environ.get("PROOF_CHILD") != "1":  # under torchrun nobody else prints it
             print(format_table(rows, labels=(args.label, "baseline")))
     dist.destroy_process_group()  # closes the comms: the plugin writes its final statistics
     return 1 if wrong_total else 0

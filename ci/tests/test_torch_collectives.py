@@ -239,7 +239,7 @@ class Launcher(unittest.TestCase):
     def launch(self, mode, *extra, timeout=60):
         d = helpers.tempdir(self)
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
-        env.update(MPIB_PROOF_WORKER="fake_worker", PYTHONPATH=helpers.FAKES, FAKE_MODE=mode, NCCL_NET="MPIB")
+        env.update(PROOF_WORKER="fake_worker", PYTHONPATH=helpers.FAKES, FAKE_MODE=mode, NCCL_NET="MPIB")
         env.update(PYTHONDONTWRITEBYTECODE="1")
         cmd = [sys.executable, SCRIPT, "run", "--out-dir", d, "--max-bytes", "4K", "--stats", *extra]
         t0 = time.monotonic()

@@ -38,6 +38,7 @@ class Arguments(unittest.TestCase):
             ("--fabric", "ib"): "--fabric must be soft, verbs or auto",
             ("--fabric=rdma",): "--fabric must be soft, verbs or auto",
             ("--gpu", "x"): "--gpu must be a CUDA device number",
+            ("--lifecycle", "two"): "--lifecycle must be a number of rounds",
             ("--timeout", "0"): "--timeout must be a positive number",
             ("--iters", "many"): "--iters must be a number",
             ("--nccl-version", "latest"): "--nccl-version must look like 2.21.5",
@@ -113,6 +114,23 @@ class DryRun(WithLibrary):
         self.assertNotIn("socket transport", out)
         self.assertIn("--gpu 3 --min-bytes 1K --max-bytes 1M --timeout 1800 --ops sendrecv --iters 7", out)
 
+    def test_lifecycle_and_abort_reach_the_plugin_run_only(self):
+        out = self.dry("--nccl-version", "2.30.7", "--lifecycle", "2", "--abort")
+        self.assertIn("--stats --lifecycle 2 --abort", self.section(out, "PyTorch collectives through mpib"))
+        base = self.section(out, "PyTorch collectives through NCCL's socket transport")
+        self.assertNotIn("--lifecycle", base)
+        self.assertNotIn("--abort", base)
+        self.assertIn("--stats --lifecycle 0", self.dry("--nccl-version", "2.30.7"))
+
+    def test_lifecycle_keeps_the_plugin_loaded_where_nccl_forgets_its_name(self):
+        for version, forgets in (("2.26.6", False), ("2.27.3", True), ("2.28.9", True), ("2.29.7", True), ("2.30.3", False)):
+            with self.subTest(version=version):
+                out = self.dry("--nccl-version", version, "--lifecycle", "1")
+                self.assertEqual("NCCL_NET_PLUGIN_REF_COUNT=1" in self.section(out, "PyTorch collectives through mpib"), forgets)
+        self.assertNotIn("NCCL_NET_PLUGIN_REF_COUNT", self.dry("--nccl-version", "2.28.9"))
+        out = self.dry("--nccl-version", "2.28.9", "--lifecycle", "1", env={"NCCL_NET_PLUGIN_REF_COUNT": "4"})
+        self.assertNotIn("NCCL_NET_PLUGIN_REF_COUNT=1", out)
+
     def fake_ibv_devices(self, body):
         bin_dir = os.path.join(self.dir, "bin")
         os.makedirs(bin_dir, exist_ok=True)
@@ -162,7 +180,7 @@ class WholeFlow(WithLibrary):
     """The script end to end with the stand-in worker (tests/fixtures logs and figures)."""
 
     def flow(self, mode, *args, env=None):
-        full = {"MPIB_PROOF_WORKER": "fake_worker", "PYTHONPATH": helpers.FAKES, "FAKE_MODE": mode}
+        full = {"PROOF_WORKER": "fake_worker", "PYTHONPATH": helpers.FAKES, "FAKE_MODE": mode}
         full.update(env or {})
         return script("--lib", self.lib, "--out", self.out, "--nccl-version", "2.30.7", "--max-bytes", "4K", *args, env=full)
 
@@ -244,7 +262,7 @@ class WholeFlow(WithLibrary):
 class RankEnv(unittest.TestCase):
     def test_rank_from_each_launcher(self):
         for var in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID"):
-            r = helpers.run(["bash", RANK_ENV, "env"], env={var: "1", "MPIB_PROOF_OUT": "/o", "MPIB_PROOF_TAG": "t"})
+            r = helpers.run(["bash", RANK_ENV, "env"], env={var: "1", "PROOF_OUT": "/o", "PROOF_TAG": "t"})
             self.assertEqual(r.returncode, 0, r.stderr)
             lines = r.stdout.splitlines()
             self.assertIn("NCCL_HOSTID=mpib-proof-rank1", lines, var)
@@ -252,7 +270,7 @@ class RankEnv(unittest.TestCase):
             self.assertIn("MPIB_STATS_FILE=/o/t.rank1.stats", lines)
 
     def test_real_hosts_and_errors(self):
-        r = helpers.run(["bash", RANK_ENV, "env"], env={"PMI_RANK": "0", "MPIB_PROOF_FAKE_HOSTS": "0", "NCCL_HOSTID": "keep"})
+        r = helpers.run(["bash", RANK_ENV, "env"], env={"PMI_RANK": "0", "PROOF_FAKE_HOSTS": "0", "NCCL_HOSTID": "keep"})
         self.assertIn("NCCL_HOSTID=keep", r.stdout.splitlines())
         clean = {k: "" for k in ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")}
         r = helpers.run(["bash", RANK_ENV, "env"], env=clean)

@@ -1,5 +1,5 @@
 """Stands in for ci/torch_collectives_worker.py where there is no GPU or torch (CPU tests):
-selected with MPIB_PROOF_WORKER=fake_worker. It does what the real worker does around NCCL:
+selected with PROOF_WORKER=fake_worker. It does what the real worker does around NCCL:
 writes the rank's NCCL log (a recorded fixture) to NCCL_DEBUG_FILE, the plugin's statistics to
 MPIB_STATS_FILE, and rank 0 the result JSON. FAKE_MODE: ok | corrupt (wrong elements through
 the plugin) | no-channels (plugin log without "via NET/MPIB") | crash (rank 1 exits 7) |
