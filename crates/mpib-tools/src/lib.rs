@@ -16,6 +16,7 @@
 //! rank      one rank: open, init, connect, run the workload (warm-ups, time budgets),
 //!           report
 //! report    what a rank measured, as one line
+//! stats_view the plugin's per-NIC and per-peer view of a rank's process (mpib-perf --stats)
 //! pair      the two-process mode: spawn two ranks, collect their reports
 //! lifecycle N ranks (`mpib-lifecycle`) driving the plugin through NCCL's life cycle:
 //!           threads setting up and closing, independent teardown, aborts
@@ -40,6 +41,7 @@ pub mod props;
 pub mod rank;
 pub mod report;
 pub mod spec;
+pub mod stats_view;
 mod timeline;
 pub mod workload;
 

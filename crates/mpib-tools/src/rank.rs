@@ -11,6 +11,7 @@ use super::mem::Arena;
 use super::net::{HANDLE_BYTES, ListenComm, Mr, Net, Plugin, RecvBuf, RecvComm, ReqKind, Request, SendComm};
 use super::report::{Failure, PhaseReport, RankReport, RoundReport, Snapshot, mono_ns};
 use super::spec::{Phase, Workload};
+use super::stats_view::StatsView;
 use super::workload::{At, Leftovers, run_phase};
 use super::{Error, ErrorKind, Result};
 
@@ -165,6 +166,7 @@ fn session<'n>(
         let mut peer = None;
         if last {
             rep.rails = plugin.rail_stats()?;
+            rep.view = StatsView::take(plugin)?;
             // (The peer's copy lacks this round: it is only done once the comms are closed.)
             link.send("done", rep.to_line().as_bytes())?;
             let line = link.expect("done", wait.max(Duration::from_secs(60)))?;

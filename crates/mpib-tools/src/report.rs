@@ -5,6 +5,7 @@
 
 use super::kv::{Fields, Writer};
 use super::net::{RailCounters, RailStats, Resources};
+use super::stats_view::StatsView;
 use super::{Error, ErrorKind, Result};
 
 /// CLOCK_MONOTONIC in nanoseconds: the same clock in every process of a host, so a killed
@@ -167,13 +168,20 @@ fn get_counters(f: &Fields, p: &str) -> Result<RailCounters> {
 /// once for writing and reading.
 macro_rules! rail_stats_fields {
     ($($f:ident),* $(,)?) => {
-        fn put_rail_stats(w: &mut Writer, p: &str, s: &RailStats) {
+        /// The figures of `mpib_rail_stats_t` by name (counters first), `share` aside.
+        pub fn rail_stats_fields(s: &RailStats) -> Vec<(&'static str, u64)> {
+            let mut v = counter_fields(&s.counters).to_vec();
+            v.extend([$((stringify!($f), s.$f),)*]);
+            v
+        }
+
+        pub(crate) fn put_rail_stats(w: &mut Writer, p: &str, s: &RailStats) {
             put_counters(w, p, &s.counters);
             $(w.put(&format!("{p}.{}", stringify!($f)), s.$f);)*
             w.put(&format!("{p}.share"), s.share);
         }
 
-        fn get_rail_stats(f: &Fields, p: &str) -> Result<RailStats> {
+        pub(crate) fn get_rail_stats(f: &Fields, p: &str) -> Result<RailStats> {
             Ok(RailStats {
                 counters: get_counters(f, p)?,
                 $($f: f.get(&format!("{p}.{}", stringify!($f)))?,)*
@@ -412,6 +420,9 @@ pub struct RankReport {
     /// The plugin's per-rail statistics of this process after the last phase
     /// (`mpib_rail_stats`), when the library has them.
     pub rails: Option<[RailStats; 2]>,
+    /// The plugin's per-NIC and per-peer view of this process after the last phase, its
+    /// connections still open (`mpib_nic_stats`, `mpib_worst_peers`), when the library has it.
+    pub view: Option<StatsView>,
     /// The line rate (Mbit/s) of each rail of the device used (SOUT, SUP), where the plugin
     /// says what it is (`mpib_device_rails`).
     pub line_mbps: [Option<u32>; 2],
@@ -469,6 +480,8 @@ const CALLS: &[&str] = &[
     "mpib_rail_stats",
     "mpib_resource_stats",
     "mpib_device_rails",
+    "mpib_nic_stats",
+    "mpib_worst_peers",
 ];
 
 impl RankReport {
@@ -500,6 +513,9 @@ impl RankReport {
             for (n, s) in r.iter().enumerate() {
                 put_rail_stats(&mut w, &format!("rails.r{n}"), s);
             }
+        }
+        if let Some(v) = &self.view {
+            v.put(&mut w, "view");
         }
         for (n, m) in self.line_mbps.iter().enumerate() {
             if let Some(m) = m {
@@ -539,6 +555,7 @@ impl RankReport {
         if f.has("rails.r0.wr_posted") {
             r.rails = Some([get_rail_stats(&f, "rails.r0")?, get_rail_stats(&f, "rails.r1")?]);
         }
+        r.view = StatsView::get(&f, "view")?;
         for n in 0..2 {
             let key = format!("line_mbps.r{n}");
             if f.has(&key) {
@@ -590,6 +607,7 @@ mod tests {
             ],
             bad_handles: vec![("test(garbage)".into(), 4)],
             rails: Some([rails, RailStats { share: 0.375, ..rails }]),
+            view: Some(StatsView::default()),
             line_mbps: [Some(400_000), None],
             failure: Some(Failure { error: Error::call("test", 6), at_ns: 12345 }),
             base: Snapshot { fds: 9, threads: 3, rss_kib: 1000, res: None },

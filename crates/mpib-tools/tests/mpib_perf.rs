@@ -405,3 +405,61 @@ fn dev_picks_the_device_and_the_table_has_gbits_and_line_share() {
     let e = fails(&["--dev", "2", "--sizes", "8", "--iters", "1"], &env);
     assert!(e.starts_with("mpib-perf: --dev: device 2 does not exist"), "{e}");
 }
+
+#[test]
+fn stats_prints_each_ranks_view_per_nic_and_its_peers_and_puts_it_in_the_json() {
+    let file = common::tmpdir("perf-stats").join("out.json");
+    let (size, iters) = (65536u64, 40u64);
+    let out = run(&["--sizes", "64K", "--iters", "40", "--split", "50", "--stats", "--json", file.to_str().unwrap()]);
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let doc = json(&file);
+    // Every message, warm-up included, split half and half: what each NIC must have carried.
+    let messages = u(&doc["messages"]);
+    assert!(messages > iters, "{doc}");
+    let half = messages * size / 2;
+    for rank in ["rank 0 (receives)", "rank 1 (sends)"] {
+        assert!(stdout.contains(&format!("# {rank}: per NIC and rail")), "{rank}:\n{stdout}");
+    }
+    // The sender's NIC rows, as printed: each names its NIC port and rail and its bytes.
+    let sender = &stdout[stdout.find("# rank 1 (sends): per NIC").expect("the sender's view")..];
+    for (nic, rail) in [("soft-sout:1", "SOUT"), ("soft-sup:1", "SUP")] {
+        let want = format!("bytes {half} (50.0%)");
+        let row = |l: &&str| l.split_whitespace().take(3).eq(["#", nic, rail]) && l.contains(&want);
+        assert!(sender.lines().any(|l| row(&l)), "no {nic} {rail} row with `{want}`:\n{stdout}");
+    }
+    // Its worst peers by latency: the receiver, as each NIC reaches it on loopback.
+    let table = &sender[sender.find("worst peers by latency").expect("the latency ranking")..];
+    let peers: Vec<&str> = table.lines().skip(2).take_while(|l| l.contains("127.0.0.1:")).collect();
+    assert_eq!(peers.len(), 2, "one peer per NIC:\n{stdout}");
+    assert!(
+        peers.iter().any(|l| l.contains("soft-sout:1")) && peers.iter().any(|l| l.contains("soft-sup:1")),
+        "{stdout}"
+    );
+    // The same in the JSON, one entry per rank.
+    let stats = doc["stats"].as_array().expect("stats");
+    assert_eq!(stats.iter().map(|s| u(&s["rank"])).collect::<Vec<_>>(), [0, 1], "{doc}");
+    let nics = stats[1]["nics"].as_array().expect("nics");
+    let rows: Vec<(&str, &str, u64)> =
+        nics.iter().map(|n| (n["nic"].as_str().unwrap(), n["rail"].as_str().unwrap(), u(&n["bytes"]))).collect();
+    assert_eq!(rows, [("soft-sout:1", "SOUT", half), ("soft-sup:1", "SUP", half)], "{doc}");
+    let rails: u64 = doc["rails"].as_array().unwrap().iter().map(|r| u(&r["bytes"])).sum();
+    assert_eq!(rails, messages * size, "the per-rail totals agree: {doc}");
+    for n in nics {
+        assert!(u(&n["latency_samples"]) > 0 && u(&n["wr_posted"]) > 0 && u(&n["cqe"]) > 0, "{n}");
+        assert_eq!(u(&n["errors"]), 0, "{n}");
+    }
+    let worst = stats[1]["worst_by_latency"].as_array().expect("worst_by_latency");
+    assert_eq!(worst.len(), 2, "{doc}");
+    for p in worst {
+        assert!(p["peer"].as_str().unwrap().starts_with("127.0.0.1:"), "{p}");
+        assert_eq!((u(&p["bytes"]), u(&p["live_connections"])), (half, 1), "{p}");
+        assert!(u(&p["latency_p99_ns"]) > 0, "{p}");
+    }
+    assert_eq!(stats[1]["worst_by_errors"].as_array().map(Vec::len), Some(0), "no errors: {doc}");
+    // Without --stats neither the view nor the JSON entry.
+    let plain = run(&["--sizes", "64K", "--iters", "5", "--json", file.to_str().unwrap()]);
+    let (stdout, stderr) = text(&plain);
+    assert!(plain.status.success(), "{stdout}\n{stderr}");
+    assert!(!stdout.contains("per NIC and rail") && json(&file).get("stats").is_none(), "{stdout}");
+}

@@ -10,6 +10,7 @@
 //! mpib-perf --list                   the NICs, pairs and devices NCCL would see, then exit
 //! mpib-perf --dev N                  run on the N-th device NCCL would use (--list's numbers)
 //! mpib-perf --json out.json          also the results as JSON
+//! mpib-perf --stats                  also each rank's view per NIC and rail, and its worst peers
 //! mpib-perf --timeline t.json        one size streamed for --duration, bytes per rail per ms
 //! ```
 //! `mpib-perf --help` lists every option. Exit codes: 0 all good; 1 an error the run found

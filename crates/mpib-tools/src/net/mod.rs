@@ -20,11 +20,13 @@ use ncclnet_types::types::*;
 
 mod comm;
 mod fusion;
-mod rails;
+pub(crate) mod rails;
+mod views;
 
 use comm::{Closing, close_raw};
 pub use comm::{Mr, RecvBuf, RecvComm, ReqKind, Request, SendComm, Sizes};
 pub use rails::RailInfo;
+pub use views::{NicStats, PeerStats, WorstBy};
 
 /// `NCCL_NET_HANDLE_MAXSIZE`.
 pub const HANDLE_BYTES: usize = consts::NCCL_NET_HANDLE_MAXSIZE;

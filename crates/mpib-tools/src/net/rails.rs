@@ -42,7 +42,8 @@ impl RailInfo {
     }
 }
 
-fn c_text(s: &[c_char]) -> String {
+/// A NUL-terminated C string field as text.
+pub(crate) fn c_text(s: &[c_char]) -> String {
     let bytes: Vec<u8> = s.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }

@@ -1,6 +1,7 @@
 //! mpib-perf's parts: `opts` (the command line and what it means), `run` (the ways two
 //! ranks run), `token` (`--listen`'s token), `progress` (what is printed while they run),
-//! `results` (table, JSON, timeline), `list` (`--list`: what the plugin would use).
+//! `results` (table, `--stats` view, JSON, timeline), `list` (`--list`: what the plugin would
+//! use).
 
 pub mod drill;
 pub mod list;
@@ -96,10 +97,19 @@ fn go(plan: &Plan) -> Result<(), Fail> {
             print!("{}", drill::text(d, f, wrong, &load));
         }
     }
+    let views = plan.opts.stats.then(|| results::views(reps, out.ran_here));
+    if let Some(v) = &views
+        && !plan.opts.quiet
+    {
+        print!("{}", results::views_text(v, plan.opts.bidir));
+    }
     if let Some(path) = &plan.opts.json {
         let mut doc = results::json(&summary);
         if let Some((d, f)) = &figures {
             doc["drill"] = drill::json(d, f, &load);
+        }
+        if let Some(v) = &views {
+            doc["stats"] = results::views_json(v);
         }
         write_json(path, &doc)?;
     }

@@ -89,6 +89,13 @@ pub struct Opts {
     #[arg(long, value_name = "FILE")]
     pub timeline: Option<String>,
 
+    /// At the end, print each rank's per-NIC and per-peer view of its process: per NIC port
+    /// and rail the plugin's counters, latencies and estimates (mpib_nic_stats), and the worst
+    /// peers by latency and by errors (mpib_worst_peers); with --json also under "stats"
+    /// (with --quiet only there). Between two hosts each host prints its own rank's view
+    #[arg(long)]
+    pub stats: bool,
+
     /// Print nothing but errors (and the --listen token, and TIMELINE-START)
     #[arg(long, short)]
     pub quiet: bool,

@@ -1,5 +1,6 @@
 //! From the two ranks' reports to what the user sees: the table (one row per size), the
-//! rails' counters and RTT statistics, the `--json` file and the `--timeline` file.
+//! rails' counters and RTT statistics, the `--stats` view, the `--json` file and the
+//! `--timeline` file.
 //!
 //! The figures are the sending rank's (rank 1): its time per message, its post-to-
 //! completion latencies, its comm's counters per size and its process's rail statistics.
@@ -11,6 +12,7 @@ use std::path::Path;
 
 use mpib_tools::net::RailStats;
 use mpib_tools::report::{PhaseReport, RankReport, SideStats};
+use mpib_tools::stats_view::StatsView;
 use serde_json::{Value, json};
 
 use super::opts::{Fabric, Plan, TIMELINE_BIN_NS};
@@ -263,6 +265,54 @@ pub fn json(s: &Summary) -> Value {
         "abi": format!("v{}", s.abi), "fabric": s.fabric, "rows": rows, "messages": s.messages, "rails": rails,
         "line_mbps": s.line_mbps,
     })
+}
+
+/// One rank's `--stats` view (None: the library does not export the calls).
+pub struct RankView<'a> {
+    pub rank: usize,
+    pub view: Option<&'a StatsView>,
+}
+
+/// The views of the ranks this run ran (each host prints its own rank's).
+pub fn views(reps: [&RankReport; 2], ran_here: [bool; 2]) -> Vec<RankView<'_>> {
+    (0..2).filter(|&r| ran_here[r]).map(|rank| RankView { rank, view: reps[rank].view.as_ref() }).collect()
+}
+
+fn role(rank: usize, bidir: bool) -> &'static str {
+    match (bidir, rank) {
+        (true, _) => "sends and receives",
+        (false, 0) => "receives",
+        _ => "sends",
+    }
+}
+
+/// `--stats` as printed: each rank's per-NIC and per-peer view.
+pub fn views_text(views: &[RankView<'_>], bidir: bool) -> String {
+    let mut t = String::new();
+    for v in views {
+        let who = format!("rank {} ({})", v.rank, role(v.rank, bidir));
+        match v.view {
+            Some(view) => t.push_str(&view.text(&who)),
+            None => {
+                let _ = writeln!(t, "# {who}: the library does not export mpib_nic_stats / mpib_worst_peers");
+            }
+        }
+    }
+    t
+}
+
+/// `--stats` in the `--json` document: one entry per rank this run ran.
+pub fn views_json(views: &[RankView<'_>]) -> Value {
+    Value::Array(
+        views
+            .iter()
+            .map(|v| {
+                let mut o = v.view.map_or_else(|| json!({}), StatsView::json);
+                o["rank"] = v.rank.into();
+                o
+            })
+            .collect(),
+    )
 }
 
 /// Bytes the sender posted on (SOUT, SUP) in each millisecond ([`TIMELINE_BIN_NS`]) of the stream, from its

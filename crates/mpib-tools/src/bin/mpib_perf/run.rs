@@ -29,6 +29,8 @@ pub struct Outcome {
     /// A local rank that exited without a report: its exit status.
     pub lost: [Option<String>; 2],
     pub timed_out: bool,
+    /// The ranks this run of the tool ran (both, or one with a peer on another host).
+    pub ran_here: [bool; 2],
 }
 
 /// Loads the plugin as the ranks will (a pre-flight check with one clear error): `--plugin`,
@@ -93,7 +95,7 @@ pub fn local(plan: &Plan, lib: &str, progress: &mut Progress) -> Result<Outcome,
         }
     })
     .map_err(|e| Fail::new(e.msg))?;
-    let mut o = Outcome { timed_out: out.timed_out, ..Outcome::default() };
+    let mut o = Outcome { timed_out: out.timed_out, ran_here: [true; 2], ..Outcome::default() };
     for (i, r) in out.ranks.into_iter().enumerate() {
         if r.report.is_none() {
             o.lost[i] = Some(r.status.map_or("no exit status".into(), |s| s.to_string()));
@@ -128,7 +130,7 @@ pub fn threads(plan: &Plan, lib: &str, progress: &mut Progress) -> Result<Outcom
         Ok(Err(e)) => Err(Fail::new(e.msg)),
         Err(_) => Err(Fail::new("a rank's thread panicked")),
     };
-    Ok(Outcome { reports: [Some(take(r0)?), Some(take(r1)?)], ..Outcome::default() })
+    Ok(Outcome { reports: [Some(take(r0)?), Some(take(r1)?)], ran_here: [true; 2], ..Outcome::default() })
 }
 
 /// `--listen ADDR`'s socket address: `[HOST][:PORT]`, every address and any port by default.
@@ -179,6 +181,7 @@ fn hello(link: &mut Link, plan: &Plan, nonce: u64, wait: Duration) -> Result<(),
 /// The report of the rank run here and its peer's, in rank order.
 fn both(rank: u32, mine: RankReport, peer: Option<RankReport>) -> Outcome {
     let mut o = Outcome::default();
+    o.ran_here[rank as usize] = true;
     o.reports[rank as usize] = Some(mine);
     o.reports[1 - rank as usize] = peer;
     o
