@@ -10,10 +10,12 @@ use super::failover::{FoSide, MAX_ROUNDS, carry_out, feed_port_downs};
 use super::inbox::Inbox;
 use super::mr::{MrInfo, MrMemo};
 use super::nic_pair::NicPair;
+use super::profile::{RecvProfile, SendProfile, Sink};
 use super::rail::Rail;
 use super::region::{RecvMem, SendMem};
 use super::resources::{Held, Res};
-use crate::engine::{FlushBuf, Posts, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold};
+use crate::engine::layout::MAX_RECVS;
+use crate::engine::{FlushBuf, Posts, QpRef, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, Device, Progress, QueuePair};
@@ -141,6 +143,21 @@ fn post_chains<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts) -> Result
     Ok(())
 }
 
+/// The QP number of each rail's chain in `posts` (0 on a rail without one).
+fn chain_qp_nums<D: Device>(rails: &[Rail<D>; RAILS], posts: &Posts) -> [u32; RAILS] {
+    let mut nums = [0; RAILS];
+    for c in posts.chains() {
+        let r = &rails[c.rail as usize];
+        let qp = match c.qp {
+            QpRef::Cts => r.qps.first(),
+            QpRef::Data(i) => r.qps.get(i as usize),
+            QpRef::Flush => r.flush_qp.as_ref(),
+        };
+        nums[c.rail as usize] = qp.map_or(0, |q| q.qp_num());
+    }
+    nums
+}
+
 /// Request sequence numbers, so a handle kept after `test` said done is recognised.
 pub struct Seqs(Box<[u8]>);
 
@@ -174,6 +191,8 @@ pub struct SendComm<D: Device> {
     pub(super) region: HostRegion,
     /// Rail failover (`failover.rs`): out of line, touched only by calls that wait.
     pub(super) fo: Box<FoSide>,
+    /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
+    prof: Option<Box<SendProfile>>,
     _held: Held,
 }
 
@@ -196,12 +215,20 @@ impl<D: Device> SendComm<D> {
             posts: Posts::default(),
             region,
             fo,
+            prof: None,
             _held: Held::new(Res::SendComms, 1),
         }
     }
 
-    /// `isend`: `Ok(None)` until the receiver's CTS is there.
-    pub fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MrInfo) -> Result<Option<u16>> {
+    /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
+    /// `device`.
+    pub fn set_profiler(&mut self, sink: Option<Sink>, device: i32) {
+        self.prof = sink.map(|s| Box::new(SendProfile::new(s, device, self.seqs.0.len())));
+    }
+
+    /// `isend`: `Ok(None)` until the receiver's CTS is there. `phandle`: NCCL's profiler
+    /// handle for the send (0: none).
+    pub fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MrInfo, phandle: usize) -> Result<Option<u16>> {
         if !mh.covers(addr, size) {
             return Err(cold(|| {
                 Error::invalid_argument(format!(
@@ -220,6 +247,9 @@ impl<D: Device> SendComm<D> {
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
         }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
+        if self.prof.is_some() {
+            self.profile_isend(r, phandle);
+        }
         // The engine's own work (probes, keepalives while no CTS came, failover, the drill)
         // when its time has come — one compare — or when news waits for a caller that waits.
         if now >= self.engine.poll_timeout() || r.is_none() && self.news() {
@@ -294,7 +324,35 @@ impl<D: Device> SendComm<D> {
                 done = self.engine.test(id)?;
             }
         }
+        if self.prof.is_some() {
+            self.profile_sweep();
+        }
         Ok(done)
+    }
+
+    /// Profiler events of an `isend` that returned `r`: parts completed since stop, the
+    /// send's handle is kept, the slot it posted (if it did) starts its parts' events.
+    #[cold]
+    #[inline(never)]
+    fn profile_isend(&mut self, r: Option<u16>, phandle: usize) {
+        self.profile_sweep();
+        let Some(p) = self.prof.as_deref_mut() else { return };
+        if let Some(id) = r {
+            p.on_isend(id, phandle);
+        }
+        if self.posts.n > 0 {
+            p.on_posted(&self.engine.last_posted(), chain_qp_nums(&self.rails, &self.posts));
+        }
+    }
+
+    /// Stops the profiler events of the parts that completed (or failed over).
+    #[cold]
+    #[inline(never)]
+    fn profile_sweep(&mut self) {
+        let engine = &self.engine;
+        if let Some(p) = self.prof.as_deref_mut() {
+            p.sweep(|slot, seq, rail| engine.part_state(slot, seq, rail));
+        }
     }
 
     pub fn counters(&self) -> [RailCounts; RAILS] {
@@ -324,6 +382,8 @@ pub struct RecvComm<D: Device> {
     pub(super) fo: Box<FoSide>,
     /// irecvs so far (wrapping): see `irecv`.
     irecvs: u8,
+    /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
+    prof: Option<Box<RecvProfile>>,
     _held: Held,
 }
 
@@ -352,16 +412,28 @@ impl<D: Device> RecvComm<D> {
             region,
             fo,
             irecvs: 0,
+            prof: None,
             _held: Held::new(Res::RecvComms, 1),
         }
     }
 
+    /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
+    /// `device`.
+    pub fn set_profiler(&mut self, sink: Option<Sink>, device: i32) {
+        self.prof = sink.map(|s| Box::new(RecvProfile::new(s, device)));
+    }
+
     /// `irecv` of `bufs` (checked against their registrations by the caller). The NICs'
     /// SRQs are stocked for every receive it may have outstanding (`nic_queues.rs`).
-    pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
+    /// `phandle(i)`: NCCL's profiler handle for buffer `i` (0: none), read only when a
+    /// profiler is attached.
+    pub fn irecv(&mut self, bufs: &[RecvBuf], phandle: impl Fn(usize) -> usize) -> Result<Option<u16>> {
         self.posts.clear();
         let r = self.engine.irecv(bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
+        if self.prof.is_some() {
+            self.profile_irecv(r, bufs, &phandle);
+        }
         // "Not now": a call that waits looks for news and the engine's due work; so does
         // every IRECVS_PER_LOOK-th (the clock is read only then).
         self.irecvs = self.irecvs.wrapping_add(1);
@@ -415,9 +487,43 @@ impl<D: Device> RecvComm<D> {
         Ok(())
     }
 
+    /// Profiler events of an `irecv` that returned `r`: one per buffer.
+    #[cold]
+    #[inline(never)]
+    fn profile_irecv(&mut self, r: Option<u16>, bufs: &[RecvBuf], phandle: &dyn Fn(usize) -> usize) {
+        let (Some(id), Some(p)) = (r, self.prof.as_deref_mut()) else { return };
+        let mut sizes = [0u64; MAX_RECVS];
+        for (s, b) in sizes.iter_mut().zip(bufs) {
+            *s = b.size;
+        }
+        let nums = chain_qp_nums(&self.rails, &self.posts);
+        let cts =
+            self.posts.chains().iter().find(|c| c.qp == QpRef::Cts).map(|c| (c.rail as usize, nums[c.rail as usize]));
+        p.on_irecv(id, &sizes[..bufs.len().min(MAX_RECVS)], phandle, cts);
+    }
+
     /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
     /// once done, the number of its sizes, which `self.engine.done_sizes` then reads.
+    #[inline(always)]
     pub fn test(&mut self, id: u16) -> Result<Option<usize>> {
+        let done = self.test_polled(id)?;
+        if self.prof.is_some() {
+            self.profile_done(id, done.is_some());
+        }
+        Ok(done)
+    }
+
+    /// Receive request `id` was tested: once done, its profiler events stop.
+    #[cold]
+    #[inline(never)]
+    fn profile_done(&mut self, id: u16, done: bool) {
+        if let (true, Some(p)) = (done, self.prof.as_deref_mut()) {
+            p.on_done(id);
+        }
+    }
+
+    /// [`Self::test`] without the profiler.
+    fn test_polled(&mut self, id: u16) -> Result<Option<usize>> {
         // (Only what the inboxes brought can have completed it since the last call.) A
         // failure while polling is recorded, and the engine's `test` reports it for a
         // receive it left incomplete, not for one that completed.
