@@ -8,7 +8,7 @@ use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use mpib::abi::ncclNetPlugin_v12;
+use mpib::abi::{ncclNetPlugin_v10, ncclNetPlugin_v12};
 use ncclnet_types::mpib::{
     MPIB_PROFILE_RECV, MPIB_PROFILE_REPLAY, MPIB_PROFILE_SEND_PART, MPIB_PROFILER_NET_MPIB_VER, MPIB_PROFILER_NET_TYPE,
     mpib_profiler_descr_v1_t,
@@ -44,9 +44,11 @@ unsafe extern "C" fn record(
             // event-handle slot.
             let d = unsafe { *(data as *const mpib_profiler_descr_v1_t) };
             let event = 0x1000 + ev.len();
+            // SAFETY: the event-handle slot mpib passes (valid for the call).
             unsafe { *eh = event as *mut c_void };
             ev.push(Ev::Start { event, phandle: ph as usize, id, d });
         }
+        // SAFETY: as above; a stop's slot holds the handle its start set.
         1 => ev.push(Ev::Stop { event: unsafe { *eh } as usize }),
         t => panic!("event type {t}"),
     }
@@ -60,10 +62,8 @@ fn events() -> Vec<Ev> {
 /// Events started for profiler handle `ph` and not stopped.
 fn open_for(ph: usize) -> usize {
     let ev = events();
-    let started: Vec<usize> = ev
-        .iter()
-        .filter_map(|e| matches!(e, Ev::Start { phandle, .. } if *phandle == ph).then(|| start_event(e)))
-        .collect();
+    let started: Vec<usize> =
+        ev.iter().filter(|e| matches!(e, Ev::Start { phandle, .. } if *phandle == ph)).map(start_event).collect();
     started.iter().filter(|s| !ev.iter().any(|e| matches!(e, Ev::Stop { event } if event == *s))).count()
 }
 
@@ -109,6 +109,35 @@ fn connect(prof: ncclProfilerCallback_t) -> Conn {
         }
         ok(n.closeListen.unwrap()(listen), "closeListen");
         Conn { ctx, send, recv }
+    }
+}
+
+/// As [`connect`] through the v10 table (no context: the callback goes to the default one).
+/// (Its data-path entries are the v12 table's, which `exchange` calls.)
+fn connect_v10(prof: ncclProfilerCallback_t) -> Conn {
+    let n = &ncclNetPlugin_v10;
+    // SAFETY: the table's functions, called as NCCL calls them.
+    unsafe {
+        ok(n.init.unwrap()(None, prof), "init");
+        let mut handle = [0u8; 128];
+        let mut listen = std::ptr::null_mut();
+        ok(n.listen.unwrap()(0, handle.as_mut_ptr().cast(), &mut listen), "listen");
+        let (mut send, mut recv): (*mut c_void, *mut c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while send.is_null() || recv.is_null() {
+            assert!(Instant::now() < deadline, "connect/accept did not finish");
+            if send.is_null() {
+                let mut dc = std::ptr::null_mut();
+                let h = handle.as_mut_ptr().cast();
+                ok(n.connect.unwrap()(0, std::ptr::null_mut(), h, &mut send, &mut dc), "connect");
+            }
+            if recv.is_null() {
+                let mut dc = std::ptr::null_mut();
+                ok(n.accept.unwrap()(listen, &mut recv, &mut dc), "accept");
+            }
+        }
+        ok(n.closeListen.unwrap()(listen), "closeListen");
+        Conn { ctx: std::ptr::null_mut(), send, recv }
     }
 }
 
@@ -206,7 +235,9 @@ fn close(c: Conn) {
     unsafe {
         ok(n.closeSend.unwrap()(c.send), "closeSend");
         ok(n.closeRecv.unwrap()(c.recv), "closeRecv");
-        ok(n.finalize.unwrap()(c.ctx), "finalize");
+        if !c.ctx.is_null() {
+            ok(n.finalize.unwrap()(c.ctx), "finalize");
+        }
     }
 }
 
@@ -383,4 +414,20 @@ fn a_part_whose_rail_fails_is_stopped_and_its_replay_reported() {
     let replays = ev.iter().filter(|e| matches!(e, Ev::Start { d, .. } if d.r#type == MPIB_PROFILE_REPLAY)).count();
     assert!(replays >= 1, "no part was replayed\n{ev:#?}");
     close(c);
+}
+
+#[test]
+fn v10_reports_through_the_callback_of_its_init() {
+    if !is_child() {
+        let env = [("MPIB_FABRIC", "inproc"), ("MPIB_SPLIT", "50")];
+        return in_child("v10_reports_through_the_callback_of_its_init", &env);
+    }
+    let c = connect_v10(Some(record));
+    exchange(&c, &[4096, 100]);
+    close(c);
+    let ev = events();
+    assert_balanced(&ev);
+    assert_eq!(starts_of(&ev, send_ph(0)).len(), 2, "4096 bytes split over both rails");
+    assert_eq!(starts_of(&ev, send_ph(1)).len(), 1, "100 bytes on one rail");
+    assert_eq!(starts_of(&ev, recv_ph(1)).len(), 1);
 }

@@ -224,12 +224,14 @@ pub fn irecv_impl(
             mh: mem_handle(*mhandles.add(i)),
         })
     };
-    // Read only where the connection reports profiler events.
-    let phandle = |i: usize| {
-        if phandles.is_null() || i >= n {
+    // Read only where the connection reports profiler events. (A copy of the pointer: a
+    // closure capturing it by reference keeps it in memory on every irecv.)
+    let phandle = move |i: usize| {
+        if phandles.is_null() {
             return 0;
         }
-        // SAFETY: NCCL's v10+ irecv passes NULL or an array of `n` profiler handles; `i < n`.
+        // SAFETY: NCCL's v10+ irecv passes NULL or an array of `n` profiler handles; the
+        // plugin asks for `i < n` only.
         unsafe { *phandles.add(i) as usize }
     };
     *req = ptr(plugin::irecv_profiled(CommHandle(raw(comm)), n, buf, phandle)?.map(|r| r.0));

@@ -226,9 +226,8 @@ impl<D: Device> SendComm<D> {
         self.prof = sink.map(|s| Box::new(SendProfile::new(s, device, self.seqs.0.len())));
     }
 
-    /// `isend`: `Ok(None)` until the receiver's CTS is there. `phandle`: NCCL's profiler
-    /// handle for the send (0: none).
-    pub fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MrInfo, phandle: usize) -> Result<Option<u16>> {
+    /// `isend`: `Ok(None)` until the receiver's CTS is there.
+    pub fn isend(&mut self, addr: u64, size: u64, tag: u32, mh: &MrInfo) -> Result<Option<u16>> {
         if !mh.covers(addr, size) {
             return Err(cold(|| {
                 Error::invalid_argument(format!(
@@ -247,9 +246,6 @@ impl<D: Device> SendComm<D> {
             r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
         }
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
-        if self.prof.is_some() {
-            self.profile_isend(r, phandle);
-        }
         // The engine's own work (probes, keepalives while no CTS came, failover, the drill)
         // when its time has come — one compare — or when news waits for a caller that waits.
         if now >= self.engine.poll_timeout() || r.is_none() && self.news() {
@@ -330,11 +326,20 @@ impl<D: Device> SendComm<D> {
         Ok(done)
     }
 
-    /// Profiler events of an `isend` that returned `r`: parts completed since stop, the
-    /// send's handle is kept, the slot it posted (if it did) starts its parts' events.
+    /// Profiler events of the `isend` that just returned `r` for NCCL's profiler handle
+    /// `phandle`: one branch when there is no profiler.
+    #[inline(always)]
+    pub fn profile_isend(&mut self, r: Option<u16>, phandle: usize) {
+        if self.prof.is_some() {
+            self.profile_isend_cold(r, phandle);
+        }
+    }
+
+    /// Parts completed since stop, the send's handle is kept, the slot it posted (if it
+    /// did) starts its parts' events.
     #[cold]
     #[inline(never)]
-    fn profile_isend(&mut self, r: Option<u16>, phandle: usize) {
+    fn profile_isend_cold(&mut self, r: Option<u16>, phandle: usize) {
         self.profile_sweep();
         let Some(p) = self.prof.as_deref_mut() else { return };
         if let Some(id) = r {
@@ -425,15 +430,10 @@ impl<D: Device> RecvComm<D> {
 
     /// `irecv` of `bufs` (checked against their registrations by the caller). The NICs'
     /// SRQs are stocked for every receive it may have outstanding (`nic_queues.rs`).
-    /// `phandle(i)`: NCCL's profiler handle for buffer `i` (0: none), read only when a
-    /// profiler is attached.
-    pub fn irecv(&mut self, bufs: &[RecvBuf], phandle: impl Fn(usize) -> usize) -> Result<Option<u16>> {
+    pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
         self.posts.clear();
         let r = self.engine.irecv(bufs, &mut RecvMem(&self.region), &mut self.posts)?;
         post_all(&mut self.rails, &self.posts, &mut self.engine)?;
-        if self.prof.is_some() {
-            self.profile_irecv(r, bufs, &phandle);
-        }
         // "Not now": a call that waits looks for news and the engine's due work; so does
         // every IRECVS_PER_LOOK-th (the clock is read only then).
         self.irecvs = self.irecvs.wrapping_add(1);
@@ -487,10 +487,20 @@ impl<D: Device> RecvComm<D> {
         Ok(())
     }
 
-    /// Profiler events of an `irecv` that returned `r`: one per buffer.
+    /// Profiler events of the `irecv` of `bufs` that just returned `r`, NCCL's profiler
+    /// handle of buffer `i` being `phandle(i)` (read only when there is a profiler): one
+    /// branch when there is none.
+    #[inline(always)]
+    pub fn profile_irecv(&mut self, r: Option<u16>, bufs: &[RecvBuf], phandle: &impl Fn(usize) -> usize) {
+        if self.prof.is_some() {
+            self.profile_irecv_cold(r, bufs, phandle);
+        }
+    }
+
+    /// One event per buffer.
     #[cold]
     #[inline(never)]
-    fn profile_irecv(&mut self, r: Option<u16>, bufs: &[RecvBuf], phandle: &dyn Fn(usize) -> usize) {
+    fn profile_irecv_cold(&mut self, r: Option<u16>, bufs: &[RecvBuf], phandle: &dyn Fn(usize) -> usize) {
         let (Some(id), Some(p)) = (r, self.prof.as_deref_mut()) else { return };
         let mut sizes = [0u64; MAX_RECVS];
         for (s, b) in sizes.iter_mut().zip(bufs) {
@@ -502,28 +512,27 @@ impl<D: Device> RecvComm<D> {
         p.on_irecv(id, &sizes[..bufs.len().min(MAX_RECVS)], phandle, cts);
     }
 
-    /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
-    /// once done, the number of its sizes, which `self.engine.done_sizes` then reads.
+    /// Receive request `id` is done (`test` said so): its profiler events stop, before
+    /// NCCL learns it (NCCL reuses its profiler handles). One branch when there is no
+    /// profiler.
     #[inline(always)]
-    pub fn test(&mut self, id: u16) -> Result<Option<usize>> {
-        let done = self.test_polled(id)?;
+    pub fn profile_done(&mut self, id: u16) {
         if self.prof.is_some() {
-            self.profile_done(id, done.is_some());
+            self.profile_done_cold(id);
         }
-        Ok(done)
     }
 
-    /// Receive request `id` was tested: once done, its profiler events stop.
     #[cold]
     #[inline(never)]
-    fn profile_done(&mut self, id: u16, done: bool) {
-        if let (true, Some(p)) = (done, self.prof.as_deref_mut()) {
+    fn profile_done_cold(&mut self, id: u16) {
+        if let Some(p) = self.prof.as_deref_mut() {
             p.on_done(id);
         }
     }
 
-    /// [`Self::test`] without the profiler.
-    fn test_polled(&mut self, id: u16) -> Result<Option<usize>> {
+    /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
+    /// once done, the number of its sizes, which `self.engine.done_sizes` then reads.
+    pub fn test(&mut self, id: u16) -> Result<Option<usize>> {
         // (Only what the inboxes brought can have completed it since the last call.) A
         // failure while polling is recorded, and the engine's `test` reports it for a
         // receive it left incomplete, not for one that completed.

@@ -290,7 +290,9 @@ impl<D: Device> Plugin<D> {
         let (h, mut g) = self.objs.get(comm.0, Kind::Send)?;
         let Obj::Send(c) = &mut *g else { return Err(Error::internal("send entry holds something else")) };
         let info = self.mr_memo(&mut c.mr_memo, mh)?;
-        match c.isend(addr, size, tag as u32, &info, phandle)? {
+        let r = c.isend(addr, size, tag as u32, &info)?;
+        c.profile_isend(r, phandle);
+        match r {
             None => Ok(None),
             Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
         }
@@ -315,13 +317,17 @@ impl<D: Device> Plugin<D> {
         // grouped receives (zeroing it cost ~20 instructions per irecv).
         let posted = if n == 1 {
             let b = self.recv_buf(&mut c.mr_memo, 0, arg)?;
-            c.irecv(std::slice::from_ref(&b), phandle)?
+            let r = c.irecv(std::slice::from_ref(&b))?;
+            c.profile_irecv(r, std::slice::from_ref(&b), phandle);
+            r
         } else {
             let mut bufs = [RecvBuf::default(); MAX_RECVS];
             for (i, b) in bufs.iter_mut().enumerate().take(n) {
                 *b = self.recv_buf(&mut c.mr_memo, i, arg)?;
             }
-            c.irecv(&bufs[..n], phandle)?
+            let r = c.irecv(&bufs[..n])?;
+            c.profile_irecv(r, &bufs[..n], phandle);
+            r
         };
         match posted {
             None => Ok(None),
@@ -397,6 +403,7 @@ impl<D: Device> Plugin<D> {
                     return Err(stale());
                 }
                 let Some(n) = c.test(id)? else { return Ok(false) };
+                c.profile_done(id);
                 c.engine.done_sizes(id, n)
             }
             _ => return Err(Error::internal("request's comm entry holds something else")),

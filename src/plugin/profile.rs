@@ -234,9 +234,12 @@ mod tests {
     use crate::engine::{RailMask, SentPart};
     use parking_lot::Mutex;
 
-    /// Records (start/stop, event handle, phandle, event).
+    /// One call: (start or stop, event handle, phandle, a start's event).
+    type Call = (bool, usize, usize, Option<PartEvent>);
+
+    /// Records the calls; the second field numbers the events.
     #[derive(Default)]
-    struct Log(Mutex<Vec<(bool, usize, usize, Option<PartEvent>)>>, Mutex<usize>);
+    struct Log(Mutex<Vec<Call>>, Mutex<usize>);
 
     impl ProfilerSink for Log {
         fn start(&self, phandle: usize, ev: &PartEvent) -> usize {
