@@ -65,6 +65,43 @@
 #define MPIB_LINK_TCP 3
 
 /**
+ * mpib's network type in a profiler event's plugin id, in NCCL's type field (bits 16-31,
+ * `NCCL_PROFILER_NET_TYPE_MASK`): `0x4D42` ("MB"), far from NCCL's own types (IB 1,
+ * socket 2), which it numbers from 1.
+ */
+#define MPIB_PROFILER_NET_TYPE 1296171008
+
+/**
+ * The version of the descriptor, in the plugin id's low 16 bits
+ * (`NCCL_PROFILER_NET_VER_MASK`).
+ */
+#define MPIB_PROFILER_NET_MPIB_VER 1
+
+/**
+ * `mpib_profiler_descr_v1_t::type`: one rail's part of a send, from the post of its chain
+ * to the completion of its signalled WRITE_WITH_IMM (or until it is abandoned: a failed
+ * rail, a closed connection).
+ */
+#define MPIB_PROFILE_SEND_PART 1
+
+/**
+ * `mpib_profiler_descr_v1_t::type`: a part of a send re-sent on the other rail after its
+ * own rail failed (rail failover), from the failover to the replay's completion.
+ */
+#define MPIB_PROFILE_REPLAY 2
+
+/**
+ * `mpib_profiler_descr_v1_t::type`: one receive buffer, from its CTS posted (`rail`, `qp_num`:
+ * the CTS's) to its completion. The receiver does not know the split (`rail_bytes` are 0).
+ */
+#define MPIB_PROFILE_RECV 3
+
+/**
+ * `mpib_profiler_descr_v1_t::rail` when the rail is not known.
+ */
+#define MPIB_PROFILER_RAIL_UNKNOWN 255
+
+/**
  * `ncclResult_t`: a C enum, 4 bytes. A plain integer here so the header does not clash
  * with `nccl.h`'s enum when both are included.
  */
@@ -534,7 +571,7 @@ typedef struct {
 } ncclNet_v9_t;
 
 /**
- * `ncclProfilerCallback_t` (v10+). Accepted and ignored.
+ * `ncclProfilerCallback_t` (v10+): mpib reports its events through it (`mpib_profiler_descr_v1_t`).
  */
 typedef ncclResult_t (*ncclProfilerCallback_t)(void **eHandle, int type, void *pHandle, int64_t pluginId, void *extData);
 
@@ -721,6 +758,45 @@ typedef struct {
   ncclResult_t (*finalize)(void *ctx);
   ncclResult_t (*setNetAttr)(void *ctx, ncclNetAttr_v12_t *netAttr);
 } ncclNet_v12_t;
+
+/**
+ * The data of an mpib profiler event (version 1).
+ */
+typedef struct {
+  /**
+   * `MPIB_PROFILE_SEND_PART`, `MPIB_PROFILE_REPLAY` or `MPIB_PROFILE_RECV`.
+   */
+  uint8_t type;
+  /**
+   * The rail the work is on: 0 SOUT, 1 SUP (`MPIB_PROFILER_RAIL_UNKNOWN`: not known).
+   */
+  uint8_t rail;
+  /**
+   * The NCCL device index of the connection.
+   */
+  int32_t device;
+  /**
+   * The QP the work was posted on (0 when not known: a replay's).
+   */
+  uint32_t qp_num;
+  /**
+   * The CTS slot of the request (sends of one slot share their chains).
+   */
+  uint32_t slot;
+  /**
+   * Bytes of this part (this rail's share of the request; a receive: the buffer's size).
+   */
+  uint64_t length;
+  /**
+   * The request's size in bytes (a receive: the buffer's size).
+   */
+  uint64_t size;
+  /**
+   * The split decision: the request's bytes on SOUT and on SUP (`rail_bytes[0] +
+   * rail_bytes[1] == size` for a send).
+   */
+  uint64_t rail_bytes[2];
+} mpib_profiler_descr_v1_t;
 
 #ifdef __cplusplus
 extern "C" {

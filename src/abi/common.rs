@@ -144,12 +144,14 @@ pub fn isend_impl(
     size: usize,
     tag: c_int,
     mhandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
     let req = unsafe { out(request, "request") }?;
     *req = std::ptr::null_mut();
-    *req = ptr(plugin::isend(CommHandle(raw(comm)), raw(data), size, tag, MemHandle(raw(mhandle)))?.map(|r| r.0));
+    let (comm, mh) = (CommHandle(raw(comm)), MemHandle(raw(mhandle)));
+    *req = ptr(plugin::isend_profiled(comm, raw(data), size, tag, mh, phandle as usize)?.map(|r| r.0));
     Ok(())
 }
 
@@ -162,20 +164,21 @@ pub unsafe extern "C" fn isend_int(
     mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("isend", || isend_impl(comm, data, int_size(size, "size")?, tag, mhandle, request))
+    run("isend", || isend_impl(comm, data, int_size(size, "size")?, tag, mhandle, std::ptr::null_mut(), request))
 }
 
-/// `isend` with a `size_t` size and a profiler handle (v10+); the handle is ignored.
+/// `isend` with a `size_t` size and a profiler handle (v10+), which profiler events of the
+/// send carry (`profiler.rs`).
 pub unsafe extern "C" fn isend_prof(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
     tag: c_int,
     mhandle: *mut c_void,
-    _phandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("isend", || isend_impl(comm, data, size, tag, mhandle, request))
+    run("isend", || isend_impl(comm, data, size, tag, mhandle, phandle, request))
 }
 
 /// Receive sizes of one `irecv`, converted from NCCL's `int*` or `size_t*`.
@@ -196,6 +199,7 @@ pub fn irecv_impl(
     sizes: RecvSizes,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> Result<()> {
     // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
@@ -220,7 +224,17 @@ pub fn irecv_impl(
             mh: mem_handle(*mhandles.add(i)),
         })
     };
-    *req = ptr(plugin::irecv(CommHandle(raw(comm)), n, buf)?.map(|r| r.0));
+    // Read only where the connection reports profiler events. (A copy of the pointer: a
+    // closure capturing it by reference keeps it in memory on every irecv.)
+    let phandle = move |i: usize| {
+        if phandles.is_null() {
+            return 0;
+        }
+        // SAFETY: NCCL's v10+ irecv passes NULL or an array of `n` profiler handles; the
+        // plugin asks for `i < n` only.
+        unsafe { *phandles.add(i) as usize }
+    };
+    *req = ptr(plugin::irecv_profiled(CommHandle(raw(comm)), n, buf, phandle)?.map(|r| r.0));
     Ok(())
 }
 
@@ -234,7 +248,7 @@ pub unsafe extern "C" fn irecv_int(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("irecv", || irecv_impl(comm, n, data, RecvSizes::Int(sizes), tags, mhandles, request))
+    run("irecv", || irecv_impl(comm, n, data, RecvSizes::Int(sizes), tags, mhandles, std::ptr::null_mut(), request))
 }
 
 /// `irecv` with `size_t` sizes (v9).
@@ -247,10 +261,11 @@ pub unsafe extern "C" fn irecv_sizet(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("irecv", || irecv_impl(comm, n, data, RecvSizes::SizeT(sizes), tags, mhandles, request))
+    run("irecv", || irecv_impl(comm, n, data, RecvSizes::SizeT(sizes), tags, mhandles, std::ptr::null_mut(), request))
 }
 
-/// `irecv` with `size_t` sizes and profiler handles (v10+); the handles are ignored.
+/// `irecv` with `size_t` sizes and profiler handles (v10+), which the profiler events of
+/// each buffer carry (`profiler.rs`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn irecv_prof(
     comm: *mut c_void,
@@ -259,10 +274,10 @@ pub unsafe extern "C" fn irecv_prof(
     sizes: *mut usize,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
-    _phandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("irecv", || irecv_impl(comm, n, data, RecvSizes::SizeT(sizes), tags, mhandles, request))
+    run("irecv", || irecv_impl(comm, n, data, RecvSizes::SizeT(sizes), tags, mhandles, phandles, request))
 }
 
 /// `iflush`, every version (sizes stay `int*`).

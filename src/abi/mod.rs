@@ -7,6 +7,7 @@ mod common;
 mod fusion;
 mod guard;
 pub mod logger;
+pub mod profiler;
 pub mod query;
 pub mod stats;
 mod versions;

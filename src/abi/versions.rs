@@ -12,6 +12,7 @@ use super::common::*;
 use super::fusion::{devices_v6, devices_v9, make_vdevice_v9, make_vdevice_v12, publish};
 use super::guard::run;
 use super::logger;
+use super::profiler;
 use crate::plugin::{self, AbiVersion, ContextHandle, Properties};
 
 const NAME: *const std::ffi::c_char = c"MPIB".as_ptr();
@@ -43,9 +44,13 @@ unsafe extern "C" fn init_v9(log_fn: ncclDebugLogger_t) -> ncclResult_t {
     logger::install();
     run("init", || init_common(AbiVersion::V9, log_fn))
 }
-unsafe extern "C" fn init_v10(log_fn: ncclDebugLogger_t, _prof: ncclProfilerCallback_t) -> ncclResult_t {
+/// v10: the profiler callback goes to the default context (the only one before v11).
+unsafe extern "C" fn init_v10(log_fn: ncclDebugLogger_t, prof: ncclProfilerCallback_t) -> ncclResult_t {
     logger::install();
-    run("init", || init_common(AbiVersion::V10, log_fn))
+    run("init", || {
+        init_common(AbiVersion::V10, log_fn)?;
+        plugin::set_profiler(None, profiler::sink(prof))
+    })
 }
 
 /// v11/v12: `init` is per communicator; `*ctx` carries the communicator's config to
@@ -56,6 +61,7 @@ fn init_ctx(
     comm_id: u64,
     config: *mut ncclNetCommConfig_v11_t,
     log_fn: ncclDebugLogger_t,
+    prof: ncclProfilerCallback_t,
 ) -> ncclResult_t {
     logger::install();
     run("init", || {
@@ -65,7 +71,9 @@ fn init_ctx(
         // SAFETY: NCCL passes NULL or a valid config.
         let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass);
         init_common(abi, log_fn)?;
-        *ctx = ptr(Some(plugin::new_context(comm_id, tc)?.0));
+        let c = plugin::new_context(comm_id, tc)?;
+        plugin::set_profiler(Some(c), profiler::sink(prof))?;
+        *ctx = ptr(Some(c.0));
         Ok(())
     })
 }
@@ -74,18 +82,18 @@ unsafe extern "C" fn init_v11(
     comm_id: u64,
     config: *mut ncclNetCommConfig_v11_t,
     log_fn: ncclDebugLogger_t,
-    _prof: ncclProfilerCallback_t,
+    prof: ncclProfilerCallback_t,
 ) -> ncclResult_t {
-    init_ctx(AbiVersion::V11, ctx, comm_id, config, log_fn)
+    init_ctx(AbiVersion::V11, ctx, comm_id, config, log_fn, prof)
 }
 unsafe extern "C" fn init_v12(
     ctx: *mut *mut c_void,
     comm_id: u64,
     config: *mut ncclNetCommConfig_v12_t,
     log_fn: ncclDebugLogger_t,
-    _prof: ncclProfilerCallback_t,
+    prof: ncclProfilerCallback_t,
 ) -> ncclResult_t {
-    init_ctx(AbiVersion::V12, ctx, comm_id, config, log_fn)
+    init_ctx(AbiVersion::V12, ctx, comm_id, config, log_fn, prof)
 }
 unsafe extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
     run("finalize", || plugin::finalize(ContextHandle(raw(ctx))))
@@ -420,7 +428,7 @@ unsafe extern "C" fn isend_sizet(
     mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> ncclResult_t {
-    run("isend", || isend_impl(comm, data, size, tag, mhandle, request))
+    run("isend", || isend_impl(comm, data, size, tag, mhandle, std::ptr::null_mut(), request))
 }
 
 /// NCCL 2.24 – 2.25.

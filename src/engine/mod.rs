@@ -27,7 +27,8 @@ pub use failover::{
 pub use place::{Place, PlaceRef};
 pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{
-    CallerWaits, CpuAccess, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS, SendBuf, SendConfig, SendEngine,
+    CallerWaits, CpuAccess, PartState, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS, SendBuf, SendConfig,
+    SendEngine, SentPart, SlotView,
 };
 
 use crate::fabric::SendWr;

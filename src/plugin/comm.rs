@@ -10,6 +10,7 @@ use super::failover::{FoSide, MAX_ROUNDS, carry_out, feed_port_downs};
 use super::inbox::Inbox;
 use super::mr::{MrInfo, MrMemo};
 use super::nic_pair::NicPair;
+use super::profile::{RecvProfile, SendProfile, Sink};
 use super::rail::Rail;
 use super::region::{RecvMem, SendMem};
 use super::resources::{Held, Res};
@@ -170,10 +171,12 @@ pub struct SendComm<D: Device> {
     pub dev: Arc<NicPair<D>>,
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
-    posts: Posts,
+    pub(super) posts: Posts,
     pub(super) region: HostRegion,
     /// Rail failover (`failover.rs`): out of line, touched only by calls that wait.
     pub(super) fo: Box<FoSide>,
+    /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
+    pub(super) prof: Option<Box<SendProfile>>,
     _held: Held,
 }
 
@@ -196,8 +199,15 @@ impl<D: Device> SendComm<D> {
             posts: Posts::default(),
             region,
             fo,
+            prof: None,
             _held: Held::new(Res::SendComms, 1),
         }
+    }
+
+    /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
+    /// `device`.
+    pub fn set_profiler(&mut self, sink: Option<Sink>, device: i32) {
+        self.prof = sink.map(|s| Box::new(SendProfile::new(s, device, self.seqs.0.len())));
     }
 
     /// `isend`: `Ok(None)` until the receiver's CTS is there.
@@ -294,6 +304,9 @@ impl<D: Device> SendComm<D> {
                 done = self.engine.test(id)?;
             }
         }
+        if self.prof.is_some() {
+            self.profile_sweep();
+        }
         Ok(done)
     }
 
@@ -317,13 +330,15 @@ pub struct RecvComm<D: Device> {
     pub dev: Arc<NicPair<D>>,
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
-    posts: Posts,
+    pub(super) posts: Posts,
     pub(super) region: HostRegion,
     /// Rail failover (`failover.rs`): out of line, touched only by calls that wait (and
     /// by every [`IRECVS_PER_LOOK`]th irecv).
     pub(super) fo: Box<FoSide>,
     /// irecvs so far (wrapping): see `irecv`.
     irecvs: u8,
+    /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
+    pub(super) prof: Option<Box<RecvProfile>>,
     _held: Held,
 }
 
@@ -352,8 +367,15 @@ impl<D: Device> RecvComm<D> {
             region,
             fo,
             irecvs: 0,
+            prof: None,
             _held: Held::new(Res::RecvComms, 1),
         }
+    }
+
+    /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
+    /// `device`.
+    pub fn set_profiler(&mut self, sink: Option<Sink>, device: i32) {
+        self.prof = sink.map(|s| Box::new(RecvProfile::new(s, device)));
     }
 
     /// `irecv` of `bufs` (checked against their registrations by the caller). The NICs'

@@ -21,6 +21,7 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use super::nic_queues::NicQueues;
+use super::profile::Sink;
 use super::resources::{Held, Res};
 use crate::error::Result;
 use crate::fabric::Device;
@@ -35,6 +36,8 @@ pub struct Context<D: Device> {
     /// The queues of each NIC in use, by the NIC's identity (its device's address: devices
     /// stay open for the process lifetime).
     nics: Mutex<Vec<(usize, Weak<NicQueues<D>>)>>,
+    /// NCCL's profiler callback given to `init` (`profile.rs`): read at set-up only.
+    profiler: Mutex<Option<Sink>>,
     _held: Held,
 }
 
@@ -46,6 +49,7 @@ impl<D: Device> Context<D> {
             traffic_class,
             srq_depth,
             nics: Mutex::new(Vec::new()),
+            profiler: Mutex::new(None),
             _held: Held::new(Res::Contexts, 1),
         }
     }
@@ -62,6 +66,15 @@ impl<D: Device> Context<D> {
         let q = Arc::new(NicQueues::new(dev.clone(), self.srq_depth)?);
         nics.push((key, Arc::downgrade(&q)));
         Ok(q)
+    }
+
+    /// Where the events of this context's connections go (`None`: no profiler).
+    pub fn profiler(&self) -> Option<Sink> {
+        self.profiler.lock().clone()
+    }
+
+    pub fn set_profiler(&self, sink: Option<Sink>) {
+        *self.profiler.lock() = sink;
     }
 
     /// NICs whose queues are alive (tests).

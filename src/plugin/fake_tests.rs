@@ -51,10 +51,10 @@ fn test_until_done(p: &Plugin<Recording>, req: RequestHandle, what: &str) {
 fn transfer(p: &Plugin<Recording>, (send, recv): (CommHandle, CommHandle), bufs: (&[u8], &[u8]), mhs: [MemHandle; 2]) {
     let (sbuf, rbuf) = bufs;
     let arg = BufArg { addr: rbuf.as_ptr() as u64, size: rbuf.len(), tag: 1, mh: Some(mhs[1]) };
-    let rreq = p.irecv(recv, 1, &|_| Ok(arg)).expect("irecv").expect("a receive request");
+    let rreq = p.irecv(recv, 1, &|_| Ok(arg), &|_| 0).expect("irecv").expect("a receive request");
     let deadline = Instant::now() + Duration::from_secs(20);
     let sreq = loop {
-        if let Some(r) = p.isend(send, sbuf.as_ptr() as u64, sbuf.len(), 1, mhs[0]).expect("isend") {
+        if let Some(r) = p.isend(send, sbuf.as_ptr() as u64, sbuf.len(), 1, mhs[0], 0).expect("isend") {
             break r;
         }
         assert!(Instant::now() < deadline, "isend never found the CTS");
@@ -150,14 +150,14 @@ fn a_nic_that_fails_fails_both_rails_it_carries_at_once() {
     nic.port_down();
     // The next call that waits on each side fails: no stall bound (off here), no timeout.
     let e = loop {
-        match p.isend(send, sbuf.as_ptr() as u64, sbuf.len(), 1, smh) {
+        match p.isend(send, sbuf.as_ptr() as u64, sbuf.len(), 1, smh, 0) {
             Err(e) => break e,
             Ok(r) => assert!(r.is_none() && t0.elapsed() < Duration::from_secs(5), "the send went on"),
         }
     };
     assert!(e.msg().contains("both rails have failed"), "{e}");
     let arg = BufArg { addr: rbuf.as_ptr() as u64, size: rbuf.len(), tag: 1, mh: Some(rmh) };
-    let e = match p.irecv(recv, 1, &|_| Ok(arg)) {
+    let e = match p.irecv(recv, 1, &|_| Ok(arg), &|_| 0) {
         Err(e) => e,
         Ok(None) => panic!("irecv: not now"),
         Ok(Some(rreq)) => loop {

@@ -82,6 +82,13 @@ impl<D: Device> Plugin<D> {
         self.contexts.lock().insert(id, c);
     }
 
+    /// Where the events of the connections made in context `ctx` from now on go (NCCL's
+    /// profiler callback of the `init` that made it; v10: of the default context).
+    pub fn set_profiler(&self, ctx: Option<ContextHandle>, sink: Option<super::profile::Sink>) -> Result<()> {
+        self.context(ctx)?.set_profiler(sink);
+        Ok(())
+    }
+
     /// The context of a call: NCCL's (v11+), or the default one (older ABIs pass none).
     pub fn context(&self, ctx: Option<ContextHandle>) -> Result<Arc<Context<D>>> {
         let Some(h) = ctx else {
@@ -277,12 +284,15 @@ impl<D: Device> Plugin<D> {
         size: usize,
         tag: i32,
         mh: MemHandle,
+        phandle: usize,
     ) -> Result<Option<RequestHandle>> {
         let size = size_ok(size)?;
         let (h, mut g) = self.objs.get(comm.0, Kind::Send)?;
         let Obj::Send(c) = &mut *g else { return Err(Error::internal("send entry holds something else")) };
         let info = self.mr_memo(&mut c.mr_memo, mh)?;
-        match c.isend(addr, size, tag as u32, &info)? {
+        let r = c.isend(addr, size, tag as u32, &info)?;
+        c.profile_isend(r, phandle);
+        match r {
             None => Ok(None),
             Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
         }
@@ -294,6 +304,7 @@ impl<D: Device> Plugin<D> {
         comm: CommHandle,
         n: usize,
         arg: &impl Fn(usize) -> Result<BufArg>,
+        phandle: &impl Fn(usize) -> usize,
     ) -> Result<Option<RequestHandle>> {
         if n > MAX_RECVS {
             return Err(cold(|| {
@@ -306,13 +317,17 @@ impl<D: Device> Plugin<D> {
         // grouped receives (zeroing it cost ~20 instructions per irecv).
         let posted = if n == 1 {
             let b = self.recv_buf(&mut c.mr_memo, 0, arg)?;
-            c.irecv(std::slice::from_ref(&b))?
+            let r = c.irecv(std::slice::from_ref(&b))?;
+            c.profile_irecv(r, std::slice::from_ref(&b), phandle);
+            r
         } else {
             let mut bufs = [RecvBuf::default(); MAX_RECVS];
             for (i, b) in bufs.iter_mut().enumerate().take(n) {
                 *b = self.recv_buf(&mut c.mr_memo, i, arg)?;
             }
-            c.irecv(&bufs[..n])?
+            let r = c.irecv(&bufs[..n])?;
+            c.profile_irecv(r, &bufs[..n], phandle);
+            r
         };
         match posted {
             None => Ok(None),
@@ -388,6 +403,7 @@ impl<D: Device> Plugin<D> {
                     return Err(stale());
                 }
                 let Some(n) = c.test(id)? else { return Ok(false) };
+                c.profile_done(id);
                 c.engine.done_sizes(id, n)
             }
             _ => return Err(Error::internal("request's comm entry holds something else")),

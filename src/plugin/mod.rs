@@ -38,6 +38,7 @@ pub mod nic_pair;
 pub mod nic_queues;
 pub mod oob;
 pub mod place;
+pub mod profile;
 mod rail;
 mod readmit;
 pub mod region;
@@ -357,6 +358,12 @@ pub fn new_context(comm_id: u64, traffic_class: Option<i32>) -> Result<ContextHa
     Ok(ContextHandle(id))
 }
 
+/// Where the profiler events of connections made in context `ctx` (`None`: the default
+/// context of ABIs before v11) go from now on: NCCL's callback, made a sink by the ABI edge.
+pub fn set_profiler(ctx: Option<ContextHandle>, sink: Option<profile::Sink>) -> Result<()> {
+    dispatch!(p => p.set_profiler(ctx, sink))
+}
+
 /// Checks a v11/v12 context; returns its traffic class.
 pub fn check_context(ctx: ContextHandle) -> Result<Option<i32>> {
     dispatch!(p => p.context(Some(ctx)).map(|c| c.traffic_class))
@@ -460,7 +467,20 @@ pub struct BufArg {
 /// `isend`: `None` means "not now" (no matching receive posted yet; NCCL retries).
 #[inline(always)]
 pub fn isend(comm: CommHandle, addr: u64, size: usize, tag: i32, mh: MemHandle) -> Result<Option<RequestHandle>> {
-    dispatch!(p => p.isend(comm, addr, size, tag, mh))
+    isend_profiled(comm, addr, size, tag, mh, 0)
+}
+
+/// [`isend`] with NCCL's profiler handle for it (`phandle`, 0: none).
+#[inline(always)]
+pub fn isend_profiled(
+    comm: CommHandle,
+    addr: u64,
+    size: usize,
+    tag: i32,
+    mh: MemHandle,
+    phandle: usize,
+) -> Result<Option<RequestHandle>> {
+    dispatch!(p => p.isend(comm, addr, size, tag, mh, phandle))
 }
 
 /// `irecv` of `n` (1 … [`MAX_RECVS`]) buffers, `buf(i)` the i-th: `None` means "not now".
@@ -468,7 +488,19 @@ pub fn isend(comm: CommHandle, addr: u64, size: usize, tag: i32, mh: MemHandle) 
 /// straight into the receive it becomes (no array of them in between on the data path).
 #[inline(always)]
 pub fn irecv(comm: CommHandle, n: usize, buf: impl Fn(usize) -> Result<BufArg>) -> Result<Option<RequestHandle>> {
-    dispatch!(p => p.irecv(comm, n, &buf))
+    irecv_profiled(comm, n, buf, |_| 0)
+}
+
+/// [`irecv`] with NCCL's profiler handle for buffer `i` given by `phandle(i)` (0: none;
+/// asked only when the connection reports profiler events).
+#[inline(always)]
+pub fn irecv_profiled(
+    comm: CommHandle,
+    n: usize,
+    buf: impl Fn(usize) -> Result<BufArg>,
+    phandle: impl Fn(usize) -> usize,
+) -> Result<Option<RequestHandle>> {
+    dispatch!(p => p.irecv(comm, n, &buf, &phandle))
 }
 
 /// `iflush` of the buffers of a completed receive: `None` when nothing needs flushing.

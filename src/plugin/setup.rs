@@ -235,6 +235,8 @@ pub struct Connecting<D: Device> {
     reply: Option<Reply>,
     /// The communicator's id (its context's), for the connection's place.
     comm_id: u64,
+    /// The context's profiler, when NCCL gave one (`profile.rs`).
+    profiler: Option<super::profile::Sink>,
 }
 
 impl<D: Device> Connecting<D> {
@@ -268,6 +270,7 @@ impl<D: Device> Connecting<D> {
             region: Some(region),
             reply: None,
             comm_id: ctx.comm_id,
+            profiler: ctx.profiler(),
         })
     }
 
@@ -371,7 +374,9 @@ impl<D: Device> Connecting<D> {
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
         let fo = FoSide::new(self.p.cfg, &rails, place);
-        Ok(SendComm::new(rails, engine, self.pair.clone(), region, fo))
+        let mut comm = SendComm::new(rails, engine, self.pair.clone(), region, fo);
+        comm.set_profiler(self.profiler.take(), self.pair.props.dev);
+        Ok(comm)
     }
 }
 
@@ -593,7 +598,9 @@ impl<D: Device> Accepting<D> {
         engine.set_place(PlaceRef::new(place.clone()));
         engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
         let fo = FoSide::new(self.p.cfg, &rails, place);
-        Ok(RecvComm::new(rails, engine, self.pair.clone(), region, fo))
+        let mut comm = RecvComm::new(rails, engine, self.pair.clone(), region, fo);
+        comm.set_profiler(self.ctx.profiler(), self.pair.props.dev);
+        Ok(comm)
     }
 }
 

@@ -51,3 +51,10 @@ _Static_assert(offsetof(mpib_rail_info_t, gid) == 88, "rail info: the GID after 
 _Static_assert(offsetof(mpib_rail_info_t, pci_path) == 168, "rail info: the PCI path last");
 _Static_assert(MPIB_LINK_INFINIBAND == 1 && MPIB_LINK_ETHERNET == 2 && MPIB_LINK_TCP == 3, "link layers");
 ncclResult_t (*const mpib_header_check_rails)(int, int, mpib_rail_info_t*, size_t) = mpib_device_rails;
+
+/* The profiler event descriptor (NCCL profiler plugins read it). */
+_Static_assert(sizeof(mpib_profiler_descr_v1_t) == 48, "profiler descriptor v1");
+_Static_assert(offsetof(mpib_profiler_descr_v1_t, device) == 4, "profiler descriptor device");
+_Static_assert(offsetof(mpib_profiler_descr_v1_t, length) == 16, "profiler descriptor length");
+_Static_assert(offsetof(mpib_profiler_descr_v1_t, rail_bytes) == 32, "profiler descriptor split");
+_Static_assert(MPIB_PROFILER_NET_TYPE == 0x4D420000 && MPIB_PROFILER_NET_MPIB_VER == 1, "profiler plugin id");

@@ -232,3 +232,56 @@ impl Default for mpib_rail_info_t {
         }
     }
 }
+
+// ---- NCCL profiler events ------------------------------------------------------------------
+//
+// When NCCL (2.26+, ncclNet v10+) gives `init` a profiler callback, mpib reports each
+// request's work on each rail through it, as NCCL's IB transport reports its QPs' work
+// (NCCL's `profiler/net_ib_v1.h`): a start event with a descriptor, a stop event later.
+// A profiler plugin sees them as `ncclProfileNetPlugin` events whose `netPlugin.id` is
+// `MPIB_PROFILER_NET_TYPE | MPIB_PROFILER_NET_MPIB_VER` and whose `netPlugin.data` points
+// at a `mpib_profiler_descr_v1_t` (valid during its `startEvent` only: copy it there).
+
+/// mpib's network type in a profiler event's plugin id, in NCCL's type field (bits 16-31,
+/// `NCCL_PROFILER_NET_TYPE_MASK`): `0x4D42` ("MB"), far from NCCL's own types (IB 1,
+/// socket 2), which it numbers from 1.
+pub const MPIB_PROFILER_NET_TYPE: i64 = 0x4D42_0000;
+/// The version of the descriptor, in the plugin id's low 16 bits
+/// (`NCCL_PROFILER_NET_VER_MASK`).
+pub const MPIB_PROFILER_NET_MPIB_VER: i64 = 1;
+
+/// `mpib_profiler_descr_v1_t::type`: one rail's part of a send, from the post of its chain
+/// to the completion of its signalled WRITE_WITH_IMM (or until it is abandoned: a failed
+/// rail, a closed connection).
+pub const MPIB_PROFILE_SEND_PART: u8 = 1;
+/// `mpib_profiler_descr_v1_t::type`: a part of a send re-sent on the other rail after its
+/// own rail failed (rail failover), from the failover to the replay's completion.
+pub const MPIB_PROFILE_REPLAY: u8 = 2;
+/// `mpib_profiler_descr_v1_t::type`: one receive buffer, from its CTS posted (`rail`, `qp_num`:
+/// the CTS's) to its completion. The receiver does not know the split (`rail_bytes` are 0).
+pub const MPIB_PROFILE_RECV: u8 = 3;
+/// `mpib_profiler_descr_v1_t::rail` when the rail is not known.
+pub const MPIB_PROFILER_RAIL_UNKNOWN: u8 = 0xff;
+
+/// The data of an mpib profiler event (version 1).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct mpib_profiler_descr_v1_t {
+    /// `MPIB_PROFILE_SEND_PART`, `MPIB_PROFILE_REPLAY` or `MPIB_PROFILE_RECV`.
+    pub r#type: u8,
+    /// The rail the work is on: 0 SOUT, 1 SUP (`MPIB_PROFILER_RAIL_UNKNOWN`: not known).
+    pub rail: u8,
+    /// The NCCL device index of the connection.
+    pub device: i32,
+    /// The QP the work was posted on (0 when not known: a replay's).
+    pub qp_num: u32,
+    /// The CTS slot of the request (sends of one slot share their chains).
+    pub slot: u32,
+    /// Bytes of this part (this rail's share of the request; a receive: the buffer's size).
+    pub length: u64,
+    /// The request's size in bytes (a receive: the buffer's size).
+    pub size: u64,
+    /// The split decision: the request's bytes on SOUT and on SUP (`rail_bytes[0] +
+    /// rail_bytes[1] == size` for a send).
+    pub rail_bytes: [u64; 2],
+}

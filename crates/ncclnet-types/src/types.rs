@@ -17,7 +17,7 @@ pub type ncclDebugLogger_t = Option<
     unsafe extern "C" fn(level: c_int, flags: c_ulong, file: *const c_char, line: c_int, fmt: *const c_char, ...),
 >;
 
-/// `ncclProfilerCallback_t` (v10+). Accepted and ignored.
+/// `ncclProfilerCallback_t` (v10+): mpib reports its events through it (`mpib_profiler_descr_v1_t`).
 pub type ncclProfilerCallback_t = Option<
     unsafe extern "C" fn(
         eHandle: *mut *mut c_void,

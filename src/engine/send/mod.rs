@@ -17,12 +17,14 @@ use crate::telemetry::{ProbeBudget, RailTelemetry, Sample};
 mod drill;
 mod failover;
 mod post;
+mod profile;
 mod readmit;
 mod report;
 mod silence;
 mod timers;
 
 pub use failover::STALL_NS_PER_BYTE;
+pub use profile::{PartState, SentPart, SlotView};
 pub use silence::{SILENT_FLOOR_NS, SUSPECT_FLOOR_NS};
 
 pub use timers::CallerWaits;
