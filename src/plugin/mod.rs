@@ -17,6 +17,7 @@ use crate::fabric::MemTypes;
 
 mod banner;
 pub mod comm;
+mod comm_profile;
 pub mod context;
 pub mod describe;
 pub mod devices;
