@@ -394,7 +394,16 @@ fn a_part_in_flight_when_its_comm_closes_is_stopped() {
 #[test]
 fn a_part_whose_rail_fails_is_stopped_and_its_replay_reported() {
     if !is_child() {
-        let env = [("MPIB_FABRIC", "inproc"), ("MPIB_SPLIT", "50"), ("MPIB_FAULT_RAIL", "sup:3")];
+        // drop-imm (TCP soft fabric): the first data WRITE_WITH_IMM on SUP from the third isend
+        // on lands without its IMM and the link dies, so that part is replayed whatever the
+        // timing (a plain drop may first hit a probe, with no part in flight).
+        let env = [
+            ("MPIB_FABRIC", "soft"),
+            ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"),
+            ("MPIB_SOFT_SUP_ADDR", "127.0.0.1"),
+            ("MPIB_SPLIT", "50"),
+            ("MPIB_FAULT_RAIL", "sup:3:drop-imm"),
+        ];
         return in_child("a_part_whose_rail_fails_is_stopped_and_its_replay_reported", &env);
     }
     let c = connect(Some(record));
@@ -410,7 +419,7 @@ fn a_part_whose_rail_fails_is_stopped_and_its_replay_reported() {
             assert_eq!((r.rail, r.length), (0, r.rail_bytes[1]), "SUP's part replayed on SOUT");
         }
     }
-    // The drop at the third isend catches that send's SUP part in flight: it is replayed.
+    // The part that lost its IMM is replayed on SOUT.
     let replays = ev.iter().filter(|e| matches!(e, Ev::Start { d, .. } if d.r#type == MPIB_PROFILE_REPLAY)).count();
     assert!(replays >= 1, "no part was replayed\n{ev:#?}");
     close(c);
