@@ -509,6 +509,14 @@ impl Failover {
         }
     }
 
+    /// Whether a port-down event on `rail` fails it over: only where the other rail can take
+    /// its traffic (failover on, the other rail Up). Otherwise RC's retry budget decides, as
+    /// with NCCL's IB transport: the rail's QPs keep retrying, a port back in time carries
+    /// on, and one that stays down errors them, which fails the rail (and the connection).
+    pub(crate) fn port_down_fails_over(&self, rail: usize) -> bool {
+        self.cfg.enabled && self.state[other(rail)] == RailState::Up
+    }
+
     /// The fences to ask the plugin for, now waited on.
     pub(crate) fn emit_fences(&mut self, out: &mut Output) {
         for rail in self.fence_due.iter() {

@@ -45,6 +45,16 @@ impl RecvEngine {
         self.error.check()?;
         self.fo.timer_ns = 0;
         match ev {
+            Event::RailDown { rail } if self.fo.state[rail] == RailState::Up && !self.fo.port_down_fails_over(rail) => {
+                log::log!(
+                    self.failure_level(),
+                    "recv: the {} rail's port is down and no other rail can take its traffic: receives wait while \
+                     RC retries (MPIB_TIMEOUT, MPIB_RETRY_CNT); a port back in time carries on{}",
+                    RAIL_NAMES[rail],
+                    self.at(rail)
+                );
+                Ok(())
+            }
             Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
             Event::QpsBuilt { rail, records } => {
                 self.on_qps_built(rail, records);

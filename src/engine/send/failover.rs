@@ -53,6 +53,16 @@ impl SendEngine {
         match ev {
             Event::RailDown { rail } => match self.fo.state[rail] {
                 RailState::Rebuilding { .. } | RailState::Probing { .. } => self.readmit_failed(rail),
+                RailState::Up if !self.fo.port_down_fails_over(rail) => {
+                    log::log!(
+                        self.failure_level(),
+                        "send: the {} rail's port is down and no other rail can take its traffic: its transfers wait \
+                         while RC retries (MPIB_TIMEOUT, MPIB_RETRY_CNT); a port back in time carries on{}",
+                        RAIL_NAMES[rail],
+                        self.at(rail)
+                    );
+                    Ok(())
+                }
                 _ => self.rail_down(rail, DownReason::Port),
             },
             // The sender's own fence needs no follow-up: it only stops its QPs of the rail.

@@ -152,8 +152,17 @@ fn both_rails_down_fails_every_outstanding_and_later_call() {
     p.fenced[Dir::ToRecv as usize][SUP] = true; // the replays die with SUP
     let e = settle(&mut p, &mut fo).unwrap_err();
     assert!(is_cause(&e, |c| matches!(c, Cause::BothRailsFailed)), "{e}");
-    // The receiver learns it from its own keepalive on SUP's fenced peer, or the plugin.
-    let _ = p.r.handle_event(Event::RailDown { rail: SUP });
+    // A port-down on the receiver's last rail is left to RC (below); it learns the end from
+    // its own keepalive on SUP, whose peer is in the error state.
+    p.r.handle_event(Event::RailDown { rail: SUP }).expect("a port-down on the last rail waits");
+    p.fence(SEND_SIDE, SUP);
+    p.fence(RECV_SIDE, SUP);
+    for _ in 0..4 {
+        p.now += crate::engine::KEEPALIVE_NS + 1;
+        p.keepalive();
+        let _ = p.poll_recv();
+        let _ = p.pump_failover(&mut fo);
+    }
     for &(rid, sid, _) in &reqs {
         assert!(p.s.test(sid).is_err(), "send {sid}");
         assert!(p.r.test(rid).is_err(), "receive {rid}");
@@ -182,11 +191,48 @@ fn a_stall_fails_the_rail_and_the_transfer_completes_on_the_other() {
 }
 
 #[test]
-fn with_failover_off_a_rail_down_fails_the_connection() {
+fn a_port_down_on_the_last_rail_waits_for_rc_and_a_port_back_in_time_carries_on() {
+    let (mut p, mut fo) = pair(50, 0);
+    let reqs = transfers(&mut p, 4096, &[0, 1]);
+    assert!(p.fail_qp(Dir::ToRecv, SOUT, 0, WcStatus::RetryExceeded));
+    settle(&mut p, &mut fo).unwrap();
+    for (seed, &(rid, sid, addr)) in reqs.iter().enumerate() {
+        assert_eq!(p.test_send(sid).unwrap(), Some(4096));
+        assert_eq!(p.test_recv(rid).unwrap().unwrap().sizes[0], 4096);
+        assert_eq!(p.rs.space.read(addr, 4096), pattern(seed as u64, 4096));
+    }
+    assert!(matches!(p.s.rail_states()[SOUT], RailState::Failed { .. }));
+    // A leaf switch reboots: SUP's port goes down on both sides while SOUT is still down.
+    p.s.handle_event(p.now, Event::RailDown { rail: SUP }).expect("the sender waits for RC");
+    p.r.handle_event(Event::RailDown { rail: SUP }).expect("the receiver waits for RC");
+    let (rid, sid, addr) = transfer(&mut p, 8192, 7);
+    settle(&mut p, &mut fo).unwrap();
+    assert_eq!(p.s.rail_states()[SUP], RailState::Up, "SUP was not failed");
+    assert_eq!(p.r.rail_states()[SUP], RailState::Up);
+    assert_eq!(p.test_send(sid).unwrap(), Some(8192), "the port came back: nothing errored");
+    assert_eq!(p.test_recv(rid).unwrap().unwrap().sizes[0], 8192);
+    assert_eq!(p.rs.space.read(addr, 8192), pattern(7, 8192));
+    assert!(p.s.error().is_none() && p.r.error().is_none());
+}
+
+#[test]
+fn with_failover_off_a_port_down_is_left_to_rc_and_an_error_fails_the_connection() {
     let mut p = Pair::new(Opts::default());
-    let e = p.s.handle_event(p.now, Event::RailDown { rail: SUP }).unwrap_err();
-    assert!(e.to_string().contains("failover is off"), "{e}");
-    assert!(p.s.error().is_some());
-    assert!(p.r.handle_event(Event::RailDown { rail: SOUT }).is_err());
-    assert!(p.r.error().is_some());
+    // No other rail may take the traffic: RC's retries decide, as with NCCL's IB transport.
+    p.s.handle_event(p.now, Event::RailDown { rail: SUP }).expect("the sender waits");
+    p.r.handle_event(Event::RailDown { rail: SOUT }).expect("the receiver waits");
+    assert!(p.s.error().is_none() && p.r.error().is_none());
+    let mut fo = FoOut::default();
+    let (rid, sid, addr) = transfer(&mut p, 4096, 3);
+    settle(&mut p, &mut fo).unwrap();
+    assert_eq!(p.test_send(sid).unwrap(), Some(4096), "the port came back: traffic carries on");
+    assert_eq!(p.test_recv(rid).unwrap().unwrap().sizes[0], 4096);
+    assert_eq!(p.rs.space.read(addr, 4096), pattern(3, 4096));
+    // A port that stays down errors the rail's QPs: that fails the connection.
+    let (_, sid, _) = transfer(&mut p, 4096, 4);
+    let failed = [SUP, SOUT].into_iter().find(|&r| p.fail_qp(Dir::ToRecv, r, 0, WcStatus::RetryExceeded));
+    assert!(failed.is_some(), "a data WRITE on the wire");
+    let e = settle(&mut p, &mut fo).unwrap_err();
+    assert!(e.to_string().contains("RETRY_EXC_ERR"), "{e}");
+    assert!(p.test_send(sid).is_err());
 }

@@ -323,7 +323,20 @@ fn the_surviving_rail_failing_during_a_readmission_fails_the_connection() {
     p.pump_failover(&mut fo).unwrap();
     assert!(matches!(p.s.rail_states()[SOUT], RailState::Rebuilding { .. }));
     let (rid, _) = p.irecv_one(100);
-    p.r.handle_event(crate::engine::Event::RailDown { rail: SUP }).expect_err("receiver: no rail left");
-    p.s.handle_event(p.now, crate::engine::Event::RailDown { rail: SUP }).expect_err("sender: no rail left");
+    // SUP's port going down is left to RC: SUP is all there is.
+    p.r.handle_event(crate::engine::Event::RailDown { rail: SUP }).expect("receiver: waits for RC");
+    p.s.handle_event(p.now, crate::engine::Event::RailDown { rail: SUP }).expect("sender: waits for RC");
+    assert_eq!(p.s.rail_states()[SUP], RailState::Up);
+    assert_eq!(p.r.rail_states()[SUP], RailState::Up);
+    // It stays down: RC errors SUP's QPs; the receiver's next keepalive fails on them.
+    p.fence(SEND_SIDE, SUP);
+    p.fence(RECV_SIDE, SUP);
+    let mut failed = false;
+    for _ in 0..6 {
+        p.now += crate::engine::KEEPALIVE_NS + 1;
+        p.keepalive();
+        failed |= p.poll_recv().is_err() | p.pump_failover(&mut fo).is_err();
+    }
+    assert!(failed, "the receiver learns that SUP is gone");
     assert!(p.test_recv(rid).is_err(), "every later call fails, no hang");
 }

@@ -52,6 +52,10 @@ struct Model {
     /// silent and that carried nothing since may rightly stay up on both sides (nobody had
     /// a reason to notice).
     loud: [bool; 2],
+    /// Per rail: a fault other than a port-down event hit it (a failed WR, a silent link). A
+    /// port-down on a rail no other rail can relieve is left to RC, and the model's links
+    /// work on: the port came back, and the rail is settled Up on both sides.
+    not_only_port: [bool; 2],
     /// Faults may hit both rails (the both-rails-down model).
     both_rails: bool,
 }
@@ -89,6 +93,7 @@ impl Model {
             next_send: 0,
             failed_rail: None,
             loud: [false; 2],
+            not_only_port: [false; 2],
             both_rails: false,
         }
     }
@@ -245,6 +250,7 @@ impl Model {
                         self.p.land_partly(d, r, qp, len / 2);
                     }
                     self.p.fail_qp(d, r, qp, WcStatus::RetryExceeded);
+                    self.not_only_port[rail] = true;
                 }
                 None => self.p.s.handle_event(self.p.now, Event::RailDown { rail })?,
             },
@@ -252,12 +258,16 @@ impl Model {
                 Some((d, r, qp)) => {
                     self.p.refill();
                     self.p.land_then_fail(d, r, qp);
+                    self.not_only_port[rail] = true;
                 }
                 None => self.p.r.handle_event(Event::RailDown { rail })?,
             },
             Fault::PortDown { at_sender: true, .. } => self.p.s.handle_event(self.p.now, Event::RailDown { rail })?,
             Fault::PortDown { at_sender: false, .. } => self.p.r.handle_event(Event::RailDown { rail })?,
-            Fault::Silent { .. } => self.p.silent[rail] = true,
+            Fault::Silent { .. } => {
+                self.p.silent[rail] = true;
+                self.not_only_port[rail] = true;
+            }
         }
         Ok(())
     }
@@ -329,7 +339,8 @@ impl Model {
         let (ss, rs) = (self.p.s.rail_states()[rail], self.p.r.rail_states()[rail]);
         let fenced = |st: RailState| st != RailState::Up && st != (RailState::Failed { epoch: 0, fenced: false });
         let faulted = self.loud[rail] || self.p.silent[rail];
-        !faulted || self.unnoticed(rail) || fenced(ss) && fenced(rs)
+        let waited = !self.not_only_port[rail] && ss == RailState::Up && rs == RailState::Up;
+        !faulted || self.unnoticed(rail) || waited || fenced(ss) && fenced(rs)
     }
 
     /// `rail`'s link only fell silent, and both sides still have it up.
@@ -439,8 +450,9 @@ fn run_both(qps: [u16; 2], pct: u8, warmup: usize, specs: Vec<RecvSpec>, ops: &[
     match r {
         Err(e) if both(&e) => {}
         Err(e) => return Err(e),
-        // A link that fell silent after the last transfer: nobody had a reason to notice.
-        Ok(()) if (0..2).any(|r| m.unnoticed(r)) => return Ok(()),
+        // A link that fell silent after the last transfer: nobody had a reason to notice. A
+        // rail whose faults were only port-downs: RC waited and the port came back.
+        Ok(()) if (0..2).any(|r| m.unnoticed(r) || !m.not_only_port[r]) => return Ok(()),
         Ok(()) => return fail("both rails failed and the connection went on".into()),
     }
     // The links are dead: every QP of both rails on both sides is in the error state. Time
