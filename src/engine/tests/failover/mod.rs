@@ -316,12 +316,19 @@ impl Model {
                 }
                 if !self.both_rails {
                     // Late acknowledgements are a µs-scale reordering on a working link: in
-                    // milliseconds they arrive. (Held for good, the rail would be a second
-                    // silent one, which is the both-rails model.)
+                    // milliseconds they arrive, and so does what waits on its wires. (Held
+                    // for good, the rail would be a second silent one, which is the
+                    // both-rails model: a working rail left idle for the ms of a tick while
+                    // the silent one had just completed late ACKs looked silent itself.)
                     let silent = self.p.silent;
                     for rail in (0..2).filter(|&r| !silent[r]) {
                         for qp in 0..self.p.late_acks[rail].len() {
                             self.p.release_acks(rail, qp);
+                        }
+                        for d in [Dir::ToSend, Dir::ToRecv] {
+                            for qp in 0..self.p.wires[d as usize][rail].len() {
+                                while self.p.step(d, rail, qp) {}
+                            }
                         }
                     }
                 }
