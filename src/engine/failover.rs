@@ -148,8 +148,11 @@ pub enum Action {
 pub enum Event {
     /// [`Action::FenceQps`] is done and the rail's completions were all fed in.
     FenceDone { rail: usize },
-    /// The plugin saw `rail` fail (a port-down async event, the soft fabric's link lost).
+    /// `rail`'s port went down (an async event): the rail fails over where the other rail
+    /// can take its traffic; on the last working rail RC's retries decide.
     RailDown { rail: usize },
+    /// `rail`'s device is gone for good (`DEVICE_FATAL`): the rail fails, the last one too.
+    DeviceFatal { rail: usize },
     /// [`Action::RebuildQps`] done: the new QPs' records, for the peer.
     QpsBuilt { rail: usize, records: QpRecords },
     /// [`Action::ConnectQps`] done: the new QPs carry WRs now.

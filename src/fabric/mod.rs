@@ -338,6 +338,13 @@ pub trait Device: Send + Sync + Sized + 'static {
         (0, false)
     }
 
+    /// Whether the device is gone for good (verbs: `IBV_EVENT_DEVICE_FATAL`): its QPs will
+    /// never complete anything again, so a rail on it fails even when it is the last one,
+    /// where a port that is merely down is left to RC's retries.
+    fn fatal(&self) -> bool {
+        false
+    }
+
     /// The address a QP's connection info names, as a user reads it in logs (verbs: the
     /// GID, and the LID on InfiniBand; soft: the IP address and port, or in-process).
     fn address_of(info: &QpInfo) -> String {

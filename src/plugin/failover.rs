@@ -104,12 +104,15 @@ pub(super) fn feed_port_downs<D: Device>(
         let (downs, down) = rail.dev.port_downs();
         if downs != seen[r] {
             seen[r] = downs;
-            if down {
+            if down && rail.dev.fatal() {
                 log::warn!(
-                    "failover: the {} rail's port is down (async event): failing the rail over{}",
+                    "failover: the {} rail's device is gone (DEVICE_FATAL): failing the rail{}",
                     RAIL_NAMES[r],
                     place.at(r)
                 );
+                on_event(Event::DeviceFatal { rail: r })?;
+            } else if down {
+                log::warn!("failover: the {} rail's port is down (async event){}", RAIL_NAMES[r], place.at(r));
                 on_event(Event::RailDown { rail: r })?;
             }
         }

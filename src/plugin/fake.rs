@@ -35,6 +35,7 @@ pub struct Recording {
     loopback_posts: Arc<Mutex<Vec<(u32, SendWr)>>>,
     downs: AtomicU64,
     down: AtomicBool,
+    fatal: AtomicBool,
 }
 
 /// A QP of a [`Recording`] device.
@@ -57,6 +58,7 @@ impl Recording {
             loopback_posts: Arc::new(Mutex::new(Vec::new())),
             downs: AtomicU64::new(0),
             down: AtomicBool::new(false),
+            fatal: AtomicBool::new(false),
         })
     }
 
@@ -70,10 +72,17 @@ impl Recording {
         self.loopback_posts.lock().clone()
     }
 
-    /// The port goes down, as a verbs device's PORT_ERR or DEVICE_FATAL event says.
+    /// The port goes down, as a verbs device's PORT_ERR event says (the fake's QPs work on:
+    /// the port came back before RC gave up).
     pub fn port_down(&self) {
         self.down.store(true, Ordering::Release);
         self.downs.fetch_add(1, Ordering::Release);
+    }
+
+    /// `IBV_EVENT_DEVICE_FATAL`: the port down for good, the device gone.
+    pub fn device_fatal(&self) {
+        self.fatal.store(true, Ordering::Release);
+        self.port_down();
     }
 }
 
@@ -120,6 +129,10 @@ impl Device for Recording {
 
     fn port_downs(&self) -> (u64, bool) {
         (self.downs.load(Ordering::Acquire), self.down.load(Ordering::Acquire))
+    }
+
+    fn fatal(&self) -> bool {
+        self.fatal.load(Ordering::Acquire)
     }
 }
 

@@ -137,8 +137,27 @@ fn a_nic_with_dma_buf_only_gets_flush_qps_and_flushes_gpu_receives() {
 }
 
 #[test]
+fn a_port_down_under_both_rails_fails_one_over_and_leaves_the_last_to_rc() {
+    // Both rails on one NIC whose port flaps (PORT_ERR, then back before RC gives up): the
+    // first rail's event fails it over to the second, the second's is left to RC, as NCCL's
+    // IB transport leaves it, and traffic goes on without an error.
+    let nic = Recording::open("flap", MemTypes::HOST);
+    let p = plugin(&nic, &nic);
+    let (send, recv) = connect(&p);
+    let (sbuf, rbuf) = (vec![7u8; 256], vec![0u8; 256]);
+    let smh = p.reg_mr(send, sbuf.as_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr");
+    let rmh = p.reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
+    transfer(&p, (send, recv), (&sbuf, &rbuf), [smh, rmh]);
+    nic.port_down();
+    for _ in 0..3 {
+        transfer(&p, (send, recv), (&sbuf, &rbuf), [smh, rmh]);
+    }
+    assert_eq!(rbuf, sbuf);
+}
+
+#[test]
 fn a_nic_that_fails_fails_both_rails_it_carries_at_once() {
-    // Both rails on one NIC; its port goes away (a verbs device's DEVICE_FATAL event).
+    // Both rails on one NIC; the device goes away (a verbs device's DEVICE_FATAL event).
     let nic = Recording::open("fatal", MemTypes::HOST);
     let p = plugin(&nic, &nic);
     let (send, recv) = connect(&p);
@@ -147,7 +166,7 @@ fn a_nic_that_fails_fails_both_rails_it_carries_at_once() {
     let rmh = p.reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
     transfer(&p, (send, recv), (&sbuf, &rbuf), [smh, rmh]);
     let t0 = Instant::now();
-    nic.port_down();
+    nic.device_fatal();
     // The next call that waits on each side fails: no stall bound (off here), no timeout.
     let e = loop {
         match p.isend(send, sbuf.as_ptr() as u64, sbuf.len(), 1, smh, 0) {

@@ -55,7 +55,7 @@ impl RecvEngine {
                 );
                 Ok(())
             }
-            Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
+            Event::RailDown { rail } | Event::DeviceFatal { rail } => self.rail_down(rail, DownReason::Port),
             Event::QpsBuilt { rail, records } => {
                 self.on_qps_built(rail, records);
                 Ok(())

@@ -65,6 +65,7 @@ impl SendEngine {
                 }
                 _ => self.rail_down(rail, DownReason::Port),
             },
+            Event::DeviceFatal { rail } => self.rail_down(rail, DownReason::Port),
             // The sender's own fence needs no follow-up: it only stops its QPs of the rail.
             Event::FenceDone { rail } => {
                 self.fo.fence_wait = self.fo.fence_wait.without(rail);

@@ -364,6 +364,10 @@ impl Device for VerbsDevice {
         (h.port_downs.load(Ordering::Acquire), h.port_down())
     }
 
+    fn fatal(&self) -> bool {
+        self.ctx.health.device_fatal.load(Ordering::Acquire)
+    }
+
     fn attrs(&self) -> &DeviceAttrs {
         &self.attrs
     }
