@@ -82,7 +82,7 @@ fn ranges_that_wrap_are_refused_not_given_another_registrations_keys() {
     let buf = vec![0u8; 4 * PAGE];
     let data = buf.as_ptr() as u64;
     // A real registration first: the cache then has an entry whose keys a wrapped range
-    // used to get.
+    // must not get.
     let good = net.reg_mr(recv, data, buf.len()).expect("regMr of a real buffer");
     for (what, addr, size) in [
         ("regMr(buf, SIZE_MAX)", data, usize::MAX),
@@ -158,7 +158,7 @@ fn refused(net: &Net, send: Handle, recv: Handle, what: &str, addr: u64, size: u
     match net.reg_mr(recv, addr, size) {
         Err(code) => assert_eq!(code, INVALID_ARGUMENT, "{what}"),
         Ok(mh) => {
-            // What the issue saw: the peer's data arriving there kills the process.
+            // Registered, the peer's data arriving there would kill the process.
             receive_into(net, send, recv, addr, mh, size);
             panic!("{what} was registered (and survived a receive into it)");
         }

@@ -2,7 +2,7 @@
 //! configuration, each rail's state, the control ring's messages and their encoding, and
 //! what the engines ask the plugin for (actions out) and learn from it (events in).
 //!
-//! A rail failure no longer breaks the connection: the receiver fences the rail (its QPs
+//! A rail failure does not break the connection: the receiver fences the rail (its QPs
 //! of that rail to the error state, their CQ drained), reports which parts of which
 //! transfers arrived (`Fenced`), and the sender replays only the missing parts on the
 //! surviving rail. Control messages travel as one RDMA WRITE each into the peer's control

@@ -240,8 +240,8 @@ fn both_rails_dropped_fail_both_ranks_within_a_bound() {
     }
 }
 
-/// The switch: with `MPIB_FAILOVER=0` a dropped rail fails the connection (today's
-/// behaviour), which also shows the drill really breaks a rail.
+/// The switch: with `MPIB_FAILOVER=0` a dropped rail fails the connection (as a single-rail
+/// transport would), which also shows the drill really breaks a rail.
 #[test]
 fn with_failover_off_a_dropped_rail_fails_the_connection() {
     let s = seed("failover off");

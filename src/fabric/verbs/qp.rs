@@ -369,7 +369,7 @@ impl QueuePair for VerbsQp {
             }
             if !health.last_wqe_missing.swap(true, Ordering::Relaxed) {
                 // Once per device: it does not raise the event (rxe on Linux 6.1), so its
-                // fences drain the CQ at once from now on, as before this wait existed.
+                // fences drain the CQ at once from now on, without waiting for it.
                 log::info!(
                     "{}: QP {} raised no IBV_EVENT_QP_LAST_WQE_REACHED within {:?} of the error state; \
                      fences on this device no longer wait for it",
