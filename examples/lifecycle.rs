@@ -7,24 +7,24 @@
 use std::time::{Duration, Instant};
 
 use mpib::fabric::MemTypes;
-use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, ContextHandle};
+use mpib::plugin::{AbiVersion, BufArg, CommHandle, ContextHandle};
 
 /// A send and a receive comm of the communicator of `ctx`.
 fn pair(abi: AbiVersion, ctx: ContextHandle) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
-    let listen = plugin::listen(abi, Some(ctx), 0, &mut handle).expect("listen");
+    let listen = mpib::abi::process().listen(abi, Some(ctx), 0, &mut handle).expect("listen");
     let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         assert!(Instant::now() < deadline, "set-up did not finish");
         if send.is_none() {
-            send = plugin::connect(abi, Some(ctx), 0, &mut handle, None).expect("connect");
+            send = mpib::abi::process().connect(abi, Some(ctx), 0, &mut handle, None).expect("connect");
         }
         if recv.is_none() {
-            recv = plugin::accept(listen).expect("accept");
+            recv = mpib::abi::process().accept(listen).expect("accept");
         }
         if let (Some(s), Some(r)) = (send, recv) {
-            plugin::close_listen(listen).expect("closeListen");
+            mpib::abi::process().close_listen(listen).expect("closeListen");
             return (s, r);
         }
     }
@@ -35,20 +35,22 @@ fn main() {
     // Messages to stderr at the level RUST_LOG names, as the C ABI does before NCCL's logger.
     mpib::abi::logger::install();
     let ctx = {
-        plugin::init(AbiVersion::V12).expect("init");
-        plugin::new_context(7, Some(-1)).expect("context")
+        mpib::abi::init_process(AbiVersion::V12).expect("init");
+        mpib::abi::process().new_context(7, Some(-1)).expect("context")
     };
     for round in 0..rounds {
         let (send, recv) = pair(AbiVersion::V12, ctx);
         let mut sbuf = vec![7u8; 1 << 16];
         let mut rbuf = vec![0u8; 1 << 16];
-        let smr = plugin::reg_mr(send, sbuf.as_mut_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr");
-        let rmr = plugin::reg_mr(recv, rbuf.as_mut_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
+        let smr =
+            mpib::abi::process().reg_mr(send, sbuf.as_mut_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr");
+        let rmr =
+            mpib::abi::process().reg_mr(recv, rbuf.as_mut_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
         let (raddr, rlen) = (rbuf.as_ptr() as u64, rbuf.len());
         let rarg = move |_| Ok(BufArg { addr: raddr, size: rlen, tag: 1, mh: Some(rmr) });
         // A few complete messages.
         for msg in 0..4 {
-            let r = plugin::irecv(recv, 1, rarg).expect("irecv").expect("a receive is never refused");
+            let r = mpib::abi::process().irecv(recv, 1, rarg).expect("irecv").expect("a receive is never refused");
             let deadline = Instant::now() + Duration::from_secs(60);
             // The receiving side is driven while the sender waits for its CTS, as the peer's
             // progress thread tests its receives: a CTS to redo (after a failover, which a
@@ -56,31 +58,31 @@ fn main() {
             let mut rd = false;
             let s = loop {
                 assert!(Instant::now() < deadline, "round {round} message {msg}: no CTS");
-                if let Some(s) = plugin::isend(send, sbuf.as_ptr() as u64, 4096, 1, smr).expect("isend") {
+                if let Some(s) = mpib::abi::process().isend(send, sbuf.as_ptr() as u64, 4096, 1, smr).expect("isend") {
                     break s;
                 }
-                rd = plugin::test(r, &mut [0; 8]).expect("test").is_some();
+                rd = mpib::abi::process().test(r, &mut [0; 8]).expect("test").is_some();
                 assert!(!rd, "round {round} message {msg}: a receive completed before its send");
             };
             let mut sd = false;
             while !(sd && rd) {
                 assert!(Instant::now() < deadline, "round {round} message {msg}: no completion");
-                sd = sd || plugin::test(s, &mut [0; 8]).expect("test").is_some();
-                rd = rd || plugin::test(r, &mut [0; 8]).expect("test").is_some();
+                sd = sd || mpib::abi::process().test(s, &mut [0; 8]).expect("test").is_some();
+                rd = rd || mpib::abi::process().test(r, &mut [0; 8]).expect("test").is_some();
             }
         }
         // Requests left outstanding on purpose: receives without sends.
         for _ in 0..3 {
-            plugin::irecv(recv, 1, rarg).expect("irecv");
+            mpib::abi::process().irecv(recv, 1, rarg).expect("irecv");
         }
-        plugin::close_send(send).expect("closeSend");
-        plugin::close_recv(recv).expect("closeRecv");
+        mpib::abi::process().close_send(send).expect("closeSend");
+        mpib::abi::process().close_recv(recv).expect("closeRecv");
         // NCCL may deregister after closing the comm: the registration is still released.
-        plugin::dereg_mr(send, Some(smr)).expect("deregMr after closeSend");
-        plugin::dereg_mr(recv, Some(rmr)).expect("deregMr after closeRecv");
-        plugin::dereg_mr(recv, Some(rmr)).expect_err("a second deregMr of one handle is an error");
+        mpib::abi::process().dereg_mr(send, Some(smr)).expect("deregMr after closeSend");
+        mpib::abi::process().dereg_mr(recv, Some(rmr)).expect("deregMr after closeRecv");
+        mpib::abi::process().dereg_mr(recv, Some(rmr)).expect_err("a second deregMr of one handle is an error");
         println!("round {round}: closed with 3 receives outstanding");
     }
-    plugin::finalize(ctx).expect("finalize");
+    mpib::abi::process().finalize(ctx).expect("finalize");
     println!("lifecycle: done");
 }

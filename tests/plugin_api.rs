@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use mpib::abi::query::mpib_device_rails;
 use mpib::abi::stats::mpib_dump_state;
 use mpib::fabric::MemTypes;
-use mpib::plugin::{self, AbiVersion, BufArg, CommHandle, MemHandle, RequestHandle};
+use mpib::plugin::{AbiVersion, BufArg, CommHandle, MemHandle, RequestHandle};
 use ncclnet_types::mpib::{MPIB_LINK_TCP, mpib_rail_info_t};
 use ncclnet_types::result;
 
@@ -25,19 +25,19 @@ fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {
 /// Connects a send and a receive comm on device `dev`.
 fn pair_on(abi: AbiVersion, dev: i32) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
-    let listen = plugin::listen(abi, None, dev, &mut handle).expect("listen");
+    let listen = mpib::abi::process().listen(abi, None, dev, &mut handle).expect("listen");
     let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         assert!(Instant::now() < deadline, "connect/accept did not finish");
         if send.is_none() {
-            send = plugin::connect(abi, None, dev, &mut handle, None).expect("connect");
+            send = mpib::abi::process().connect(abi, None, dev, &mut handle, None).expect("connect");
         }
         if recv.is_none() {
-            recv = plugin::accept(listen).expect("accept");
+            recv = mpib::abi::process().accept(listen).expect("accept");
         }
         if let (Some(s), Some(r)) = (send, recv) {
-            plugin::close_listen(listen).expect("closeListen");
+            mpib::abi::process().close_listen(listen).expect("closeListen");
             return (s, r);
         }
     }
@@ -51,7 +51,7 @@ fn irecv1(
     tag: i32,
     mh: MemHandle,
 ) -> mpib::Result<Option<RequestHandle>> {
-    plugin::irecv(comm, 1, |_| Ok(BufArg { addr: addr as u64, size, tag, mh: Some(mh) }))
+    mpib::abi::process().irecv(comm, 1, |_| Ok(BufArg { addr: addr as u64, size, tag, mh: Some(mh) }))
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -63,8 +63,8 @@ fn exchange(send: CommHandle, recv: CommHandle, sizes: &[usize]) {
     let max = sizes.iter().copied().max().unwrap_or(1).max(1);
     let mut sbuf = vec![0u8; max];
     let mut rbuf = vec![0u8; max + 64];
-    let smr = plugin::reg_mr(send, sbuf.as_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr send");
-    let rmr = plugin::reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr recv");
+    let smr = mpib::abi::process().reg_mr(send, sbuf.as_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr send");
+    let rmr = mpib::abi::process().reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr recv");
     for (i, &len) in sizes.iter().enumerate() {
         let data = pattern(i as u64, len);
         sbuf[..len].copy_from_slice(&data);
@@ -73,20 +73,20 @@ fn exchange(send: CommHandle, recv: CommHandle, sizes: &[usize]) {
         let deadline = Instant::now() + Duration::from_secs(20);
         let sreq: RequestHandle = loop {
             assert!(Instant::now() < deadline, "isend never found the CTS");
-            if let Some(r) = plugin::isend(send, sbuf.as_ptr() as u64, len, 3, smr).expect("isend") {
+            if let Some(r) = mpib::abi::process().isend(send, sbuf.as_ptr() as u64, len, 3, smr).expect("isend") {
                 break r;
             }
-            let _ = plugin::test(rreq, &mut [0; 8]).expect("test recv");
+            let _ = mpib::abi::process().test(rreq, &mut [0; 8]).expect("test recv");
         };
         let (mut sd, mut rd) = (None, None);
         let (mut ssz, mut rsz) = ([u64::MAX; 8], [u64::MAX; 8]);
         while sd.is_none() || rd.is_none() {
             assert!(Instant::now() < deadline, "message {i} of {len} bytes did not complete");
             if sd.is_none() {
-                sd = plugin::test(sreq, &mut ssz).expect("test send");
+                sd = mpib::abi::process().test(sreq, &mut ssz).expect("test send");
             }
             if rd.is_none() {
-                rd = plugin::test(rreq, &mut rsz).expect("test recv");
+                rd = mpib::abi::process().test(rreq, &mut rsz).expect("test recv");
             }
         }
         assert_eq!((sd, ssz[0]), (Some(1), len as u64), "send size");
@@ -94,10 +94,10 @@ fn exchange(send: CommHandle, recv: CommHandle, sizes: &[usize]) {
         assert_eq!(&rbuf[..len], &data[..], "payload of message {i} ({len} bytes)");
         assert!(rbuf[len..].iter().all(|&b| b == 0xee), "bytes past message {i} untouched");
         // The completed request handle is dead now.
-        assert!(plugin::test(sreq, &mut ssz).is_err(), "testing a completed request is an error");
+        assert!(mpib::abi::process().test(sreq, &mut ssz).is_err(), "testing a completed request is an error");
     }
-    plugin::dereg_mr(send, Some(smr)).expect("deregMr");
-    plugin::dereg_mr(recv, Some(rmr)).expect("deregMr");
+    mpib::abi::process().dereg_mr(send, Some(smr)).expect("deregMr");
+    mpib::abi::process().dereg_mr(recv, Some(rmr)).expect("deregMr");
 }
 
 #[test]
@@ -105,16 +105,16 @@ fn inproc_round_trips_every_size() {
     if !is_child() {
         return in_child("inproc_round_trips_every_size", &[("MPIB_FABRIC", "inproc"), ("MPIB_SPLIT", "50")]);
     }
-    plugin::init(AbiVersion::V12).expect("init");
-    assert_eq!(plugin::device_count(AbiVersion::V12).unwrap(), 1);
+    mpib::abi::init_process(AbiVersion::V12).expect("init");
+    assert_eq!(mpib::abi::process().device_count(AbiVersion::V12).unwrap(), 1);
     let (send, recv) = pair(AbiVersion::V12);
     exchange(send, recv, &[0, 1, 127, 128, 129, 4096, (1 << 20) + 3, 8]);
-    let c = plugin::comm_counters(send).unwrap();
+    let c = mpib::abi::process().comm_counters(send).unwrap();
     assert_eq!(c[0].zero_byte_imm + c[1].zero_byte_imm, 0);
     assert!(c[0].bytes > 0 && c[1].bytes > 0, "a 50 % split uses both rails: {c:?}");
-    plugin::close_send(send).unwrap();
-    plugin::close_recv(recv).unwrap();
-    assert!(plugin::close_send(send).is_err(), "a closed comm's handle is stale");
+    mpib::abi::process().close_send(send).unwrap();
+    mpib::abi::process().close_recv(recv).unwrap();
+    assert!(mpib::abi::process().close_send(send).is_err(), "a closed comm's handle is stale");
 }
 
 #[test]
@@ -126,27 +126,33 @@ fn nics_fused_by_make_vdevice_carry_both_rails() {
         );
     }
     // v12 sees the two NICs and is told to fuse them; v8 sees the pair.
-    let env = plugin::init(AbiVersion::V12).expect("init").expect("NCCL_NET_FORCE_MERGE");
+    let env = mpib::abi::init_process(AbiVersion::V12).expect("init").expect("NCCL_NET_FORCE_MERGE");
     assert_eq!((env.name, env.value.as_str()), ("NCCL_NET_FORCE_MERGE", "inproc-sout:1,inproc-sup:1"));
-    assert_eq!(plugin::init(AbiVersion::V8).expect("init"), None, "v8 cannot fuse");
-    assert_eq!((plugin::device_count(AbiVersion::V12).unwrap(), plugin::device_count(AbiVersion::V8).unwrap()), (2, 1));
-    let fused = plugin::make_vdevice(&[0, 1]).expect("makeVDevice");
+    assert_eq!(mpib::abi::init_process(AbiVersion::V8).expect("init"), None, "v8 cannot fuse");
+    assert_eq!(
+        (
+            mpib::abi::process().device_count(AbiVersion::V12).unwrap(),
+            mpib::abi::process().device_count(AbiVersion::V8).unwrap()
+        ),
+        (2, 1)
+    );
+    let fused = mpib::abi::process().make_vdevice(&[0, 1]).expect("makeVDevice");
     assert_eq!(fused, 2);
-    let p = plugin::properties(AbiVersion::V12, fused).unwrap();
+    let p = mpib::abi::process().properties(AbiVersion::V12, fused).unwrap();
     assert_eq!((p.name.to_str().unwrap(), p.vdevs.as_slice()), ("inproc-sout+inproc-sup", &[0, 1][..]));
-    assert!(plugin::make_vdevice(&[0, 0]).is_err());
+    assert!(mpib::abi::process().make_vdevice(&[0, 0]).is_err());
     // The fused device carries both rails; a NIC used alone carries both on itself.
     let (send, recv) = pair_on(AbiVersion::V12, fused);
     exchange(send, recv, &[0, 1, 4096, (1 << 20) + 3]);
-    let c = plugin::comm_counters(send).unwrap();
+    let c = mpib::abi::process().comm_counters(send).unwrap();
     assert!(c[0].bytes > 0 && c[1].bytes > 0, "a 50 % split uses both rails: {c:?}");
-    plugin::close_send(send).unwrap();
-    plugin::close_recv(recv).unwrap();
+    mpib::abi::process().close_send(send).unwrap();
+    mpib::abi::process().close_recv(recv).unwrap();
     let (send, recv) = pair_on(AbiVersion::V12, 1);
     exchange(send, recv, &[8, 65536]);
-    plugin::close_send(send).unwrap();
-    plugin::close_recv(recv).unwrap();
-    assert_eq!(plugin::properties(AbiVersion::V12, 1).unwrap().name.to_str().unwrap(), "inproc-sup");
+    mpib::abi::process().close_send(send).unwrap();
+    mpib::abi::process().close_recv(recv).unwrap();
+    assert_eq!(mpib::abi::process().properties(AbiVersion::V12, 1).unwrap().name.to_str().unwrap(), "inproc-sup");
 }
 
 #[test]
@@ -159,14 +165,14 @@ fn nccl_starts_afresh_after_the_last_finalize() {
     }
     // NCCL 2.28+ unload the plugin with its last communicator and count its NICs again at
     // the next: the devices makeVDevice made must be gone by then.
-    plugin::init(AbiVersion::V12).expect("init");
-    let ctx = plugin::new_context(1, None).expect("context");
-    assert_eq!(plugin::make_vdevice(&[0, 1]).unwrap(), 2);
-    assert_eq!(plugin::device_count(AbiVersion::V12).unwrap(), 3);
-    plugin::finalize(ctx).unwrap();
-    plugin::init(AbiVersion::V12).expect("init again");
-    assert_eq!(plugin::device_count(AbiVersion::V12).unwrap(), 2);
-    assert_eq!(plugin::make_vdevice(&[1, 0]).unwrap(), 2);
+    mpib::abi::init_process(AbiVersion::V12).expect("init");
+    let ctx = mpib::abi::process().new_context(1, None).expect("context");
+    assert_eq!(mpib::abi::process().make_vdevice(&[0, 1]).unwrap(), 2);
+    assert_eq!(mpib::abi::process().device_count(AbiVersion::V12).unwrap(), 3);
+    mpib::abi::process().finalize(ctx).unwrap();
+    mpib::abi::init_process(AbiVersion::V12).expect("init again");
+    assert_eq!(mpib::abi::process().device_count(AbiVersion::V12).unwrap(), 2);
+    assert_eq!(mpib::abi::process().make_vdevice(&[1, 0]).unwrap(), 2);
 }
 
 #[test]
@@ -177,11 +183,11 @@ fn tcp_soft_fabric_round_trips() {
             &[("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")],
         );
     }
-    plugin::init(AbiVersion::V8).expect("init");
+    mpib::abi::init_process(AbiVersion::V8).expect("init");
     let (send, recv) = pair(AbiVersion::V8);
     exchange(send, recv, &[0, 1, 129, 65536, 4 << 20]);
-    plugin::close_send(send).unwrap();
-    plugin::close_recv(recv).unwrap();
+    mpib::abi::process().close_send(send).unwrap();
+    mpib::abi::process().close_recv(recv).unwrap();
 }
 
 #[test]
@@ -189,35 +195,35 @@ fn bad_handles_are_errors_not_crashes() {
     if !is_child() {
         return in_child("bad_handles_are_errors_not_crashes", &[("MPIB_FABRIC", "inproc")]);
     }
-    plugin::init(AbiVersion::V12).expect("init");
+    mpib::abi::init_process(AbiVersion::V12).expect("init");
     let junk = 0xdead_beef_u64;
-    assert!(plugin::test(RequestHandle(junk), &mut [0; 8]).is_err());
-    assert!(plugin::test(RequestHandle(0), &mut [0; 8]).is_err());
-    assert!(plugin::isend(CommHandle(junk), junk, 8, 0, MemHandle(junk)).is_err());
-    assert!(plugin::close_recv(CommHandle(junk)).is_err());
+    assert!(mpib::abi::process().test(RequestHandle(junk), &mut [0; 8]).is_err());
+    assert!(mpib::abi::process().test(RequestHandle(0), &mut [0; 8]).is_err());
+    assert!(mpib::abi::process().isend(CommHandle(junk), junk, 8, 0, MemHandle(junk)).is_err());
+    assert!(mpib::abi::process().close_recv(CommHandle(junk)).is_err());
     let (send, recv) = pair(AbiVersion::V12);
     // A receive comm is not a send comm.
-    let e = plugin::isend(recv, junk, 8, 0, MemHandle(junk)).unwrap_err();
+    let e = mpib::abi::process().isend(recv, junk, 8, 0, MemHandle(junk)).unwrap_err();
     assert!(e.msg().contains("memory handle") || e.msg().contains("not a"), "{}", e.msg());
-    assert!(plugin::properties(AbiVersion::V12, 7).is_err());
+    assert!(mpib::abi::process().properties(AbiVersion::V12, 7).is_err());
     // A released registration is an error at once, even right after calls that used it (a
     // comm's memo of its last registration must not outlive the release).
     let mem = vec![0u8; 4096];
     let data = mem.as_ptr();
     let (smh, rmh) = (
-        plugin::reg_mr(send, data as u64, 4096, MemTypes::HOST).unwrap(),
-        plugin::reg_mr(recv, data as u64, 4096, MemTypes::HOST).unwrap(),
+        mpib::abi::process().reg_mr(send, data as u64, 4096, MemTypes::HOST).unwrap(),
+        mpib::abi::process().reg_mr(recv, data as u64, 4096, MemTypes::HOST).unwrap(),
     );
-    assert!(plugin::isend(send, data as u64, 8, 0, smh).is_ok());
+    assert!(mpib::abi::process().isend(send, data as u64, 8, 0, smh).is_ok());
     assert!(irecv1(recv, data, 8, 0, rmh).is_ok());
-    plugin::dereg_mr(send, Some(smh)).unwrap();
-    plugin::dereg_mr(recv, Some(rmh)).unwrap();
-    let e = plugin::isend(send, data as u64, 8, 0, smh).unwrap_err();
+    mpib::abi::process().dereg_mr(send, Some(smh)).unwrap();
+    mpib::abi::process().dereg_mr(recv, Some(rmh)).unwrap();
+    let e = mpib::abi::process().isend(send, data as u64, 8, 0, smh).unwrap_err();
     assert!(e.msg().contains("stale"), "{}", e.msg());
     let e = irecv1(recv, data, 8, 0, rmh).unwrap_err();
     assert!(e.msg().contains("stale"), "{}", e.msg());
-    plugin::close_send(send).unwrap();
-    plugin::close_recv(recv).unwrap();
+    mpib::abi::process().close_send(send).unwrap();
+    mpib::abi::process().close_recv(recv).unwrap();
 }
 
 /// `mpib_device_rails` of device `dev` through ABI `version`: the result code and the two
@@ -248,7 +254,7 @@ fn device_rails_name_each_devices_nics_per_abi_version() {
         );
     }
     assert_eq!(device_rails(8, 0).0, result::INVALID_USAGE, "before init");
-    plugin::init(AbiVersion::V12).expect("init");
+    mpib::abi::init_process(AbiVersion::V12).expect("init");
     // v8: device 0 is the rail pair.
     let (rc, r) = device_rails(8, 0);
     assert_eq!(rc, result::SUCCESS);
@@ -263,7 +269,7 @@ fn device_rails_name_each_devices_nics_per_abi_version() {
     let (rc, sup) = device_rails(12, 1);
     assert_eq!(rc, result::SUCCESS);
     assert_eq!([c_str(&sup[0].name), c_str(&sup[1].name)], ["soft-sup", "soft-sup"]);
-    assert_eq!(plugin::make_vdevice(&[0, 1]).unwrap(), 2);
+    assert_eq!(mpib::abi::process().make_vdevice(&[0, 1]).unwrap(), 2);
     let (rc, fused) = device_rails(12, 2);
     assert_eq!((rc, [c_str(&fused[0].name), c_str(&fused[1].name)]), (0, ["soft-sout".into(), "soft-sup".into()]));
     // A caller built against a shorter struct: only its prefix is written.
@@ -303,15 +309,15 @@ fn a_stuck_receive_is_reported_once_and_mpib_dump_state_returns_the_state() {
         return;
     }
     mpib::abi::logger::install(); // as every C entry point does: the report is a log line
-    plugin::init(AbiVersion::V8).expect("init");
+    mpib::abi::init_process(AbiVersion::V8).expect("init");
     let (send, recv) = pair(AbiVersion::V8);
     let rbuf = vec![0u8; 4096];
-    let rmr = plugin::reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
+    let rmr = mpib::abi::process().reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
     let rreq = irecv1(recv, rbuf.as_ptr(), 4096, 3, rmr).expect("irecv").expect("a request");
     // NCCL's proxy tests the receive in a loop; the sender never sends.
     let until = Instant::now() + Duration::from_millis(700);
     while Instant::now() < until {
-        assert_eq!(plugin::test(rreq, &mut [0; 8]).expect("test"), None);
+        assert_eq!(mpib::abi::process().test(rreq, &mut [0; 8]).expect("test"), None);
         std::thread::sleep(Duration::from_millis(1));
     }
     let mut needed = 0usize;
@@ -336,7 +342,7 @@ fn a_stuck_receive_is_reported_once_and_mpib_dump_state_returns_the_state() {
     // NULL: logged.
     // SAFETY: NULL buffer and NULL `needed` are allowed.
     assert_eq!(unsafe { mpib_dump_state(std::ptr::null_mut(), 0, std::ptr::null_mut()) }, result::SUCCESS);
-    plugin::dereg_mr(recv, Some(rmr)).expect("deregMr");
-    plugin::close_send(send).unwrap();
-    plugin::close_recv(recv).unwrap();
+    mpib::abi::process().dereg_mr(recv, Some(rmr)).expect("deregMr");
+    mpib::abi::process().close_send(send).unwrap();
+    mpib::abi::process().close_recv(recv).unwrap();
 }

@@ -393,8 +393,8 @@ fn a_small_memlock_limit_is_warned_and_named_in_errors() {
     let capture: &'static Capture = Box::leak(Box::new(Capture(std::sync::Mutex::new(Vec::new()))));
     log::set_logger(capture).expect("the first logger");
     log::set_max_level(log::LevelFilter::Info);
-    use mpib::plugin::{self, AbiVersion};
-    plugin::init(AbiVersion::V8).expect("init works: only pinning needs the limit");
+    use mpib::plugin::AbiVersion;
+    mpib::abi::init_process(AbiVersion::V8).expect("init works: only pinning needs the limit");
     let warned: Vec<String> = capture
         .0
         .lock()
@@ -415,26 +415,27 @@ fn a_small_memlock_limit_is_warned_and_named_in_errors() {
         println!("memlock: the error: {msg}");
     };
     let mut handle = [0u8; 128];
-    let listen = plugin::listen(AbiVersion::V8, None, 0, &mut handle).expect("listen");
+    let listen = mpib::abi::process().listen(AbiVersion::V8, None, 0, &mut handle).expect("listen");
     let (mut send, mut recv) = (None, None);
     let t0 = Instant::now();
     while send.is_none() || recv.is_none() {
         assert!(t0.elapsed() < checks::WAIT, "connect/accept did not finish");
         if send.is_none() {
-            match plugin::connect(AbiVersion::V8, None, 0, &mut handle, None) {
+            match mpib::abi::process().connect(AbiVersion::V8, None, 0, &mut handle, None) {
                 Ok(s) => send = s,
                 Err(e) => return named(&e),
             }
         }
         if recv.is_none() {
-            match plugin::accept(listen) {
+            match mpib::abi::process().accept(listen) {
                 Ok(r) => recv = r,
                 Err(e) => return named(&e),
             }
         }
     }
     let buf = vec![0u8; 4 << 20];
-    let e = plugin::reg_mr(send.unwrap(), buf.as_ptr() as u64, buf.len(), MemTypes::HOST)
+    let e = mpib::abi::process()
+        .reg_mr(send.unwrap(), buf.as_ptr() as u64, buf.len(), MemTypes::HOST)
         .expect_err("4 MiB cannot be pinned under a 64 KiB limit");
     named(&e);
 }
@@ -679,11 +680,14 @@ fn auto_child() {
         return;
     }
     mpib::abi::logger::install();
-    match mpib::plugin::init(AbiVersion::V8) {
-        Ok(_) => println!("auto_child: init succeeded with {:?} device(s)", mpib::plugin::device_count(AbiVersion::V8)),
+    match mpib::abi::init_process(AbiVersion::V8) {
+        Ok(_) => println!(
+            "auto_child: init succeeded with {:?} device(s)",
+            mpib::abi::process().device_count(AbiVersion::V8)
+        ),
         Err(e) => {
             println!("auto_child: init failed: {e}");
-            assert!(mpib::plugin::device_count(AbiVersion::V8).is_err(), "no fabric is active");
+            assert!(mpib::abi::process().device_count(AbiVersion::V8).is_err(), "no fabric is active");
         }
     }
 }

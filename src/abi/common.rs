@@ -2,6 +2,7 @@
 //! every shim uses. Each one only converts C arguments and calls the single
 //! implementation in `crate::plugin`, inside [`guard::run`].
 
+use super::PROCESS;
 use std::ffi::{c_int, c_void};
 
 use ncclnet_types::types::*;
@@ -23,7 +24,7 @@ pub fn listen_impl(
     // SAFETY: NCCL passes an out-pointer for the comm and a 128-byte handle buffer.
     let (comm_out, buf) = unsafe { (out(listen_comm, "listenComm")?, handle_buf(handle)?) };
     *comm_out = std::ptr::null_mut();
-    *comm_out = ptr(Some(plugin::listen(abi, ctx, dev, buf)?.0));
+    *comm_out = ptr(Some(PROCESS.listen(abi, ctx, dev, buf)?.0));
     Ok(())
 }
 
@@ -44,7 +45,7 @@ pub fn connect_impl(
         *d = std::ptr::null_mut();
     }
     *comm_out = std::ptr::null_mut();
-    *comm_out = ptr(plugin::connect(abi, ctx, dev, buf, traffic_class)?.map(|c| c.0));
+    *comm_out = ptr(PROCESS.connect(abi, ctx, dev, buf, traffic_class)?.map(|c| c.0));
     Ok(())
 }
 
@@ -68,7 +69,7 @@ pub unsafe extern "C" fn accept(
             *d = std::ptr::null_mut();
         }
         *comm_out = std::ptr::null_mut();
-        *comm_out = ptr(plugin::accept(ListenHandle(raw(listen_comm)))?.map(|c| c.0));
+        *comm_out = ptr(PROCESS.accept(ListenHandle(raw(listen_comm)))?.map(|c| c.0));
         Ok(())
     })
 }
@@ -84,7 +85,7 @@ pub fn reg_mr_impl(
     // SAFETY: NCCL passes a valid out-pointer (NULL rejected).
     let mh = unsafe { out(mhandle, "mhandle") }?;
     *mh = std::ptr::null_mut();
-    *mh = ptr(Some(plugin::reg_mr(CommHandle(raw(comm)), raw(data), size, mem_type(ptr_type)?)?.0));
+    *mh = ptr(Some(PROCESS.reg_mr(CommHandle(raw(comm)), raw(data), size, mem_type(ptr_type)?)?.0));
     Ok(())
 }
 
@@ -125,14 +126,14 @@ pub unsafe extern "C" fn reg_mr_dmabuf(
         let mh = unsafe { out(mhandle, "mhandle") }?;
         *mh = std::ptr::null_mut();
         let mem = mem_type(ptr_type)?;
-        *mh = ptr(Some(plugin::reg_mr_dmabuf(CommHandle(raw(comm)), raw(data), size, mem, offset, fd)?.0));
+        *mh = ptr(Some(PROCESS.reg_mr_dmabuf(CommHandle(raw(comm)), raw(data), size, mem, offset, fd)?.0));
         Ok(())
     })
 }
 
 /// `deregMr`, every version. `deregMr(comm, NULL)` is a no-op, as in net_ib.
 pub unsafe extern "C" fn dereg_mr(comm: *mut c_void, mhandle: *mut c_void) -> ncclResult_t {
-    run("deregMr", || plugin::dereg_mr(CommHandle(raw(comm)), mem_handle(mhandle)))
+    run("deregMr", || PROCESS.dereg_mr(CommHandle(raw(comm)), mem_handle(mhandle)))
 }
 
 /// Shared body of every `isend`. Always writes `*request` (NULL = retry later). Inlined
@@ -151,7 +152,7 @@ pub fn isend_impl(
     let req = unsafe { out(request, "request") }?;
     *req = std::ptr::null_mut();
     let (comm, mh) = (CommHandle(raw(comm)), MemHandle(raw(mhandle)));
-    *req = ptr(plugin::isend_profiled(comm, raw(data), size, tag, mh, phandle as usize)?.map(|r| r.0));
+    *req = ptr(PROCESS.isend_profiled(comm, raw(data), size, tag, mh, phandle as usize)?.map(|r| r.0));
     Ok(())
 }
 
@@ -234,7 +235,7 @@ pub fn irecv_impl(
         // plugin asks for `i < n` only.
         unsafe { *phandles.add(i) as usize }
     };
-    *req = ptr(plugin::irecv_profiled(CommHandle(raw(comm)), n, buf, phandle)?.map(|r| r.0));
+    *req = ptr(PROCESS.irecv_profiled(CommHandle(raw(comm)), n, buf, phandle)?.map(|r| r.0));
     Ok(())
 }
 
@@ -308,7 +309,7 @@ pub unsafe extern "C" fn iflush(
                 }
             };
         }
-        *req = ptr(plugin::iflush(CommHandle(raw(comm)), &bufs[..n])?.map(|r| r.0));
+        *req = ptr(PROCESS.iflush(CommHandle(raw(comm)), &bufs[..n])?.map(|r| r.0));
         Ok(())
     })
 }
@@ -320,7 +321,7 @@ pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mu
         let done = unsafe { out(done, "done") }?;
         *done = 0;
         // (Given in place: an attribute may mark it inline only there.)
-        let done_now = plugin::test_with(
+        let done_now = PROCESS.test_with(
             RequestHandle(raw(request)),
             #[inline(always)]
             |sz: &[u64]| {
@@ -345,17 +346,17 @@ pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mu
 
 /// `closeSend`, every version.
 pub unsafe extern "C" fn close_send(comm: *mut c_void) -> ncclResult_t {
-    run("closeSend", || plugin::close_send(CommHandle(raw(comm))))
+    run("closeSend", || PROCESS.close_send(CommHandle(raw(comm))))
 }
 
 /// `closeRecv`, every version.
 pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> ncclResult_t {
-    run("closeRecv", || plugin::close_recv(CommHandle(raw(comm))))
+    run("closeRecv", || PROCESS.close_recv(CommHandle(raw(comm))))
 }
 
 /// `closeListen`, every version.
 pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> ncclResult_t {
-    run("closeListen", || plugin::close_listen(ListenHandle(raw(comm))))
+    run("closeListen", || PROCESS.close_listen(ListenHandle(raw(comm))))
 }
 
 /// A memory handle argument; NULL is "none" (allowed for empty buffers and `deregMr`).

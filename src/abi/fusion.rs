@@ -2,6 +2,7 @@
 //! plugin sets for NCCL (`NCCL_NET_FORCE_MERGE`). Which devices each version sees, and why,
 //! is `plugin/devices.rs`.
 
+use super::PROCESS;
 use std::ffi::c_int;
 
 use ncclnet_types::types::*;
@@ -9,13 +10,13 @@ use ncclnet_types::types::*;
 use super::args::out;
 use super::guard::run;
 use crate::error::{Error, Result};
-use crate::plugin::{self, AbiVersion, NcclEnv};
+use crate::plugin::{AbiVersion, NcclEnv};
 
 fn devices_impl(abi: AbiVersion, ndev: *mut c_int) -> ncclResult_t {
     run("devices", || {
         // SAFETY: NCCL passes a valid int pointer or NULL (rejected by `out`).
         let ndev = unsafe { out(ndev, "ndev") }?;
-        *ndev = c_int::try_from(plugin::device_count(abi)?).unwrap_or(c_int::MAX);
+        *ndev = c_int::try_from(PROCESS.device_count(abi)?).unwrap_or(c_int::MAX);
         Ok(())
     })
 }
@@ -41,7 +42,7 @@ fn make_vdevice_impl(d: *mut c_int, devs: impl FnOnce() -> Result<Vec<c_int>>) -
     run("makeVDevice", || {
         // SAFETY: NCCL passes a valid int pointer for the new device's index (NULL rejected).
         let d = unsafe { out(d, "d") }?;
-        *d = plugin::make_vdevice(&devs()?)?;
+        *d = PROCESS.make_vdevice(&devs()?)?;
         Ok(())
     })
 }

@@ -2,6 +2,7 @@
 //! rails for tools such as `mpib-perf` and the conformance suite. Every one is prefixed `mpib_`.
 #![allow(non_camel_case_types)]
 
+use super::PROCESS;
 use std::ffi::{c_int, c_void};
 
 use super::args::out;
@@ -39,7 +40,7 @@ pub unsafe extern "C" fn mpib_comm_counters(comm: *mut c_void, out_: *mut mpib_r
     run("mpib_comm_counters", || {
         // SAFETY: the caller passes NULL (rejected) or room for two entries.
         let dst = unsafe { out(out_, "out") }?;
-        let c = plugin::comm_counters(plugin::CommHandle(comm as usize as u64))?;
+        let c = PROCESS.comm_counters(plugin::CommHandle(comm as usize as u64))?;
         *dst = (&c[0]).into();
         // SAFETY: the caller's array has two entries.
         unsafe { *out_.add(1) = (&c[1]).into() };
@@ -94,7 +95,7 @@ pub unsafe extern "C" fn mpib_device_rails(
         let n = prefix_len::<mpib_rail_info_t>(out.is_null(), size, "mpib_rail_info_t")?;
         let abi = AbiVersion::from_number(version)
             .ok_or_else(|| Error::invalid_argument(format!("ABI version {version}: 6 … 12")))?;
-        let rails = plugin::device_rails(abi, dev)?;
+        let rails = PROCESS.device_rails(abi, dev)?;
         for (i, r) in rails.iter().enumerate() {
             // SAFETY: the caller gives 2 × `size` writable bytes at `out`, so
             // `[i·size, i·size + n)` (n ≤ size) lies inside them.

@@ -3,6 +3,7 @@
 //! registry) for tools such as `mpib-perf`, without a file.
 #![allow(non_camel_case_types)]
 
+use super::PROCESS;
 use std::mem::size_of;
 
 use super::guard::run;
@@ -244,7 +245,7 @@ pub unsafe extern "C" fn mpib_resource_stats(out: *mut mpib_resource_stats_t, si
 pub unsafe extern "C" fn mpib_dump_state(buf: *mut std::ffi::c_char, size: usize, needed: *mut usize) -> ncclResult_t {
     super::logger::install();
     run("mpib_dump_state", || {
-        let text = crate::plugin::dump_state()?;
+        let text = PROCESS.dump_state()?;
         if !needed.is_null() {
             // SAFETY: the caller gives a writable `size_t` at `needed` when it is not NULL.
             unsafe { needed.write(text.len() + 1) };

@@ -2,6 +2,7 @@
 //! and the shims whose signature differs per version. Everything else is shared
 //! (`common.rs`) and all of it ends in the one implementation in `crate::plugin`.
 
+use super::PROCESS;
 use std::ffi::{c_int, c_void};
 
 use ncclnet_types::tables::*;
@@ -13,14 +14,14 @@ use super::fusion::{devices_v6, devices_v9, make_vdevice_v9, make_vdevice_v12, p
 use super::guard::run;
 use super::logger;
 use super::profiler;
-use crate::plugin::{self, AbiVersion, ContextHandle, Properties};
+use crate::plugin::{AbiVersion, ContextHandle, Properties};
 
 const NAME: *const std::ffi::c_char = c"MPIB".as_ptr();
 
 fn init_common(abi: AbiVersion, log_fn: ncclDebugLogger_t) -> crate::error::Result<()> {
     logger::set_nccl_logger(log_fn);
     logger::install_panic_hook();
-    if let Some(env) = plugin::init(abi)? {
+    if let Some(env) = super::init_process(abi)? {
         publish(&env);
     }
     Ok(())
@@ -49,7 +50,7 @@ unsafe extern "C" fn init_v10(log_fn: ncclDebugLogger_t, prof: ncclProfilerCallb
     logger::install();
     run("init", || {
         init_common(AbiVersion::V10, log_fn)?;
-        plugin::set_profiler(None, profiler::sink(prof))
+        PROCESS.set_profiler(None, profiler::sink(prof))
     })
 }
 
@@ -71,8 +72,8 @@ fn init_ctx(
         // SAFETY: NCCL passes NULL or a valid config.
         let tc = unsafe { config.as_ref() }.map(|c| c.trafficClass);
         init_common(abi, log_fn)?;
-        let c = plugin::new_context(comm_id, tc)?;
-        plugin::set_profiler(Some(c), profiler::sink(prof))?;
+        let c = PROCESS.new_context(comm_id, tc)?;
+        PROCESS.set_profiler(Some(c), profiler::sink(prof))?;
         *ctx = ptr(Some(c.0));
         Ok(())
     })
@@ -96,13 +97,13 @@ unsafe extern "C" fn init_v12(
     init_ctx(AbiVersion::V12, ctx, comm_id, config, log_fn, prof)
 }
 unsafe extern "C" fn finalize(ctx: *mut c_void) -> ncclResult_t {
-    run("finalize", || plugin::finalize(ContextHandle(raw(ctx))))
+    run("finalize", || PROCESS.finalize(ContextHandle(raw(ctx))))
 }
 unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut ncclNetAttr_v11_t) -> ncclResult_t {
     run("setNetAttr", || {
         // SAFETY: NCCL passes NULL or a valid attribute struct.
         if let Some(a) = unsafe { attr.as_ref() } {
-            plugin::set_net_attr(ContextHandle(raw(ctx)), a.sendCommAttr.maxConcurrentPeers, a.op, a.algo, a.proto)?;
+            PROCESS.set_net_attr(ContextHandle(raw(ctx)), a.sendCommAttr.maxConcurrentPeers, a.op, a.algo, a.proto)?;
         }
         Ok(())
     })
@@ -250,7 +251,7 @@ macro_rules! get_properties {
             run("getProperties", || {
                 // SAFETY: NCCL passes a valid properties struct of this version (NULL rejected).
                 let props = unsafe { out(props, "props") }?;
-                *props = $conv(&plugin::properties($abi, dev)?);
+                *props = $conv(&PROCESS.properties($abi, dev)?);
                 Ok(())
             })
         }

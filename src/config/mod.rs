@@ -10,9 +10,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::OnceLock;
 
-use crate::error::{Error, Result};
 use crate::fabric::FaultKind;
 
 mod layers;
@@ -568,24 +566,6 @@ fn split_long(s: &str) -> Option<&str> {
         at -= 1;
     }
     Some(&s[..at])
-}
-
-static PROCESS_CONFIG: OnceLock<std::result::Result<Config, Vec<String>>> = OnceLock::new();
-
-/// The process's configuration, parsed from the environment on first use.
-pub fn get() -> Result<&'static Config> {
-    match PROCESS_CONFIG.get_or_init(|| Config::from_vars(std::env::vars())) {
-        Ok(c) => Ok(c),
-        Err(lines) => Err(Error::invalid_argument(lines.join("; "))),
-    }
-}
-
-/// The per-variable error lines of the process configuration (empty when valid).
-pub fn errors() -> &'static [String] {
-    match PROCESS_CONFIG.get_or_init(|| Config::from_vars(std::env::vars())) {
-        Ok(_) => &[],
-        Err(lines) => lines,
-    }
 }
 
 #[cfg(test)]
