@@ -6,7 +6,7 @@
 //! Two processes: the victim (a child of this test binary) drives the plugin through its
 //! exported C table as NCCL would — `listen`, `accept`, `regMr` of a buffer in the middle of
 //! a page of canaries, `irecv`, `test` — on the soft fabric over loopback. This process is
-//! the hostile peer: it speaks the set-up protocol (`plugin::wire`) and the soft fabric's
+//! the hostile peer: it speaks the set-up protocol (`plugin::setup_msg`) and the soft fabric's
 //! wire (the fabric's own QPs) itself, learns the buffer's address and rkeys from the CTS
 //! the victim writes into its FIFO, and then aims WRITEs and READs at and around the buffer.
 
@@ -31,7 +31,7 @@ use mpib::plugin::listen_handle::read_handle;
 use mpib::plugin::oob::{OobAddr, OobConn};
 use mpib::plugin::region::SEND_SCRATCH_OFF;
 use mpib::plugin::setup::FabricKind;
-use mpib::plugin::wire::{self, Hello, Msg};
+use mpib::plugin::setup_msg::{self, Hello, Msg};
 
 const WAIT: Duration = Duration::from_secs(60);
 const CANARY: u8 = 0xC5;
@@ -191,7 +191,7 @@ impl Hostile {
         let reply = loop {
             assert!(t0.elapsed() < WAIT, "no Reply");
             if let Some(m) = conn.poll().unwrap() {
-                match wire::decode(&m).unwrap() {
+                match setup_msg::decode(&m).unwrap() {
                     Msg::Reply(r) => break r,
                     m => panic!("{m:?}"),
                 }
@@ -204,7 +204,7 @@ impl Hostile {
             assert!(t0.elapsed() < WAIT, "QPs not ready");
             conn.poll().unwrap();
         }
-        conn.send(&wire::ready());
+        conn.send(&setup_msg::ready());
         while !conn.flushed() {
             let _ = conn.poll();
         }

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use mpib::plugin::wire::{Frames, MAX_MSG, Msg, decode, ready, refusal};
+use mpib::plugin::setup_msg::{Frames, MAX_MSG, Msg, decode, ready, refusal};
 
 fuzz_target!(|data: &[u8]| {
     // The first byte picks how the stream arrives: in reads of 1 to 256 bytes.

@@ -173,7 +173,7 @@ mod tests {
     use crate::plugin::nic_pair::{Nic, Shape};
     use crate::plugin::oob::OobAddr;
     use crate::plugin::setup::{Connecting, FabricKind, HELLO_WITHIN};
-    use crate::plugin::wire::{self, Hello, Msg};
+    use crate::plugin::setup_msg::{self, Hello, Msg};
 
     /// A listen comm over in-process soft devices, its set-up listener on loopback TCP.
     fn listen_comm() -> (ListenComm<SoftDevice>, SocketAddr) {
@@ -338,7 +338,7 @@ mod tests {
             qps_info: vec![Default::default(); 2],
         };
         let mut framed = Vec::new();
-        wire::Frames::put(&mut framed, &hello.encode());
+        setup_msg::Frames::put(&mut framed, &hello.encode());
         s.write_all(&framed).unwrap();
         let late = t0 + 10 * HELLO_WITHIN;
         let t = Instant::now();
@@ -353,9 +353,9 @@ mod tests {
         s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut got = Vec::new();
         let _ = s.read_to_end(&mut got);
-        let mut f = wire::Frames::default();
+        let mut f = setup_msg::Frames::default();
         f.push(&got);
         let m = f.next_msg().unwrap().expect("a whole message");
-        assert!(matches!(wire::decode(&m), Ok(Msg::Refusal(t)) if t.contains("MPIB_FABRIC")), "{got:?}");
+        assert!(matches!(setup_msg::decode(&m), Ok(Msg::Refusal(t)) if t.contains("MPIB_FABRIC")), "{got:?}");
     }
 }

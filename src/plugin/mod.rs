@@ -39,7 +39,7 @@ mod readmit;
 pub mod region;
 pub mod resources;
 pub mod setup;
-pub mod wire;
+pub mod setup_msg;
 
 pub use describe::RailDesc;
 pub use handles::{CommHandle, ContextHandle, ListenHandle, MemHandle, RequestHandle};

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use socket2::{Domain, Socket, Type};
 
-use super::wire::{DecodeError, Frames};
+use super::setup_msg::{DecodeError, Frames};
 use crate::error::{Error, Result};
 
 /// Where a listener can be reached, as written into the 128-byte handle.

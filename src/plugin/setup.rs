@@ -47,7 +47,7 @@ use super::region::{
     RECV_CTL_OFF, RECV_FLUSH_OFF, RECV_RECORDS_OFF, RECV_REGION_BYTES, RECV_SCRATCH_OFF, SEND_CTL_OFF,
     SEND_REGION_BYTES, SEND_SCRATCH_OFF, SEND_SIZES_OFF,
 };
-use super::wire::{self, DecodeError, Hello, Msg, Reply};
+use super::setup_msg::{self, DecodeError, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
 use crate::engine::{FailoverConfig, PlaceRef, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
@@ -292,7 +292,7 @@ impl<D: Device> Connecting<D> {
             match self.stage {
                 ConnStage::AwaitReply => {
                     let Some(m) = self.conn.poll()? else { return Ok(None) };
-                    let reply = match wire::decode(&m)? {
+                    let reply = match setup_msg::decode(&m)? {
                         Msg::Reply(r) if r.qps == self.p.qps => r,
                         Msg::Reply(r) => {
                             return Err(Error::remote(format!(
@@ -314,7 +314,7 @@ impl<D: Device> Connecting<D> {
                     if !all_ready(rails)? {
                         return Ok(None);
                     }
-                    self.conn.send(&wire::ready());
+                    self.conn.send(&setup_msg::ready());
                     self.stage = ConnStage::Flushing;
                 }
                 ConnStage::Flushing => {
@@ -405,7 +405,7 @@ pub enum AcceptFailed {
 /// Sends a Refusal saying why this side gives up, and hands it to the kernel (best effort:
 /// the peer may be gone already).
 fn refuse(conn: &mut OobConn, e: &Error) {
-    conn.send(&wire::refusal(&e.msg()));
+    conn.send(&setup_msg::refusal(&e.msg()));
     let _ = conn.poll();
 }
 
@@ -487,7 +487,7 @@ impl<D: Device> Accepting<D> {
             Ok(None) => return Ok(None),
             Err(e) => return Err(AcceptFailed::Stray(e.msg().into_owned())),
         };
-        let e = match wire::decode(&m) {
+        let e = match setup_msg::decode(&m) {
             Ok(Msg::Hello(h)) if h.kind == self.p.kind as u8 => return Ok(Some(h)),
             Ok(Msg::Hello(h)) => Error::remote(format!(
                 "the connecting peer uses the {} fabric and this side the {} fabric: set the same MPIB_FABRIC on \
@@ -544,7 +544,7 @@ impl<D: Device> Accepting<D> {
         // while this side's QPs were still coming up took that EOF for a failed set-up
         // (many_connections under load: "peer closed the set-up connection").
         if !got_ready && let Some(m) = self.conn.poll()? {
-            match wire::decode(&m)? {
+            match setup_msg::decode(&m)? {
                 Msg::Ready => got_ready = true,
                 Msg::Refusal(why) => return Err(Error::remote(format!("the connecting peer gave up: {why}"))),
                 _ => return Err(Error::remote("the peer sent something else than Ready")),

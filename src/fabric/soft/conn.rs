@@ -9,7 +9,7 @@
 //! peer). The parts never reach into each other or into the connection: they take the parts
 //! they need and report a [`Fault`] when the QP must go to the error state. This file wires
 //! them: posting, retiring, the error state, and in-process progress; the QP's part on its
-//! link is `wire.rs`.
+//! link is `station.rs`.
 //!
 //! Locks: a TCP connection's state is locked only while its link's lock is held (link
 //! first), so a link's receive and send paths, which lock the QPs they serve, never wait on
@@ -25,12 +25,12 @@ use super::fault::Fault;
 use super::hook::Hook;
 use super::link::Link;
 use super::port::Port;
+use super::qp_recv::QpRx;
+use super::qp_send::QpTx;
 use super::requester::Requester;
 use super::responder::Responder;
-use super::rx::QpRx;
 use super::spin::SpinMutex;
 use super::transport::{CLOSED, DirectEnd, READY};
-use super::tx::QpTx;
 use crate::error::Result;
 use crate::fabric::{Completion, QpCaps, SendWr, WcOpcode, WcStatus, WrOpcode};
 
@@ -237,7 +237,7 @@ impl Conn {
 
     /// Moves the QP to the error state: `at` fails with its status, every other WR not
     /// yet completed flushes, the transport is let go so the peer learns of it (TCP: the
-    /// caller sends the CLOSE, `wire.rs`). `loud`: work was lost (a warning, else a debug
+    /// caller sends the CLOSE, `station.rs`). `loud`: work was lost (a warning, else a debug
     /// line: an orderly close is not a warning).
     pub fn fail(&self, st: &mut ConnState, at: Option<(u32, WcStatus)>, why: &str, loud: bool) {
         if st.is_error() {

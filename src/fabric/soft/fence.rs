@@ -1,7 +1,7 @@
 //! Moving a QP to the error state on command: rail failover's fence (a quiet error state:
 //! every WR not completed flushes) and the fault drill that imitates a lost link (the
 //! oldest WR not acknowledged fails with `RetryExceeded`). Either way the responder drops
-//! every later frame for the QP (`wire.rs` delivers frames only to a `Ready` QP; in-process,
+//! every later frame for the QP (`station.rs` delivers frames only to a `Ready` QP; in-process,
 //! the peer's end sees the link closed before it executes anything more) and the peer QP
 //! is told (TCP: CLOSE with the error bit; in-process: the closed end), so both directions
 //! of the QP are gone. Also: arming a fault hook (`hook.rs`).

@@ -15,7 +15,7 @@
 //!   own fence or fault, or the peer's CLOSE) the held requests (header and first segment)
 //!   are queued after the CLOSE, so they reach the responder after its error state.
 //!
-//! The cost when nothing is armed: a byte compare where a request starts (`tx.rs`), where
+//! The cost when nothing is armed: a byte compare where a request starts (`qp_send.rs`), where
 //! `ConnState::waiting` reads the QP, an `Option` test where an ACK is taken (`requester.rs`),
 //! and nothing on the send path of a ready QP (the release is looked at only when not ready).
 

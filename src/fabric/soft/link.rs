@@ -8,7 +8,7 @@
 //!   names ([`Station`]) decides, on the header, where its payload goes ([`Recv`]); the link
 //!   places it, pinned, and hands back the held-back final word ([`Placed`]). Nothing a QP
 //!   decides stops the link: a request that cannot run now is refused with RNR and sent
-//!   again later (see `rx.rs`), so other QPs' frames keep flowing.
+//!   again later (see `qp_recv.rs`), so other QPs' frames keep flowing.
 //! - **Send.** QPs with something to send wait in a ready list; each turn takes one QP's
 //!   responses and at most one payload segment ([`Filler`]), then the next QP's (round
 //!   robin), so a large WRITE on one QP and small frames of others interleave a segment at a

@@ -3,7 +3,7 @@
 //! moved for the verbs bound `4.096 µs × 2^timeout × (retry_cnt + 1)` (at least 100 ms).
 //! `TCP_USER_TIMEOUT` is set to the same bound, so the kernel gives up on unacknowledged
 //! data no later. A responder waiting for an SRQ WQE keeps its requester from taking it for
-//! silent by sending RNR frames (`rx.rs`).
+//! silent by sending RNR frames (`qp_recv.rs`).
 
 use std::time::{Duration, Instant};
 

@@ -12,11 +12,11 @@
 //! qp          SoftQp: QpInfo, connect, is_ready, post_send, drop
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
-//! wire        a connection on its link: what the link asks of a QP, CONNECT and CLOSE
+//! station     a connection on its link: what the link asks of a QP, CONNECT and CLOSE
 //! fence       a QP to the error state on command: failover's fence, the drill; arming a hook
 //! conn        Conn: one QP's connection; wires its parts, posts, retires, fails
-//! rx          a QP's receive side on its link: checks, placement decisions, RNR
-//! tx direct   a QP's send side on its link; in-process execution of WRs
+//! qp_recv     a QP's receive side on its link: checks, placement decisions, RNR
+//! qp_send direct  a QP's send side on its link; in-process execution of WRs
 //! hook        fault hooks on a QP's wire: an IMM or an ACK lost, requests held past a fence
 //! requester   the send queue: posting checks, WRs in flight, completions in order
 //! responder   request order, refusals, RNR counting, placement order (final word last)
@@ -122,16 +122,16 @@ mod loom_models;
 mod mr;
 mod port;
 mod qp;
+mod qp_recv;
+mod qp_send;
 mod requester;
 mod responder;
 mod ring;
-mod rx;
 mod spin;
+mod station;
 mod sync;
 mod transport;
-mod tx;
 mod watch;
-mod wire;
 
 use std::net::IpAddr;
 use std::time::Duration;

@@ -9,7 +9,7 @@
 //!
 //! TCP: QPs of one device to QPs of one peer device share one link (`link.rs`), dialed by
 //! the device with the smaller identity; each QP sends a CONNECT on it and is ready when
-//! its peer's arrives (`wire.rs`). Neither call blocks: `is_ready` finishes the work and
+//! its peer's arrives (`station.rs`). Neither call blocks: `is_ready` finishes the work and
 //! fails after the device's connect timeout.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -373,5 +373,5 @@ impl Frames {
 }
 
 #[cfg(test)]
-#[path = "wire_tests.rs"]
+#[path = "setup_msg_tests.rs"]
 mod tests;

@@ -26,8 +26,8 @@ use super::fault::Fault;
 use super::frame::{Frame, HDR_LEN};
 use super::hook::{self, Hook};
 use super::link::{Filler, Io, LinkKey, Placed, Recv, Station};
-use super::rx::{self, RxEnv};
-use super::tx::{GEN_MASK, of_note};
+use super::qp_recv::{self, RxEnv};
+use super::qp_send::{GEN_MASK, of_note};
 use crate::error::{Error, Result};
 use crate::fabric::{SendWr, WcStatus};
 
@@ -54,7 +54,7 @@ impl Station for Conn {
             }
             _ => {
                 let ConnState { req, resp, rx, tx, .. } = &mut *st;
-                match rx::on_frame(&mut RxEnv { ep: &self.ep, req, resp, rx, tx }, f) {
+                match qp_recv::on_frame(&mut RxEnv { ep: &self.ep, req, resp, rx, tx }, f) {
                     Ok(r) => r,
                     Err(fault) => {
                         self.fault(&mut st, io, fault);
@@ -72,7 +72,7 @@ impl Station for Conn {
         let w0 = st.waiting();
         if matches!(st.phase, Phase::Ready) {
             let ConnState { req, resp, rx, tx, .. } = &mut *st;
-            if let Err(fault) = rx::on_segment(&mut RxEnv { ep: &self.ep, req, resp, rx, tx }, placed) {
+            if let Err(fault) = qp_recv::on_segment(&mut RxEnv { ep: &self.ep, req, resp, rx, tx }, placed) {
                 self.fault(&mut st, io, fault);
             }
         }
