@@ -17,9 +17,13 @@ use crate::fabric::{Completion, SendWr, Sge, WcOpcode, WcStatus, WrOpcode};
 use crate::telemetry::StatsHandle;
 
 mod failover;
+mod flush;
 mod readmit;
 mod report;
 mod timers;
+
+pub use flush::FlushBuf;
+use flush::FlushReq;
 
 /// What the receiver needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -54,13 +58,6 @@ pub struct RecvBuf {
     pub addr: u64,
     pub size: u64,
     pub tag: u32,
-    pub rkeys: [u32; RAILS],
-}
-
-/// The buffer a flush reads one byte from (the last non-empty one of the receive).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FlushBuf {
-    pub addr: u64,
     pub rkeys: [u32; RAILS],
 }
 
@@ -99,12 +96,6 @@ struct RecvSlot {
 pub const MAX_FLUSHES: usize = 32;
 /// Request ids from here on are flush requests.
 pub const FLUSH_ID_BASE: u16 = SLOTS as u16;
-
-#[derive(Clone, Copy, Debug, Default)]
-struct FlushReq {
-    live: bool,
-    pending: RailMask,
-}
 
 /// The receiving side of one connection.
 pub struct RecvEngine {
@@ -509,34 +500,6 @@ impl RecvEngine {
             st.state = State::Done;
         }
         Ok(())
-    }
-
-    /// `iflush` for GPU memory: a 1-byte RDMA READ of `buf` on each rail's loopback flush QP
-    /// (the READ cannot pass the NIC's earlier writes, so when it completes the GPU sees
-    /// the data; net_ib does the same). Returns the flush request.
-    pub fn iflush(&mut self, buf: FlushBuf, out: &mut Posts) -> Result<Option<u16>> {
-        self.error.check()?;
-        let Some(i) = self.flushes.iter().position(|f| !f.live) else {
-            return Err(cold(move || Refused::TooManyFlushes { max: MAX_FLUSHES }.into()));
-        };
-        let mut pending = RailMask::NONE;
-        for rail in self.cfg.rails_mask.iter() {
-            let c = out.push(rail, QpRef::Flush);
-            c.push(SendWr {
-                wr_id: WrKind::Flush.id(rail, i),
-                opcode: WrOpcode::Read,
-                signaled: true,
-                num_sge: 1,
-                sge: [Sge { addr: self.cfg.flush_addr, len: 1, lkey: self.cfg.flush_lkeys[rail] }, Sge::default()],
-                remote_addr: buf.addr,
-                rkey: buf.rkeys[rail],
-                ..SendWr::default()
-            });
-            self.stats[rail].count_post(1, 0, 0, 0);
-            pending = pending.with(rail);
-        }
-        self.flushes[i] = FlushReq { live: true, pending };
-        Ok(Some(FLUSH_ID_BASE + i as u16))
     }
 
     /// `test`: the sizes once request `id` is complete (then `id` is free again).

@@ -22,7 +22,7 @@
 //! responder   request order, refusals, RNR counting, placement order (final word last)
 //! port        what a device's QPs share: QP table, listener, HELLOs, the links
 //! link        one TCP connection per device pair: the frames of all its QPs
-//! transport   vectored socket I/O; an in-process peer's end
+//! transport   vectored socket I/O, a dial's result, draining a socket; an in-process peer's end
 //! endpoint    one side of a connection: QP number, registrations, CQ ring, SRQ
 //! fault       why a QP goes to the error state
 //! loom_models the model checker's tests of ring, mr and spin (built under `--cfg loom`)

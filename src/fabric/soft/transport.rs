@@ -202,3 +202,46 @@ impl Drop for DirectEnd {
         self.close();
     }
 }
+
+/// Whether a non-blocking connect on `fd` finished: `Ok(false)` still under way, `Err` it
+/// failed (or `fd` is not a connecting socket).
+pub fn dial_result(fd: i32) -> std::io::Result<bool> {
+    let mut p = libc::pollfd { fd, events: libc::POLLOUT, revents: 0 };
+    // SAFETY: one live pollfd, zero timeout.
+    let n = unsafe { libc::poll(&mut p, 1, 0) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if n == 0 {
+        return Ok(false);
+    }
+    if p.revents & libc::POLLNVAL != 0 {
+        return Err(std::io::Error::from_raw_os_error(libc::EBADF));
+    }
+    let mut err: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: SO_ERROR writes one c_int into `err`; `len` says so.
+    let rc = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut libc::c_int).cast(), &mut len)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if err != 0 {
+        return Err(std::io::Error::from_raw_os_error(err));
+    }
+    Ok(true)
+}
+
+/// Reads and drops what the socket holds now (non-blocking), at most 1 MiB.
+pub fn discard_unread(fd: i32) {
+    let mut buf = [0u8; 16 << 10];
+    for _ in 0..64 {
+        // SAFETY: reads into a local buffer of the length given, from a descriptor the
+        // caller owns; MSG_DONTWAIT: never blocks.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if n <= 0 {
+            return;
+        }
+    }
+}
