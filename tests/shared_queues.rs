@@ -9,7 +9,7 @@
 use std::time::{Duration, Instant};
 
 use mpib::fabric::MemTypes;
-use mpib::plugin::resources::{Resources, snapshot};
+use mpib::plugin::resources::Resources;
 use mpib::plugin::{AbiVersion, BufArg, CommHandle, ContextHandle, RequestHandle};
 
 mod common;
@@ -97,7 +97,7 @@ fn a_communicator_has_one_cq_and_one_srq_per_nic_however_many_connections() {
     let a = mpib::abi::process().new_context(1, None).expect("context");
     let pairs: Vec<_> = (0..8).map(|_| pair(AbiVersion::V12, Some(a))).collect();
     // Two NICs (SOUT, SUP): one CQ and one SRQ each, for 8 send and 8 receive comms.
-    assert_eq!(held(&snapshot()), [2, 2, 2, 8, 8], "{:?}", snapshot());
+    assert_eq!(held(&mpib::abi::process().resources()), [2, 2, 2, 8, 8], "{:?}", mpib::abi::process().resources());
     for &(s, r) in &pairs {
         exchange(s, r, 40, 4096);
     }
@@ -105,17 +105,22 @@ fn a_communicator_has_one_cq_and_one_srq_per_nic_however_many_connections() {
     mpib::abi::init_process(AbiVersion::V12).expect("init");
     let b = mpib::abi::process().new_context(2, None).expect("context");
     let other = pair(AbiVersion::V12, Some(b));
-    assert_eq!(held(&snapshot()), [4, 4, 4, 9, 9], "{:?}", snapshot());
+    assert_eq!(held(&mpib::abi::process().resources()), [4, 4, 4, 9, 9], "{:?}", mpib::abi::process().resources());
     exchange(other.0, other.1, 40, 100);
     // The CQ grew with the connections; every send queue and SRQ WQE has room in it.
-    let r = snapshot();
+    let r = mpib::abi::process().resources();
     assert!(r.cq_entries >= r.qp_send_wrs + r.srq_posted, "{r:?}");
     close(&pairs);
     close(&[other]);
-    assert_eq!(held(&snapshot()), [0; 5], "everything goes with the last connection: {:?}", snapshot());
+    assert_eq!(
+        held(&mpib::abi::process().resources()),
+        [0; 5],
+        "everything goes with the last connection: {:?}",
+        mpib::abi::process().resources()
+    );
     mpib::abi::process().finalize(a).expect("finalize");
     mpib::abi::process().finalize(b).expect("finalize");
-    let r = snapshot();
+    let r = mpib::abi::process().resources();
     assert_eq!((r.contexts, r.cq_entries, r.qps, r.srq_posted, r.inbox_entries, r.control_bytes), (0, 0, 0, 0, 0, 0));
 }
 
@@ -127,14 +132,14 @@ fn older_abis_share_one_default_context() {
     mpib::abi::init_process(AbiVersion::V8).expect("init");
     let pairs: Vec<_> = (0..3).map(|_| pair(AbiVersion::V8, None)).collect();
     let v6 = pair(AbiVersion::V6, None);
-    assert_eq!(held(&snapshot()), [2, 2, 2, 4, 4], "{:?}", snapshot());
-    assert_eq!(snapshot().contexts, 1, "the default context");
+    assert_eq!(held(&mpib::abi::process().resources()), [2, 2, 2, 4, 4], "{:?}", mpib::abi::process().resources());
+    assert_eq!(mpib::abi::process().resources().contexts, 1, "the default context");
     for &(s, r) in pairs.iter().chain([&v6]) {
         exchange(s, r, 20, 8);
     }
     close(&pairs);
     close(&[v6]);
-    assert_eq!(held(&snapshot()), [0; 5]);
+    assert_eq!(held(&mpib::abi::process().resources()), [0; 5]);
 }
 
 #[test]
@@ -154,7 +159,7 @@ fn connections_outlive_the_finalize_of_their_context() {
     // NCCL may close comms after finalizing their communicator: they still work until then.
     exchange(s, r, 20, 512);
     close(&[(s, r)]);
-    assert_eq!(held(&snapshot()), [0; 5]);
+    assert_eq!(held(&mpib::abi::process().resources()), [0; 5]);
     mpib::abi::process().finalize(keep).expect("finalize");
 }
 
@@ -186,13 +191,13 @@ fn a_closed_connections_late_completions_are_counted_and_never_fail_the_poller()
         .unwrap()
         .expect("irecv");
     mpib::abi::process().isend(s1, a, 64, 1, smr).unwrap().expect("the CTS is there (in-process)");
-    let before = snapshot().unrouted_completions;
+    let before = mpib::abi::process().resources().unrouted_completions;
     close(&[(s1, r1)]);
     mpib::abi::process().dereg_mr(s1, Some(smr)).unwrap();
     mpib::abi::process().dereg_mr(r1, Some(rmr)).unwrap();
     // The other connection polls them: counted, dropped, and its own traffic is fine.
     exchange(s2, r2, 10, 64);
-    let unrouted = snapshot().unrouted_completions - before;
+    let unrouted = mpib::abi::process().resources().unrouted_completions - before;
     assert_eq!(unrouted, 2, "the IMM and the send completion of the closed pair");
     close(&[(s2, r2)]);
     mpib::abi::process().finalize(ctx).expect("finalize");
@@ -219,6 +224,6 @@ fn progress_threads_of_an_older_abi_meet_at_the_poll_lock_without_waiting() {
     for t in threads {
         t.join().expect("a progress thread failed");
     }
-    assert_eq!(snapshot().cqs, 2);
+    assert_eq!(mpib::abi::process().resources().cqs, 2);
     close(&pairs);
 }

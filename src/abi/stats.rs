@@ -222,7 +222,7 @@ pub unsafe extern "C" fn mpib_resource_stats(out: *mut mpib_resource_stats_t, si
     super::logger::install();
     run("mpib_resource_stats", || {
         let n = prefix_len::<mpib_resource_stats_t>(out.is_null(), size, "mpib_resource_stats_t")?;
-        let s = mpib_resource_stats_t::from(&crate::plugin::resources::snapshot());
+        let s = mpib_resource_stats_t::from(&PROCESS.resources());
         // SAFETY: the caller gives `size` (≥ `n`) writable bytes at `out`.
         unsafe { write_prefix(&s, out.cast::<u8>(), n) };
         Ok(())
@@ -407,7 +407,7 @@ mod tests {
 
     #[test]
     fn resource_stats_are_copied_up_to_the_callers_size() {
-        let held = crate::plugin::resources::Held::new(crate::plugin::resources::Res::Qps, 7);
+        let held = super::super::process().counts().hold(crate::plugin::resources::Res::Qps, 7);
         let mut out = mpib_resource_stats_t::default();
         // SAFETY: a whole struct.
         assert_eq!(unsafe { mpib_resource_stats(&mut out, size_of::<mpib_resource_stats_t>()) }, result::SUCCESS);

@@ -13,7 +13,7 @@ use super::nic_pair::NicPair;
 use super::profile::{RecvProfile, SendProfile, Sink};
 use super::rail::Rail;
 use super::region::{RecvMem, SendMem};
-use super::resources::{Held, Res};
+use super::resources::{Counts, Held, Res};
 use crate::engine::{FlushBuf, Posts, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
@@ -187,6 +187,7 @@ impl<D: Device> SendComm<D> {
         dev: Arc<NicPair<D>>,
         region: HostRegion,
         fo: Box<FoSide>,
+        counts: &'static Counts,
     ) -> Self {
         let poll_always = RailMask::from_fn(|r| rails[r].dev.attrs().progress == Progress::OnPoll);
         SendComm {
@@ -200,7 +201,7 @@ impl<D: Device> SendComm<D> {
             region,
             fo,
             prof: None,
-            _held: Held::new(Res::SendComms, 1),
+            _held: counts.hold(Res::SendComms, 1),
         }
     }
 
@@ -356,6 +357,7 @@ impl<D: Device> RecvComm<D> {
         dev: Arc<NicPair<D>>,
         region: HostRegion,
         fo: Box<FoSide>,
+        counts: &'static Counts,
     ) -> Self {
         RecvComm {
             rails,
@@ -368,7 +370,7 @@ impl<D: Device> RecvComm<D> {
             fo,
             irecvs: 0,
             prof: None,
-            _held: Held::new(Res::RecvComms, 1),
+            _held: counts.hold(Res::RecvComms, 1),
         }
     }
 

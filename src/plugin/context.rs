@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 
 use super::nic_queues::NicQueues;
 use super::profile::Sink;
-use super::resources::{Held, Res};
+use super::resources::{Counts, Held, Res};
 use crate::error::Result;
 use crate::fabric::Device;
 
@@ -33,6 +33,8 @@ pub struct Context<D: Device> {
     /// The communicator's traffic class, when NCCL gave one (v11+ `init` config).
     pub traffic_class: Option<i32>,
     srq_depth: u32,
+    /// The plugin instance's resource counts, which this context's objects hold amounts of.
+    pub counts: &'static Counts,
     /// The queues of each NIC in use, by the NIC's identity (its device's address: devices
     /// stay open for the process lifetime).
     nics: Mutex<Vec<(usize, Weak<NicQueues<D>>)>>,
@@ -42,15 +44,22 @@ pub struct Context<D: Device> {
 }
 
 impl<D: Device> Context<D> {
-    pub fn new(id: u64, comm_id: u64, traffic_class: Option<i32>, srq_depth: u32) -> Context<D> {
+    pub fn new(
+        id: u64,
+        comm_id: u64,
+        traffic_class: Option<i32>,
+        srq_depth: u32,
+        counts: &'static Counts,
+    ) -> Context<D> {
         Context {
             id,
             comm_id,
             traffic_class,
             srq_depth,
+            counts,
             nics: Mutex::new(Vec::new()),
             profiler: Mutex::new(None),
-            _held: Held::new(Res::Contexts, 1),
+            _held: counts.hold(Res::Contexts, 1),
         }
     }
 
@@ -63,7 +72,7 @@ impl<D: Device> Context<D> {
         if let Some(q) = nics.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
             return Ok(q);
         }
-        let q = Arc::new(NicQueues::new(dev.clone(), self.srq_depth)?);
+        let q = Arc::new(NicQueues::new(dev.clone(), self.srq_depth, self.counts)?);
         nics.push((key, Arc::downgrade(&q)));
         Ok(q)
     }

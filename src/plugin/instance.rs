@@ -18,6 +18,7 @@ use super::listen_handle;
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::nic_pair::NicPair;
 use super::oob::OobListener;
+use super::resources::Counts;
 use super::setup::{Connecting, FabricKind, Params};
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
@@ -48,6 +49,8 @@ pub struct Plugin<D: Device> {
     contexts: Mutex<BTreeMap<u64, Arc<Context<D>>>>,
     /// The context of ABIs before v11, which have none: every connection of the process.
     default_ctx: OnceLock<Arc<Context<D>>>,
+    /// What this instance holds (`mpib_resource_stats`): its objects keep amounts of it.
+    pub counts: &'static Counts,
 }
 
 fn size_ok(size: usize) -> Result<u64> {
@@ -63,7 +66,7 @@ fn size_ok(size: usize) -> Result<u64> {
 }
 
 impl<D: Device> Plugin<D> {
-    pub fn new(kind: FabricKind, pairs: Vec<FoundPair<D>>, cfg: &'static Config) -> Self {
+    pub fn new(kind: FabricKind, pairs: Vec<FoundPair<D>>, cfg: &'static Config, counts: &'static Counts) -> Self {
         let devices = Devices::new(pairs, cfg.nccl_devices);
         Plugin {
             kind,
@@ -73,12 +76,13 @@ impl<D: Device> Plugin<D> {
             mr_epoch: AtomicU64::new(1),
             contexts: Mutex::new(BTreeMap::new()),
             default_ctx: OnceLock::new(),
+            counts,
         }
     }
 
     /// A v11+ context for communicator `comm_id` under handle value `id`.
     pub fn new_context(&self, id: u64, comm_id: u64, traffic_class: Option<i32>) {
-        let c = Arc::new(Context::new(id, comm_id, traffic_class, self.cfg.srq_depth));
+        let c = Arc::new(Context::new(id, comm_id, traffic_class, self.cfg.srq_depth, self.counts));
         self.contexts.lock().insert(id, c);
     }
 
@@ -92,7 +96,10 @@ impl<D: Device> Plugin<D> {
     /// The context of a call: NCCL's (v11+), or the default one (older ABIs pass none).
     pub fn context(&self, ctx: Option<ContextHandle>) -> Result<Arc<Context<D>>> {
         let Some(h) = ctx else {
-            return Ok(self.default_ctx.get_or_init(|| Arc::new(Context::new(0, 0, None, self.cfg.srq_depth))).clone());
+            return Ok(self
+                .default_ctx
+                .get_or_init(|| Arc::new(Context::new(0, 0, None, self.cfg.srq_depth, self.counts)))
+                .clone());
         };
         self.contexts.lock().get(&h.0).cloned().ok_or_else(|| {
             Error::invalid_argument(format!("unknown plugin context {:#x} (not from init, or finalized)", h.0))

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, MutexGuard};
 
 use super::inbox::Inbox;
-use super::resources::{Held, Res, count_unrouted};
+use super::resources::{Counts, Held, Res};
 use crate::error::{Error, Result};
 use crate::fabric::{
     Completion, CompletionQueue, Device, QpCaps, QueuePair, SharedRecvQueue, Timestamps, WcOpcode, WcStatus,
@@ -207,6 +207,8 @@ struct Poll<D: Device> {
     /// Receiver-not-ready waits the SRQ saw, not yet handed to a receive connection.
     rnr_new: u64,
     wc: [Completion; POLL_BATCH],
+    /// The plugin instance's resource counts (this NIC's holdings, unrouted completions).
+    counts: &'static Counts,
     _held_cq: Held,
     held_cqe: Held,
     held_srq: Option<[Held; 2]>,
@@ -278,7 +280,7 @@ pub struct QpSpec {
 impl<D: Device> NicQueues<D> {
     /// The queues of `dev` for a new context: the CQ now (small; it grows with the
     /// connections), the SRQ with the first receive connection.
-    pub fn new(dev: Arc<D>, srq_depth: u32) -> Result<NicQueues<D>> {
+    pub fn new(dev: Arc<D>, srq_depth: u32, counts: &'static Counts) -> Result<NicQueues<D>> {
         let a = dev.attrs();
         let depth = FIRST_CQ_DEPTH.min(a.max_cqe.max(1));
         let cq = dev.create_cq(depth, Timestamps::Wanted)?;
@@ -296,12 +298,13 @@ impl<D: Device> NicQueues<D> {
             refill_below: 0,
             rnr_new: 0,
             wc: [Completion::default(); POLL_BATCH],
-            _held_cq: Held::new(Res::Cqs, 1),
-            held_cqe: Held::new(Res::CqEntries, depth as u64),
+            counts,
+            _held_cq: counts.hold(Res::Cqs, 1),
+            held_cqe: counts.hold(Res::CqEntries, depth as u64),
             held_srq: None,
-            held_posted: Held::new(Res::SrqPosted, 0),
+            held_posted: counts.hold(Res::SrqPosted, 0),
         };
-        Ok(NicQueues { poll: Mutex::new(poll), _held: Held::new(Res::NicQueues, 1), dev })
+        Ok(NicQueues { poll: Mutex::new(poll), _held: counts.hold(Res::NicQueues, 1), dev })
     }
 
     /// Creates `qps` for connection `owner`'s rail `rail` (whose completions other pollers
@@ -321,7 +324,7 @@ impl<D: Device> NicQueues<D> {
         let wants_srq = qps.iter().any(|q| q.srq);
         if wants_srq && p.srq.is_none() {
             p.srq = Some(self.dev.create_srq(p.srq_depth)?);
-            p.held_srq = Some([Held::new(Res::Srqs, 1), Held::new(Res::SrqWqes, p.srq_depth as u64)]);
+            p.held_srq = Some([p.counts.hold(Res::Srqs, 1), p.counts.hold(Res::SrqWqes, p.srq_depth as u64)]);
         }
         let sq: u64 = qps.iter().map(|q| q.caps.max_send_wr as u64).sum();
         let windows = p.windows + window as u64;
@@ -381,7 +384,7 @@ impl<D: Device> NicQueues<D> {
                     Some(r) => {
                         r.inbox.push(c);
                     }
-                    None => count_unrouted(1),
+                    None => p.counts.count_unrouted(1),
                 }
             }
             if n == 0 {
@@ -442,7 +445,7 @@ impl<D: Device> Polling<'_, D> {
     ) -> Result<()> {
         let p = &mut *self.g;
         let mut first = Ok(());
-        let Poll { cq, wc, routes, srq_posted, .. } = p;
+        let Poll { cq, wc, routes, srq_posted, counts, .. } = p;
         loop {
             // Each completion is routed where the CQ holds it (no copy out first).
             let n = cq.poll_each(
@@ -462,7 +465,7 @@ impl<D: Device> Polling<'_, D> {
                                 Ok(())
                             }
                             None => {
-                                unrouted(c);
+                                unrouted(counts, c);
                                 Ok(())
                             }
                         }
@@ -492,8 +495,8 @@ impl<D: Device> Polling<'_, D> {
 /// A completion no live connection claims: counted, dropped.
 #[cold]
 #[inline(never)]
-fn unrouted(c: &Completion) {
-    count_unrouted(1);
+fn unrouted(counts: &Counts, c: &Completion) {
+    counts.count_unrouted(1);
     log::debug!("a completion of QP {} (no connection: closed) dropped: {c:?}", c.qp_num);
 }
 

@@ -12,6 +12,7 @@ use super::banner::{self, PairDesc};
 use super::describe::{self, Describe, RailDesc};
 use super::handles::{CommHandle, ContextHandle, Kind, ListenHandle, MemHandle, RequestHandle};
 use super::instance::Plugin;
+use super::resources::{Counts, Resources};
 use super::setup::{self, FabricKind};
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS, NcclEnv, Properties, discover, memlock, profile, readmit};
 use crate::config::{Config, FabricChoice, RelaxedOrdering};
@@ -50,6 +51,8 @@ pub struct Process {
     /// The configuration, loaded at the first `init` (bad: its per-variable lines).
     config: OnceLock<std::result::Result<Config, Vec<String>>>,
     active: OnceLock<Active>,
+    /// What this instance holds now (`mpib_resource_stats`).
+    counts: Counts,
 }
 
 impl Default for Process {
@@ -66,7 +69,18 @@ impl Process {
             next_context: AtomicU64::new(1),
             config: OnceLock::new(),
             active: OnceLock::new(),
+            counts: Counts::new(),
         }
+    }
+
+    /// What this instance holds now: comms, contexts, fabric objects (`mpib_resource_stats`).
+    pub fn resources(&self) -> Resources {
+        self.counts.snapshot()
+    }
+
+    /// The counts this instance's objects hold amounts of.
+    pub fn counts(&'static self) -> &'static Counts {
+        &self.counts
     }
 
     fn active(&self) -> Result<&Active> {
@@ -133,7 +147,7 @@ impl Process {
                 cfg.retry_cnt,
                 cfg.origin("MPIB_RETRY_CNT", 2),
             );
-            let a = open(cfg)?;
+            let a = open(cfg, &self.counts)?;
             let _ = self.active.set(a);
             if let Err(e) = crate::telemetry::start_stats_export(cfg) {
                 log::warn!("{e}");
@@ -365,15 +379,15 @@ impl Process {
 }
 
 /// Opens the configured fabric's rail pairs.
-fn open(cfg: &'static Config) -> Result<Active> {
+fn open(cfg: &'static Config, counts: &'static Counts) -> Result<Active> {
     let soft = |kind: FabricKind| -> Result<Active> {
         let pairs = discover::soft_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
-        Ok(Active::Soft(Plugin::new(kind, pairs, cfg)))
+        Ok(Active::Soft(Plugin::new(kind, pairs, cfg, counts)))
     };
     let verbs = || -> Result<Active> {
         let pairs = discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
         check_locked_memory(cfg, &pairs);
-        Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg)))
+        Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg, counts)))
     };
     match cfg.fabric {
         FabricChoice::Soft => soft(FabricKind::Soft),
@@ -510,7 +524,10 @@ mod tests {
         // The configuration is read once: a later init's loader is not called.
         good.init(AbiVersion::V8, || panic!("read again")).unwrap();
         let ctx = good.new_context(7, None).unwrap();
+        assert_eq!(good.resources().contexts, 1, "the context is counted where it lives");
+        assert_eq!(bad.resources().contexts, 0);
         good.finalize(ctx).unwrap();
+        assert_eq!(good.resources().contexts, 0, "and given back");
         assert!(good.device_count(AbiVersion::V8).is_ok(), "one reference left");
         assert!(bad.device_count(AbiVersion::V8).is_err(), "the other instance is untouched");
     }

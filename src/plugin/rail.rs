@@ -192,10 +192,10 @@ pub(super) fn build_rail<D: Device>(
     let flush_qp = if plan.flush == FlushQp::With { qps.pop() } else { None };
     let first_qp = qps.first().map_or(0, |q| q.qp_num());
     let held = vec![
-        Held::new(Res::Qps, specs.len() as u64),
-        Held::new(Res::QpSendWrs, sq),
-        Held::new(Res::ControlBytes, region.len() as u64),
-        Held::new(Res::InboxEntries, inbox.capacity() as u64),
+        ctx.counts.hold(Res::Qps, specs.len() as u64),
+        ctx.counts.hold(Res::QpSendWrs, sq),
+        ctx.counts.hold(Res::ControlBytes, region.len() as u64),
+        ctx.counts.hold(Res::InboxEntries, inbox.capacity() as u64),
     ];
     Ok(Rail {
         qps,

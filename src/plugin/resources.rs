@@ -1,4 +1,4 @@
-//! What the plugin holds right now, process-wide: comms, contexts, fabric objects (CQs and
+//! What a plugin instance holds right now (the process's, for NCCL): comms, contexts, fabric objects (CQs and
 //! their entries, SRQs and their WQEs, QPs and their send-queue depth) and registered
 //! control memory. Tools read it through `mpib_resource_stats` (the scale benchmark, the
 //! leak checks of the many-connections test) instead of reaching into internals.
@@ -41,28 +41,75 @@ const N: usize = Res::InboxEntries as usize + 1;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
-static COUNTS: [AtomicU64; N] = [ZERO; N];
-/// Completions polled from a shared CQ that no live connection claims (a closed
-/// connection's late ones): counted and dropped.
-static UNROUTED: AtomicU64 = AtomicU64::new(0);
+
+/// The amounts one plugin instance holds (`plugin::Process`; the process's is at the ABI
+/// edge), and the completions it polled that no live connection claims.
+#[derive(Debug)]
+pub struct Counts {
+    amounts: [AtomicU64; N],
+    /// Completions polled from a shared CQ that no live connection claims (a closed
+    /// connection's late ones): counted and dropped.
+    unrouted: AtomicU64,
+}
+
+impl Default for Counts {
+    fn default() -> Self {
+        Counts::new()
+    }
+}
+
+impl Counts {
+    pub const fn new() -> Counts {
+        Counts { amounts: [ZERO; N], unrouted: AtomicU64::new(0) }
+    }
+
+    /// Holds `n` of `what` until the returned [`Held`] is dropped.
+    pub fn hold(&'static self, what: Res, n: u64) -> Held {
+        self.amounts[what as usize].fetch_add(n, Ordering::Relaxed);
+        Held { counts: self, what, n }
+    }
+
+    /// One completion no live connection claims.
+    #[cold]
+    pub fn count_unrouted(&self, n: u64) {
+        self.unrouted.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The figures now.
+    pub fn snapshot(&self) -> Resources {
+        let g = |r: Res| self.amounts[r as usize].load(Ordering::Relaxed);
+        Resources {
+            contexts: g(Res::Contexts),
+            send_comms: g(Res::SendComms),
+            recv_comms: g(Res::RecvComms),
+            listen_comms: g(Res::ListenComms),
+            nic_queues: g(Res::NicQueues),
+            cqs: g(Res::Cqs),
+            cq_entries: g(Res::CqEntries),
+            srqs: g(Res::Srqs),
+            srq_wqes: g(Res::SrqWqes),
+            srq_posted: g(Res::SrqPosted),
+            qps: g(Res::Qps),
+            qp_send_wrs: g(Res::QpSendWrs),
+            control_bytes: g(Res::ControlBytes),
+            inbox_entries: g(Res::InboxEntries),
+            unrouted_completions: self.unrouted.load(Ordering::Relaxed),
+        }
+    }
+}
 
 /// An amount of one resource, given back when dropped.
 #[derive(Debug)]
 pub struct Held {
+    counts: &'static Counts,
     what: Res,
     n: u64,
 }
 
 impl Held {
-    /// Holds `n` of `what` until dropped.
-    pub fn new(what: Res, n: u64) -> Held {
-        COUNTS[what as usize].fetch_add(n, Ordering::Relaxed);
-        Held { what, n }
-    }
-
     /// The amount held now becomes `n` (a CQ resized, WQEs posted or consumed).
     pub fn set(&mut self, n: u64) {
-        let c = &COUNTS[self.what as usize];
+        let c = &self.counts.amounts[self.what as usize];
         if n >= self.n {
             c.fetch_add(n - self.n, Ordering::Relaxed);
         } else {
@@ -78,14 +125,8 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        COUNTS[self.what as usize].fetch_sub(self.n, Ordering::Relaxed);
+        self.counts.amounts[self.what as usize].fetch_sub(self.n, Ordering::Relaxed);
     }
-}
-
-/// One completion no live connection claims.
-#[cold]
-pub fn count_unrouted(n: u64) {
-    UNROUTED.fetch_add(n, Ordering::Relaxed);
 }
 
 /// The figures now.
@@ -108,40 +149,25 @@ pub struct Resources {
     pub unrouted_completions: u64,
 }
 
-pub fn snapshot() -> Resources {
-    let g = |r: Res| COUNTS[r as usize].load(Ordering::Relaxed);
-    Resources {
-        contexts: g(Res::Contexts),
-        send_comms: g(Res::SendComms),
-        recv_comms: g(Res::RecvComms),
-        listen_comms: g(Res::ListenComms),
-        nic_queues: g(Res::NicQueues),
-        cqs: g(Res::Cqs),
-        cq_entries: g(Res::CqEntries),
-        srqs: g(Res::Srqs),
-        srq_wqes: g(Res::SrqWqes),
-        srq_posted: g(Res::SrqPosted),
-        qps: g(Res::Qps),
-        qp_send_wrs: g(Res::QpSendWrs),
-        control_bytes: g(Res::ControlBytes),
-        inbox_entries: g(Res::InboxEntries),
-        unrouted_completions: UNROUTED.load(Ordering::Relaxed),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn a_held_amount_follows_set_and_is_given_back_when_dropped() {
-        let mut a = Held::new(Res::SrqPosted, 10);
+        static COUNTS: Counts = Counts::new();
+        let mut a = COUNTS.hold(Res::SrqPosted, 10);
+        assert_eq!(COUNTS.snapshot().srq_posted, 10);
         a.set(3);
-        assert_eq!(a.get(), 3);
+        assert_eq!((a.get(), COUNTS.snapshot().srq_posted), (3, 3));
         a.set(40);
-        assert_eq!(a.get(), 40);
-        // Other tests of this process hold amounts too: the total is at least ours.
-        assert!(snapshot().srq_posted >= 40);
+        assert_eq!((a.get(), COUNTS.snapshot().srq_posted), (40, 40));
+        let b = COUNTS.hold(Res::Qps, 2);
+        COUNTS.count_unrouted(1);
         drop(a);
+        assert_eq!(COUNTS.snapshot().srq_posted, 0, "given back");
+        assert_eq!((COUNTS.snapshot().qps, COUNTS.snapshot().unrouted_completions), (2, 1));
+        drop(b);
+        assert_eq!(COUNTS.snapshot().qps, 0);
     }
 }

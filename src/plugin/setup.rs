@@ -237,6 +237,8 @@ pub struct Connecting<D: Device> {
     comm_id: u64,
     /// The context's profiler, when NCCL gave one (`profile.rs`).
     profiler: Option<super::profile::Sink>,
+    /// The plugin instance's resource counts (the comm holds one of them).
+    counts: &'static super::resources::Counts,
 }
 
 impl<D: Device> Connecting<D> {
@@ -271,6 +273,7 @@ impl<D: Device> Connecting<D> {
             reply: None,
             comm_id: ctx.comm_id,
             profiler: ctx.profiler(),
+            counts: ctx.counts,
         })
     }
 
@@ -374,7 +377,7 @@ impl<D: Device> Connecting<D> {
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
         let fo = FoSide::new(self.p.cfg, &rails, place);
-        let mut comm = SendComm::new(rails, engine, self.pair.clone(), region, fo);
+        let mut comm = SendComm::new(rails, engine, self.pair.clone(), region, fo, self.counts);
         comm.set_profiler(self.profiler.take(), self.pair.props.dev);
         Ok(comm)
     }
@@ -598,7 +601,7 @@ impl<D: Device> Accepting<D> {
         engine.set_place(PlaceRef::new(place.clone()));
         engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
         let fo = FoSide::new(self.p.cfg, &rails, place);
-        let mut comm = RecvComm::new(rails, engine, self.pair.clone(), region, fo);
+        let mut comm = RecvComm::new(rails, engine, self.pair.clone(), region, fo, self.ctx.counts);
         comm.set_profiler(self.ctx.profiler(), self.pair.props.dev);
         Ok(comm)
     }
