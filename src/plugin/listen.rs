@@ -15,12 +15,13 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::accepting::{AcceptFailed, Accepting};
 use super::comm::RecvComm;
 use super::context::Context;
 use super::nic_pair::NicPair;
 use super::oob::OobListener;
 use super::resources::{Held, Res};
-use super::setup::{AcceptFailed, Accepting, Params};
+use super::setup::Params;
 use crate::error::{Error, Result};
 use crate::fabric::Device;
 use crate::ratelimit::{RateLimit, suppressed};
@@ -169,11 +170,12 @@ mod tests {
     use crate::config::Config;
     use crate::fabric::soft::{self, SoftDevice, SoftOptions};
     use crate::plugin::AbiVersion;
+    use crate::plugin::accepting::HELLO_WITHIN;
     use crate::plugin::discover::NicMeta;
     use crate::plugin::nic_pair::{Nic, Shape};
     use crate::plugin::oob::OobAddr;
     use crate::plugin::resources::Counts;
-    use crate::plugin::setup::{Connecting, FabricKind, HELLO_WITHIN};
+    use crate::plugin::setup::{Connecting, FabricKind};
     use crate::plugin::setup_msg::{self, Hello, Msg};
 
     /// A listen comm over in-process soft devices, its set-up listener on loopback TCP.

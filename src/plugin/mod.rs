@@ -8,6 +8,7 @@ use std::ffi::CStr;
 
 use crate::fabric::MemTypes;
 
+pub mod accepting;
 mod banner;
 pub mod comm;
 mod comm_profile;

@@ -14,8 +14,8 @@
 //! Hello sends a Refusal saying why before it closes, so both sides report the cause.
 //!
 //! An accepted connection is a stranger until its first message is a Hello of this
-//! version: one that says nothing within [`HELLO_WITHIN`], closes, or sends anything else
-//! is a stray ([`AcceptFailed::Stray`], `Silent`), which the listener drops
+//! version: one that says nothing within `HELLO_WITHIN`, closes, or sends anything else
+//! is a stray (`AcceptFailed::Stray`, `Silent`; the acceptor is `accepting.rs`), which the listener drops
 //! (`listen.rs`) without failing NCCL's `accept`; a Hello of another version or fabric is
 //! an mpib peer that cannot work with this one, a failed set-up.
 //!
@@ -33,29 +33,23 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::comm::{RecvComm, SendComm};
+use super::comm::SendComm;
 use super::context::Context;
 use super::failover::{FoSide, failover_config};
 use super::nic_pair::NicPair;
 use super::oob::{OobAddr, OobConn};
 use super::place::{ConnPlace, stats_places};
-use super::rail::{
-    FlushQp, RECV_INLINE, Rail, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, recv_plan, region_keys,
-    send_plan,
-};
-use super::region::{
-    RECV_CTL_OFF, RECV_FLUSH_OFF, RECV_RECORDS_OFF, RECV_REGION_BYTES, RECV_SCRATCH_OFF, SEND_CTL_OFF,
-    SEND_REGION_BYTES, SEND_SCRATCH_OFF, SEND_SIZES_OFF,
-};
-use super::setup_msg::{self, DecodeError, Hello, Msg, Reply};
+use super::rail::{Rail, SEND_INLINE, all_ready, build_rails, connect_qps, qp_infos, region_keys, send_plan};
+use super::region::{SEND_CTL_OFF, SEND_REGION_BYTES, SEND_SCRATCH_OFF, SEND_SIZES_OFF};
+use super::setup_msg::{self, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
-use crate::engine::{FailoverConfig, PlaceRef, RAILS, RailMask, RecvConfig, RecvEngine, SendConfig, SendEngine};
+use crate::engine::{FailoverConfig, PlaceRef, RAILS, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{ConnectParams, Device};
 use crate::split::AnySplit;
-use crate::telemetry::{RailTelemetry, StatsHandle, TelemetryConfig};
+use crate::telemetry::{RailTelemetry, TelemetryConfig};
 
 /// What the fabric is, written into handles and Hello so mismatched peers fail clearly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -133,21 +127,27 @@ static WAITING: crate::ratelimit::RateLimit = crate::ratelimit::RateLimit::per_s
 
 /// When a set-up that started at `started` next says it is still waiting, and what.
 #[derive(Debug)]
-struct WaitNote {
-    started: Instant,
+pub(super) struct WaitNote {
+    pub(super) started: Instant,
     next: Instant,
     /// The wait before the note after the next one.
     interval: Duration,
 }
 
 impl WaitNote {
-    fn new(started: Instant) -> WaitNote {
+    pub(super) fn new(started: Instant) -> WaitNote {
         WaitNote { started, next: started + WAIT_NOTE_FIRST, interval: WAIT_NOTE_FIRST }
     }
 
     /// At `now`: fails the set-up past `deadline`, else logs an INFO line when one is due.
     /// `side` ("connect", "accept") leads the INFO note; the error gets it from the ABI edge.
-    fn check(&mut self, now: Instant, deadline: Option<Duration>, side: &str, what: impl Fn() -> String) -> Result<()> {
+    pub(super) fn check(
+        &mut self,
+        now: Instant,
+        deadline: Option<Duration>,
+        side: &str,
+        what: impl Fn() -> String,
+    ) -> Result<()> {
         let waited = now.saturating_duration_since(self.started);
         if let Some(t) = deadline
             && waited > t
@@ -189,7 +189,7 @@ fn soft_floor(kind: FabricKind, p: ConnectParams) -> ConnectParams {
 
 /// Whether both rails of a connection leave through one port (an odd port out of the
 /// pairing carries both): the silent-rail check is off there (`FailoverConfig::silence`).
-fn one_port<D: Device>(rails: &[Rail<D>; RAILS]) -> bool {
+pub(super) fn one_port<D: Device>(rails: &[Rail<D>; RAILS]) -> bool {
     let (a, b) = (rails[0].dev.attrs(), rails[1].dev.attrs());
     a.name == b.name && a.port == b.port
 }
@@ -209,7 +209,7 @@ pub fn silent_peer_bound(p: &ConnectParams) -> Duration {
     keepalive + crate::fabric::soft::silent_peer_bound(p)
 }
 
-fn telemetry<D: Device>(pair: &NicPair<D>, p: &Params, rails: &[Rail<D>; RAILS]) -> [RailTelemetry; RAILS] {
+pub(super) fn telemetry<D: Device>(pair: &NicPair<D>, p: &Params, rails: &[Rail<D>; RAILS]) -> [RailTelemetry; RAILS] {
     let [sout, sup] = stats_places(rails);
     let t = |i: usize, place| {
         RailTelemetry::registered(TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps), i, place)
@@ -383,228 +383,11 @@ impl<D: Device> Connecting<D> {
     }
 }
 
-/// How long a new set-up connection has to send its Hello (at most
-/// `MPIB_CONNECT_TIMEOUT_MS`). A real connector sends it once its TCP connect completed and
-/// its QPs are made, and whatever it sent is read before this deadline is checked. Not
-/// short: a stranger that says nothing costs only a pending slot (the listener keeps up to
-/// `MAX_PENDING` and makes room by dropping the oldest silent one), while a deadline a real
-/// peer can miss fails its `connect` (5 s did: 64 connects on one communicator, Soft-RoCE
-/// under qemu on a busy host, each making its QPs before the next).
-pub const HELLO_WITHIN: Duration = Duration::from_secs(30);
-
-/// Why a pending set-up ended without a receive comm.
-#[derive(Debug)]
-pub enum AcceptFailed {
-    /// Not an mpib peer (closed, reset, garbage, an oversized length, anything but a
-    /// Hello first): the listener drops it; the words say why.
-    Stray(String),
-    /// Not an mpib peer: it sent nothing within [`HELLO_WITHIN`].
-    Silent(String),
-    /// An mpib peer's set-up failed (another version or fabric, or anything after its
-    /// Hello): NCCL's `accept` fails with this error; the peer was told why.
-    Peer(Error),
-}
-
 /// Sends a Refusal saying why this side gives up, and hands it to the kernel (best effort:
 /// the peer may be gone already).
-fn refuse(conn: &mut OobConn, e: &Error) {
+pub(super) fn refuse(conn: &mut OobConn, e: &Error) {
     conn.send(&setup_msg::refusal(&e.msg()));
     let _ = conn.poll();
-}
-
-enum AcceptStage {
-    AwaitHello { by: Instant },
-    AwaitReady { got_ready: bool },
-}
-
-/// A receive comm being set up on an accepted connection.
-pub struct Accepting<D: Device> {
-    pair: Arc<NicPair<D>>,
-    /// The listening communicator's context: the receive comm's queues.
-    ctx: Arc<Context<D>>,
-    p: Params,
-    conn: OobConn,
-    stage: AcceptStage,
-    /// Since the Hello arrived: the waiting notes and the deadline (if any) count from there.
-    waited: WaitNote,
-    rails: Option<[Rail<D>; RAILS]>,
-    region: Option<HostRegion>,
-    hello: Option<Hello>,
-}
-
-impl<D: Device> Accepting<D> {
-    /// A connection the listener took at `now`.
-    pub fn new(pair: Arc<NicPair<D>>, ctx: Arc<Context<D>>, p: Params, conn: OobConn, now: Instant) -> Self {
-        let by = now + p.timeout.map_or(HELLO_WITHIN, |t| HELLO_WITHIN.min(t));
-        Accepting {
-            pair,
-            ctx,
-            p,
-            conn,
-            stage: AcceptStage::AwaitHello { by },
-            waited: WaitNote::new(now),
-            rails: None,
-            region: None,
-            hello: None,
-        }
-    }
-
-    /// Whether the other end has shown itself an mpib peer (its Hello came).
-    pub fn is_peer(&self) -> bool {
-        matches!(self.stage, AcceptStage::AwaitReady { .. })
-    }
-
-    /// Where the other end is (for log lines).
-    pub fn peer(&self) -> String {
-        self.conn.peer()
-    }
-
-    /// One step at `now`: the receive comm once the connection is fully set up.
-    pub fn step(&mut self, now: Instant) -> std::result::Result<Option<RecvComm<D>>, AcceptFailed> {
-        if let AcceptStage::AwaitHello { by } = self.stage {
-            let Some(hello) = self.hello(now, by)? else { return Ok(None) };
-            self.waited = WaitNote::new(now);
-            if let Err(e) = self.on_hello(hello) {
-                refuse(&mut self.conn, &e);
-                return Err(AcceptFailed::Peer(e));
-            }
-        }
-        self.await_ready(now).map_err(|e| {
-            refuse(&mut self.conn, &e);
-            AcceptFailed::Peer(e)
-        })
-    }
-
-    /// The Hello, once it is in. Anything else first makes the connection a stray, except
-    /// an mpib peer of another version or fabric: a failed set-up, told why.
-    fn hello(&mut self, now: Instant, by: Instant) -> std::result::Result<Option<Hello>, AcceptFailed> {
-        let m = match self.conn.poll() {
-            Ok(Some(m)) => m,
-            Ok(None) if now > by => {
-                let ms = by.saturating_duration_since(self.waited.started).as_millis();
-                return Err(AcceptFailed::Silent(format!(
-                    "{} sent no set-up message within {ms} ms",
-                    self.conn.peer()
-                )));
-            }
-            Ok(None) => return Ok(None),
-            Err(e) => return Err(AcceptFailed::Stray(e.msg().into_owned())),
-        };
-        let e = match setup_msg::decode(&m) {
-            Ok(Msg::Hello(h)) if h.kind == self.p.kind as u8 => return Ok(Some(h)),
-            Ok(Msg::Hello(h)) => Error::remote(format!(
-                "the connecting peer uses the {} fabric and this side the {} fabric: set the same MPIB_FABRIC on \
-                 every rank",
-                fabric_name(h.kind),
-                fabric_name(self.p.kind as u8)
-            )),
-            Ok(_) => {
-                return Err(AcceptFailed::Stray(format!(
-                    "{} sent a set-up message other than a Hello",
-                    self.conn.peer()
-                )));
-            }
-            Err(DecodeError::Foreign(why)) => return Err(AcceptFailed::Stray(format!("{} {why}", self.conn.peer()))),
-            Err(v @ DecodeError::Version(_)) => Error::from(v),
-        };
-        refuse(&mut self.conn, &e);
-        Err(AcceptFailed::Peer(e))
-    }
-
-    /// Builds the rails for the peer's `hello`, connects them and replies.
-    fn on_hello(&mut self, hello: Hello) -> Result<()> {
-        let region = HostRegion::new(RECV_REGION_BYTES)?;
-        let flush = FlushQp::for_memory(self.pair.props.mem_types);
-        let window = self.p.abi.max_requests() as u32;
-        let plan = |r: usize| recv_plan(hello.qps[r], flush, window, self.p.cfg.failover);
-        let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
-        connect_qps(&mut rails, &hello.qps_info, &self.p.recv)?;
-        let (_, rkeys) = region_keys(&rails);
-        let reply = Reply {
-            qps: hello.qps,
-            records_addr: region.addr() + RECV_RECORDS_OFF as u64,
-            records_rkeys: rkeys,
-            scratch_addr: region.addr() + RECV_SCRATCH_OFF as u64,
-            scratch_rkeys: rkeys,
-            qps_info: qp_infos(&rails),
-        };
-        self.conn.send(&reply.encode());
-        self.rails = Some(rails);
-        self.region = Some(region);
-        self.hello = Some(hello);
-        self.stage = AcceptStage::AwaitReady { got_ready: false };
-        Ok(())
-    }
-
-    fn await_ready(&mut self, now: Instant) -> Result<Option<RecvComm<D>>> {
-        let peer = self.conn.peer();
-        self.waited.check(now, self.p.timeout, "accept", || format!("the peer {peer} has not completed set-up"))?;
-        let AcceptStage::AwaitReady { mut got_ready } = self.stage else {
-            return Err(Error::internal("set-up stepped before its Hello"));
-        };
-        // Once Ready is read the set-up channel has done its job: the connector closes it as
-        // soon as Ready left (it is connected then), so it is not read again. Reading it
-        // while this side's QPs were still coming up took that EOF for a failed set-up
-        // (many_connections under load: "peer closed the set-up connection").
-        if !got_ready && let Some(m) = self.conn.poll()? {
-            match setup_msg::decode(&m)? {
-                Msg::Ready => got_ready = true,
-                Msg::Refusal(why) => return Err(Error::remote(format!("the connecting peer gave up: {why}"))),
-                _ => return Err(Error::remote("the peer sent something else than Ready")),
-            }
-        }
-        self.stage = AcceptStage::AwaitReady { got_ready };
-        // Drive the QPs on every call, not only once Ready arrived: a fabric may finish its
-        // connection set-up inside `is_ready` on both ends (the soft fabric's dialing QP
-        // sends its HELLO from there), and the peer only says Ready when its own QPs are up.
-        let ready = all_ready(self.rails.as_mut().expect("rails"))?;
-        if !got_ready || !ready {
-            return Ok(None);
-        }
-        self.finish().map(Some)
-    }
-
-    fn finish(&mut self) -> Result<RecvComm<D>> {
-        let rails = self.rails.take().expect("rails");
-        let region = self.region.take().expect("region");
-        let hello = self.hello.take().expect("hello");
-        let (lkeys, _) = region_keys(&rails);
-        let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(RECV_INLINE);
-        let cfg = RecvConfig {
-            max_requests: self.p.abi.max_requests(),
-            rails_mask: RailMask::BOTH,
-            cts_addr: region.addr(),
-            cts_lkeys: lkeys,
-            fifo_addr: hello.fifo_addr,
-            fifo_rkeys: hello.fifo_rkeys,
-            max_inline,
-            flush_addr: region.addr() + RECV_FLUSH_OFF as u64,
-            flush_lkeys: lkeys,
-            scratch_addr: hello.scratch_addr,
-            scratch_rkeys: hello.fifo_rkeys,
-            failover: failover_config(
-                self.p.cfg,
-                hello.qps,
-                region.addr(),
-                RECV_CTL_OFF,
-                lkeys,
-                hello.scratch_addr,
-                hello.fifo_rkeys,
-            ),
-        };
-        log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
-            self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
-        let [sout, sup] = stats_places(&rails);
-        let stats = [StatsHandle::register_at(0, sout), StatsHandle::register_at(1, sup)];
-        let mut engine = RecvEngine::new(cfg, stats);
-        let place = ConnPlace::new("recv", self.ctx.comm_id, &rails);
-        engine.set_place(PlaceRef::new(place.clone()));
-        engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
-        let fo = FoSide::new(self.p.cfg, &rails, place);
-        let mut comm = RecvComm::new(rails, engine, self.pair.clone(), region, fo, self.ctx.counts);
-        comm.set_profiler(self.ctx.profiler(), self.pair.props.dev);
-        Ok(comm)
-    }
 }
 
 #[cfg(test)]
