@@ -177,6 +177,7 @@ impl Hostile {
         let (fk, local_key) = (SoftDevice::mr_keys(&fifo_mr).rkey, SoftDevice::mr_keys(&local_mr).lkey);
         let hello = Hello {
             kind: FabricKind::Soft as u8,
+            pieces: [1, 1],
             qps: [QPS, QPS],
             fifo_addr: fifo.addr(),
             fifo_rkeys: [fk, fk],

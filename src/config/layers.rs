@@ -23,6 +23,7 @@ pub const RAIL_NAMES: [&str; 2] = ["sout", "sup"];
 /// The settings resolved here, by their `VARS` name.
 const LAYERED: &[&str] = &[
     "MPIB_QP",
+    "MPIB_QP_STRIPE",
     "MPIB_GID_INDEX",
     "MPIB_TC",
     "MPIB_CTS_TC",
@@ -42,6 +43,8 @@ const LAYERED: &[&str] = &[
 pub struct RailConfig {
     /// Data QPs per connection.
     pub qps: u32,
+    /// A request's share of the rail is striped over up to 4 of its QPs.
+    pub stripe: bool,
     /// Traffic class; `None`: the communicator's, else 0.
     pub tc: Option<u8>,
     /// Traffic class of a receive comm's QPs (CTS, control writes, ACKs); `None`: `tc`'s.
@@ -55,7 +58,7 @@ pub struct RailConfig {
 
 impl Default for RailConfig {
     fn default() -> Self {
-        RailConfig { qps: 1, tc: None, cts_tc: None, sl: None, gid: GidRule::default() }
+        RailConfig { qps: 1, stripe: false, tc: None, cts_tc: None, sl: None, gid: GidRule::default() }
     }
 }
 
@@ -176,6 +179,10 @@ impl Layers {
             let r = Some(rail);
             let qps = |v: &str| int(v, 1, 16);
             rc.qps = self.get("MPIB_QP", r, &|v| qps(v), &|v| c_ranged(v, 1, 16)).map_or(1, |n| n as u32);
+            // NCCL stripes for any value but 0 (`ncclParamIbSplitDataOnQps() ? nqps : 1`).
+            let on = |v: &str| c_int(v).map(|n| n != 0).ok_or_else(|| "an integer".to_string());
+            rc.stripe =
+                self.get("MPIB_QP_STRIPE", r, &|v| parse_word(v, &[("0", false), ("1", true)]), &on).unwrap_or(false);
             // -1 is "not set" in NCCL's variables and mpib's alike: the default, from there.
             let class = |max| move |v: &str| int(v, -1, max).map(|n| u8::try_from(n).ok());
             let c_class = |max| move |v: &str| c_ranged(v, -1, max).map(|n| u8::try_from(n).ok());
@@ -280,8 +287,9 @@ pub fn describe(r: &Resolved, origins: &Origins) -> String {
     let from = |s: &'static str, rail: u8| *origins.get(&(s, rail)).unwrap_or(&"default");
     let opt = |v: Option<u8>, none: &str| v.map_or(none.to_string(), |v| v.to_string());
     type Show<'a> = &'a dyn Fn(&RailConfig) -> String;
-    let per_rail: [(&str, &'static str, Show); 8] = [
+    let per_rail: [(&str, &'static str, Show); 9] = [
         ("qps", "MPIB_QP", &|c| c.qps.to_string()),
+        ("qp_stripe", "MPIB_QP_STRIPE", &|c| (c.stripe as u8).to_string()),
         ("tc", "MPIB_TC", &|c| opt(c.tc, "comm's")),
         ("cts_tc", "MPIB_CTS_TC", &|c| opt(c.cts_tc, "as-tc")),
         ("sl", "MPIB_SL", &|c| opt(c.sl, "comm's")),

@@ -47,6 +47,15 @@ fn cases() -> Vec<Case> {
             get: |c, r| c.rails[r].qps.to_string(),
         },
         Case {
+            setting: "MPIB_QP_STRIPE",
+            nccl: "NCCL_IB_SPLIT_DATA_ON_QPS",
+            nccl_value: "1",
+            mpib_value: "0",
+            bad_nccl: "on",
+            bad_mpib: "2",
+            get: |c, r| (c.rails[r].stripe as u8).to_string(),
+        },
+        Case {
             setting: "MPIB_TC",
             nccl: "NCCL_IB_TC",
             nccl_value: "106",
@@ -307,7 +316,7 @@ fn an_address_range_must_be_of_the_rails_family() {
 fn nccl_variables_not_followed_are_warned_about_or_noted() {
     let c = ok(&[
         ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
-        ("NCCL_IB_SPLIT_DATA_ON_QPS", "0"),
+        ("NCCL_IB_OOO_RQ", "0"),
         ("NCCL_IB_DISABLE", "1"),
         ("NCCL_IB_FOO", "1"),
         ("NCCL_DEBUG", "INFO"),

@@ -42,11 +42,6 @@ pub const NOT_FOLLOWED: &[NotFollowed] = &[
         instead: "it applies only with NCCL_IB_ADAPTIVE_ROUTING, which mpib does not follow",
     },
     NotFollowed {
-        name: "NCCL_IB_SPLIT_DATA_ON_QPS",
-        matches: Some(0),
-        instead: "mpib posts each request on one QP per rail, round-robin over the rail's QPs (net_ib's 0)",
-    },
-    NotFollowed {
         name: "NCCL_IB_ECE_ENABLE",
         matches: Some(0),
         instead: "mpib does not negotiate ECE (enhanced connection establishment) on its QPs",
@@ -199,8 +194,6 @@ mod tests {
         let w = warn("NCCL_IB_ADAPTIVE_ROUTING", "1");
         assert!(w.contains("NCCL_IB_ADAPTIVE_ROUTING=\"1\" is not followed by mpib") && w.contains("WRITE_WITH_IMM"));
         assert_eq!(unfollowed("NCCL_IB_ADAPTIVE_ROUTING", "0"), Unfollowed::Quiet, "0 is what mpib does");
-        assert_eq!(unfollowed("NCCL_IB_SPLIT_DATA_ON_QPS", "0x0"), Unfollowed::Quiet);
-        assert!(warn("NCCL_IB_SPLIT_DATA_ON_QPS", "1").contains("round-robin"));
         assert!(warn("NCCL_IB_ADAPTIVE_ROUTING", "yes").contains("not followed"), "unreadable: not the matching value");
         assert!(warn("NCCL_IB_AR_THRESHOLD", "0").contains("NCCL_IB_ADAPTIVE_ROUTING"), "no value matches");
         assert!(warn("NCCL_IB_MTU", "4096").contains("active MTU"));

@@ -85,9 +85,17 @@ pub const VARS: &[VarDoc] = &[
         name: "MPIB_QP",
         default: "1",
         accepted: "1-16",
-        meaning: "data QPs per connection on a rail; each request goes on one QP per rail, round-robin",
+        meaning: "data QPs per connection on a rail; each request goes on one QP per rail, round-robin, unless MPIB_QP_STRIPE",
         nccl: "NCCL_IB_QPS_PER_CONNECTION",
         rails: Some(["MPIB_SOUT_QP", "MPIB_SUP_QP"]),
+    },
+    VarDoc {
+        name: "MPIB_QP_STRIPE",
+        default: "0",
+        accepted: "0, 1",
+        meaning: "1: a rail's share of each request is striped over up to 4 of the rail's QPs, in 128-byte-aligned pieces (more paths for ECMP on RoCE)",
+        nccl: "NCCL_IB_SPLIT_DATA_ON_QPS",
+        rails: Some(["MPIB_SOUT_QP_STRIPE", "MPIB_SUP_QP_STRIPE"]),
     },
     VarDoc {
         name: "MPIB_SRQ_DEPTH",

@@ -3,7 +3,9 @@
 //!
 //! ```text
 //!  [ 4:0]   slot         CTS slot of the request (0..31, `layout::SLOTS`)
-//!  [ 6:5]   zero         (a slot byte of 32..127 is a violation: no receive waiting)
+//!  [ 6:5]   pieces - 1   this rail's WRITE_WITH_IMMs for the slot, less one: a rail's
+//!                        share striped over up to 4 of its QPs (`MPIB_QP_STRIPE`); 0 when
+//!                        not striped and in a replay
 //!  [ 7]     replay       this IMM delivers the OTHER rail's part (rail failover):
 //!                        part = arrival rail XOR this bit
 //!  [ 9:8]   active mask  rails that carry the transfer: bit0 SOUT, bit1 SUP (1, 2 or 3)
@@ -28,6 +30,17 @@ use crate::rail::RailMask;
 /// (a part re-posted on the surviving rail after a failover). The decoded `slot` keeps it,
 /// so the receiver's data path (`slot >= SLOTS`) sends every replayed IMM to its cold path.
 pub const REPLAY_FLAG: u8 = 0x80;
+
+/// Most pieces a rail's share of one request is striped over (the 2-bit field).
+pub const MAX_PIECES: u8 = 4;
+/// Where the pieces field sits in the slot byte.
+const PIECES_SHIFT: u32 = 5;
+/// The slot byte's pieces field. Set, the decoded `slot` is `SLOTS` or more, so a striped
+/// IMM takes the receiver's cold path like a replay.
+pub const PIECES_BITS: u8 = 0x60;
+
+/// The slot byte's bits that name the slot.
+pub const SLOT_BITS: u8 = 0x1f;
 
 /// Decoded immediate data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +69,19 @@ impl Imm {
     #[inline]
     pub fn replayed(v: u32) -> u32 {
         v | REPLAY_FLAG as u32
+    }
+
+    /// `v` announcing `pieces` (1..=[`MAX_PIECES`]) WRITE_WITH_IMMs on its rail.
+    #[inline]
+    pub fn with_pieces(v: u32, pieces: u8) -> u32 {
+        debug_assert!((1..=MAX_PIECES).contains(&pieces));
+        v | (((pieces - 1) as u32) << PIECES_SHIFT)
+    }
+
+    /// The pieces a decoded slot byte announces (1 when not striped).
+    #[inline]
+    pub fn pieces_of(slot_byte: u8) -> u8 {
+        ((slot_byte & PIECES_BITS) >> PIECES_SHIFT) + 1
     }
 
     /// `size_q` for a single receive of `bytes`, or the sentinel when it does not fit.
@@ -95,6 +121,22 @@ mod tests {
         let r = Imm::decode(Imm::replayed(v));
         assert_eq!((r.slot, r.mask, r.size_q), (31 | REPLAY_FLAG, RailMask::BOTH, 9));
         const { assert!(crate::engine::layout::SLOTS <= REPLAY_FLAG as usize) };
+    }
+
+    #[test]
+    fn pieces_are_bits_6_5_of_the_slot_byte() {
+        let v = Imm { slot: 7, mask: RailMask::SUP, size_q: 3 }.encode();
+        for pieces in 1..=MAX_PIECES {
+            let d = Imm::decode(Imm::with_pieces(v, pieces));
+            assert_eq!(Imm::pieces_of(d.slot), pieces);
+            assert_eq!(d.slot & SLOT_BITS, 7);
+            assert_eq!((d.mask, d.size_q), (RailMask::SUP, 3), "no other field moves");
+            assert_eq!(d.slot >= crate::engine::layout::SLOTS as u8, pieces > 1, "striped IMMs take the cold path");
+        }
+        assert_eq!(Imm::with_pieces(v, 4) ^ v, 0x60);
+        let r = Imm::decode(Imm::replayed(Imm::with_pieces(v, 2)));
+        assert_eq!((r.slot & SLOT_BITS, Imm::pieces_of(r.slot), r.slot & REPLAY_FLAG), (7, 2, REPLAY_FLAG));
+        const { assert!(SLOT_BITS as usize + 1 == crate::engine::layout::SLOTS) };
     }
 
     #[test]

@@ -48,7 +48,7 @@ pub const MAX_CHAIN: usize = layout::MAX_RECVS + 1;
 /// Which QP of a rail a chain goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum QpRef {
-    /// Data QP `i` of the rail (chosen round-robin per request).
+    /// Data QP `i` of the rail (chosen round-robin per request, or per piece).
     Data(u16),
     /// The rail's fixed CTS QP (its first QP).
     #[default]
@@ -74,11 +74,15 @@ impl Chain {
     }
 }
 
-/// The chains one call produced, in posting order (at most one per rail).
+/// Most chains one call produces: a chain per rail, or with striping one per piece.
+pub const MAX_POSTS: usize = RAILS * imm::MAX_PIECES as usize;
+
+/// The chains one call produced, in posting order (one per rail, or per piece of a
+/// striped rail share).
 #[derive(Clone, Debug, Default)]
 pub struct Posts {
     pub n: u8,
-    pub chains: [Chain; RAILS],
+    pub chains: [Chain; MAX_POSTS],
 }
 
 impl Posts {

@@ -44,6 +44,12 @@ pub enum Violation {
     DuplicateImm { rail: usize, slot: usize },
     /// An IMM whose `size_q` differs from an earlier IMM's of the slot.
     SizeQChanged { rail: usize, slot: usize, size_q: u32, earlier: u32 },
+    /// An IMM announcing `pieces` pieces of a striped rail share where the sender stripes
+    /// over at most `most` (its Hello; 1 for a replay, which re-sends a part whole).
+    BadPieces { rail: usize, slot: usize, pieces: u8, most: u8 },
+    /// A piece announcing `pieces` pieces where an earlier piece of the rail's share
+    /// announced `earlier`.
+    PiecesChanged { rail: usize, slot: usize, pieces: u8, earlier: u8 },
     /// An IMM encoding a size (not the sentinel) for a slot of `n` > 1 receives.
     SizeForMultiRecv { rail: usize, slot: usize, n: usize },
     /// Fast path: the `bytes` that arrived on the slot's rails do not round to `size_q`, or
@@ -73,6 +79,8 @@ impl Violation {
             | MaskChanged { rail, .. }
             | DuplicateImm { rail, .. }
             | SizeQChanged { rail, .. }
+            | BadPieces { rail, .. }
+            | PiecesChanged { rail, .. }
             | SizeForMultiRecv { rail, .. }
             | BytesMismatch { rail, .. }
             | RecordTooLarge { rail, .. } => Some(rail),
@@ -102,6 +110,16 @@ impl fmt::Display for Violation {
             DuplicateImm { slot, .. } => write!(f, "a second IMM for slot {slot} from the same rail"),
             SizeQChanged { slot, size_q, earlier, .. } => {
                 write!(f, "IMM for slot {slot} has size_q {size_q}, an earlier IMM had {earlier}")
+            }
+            BadPieces { slot, pieces, most, .. } => write!(
+                f,
+                "IMM for slot {slot} announces {pieces} pieces of the rail's share; the sender stripes over at most {most} here"
+            ),
+            PiecesChanged { slot, pieces, earlier, .. } => {
+                write!(
+                    f,
+                    "IMM for slot {slot} announces {pieces} pieces, an earlier piece of the rail announced {earlier}"
+                )
             }
             SizeForMultiRecv { slot, n, .. } => write!(f, "IMM encodes a size for slot {slot}, a multi-receive of {n}"),
             BytesMismatch { slot, bytes, size_q, posted, .. } => write!(

@@ -147,7 +147,8 @@ impl<D: Device> Accepting<D> {
         let region = HostRegion::new(RECV_REGION_BYTES)?;
         let flush = FlushQp::for_memory(self.pair.props.mem_types);
         let window = self.p.abi.max_requests() as u32;
-        let plan = |r: usize| recv_plan(hello.qps[r], flush, window, self.p.cfg.failover);
+        // Each piece of a striped rail share takes a receive of the rail's SRQ.
+        let plan = |r: usize| recv_plan(hello.qps[r], flush, window * hello.pieces[r] as u32, self.p.cfg.failover);
         let mut rails = build_rails(&self.ctx, &self.pair, plan, &region)?;
         connect_qps(&mut rails, &hello.qps_info, &self.p.recv)?;
         let (_, rkeys) = region_keys(&rails);
@@ -204,6 +205,7 @@ impl<D: Device> Accepting<D> {
         let cfg = RecvConfig {
             max_requests: self.p.abi.max_requests(),
             rails_mask: RailMask::BOTH,
+            pieces: hello.pieces,
             cts_addr: region.addr(),
             cts_lkeys: lkeys,
             fifo_addr: hello.fifo_addr,

@@ -334,6 +334,7 @@ mod tests {
         until_pending(&mut l, t0, 1);
         let hello = Hello {
             kind: FabricKind::Soft as u8,
+            pieces: [1, 1],
             qps: [1, 1],
             fifo_addr: 0,
             fifo_rkeys: [0; 2],

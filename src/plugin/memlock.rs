@@ -21,7 +21,8 @@ const PAGE: u64 = 4096;
 /// queues, and their control regions; times `nics`.
 pub fn need(cfg: &Config, nics: usize) -> u64 {
     let nqps = cfg.rails[0].qps.max(cfg.rails[1].qps) as u64;
-    let send_qps = nqps * send_qp_depth(nqps as u16, cfg.failover) as u64;
+    let pieces = if cfg.rails.iter().any(|r| r.stripe) { 2 } else { 1 };
+    let send_qps = nqps * send_qp_depth(nqps as u16, pieces, cfg.failover) as u64;
     let cts = if cfg.failover { CTS_QP_DEPTH_FAILOVER } else { CTS_QP_DEPTH } as u64;
     let recv_qps = cts + (nqps - 1);
     let entries = FIRST_CQ_DEPTH as u64 + cfg.srq_depth as u64 + send_qps + recv_qps;

@@ -5,7 +5,8 @@
 //! - a sender's data QP: each rail carries at most one chain per CTS slot in flight (a slot
 //!   is taken again only once its chains completed), chains of at most `MAX_CHAIN` WRs, one
 //!   request per QP round-robin: `ceil(SLOTS / QPs) × MAX_CHAIN`, plus one probe (or
-//!   keepalive) at a time;
+//!   keepalive) at a time; striped (`MPIB_QP_STRIPE`), a slot's pieces go on distinct QPs,
+//!   so a QP may hold one chain of every slot: `SLOTS × MAX_CHAIN`;
 //! - a receiver's CTS QP (its first): every `CTS_SIGNAL_EVERY`-th CTS WRITE of a rail is
 //!   signalled, and a slot is reused only after its signalled CTS completed, so the queue
 //!   holds at most the unsignalled ones before the oldest signalled one still outstanding
@@ -105,9 +106,11 @@ impl<D: Device> Drop for Rail<D> {
 pub(super) const SEND_INLINE: u32 = 64;
 pub(super) const RECV_INLINE: u32 = (MAX_RECVS * crate::engine::layout::CTS_ENTRY_BYTES) as u32;
 
-/// Send-queue depth of each of a sender's `nqps` data QPs on a rail (see the module doc).
-pub fn send_qp_depth(nqps: u16, failover: bool) -> u32 {
-    let chains = SLOTS.div_ceil(nqps.max(1) as usize) * MAX_CHAIN;
+/// Send-queue depth of each of a sender's `nqps` data QPs on a rail that stripes a
+/// request's share over up to `pieces` of them (see the module doc).
+pub fn send_qp_depth(nqps: u16, pieces: u8, failover: bool) -> u32 {
+    let per_qp = if pieces > 1 { SLOTS } else { SLOTS.div_ceil(nqps.max(1) as usize) };
+    let chains = per_qp * MAX_CHAIN;
     (chains + 1) as u32 + if failover { CTL_MAX_UNACKED as u32 } else { 0 }
 }
 
@@ -149,8 +152,8 @@ pub(super) struct RailPlan {
 }
 
 /// A sender's rail: `nqps` data QPs.
-pub(super) fn send_plan(nqps: u16, failover: bool) -> RailPlan {
-    let caps = QpCaps { max_send_wr: send_qp_depth(nqps, failover), max_inline: SEND_INLINE };
+pub(super) fn send_plan(nqps: u16, pieces: u8, failover: bool) -> RailPlan {
+    let caps = QpCaps { max_send_wr: send_qp_depth(nqps, pieces, failover), max_inline: SEND_INLINE };
     RailPlan { qps: vec![QpSpec { caps, srq: false }; nqps as usize], flush: FlushQp::Without, window: 0 }
 }
 

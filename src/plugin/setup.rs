@@ -44,6 +44,7 @@ use super::region::{SEND_CTL_OFF, SEND_REGION_BYTES, SEND_SCRATCH_OFF, SEND_SIZE
 use super::setup_msg::{self, Hello, Msg, Reply};
 use super::{AbiVersion, MAX_RECVS};
 use crate::config::Config;
+use crate::engine::imm::MAX_PIECES;
 use crate::engine::{FailoverConfig, PlaceRef, RAILS, SendConfig, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
@@ -75,6 +76,9 @@ pub struct Params {
     pub kind: FabricKind,
     pub abi: AbiVersion,
     pub qps: [u16; RAILS],
+    /// Most pieces a send comm stripes a rail's share of a request over (`MPIB_QP_STRIPE`:
+    /// up to 4 of the rail's QPs; 1: none).
+    pub pieces: [u8; RAILS],
     /// Transport parameters of a send comm's QPs, per rail (they carry the data).
     pub send: [ConnectParams; RAILS],
     /// Transport parameters of a receive comm's QPs, per rail: the control traffic class
@@ -109,6 +113,7 @@ impl Params {
             kind,
             abi,
             qps: [rails[0].qps as u16, rails[1].qps as u16],
+            pieces: [0, 1].map(|r| if rails[r].stripe { rails[r].qps.min(MAX_PIECES as u32) as u8 } else { 1 }),
             send: [0, 1].map(|r| params(r, rails[r].traffic_class(comm_tc))),
             recv: [0, 1].map(|r| params(r, rails[r].cts_traffic_class(comm_tc))),
             timeout: (cfg.connect_timeout_ms > 0).then(|| Duration::from_millis(cfg.connect_timeout_ms)),
@@ -250,10 +255,11 @@ impl<D: Device> Connecting<D> {
         // making its own QPs): a Hello left for the next call could miss that deadline.
         let mut conn = OobConn::connect(addr)?;
         let region = HostRegion::new(SEND_REGION_BYTES)?;
-        let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r], p.cfg.failover), &region)?;
+        let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r], p.pieces[r], p.cfg.failover), &region)?;
         let (_, rkeys) = region_keys(&rails);
         let hello = Hello {
             kind: p.kind as u8,
+            pieces: p.pieces,
             qps: p.qps,
             fifo_addr: region.addr(),
             fifo_rkeys: rkeys,
@@ -343,6 +349,7 @@ impl<D: Device> Connecting<D> {
         let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(SEND_INLINE);
         let cfg = SendConfig {
             qps: self.p.qps,
+            pieces: self.p.pieces,
             max_requests: self.p.abi.max_requests() * MAX_RECVS,
             sizes_addr: region.addr() + SEND_SIZES_OFF as u64,
             sizes_lkeys: lkeys,

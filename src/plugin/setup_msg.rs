@@ -11,7 +11,9 @@
 //!
 //! ```text
 //!  @0 magic "MPIB"   @4 version u16   @6 type u8 (1 Hello, 2 Reply, 3 Ready, 4 Refusal)   @7 0
-//!  Hello   @8  fabric u8, 0, QPs per rail u16 × 2, FIFO addr u64, FIFO rkeys u32 × 2,
+//!  Hello   @8  fabric u8, pieces u8 (the most pieces the connector stripes a rail's
+//!              share of a request over: SOUT's in bits 3:0, SUP's in bits 7:4; each
+//!              1..=min(QPs, 4)), QPs per rail u16 × 2, FIFO addr u64, FIFO rkeys u32 × 2,
 //!              scratch addr u64, one QpInfo (48 B) per QP
 //!  Reply   @8  QPs per rail u16 × 2, records addr u64, records rkeys u32 × 2,
 //!              scratch addr u64, scratch rkeys u32 × 2, one QpInfo per QP
@@ -21,17 +23,20 @@
 //! Version 1 had a magic per message (`MPIH`, `MPIR`, `MPIY`); such a
 //! peer is recognized as version 1. Version 3 has version 2's layouts; what the
 //! connection then exchanges changed: a rail's re-admission records carry the port's
-//! address (`plugin/readmit.rs`), so peers of versions 2 and 3 must not connect.
+//! address (`plugin/readmit.rs`), so peers of versions 2 and 3 must not connect. Version 4
+//! gave the Hello's second byte the striping (until then 0) and made the control ring's
+//! entries 256 bytes, for re-admission records of up to 16 QPs.
 
 use std::fmt;
 
 use crate::engine::RAILS;
+use crate::engine::imm::MAX_PIECES;
 use crate::error::Error;
 use crate::fabric::{QP_INFO_LEN, QpInfo};
 
 const MAGIC: [u8; 4] = *b"MPIB";
 /// Bumped on any change of these layouts or of what a connection exchanges after them.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 const HEADER: usize = 8;
 /// Most QPs per rail (`MPIB_SOUT_QP`/`MPIB_SUP_QP` accept 1–16).
 pub const MAX_QPS: u16 = 16;
@@ -54,6 +59,8 @@ const REFUSAL: u8 = 4;
 pub struct Hello {
     /// The connector's fabric (`setup::FabricKind`).
     pub kind: u8,
+    /// Most pieces the connector stripes a rail's share of a request over (1: none).
+    pub pieces: [u8; RAILS],
     pub qps: [u16; RAILS],
     pub fifo_addr: u64,
     pub fifo_rkeys: [u32; RAILS],
@@ -107,6 +114,8 @@ pub enum Foreign {
     Trailing(&'static str, usize),
     /// QP counts outside 1..=16 (no mpib peer asks for them).
     BadQps([u16; RAILS]),
+    /// Striping over more pieces than QPs (or 4), or over none.
+    BadPieces([u8; RAILS], [u16; RAILS]),
 }
 
 impl fmt::Display for Foreign {
@@ -119,6 +128,9 @@ impl fmt::Display for Foreign {
             Foreign::Truncated(what) => write!(f, "sent a truncated {what}"),
             Foreign::Trailing(what, n) => write!(f, "sent a {what} with {n} trailing bytes"),
             Foreign::BadQps(q) => write!(f, "asked for {q:?} QPs per rail (1..={MAX_QPS} allowed)"),
+            Foreign::BadPieces(p, q) => {
+                write!(f, "announced striping over {p:?} pieces per rail with {q:?} QPs (1..=min(QPs, {MAX_PIECES}))")
+            }
         }
     }
 }
@@ -221,16 +233,18 @@ pub fn decode(b: &[u8]) -> Result<Msg, DecodeError> {
     match b[6] {
         HELLO => {
             let mut r = Reader { b: body, what: "Hello" };
-            let kind = match r.take(2)? {
-                &[k, 0] => k,
-                _ => return Err(DecodeError::Foreign(Foreign::Reserved("Hello"))),
-            };
+            let b = r.take(2)?;
+            let (kind, p) = (b[0], b[1]);
             let qps = r.qps()?;
+            let pieces = [p & 0xf, p >> 4];
+            if (0..RAILS).any(|i| pieces[i] == 0 || pieces[i] as u16 > qps[i].min(MAX_PIECES as u16)) {
+                return Err(DecodeError::Foreign(Foreign::BadPieces(pieces, qps)));
+            }
             let fifo_addr = r.u64()?;
             let fifo_rkeys = r.pair32()?;
             let scratch_addr = r.u64()?;
             let qps_info = r.infos(qps)?;
-            Ok(Msg::Hello(Hello { kind, qps, fifo_addr, fifo_rkeys, scratch_addr, qps_info }))
+            Ok(Msg::Hello(Hello { kind, pieces, qps, fifo_addr, fifo_rkeys, scratch_addr, qps_info }))
         }
         REPLY => {
             let mut r = Reader { b: body, what: "Reply" };
@@ -281,7 +295,7 @@ fn put_infos(out: &mut Vec<u8>, infos: &[QpInfo]) {
 impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut o = header(HELLO, HELLO_FIXED + self.qps_info.len() * QP_INFO_LEN);
-        o.extend_from_slice(&[self.kind, 0]);
+        o.extend_from_slice(&[self.kind, self.pieces[0] | self.pieces[1] << 4]);
         for q in self.qps {
             o.extend_from_slice(&q.to_le_bytes());
         }

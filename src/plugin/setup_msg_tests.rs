@@ -9,6 +9,7 @@ fn info(b: u8) -> QpInfo {
 fn hello(qps: [u16; 2]) -> Hello {
     Hello {
         kind: 1,
+        pieces: [qps[0].min(4) as u8, 1],
         qps,
         fifo_addr: 0x1000,
         fifo_rkeys: [5, 6],
@@ -76,9 +77,21 @@ fn malformed_messages_are_foreign() {
     let mut r = good.clone();
     r[7] = 1;
     assert_eq!(foreign(&r), Foreign::Reserved("set-up message header"));
-    let mut r = good.clone();
-    r[9] = 1;
-    assert_eq!(foreign(&r), Foreign::Reserved("Hello"));
+    // The striping byte: each rail's pieces in 1..=min(QPs, 4).
+    assert_eq!(good[9], 0x11);
+    for (byte, pieces) in [(0x00, [0, 0]), (0x10, [0, 1]), (0x12, [2, 1]), (0x21, [1, 2])] {
+        let mut r = good.clone();
+        r[9] = byte;
+        assert_eq!(foreign(&r), Foreign::BadPieces(pieces, [1, 1]), "{byte:#x}");
+    }
+    let four = hello([4, 16]);
+    assert_eq!(four.pieces, [4, 1]);
+    let mut e = four.encode();
+    assert_eq!(decode(&e), Ok(Msg::Hello(four.clone())));
+    e[9] = 0x45;
+    assert_eq!(foreign(&e), Foreign::BadPieces([5, 4], [4, 16]), "at most 4 pieces");
+    e[9] = 0x44;
+    assert!(matches!(decode(&e), Ok(Msg::Hello(h)) if h.pieces == [4, 4]));
     let mut qps = good.clone();
     qps[10] = 0;
     assert_eq!(foreign(&qps), Foreign::BadQps([0, 1]));

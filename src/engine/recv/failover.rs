@@ -9,7 +9,7 @@
 
 use super::{RecvEngine, State};
 use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, other};
-use crate::engine::imm::{Imm, REPLAY_FLAG, SIZEQ_SENTINEL};
+use crate::engine::imm::{Imm, PIECES_BITS, REPLAY_FLAG, SIZEQ_SENTINEL, SLOT_BITS};
 use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
     CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailState, Violation, WorkRequest, WrKind, failure,
@@ -257,12 +257,20 @@ impl RecvEngine {
         Ok(())
     }
 
-    /// An IMM whose slot byte is not a slot: a replay (bit 7) when failover is on, a
-    /// violation otherwise.
+    /// An IMM whose slot byte is not a slot: a piece of a striped rail share (bits 6:5,
+    /// `pieces.rs`), a replay (bit 7) when failover is on, a violation otherwise.
     #[cold]
     #[inline(never)]
     pub(super) fn on_odd_imm(&mut self, rail: usize, imm: u32, byte_len: u64, mem: &impl RecvMemory) -> Result<()> {
         let Imm { slot, mask, size_q } = Imm::decode(imm);
+        if slot & REPLAY_FLAG == 0 && slot & PIECES_BITS != 0 {
+            return self.on_piece(rail, imm, byte_len, mem);
+        }
+        if slot & REPLAY_FLAG != 0 && slot & PIECES_BITS != 0 {
+            // A replay re-sends a part whole.
+            let (pieces, slot) = (Imm::pieces_of(slot), (slot & SLOT_BITS) as usize);
+            return Err(self.violation(move || Violation::BadPieces { rail, slot, pieces, most: 1 }));
+        }
         let (slot, replay) = ((slot & !REPLAY_FLAG) as usize, slot & REPLAY_FLAG != 0);
         if !self.fo.cfg.enabled || !replay || slot >= SLOTS {
             let slot = slot | if replay { REPLAY_FLAG as usize } else { 0 };
@@ -301,6 +309,11 @@ impl RecvEngine {
         if size_q != SIZEQ_SENTINEL && n != 1 {
             let n = n as usize;
             return Err(self.violation(move || Violation::SizeForMultiRecv { rail, slot, n }));
+        }
+        if s.pieces_seen[part] > 0 {
+            // A striped share of which some pieces arrived: the replay carries it whole, and
+            // only its bytes count (the pieces' were never added).
+            self.partial_parts += 1;
         }
         self.accept(rail, part, slot, mask, size_q, byte_len, mem)
     }

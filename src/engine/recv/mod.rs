@@ -18,6 +18,7 @@ use crate::telemetry::StatsHandle;
 
 mod failover;
 mod flush;
+mod pieces;
 mod readmit;
 mod report;
 mod timers;
@@ -33,6 +34,9 @@ pub struct RecvConfig {
     pub max_requests: usize,
     /// Rails this device has.
     pub rails_mask: RailMask,
+    /// Most pieces the sender stripes a rail's share of one request over (its Hello says;
+    /// 1: not striped): an IMM announcing more is a violation.
+    pub pieces: [u8; RAILS],
     /// Local source of the CTS writes: address and lkey per rail.
     pub cts_addr: u64,
     pub cts_lkeys: [u32; RAILS],
@@ -86,6 +90,11 @@ struct RecvSlot {
     seen: RailMask,
     size_q: u32,
     byte_sum: u64,
+    /// Striped rail shares: the pieces each rail announced, how many arrived (valid once
+    /// `pieces_seen` is not 0), and their bytes; a rail's part is seen when all are in.
+    pieces: [u8; RAILS],
+    pieces_seen: [u8; RAILS],
+    part_bytes: [u64; RAILS],
     /// The signalled CTS WRITE of this slot has not completed yet.
     cts_pending: bool,
     data_done: bool,
@@ -130,6 +139,8 @@ pub struct RecvEngine {
     data_rails: RailMask,
     /// CTS WRITEs on each rail since its last signalled one.
     cts_run: [u8; RAILS],
+    /// Striped shares replayed whole after some of their pieces had arrived (failover).
+    partial_parts: u64,
     /// Receives that wait too long make a hang report (`engine/hang.rs`).
     hang: crate::engine::hang::HangWatch,
 }
@@ -149,6 +160,7 @@ impl RecvEngine {
             cts_redo: 0,
             data_rails: RailMask::NONE,
             cts_run: [0; RAILS],
+            partial_parts: 0,
             cfg,
             stats,
             slots: Box::new([RecvSlot::default(); SLOTS]),
@@ -234,7 +246,7 @@ impl RecvEngine {
         let s = &mut self.slots[slot];
         (s.state, s.n, s.expected, s.seen, s.size_q, s.byte_sum) =
             (State::Posted, n as u8, RailMask::NONE, RailMask::NONE, 0, 0);
-        (s.cts_pending, s.data_done) = (signaled, false);
+        (s.cts_pending, s.data_done, s.pieces_seen) = (signaled, false, [0; RAILS]);
         for (i, b) in bufs.iter().enumerate() {
             let e = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
             mem.write_cts(slot, i, &e);
@@ -444,7 +456,7 @@ impl RecvEngine {
     /// when every part of its mask is.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn accept(
+    pub(super) fn accept(
         &mut self,
         rail: usize,
         part: usize,

@@ -24,6 +24,8 @@ mod silence;
 mod timers;
 
 pub use failover::STALL_NS_PER_BYTE;
+#[cfg(test)]
+pub(crate) use post::stripe;
 pub use profile::{PartState, SentPart, SlotView};
 pub use silence::{SILENT_FLOOR_NS, SUSPECT_FLOOR_NS};
 
@@ -34,6 +36,10 @@ pub use timers::CallerWaits;
 pub struct SendConfig {
     /// Data QPs per rail (`MPIB_SOUT_QP`, `MPIB_SUP_QP`).
     pub qps: [u16; RAILS],
+    /// Most pieces a rail's share of one request is striped over, each on its own QP
+    /// (`MPIB_QP_STRIPE`): 1 (a request on one QP per rail, round-robin) up to
+    /// `min(qps, imm::MAX_PIECES)`. The receiver reserves completions for as many.
+    pub pieces: [u8; RAILS],
     /// Most send requests in flight (NCCL_NET_MAX_REQUESTS × maxRecvs).
     pub max_requests: usize,
     /// Local source of the completion-record writes: address and lkey per rail.
@@ -105,6 +111,9 @@ struct PostedSlot {
     pending: RailMask,
     posted_ns: [u64; RAILS],
     bytes: [u64; RAILS],
+    /// Pieces of a striped rail share whose signalled WR is out, beyond the last one (the
+    /// rail stays in `pending` until that one completes).
+    extra_pieces: [u8; RAILS],
     /// Failover: the receive sequence number (0-based) of the slot's CTS, its IMM, and the
     /// parts whose replay on the other rail has not completed yet.
     seq: u64,
@@ -183,6 +192,10 @@ impl SendEngine {
     /// and kept alive, from then on).
     pub fn new(cfg: SendConfig, split: AnySplit, mut tel: [RailTelemetry; RAILS], now_ns: u64) -> Self {
         assert!(cfg.qps.iter().all(|&q| q >= 1), "each rail needs at least one QP");
+        for r in 0..RAILS {
+            let most = cfg.qps[r].min(super::imm::MAX_PIECES as u16) as u8;
+            assert!((1..=most).contains(&cfg.pieces[r]), "a rail's pieces go on distinct QPs, at most 4");
+        }
         let n = cfg.max_requests.clamp(1, SLOTS * MAX_RECVS);
         for t in &mut tel {
             t.start(now_ns);
@@ -392,6 +405,12 @@ impl SendEngine {
                     return self.stray_signal(wr_rail, slot);
                 }
                 let s = &mut self.slots[slot];
+                if s.extra_pieces[wr_rail] > 0 {
+                    // A striped share: complete once its last piece is.
+                    s.extra_pieces[wr_rail] -= 1;
+                    self.fo.heard_ns[wr_rail] = t;
+                    return Ok(());
+                }
                 s.pending = s.pending.without(wr_rail);
                 self.outstanding[wr_rail] -= 1;
                 let sample = Sample { posted_ns: s.posted_ns[wr_rail], completed_ns: t, bytes: s.bytes[wr_rail] };
@@ -438,6 +457,10 @@ impl SendEngine {
             return Ok(());
         }
         let s = &mut self.slots[slot];
+        if original && s.extra_pieces[part] > 0 {
+            s.extra_pieces[part] -= 1;
+            return Ok(());
+        }
         s.pending = s.pending.without(part);
         s.replay = s.replay.without(part);
         self.outstanding[rail] = self.outstanding[rail].saturating_sub(1);

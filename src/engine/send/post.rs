@@ -7,7 +7,7 @@
 use super::{CpuAccess, PartSrc, PostedSlot, SendBuf, SendEngine};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
-use crate::engine::{MAX_CHAIN, Posts, QpRef, RailMask, SOUT, SUP, WrKind};
+use crate::engine::{MAX_CHAIN, Posts, QpRef, RAILS, RailMask, SOUT, SUP, WrKind};
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::{SendWr, Sge, WrOpcode};
 use crate::split::{SHARE_ALIGN, SplitPolicy};
@@ -63,6 +63,12 @@ impl SendEngine {
     fn posted(&mut self, now_ns: u64, rail: usize, slot: usize, wrs: u64, rail_bytes: u64, total: u64) {
         // One doorbell; exactly one WRITE_WITH_IMM per active rail.
         self.tel[rail].stats().count_post(wrs, 1, rail_bytes, total);
+        self.track(now_ns, rail, slot, rail_bytes);
+    }
+
+    /// The rail's share of `slot` (`rail_bytes`, in one chain or striped) is in flight.
+    #[inline(always)]
+    fn track(&mut self, now_ns: u64, rail: usize, slot: usize, rail_bytes: u64) {
         self.tel[rail].on_post(now_ns, rail_bytes);
         self.outstanding[rail] += 1;
         if self.fo.silence_next_ns == u64::MAX && self.fo.cfg.silence {
@@ -123,6 +129,23 @@ impl SendEngine {
             if !mask.contains(rail) {
                 continue; // an inactive rail sends nothing at all
             }
+            if self.cfg.pieces[rail] > 1 {
+                let ranges: [(u64, u64); MAX_RECVS] = std::array::from_fn(|i| {
+                    if i >= n {
+                        (0, 0)
+                    } else if rail == SOUT {
+                        (0, sout[i])
+                    } else {
+                        (sout[i], sizes[i] - sout[i])
+                    }
+                });
+                let rail_bytes: u64 = ranges[..n].iter().map(|r| r.1).sum();
+                if rail_bytes > SHARE_ALIGN {
+                    let sizes = if rail == leader { Some(n) } else { None };
+                    self.post_striped(now_ns, rail, slot, &ranges[..n], sizes, imm, total, out);
+                    continue;
+                }
+            }
             let qp = self.next_qp(rail);
             let c = out.push(rail, qp);
             let mut rail_bytes = 0u64;
@@ -152,18 +175,76 @@ impl SendEngine {
         let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
         let ps = &mut self.slots[slot];
         (ps.n, ps.reqs[0], ps.pending, ps.seq, ps.imm) = (1, id, mask, self.fifo_head, imm);
+        ps.extra_pieces = [0; RAILS];
         self.srcs[slot][0] = PartSrc::of(&self.cur.bufs[0], &self.cur.entries[0], s, size);
         for rail in [SOUT, SUP] {
             if !mask.contains(rail) {
                 continue; // an inactive rail sends nothing at all
             }
             let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
+            if self.cfg.pieces[rail] > 1 && len > SHARE_ALIGN {
+                self.post_striped(now_ns, rail, slot, &[(off, len)], None, imm, size, out);
+                continue;
+            }
             let qp = self.next_qp(rail);
             let wr = self.data_wr(rail, slot, &self.cur.bufs[0], &self.cur.entries[0], off, len, Some(imm));
             out.push(rail, qp).push(wr);
             self.posted(now_ns, rail, slot, 1, len, size);
         }
         self.fifo_head += 1;
+    }
+
+    /// Posts a rail's share of `slot` striped over its QPs (`MPIB_QP_STRIPE`): the share is
+    /// the sends' byte `ranges` on the rail, one after the other; each piece, a run of
+    /// [`stripe`]'s size, is a chain on the rail's next QP ending in a WRITE_WITH_IMM that
+    /// announces the number of pieces. On the records path (`sizes`: `Some(n)` on the
+    /// leader rail) the first piece writes the sizes: the receiver reads them only when
+    /// every piece of every rail is in.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn post_striped(
+        &mut self,
+        now_ns: u64,
+        rail: usize,
+        slot: usize,
+        ranges: &[(u64, u64)],
+        sizes: Option<usize>,
+        imm: u32,
+        total: u64,
+        out: &mut Posts,
+    ) {
+        let rail_bytes: u64 = ranges.iter().map(|r| r.1).sum();
+        let (piece, k) = stripe(rail_bytes, self.cfg.pieces[rail]);
+        let imm = Imm::with_pieces(imm, k);
+        let fast = sizes.is_none() && Imm::decode(imm).size_q != SIZEQ_SENTINEL;
+        let (mut i, mut used) = (0, 0u64);
+        for j in 0..k as u64 {
+            let mut left = piece.min(rail_bytes - j * piece);
+            let qp = self.next_qp(rail);
+            let c = out.push(rail, qp);
+            let bytes = left;
+            while left > 0 {
+                let (off, len) = ranges[i];
+                let take = (len - used).min(left);
+                if take > 0 {
+                    let w = if fast && take == left { Some(imm) } else { None };
+                    c.push(self.data_wr(rail, slot, &self.cur.bufs[i], &self.cur.entries[i], off + used, take, w));
+                }
+                (used, left) = (used + take, left - take);
+                if used == len {
+                    (i, used) = (i + 1, 0);
+                }
+            }
+            if !fast {
+                c.push(self.signal_wr(rail, slot, if j == 0 { sizes } else { None }, imm));
+            }
+            debug_assert!(c.len as usize <= MAX_CHAIN);
+            let wrs = c.len as u64;
+            self.tel[rail].stats().count_post(wrs, 1, bytes, total);
+        }
+        self.slots[slot].extra_pieces[rail] = k - 1;
+        self.track(now_ns, rail, slot, rail_bytes);
     }
 
     /// A WRITE of `len` bytes at `off` of `buf` into `entry`'s buffer; with `imm`, the
@@ -223,6 +304,18 @@ impl SendEngine {
         }
         wr
     }
+}
+
+/// How a rail share of `bytes` is striped over at most `most` QPs: the piece size, a
+/// multiple of 128 bytes (the last piece may be shorter), and the number of pieces, each
+/// carrying at least one byte (a 128-byte share is one piece).
+#[inline]
+pub(crate) fn stripe(bytes: u64, most: u8) -> (u64, u8) {
+    if most <= 1 || bytes <= SHARE_ALIGN {
+        return (bytes, 1);
+    }
+    let piece = bytes.div_ceil(most as u64).next_multiple_of(SHARE_ALIGN);
+    (piece, bytes.div_ceil(piece) as u8)
 }
 
 impl PartSrc {

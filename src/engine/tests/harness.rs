@@ -108,6 +108,8 @@ pub struct ChainRec {
 
 pub struct Opts {
     pub qps: [u16; RAILS],
+    /// Most pieces the sender stripes a rail's share over (1: no striping).
+    pub pieces: [u8; RAILS],
     pub split: AnySplit,
     pub max_send: usize,
     pub max_recv: usize,
@@ -125,6 +127,7 @@ impl Default for Opts {
     fn default() -> Self {
         Opts {
             qps: [1, 1],
+            pieces: [1, 1],
             split: AnySplit::Fixed(crate::split::Fixed::percent(50)),
             max_send: 256,
             max_recv: 32,
@@ -154,6 +157,7 @@ impl Pair {
         let s = SendEngine::new(
             SendConfig {
                 qps: o.qps,
+                pieces: o.pieces,
                 max_requests: o.max_send,
                 sizes_addr: SIZES,
                 sizes_lkeys: [11, 12],
@@ -174,6 +178,7 @@ impl Pair {
             RecvConfig {
                 max_requests: o.max_recv,
                 rails_mask: o.rails_mask,
+                pieces: o.pieces,
                 cts_addr: CTS,
                 cts_lkeys: [41, 42],
                 fifo_addr: FIFO,

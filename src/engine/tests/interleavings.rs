@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::model::{BufSpec, Cfg, Model, Op};
 use crate::engine::layout::SLOTS;
-use crate::engine::{RAILS, SOUT};
+use crate::engine::{RAILS, SOUT, SUP};
 
 fn size() -> impl Strategy<Value = usize> {
     prop_oneof![1 => Just(0usize), 2 => (1usize..=24).prop_map(|k| k * 128), 3 => 0usize..3200]
@@ -57,6 +57,7 @@ fn cfg() -> impl Strategy<Value = Cfg> {
     (1u16..=3, 1u16..=3, percent, 1u32..=8, 0u32..=24, probe_ns, warmup).prop_map(
         |(sout, sup, percent, low, extra, probe_ns, warmup)| Cfg {
             qps: [sout, sup],
+            pieces: [1, 1],
             percent,
             srq: (low, low + extra),
             probe_ns,
@@ -71,6 +72,13 @@ proptest! {
     #[test]
     fn model_random_interleavings(cfg in cfg(), ops in prop::collection::vec(op(), 1..300)) {
         Model::new(cfg).run(&ops)?;
+    }
+
+    /// The same with every rail of more than one QP striping its shares over all of them
+    /// (`MPIB_QP_STRIPE`): pieces executed, acknowledged and polled in any order.
+    #[test]
+    fn model_random_interleavings_striped(cfg in cfg(), ops in prop::collection::vec(op(), 1..300)) {
+        Model::new(Cfg { pieces: cfg.qps.map(|q| q.min(4) as u8), ..cfg }).run(&ops)?;
     }
 }
 
@@ -97,7 +105,7 @@ fn scramble(seed: u64, n: usize) -> Vec<Op> {
 fn model_full_window_across_the_slot_wrap() {
     // 32 receives of 8 buffers (slots 240..=271, across the wrap), all CTS delivered, then
     // all 256 sends in flight at once, executed and completed in a scrambled order.
-    let cfg = Cfg { qps: [2, 3], percent: 37, srq: (2, 4), probe_ns: 0, warmup: 240 };
+    let cfg = Cfg { qps: [2, 3], pieces: [1, 1], percent: 37, srq: (2, 4), probe_ns: 0, warmup: 240 };
     let mut ops = Vec::new();
     for i in 0..32usize {
         let bufs = (0..8)
@@ -115,10 +123,42 @@ fn model_full_window_across_the_slot_wrap() {
 }
 
 #[test]
+fn model_full_window_striped_across_the_slot_wrap() {
+    // As above with both rails striping over all their QPs: every slot's share of a rail
+    // in up to 4 pieces on distinct QPs, completed in a scrambled order.
+    let cfg = Cfg { qps: [4, 3], pieces: [4, 3], percent: 41, srq: (2, 4), probe_ns: 0, warmup: 240 };
+    let mut ops = Vec::new();
+    for i in 0..32usize {
+        let n = 1 + i % 8;
+        let bufs = (0..n)
+            .map(|k| BufSpec { tag: k as u32, posted: 300 + 997 * ((i + k) % 7), send: 131 * ((i * 3 + k) % 9) + k })
+            .collect();
+        ops.push(Op::Irecv(bufs, (0..n).rev().collect()));
+    }
+    ops.extend((0..32).map(Op::Step));
+    ops.extend((0..(0..32).map(|i| 1 + i % 8).sum::<usize>()).map(|_| Op::Isend));
+    ops.extend(scramble(11, 6000));
+    let mut m = Model::new(cfg);
+    m.run(&ops).unwrap();
+    let pieces = |rail: usize, k: u8| {
+        m.p.log
+            .iter()
+            .filter(|(_, r, _, wr)| *r == rail && wr.opcode == crate::fabric::WrOpcode::WriteImm)
+            .filter(|(_, _, _, wr)| crate::engine::imm::Imm::pieces_of(wr.imm as u8) == k)
+            .count()
+    };
+    for (rail, most) in [(SOUT, 4), (SUP, 3)] {
+        assert!(pieces(rail, most) >= 4 * most as usize, "rail {rail}: shares striped over {most} QPs");
+        assert!(pieces(rail, 1) > 0, "rail {rail}: small shares stay in one piece");
+        assert_eq!(pieces(rail, most + 1), 0);
+    }
+}
+
+#[test]
 fn model_long_run_wraps_the_slots_several_times() {
     // SOUT's QP 0 gets its acks late for 300 messages while the other QPs go on: past the
     // wrap, the sender must wait for them before it reuses those slots.
-    let cfg = Cfg { qps: [3, 1], percent: 60, srq: (2, 6), probe_ns: 1000, warmup: 0 };
+    let cfg = Cfg { qps: [3, 1], pieces: [1, 1], percent: 60, srq: (2, 6), probe_ns: 1000, warmup: 0 };
     let mut ops = vec![Op::Acks { rail: SOUT, qp: 0, late: true }];
     for i in 0..700usize {
         if i == 300 {

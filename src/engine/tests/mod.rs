@@ -21,6 +21,7 @@ mod readmit_outage;
 mod silence;
 mod slot_reuse;
 mod splits;
+mod striping;
 mod teardown;
 mod timers;
 mod violations;

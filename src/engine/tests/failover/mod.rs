@@ -18,8 +18,9 @@ use strategy::*;
 
 use super::faults::*;
 use super::harness::*;
+use crate::engine::imm::Imm;
 use crate::engine::{Event, RailState};
-use crate::fabric::WcStatus;
+use crate::fabric::{WcStatus, WrOpcode};
 use crate::split::{AnySplit, Fixed};
 
 /// Bytes after each real receive buffer that must stay zero.
@@ -69,9 +70,9 @@ fn sent_bytes(seed: u64, k: usize, len: usize) -> Vec<u8> {
 }
 
 impl Model {
-    fn new(qps: [u16; 2], percent: u8, warmup: usize, specs: Vec<RecvSpec>) -> Self {
+    fn new(qps: [u16; 2], pieces: [u8; 2], percent: u8, warmup: usize, specs: Vec<RecvSpec>) -> Self {
         let split = AnySplit::Fixed(Fixed::percent(percent));
-        let mut p = Pair::new(Opts { qps, split, ..Opts::default() });
+        let mut p = Pair::new(Opts { qps, pieces, split, ..Opts::default() });
         enable_failover(&mut p, 0);
         // Warm-up transfers large enough to be split: both rails have completed something
         // (the silent-rail check judges only rails it has heard from).
@@ -406,8 +407,16 @@ impl Model {
     }
 }
 
-fn run_case(qps: [u16; 2], pct: u8, warmup: usize, specs: Vec<RecvSpec>, ops: &[Op]) -> Result<Model, TestCaseError> {
-    let mut m = Model::new(qps, pct, warmup, specs);
+/// The QPs per rail and the most pieces the sender stripes each rail's share over.
+type Shape = ([u16; 2], [u8; 2]);
+
+/// Unstriped: a request on one QP per rail.
+fn plain(qps: [u16; 2]) -> Shape {
+    (qps, [1, 1])
+}
+
+fn run_case(shape: Shape, pct: u8, warmup: usize, specs: Vec<RecvSpec>, ops: &[Op]) -> Result<Model, TestCaseError> {
+    let mut m = Model::new(shape.0, shape.1, pct, warmup, specs);
     for op in ops {
         m.apply(op)?;
     }
@@ -446,8 +455,8 @@ thread_local! {
 /// fails with `BothRailsFailed` — never a hang, never a wrong byte in a receive that did
 /// complete. Once the rails are dead for good, every request still outstanding fails, and
 /// so does every later call of a side that failed.
-fn run_both(qps: [u16; 2], pct: u8, warmup: usize, specs: Vec<RecvSpec>, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut m = Model::new(qps, pct, warmup, specs);
+fn run_both(shape: Shape, pct: u8, warmup: usize, specs: Vec<RecvSpec>, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut m = Model::new(shape.0, shape.1, pct, warmup, specs);
     m.both_rails = true;
     let both = |e: &TestCaseError| e.to_string().contains("both rails have failed");
     let mut r = ops.iter().try_for_each(|op| m.apply(op));
@@ -516,15 +525,56 @@ proptest! {
     fn both_rails_fail_anywhere_and_every_request_errors_without_a_hang(
         (qps, pct, warmup, specs, ops) in case_on(true)
     ) {
-        run_both(qps, pct, warmup, specs, &ops)?;
+        run_both(plain(qps), pct, warmup, specs, &ops)?;
     }
 
     #[test]
     fn one_rail_fails_anywhere_and_every_request_completes_exactly(
         (qps, pct, warmup, specs, ops) in case()
     ) {
-        run_case(qps, pct, warmup, specs, &ops)?;
+        run_case(plain(qps), pct, warmup, specs, &ops)?;
     }
+}
+
+/// The shapes of the striped models: both rails striped, one rail, and 4 pieces.
+fn striped() -> impl Strategy<Value = Shape> {
+    prop::sample::select(vec![([2u16, 2], [2u8, 2]), ([3, 1], [3, 1]), ([4, 3], [4, 3]), ([1, 4], [1, 4])])
+}
+
+/// The failover models with striped rail shares (`MPIB_QP_STRIPE`): a rail fails with some
+/// pieces of a share in and others not; the receiver's report counts the part as arrived
+/// only when all its pieces are, and the replay re-sends it whole. Over the run, parts were
+/// replayed after a partial arrival, and the pieces were many.
+#[test]
+fn a_striped_rail_fails_anywhere_and_every_request_completes_exactly() {
+    let cfg = ProptestConfig { cases: 300, ..ProptestConfig::default() };
+    let mut runner = proptest::test_runner::TestRunner::new(cfg.clone());
+    let (mut pieces, mut partial) = (0usize, 0u64);
+    let counts = std::cell::RefCell::new((0usize, 0u64));
+    runner
+        .run(&(striped(), case()), |(shape, (_, pct, warmup, specs, ops))| {
+            let m = run_case(shape, pct, warmup, specs, &ops)?;
+            let mut c = counts.borrow_mut();
+            c.0 +=
+                m.p.log
+                    .iter()
+                    .filter(|(.., wr)| wr.opcode == WrOpcode::WriteImm && Imm::pieces_of(wr.imm as u8) > 1)
+                    .count();
+            c.1 += m.p.r.partial_parts();
+            Ok(())
+        })
+        .unwrap();
+    (pieces, partial) = (pieces + counts.borrow().0, partial + counts.borrow().1);
+    let mut runner = proptest::test_runner::TestRunner::new(cfg);
+    runner
+        .run(&(striped(), case_on(true)), |(shape, (_, pct, warmup, specs, ops))| {
+            run_both(shape, pct, warmup, specs, &ops)
+        })
+        .unwrap();
+    println!(
+        "striped failover model: {pieces} striped IMMs, {partial} parts replayed after some of their pieces arrived"
+    );
+    assert!(pieces > 1000 && partial > 5, "{pieces} {partial}");
 }
 
 /// The model above must exercise what it claims: over its cases, parts were replayed, parts
@@ -535,7 +585,9 @@ proptest! {
 fn the_model_replays_parts_and_reposts_cts() {
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 400, ..ProptestConfig::default() });
     STATS.with(|t| *t.borrow_mut() = (0, 0, 0, 0, 0));
-    runner.run(&case(), |(qps, pct, warmup, specs, ops)| run_case(qps, pct, warmup, specs, &ops).map(|_| ())).unwrap();
+    runner
+        .run(&case(), |(qps, pct, warmup, specs, ops)| run_case(plain(qps), pct, warmup, specs, &ops).map(|_| ()))
+        .unwrap();
     let (cases, replayed, reposts, confirmed, silent) = STATS.with(|t| *t.borrow());
     println!(
         "failover model: {cases} cases with a rail failure, {replayed} parts replayed, {confirmed} confirmed \
