@@ -86,11 +86,15 @@ pub fn pair_line(k: usize, p: &PairDesc) -> String {
     s
 }
 
-/// What rail `rc`'s QPs are made with, for its banner entry: QPs per connection, and on
+/// What rail `rc`'s QPs are made with, for its banner entry: QPs per connection (`striped`
+/// when each request's share is striped over up to 4 of them), and on
 /// verbs (`qos`) the traffic classes and the service level ("comm's": the communicator's
 /// traffic class decides, else 0).
 pub fn qp_settings(rc: &crate::config::RailConfig, qos: bool) -> String {
     let mut s = format!("qps {}", rc.qps);
+    if rc.stripe && rc.qps > 1 {
+        s.push_str(" striped");
+    }
     if qos {
         let class = |v: Option<u8>| v.map_or("comm's".to_string(), |v| v.to_string());
         let cts = rc.cts_tc.map_or_else(|| class(rc.tc), |v| v.to_string());
@@ -103,6 +107,14 @@ pub fn qp_settings(rc: &crate::config::RailConfig, qos: bool) -> String {
 mod tests {
     use super::*;
     use crate::fabric::LinkLayer;
+
+    #[test]
+    fn a_striped_rail_says_so() {
+        let rc = crate::config::RailConfig { qps: 4, stripe: true, ..Default::default() };
+        assert_eq!(qp_settings(&rc, false), "qps 4 striped");
+        let one = crate::config::RailConfig { qps: 1, stripe: true, ..Default::default() };
+        assert_eq!(qp_settings(&one, false), "qps 1", "one QP: nothing to stripe over");
+    }
 
     fn rail(name: &str, link_layer: LinkLayer, addr: &str, speed_mbps: u32, ro: Option<bool>) -> RailDesc {
         RailDesc {

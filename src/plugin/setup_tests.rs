@@ -71,3 +71,23 @@ fn a_silent_peer_is_reported_within_the_ack_timeout_budget_and_a_keepalive() {
     // Tiny budgets: the soft fabric's 100 ms floor.
     assert_eq!(silent_peer_bound(&p(1, 0)), Duration::from_millis(200));
 }
+
+#[test]
+fn a_rail_stripes_over_at_most_four_of_its_qps_and_only_when_asked() {
+    let params = |vars: &[(&str, &str)]| {
+        let cfg: &'static Config = Box::leak(Box::new(Config::from_vars(vars.iter().copied()).unwrap()));
+        let p = Params::new(cfg, FabricKind::Soft, AbiVersion::V12, None);
+        (p.qps, p.pieces)
+    };
+    assert_eq!(params(&[]), ([1, 1], [1, 1]));
+    assert_eq!(params(&[("MPIB_QP", "4")]), ([4, 4], [1, 1]), "round-robin unless asked");
+    assert_eq!(params(&[("MPIB_QP", "3"), ("MPIB_QP_STRIPE", "1")]), ([3, 3], [3, 3]));
+    assert_eq!(params(&[("MPIB_QP", "16"), ("MPIB_SUP_QP_STRIPE", "1")]), ([16, 16], [1, 4]), "4 at most");
+    assert_eq!(params(&[("MPIB_QP_STRIPE", "1")]), ([1, 1], [1, 1]), "one QP: nothing to stripe over");
+    let nccl = [("NCCL_IB_QPS_PER_CONNECTION", "2"), ("NCCL_IB_SPLIT_DATA_ON_QPS", "1")];
+    assert_eq!(params(&nccl), ([2, 2], [2, 2]), "NCCL's settings as defaults");
+    let over = [nccl[0], nccl[1], ("MPIB_QP_STRIPE", "0")];
+    assert_eq!(params(&over), ([2, 2], [1, 1]), "MPIB_QP_STRIPE overrides");
+    assert_eq!(super::super::rail::send_qp_depth(4, 1, false), 8 * 9 + 1);
+    assert_eq!(super::super::rail::send_qp_depth(4, 4, false), 32 * 9 + 1, "a QP may hold a piece of every slot");
+}

@@ -123,6 +123,15 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     }
     let sender = &out.ranks[1].stderr;
     assert!(sender.contains("port is down (async event)"), "the port-down event did not start the failover\n{sender}");
+    if std::env::var("CONFORMANCE_ENV").is_ok_and(|e| e.contains("MPIB_QP_STRIPE=1")) {
+        // Striped (ci/rxe-test.sh link-down-striped): the banner says so, and SOUT, which
+        // carried on alone through the outage, sent several pieces a request.
+        assert!(sender.contains("qps 4 striped"), "the banner does not show the striping\n{sender}");
+        let rails = out.ranks[1].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
+        let (imms, receives) = (rails[0].counters.imm_sent, 1500 + 4);
+        eprintln!("link_down: striped: {imms} IMMs on SOUT for {receives} receives");
+        assert!(imms > 2 * receives, "{imms} IMMs on SOUT for {receives} receives: not striped");
+    }
     // The WARN says where: SUP's NIC and port, both ends' GIDs and QP numbers, the comm.
     let dev = std::env::var("RXE_DEV1").expect("RXE_DEV1");
     let placed = |l: &&str| {
