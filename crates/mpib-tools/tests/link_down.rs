@@ -137,7 +137,7 @@ fn sup_link_down_mid_stream_loses_nothing_and_reports_nothing() {
     let placed = |l: &&str| {
         l.contains(&format!(" [{dev}:1 GID "))
             && l.contains(" -> peer GID ")
-            && l.contains(" QP ")
+            && (l.contains(" QP ") || l.contains(" QPs "))
             && l.contains("send comm")
     };
     let down: Vec<&str> = sender.lines().filter(|l| l.contains("port is down (async event)")).collect();

@@ -165,6 +165,9 @@ pub struct SendEngine {
     matching: bool,
     /// Round-robin data-QP cursor per rail.
     rr: [u16; RAILS],
+    /// A rail stripes its shares over its QPs (`SendConfig::pieces`): the posting path
+    /// checks this once per message.
+    stripes: bool,
     /// Slots whose signalled WR on the rail has not completed.
     outstanding: [u32; RAILS],
     /// The rails that have carried a transfer of this connection (keepalives go only there).
@@ -213,6 +216,7 @@ impl SendEngine {
             cur: Matching::default(),
             matching: false,
             rr: [0; RAILS],
+            stripes: cfg.pieces.iter().any(|&p| p > 1),
             outstanding: [0; RAILS],
             carried: RailMask::NONE,
             error: ErrorState::default(),

@@ -129,7 +129,7 @@ impl SendEngine {
             if !mask.contains(rail) {
                 continue; // an inactive rail sends nothing at all
             }
-            if self.cfg.pieces[rail] > 1 {
+            if self.stripes && self.cfg.pieces[rail] > 1 {
                 let ranges: [(u64, u64); MAX_RECVS] = std::array::from_fn(|i| {
                     if i >= n {
                         (0, 0)
@@ -175,23 +175,55 @@ impl SendEngine {
         let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
         let ps = &mut self.slots[slot];
         (ps.n, ps.reqs[0], ps.pending, ps.seq, ps.imm) = (1, id, mask, self.fifo_head, imm);
-        ps.extra_pieces = [0; RAILS];
         self.srcs[slot][0] = PartSrc::of(&self.cur.bufs[0], &self.cur.entries[0], s, size);
+        if self.stripes {
+            self.post_single_striped(now_ns, slot, s, size, mask, imm, out);
+        } else {
+            for rail in [SOUT, SUP] {
+                if !mask.contains(rail) {
+                    continue; // an inactive rail sends nothing at all
+                }
+                let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
+                let qp = self.next_qp(rail);
+                let wr = self.data_wr(rail, slot, &self.cur.bufs[0], &self.cur.entries[0], off, len, Some(imm));
+                out.push(rail, qp).push(wr);
+                self.posted(now_ns, rail, slot, 1, len, size);
+            }
+        }
+        self.fifo_head += 1;
+    }
+
+    /// [`Self::post_single`]'s chains on a connection that stripes (one check per message
+    /// on one that does not): a striping rail's share over 128 bytes in pieces, any other
+    /// in one chain.
+    #[allow(clippy::too_many_arguments)]
+    #[cold]
+    #[inline(never)]
+    fn post_single_striped(
+        &mut self,
+        now_ns: u64,
+        slot: usize,
+        s: u64,
+        size: u64,
+        mask: RailMask,
+        imm: u32,
+        out: &mut Posts,
+    ) {
+        self.slots[slot].extra_pieces = [0; RAILS];
         for rail in [SOUT, SUP] {
             if !mask.contains(rail) {
-                continue; // an inactive rail sends nothing at all
+                continue;
             }
             let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
             if self.cfg.pieces[rail] > 1 && len > SHARE_ALIGN {
                 self.post_striped(now_ns, rail, slot, &[(off, len)], None, imm, size, out);
-                continue;
+            } else {
+                let qp = self.next_qp(rail);
+                let wr = self.data_wr(rail, slot, &self.cur.bufs[0], &self.cur.entries[0], off, len, Some(imm));
+                out.push(rail, qp).push(wr);
+                self.posted(now_ns, rail, slot, 1, len, size);
             }
-            let qp = self.next_qp(rail);
-            let wr = self.data_wr(rail, slot, &self.cur.bufs[0], &self.cur.entries[0], off, len, Some(imm));
-            out.push(rail, qp).push(wr);
-            self.posted(now_ns, rail, slot, 1, len, size);
         }
-        self.fifo_head += 1;
     }
 
     /// Posts a rail's share of `slot` striped over its QPs (`MPIB_QP_STRIPE`): the share is
