@@ -19,6 +19,9 @@ use crate::fabric::verbs::{AddrFamily, AddrRange, GidRule, GidType};
 
 /// The rails' names in the INFO line, SOUT first.
 pub const RAIL_NAMES: [&str; 2] = ["sout", "sup"];
+/// The most data QPs per connection a rail takes (`MPIB_QP`, `NCCL_IB_QPS_PER_CONNECTION`):
+/// NCCL's bound, and what one control-ring entry describes for re-admission.
+pub const MAX_QPS_PER_RAIL: u32 = 16;
 
 /// The settings resolved here, by their `VARS` name.
 const LAYERED: &[&str] = &[
@@ -174,8 +177,9 @@ impl Layers {
         let mut rails = [RailConfig::default(); 2];
         for (rail, rc) in rails.iter_mut().enumerate() {
             let r = Some(rail);
-            let qps = |v: &str| int(v, 1, 16);
-            rc.qps = self.get("MPIB_QP", r, &|v| qps(v), &|v| c_ranged(v, 1, 16)).map_or(1, |n| n as u32);
+            let max = MAX_QPS_PER_RAIL as i64;
+            let qps = |v: &str| int(v, 1, max);
+            rc.qps = self.get("MPIB_QP", r, &|v| qps(v), &|v| c_ranged(v, 1, max)).map_or(1, |n| n as u32);
             // -1 is "not set" in NCCL's variables and mpib's alike: the default, from there.
             let class = |max| move |v: &str| int(v, -1, max).map(|n| u8::try_from(n).ok());
             let c_class = |max| move |v: &str| c_ranged(v, -1, max).map(|n| u8::try_from(n).ok());

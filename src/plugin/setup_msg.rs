@@ -19,9 +19,10 @@
 //!  Refusal @8  why, UTF-8, at most 256 bytes (sent before a close, so the peer can say why)
 //! ```
 //! Version 1 had a magic per message (`MPIH`, `MPIR`, `MPIY`); such a
-//! peer is recognized as version 1. Version 3 has version 2's layouts; what the
-//! connection then exchanges changed: a rail's re-admission records carry the port's
-//! address (`plugin/readmit.rs`), so peers of versions 2 and 3 must not connect.
+//! peer is recognized as version 1. Versions 3 and 4 have version 2's layouts; what the
+//! connection then exchanges changed: in 3 a rail's re-admission records carry the port's
+//! address (`plugin/readmit.rs`), in 4 the control ring's entries are 256 bytes (records of
+//! up to 16 QPs per rail), so peers of different versions must not connect.
 
 use std::fmt;
 
@@ -31,7 +32,7 @@ use crate::fabric::{QP_INFO_LEN, QpInfo};
 
 const MAGIC: [u8; 4] = *b"MPIB";
 /// Bumped on any change of these layouts or of what a connection exchanges after them.
-pub const VERSION: u16 = 3;
+pub const VERSION: u16 = 4;
 const HEADER: usize = 8;
 /// Most QPs per rail (`MPIB_SOUT_QP`/`MPIB_SUP_QP` accept 1–16).
 pub const MAX_QPS: u16 = 16;
