@@ -157,6 +157,11 @@ build_link-down() {
 }
 suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_mid_stream_loses_nothing_and_reports_nothing --test-threads=1 --nocapture"
 
+# The same with 4 QPs on each rail (MPIB_QP=4): SUP's four QPs rebuilt, their records
+# exchanged, each probed; clean, exact, counted, re-admitted.
+build_link-down-qps() { build_link-down "$1"; }
+suite link-down-qps "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_with_4_qps_per_rail_is_readmitted --test-threads=1 --nocapture"
+
 # The RoCE GID under a live connection (crates/mpib-tools/tests/link_down.rs): rxe1's IP
 # address removed and added again (its GID back at another index), then replaced by another
 # address (another GID), mid-stream; SUP fails over and is re-admitted on the GID as it is
