@@ -159,9 +159,10 @@ suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUG
 
 # The same with 4 QPs per rail and every rail share striped over them (MPIB_QP=4
 # MPIB_QP_STRIPE=1): each piece a WRITE_WITH_IMM on its own QP, counted by the receiver; a
-# rail's pieces in flight when its link goes down are replayed whole on the other rail.
+# rail's pieces in flight when its link goes down are replayed whole on the other rail;
+# SUP's four QPs rebuilt, their records exchanged, each probed; clean, exact, re-admitted.
 build_link-down-striped() { build_link-down "$1"; }
-suite link-down-striped "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV MPIB_QP=4 MPIB_QP_STRIPE=1\" ./link_down --ignored --exact sup_link_down_mid_stream_loses_nothing_and_reports_nothing --test-threads=1 --nocapture"
+suite link-down-striped "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_with_4_striped_qps_per_rail_is_readmitted --test-threads=1 --nocapture"
 
 # The RoCE GID under a live connection (crates/mpib-tools/tests/link_down.rs): rxe1's IP
 # address removed and added again (its GID back at another index), then replaced by another

@@ -19,6 +19,9 @@ use crate::fabric::verbs::{AddrFamily, AddrRange, GidRule, GidType};
 
 /// The rails' names in the INFO line, SOUT first.
 pub const RAIL_NAMES: [&str; 2] = ["sout", "sup"];
+/// The most data QPs per connection a rail takes (`MPIB_QP`, `NCCL_IB_QPS_PER_CONNECTION`):
+/// NCCL's bound, and what one control-ring entry describes for re-admission.
+pub const MAX_QPS_PER_RAIL: u32 = 16;
 
 /// The settings resolved here, by their `VARS` name.
 const LAYERED: &[&str] = &[
@@ -177,8 +180,9 @@ impl Layers {
         let mut rails = [RailConfig::default(); 2];
         for (rail, rc) in rails.iter_mut().enumerate() {
             let r = Some(rail);
-            let qps = |v: &str| int(v, 1, 16);
-            rc.qps = self.get("MPIB_QP", r, &|v| qps(v), &|v| c_ranged(v, 1, 16)).map_or(1, |n| n as u32);
+            let max = MAX_QPS_PER_RAIL as i64;
+            let qps = |v: &str| int(v, 1, max);
+            rc.qps = self.get("MPIB_QP", r, &|v| qps(v), &|v| c_ranged(v, 1, max)).map_or(1, |n| n as u32);
             // NCCL stripes for any value but 0 (`ncclParamIbSplitDataOnQps() ? nqps : 1`).
             let on = |v: &str| c_int(v).map(|n| n != 0).ok_or_else(|| "an integer".to_string());
             rc.stripe =

@@ -16,7 +16,7 @@ use crate::fabric::FaultKind;
 mod layers;
 pub mod nccl;
 mod vars;
-pub use layers::{Origins, RAIL_NAMES, RailConfig};
+pub use layers::{MAX_QPS_PER_RAIL, Origins, RAIL_NAMES, RailConfig};
 pub use vars::{VARS, VarDoc, known_names, markdown_table};
 
 /// Which fabric provider carries the rails.

@@ -15,10 +15,15 @@ use crate::fabric::{SendWr, Sge, WrOpcode};
 
 /// Entries of a control ring (each side has one, written by its peer).
 pub const CTL_ENTRIES: usize = 8;
-/// Bytes of one control-ring entry: seven payload words, then the sequence word.
-pub const CTL_ENTRY_BYTES: usize = 64;
+/// Bytes of one control-ring entry: the header word, `base_seq`, bitmap and ack,
+/// [`CTL_PAYLOAD_WORDS`] payload words, then the sequence word. Sized so that one
+/// `Rebuild`/`Rebuilt` describes a rail of 16 QPs (`plugin/readmit.rs`); still one packet
+/// at the smallest RDMA MTU (256 bytes).
+pub const CTL_ENTRY_BYTES: usize = 256;
 /// 64-bit words of one entry.
 pub const CTL_WORDS: usize = CTL_ENTRY_BYTES / 8;
+/// Payload words of one entry: all but the header, `base_seq`, bitmap/ack and sequence words.
+pub const CTL_PAYLOAD_WORDS: usize = CTL_WORDS - 4;
 /// Bytes of a control ring.
 pub const CTL_RING_BYTES: usize = CTL_ENTRIES * CTL_ENTRY_BYTES;
 /// Messages a side may have written that its peer has not yet acknowledged: the protocol
@@ -68,11 +73,11 @@ pub const READMIT_ATTEMPT_NS: u64 = 10_000_000_000;
 /// A rail that stayed Up this long after a re-admission starts its next back-off again at
 /// `readmit_ns`.
 pub const READMIT_RESET_NS: u64 = 10_000_000_000;
-/// Probe WRITEs the sender posts on a rebuilt rail's data QPs before it uses it again.
+/// Probe WRITEs the sender posts on a rebuilt rail's data QPs before it uses it again (one
+/// per data QP where the rail has more).
 pub const READMIT_PROBES: u8 = 3;
-/// 64-bit words of QP records one `Rebuild`/`Rebuilt` carries: the entry's four payload
-/// words and its `base_seq` word, which only `Fenced` uses otherwise.
-pub const QP_RECORD_WORDS: usize = 5;
+/// 64-bit words of QP records one `Rebuild`/`Rebuilt` carries: the entry's payload.
+pub const QP_RECORD_WORDS: usize = CTL_PAYLOAD_WORDS;
 
 /// A side's new QPs of a rail, as the plugin describes them to the peer (opaque to the
 /// engines; `plugin/readmit.rs` encodes them): `n` words of `words` used.
@@ -119,6 +124,9 @@ pub enum DownReason {
 /// A side effect an engine asks of the plugin (performed on the fabric, answered with an
 /// [`Event`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// The records (a rail of 16 QPs, 232 bytes) travel by value: only failover rounds make
+// and move these, a few at a time, and they stay `Copy`.
+#[allow(clippy::large_enum_variant)]
 pub enum Action {
     /// Move every QP of `rail` of this connection to the error state (its responders then
     /// accept nothing more); once that is final (verbs: `IBV_EVENT_QP_LAST_WQE_REACHED` for
@@ -145,6 +153,7 @@ pub enum Action {
 
 /// What the plugin tells an engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[allow(clippy::large_enum_variant)] // as `Action`: records by value, in failover rounds only
 pub enum Event {
     /// [`Action::FenceQps`] is done and the rail's completions were all fed in.
     FenceDone { rail: usize },
@@ -213,7 +222,7 @@ pub enum CtlKind {
     /// Receiver → sender: "rail `rail` is fenced at `epoch`; these parts arrived".
     Fenced = 2,
     /// Re-admission, sender → receiver: "my new QPs of `rail` at `epoch`" (records in the
-    /// payload and the `base_seq` word, their count in `flags`).
+    /// payload, their count of words in `flags`).
     Rebuild = 3,
     /// Re-admission: the receiver's new QPs of `rail`, answering `Rebuild`.
     Rebuilt = 4,
@@ -230,32 +239,29 @@ pub struct CtlMsg {
     /// `Fenced`: bit `i`: part `rail` of receive `base_seq + i` arrived.
     pub bitmap: u32,
     /// `Rebuild`/`Rebuilt`: QP records (plugin-defined); `flags`: how many words.
-    pub payload: [u64; 4],
+    pub payload: [u64; CTL_PAYLOAD_WORDS],
     pub flags: u16,
 }
 
 impl CtlMsg {
     pub fn new(kind: CtlKind, rail: usize, epoch: u32) -> Self {
-        CtlMsg { kind, rail: rail as u8, epoch, base_seq: 0, bitmap: 0, payload: [0; 4], flags: 0 }
+        CtlMsg { kind, rail: rail as u8, epoch, base_seq: 0, bitmap: 0, payload: [0; CTL_PAYLOAD_WORDS], flags: 0 }
     }
 
     /// The entry's words: `seq` (1-based count of messages this side wrote) last, `ack`
     /// (messages of the peer consumed so far) beside the bitmap.
     pub fn to_words(&self, seq: u64, ack: u64) -> [u64; CTL_WORDS] {
-        [
-            self.kind as u64 | (self.rail as u64) << 8 | (self.flags as u64) << 16 | (self.epoch as u64) << 32,
-            self.base_seq,
-            self.bitmap as u64 | (ack & 0xffff_ffff) << 32,
-            self.payload[0],
-            self.payload[1],
-            self.payload[2],
-            self.payload[3],
-            seq,
-        ]
+        let mut w = [0; CTL_WORDS];
+        w[0] = self.kind as u64 | (self.rail as u64) << 8 | (self.flags as u64) << 16 | (self.epoch as u64) << 32;
+        w[1] = self.base_seq;
+        w[2] = self.bitmap as u64 | (ack & 0xffff_ffff) << 32;
+        w[3..CTL_WORDS - 1].copy_from_slice(&self.payload);
+        w[CTL_WORDS - 1] = seq;
+        w
     }
 
     /// Decodes an entry: the message and the peer's ack; `None` for a kind or rail mpib
-    /// never writes (a protocol violation).
+    /// never writes, or records of more words than the payload holds (a protocol violation).
     pub fn from_words(w: &[u64; CTL_WORDS]) -> Option<(CtlMsg, u32)> {
         let kind = match w[0] & 0xff {
             1 => CtlKind::RailDown,
@@ -268,32 +274,35 @@ impl CtlMsg {
         if rail as usize >= RAILS {
             return None;
         }
+        let flags = (w[0] >> 16) as u16;
+        if matches!(kind, CtlKind::Rebuild | CtlKind::Rebuilt) && flags as usize > QP_RECORD_WORDS {
+            return None;
+        }
         let msg = CtlMsg {
             kind,
             rail,
-            flags: (w[0] >> 16) as u16,
+            flags,
             epoch: (w[0] >> 32) as u32,
             base_seq: w[1],
             bitmap: w[2] as u32,
-            payload: [w[3], w[4], w[5], w[6]],
+            payload: w[3..CTL_WORDS - 1].try_into().expect("the payload words"),
         };
         Some((msg, (w[2] >> 32) as u32))
     }
 
-    /// `Fenced`: whether part `rail` of receive `seq` arrived. Receives before the window
-    /// completed (their slot was reused); after it, they were posted after the fence.
+    /// `Rebuild`/`Rebuilt`: the QP records the payload carries.
     pub fn records(&self) -> QpRecords {
-        let p = &self.payload;
-        QpRecords { n: (self.flags as u8).min(QP_RECORD_WORDS as u8), words: [p[0], p[1], p[2], p[3], self.base_seq] }
+        QpRecords { n: (self.flags as u8).min(QP_RECORD_WORDS as u8), words: self.payload }
     }
 
-    /// `Rebuild`/`Rebuilt` with records `r` (the fifth word in `base_seq`).
+    /// `Rebuild`/`Rebuilt` with records `r`.
     pub fn with_records(mut self, r: &QpRecords) -> Self {
-        let w = &r.words;
-        (self.payload, self.base_seq, self.flags) = ([w[0], w[1], w[2], w[3]], w[4], r.n as u16);
+        (self.payload, self.flags) = (r.words, r.n as u16);
         self
     }
 
+    /// `Fenced`: whether part `rail` of receive `seq` arrived. Receives before the window
+    /// completed (their slot was reused); after it, they were posted after the fence.
     pub fn part_seen(&self, seq: u64) -> bool {
         if seq < self.base_seq {
             return true;
@@ -349,6 +358,9 @@ impl CtlChannel {
             wr_id: WrKind::Control.id(rail, i),
             opcode: WrOpcode::Write,
             signaled: true,
+            // From registered memory, never inline: an entry is larger than some providers'
+            // inline limit, and the QP's inline size is not sized for it.
+            inline: false,
             num_sge: 1,
             sge: [
                 Sge { addr: cfg.ctl_out_addr + off, len: CTL_ENTRY_BYTES as u32, lkey: cfg.ctl_out_lkeys[rail] },

@@ -23,9 +23,9 @@ use crate::fabric::{Completion, Device, FaultKind, QueuePair};
 
 /// The engine's failover settings for a comm whose region starts at `region_addr` (its
 /// control ring at `ctl_off`, registered with `lkeys`) and whose peer's scratch words are
-/// at `peer_scratch` (its control ring follows them, under `peer_rkeys`).
-/// Re-admission is off where a rail has more QPs than its records can describe
-/// ([`READMIT_MAX_QPS`]).
+/// at `peer_scratch` (its control ring follows them, under `peer_rkeys`). `qps`: the data
+/// QPs of each rail, whose re-admission records always fit a control entry
+/// ([`READMIT_MAX_QPS`]: the configuration's and the set-up's bound).
 pub fn failover_config(
     cfg: &crate::config::Config,
     qps: [u16; RAILS],
@@ -35,12 +35,9 @@ pub fn failover_config(
     peer_scratch: u64,
     peer_rkeys: [u32; RAILS],
 ) -> FailoverConfig {
-    let readmit = qps.iter().all(|&n| n <= READMIT_MAX_QPS);
-    if cfg.failover && !readmit {
-        log::info!("rail re-admission is off for this connection: more than {READMIT_MAX_QPS} QPs on a rail");
-    }
+    debug_assert!(qps.iter().all(|&n| n <= READMIT_MAX_QPS), "{qps:?} QPs per rail: more than set-up accepts");
     FailoverConfig {
-        readmit_ns: if readmit { cfg.readmit_ms * 1_000_000 } else { 0 },
+        readmit_ns: cfg.readmit_ms * 1_000_000,
         readmit_max_ns: cfg.readmit_max_ms * 1_000_000,
         enabled: cfg.failover,
         stall_ns: cfg.stall_ms * 1_000_000,

@@ -14,7 +14,7 @@ use super::handles::{CommHandle, ContextHandle, Kind, ListenHandle, MemHandle, R
 use super::instance::Plugin;
 use super::resources::{Counts, Resources};
 use super::setup::{self, FabricKind};
-use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS, NcclEnv, Properties, discover, memlock, profile, readmit};
+use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS, NcclEnv, Properties, discover, memlock, profile};
 use crate::config::{Config, FabricChoice, RelaxedOrdering};
 use crate::engine::RailCounts;
 use crate::error::{Error, Result};
@@ -128,14 +128,6 @@ impl Process {
                 log::info!(target: "mpib::config", "{i}");
             }
             log::info!(target: "mpib::config", "configuration: {cfg}");
-            let max = readmit::READMIT_MAX_QPS as u32;
-            if cfg.failover && cfg.rails.iter().any(|r| r.qps > max) {
-                log::warn!(
-                    target: "mpib::config",
-                    "more than {max} QPs on a rail (MPIB_QP or NCCL_IB_QPS_PER_CONNECTION): a rail that fails over stays \
-                     down for the rest of its connection (re-admission describes at most {max} QPs per rail)"
-                );
-            }
             let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).send[0]);
             log::info!(
                 target: "mpib::config",

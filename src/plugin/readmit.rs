@@ -21,15 +21,21 @@
 use std::time::{Duration, Instant};
 
 use super::rail::Rail;
+use crate::config::MAX_QPS_PER_RAIL;
 use crate::engine::failover::QP_RECORD_WORDS;
 use crate::engine::{Event, QpRecords, RAIL_NAMES, RAILS, RailMask};
 use crate::error::{Error, Result};
 use crate::fabric::{Device, QP_VARYING_LEN, QpInfo, QueuePair};
 
-/// QPs per rail whose records fit one control entry (each QP's varying bytes, then the
-/// port's 16-byte address): re-admission is off for a connection with more on a rail
-/// (`MPIB_SOUT_QP`/`MPIB_SUP_QP` > 2).
-pub const READMIT_MAX_QPS: u16 = ((QP_RECORD_WORDS * 8 - 16) / QP_VARYING_LEN) as u16;
+/// QPs per rail whose records one control entry carries (each QP's varying bytes, then the
+/// port's 16-byte address): every count the configuration accepts.
+pub const READMIT_MAX_QPS: u16 = MAX_QPS_PER_RAIL as u16;
+const _: () = assert!(
+    READMIT_MAX_QPS as usize * QP_VARYING_LEN + 16 <= QP_RECORD_WORDS * 8,
+    "the records of a rail with the most QPs the configuration accepts must fit one control entry"
+);
+// A receive comm's rails have as many QPs as the peer's Hello says: set-up's bound.
+const _: () = assert!(super::setup_msg::MAX_QPS <= READMIT_MAX_QPS);
 
 /// The records of a rail's new QPs (at most [`READMIT_MAX_QPS`]): each one's varying bytes,
 /// then the port's address (the first QP's: one port), packed little-endian into words.
@@ -55,7 +61,7 @@ pub fn encode_records(infos: &[QpInfo]) -> QpRecords {
 /// an error when they do not describe that many.
 pub fn decode_records(rec: &QpRecords, nqps: usize) -> Result<(Vec<[u8; QP_VARYING_LEN]>, [u8; 16])> {
     let len = nqps * QP_VARYING_LEN + 16;
-    if nqps == 0 || len.div_ceil(8) != rec.n as usize {
+    if nqps == 0 || len > QP_RECORD_WORDS * 8 || len.div_ceil(8) != rec.n as usize {
         return Err(Error::remote(format!(
             "the peer's re-admission records hold {} words; {nqps} QPs need {}",
             rec.n,
@@ -80,8 +86,10 @@ pub enum Refuse {
 impl<D: Device> Rail<D> {
     /// New QPs for rail `idx` (see the module doc); the records of the connectable ones.
     fn rebuild(&mut self, idx: usize) -> Result<QpRecords> {
+        // The configuration allows no more (`MPIB_QP`'s range); a guard, not a path.
+        debug_assert!(self.qps.len() <= READMIT_MAX_QPS as usize);
         if self.qps.len() > READMIT_MAX_QPS as usize {
-            return Err(Error::invalid_usage(format!(
+            return Err(Error::internal(format!(
                 "{} QPs on the rail: re-admission describes at most {READMIT_MAX_QPS}",
                 self.qps.len()
             )));
@@ -285,6 +293,7 @@ fn hex(b: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::failover::{CtlKind, CtlMsg};
     use crate::fabric::QP_INFO_LEN;
 
     fn info(seed: u8) -> QpInfo {
@@ -296,22 +305,50 @@ mod tests {
         for n in 1..=READMIT_MAX_QPS as usize {
             let infos: Vec<QpInfo> = (0..n as u8).map(info).collect();
             let rec = encode_records(&infos);
+            assert_eq!(rec.n as usize, (n * QP_VARYING_LEN + 16).div_ceil(8), "{n} QPs");
             assert!(rec.n as usize <= QP_RECORD_WORDS);
-            let (varying, address) = decode_records(&rec, n).expect("decodes");
+            // Through a control entry, as the peer reads it.
+            let msg = CtlMsg::new(CtlKind::Rebuild, 1, 3).with_records(&rec);
+            let (msg, _) = CtlMsg::from_words(&msg.to_words(1, 0)).expect("the entry decodes");
+            let (varying, address) = decode_records(&msg.records(), n).expect("decodes");
             assert_eq!(address, infos[0].address(), "the port's address (verbs: its GID now)");
+            assert_eq!(varying.len(), n);
             for (v, i) in varying.iter().zip(&infos) {
                 assert_eq!(*v, i.varying());
             }
             // The peer's set-up info with the new bytes: the new QP's info, whatever the
             // address was at set-up.
             let old = QpInfo([0xee; QP_INFO_LEN]);
-            let new = old.with_varying_and_address(&varying[0], &address);
-            assert_eq!(new.0[4..32], infos[0].0[4..32]);
+            let new = old.with_varying_and_address(&varying[n - 1], &address);
+            assert_eq!(new.0[4..16], infos[n - 1].0[4..16], "the last QP's own bytes");
+            assert_eq!(new.0[16..32], infos[0].0[16..32], "the port's address");
             assert_eq!(new.0[..4], old.0[..4], "the rest stays the set-up's");
         }
-        assert_eq!(READMIT_MAX_QPS, 2, "two QPs per rail fit one control entry");
+        let sixteen: Vec<QpInfo> = (0..16).map(info).collect();
+        assert_eq!(encode_records(&sixteen).n, 26, "16 QPs: 16 x 12 + 16 bytes");
+    }
+
+    #[test]
+    fn readmission_describes_every_qp_count_the_configuration_accepts() {
+        assert_eq!(READMIT_MAX_QPS as u32, MAX_QPS_PER_RAIL);
+        let doc = crate::config::VARS.iter().find(|v| v.name == "MPIB_QP").expect("MPIB_QP documented");
+        assert_eq!(doc.accepted, format!("1-{MAX_QPS_PER_RAIL}"), "the documented range is the bound");
+    }
+
+    #[test]
+    fn records_of_another_qp_count_are_refused_with_the_counts() {
         let rec = encode_records(&[info(1), info(2)]);
-        assert!(decode_records(&rec, 1).unwrap_err().msg().contains("1 QPs need 4"));
-        assert!(decode_records(&rec, 3).is_err());
+        let e = decode_records(&rec, 1).unwrap_err();
+        assert!(e.msg().contains("hold 5 words; 1 QPs need 4"), "{}", e.msg());
+        let e = decode_records(&rec, 4).unwrap_err();
+        assert!(e.msg().contains("hold 5 words; 4 QPs need 8"), "{}", e.msg());
+        let rec16 = encode_records(&(0..16).map(info).collect::<Vec<_>>());
+        let e = decode_records(&rec16, 15).unwrap_err();
+        assert!(e.msg().contains("hold 26 words; 15 QPs need 25"), "{}", e.msg());
+        assert!(decode_records(&rec16, 0).is_err(), "no QP: nothing to connect");
+        // More QPs than an entry describes: refused, not read past the records.
+        let full = QpRecords { n: QP_RECORD_WORDS as u8 + 1, words: [1; QP_RECORD_WORDS] };
+        assert!(decode_records(&full, 18).is_err());
+        assert!(decode_records(&full, 200).is_err());
     }
 }

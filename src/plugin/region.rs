@@ -90,3 +90,20 @@ macro_rules! ctl_memory {
 }
 ctl_memory!(SendMem, SEND_CTL_OFF);
 ctl_memory!(RecvMem, RECV_CTL_OFF);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a comm's region holds: the CTS FIFO (8 KiB), the completion records (2 KiB), the
+    /// scratch words, then the control ring and the outgoing messages' source (8 entries of
+    /// 256 bytes each): 14,464 bytes, 4 pages allocated and registered per comm.
+    #[test]
+    fn a_comms_region_holds_its_two_control_rings_in_four_pages() {
+        assert_eq!(CTL_RING_BYTES, 2048);
+        assert_eq!((SEND_REGION_BYTES, RECV_REGION_BYTES), (14_464, 14_464));
+        assert_eq!(SEND_REGION_BYTES.div_ceil(4096), 4);
+        // Each entry's sequence word is 8-byte aligned (loaded with Acquire).
+        assert_eq!((SEND_CTL_OFF % 8, RECV_CTL_OFF % 8, CTL_ENTRY_BYTES % 8), (0, 0, 0));
+    }
+}

@@ -25,7 +25,7 @@
 //! connection then exchanges changed: a rail's re-admission records carry the port's
 //! address (`plugin/readmit.rs`), so peers of versions 2 and 3 must not connect. Version 4
 //! gave the Hello's second byte the striping (until then 0) and made the control ring's
-//! entries 256 bytes, for re-admission records of up to 16 QPs.
+//! entries 256 bytes (re-admission records of up to 16 QPs per rail).
 
 use std::fmt;
 

@@ -305,50 +305,66 @@ fn a_striped_rail_dropped_mid_stream_loses_nothing() {
 fn a_dropped_rail_comes_back_and_carries_bytes_again() {
     let base = seed("readmission");
     for i in 0..2u64 {
-        let s = base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let mut rng = Rng(s | 1);
-        let at = 20 + rng.below(20);
-        let sizes = vec![64 * KIB, MIB + 7, 256 * KIB + 3, 4 * KIB];
-        let phase = Phase { sizes, count: 1500, nrecv: 1, inflight: 2, timeline_us: 10_000, ..Phase::default() };
-        let w = Workload { seed: s, stall_ms: 20_000, phases: vec![phase], ..Workload::default() };
-        let mut spec = pair(w);
-        spec.env.push(("MPIB_SPLIT".into(), "50".into()));
-        spec.env.push(("MPIB_FAULT_RAIL".into(), format!("sout:{at}:150")));
-        spec.env.push(("RUST_LOG".into(), "mpib=info".into())); // the re-admission's INFO line
-        let out = run(&format!("readmission (seed {s}, SOUT dropped at isend {at} for 150 ms)"), &spec);
-        if let Err(e) = out.check_clean() {
-            panic!("seed {s} (repeat with CONFORMANCE_SEED={base}, index {i}): {e}");
-        }
-        let (sender, receiver) = (&out.ranks[1].stderr, &out.ranks[0].stderr);
-        if std::env::var_os("FAILOVER_SHOW").is_some() {
-            eprintln!("--- sender:\n{sender}--- receiver:\n{receiver}");
-        }
-        assert!(sender.contains("MPIB_FAULT_RAIL: dropping"), "seed {s}: the drill never fired\n{}", out.describe());
-        assert!(sender.contains("SOUT rail re-admitted"), "seed {s}: no re-admission\n{}", out.describe());
-        assert!(receiver.contains("SOUT rail re-admitted"), "seed {s}: receiver\n{}", out.describe());
-        for rank in 0..2 {
-            let rails = out.ranks[rank].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
-            assert_eq!((rails[0].failovers, rails[0].readmissions), (1, 1), "seed {s}, rank {rank}: SOUT");
-            assert_eq!((rails[1].failovers, rails[1].readmissions), (0, 0), "seed {s}, rank {rank}: SUP");
-        }
-        // The timeline: an outage (SOUT flat over 5+ samples while SUP grows), then SOUT
-        // carrying again.
-        let rep = out.ranks[1].report.as_ref().expect("sender's report");
-        let tl = &rep.phases[0].tx.as_ref().expect("sender's side").timeline;
-        let flat = tl.windows(6).position(|w| w.iter().all(|e| e[1] == w[0][1]) && w[5][2] > w[0][2]);
-        let flat = flat.unwrap_or_else(|| panic!("seed {s}: no outage in the timeline {tl:?}"));
-        let sout_then = tl[flat][1];
-        let last = tl.last().expect("samples");
-        let back = tl[flat..].iter().find(|e| e[1] > sout_then).map_or(0, |e| e[0] / 1_000_000);
-        eprintln!(
-            "seed {s}: SOUT flat at {sout_then} bytes from {} ms, carrying again at {back} ms, {} bytes at the end \
-             ({} ms)",
-            tl[flat][0] / 1_000_000,
-            last[1],
-            last[0] / 1_000_000
-        );
-        assert!(last[1] > sout_then, "seed {s}: SOUT never carried bytes again: {tl:?}");
+        readmission_run("readmission", base, i, &[]);
     }
+}
+
+/// The same with several QPs on each rail: 4 on both (`MPIB_QP=4`), then 16 on SOUT, the
+/// most a rail takes (its re-admission records fill a control entry), 2 on SUP. The rebuilt
+/// QPs all connect, are probed and carry SOUT's bytes again, exactly.
+#[test]
+fn a_dropped_rail_of_many_qps_comes_back_and_carries_bytes_again() {
+    let base = seed("readmission-qps");
+    readmission_run("readmission, 4 QPs per rail", base, 0, &[("MPIB_QP", "4")]);
+    readmission_run("readmission, 16 + 2 QPs", base, 1, &[("MPIB_SOUT_QP", "16"), ("MPIB_SUP_QP", "2")]);
+}
+
+/// One run of the re-admission check, seed `base` + `i` (see above), `env` added.
+fn readmission_run(name: &str, base: u64, i: u64, env: &[(&str, &str)]) {
+    let s = base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut rng = Rng(s | 1);
+    let at = 20 + rng.below(20);
+    let sizes = vec![64 * KIB, MIB + 7, 256 * KIB + 3, 4 * KIB];
+    let phase = Phase { sizes, count: 1500, nrecv: 1, inflight: 2, timeline_us: 10_000, ..Phase::default() };
+    let w = Workload { seed: s, stall_ms: 20_000, phases: vec![phase], ..Workload::default() };
+    let mut spec = pair(w);
+    spec.env.push(("MPIB_SPLIT".into(), "50".into()));
+    spec.env.push(("MPIB_FAULT_RAIL".into(), format!("sout:{at}:150")));
+    spec.env.push(("RUST_LOG".into(), "mpib=info".into())); // the re-admission's INFO line
+    spec.env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+    let out = run(&format!("{name} (seed {s}, SOUT dropped at isend {at} for 150 ms, {env:?})"), &spec);
+    if let Err(e) = out.check_clean() {
+        panic!("{name}: seed {s} (repeat with CONFORMANCE_SEED={base}, index {i}): {e}");
+    }
+    let (sender, receiver) = (&out.ranks[1].stderr, &out.ranks[0].stderr);
+    if std::env::var_os("FAILOVER_SHOW").is_some() {
+        eprintln!("--- sender:\n{sender}--- receiver:\n{receiver}");
+    }
+    assert!(sender.contains("MPIB_FAULT_RAIL: dropping"), "seed {s}: the drill never fired\n{}", out.describe());
+    assert!(sender.contains("SOUT rail re-admitted"), "seed {s}: no re-admission\n{}", out.describe());
+    assert!(receiver.contains("SOUT rail re-admitted"), "seed {s}: receiver\n{}", out.describe());
+    for rank in 0..2 {
+        let rails = out.ranks[rank].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
+        assert_eq!((rails[0].failovers, rails[0].readmissions), (1, 1), "seed {s}, rank {rank}: SOUT");
+        assert_eq!((rails[1].failovers, rails[1].readmissions), (0, 0), "seed {s}, rank {rank}: SUP");
+    }
+    // The timeline: an outage (SOUT flat over 5+ samples while SUP grows), then SOUT
+    // carrying again.
+    let rep = out.ranks[1].report.as_ref().expect("sender's report");
+    let tl = &rep.phases[0].tx.as_ref().expect("sender's side").timeline;
+    let flat = tl.windows(6).position(|w| w.iter().all(|e| e[1] == w[0][1]) && w[5][2] > w[0][2]);
+    let flat = flat.unwrap_or_else(|| panic!("seed {s}: no outage in the timeline {tl:?}"));
+    let sout_then = tl[flat][1];
+    let last = tl.last().expect("samples");
+    let back = tl[flat..].iter().find(|e| e[1] > sout_then).map_or(0, |e| e[0] / 1_000_000);
+    eprintln!(
+        "{name}: seed {s}: SOUT flat at {sout_then} bytes from {} ms, carrying again at {back} ms, {} bytes at the \
+         end ({} ms)",
+        tl[flat][0] / 1_000_000,
+        last[1],
+        last[0] / 1_000_000
+    );
+    assert!(last[1] > sout_then, "seed {s}: SOUT never carried bytes again: {tl:?}");
 }
 
 /// Where a rail failed, in the words an operator looks for: a rail dropped on the soft

@@ -6,10 +6,10 @@
 //! [`READMIT_RESET_NS`]), then: new QPs ([`Action::RebuildQps`] → [`Event::QpsBuilt`]),
 //! `Rebuild{rail, epoch + 1, records}` over the surviving rail, the receiver's
 //! `Rebuilt{rail, epoch + 1, records}`, [`Action::ConnectQps`] → [`Event::QpsConnected`],
-//! [`READMIT_PROBES`] probe WRITEs on the new data QPs; when they all completed the rail is
-//! Up at `epoch + 1`, its telemetry restarts and the split uses it again. Anything that
-//! fails on the way fails the attempt (the rail fails at the new epoch, the receiver
-//! fences and reports as for any failure) and the next one waits longer.
+//! probe WRITEs on the new data QPs ([`READMIT_PROBES`], at least one on each); when they
+//! all completed the rail is Up at `epoch + 1`, its telemetry restarts and the split uses
+//! it again. Anything that fails on the way fails the attempt (the rail fails at the new
+//! epoch, the receiver fences and reports as for any failure) and the next one waits longer.
 
 use super::SendEngine;
 use crate::engine::failover::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_PROBES, READMIT_RESET_NS, other};
@@ -82,11 +82,14 @@ impl SendEngine {
         Ok(())
     }
 
-    /// [`READMIT_PROBES`] signalled WRITEs into the receiver's scratch word, spread over the
-    /// rail's new data QPs.
+    /// Signalled WRITEs into the receiver's scratch word, spread over the rail's new data
+    /// QPs: [`READMIT_PROBES`], or one per QP where the rail has more, so that every QP data
+    /// will take has carried a WRITE (on RoCE each QP may take a path of its own).
     fn post_readmit_probes(&mut self, rail: usize, epoch: u32, out: &mut Output) {
-        for k in 0..READMIT_PROBES {
-            let qp = QpRef::Data(k as u16 % self.cfg.qps[rail].max(1));
+        let qps = self.cfg.qps[rail].max(1);
+        let probes = READMIT_PROBES.max(qps.min(u8::MAX as u16) as u8);
+        for k in 0..probes {
+            let qp = QpRef::Data(k as u16 % qps);
             out.push(rail, qp).add(SendWr {
                 wr_id: WrKind::ReadmitProbe.id(rail, Failover::probe_tag(epoch)),
                 opcode: WrOpcode::Write,
@@ -101,7 +104,7 @@ impl SendEngine {
             self.tel[rail].stats().count_post(1, 0, 0, 0);
             self.tel[rail].stats().counters.probes.add(1);
         }
-        self.fo.probes_out[rail] = READMIT_PROBES;
+        self.fo.probes_out[rail] = probes;
     }
 
     /// [`Event::QpsBuilt`]: the `Rebuild` is written at the next poll.

@@ -105,9 +105,15 @@ pub struct Rebuilds {
     pub sender_never_waits: bool,
 }
 
-/// The records a fake side's rebuilt QPs of `rail`, generation `g`, are described by.
+/// The records a fake side's rebuilt QPs of `rail`, generation `g`, are described by: as
+/// many words as 16 QPs take (26), each one distinct, so a word lost or moved on the way
+/// through the control ring fails the connect's check.
 pub fn fake_records(side: usize, rail: usize, g: u64) -> QpRecords {
-    QpRecords { n: 5, words: [(side as u64) << 32 | (rail as u64) << 16 | g, 7, 0, 0, 0xfe80 << 48 | g] }
+    let mut r = QpRecords { n: 26, ..QpRecords::default() };
+    for (k, w) in r.words[..26].iter_mut().enumerate() {
+        *w = (side as u64) << 56 | (rail as u64) << 48 | (k as u64) << 40 | g;
+    }
+    r
 }
 
 /// Turns re-admission on (after [`enable_failover`]): first back-off `base_ns`, cap `max_ns`.

@@ -6,7 +6,7 @@
 
 use super::faults::*;
 use super::harness::*;
-use crate::engine::{Action, RailState, SOUT, SUP, WrKind};
+use crate::engine::{Action, QpRef, RailState, SOUT, SUP, WrKind};
 use crate::fabric::{WcStatus, WrOpcode};
 use crate::split::{AnySplit, Fixed};
 
@@ -339,4 +339,67 @@ fn the_surviving_rail_failing_during_a_readmission_fails_the_connection() {
     }
     assert!(failed, "the receiver learns that SUP is gone");
     assert!(p.test_recv(rid).is_err(), "every later call fails, no hang");
+}
+
+/// A rail of many QPs comes back whole: its records (26 words here, what 16 QPs take) cross
+/// the control ring intact (the plugin's connect checks them), every new data QP is probed
+/// before the rail is Up, and data uses all of them again with exact bytes.
+#[test]
+fn a_rail_of_many_qps_is_readmitted_with_every_data_qp_probed() {
+    for qps in [[4, 4], [16, 2]] {
+        let mut p = Pair::new(Opts { qps, ..Opts::default() });
+        enable_failover(&mut p, 0);
+        enable_readmit(&mut p, 100 * MS, 800 * MS);
+        let mut fo = FoOut::default();
+        exact_transfers(&mut p, &mut fo, 4096, 10, 3);
+        // A transfer in flight on whichever SOUT QP it took, that QP failing under it.
+        let size = 8192;
+        let (rid, ra) = p.irecv_one(size);
+        while p.step(Dir::ToSend, SOUT, 0) | p.step(Dir::ToSend, SUP, 0) {}
+        let sa = p.send_buf(&pattern(20, size));
+        let sid = p.isend(sbuf(sa, size as u64, 0)).unwrap().expect("CTS delivered");
+        let qp = (0..qps[SOUT] as usize).find(|&q| !p.wires[Dir::ToRecv as usize][SOUT][q].q.is_empty());
+        assert!(p.fail_qp(Dir::ToRecv, SOUT, qp.expect("SOUT carries a part"), WcStatus::RetryExceeded));
+        settle(&mut p, &mut fo);
+        assert_eq!(p.test_send(sid).unwrap(), Some(size as u64), "{qps:?}: replayed on SUP");
+        assert_eq!(p.test_recv(rid).unwrap().map(|d| d.sizes[0]), Some(size as u64));
+        assert_eq!(p.rs.space.read(ra, size), pattern(20, size));
+        assert!(matches!(p.s.rail_states()[SOUT], RailState::Failed { epoch: 0, fenced: true }), "{qps:?}");
+
+        let before = p.log.len();
+        p.now += 101 * MS;
+        settle(&mut p, &mut fo);
+        assert_eq!(p.s.rail_states(), [RailState::Up; 2], "{qps:?}: sender: SOUT Up again");
+        assert_eq!(p.r.rail_states(), [RailState::Up; 2], "{qps:?}: receiver: SOUT Up again");
+        let mut probed: Vec<_> = p.log[before..]
+            .iter()
+            .filter(|(d, r, _, w)| {
+                *d == Dir::ToRecv && *r == SOUT && WrKind::decode(w.wr_id).unwrap().0 == WrKind::ReadmitProbe
+            })
+            .map(|(_, _, q, _)| *q)
+            .collect();
+        probed.dedup();
+        let all: Vec<_> = (0..qps[SOUT]).map(QpRef::Data).collect();
+        assert_eq!(probed, all, "{qps:?}: every new data QP probed once at least");
+
+        let before = p.log.len();
+        let n = 2 * qps[SOUT] as u64;
+        exact_transfers(&mut p, &mut fo, 4096, 30, n);
+        assert_eq!(data_imms_on(&p, SOUT, before), n as usize, "{qps:?}: SOUT carries its parts again");
+        let mut used: Vec<_> = p.log[before..]
+            .iter()
+            .filter(|(d, r, _, w)| {
+                *d == Dir::ToRecv && *r == SOUT && WrKind::decode(w.wr_id).unwrap().0 == WrKind::DataSignal
+            })
+            .map(|(_, _, q, _)| *q)
+            .collect();
+        used.sort_by_key(|q| match q {
+            QpRef::Data(i) => *i,
+            _ => u16::MAX,
+        });
+        used.dedup();
+        assert_eq!(used, all, "{qps:?}: data on every rebuilt QP");
+        let (s, r) = (p.s.failover_counts(), p.r.failover_counts());
+        assert_eq!((s.failovers, s.readmissions, r.readmissions), (1, 1, 1), "{qps:?}");
+    }
 }
