@@ -161,23 +161,55 @@ impl Seqs {
     }
 }
 
-/// A connected send comm.
-pub struct SendComm<D: Device> {
+/// What a send and a receive comm share: the rails (their QPs on the NICs' shared queues),
+/// the NIC pair, the request sequence numbers, the registration memo, the chains of the
+/// current call, the control region, the failover side and the resource count it holds.
+/// Dropping it shuts the rails down, once for both kinds of comm.
+pub struct CommCore<D: Device> {
     pub rails: [Rail<D>; RAILS],
-    /// The rails whose CQs `test` polls even with nothing of this side outstanding: those
-    /// whose device makes progress only when polled ([`Progress::OnPoll`]).
-    poll_always: RailMask,
-    pub engine: SendEngine,
     pub dev: Arc<NicPair<D>>,
     pub seqs: Seqs,
     pub mr_memo: MrMemo,
     pub(super) posts: Posts,
     pub(super) region: HostRegion,
-    /// Rail failover (`failover.rs`): out of line, touched only by calls that wait.
+    /// Rail failover (`failover.rs`): out of line, touched only by calls that wait (and,
+    /// on a receive comm, by every [`IRECVS_PER_LOOK`]th irecv).
     pub(super) fo: Box<FoSide>,
+    _held: Held,
+}
+
+impl<D: Device> CommCore<D> {
+    fn new(rails: [Rail<D>; RAILS], dev: Arc<NicPair<D>>, region: HostRegion, fo: Box<FoSide>, held: Held) -> Self {
+        CommCore {
+            rails,
+            dev,
+            seqs: Seqs::new(512),
+            mr_memo: MrMemo::default(),
+            posts: Posts::default(),
+            region,
+            fo,
+            _held: held,
+        }
+    }
+}
+
+impl<D: Device> Drop for CommCore<D> {
+    fn drop(&mut self) {
+        for r in &mut self.rails {
+            r.shutdown();
+        }
+    }
+}
+
+/// A connected send comm.
+pub struct SendComm<D: Device> {
+    pub core: CommCore<D>,
+    /// The rails whose CQs `test` polls even with nothing of this side outstanding: those
+    /// whose device makes progress only when polled ([`Progress::OnPoll`]).
+    poll_always: RailMask,
+    pub engine: SendEngine,
     /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
     pub(super) prof: Option<Box<SendProfile>>,
-    _held: Held,
 }
 
 impl<D: Device> SendComm<D> {
@@ -190,25 +222,14 @@ impl<D: Device> SendComm<D> {
         counts: &'static Counts,
     ) -> Self {
         let poll_always = RailMask::from_fn(|r| rails[r].dev.attrs().progress == Progress::OnPoll);
-        SendComm {
-            rails,
-            poll_always,
-            engine,
-            dev,
-            seqs: Seqs::new(512),
-            mr_memo: MrMemo::default(),
-            posts: Posts::default(),
-            region,
-            fo,
-            prof: None,
-            _held: counts.hold(Res::SendComms, 1),
-        }
+        let core = CommCore::new(rails, dev, region, fo, counts.hold(Res::SendComms, 1));
+        SendComm { core, poll_always, engine, prof: None }
     }
 
     /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
     /// `device`.
     pub fn set_profiler(&mut self, sink: Option<Sink>, device: i32) {
-        self.prof = sink.map(|s| Box::new(SendProfile::new(s, device, self.seqs.0.len())));
+        self.prof = sink.map(|s| Box::new(SendProfile::new(s, device, self.core.seqs.0.len())));
     }
 
     /// `isend`: `Ok(None)` until the receiver's CTS is there.
@@ -223,14 +244,14 @@ impl<D: Device> SendComm<D> {
         }
         let buf = mh.send_buf(addr, size, tag);
         let now = now_ns();
-        self.posts.clear();
-        let mut r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
+        self.core.posts.clear();
+        let mut r = self.engine.isend(now, buf, &mut SendMem(&self.core.region), &mut self.core.posts)?;
         if r.is_none() {
             // The CTS may be waiting in the fabric (the soft NIC moves bytes when polled).
             self.poll(RailMask::BOTH, now)?;
-            r = self.engine.isend(now, buf, &mut SendMem(&self.region), &mut self.posts)?;
+            r = self.engine.isend(now, buf, &mut SendMem(&self.core.region), &mut self.core.posts)?;
         }
-        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
+        post_all(&mut self.core.rails, &self.core.posts, &mut self.engine)?;
         // The engine's own work (probes, keepalives while no CTS came, failover, the drill)
         // when its time has come — one compare — or when news waits for a caller that waits.
         if now >= self.engine.poll_timeout() || r.is_none() && self.news() {
@@ -254,7 +275,7 @@ impl<D: Device> SendComm<D> {
         // Only the rails of the set are visited (one, on a single-rail split).
         for rail in rails.iter() {
             let engine = &mut self.engine;
-            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.handle_completion(now, rail, c))?;
+            took |= take_inbox(&self.core.rails[rail].inbox, engine, |e, c| e.handle_completion(now, rail, c))?;
         }
         Ok(took)
     }
@@ -265,7 +286,7 @@ impl<D: Device> SendComm<D> {
     #[inline(always)]
     fn poll_nics(&mut self, rails: RailMask, now: u64) -> Result<()> {
         for rail in rails.iter() {
-            let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
+            let Rail { nic, owner, first_qp, .. } = &self.core.rails[rail];
             let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
                 let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.handle_completion(now, rail, c));
@@ -316,31 +337,14 @@ impl<D: Device> SendComm<D> {
     }
 }
 
-impl<D: Device> Drop for SendComm<D> {
-    fn drop(&mut self) {
-        for r in &mut self.rails {
-            r.shutdown();
-        }
-    }
-}
-
 /// A connected receive comm.
 pub struct RecvComm<D: Device> {
-    pub rails: [Rail<D>; RAILS],
+    pub core: CommCore<D>,
     pub engine: RecvEngine,
-    pub dev: Arc<NicPair<D>>,
-    pub seqs: Seqs,
-    pub mr_memo: MrMemo,
-    pub(super) posts: Posts,
-    pub(super) region: HostRegion,
-    /// Rail failover (`failover.rs`): out of line, touched only by calls that wait (and
-    /// by every [`IRECVS_PER_LOOK`]th irecv).
-    pub(super) fo: Box<FoSide>,
     /// irecvs so far (wrapping): see `irecv`.
     irecvs: u8,
     /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
     pub(super) prof: Option<Box<RecvProfile>>,
-    _held: Held,
 }
 
 /// A receiver whose requests are always done when it tests them (its sender is faster)
@@ -359,19 +363,8 @@ impl<D: Device> RecvComm<D> {
         fo: Box<FoSide>,
         counts: &'static Counts,
     ) -> Self {
-        RecvComm {
-            rails,
-            engine,
-            dev,
-            seqs: Seqs::new(512),
-            mr_memo: MrMemo::default(),
-            posts: Posts::default(),
-            region,
-            fo,
-            irecvs: 0,
-            prof: None,
-            _held: counts.hold(Res::RecvComms, 1),
-        }
+        let core = CommCore::new(rails, dev, region, fo, counts.hold(Res::RecvComms, 1));
+        RecvComm { core, engine, irecvs: 0, prof: None }
     }
 
     /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
@@ -383,9 +376,9 @@ impl<D: Device> RecvComm<D> {
     /// `irecv` of `bufs` (checked against their registrations by the caller). The NICs'
     /// SRQs are stocked for every receive it may have outstanding (`nic_queues.rs`).
     pub fn irecv(&mut self, bufs: &[RecvBuf]) -> Result<Option<u16>> {
-        self.posts.clear();
-        let r = self.engine.irecv(bufs, &mut RecvMem(&self.region), &mut self.posts)?;
-        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
+        self.core.posts.clear();
+        let r = self.engine.irecv(bufs, &mut RecvMem(&self.core.region), &mut self.core.posts)?;
+        post_all(&mut self.core.rails, &self.core.posts, &mut self.engine)?;
         // "Not now": a call that waits looks for news and the engine's due work; so does
         // every IRECVS_PER_LOOK-th (the clock is read only then).
         self.irecvs = self.irecvs.wrapping_add(1);
@@ -398,12 +391,13 @@ impl<D: Device> RecvComm<D> {
     /// `iflush`: a 1-byte READ per rail for GPU buffers, nothing (None) for host memory.
     pub fn iflush(&mut self, last: Option<(u64, MrInfo)>) -> Result<Option<u16>> {
         let Some((addr, mh)) = last.filter(|(_, mh)| mh.gpu) else { return Ok(None) };
-        if self.rails.iter().any(|r| r.flush_qp.is_none()) {
+        if self.core.rails.iter().any(|r| r.flush_qp.is_none()) {
             return Err(Error::internal("flush of GPU memory on a connection without flush QPs"));
         }
-        self.posts.clear();
-        let r = self.engine.iflush(FlushBuf { addr, rkeys: [mh.keys[0].rkey, mh.keys[1].rkey] }, &mut self.posts)?;
-        post_all(&mut self.rails, &self.posts, &mut self.engine)?;
+        self.core.posts.clear();
+        let r =
+            self.engine.iflush(FlushBuf { addr, rkeys: [mh.keys[0].rkey, mh.keys[1].rkey] }, &mut self.core.posts)?;
+        post_all(&mut self.core.rails, &self.core.posts, &mut self.engine)?;
         Ok(r)
     }
 
@@ -413,9 +407,9 @@ impl<D: Device> RecvComm<D> {
     fn take_inboxes(&mut self) -> Result<bool> {
         let mut took = false;
         for rail in 0..RAILS {
-            let mem = RecvMem(&self.region);
+            let mem = RecvMem(&self.core.region);
             let engine = &mut self.engine;
-            took |= take_inbox(&self.rails[rail].inbox, engine, |e, c| e.handle_completion(rail, c, &mem))?;
+            took |= take_inbox(&self.core.rails[rail].inbox, engine, |e, c| e.handle_completion(rail, c, &mem))?;
         }
         Ok(took)
     }
@@ -424,8 +418,8 @@ impl<D: Device> RecvComm<D> {
     #[inline(always)]
     fn poll_nics(&mut self) -> Result<()> {
         for rail in 0..RAILS {
-            let mem = RecvMem(&self.region);
-            let Rail { nic, owner, first_qp, .. } = &self.rails[rail];
+            let mem = RecvMem(&self.core.region);
+            let Rail { nic, owner, first_qp, .. } = &self.core.rails[rail];
             let engine = &mut self.engine;
             if let Some(mut nic) = nic.try_lock() {
                 let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.handle_completion(rail, c, &mem));
@@ -470,20 +464,12 @@ impl<D: Device> RecvComm<D> {
     }
 }
 
-impl<D: Device> Drop for RecvComm<D> {
-    fn drop(&mut self) {
-        for r in &mut self.rails {
-            r.shutdown();
-        }
-    }
-}
-
 impl<D: Device> SendComm<D> {
     /// Whether the receiver or the fabric has news for the engine (a control message, a
     /// port gone down): two loads and compares, for calls that wait.
     #[inline(always)]
     pub(super) fn news(&self) -> bool {
-        self.engine.control_waiting(&SendMem(&self.region)) || self.fo.port_news(&self.rails)
+        self.engine.control_waiting(&SendMem(&self.core.region)) || self.core.fo.port_news(&self.core.rails)
     }
 
     /// A round of the engine's own work at `now` (probes, keepalives, failover, the drill):
@@ -492,14 +478,16 @@ impl<D: Device> SendComm<D> {
     #[cold]
     #[inline(never)]
     pub(super) fn round(&mut self, now: u64) -> Result<()> {
-        if self.fo.failover {
+        if self.core.fo.failover {
             let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, &self.fo.place, |e| engine.handle_event(now, e))?;
+            feed_port_downs(&self.core.rails, &mut self.core.fo.port_downs, &self.core.fo.place, |e| {
+                engine.handle_event(now, e)
+            })?;
         }
         for _ in 0..MAX_ROUNDS {
-            self.fo.out.clear();
-            self.engine.handle_timeout(now, &mut SendMem(&self.region), &mut self.fo.out)?;
-            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
+            self.core.fo.out.clear();
+            self.engine.handle_timeout(now, &mut SendMem(&self.core.region), &mut self.core.fo.out)?;
+            let acted = carry_out(now, &mut self.core.rails, &mut self.core.fo, &mut self.engine, |e, rail, c| {
                 e.handle_completion(now, rail, c)
             })?;
             if !acted {
@@ -515,7 +503,7 @@ impl<D: Device> RecvComm<D> {
     /// work to emit: for calls that wait and every few `irecv`s.
     #[inline(always)]
     pub(super) fn news(&self) -> bool {
-        self.engine.control_waiting(&RecvMem(&self.region)) || self.fo.port_news(&self.rails)
+        self.engine.control_waiting(&RecvMem(&self.core.region)) || self.core.fo.port_news(&self.core.rails)
     }
 
     /// A round of the engine's own work at `now` (a keepalive, failover: the sender's
@@ -524,15 +512,17 @@ impl<D: Device> RecvComm<D> {
     #[cold]
     #[inline(never)]
     pub(super) fn round(&mut self, now: u64) -> Result<()> {
-        if self.fo.failover {
+        if self.core.fo.failover {
             let engine = &mut self.engine;
-            feed_port_downs(&self.rails, &mut self.fo.port_downs, &self.fo.place, |e| engine.handle_event(e))?;
+            feed_port_downs(&self.core.rails, &mut self.core.fo.port_downs, &self.core.fo.place, |e| {
+                engine.handle_event(e)
+            })?;
         }
         for _ in 0..MAX_ROUNDS {
-            self.fo.out.clear();
-            self.engine.handle_timeout(now, &mut RecvMem(&self.region), &mut self.fo.out)?;
-            let mem = RecvMem(&self.region);
-            let acted = carry_out(now, &mut self.rails, &mut self.fo, &mut self.engine, |e, rail, c| {
+            self.core.fo.out.clear();
+            self.engine.handle_timeout(now, &mut RecvMem(&self.core.region), &mut self.core.fo.out)?;
+            let mem = RecvMem(&self.core.region);
+            let acted = carry_out(now, &mut self.core.rails, &mut self.core.fo, &mut self.engine, |e, rail, c| {
                 e.handle_completion(rail, c, &mem)
             })?;
             if !acted {

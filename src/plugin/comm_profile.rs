@@ -42,8 +42,8 @@ impl<D: Device> SendComm<D> {
         if let Some(id) = r {
             p.on_isend(id, phandle);
         }
-        if self.posts.n > 0 {
-            p.on_posted(&self.engine.last_posted(), chain_qp_nums(&self.rails, &self.posts));
+        if self.core.posts.n > 0 {
+            p.on_posted(&self.engine.last_posted(), chain_qp_nums(&self.core.rails, &self.core.posts));
         }
     }
 
@@ -78,9 +78,14 @@ impl<D: Device> RecvComm<D> {
         for (s, b) in sizes.iter_mut().zip(bufs) {
             *s = b.size;
         }
-        let nums = chain_qp_nums(&self.rails, &self.posts);
-        let cts =
-            self.posts.chains().iter().find(|c| c.qp == QpRef::Cts).map(|c| (c.rail as usize, nums[c.rail as usize]));
+        let nums = chain_qp_nums(&self.core.rails, &self.core.posts);
+        let cts = self
+            .core
+            .posts
+            .chains()
+            .iter()
+            .find(|c| c.qp == QpRef::Cts)
+            .map(|c| (c.rail as usize, nums[c.rail as usize]));
         p.on_irecv(id, &sizes[..bufs.len().min(MAX_RECVS)], phandle, cts);
     }
 

@@ -212,8 +212,8 @@ impl<D: Device> Plugin<D> {
     fn comm_pair(&self, comm: CommHandle) -> Result<Arc<NicPair<D>>> {
         let (_, g) = self.objs.get_any(comm.0, &[Kind::Send, Kind::Recv])?;
         match &*g {
-            Obj::Send(c) => Ok(c.dev.clone()),
-            Obj::Recv(c) => Ok(c.dev.clone()),
+            Obj::Send(c) => Ok(c.core.dev.clone()),
+            Obj::Recv(c) => Ok(c.core.dev.clone()),
             _ => Err(Error::internal("comm entry holds something else")),
         }
     }
@@ -296,12 +296,12 @@ impl<D: Device> Plugin<D> {
         let size = size_ok(size)?;
         let (h, mut g) = self.objs.get(comm.0, Kind::Send)?;
         let Obj::Send(c) = &mut *g else { return Err(Error::internal("send entry holds something else")) };
-        let info = self.mr_memo(&mut c.mr_memo, mh)?;
+        let info = self.mr_memo(&mut c.core.mr_memo, mh)?;
         let r = c.isend(addr, size, tag as u32, &info)?;
         c.profile_isend(r, phandle);
         match r {
             None => Ok(None),
-            Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
+            Some(id) => Ok(Some(RequestHandle(h.request(id, c.core.seqs.bump(id))))),
         }
     }
 
@@ -323,14 +323,14 @@ impl<D: Device> Plugin<D> {
         // One buffer (NCCL's usual irecv) is built where it is used; the array only for
         // grouped receives (zeroing it cost ~20 instructions per irecv).
         let posted = if n == 1 {
-            let b = self.recv_buf(&mut c.mr_memo, 0, arg)?;
+            let b = self.recv_buf(&mut c.core.mr_memo, 0, arg)?;
             let r = c.irecv(std::slice::from_ref(&b))?;
             c.profile_irecv(r, std::slice::from_ref(&b), phandle);
             r
         } else {
             let mut bufs = [RecvBuf::default(); MAX_RECVS];
             for (i, b) in bufs.iter_mut().enumerate().take(n) {
-                *b = self.recv_buf(&mut c.mr_memo, i, arg)?;
+                *b = self.recv_buf(&mut c.core.mr_memo, i, arg)?;
             }
             let r = c.irecv(&bufs[..n])?;
             c.profile_irecv(r, &bufs[..n], phandle);
@@ -338,7 +338,7 @@ impl<D: Device> Plugin<D> {
         };
         match posted {
             None => Ok(None),
-            Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
+            Some(id) => Ok(Some(RequestHandle(h.request(id, c.core.seqs.bump(id))))),
         }
     }
 
@@ -379,7 +379,7 @@ impl<D: Device> Plugin<D> {
         let Obj::Recv(c) = &mut *g else { return Err(Error::internal("receive entry holds something else")) };
         match c.iflush(Some((a.addr, info)))? {
             None => Ok(None),
-            Some(id) => Ok(Some(RequestHandle(h.request(id, c.seqs.bump(id))))),
+            Some(id) => Ok(Some(RequestHandle(h.request(id, c.core.seqs.bump(id))))),
         }
     }
 
@@ -398,7 +398,7 @@ impl<D: Device> Plugin<D> {
         // (`put` called at one place: inlined.)
         let sizes: &[u64] = match &mut *g {
             Obj::Send(c) => {
-                if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
+                if !c.core.seqs.matches(id, seq) || !c.engine.is_live(id) {
                     return Err(stale());
                 }
                 let Some(size) = c.test(id)? else { return Ok(false) };
@@ -406,7 +406,7 @@ impl<D: Device> Plugin<D> {
                 &one
             }
             Obj::Recv(c) => {
-                if !c.seqs.matches(id, seq) || !c.engine.is_live(id) {
+                if !c.core.seqs.matches(id, seq) || !c.engine.is_live(id) {
                     return Err(stale());
                 }
                 let Some(n) = c.test(id)? else { return Ok(false) };
@@ -428,11 +428,11 @@ impl<D: Device> Plugin<D> {
         self.objs.for_each_live(std::time::Duration::from_millis(100), |o| match o {
             Some(Obj::Send(c)) => {
                 n += 1;
-                let _ = writeln!(text, "{}", super::hang::describe(&c.fo.place, c.engine.state_report(now)));
+                let _ = writeln!(text, "{}", super::hang::describe(&c.core.fo.place, c.engine.state_report(now)));
             }
             Some(Obj::Recv(c)) => {
                 n += 1;
-                let _ = writeln!(text, "{}", super::hang::describe(&c.fo.place, c.engine.state_report(now)));
+                let _ = writeln!(text, "{}", super::hang::describe(&c.core.fo.place, c.engine.state_report(now)));
             }
             Some(_) => {}
             None => busy += 1,
@@ -458,8 +458,8 @@ impl<D: Device> Plugin<D> {
     pub fn with_qps<R>(&self, comm: CommHandle, f: impl FnOnce([&[D::Qp]; RAILS]) -> R) -> Result<R> {
         let (_, g) = self.objs.get_any(comm.0, &[Kind::Send, Kind::Recv])?;
         let rails = match &*g {
-            Obj::Send(c) => &c.rails,
-            Obj::Recv(c) => &c.rails,
+            Obj::Send(c) => &c.core.rails,
+            Obj::Recv(c) => &c.core.rails,
             _ => return Err(Error::internal("comm entry holds something else")),
         };
         Ok(f([&rails[0].qps, &rails[1].qps]))
