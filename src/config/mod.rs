@@ -122,6 +122,10 @@ pub struct Config {
     /// Re-admission of a failed rail: first back-off, and its cap.
     pub readmit_ms: u64,
     pub readmit_max_ms: u64,
+    /// How long a connection whose rails have all failed waits for one to come back
+    /// (`MPIB_OUTAGE_GRACE_MS`; 0: it fails at once). `None`: RC's retry budget
+    /// ([`Config::outage_grace_ms`]).
+    pub outage_grace: Option<u64>,
     /// Fault drill (soft fabric, `MPIB_FAULT_RAIL`).
     pub fault_rail: Option<FaultDrill>,
     pub rtt_alpha: f64,
@@ -177,6 +181,7 @@ impl Default for Config {
             stall_ms: 0,
             readmit_ms: 100,
             readmit_max_ms: 1000,
+            outage_grace: None,
             fault_rail: None,
             rtt_alpha: 0.125,
             rtt_beta: 0.25,
@@ -269,6 +274,15 @@ impl Config {
                 "MPIB_STALL_MS" => parse_int(value, 0, 600_000).map(|n| c.stall_ms = n as u64),
                 "MPIB_READMIT_MS" => parse_int(value, 10, 60_000).map(|n| c.readmit_ms = n as u64),
                 "MPIB_READMIT_MAX_MS" => parse_int(value, 100, 600_000).map(|n| c.readmit_max_ms = n as u64),
+                "MPIB_OUTAGE_GRACE_MS" => match value.to_ascii_lowercase().as_str() {
+                    "auto" => {
+                        c.outage_grace = None;
+                        Ok(())
+                    }
+                    _ => parse_int(value, 0, 3_600_000)
+                        .map(|n| c.outage_grace = Some(n as u64))
+                        .map_err(|e| format!("auto or {e}")),
+                },
                 "MPIB_FAULT_RAIL" => parse_fault(value).map(|f| c.fault_rail = Some(f)),
                 "MPIB_RTT_ALPHA" => parse_gain(value).map(|g| c.rtt_alpha = g),
                 "MPIB_RTT_BETA" => parse_gain(value).map(|g| c.rtt_beta = g),
@@ -360,6 +374,17 @@ impl Config {
     }
 }
 
+impl Config {
+    /// How long (ms) a connection whose rails have all failed waits for one to come back:
+    /// `MPIB_OUTAGE_GRACE_MS`, by default RC's retry budget, 4.096 µs × 2^timeout ×
+    /// (retry count + 1) (34.4 s with NCCL's defaults): as patient when the rails' QPs fail
+    /// at once (a port that errors them) as net_ib is while RC retries.
+    pub fn outage_grace_ms(&self) -> u64 {
+        self.outage_grace
+            .unwrap_or_else(|| (4096u64 << self.timeout) * (self.retry_cnt as u64 + 1) / 1_000_000_000 * 1000 + 1000)
+    }
+}
+
 impl fmt::Display for Config {
     /// The effective configuration, one line, for the INFO log.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -393,7 +418,7 @@ impl fmt::Display for Config {
             f,
             "fabric={:?} hca={} hca_sout={} hca_sup={} nccl_devices={:?} split={split} split_min_bytes={} srq_depth={} \
              {} rtt_alpha={} rtt_beta={} probe_interval_us={} probe_rate={} \
-             stats_file={} prom_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={} hang_report_ms={}",
+             stats_file={} prom_file={} stats_interval_ms={} soft_addr=sout:{}/sup:{} connect_timeout_ms={} hang_report_ms={} outage_grace_ms={}{}",
             self.fabric,
             self.hca_filter.as_ref().map_or("all".to_string(), |h| format!("{h} ({})", self.hca_filter_var)),
             hca(&self.hca_sout),
@@ -421,6 +446,8 @@ impl fmt::Display for Config {
             addr(&self.soft_sup_addr),
             self.connect_timeout_ms,
             self.hang_report_ms,
+            self.outage_grace_ms(),
+            if self.outage_grace.is_none() { " (auto)" } else { "" },
         )
     }
 }

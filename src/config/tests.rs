@@ -217,6 +217,23 @@ fn relaxed_ordering_and_nccl_devices_words() {
 }
 
 #[test]
+fn the_outage_grace_is_rcs_retry_budget_unless_set() {
+    let d = parse(&[]).unwrap();
+    // 4.096 µs × 2^20 × 8 = 34.4 s, to the second above.
+    assert_eq!((d.outage_grace, d.outage_grace_ms()), (None, 35_000));
+    let c = parse(&[("MPIB_TIMEOUT", "16"), ("MPIB_RETRY_CNT", "6")]).unwrap();
+    assert_eq!(c.outage_grace_ms(), 2_000, "4.096 µs × 2^16 × 7 = 1.9 s");
+    let c = parse(&[("NCCL_IB_TIMEOUT", "22")]).unwrap();
+    assert_eq!(c.outage_grace_ms(), 138_000, "NCCL's variable moves it too: 137.4 s");
+    assert_eq!(parse(&[("MPIB_OUTAGE_GRACE_MS", "0")]).unwrap().outage_grace_ms(), 0, "0: no outage ridden out");
+    assert_eq!(parse(&[("MPIB_OUTAGE_GRACE_MS", "1500")]).unwrap().outage_grace_ms(), 1500);
+    assert_eq!(parse(&[("MPIB_OUTAGE_GRACE_MS", "AUTO")]).unwrap().outage_grace, None);
+    let e = one_error(&[("MPIB_OUTAGE_GRACE_MS", "-1")]);
+    assert!(e.contains("MPIB_OUTAGE_GRACE_MS") && e.contains("auto or an integer from 0 to 3600000"), "{e}");
+    assert!(d.to_string().contains("outage_grace_ms=35000 (auto)"), "{d}");
+}
+
+#[test]
 fn failover_switch_and_timings() {
     let d = parse(&[]).unwrap();
     assert_eq!((d.failover, d.stall_ms, d.readmit_ms, d.readmit_max_ms), (true, 0, 100, 1000), "on by default");

@@ -226,6 +226,14 @@ pub const VARS: &[VarDoc] = &[
         rails: None,
     },
     VarDoc {
+        name: "MPIB_OUTAGE_GRACE_MS",
+        default: "auto (RC's retry budget: 35000 with the defaults)",
+        accepted: "auto, 0-3600000",
+        meaning: "how long a connection whose rails have all failed waits for one to come back (rebuilt through the set-up channel) before it fails; 0: it fails at once",
+        nccl: "",
+        rails: None,
+    },
+    VarDoc {
         name: "MPIB_FAULT_RAIL",
         default: "(none)",
         accepted: "sout:N, sup:N, both:N (N >= 1), optionally :MS; or RAIL:@AT[:MS[:EVERY[:COUNT]]] (ms); \

@@ -10,8 +10,8 @@
 //! Nothing here runs on the data path of a connection whose rails are healthy.
 
 use super::layout::SLOTS;
-use super::{Chain, MAX_CHAIN, QpRef, RAILS, RailMask, WrKind};
-use crate::fabric::{SendWr, Sge, WrOpcode};
+use super::{Chain, MAX_CHAIN, QpRef, RAILS, RailMask};
+use crate::fabric::SendWr;
 
 /// Entries of a control ring (each side has one, written by its peer).
 pub const CTL_ENTRIES: usize = 8;
@@ -62,7 +62,13 @@ pub struct FailoverConfig {
     pub readmit_max_ns: u64,
     /// Sender: the fault drill (`MPIB_FAULT_RAIL`), if any.
     pub drill: Option<crate::config::FaultDrill>,
+    /// How long a connection whose rails have all failed waits for one to come back
+    /// before it fails (`MPIB_OUTAGE_GRACE_MS`); 0: it fails at once.
+    pub outage_grace_ns: u64,
 }
+
+/// `Failover::outage_ns` of an outage entered since the last round (its clock not started).
+const OUTAGE_UNTIMED: u64 = u64::MAX;
 
 /// While a rail stays down, at most one WARN about it this often.
 pub const DOWN_WARN_EVERY_NS: u64 = 60_000_000_000;
@@ -149,6 +155,10 @@ pub enum Action {
     /// The request in `slot` has waited `age_ns` (at least): log the connection's state
     /// (`state_report`) once. No event answers it.
     HangReport { slot: usize, age_ns: u64 },
+    /// No rail works: send this control-ring entry to the peer over the connection's
+    /// set-up channel, whose plugin answers with [`Event::ControlOob`] on its side
+    /// (`engine/control.rs`). No event answers it here.
+    ControlOob { words: [u64; CTL_WORDS] },
 }
 
 /// What the plugin tells an engine.
@@ -175,6 +185,10 @@ pub enum Event {
     /// attempt, and QPs built on a dead port only fail their probes seconds later).
     /// Receiver: as [`Event::ReadmitFailed`].
     PortDown { rail: usize },
+    /// A control-ring entry the peer sent out of band ([`Action::ControlOob`]).
+    ControlOob { words: [u64; CTL_WORDS] },
+    /// The peer's end of the set-up channel closed: during an outage, the peer is gone.
+    PeerGone,
 }
 
 /// What an engine's `handle_timeout` hands the plugin: chains to post in order (probes,
@@ -304,104 +318,27 @@ impl CtlMsg {
     /// `Fenced`: whether part `rail` of receive `seq` arrived. Receives before the window
     /// completed (their slot was reused); after it, they were posted after the fence.
     pub fn part_seen(&self, seq: u64) -> bool {
-        if seq < self.base_seq {
+        Self::seen_in(self.base_seq, self.bitmap, seq)
+    }
+
+    /// `Fenced`: whether the other rail's part of receive `seq` arrived (by any rail):
+    /// settles that part's replays that rode on the fenced rail. Its bitmap is the first
+    /// payload word.
+    pub fn other_seen(&self, seq: u64) -> bool {
+        Self::seen_in(self.base_seq, self.payload[0] as u32, seq)
+    }
+
+    fn seen_in(base_seq: u64, bitmap: u32, seq: u64) -> bool {
+        if seq < base_seq {
             return true;
         }
-        let i = seq - self.base_seq;
-        i < FENCE_WINDOW && self.bitmap & (1 << i) != 0
+        let i = seq - base_seq;
+        i < FENCE_WINDOW && bitmap & (1 << i) != 0
     }
 }
 
-/// Reading the control ring this side's peer writes, and the local source of the messages
-/// this side writes. The plugin backs it with registered memory, tests with arrays.
-pub trait CtlMemory {
-    /// Acquire-load of the sequence word (the last) of ring entry `i`.
-    fn ctl_seq(&self, i: usize) -> u64;
-    /// Ring entry `i`; called only after its sequence word was seen.
-    fn ctl_entry(&self, i: usize) -> [u64; CTL_WORDS];
-    /// Writes outgoing message entry `i` into the local source of its RDMA WRITE.
-    fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]);
-}
-
-/// One side's control channel: sequence numbers out and in.
-#[derive(Debug, Default)]
-pub(crate) struct CtlChannel {
-    /// Messages written so far.
-    sent: u64,
-    /// The peer's messages consumed so far.
-    consumed: u64,
-    /// Our messages the peer has acknowledged.
-    acked: u64,
-}
-
-impl CtlChannel {
-    /// Writes `msg` into the local source and appends its WRITE (signalled, on `rail`'s CTS
-    /// QP, after everything that QP already carries) to `out`. `false`: the ring is full
-    /// of unacknowledged messages (the protocol never gets there: a peer that does not
-    /// read its ring).
-    pub(crate) fn send(
-        &mut self,
-        cfg: &FailoverConfig,
-        msg: &CtlMsg,
-        rail: usize,
-        mem: &mut impl CtlMemory,
-        out: &mut Output,
-    ) -> bool {
-        if self.sent - self.acked >= CTL_MAX_UNACKED {
-            return false;
-        }
-        self.sent += 1;
-        let i = ((self.sent - 1) % CTL_ENTRIES as u64) as usize;
-        mem.write_ctl_out(i, &msg.to_words(self.sent, self.consumed));
-        let off = (i * CTL_ENTRY_BYTES) as u64;
-        out.push(rail, QpRef::Cts).add(SendWr {
-            wr_id: WrKind::Control.id(rail, i),
-            opcode: WrOpcode::Write,
-            signaled: true,
-            // From registered memory, never inline: an entry is larger than some providers'
-            // inline limit, and the QP's inline size is not sized for it.
-            inline: false,
-            num_sge: 1,
-            sge: [
-                Sge { addr: cfg.ctl_out_addr + off, len: CTL_ENTRY_BYTES as u32, lkey: cfg.ctl_out_lkeys[rail] },
-                Sge::default(),
-            ],
-            remote_addr: cfg.ctl_ring_addr + off,
-            rkey: cfg.ctl_ring_rkeys[rail],
-            ..SendWr::default()
-        });
-        true
-    }
-
-    /// Whether the peer's next message is in place: one load and one compare, for the
-    /// plugin's `test` on a request that is not complete.
-    #[inline]
-    pub(crate) fn waiting(&self, mem: &impl CtlMemory) -> bool {
-        mem.ctl_seq((self.consumed % CTL_ENTRIES as u64) as usize) == self.consumed + 1
-    }
-
-    /// The peer's messages consumed so far (the last one's sequence number).
-    pub(crate) fn consumed(&self) -> u64 {
-        self.consumed
-    }
-
-    /// The peer's next message if it is in place: `Some(None)` for an entry that does not
-    /// decode (a violation).
-    pub(crate) fn poll(&mut self, mem: &impl CtlMemory) -> Option<Option<CtlMsg>> {
-        let want = self.consumed + 1;
-        let i = (self.consumed % CTL_ENTRIES as u64) as usize;
-        if mem.ctl_seq(i) != want {
-            return None;
-        }
-        self.consumed = want;
-        let Some((msg, ack)) = CtlMsg::from_words(&mem.ctl_entry(i)) else { return Some(None) };
-        // The ack is the low 32 bits of the peer's count: widen it against ours.
-        let acked = (self.sent & !0xffff_ffff) | ack as u64;
-        let acked = if acked > self.sent { acked.wrapping_sub(1 << 32) } else { acked };
-        self.acked = self.acked.max(acked);
-        Some(Some(msg))
-    }
-}
+pub(crate) use super::control::CtlChannel;
+pub use super::control::CtlMemory;
 
 /// The other rail.
 #[inline]
@@ -478,6 +415,20 @@ pub(crate) struct Failover {
     /// When each rail's continued absence was last warned about (a rail that stays down
     /// is one WARN a minute, not one per attempt).
     pub(crate) down_warned_ns: [u64; RAILS],
+    /// When the current outage began (every rail failed; 0: none): requests wait, control
+    /// messages go out of band, until a rail is back or the grace is spent.
+    pub(crate) outage_ns: u64,
+    /// Entering the outage: the messages the peer has not acknowledged are still to be
+    /// sent out of band.
+    pub(crate) oob_resend: bool,
+    /// Outages ridden out.
+    pub(crate) outages: u64,
+    /// Rails whose device is gone for good (`DEVICE_FATAL`): with every rail's gone there
+    /// is nothing to wait for.
+    pub(crate) fatal: RailMask,
+    /// The peer's end of the set-up channel closed ([`Event::PeerGone`]): with every rail
+    /// down too, there is nobody to wait for.
+    pub(crate) peer_gone: bool,
 }
 
 /// What failover has counted on one side.
@@ -530,6 +481,58 @@ impl Failover {
     /// on, and one that stays down errors them, which fails the rail (and the connection).
     pub(crate) fn port_down_fails_over(&self, rail: usize) -> bool {
         self.cfg.enabled && self.state[other(rail)] == RailState::Up
+    }
+
+    /// Writes a control message about `rail`: on the other rail's CTS QP while that works,
+    /// out of band in an outage (no rail works). `false`: not now (the ring is full, or
+    /// the other rail is being re-admitted; sent at a later round).
+    pub(crate) fn send_ctl(&mut self, msg: &CtlMsg, rail: usize, mem: &mut impl CtlMemory, out: &mut Output) -> bool {
+        let via = other(rail);
+        if self.state[via] == RailState::Up {
+            self.ctl.send(&self.cfg, msg, Some(via), mem, out)
+        } else if self.outage_ns != 0 {
+            self.ctl.send(&self.cfg, msg, None, mem, out)
+        } else {
+            false
+        }
+    }
+
+    /// Every rail has failed: whether the connection rides it out (a grace is configured).
+    /// Starts the out-of-band resend; the outage's clock starts at the next round
+    /// ([`Self::stamp_outage`]: a failure found in a completion has no time of its own).
+    pub(crate) fn enter_outage(&mut self) -> bool {
+        if self.cfg.outage_grace_ns == 0 || self.fatal == RailMask::BOTH || self.peer_gone {
+            return false;
+        }
+        if self.outage_ns == 0 {
+            (self.outage_ns, self.oob_resend) = (OUTAGE_UNTIMED, true);
+            self.timer_ns = 0;
+        }
+        true
+    }
+
+    /// A round at `now_ns`: an outage entered since the last one starts its clock now.
+    #[inline]
+    pub(crate) fn stamp_outage(&mut self, now_ns: u64) {
+        if self.outage_ns == OUTAGE_UNTIMED {
+            self.outage_ns = now_ns.max(1);
+        }
+    }
+
+    /// When the current outage's grace ends (`u64::MAX`: no outage).
+    pub(crate) fn outage_deadline(&self) -> u64 {
+        if self.outage_ns == 0 { u64::MAX } else { self.outage_ns.saturating_add(self.cfg.outage_grace_ns) }
+    }
+
+    /// A rail works again: the outage (if any) is over; how long it lasted.
+    pub(crate) fn leave_outage(&mut self, now_ns: u64) -> Option<u64> {
+        if self.outage_ns == 0 {
+            return None;
+        }
+        let took = now_ns.saturating_sub(self.outage_ns);
+        (self.outage_ns, self.oob_resend) = (0, false);
+        self.outages += 1;
+        Some(took)
     }
 
     /// The fences to ask the plugin for, now waited on.

@@ -9,6 +9,7 @@
 //! - Errors are typed ([`Violation`], [`CompletionFailed`], [`StrayCompletion`],
 //!   [`Refused`]) and displayed as their log lines; a connection keeps its first failure.
 
+mod control;
 mod error_state;
 pub mod failover;
 mod hang;

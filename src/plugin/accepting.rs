@@ -233,7 +233,7 @@ impl<D: Device> Accepting<D> {
         let place = ConnPlace::new("recv", self.ctx.comm_id, &rails);
         engine.set_place(PlaceRef::new(place.clone()));
         engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
-        let fo = FoSide::new(self.p.cfg, &rails, place);
+        let fo = FoSide::new(self.p.cfg, &rails, place, self.conn.take());
         let mut comm = RecvComm::new(rails, engine, self.pair.clone(), region, fo, self.ctx.counts);
         comm.set_profiler(self.ctx.profiler(), self.pair.props.dev);
         Ok(comm)

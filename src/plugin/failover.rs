@@ -10,13 +10,14 @@
 
 use std::sync::Arc;
 
+use super::oob::OobConn;
 use super::place::ConnPlace;
 use super::rail::Rail;
 use super::readmit::{READMIT_MAX_QPS, Readmission};
 use super::region::SCRATCH_BYTES;
 use crate::engine::RailMask;
-use crate::engine::failover::CTL_RING_BYTES;
-use crate::engine::{Action, Event, FailoverConfig, Output, RAIL_NAMES, RAILS};
+use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
+use crate::engine::{Action, Event, FailoverConfig, Output, RAIL_NAMES, RAILS, RailState};
 use crate::engine::{RecvEngine, SendEngine};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, Device, FaultKind, QueuePair};
@@ -47,6 +48,7 @@ pub fn failover_config(
         ctl_ring_addr: peer_scratch + SCRATCH_BYTES as u64,
         ctl_ring_rkeys: peer_rkeys,
         drill: None,
+        outage_grace_ns: cfg.outage_grace_ms() * 1_000_000,
     }
 }
 
@@ -63,13 +65,29 @@ pub struct FoSide {
     /// Where the connection is (`place.rs`): the engine's log lines and the comm's errors
     /// name it; refreshed when a rail's QPs are rebuilt or connected anew.
     pub place: Arc<ConnPlace>,
+    /// The set-up channel, kept for the connection's life: the control messages of an
+    /// outage (no rail works) go over it (`engine/control.rs`). `None` once the peer closed
+    /// its end.
+    oob: Option<OobConn>,
+    /// When a round looks at the set-up channel next while every rail works (the peer may
+    /// be in an outage this side has not seen yet).
+    oob_look_ns: u64,
 }
+
+/// While every rail works, a round reads the set-up channel at most this often.
+const OOB_LOOK_NS: u64 = 100_000_000;
 
 impl FoSide {
     /// `rails`: the comm's rails, whose ports' down counts start here (a port that went
     /// down before the comm existed is the set-up's business).
     /// `place`: where the connection is.
-    pub fn new<D: Device>(cfg: &crate::config::Config, rails: &[Rail<D>; RAILS], place: Arc<ConnPlace>) -> Box<FoSide> {
+    /// `oob`: the connection's set-up channel (kept for outages).
+    pub fn new<D: Device>(
+        cfg: &crate::config::Config,
+        rails: &[Rail<D>; RAILS],
+        place: Arc<ConnPlace>,
+        oob: OobConn,
+    ) -> Box<FoSide> {
         let port_downs = std::array::from_fn(|r| rails[r].dev.port_downs().0);
         Box::new(FoSide {
             out: Output::default(),
@@ -78,7 +96,54 @@ impl FoSide {
             fencing: RailMask::NONE,
             readmit: Readmission::at(place.clone()),
             place,
+            oob: cfg.failover.then_some(oob),
+            oob_look_ns: 0,
         })
+    }
+
+    /// Sends a control-ring entry over the set-up channel ([`Action::ControlOob`]). A
+    /// channel that is gone is the peer gone: the grace runs out, or its close is seen.
+    fn send_oob(&mut self, words: &[u64; CTL_WORDS]) {
+        if let Some(c) = self.oob.as_mut() {
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            c.send(&bytes);
+            let _ = c.flush();
+        }
+    }
+
+    /// Reads the set-up channel: every rail round while a rail is down here, else every
+    /// [`OOB_LOOK_NS`]. Each control entry goes to `on`; the peer's close once, as
+    /// [`Event::PeerGone`]. Whether anything came.
+    fn poll_oob(&mut self, now: u64, rails_down: bool, mut on: impl FnMut(Event) -> Result<()>) -> Result<bool> {
+        let Some(c) = self.oob.as_mut() else { return Ok(false) };
+        if !rails_down && now < self.oob_look_ns {
+            return Ok(false);
+        }
+        self.oob_look_ns = now + OOB_LOOK_NS;
+        let mut got = false;
+        loop {
+            match c.poll() {
+                Ok(None) => return Ok(got),
+                Ok(Some(m)) => {
+                    let Ok(bytes) = <[u8; CTL_ENTRY_BYTES]>::try_from(m.as_slice()) else {
+                        return Err(Error::remote(format!(
+                            "the peer sent a {}-byte message on the set-up channel; control entries are {CTL_ENTRY_BYTES}",
+                            m.len()
+                        )));
+                    };
+                    let words =
+                        std::array::from_fn(|i| u64::from_le_bytes(bytes[i * 8..i * 8 + 8].try_into().expect("8")));
+                    on(Event::ControlOob { words })?;
+                    got = true;
+                }
+                Err(e) => {
+                    log::debug!("failover: the set-up channel ended: {e}{}", self.place.at(0));
+                    self.oob = None;
+                    on(Event::PeerGone)?;
+                    return Ok(true);
+                }
+            }
+        }
     }
 
     /// Whether a rail's port went down since this comm last looked (two loads; verbs only
@@ -168,6 +233,8 @@ pub(super) trait RoundEngine {
     fn fail(&mut self, e: Error) -> Error;
     /// Logs the hang report [`Action::HangReport`] asks for.
     fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64);
+    /// Whether a rail is not Up (failed, or being re-admitted).
+    fn rails_down(&self) -> bool;
 }
 
 impl RoundEngine for SendEngine {
@@ -180,6 +247,9 @@ impl RoundEngine for SendEngine {
     fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64) {
         super::hang::report(place, slot, age_ns, self.state_report(now));
     }
+    fn rails_down(&self) -> bool {
+        self.rail_states() != [RailState::Up; RAILS]
+    }
 }
 
 impl RoundEngine for RecvEngine {
@@ -191,6 +261,9 @@ impl RoundEngine for RecvEngine {
     }
     fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64) {
         super::hang::report(place, slot, age_ns, self.state_report(now));
+    }
+    fn rails_down(&self) -> bool {
+        self.rail_states() != [RailState::Up; RAILS]
     }
 }
 
@@ -241,6 +314,10 @@ pub(super) fn carry_out<D: Device, E: RoundEngine>(
                 drop_rails(rails, fo, inject, refuse, kind, refuse_ms, isend);
                 continue;
             }
+            Action::ControlOob { words } => {
+                fo.send_oob(&words);
+                continue;
+            }
         };
         engine.handle_event(now, ev)?;
         acted = true;
@@ -254,6 +331,8 @@ pub(super) fn carry_out<D: Device, E: RoundEngine>(
         }
     }
     fo.readmit.poll_connecting(rails, |ev| engine.handle_event(now, ev))?;
+    let rails_down = engine.rails_down();
+    acted |= fo.poll_oob(now, rails_down, |ev| engine.handle_event(now, ev)).map_err(|e| engine.fail(e))?;
     Ok(acted)
 }
 

@@ -201,6 +201,12 @@ impl OobConn {
         }
     }
 
+    /// Takes the connection out of `self` (a set-up that is done hands it to its comm),
+    /// leaving an end of nothing in its place.
+    pub fn take(&mut self) -> OobConn {
+        std::mem::replace(self, OobConn::Inproc(InprocConn { tx: Pipe::default(), rx: Pipe::default() }))
+    }
+
     /// Where the other end is (for log lines).
     pub fn peer(&self) -> String {
         match self {

@@ -85,6 +85,9 @@ macro_rules! ctl_memory {
             fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]) {
                 self.0.store_words($off + CTL_RING_BYTES + i * CTL_ENTRY_BYTES, words);
             }
+            fn ctl_out_entry(&self, i: usize) -> [u64; CTL_WORDS] {
+                self.0.load_words::<CTL_WORDS>($off + CTL_RING_BYTES + i * CTL_ENTRY_BYTES)
+            }
         }
     };
 }

@@ -327,9 +327,10 @@ impl<D: Device> Connecting<D> {
                     self.stage = ConnStage::Flushing;
                 }
                 ConnStage::Flushing => {
-                    // Once Ready is handed to the kernel the set-up channel has done its job,
-                    // and the acceptor closes it as soon as it has read Ready: an EOF seen by
-                    // the read half of this poll is that close, not a failure.
+                    // Once Ready is handed to the kernel the set-up is done; the channel stays
+                    // open for the connection's life (an outage's control messages). An EOF
+                    // seen by the read half of this poll is the acceptor gone (failover off:
+                    // it keeps no channel), not a failure of this set-up.
                     let r = self.conn.poll();
                     if self.conn.flushed() {
                         return self.finish().map(Some);
@@ -383,7 +384,7 @@ impl<D: Device> Connecting<D> {
         log::info!(target: "mpib::plugin::setup", "connected: send comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
-        let fo = FoSide::new(self.p.cfg, &rails, place);
+        let fo = FoSide::new(self.p.cfg, &rails, place, self.conn.take());
         let mut comm = SendComm::new(rails, engine, self.pair.clone(), region, fo, self.counts);
         comm.set_profiler(self.profiler.take(), self.pair.props.dev);
         Ok(comm)

@@ -214,19 +214,24 @@ fn replayed_parts(line: &str) -> Option<u64> {
     head.rsplit(' ').next()?.parse().ok()
 }
 
-/// The longest either rank may take to return an error once both rails are gone: the
-/// receiver hears of it from its keepalive (engine::KEEPALIVE_NS) or a failed completion.
+/// The longest either rank may take to return an error once the other did, both rails
+/// gone: the receiver hears of it from its keepalive (engine::KEEPALIVE_NS) or a failed
+/// completion, and each side's grace starts when it sees its last rail fail.
 const BOTH_DOWN_BOUND: Duration = Duration::from_secs(10);
 
+/// Both rails dropped for good (`MPIB_FAULT_RAIL=both:N`): the connection rides the outage
+/// out for its grace (`MPIB_OUTAGE_GRACE_MS=1000` here), then both ranks get an error code,
+/// close together: never a hang.
 #[test]
-fn both_rails_dropped_fail_both_ranks_within_a_bound() {
+fn both_rails_dropped_for_good_fail_both_ranks_past_the_grace() {
     let base = seed("both rails");
+    let grace = [("MPIB_OUTAGE_GRACE_MS", "1000")];
     for i in 0..3u64 {
         let s = base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-        let (out, _) = run_with_fault("both rails dropped", s, "both", 60_000);
+        let (out, _) = run_with_hook("both rails dropped", s, "both", "", 60_000, &grace);
         assert!(!out.timed_out, "seed {s}: a rank hung\n{}", out.describe());
-        let dropped = out.ranks[1].stderr.lines().any(|l| l.contains("MPIB_FAULT_RAIL: dropping"));
-        assert!(dropped, "seed {s}: the drill never fired\n{}", out.describe());
+        let sender = &out.ranks[1].stderr;
+        assert!(sender.contains("MPIB_FAULT_RAIL: dropping"), "seed {s}: the drill never fired\n{}", out.describe());
         let mut at = Vec::new();
         for r in 0..2 {
             let f =
@@ -237,6 +242,37 @@ fn both_rails_dropped_fail_both_ranks_within_a_bound() {
         let spread = Duration::from_nanos(at[0].abs_diff(at[1]));
         eprintln!("seed {s}: both ranks failed, {spread:?} apart");
         assert!(spread <= BOTH_DOWN_BOUND, "seed {s}: {spread:?} between the two ranks' errors\n{}", out.describe());
+        let waited = sender.contains("wait up to 1000 ms (MPIB_OUTAGE_GRACE_MS)");
+        let gave_up = out.ranks.iter().any(|r| r.stderr.contains("no rail came back within 1000 ms"));
+        assert!(waited && gave_up, "seed {s}: the outage was not ridden for its grace\n{}", out.describe());
+    }
+}
+
+/// Both rails dropped for 300 ms mid-stream (`MPIB_FAULT_RAIL=both:N:300`), within the
+/// default grace: the control messages go over the set-up channel, a rail is re-admitted,
+/// what was missing is sent again. Clean: every byte exact, no error code on either rank.
+#[test]
+fn both_rails_dropped_briefly_are_ridden_out_exactly() {
+    let base = seed("outage");
+    for i in 0..3u64 {
+        let s = base.wrapping_add(i.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        let (out, at) = run_with_hook("both rails dropped for 300 ms", s, "both", ":300", 60_000, &[]);
+        if let Err(e) = out.check_clean() {
+            panic!("seed {s} (both dropped at isend {at}; repeat with CONFORMANCE_SEED={base}, index {i}): {e}");
+        }
+        let sender = &out.ranks[1].stderr;
+        assert!(sender.contains("MPIB_FAULT_RAIL: dropping"), "seed {s}: the drill never fired\n{}", out.describe());
+        let back = |r: usize| {
+            out.ranks[r].stderr.lines().find(|l| l.contains("the connection is back on")).map(str::to_string)
+        };
+        let (sb, rb) = (back(1), back(0));
+        eprintln!("seed {s}: sender: {sb:?}; receiver: {rb:?}");
+        assert!(sb.is_some(), "seed {s}: the sender never left the outage\n{}", out.describe());
+        for rank in 0..2 {
+            let rails = out.ranks[rank].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
+            assert!(rails.iter().all(|r| r.failovers >= 1), "seed {s}, rank {rank}: both rails failed over");
+            assert!(rails.iter().any(|r| r.readmissions >= 1), "seed {s}, rank {rank}: a rail came back");
+        }
     }
 }
 

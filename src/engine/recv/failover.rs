@@ -12,7 +12,8 @@ use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, oth
 use crate::engine::imm::{Imm, PIECES_BITS, REPLAY_FLAG, SIZEQ_SENTINEL, SLOT_BITS};
 use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
-    CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailState, Violation, WorkRequest, WrKind, failure,
+    CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailMask, RailState, Violation, WorkRequest,
+    WrKind, failure,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
 use crate::fabric::Completion;
@@ -36,7 +37,8 @@ impl RecvEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// regularly to read the control ring).
     pub(crate) fn failover_due(&self) -> bool {
-        self.fo.rail_work_due() || self.cts_redo != 0
+        // (In an outage, every round reads the set-up channel: what comes back comes there.)
+        self.fo.rail_work_due() || self.cts_redo != 0 || self.fo.outage_ns != 0
     }
 
     /// What the plugin saw (a port down) or did (an action performed). What follows from it
@@ -55,7 +57,15 @@ impl RecvEngine {
                 );
                 Ok(())
             }
-            Event::RailDown { rail } | Event::DeviceFatal { rail } => self.rail_down(rail, DownReason::Port),
+            Event::DeviceFatal { rail } => {
+                self.fo.fatal = self.fo.fatal.with(rail);
+                if self.fo.fatal == RailMask::BOTH && self.fo.outage_ns != 0 {
+                    // Waiting for a rail whose device is gone: nothing will come back.
+                    return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+                }
+                self.rail_down(rail, DownReason::Port)
+            }
+            Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
             Event::QpsBuilt { rail, records } => {
                 self.on_qps_built(rail, records);
                 Ok(())
@@ -65,6 +75,19 @@ impl RecvEngine {
                 Ok(())
             }
             Event::ReadmitFailed { rail } | Event::PortDown { rail } => self.readmit_failed(rail),
+            Event::ControlOob { words } => {
+                self.fo.ctl.receive_oob(words);
+                Ok(())
+            }
+            Event::PeerGone => {
+                // Remembered: an outage that follows is not waited out.
+                self.fo.peer_gone = true;
+                if self.fo.outage_ns == 0 {
+                    return Ok(());
+                }
+                log::info!("recv: the peer closed its end while no rail works: the connection fails");
+                Err(self.error.fail(Error::remote("the peer closed the connection while both rails were down")))
+            }
             Event::FenceDone { rail } => {
                 self.fo.fence_wait = self.fo.fence_wait.without(rail);
                 // Every IMM of the rail is in now: report what arrived.
@@ -82,6 +105,9 @@ impl RecvEngine {
         self.error.check()?;
         if !self.fo.cfg.enabled {
             return Ok(());
+        }
+        if self.fo.outage_ns != 0 {
+            self.poll_outage(mem, out)?;
         }
         while let Some(msg) = self.fo.ctl.poll(mem) {
             let seq = self.fo.ctl.consumed();
@@ -103,7 +129,7 @@ impl RecvEngine {
         self.repost_cts(out);
         for rail in self.fo.report_due.iter() {
             let msg = self.fenced_report(rail);
-            if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
+            if self.fo.send_ctl(&msg, rail, mem, out) {
                 self.fo.report_due = self.fo.report_due.without(rail);
                 self.fo.state[rail] = RailState::Failed { epoch: msg.epoch, fenced: true };
                 // The first report of a down period is news (the failure was a WARN); one
@@ -126,7 +152,8 @@ impl RecvEngine {
 
     /// `Fenced` for `rail`: receives before `base_seq` completed; bit `i` says whether
     /// part `rail` of receive `base_seq + i` arrived (a receive whose data is all in, or
-    /// that completed, has every part).
+    /// that completed, has every part), and bit `i` of the first payload word whether the
+    /// other part did.
     fn fenced_report(&self, rail: usize) -> CtlMsg {
         let tail = self.fifo_tail;
         let base = tail.saturating_sub(FENCE_WINDOW);
@@ -134,8 +161,10 @@ impl RecvEngine {
         m.base_seq = base;
         for seq in base..tail {
             let s = &self.slots[(seq % SLOTS as u64) as usize];
-            let seen = s.state != State::Posted || s.data_done || s.seen.contains(rail);
-            m.bitmap |= (seen as u32) << (seq - base);
+            let done = s.state != State::Posted || s.data_done;
+            m.bitmap |= ((done || s.seen.contains(rail)) as u32) << (seq - base);
+            // The other part, which replays on this rail delivered: `CtlMsg::other_seen`.
+            m.payload[0] |= ((done || s.seen.contains(other(rail))) as u64) << (seq - base);
         }
         m
     }
@@ -206,6 +235,26 @@ impl RecvEngine {
         self.rail_down(rail, DownReason::Completion)
     }
 
+    /// An outage's round (every rail failed): past the grace, the connection fails;
+    /// entering it, the control messages the sender has not acknowledged go out of band
+    /// again (`engine/control.rs`).
+    #[cold]
+    #[inline(never)]
+    fn poll_outage(&mut self, mem: &impl CtlMemory, out: &mut Output) -> Result<()> {
+        if self.fo.now_ns >= self.fo.outage_deadline() {
+            log::warn!(
+                "recv: no rail came back within {} ms (MPIB_OUTAGE_GRACE_MS): the connection fails{}",
+                self.fo.cfg.outage_grace_ns / 1_000_000,
+                self.at(0)
+            );
+            return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+        }
+        if std::mem::take(&mut self.fo.oob_resend) {
+            self.fo.ctl.resend_unacked(mem, out);
+        }
+        Ok(())
+    }
+
     /// A rail's failure is a warning while NCCL waits on a receive; with none outstanding
     /// (a sender that closed after its last send looks the same) it is information.
     fn failure_level(&self) -> log::Level {
@@ -226,15 +275,25 @@ impl RecvEngine {
         self.fo.timer_ns = 0;
         self.live_rails = self.live_rails.without(rail);
         let level = self.failure_level();
-        if self.live_rails.is_empty() {
+        if self.live_rails.is_empty() && self.fo.outage_ns == 0 {
+            if !self.fo.enter_outage() {
+                log::log!(
+                    level,
+                    "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails{}{}",
+                    RAIL_NAMES[rail],
+                    if level == log::Level::Warn { "" } else { " (no receive outstanding: the peer may have closed)" },
+                    self.at(rail)
+                );
+                return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+            }
             log::log!(
                 level,
-                "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails{}{}",
+                "recv: {} rail failed ({why:?}) and no other rail is up: receives wait up to {} ms \
+                 (MPIB_OUTAGE_GRACE_MS) for a rail to come back{}",
                 RAIL_NAMES[rail],
-                if level == log::Level::Warn { "" } else { " (no receive outstanding: the peer may have closed)" },
+                self.fo.cfg.outage_grace_ns / 1_000_000,
                 self.at(rail)
             );
-            return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         if was_up {
             log::log!(

@@ -9,7 +9,7 @@
 //! `Fenced`), which tells the sender that the attempt failed.
 
 use super::RecvEngine;
-use crate::engine::failover::{CtlKind, CtlMsg, Failover, other};
+use crate::engine::failover::{CtlKind, CtlMsg, Failover};
 use crate::engine::layout::RecvMemory;
 use crate::engine::{Action, CtlMemory, DownReason, Output, QpRecords, QpRef, RAIL_NAMES, RailState, WrKind};
 use crate::error::Result;
@@ -53,7 +53,7 @@ impl RecvEngine {
             match self.fo.state[rail] {
                 RailState::Rebuilding { epoch } => {
                     let msg = CtlMsg::new(CtlKind::Rebuilt, rail, epoch).with_records(&self.fo.records[rail]);
-                    if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
+                    if self.fo.send_ctl(&msg, rail, mem, out) {
                         self.fo.state[rail] = RailState::Probing { epoch };
                         self.fo.readmit_due = self.fo.readmit_due.without(rail);
                         self.fo.connect_wait = self.fo.connect_wait.with(rail);
@@ -102,5 +102,13 @@ impl RecvEngine {
             RAIL_NAMES[rail],
             self.fo.epoch[rail]
         );
+        if let Some(took) = self.fo.leave_outage(self.fo.now_ns) {
+            self.fo.timer_ns = 0; // the CTS writes lost meanwhile go out again (`repost_cts`)
+            log::warn!(
+                "recv: the connection is back on the {} rail after {} ms without a working rail",
+                RAIL_NAMES[rail],
+                took / 1_000_000
+            );
+        }
     }
 }

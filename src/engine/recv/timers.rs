@@ -41,10 +41,12 @@ impl RecvEngine {
             self.fo.timer_ns = u64::MAX;
             return Ok(());
         }
+        self.fo.now_ns = now_ns;
+        self.fo.stamp_outage(now_ns);
         self.poll_keepalive(now_ns, out);
         let r = self.poll_failover(mem, out);
         self.watch_hang(now_ns, out);
-        self.fo.timer_ns = if self.failover_due() { 0 } else { self.hang.next_ns };
+        self.fo.timer_ns = if self.failover_due() { 0 } else { self.hang.next_ns.min(self.fo.outage_deadline()) };
         r
     }
 

@@ -9,7 +9,7 @@
 use super::{PartSrc, SendEngine};
 use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
-use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS};
+use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS, SendMemory};
 use crate::engine::{
     CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState, SOUT, SUP,
     StrayCompletion, Violation, WrKind,
@@ -41,7 +41,7 @@ impl SendEngine {
     /// Whether [`Self::poll_failover`] has something to emit now (it must also be called
     /// while any rail is not [`RailState::Up`], to read the control ring).
     pub(crate) fn failover_due(&self) -> bool {
-        self.fo.rail_work_due() || self.fo.replays_waiting != 0
+        self.fo.rail_work_due() || self.fo.replays_waiting != 0 || self.held() || self.fo.outage_ns != 0
     }
 
     /// What the plugin saw (a port down) or did (an action performed), at `now_ns`. What
@@ -65,7 +65,14 @@ impl SendEngine {
                 }
                 _ => self.rail_down(rail, DownReason::Port),
             },
-            Event::DeviceFatal { rail } => self.rail_down(rail, DownReason::Port),
+            Event::DeviceFatal { rail } => {
+                self.fo.fatal = self.fo.fatal.with(rail);
+                if self.fo.fatal == RailMask::BOTH && self.fo.outage_ns != 0 {
+                    // Waiting for a rail whose device is gone: nothing will come back.
+                    return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+                }
+                self.rail_down(rail, DownReason::Port)
+            }
             // The sender's own fence needs no follow-up: it only stops its QPs of the rail.
             Event::FenceDone { rail } => {
                 self.fo.fence_wait = self.fo.fence_wait.without(rail);
@@ -81,18 +88,34 @@ impl SendEngine {
             }
             Event::ReadmitFailed { rail } => self.readmit_failed(rail),
             Event::PortDown { rail } => self.readmit_deferred(rail),
+            Event::ControlOob { words } => {
+                self.fo.ctl.receive_oob(words);
+                Ok(())
+            }
+            Event::PeerGone => self.peer_gone(),
         }
     }
 
     /// The failover work of one call: stalls (checked every `MPIB_STALL_MS / 4`), fences
     /// and `RailDown`s to emit, the receiver's control messages (a `Fenced` report replays
     /// the missing parts), re-admission.
-    pub(crate) fn poll_failover(&mut self, now_ns: u64, mem: &mut impl CtlMemory, out: &mut Output) -> Result<()> {
+    pub(crate) fn poll_failover(
+        &mut self,
+        now_ns: u64,
+        mem: &mut (impl CtlMemory + SendMemory),
+        out: &mut Output,
+    ) -> Result<()> {
         self.error.check()?;
         if !self.fo.cfg.enabled {
             return Ok(());
         }
         self.fo.now_ns = now_ns;
+        self.fo.stamp_outage(now_ns);
+        if self.fo.outage_ns != 0 {
+            self.poll_outage(now_ns, mem, out)?;
+        } else if self.held() {
+            self.post_held(now_ns, mem, out)?;
+        }
         if now_ns >= self.fo.silence_next_ns {
             self.check_silence(now_ns)?;
         }
@@ -104,7 +127,7 @@ impl SendEngine {
         self.fo.emit_fences(out);
         for rail in self.fo.report_due.iter() {
             let msg = CtlMsg::new(CtlKind::RailDown, rail, self.fo.epoch[rail]);
-            if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
+            if self.fo.send_ctl(&msg, rail, mem, out) {
                 self.fo.report_due = self.fo.report_due.without(rail);
             }
         }
@@ -161,15 +184,25 @@ impl SendEngine {
         // The other rail is all there is now: used, suspect or not.
         self.clear_suspect(other(rail));
         let level = self.failure_level();
-        if self.fo.failed() == RailMask::BOTH {
+        if self.fo.failed() == RailMask::BOTH && self.fo.outage_ns == 0 {
+            if !self.fo.enter_outage() {
+                log::log!(
+                    level,
+                    "send: {} rail failed ({why:?}) and the other rail is down: the connection fails{}{}",
+                    RAIL_NAMES[rail],
+                    if level == log::Level::Warn { "" } else { " (no send outstanding: the peer may have closed)" },
+                    self.at(rail)
+                );
+                return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+            }
             log::log!(
                 level,
-                "send: {} rail failed ({why:?}) and the other rail is down: the connection fails{}{}",
+                "send: {} rail failed ({why:?}) and the other rail is down: sends wait up to {} ms \
+                 (MPIB_OUTAGE_GRACE_MS) for a rail to come back{}",
                 RAIL_NAMES[rail],
-                if level == log::Level::Warn { "" } else { " (no send outstanding: the peer may have closed)" },
+                self.fo.cfg.outage_grace_ns / 1_000_000,
                 self.at(rail)
             );
-            return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         if was_up {
             self.fo.down_warned_ns[rail] = self.fo.now_ns.max(1);
@@ -228,10 +261,11 @@ impl SendEngine {
             if !ps.pending.contains(rail) || ps.replay.contains(rail) {
                 continue;
             }
-            let bytes = ps.bytes[rail];
+            let (bytes, seq) = (ps.bytes[rail], ps.seq);
             self.outstanding[rail] -= 1;
             self.tel[rail].on_abandon(bytes);
-            if m.part_seen(ps.seq) {
+            self.slots[slot].extra_pieces[rail] = 0;
+            if m.part_seen(seq) {
                 confirmed += 1;
                 self.fo.confirmed_parts += 1;
                 let ps = &mut self.slots[slot];
@@ -239,6 +273,12 @@ impl SendEngine {
                 if ps.pending.is_empty() {
                     self.complete_slot(slot);
                 }
+            } else if self.fo.state[other(rail)] != RailState::Up {
+                // No rail works (an outage): delivered once one is back (`replay_ready`).
+                replayed += 1;
+                let ps = &mut self.slots[slot];
+                ps.replay_wait = ps.replay_wait.with(rail);
+                self.fo.replays_waiting += 1;
             } else if self.slots[slot].pending.contains(other(rail)) {
                 // The slot's own chain on the surviving rail is still out: its replay
                 // follows once that completed (`replay_ready`).
@@ -248,7 +288,28 @@ impl SendEngine {
                 self.fo.replays_waiting += 1;
             } else {
                 replayed += 1;
-                self.replay_part(slot, rail, out);
+                self.replay_part(slot, rail, other(rail), out);
+            }
+        }
+        // Replays of the other rail's parts that rode on this one: the report says whether
+        // each arrived; one that did not waits for a working rail.
+        let part = other(rail);
+        for slot in 0..SLOTS {
+            if !self.slots[slot].replay.contains(part) {
+                continue;
+            }
+            self.outstanding[rail] -= 1;
+            let ps = &mut self.slots[slot];
+            ps.replay = ps.replay.without(part);
+            if m.other_seen(ps.seq) {
+                ps.pending = ps.pending.without(part);
+                if ps.pending.is_empty() {
+                    self.complete_slot(slot);
+                }
+            } else {
+                replayed += 1;
+                ps.replay_wait = ps.replay_wait.with(part);
+                self.fo.replays_waiting += 1;
             }
         }
         self.fo.state[rail] = RailState::Failed { epoch: m.epoch, fenced: true };
@@ -265,32 +326,50 @@ impl SendEngine {
         Ok(())
     }
 
-    /// Posts the waiting replays whose slot has no chain left on the surviving rail.
+    /// Posts the waiting replays whose slot has no live chain left on the rail that takes
+    /// them: the other rail when it works (a replay), else the part's own rail when that
+    /// one is back first after an outage (sent again as it was).
     #[cold]
     #[inline(never)]
     fn replay_ready(&mut self, out: &mut Output) {
         for slot in 0..SLOTS {
             let wait = self.slots[slot].replay_wait;
             for part in wait.iter() {
-                if !self.slots[slot].pending.contains(other(part)) {
-                    let ps = &mut self.slots[slot];
-                    ps.replay_wait = ps.replay_wait.without(part);
-                    self.fo.replays_waiting -= 1;
-                    self.replay_part(slot, part, out);
+                let up = |r: usize| self.fo.state[r] == RailState::Up;
+                let via = if up(other(part)) {
+                    other(part)
+                } else if up(part) {
+                    part
+                } else {
+                    continue;
+                };
+                // A live chain of the slot on `via`: its own part's, unless that one died
+                // too (waiting as well, or replayed elsewhere), or a replay riding on it.
+                let ps = &self.slots[slot];
+                let own = ps.pending.contains(via) && !ps.replay_wait.contains(via) && !ps.replay.contains(via);
+                if own || ps.replay.contains(other(via)) {
+                    continue;
                 }
+                let ps = &mut self.slots[slot];
+                ps.replay_wait = ps.replay_wait.without(part);
+                self.fo.replays_waiting -= 1;
+                self.replay_part(slot, part, via, out);
             }
         }
     }
 
-    /// Re-posts `part` of `slot` on the other rail: the same bytes from the same source to
-    /// the same destination (the surviving rail's keys), ended by a WRITE_WITH_IMM whose
-    /// IMM is the original's with the replay flag; for a multi-receive or oversized slot
-    /// whose leader part this is, that WR also writes the completion records again.
-    fn replay_part(&mut self, slot: usize, part: usize, out: &mut Output) {
-        let via = other(part);
+    /// Re-posts `part` of `slot` on rail `via`: the same bytes from the same source to the
+    /// same destination (`via`'s keys), ended by a WRITE_WITH_IMM whose IMM is the
+    /// original's, with the replay flag when `via` is the other rail; for a multi-receive or
+    /// oversized slot whose leader part this is, that WR also writes the completion records
+    /// again. On the part's own rail (back after an outage) it is the part sent again, in
+    /// one piece: completed as the original would have been.
+    fn replay_part(&mut self, slot: usize, part: usize, via: usize, out: &mut Output) {
+        let resend = via == part;
         let ps = self.slots[slot];
         let orig = Imm::decode(ps.imm);
-        let imm = Imm::replayed(ps.imm);
+        let imm = if resend { ps.imm } else { Imm::replayed(ps.imm) };
+        let signal = if resend { WrKind::DataSignal } else { WrKind::ReplaySignal };
         let qp = self.next_qp(via);
         let (max_inline, n) = (self.cfg.max_inline as u64, ps.n as usize);
         let c = out.push(via, qp);
@@ -314,7 +393,7 @@ impl SendEngine {
             (wr, len)
         };
         if n == 1 && orig.size_q != SIZEQ_SENTINEL {
-            let (w, len) = wr(&self.srcs[slot][0], WrKind::ReplaySignal, Some(imm));
+            let (w, len) = wr(&self.srcs[slot][0], signal, Some(imm));
             c.add(w);
             bytes += len;
         } else {
@@ -328,7 +407,7 @@ impl SendEngine {
             let leader = if orig.mask.contains(SOUT) { SOUT } else { SUP };
             let off = (slot * RECORD_SLOT_BYTES) as u64;
             let mut w = SendWr {
-                wr_id: WrKind::ReplaySignal.id(part, slot),
+                wr_id: signal.id(part, slot),
                 opcode: WrOpcode::WriteImm,
                 signaled: true,
                 remote_addr: self.cfg.records_addr + off,
@@ -346,8 +425,16 @@ impl SendEngine {
         let wrs = c.len as u64;
         self.tel[via].stats().count_post(wrs, 1, bytes, bytes);
         self.outstanding[via] += 1;
-        let ps = &mut self.slots[slot];
-        ps.replay = ps.replay.with(part);
+        if resend {
+            // Completed, and sampled, as a part of its rail.
+            let now = self.fo.now_ns;
+            self.tel[via].on_post(now, bytes);
+            let ps = &mut self.slots[slot];
+            (ps.posted_ns[via], ps.bytes[via], ps.extra_pieces[via]) = (now, bytes, 0);
+        } else {
+            let ps = &mut self.slots[slot];
+            ps.replay = ps.replay.with(part);
+        }
         self.fo.replayed_parts += 1;
         self.fo.replayed_bytes += bytes;
         self.tel[part].stats().count_replayed(bytes);

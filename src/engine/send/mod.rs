@@ -16,6 +16,7 @@ use crate::telemetry::{ProbeBudget, RailTelemetry, Sample};
 
 mod drill;
 mod failover;
+mod outage;
 mod post;
 mod profile;
 mod readmit;

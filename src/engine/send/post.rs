@@ -90,6 +90,11 @@ impl SendEngine {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
         let failed = self.failed_rails();
         if failed == RailMask::BOTH {
+            if self.fo.outage_ns != 0 {
+                // No rail works: the slot is held (`outage.rs`), posted once one is back.
+                self.matching = true;
+                return Ok(());
+            }
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         let n = self.cur.n;

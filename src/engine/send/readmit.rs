@@ -39,6 +39,7 @@ impl SendEngine {
             .min()
             .unwrap_or(u64::MAX)
             .min(stall)
+            .min(self.fo.outage_deadline())
     }
 
     /// Re-admission work of one failover poll: attempts to start or give up, `Rebuild`
@@ -50,7 +51,10 @@ impl SendEngine {
         for (rail, name) in RAIL_NAMES.iter().enumerate() {
             let due = now >= self.fo.readmit_at[rail];
             match self.fo.state[rail] {
-                RailState::Failed { epoch, fenced: true } if due && self.fo.state[other(rail)] == RailState::Up => {
+                // The `Rebuild` goes over the other rail, or out of band in an outage.
+                RailState::Failed { epoch, fenced: true }
+                    if due && (self.fo.state[other(rail)] == RailState::Up || self.fo.outage_ns != 0) =>
+                {
                     self.fo.state[rail] = RailState::Rebuilding { epoch: epoch + 1 };
                     self.fo.readmit_at[rail] = now + READMIT_ATTEMPT_NS;
                     out.actions.push(Action::RebuildQps { rail });
@@ -66,7 +70,7 @@ impl SendEngine {
             match self.fo.state[rail] {
                 RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch => {
                     let msg = CtlMsg::new(CtlKind::Rebuild, rail, epoch).with_records(&self.fo.records[rail]);
-                    if self.fo.ctl.send(&self.fo.cfg, &msg, other(rail), mem, out) {
+                    if self.fo.send_ctl(&msg, rail, mem, out) {
                         // From here on the rail's messages are about the new epoch.
                         self.fo.epoch[rail] = epoch;
                         self.fo.readmit_due = self.fo.readmit_due.without(rail);
@@ -157,6 +161,15 @@ impl SendEngine {
             self.fo.epoch[rail],
             self.fo.readmit_failures
         );
+        if let Some(took) = self.fo.leave_outage(now) {
+            // What waited goes out at the next round: the replays (`replay_ready`), a held slot.
+            self.fo.timer_ns = 0;
+            log::warn!(
+                "send: the connection is back on the {} rail after {} ms without a working rail; what waited is sent again",
+                RAIL_NAMES[rail],
+                took / 1_000_000
+            );
+        }
     }
 
     /// The current attempt failed (the plugin's word, a probe, the time bound). Before

@@ -6,6 +6,7 @@
 
 use super::SendEngine;
 use crate::engine::failover::Output;
+use crate::engine::layout::SendMemory;
 use crate::engine::{CtlMemory, QpRef, RAILS, RailMask, WrKind};
 use crate::error::Result;
 use crate::fabric::{SendWr, Sge, WrOpcode};
@@ -32,7 +33,12 @@ impl SendEngine {
     /// with [`Self::handle_event`], then calls again while [`Self::poll_timeout`] says so.
     /// After the connection failed nothing more is posted, and nothing is reported here:
     /// the calls that need the peer report the failure.
-    pub fn handle_timeout(&mut self, now_ns: u64, mem: &mut impl CtlMemory, out: &mut Output) -> Result<()> {
+    pub fn handle_timeout(
+        &mut self,
+        now_ns: u64,
+        mem: &mut (impl CtlMemory + SendMemory),
+        out: &mut Output,
+    ) -> Result<()> {
         if self.error.is_set() {
             (self.probe_check_ns, self.fo.timer_ns) = (u64::MAX, u64::MAX);
             return Ok(());

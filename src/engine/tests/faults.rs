@@ -23,6 +23,10 @@ fn entry(space: &Space, i: usize) -> [u64; CTL_WORDS] {
     std::array::from_fn(|k| ring_word(space, CTL_RING, i, k))
 }
 
+fn out_entry(space: &Space, i: usize) -> [u64; CTL_WORDS] {
+    std::array::from_fn(|k| ring_word(space, CTL_OUT, i, k))
+}
+
 fn write_out(space: &mut Space, i: usize, words: &[u64; CTL_WORDS]) {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
     space.write(CTL_OUT + (i * CTL_ENTRY_BYTES) as u64, &bytes);
@@ -38,6 +42,9 @@ impl CtlMemory for SendSide {
     fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]) {
         write_out(&mut self.space, i, words)
     }
+    fn ctl_out_entry(&self, i: usize) -> [u64; CTL_WORDS] {
+        out_entry(&self.space, i)
+    }
 }
 
 impl CtlMemory for RecvSide {
@@ -49,6 +56,9 @@ impl CtlMemory for RecvSide {
     }
     fn write_ctl_out(&mut self, i: usize, words: &[u64; CTL_WORDS]) {
         write_out(&mut self.space, i, words)
+    }
+    fn ctl_out_entry(&self, i: usize) -> [u64; CTL_WORDS] {
+        out_entry(&self.space, i)
     }
 }
 
@@ -77,6 +87,7 @@ pub fn enable_failover(p: &mut Pair, stall_ns: u64) {
         readmit_ns: 0,
         readmit_max_ns: 0,
         drill: None,
+        outage_grace_ns: 0,
     };
     *p.s.failover_config_mut() = cfg(91, 93);
     *p.r.failover_config_mut() = cfg(95, 97);
@@ -88,6 +99,9 @@ pub fn enable_failover(p: &mut Pair, stall_ns: u64) {
 pub struct Rebuilds {
     /// `[side][rail]`: generations built (records name side, rail and generation).
     pub built: [[u64; RAILS]; 2],
+    /// The set-up channel holds what is sent on it (`to side`, words) until released.
+    pub oob_held: bool,
+    pub oob_queue: Vec<(usize, [u64; crate::engine::failover::CTL_WORDS])>,
     /// `[side][rail]`: the records each side last connected its new QPs to.
     pub connected: [[Option<QpRecords>; RAILS]; 2],
     /// The receiver's QpsConnected still to feed (the sender connected last).
@@ -150,6 +164,17 @@ impl Pair {
                 }
             }
             Action::Drop { .. } => unreachable!("no drill in the engine tests' pairs"),
+            Action::ControlOob { words } => {
+                // The set-up channel: delivered to the peer's engine at once, unless held.
+                if self.rb.oob_held {
+                    self.rb.oob_queue.push((1 - side, words));
+                } else if side == SEND_SIDE {
+                    self.r.handle_event(Event::ControlOob { words })?;
+                } else {
+                    self.s.handle_event(self.now, Event::ControlOob { words })?;
+                }
+                None
+            }
             Action::HangReport { .. } => None,
             Action::ConnectQps { rail, records } => {
                 let peer = 1 - side;

@@ -14,6 +14,7 @@ mod keepalive;
 mod memory;
 mod messages;
 mod model;
+mod outage;
 mod probes;
 mod protocol;
 mod readmit;
