@@ -128,16 +128,19 @@ impl Process {
                 log::info!(target: "mpib::config", "{i}");
             }
             log::info!(target: "mpib::config", "configuration: {cfg}");
-            let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).send[0]);
+            let grace = std::time::Duration::from_millis(if cfg.failover { cfg.outage_grace_ms() } else { 0 });
+            let bound = |kind| setup::silent_peer_bound(&setup::Params::new(cfg, kind, abi, None).send[0]) + grace;
             log::info!(
                 target: "mpib::config",
-                "a peer that stops answering (frozen, host down) is reported within {:.1?} on verbs, {:.1?} on the soft fabric (timeout {} from {}, at least 16 on the soft fabric; retry count {} from {}); a killed one on the soft fabric at once",
+                "a peer that stops answering (frozen, host down) is reported within {:.1?} on verbs, {:.1?} on the soft fabric (timeout {} from {}, at least 16 on the soft fabric; retry count {} from {}; then the outage grace, {:.1?}); a killed one as soon as its set-up channel closes (verbs: once RC gives up, {:.1?}), on the soft fabric at once",
                 bound(FabricKind::Verbs),
                 bound(FabricKind::Soft),
                 cfg.timeout,
                 cfg.origin("MPIB_TIMEOUT", 2),
                 cfg.retry_cnt,
                 cfg.origin("MPIB_RETRY_CNT", 2),
+                grace,
+                bound(FabricKind::Verbs) - grace,
             );
             let a = open(cfg, &self.counts)?;
             let _ = self.active.set(a);

@@ -204,8 +204,9 @@ pub(super) fn one_port<D: Device>(rails: &[Rail<D>; RAILS]) -> bool {
 /// silence a keepalive (or the data itself) is in flight, and its transport gives up after
 /// the ACK-timeout budget `4.096 µs × 2^MPIB_TIMEOUT × (MPIB_RETRY_CNT + 1)` (the soft
 /// fabric waits at least 100 ms, and its timeout is at least [`SOFT_MIN_TIMEOUT`]). With the
-/// defaults (NCCL's 20, 7) 34.5 s: the time both rails may be silent before the connection
-/// errors. A killed peer on the soft fabric is reported at once (its kernel closes the
+/// defaults (NCCL's 20, 7) 34.5 s: the time both rails may be silent before their QPs
+/// fail; the connection then waits the outage grace (`MPIB_OUTAGE_GRACE_MS`) for a rail
+/// to come back, unless the peer's set-up channel closed. A killed peer on the soft fabric is reported at once (its kernel closes the
 /// sockets); on verbs only this bound tells (a NIC drops packets for a QP that no longer
 /// exists). One silent rail beside a working one is left far sooner (the engine's
 /// silent-rail detection).
