@@ -164,6 +164,13 @@ suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUG
 build_link-down-striped() { build_link-down "$1"; }
 suite link-down-striped "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_with_4_striped_qps_per_rail_is_readmitted --test-threads=1 --nocapture"
 
+# Both links down together (crates/mpib-tools/tests/link_down.rs): rxe0's and rxe1's
+# netdevs taken down 1.5 s into the stream and up 2 s later. rxe fails both rails' WRs at
+# once: an outage, ridden out (MPIB_OUTAGE_GRACE_MS=30000), its control messages over the
+# set-up connection; clean, exact, both rails re-admitted. Toggles both links.
+build_both-links-down() { build_link-down "$1"; }
+suite both-links-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact both_links_down_2s_mid_stream_are_ridden_out --test-threads=1 --nocapture"
+
 # The RoCE GID under a live connection (crates/mpib-tools/tests/link_down.rs): rxe1's IP
 # address removed and added again (its GID back at another index), then replaced by another
 # address (another GID), mid-stream; SUP fails over and is re-admitted on the GID as it is

@@ -445,6 +445,8 @@ pub struct FailoverCounts {
     pub readmit_failures: u64,
     /// Rails failed because they fell silent while the other rail completed work.
     pub silent_failures: u64,
+    /// Outages (every rail failed) ridden out: a rail came back within the grace.
+    pub outages: u64,
 }
 
 impl Failover {
@@ -555,6 +557,7 @@ impl Failover {
             readmissions: self.readmissions,
             readmit_failures: self.readmit_failures,
             silent_failures: self.silent_failures,
+            outages: self.outages,
         }
     }
 

@@ -77,6 +77,78 @@ fn sup_link_down_with_4_striped_qps_per_rail_is_readmitted() {
     sup_link_down_mid_stream(&[("MPIB_QP", "4"), ("MPIB_QP_STRIPE", "1")]);
 }
 
+/// Both rails' links down together for 2 s mid-stream (both netdevs; a switch reboot): rxe
+/// fails every posted WR of both rails at once, so the connection is in an outage at once;
+/// the control messages that rebuild a rail go over the set-up connection (between the
+/// ranks' local addresses, which stay reachable on the host with the links down), and once
+/// the links are up the first rail re-admitted carries what was missing. Clean: every byte
+/// exact, no error code on either rank, both rails failed over and re-admitted.
+#[test]
+#[ignore = "takes netdevs down: only in the Soft-RoCE guest (ci/rxe-test.sh both-links-down)"]
+fn both_links_down_2s_mid_stream_are_ridden_out() {
+    if std::env::var("MPIB_TEST_LINK_TOGGLE").as_deref() != Ok("1") {
+        eprintln!("MPIB_TEST_LINK_TOGGLE is not 1: skipped");
+        return;
+    }
+    let netdevs = ["RXE_NETDEV0", "RXE_NETDEV1"].map(|v| std::env::var(v).expect(v));
+    let _up = netdevs.clone().map(LinkUp);
+    let phase = Phase {
+        sizes: vec![4 * KIB, MIB + 7, 64 * KIB, 256 * KIB + 3],
+        count: 1500,
+        nrecv: 1,
+        inflight: 4,
+        warmup: 4,
+        ..Phase::default()
+    };
+    let w = Workload { seed: 23, stall_ms: 120_000, phases: vec![phase], ..Workload::default() };
+    let mut spec = pair(w);
+    spec.env.push(("MPIB_SPLIT".into(), "50".into()));
+    // The suites' MPIB_TIMEOUT=16 makes the automatic grace 2 s: give the outage room.
+    spec.env.push(("MPIB_OUTAGE_GRACE_MS".into(), "30000".into()));
+    spec.env.push(("RUST_LOG".into(), "mpib=info".into()));
+    let mut triggered = false;
+    let mut observer = |rank: usize, p: &PhaseStart| {
+        if rank != 1 || p.warmup || triggered {
+            return;
+        }
+        triggered = true;
+        let netdevs = netdevs.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            for n in &netdevs {
+                ip_link(n, "down");
+            }
+            eprintln!("link_down: {netdevs:?} down");
+            std::thread::sleep(Duration::from_millis(2000));
+            for n in &netdevs {
+                ip_link(n, "up");
+            }
+            eprintln!("link_down: {netdevs:?} up");
+        });
+    };
+    let t0 = Instant::now();
+    let out = run_pair_observed(&spec, &Launcher::test_binary(RANK_ENTRY), &mut observer).expect("start the ranks");
+    eprintln!("both links down mid-stream: {:.2} s", t0.elapsed().as_secs_f64());
+    for (rank, who) in [(0, "receiver"), (1, "sender")] {
+        for line in out.ranks[rank].stderr.lines().filter(|l| l.contains("outage") || l.contains("back on")) {
+            eprintln!("link_down: {who}: {line}");
+        }
+    }
+    if let Err(e) = out.check_clean() {
+        panic!("{e}");
+    }
+    for rank in 0..2 {
+        let rails = out.ranks[rank].report.as_ref().and_then(|rep| rep.rails).expect("mpib_rail_stats");
+        assert!(
+            rails.iter().all(|r| r.failovers >= 1 && r.readmissions >= 1),
+            "rank {rank}: both rails failed over and came back (was the stream over before the links went down?)\n{}",
+            out.describe()
+        );
+    }
+    let sender = &out.ranks[1].stderr;
+    assert!(sender.contains("the connection is back on"), "the sender never left the outage\n{sender}");
+}
+
 /// One link-down run (see the module doc), `env` added to the ranks' variables.
 fn sup_link_down_mid_stream(env: &[(&str, &str)]) {
     if std::env::var("MPIB_TEST_LINK_TOGGLE").as_deref() != Ok("1") {

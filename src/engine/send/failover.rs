@@ -258,7 +258,8 @@ impl SendEngine {
         let (mut confirmed, mut replayed) = (0u32, 0u32);
         for slot in 0..SLOTS {
             let ps = &self.slots[slot];
-            if !ps.pending.contains(rail) || ps.replay.contains(rail) {
+            // (A part already waiting for a rail was settled by an earlier report.)
+            if !ps.pending.contains(rail) || ps.replay.contains(rail) || ps.replay_wait.contains(rail) {
                 continue;
             }
             let (bytes, seq) = (ps.bytes[rail], ps.seq);

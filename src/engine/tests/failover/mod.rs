@@ -12,6 +12,7 @@
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
 
+mod outage;
 mod strategy;
 
 use strategy::*;
