@@ -32,7 +32,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use super::clock::{idle, period};
 use super::conn::Conn;
 use super::link::{Link, LinkState, Phase};
 use super::port::Port;
@@ -73,6 +72,7 @@ impl Helper {
 fn run(port: &Port<Conn>, stop: &AtomicBool) {
     let net = port.net.as_ref().expect("TCP device");
     let w = &net.watcher;
+    let (idle, period) = (|| w.clock.schedule.idle(), || w.clock.schedule.period());
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
     let mut watch: Vec<(usize, Instant)> = Vec::with_capacity(64);
     let mut due: Vec<usize> = Vec::with_capacity(64);
@@ -220,7 +220,9 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
 const ASK_AGAIN: Duration = Duration::from_micros(100);
 
 fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> Option<Duration> {
-    let Some(mut st) = link.try_lock() else { return Some(period()) };
+    let Some(mut st) = link.try_lock() else {
+        return Some(port.net.as_ref().expect("TCP device").watcher.clock.schedule.period());
+    };
     let _ = port.step_locked(link, &mut st, false);
     rearm(port, &mut st, t);
     None
