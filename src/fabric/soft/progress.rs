@@ -8,12 +8,14 @@
 //! - **The sweep schedule** ([`SweepSchedule`]): the helper sweeps its links every
 //!   period while no caller polls; callers' polls put the sweep off, never past the next
 //!   whole [`MAX_DEFER`] after the last one.
+//! - **The ACK hold** ([`AckHold`]): an acknowledgement a requester waits for is held by
+//!   a caller's step for the frames of its next steps, for [`ACK_HOLD`] at most.
 //! - **The helper's looks** (`progress/helper.rs`): which links an event or a sweep makes
 //!   the helper look at, whether it waits [`ASK_AGAIN`] to see callers serve them, and
 //!   whether it serves them itself.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long a link's callers must have been quiet before the helper steps in; also the
 /// helper's period for sweeps and pending accepts while no caller polls. Measured with
@@ -135,6 +137,82 @@ impl SweepSchedule {
     }
 }
 
+/// The longest a caller's steps hold an acknowledgement a requester waits for, waiting for
+/// frames to carry it (see [`AckHold`]). Longer than a busy caller takes to post the reply
+/// or CTS that follows a completion (a few µs), short against the round trip of an idle
+/// link's ACK it saves.
+pub const ACK_HOLD: Duration = Duration::from_micros(20);
+
+/// Whether a link's owed acknowledgements go now (a link's, under its lock: `link.rs`).
+///
+/// Acknowledgements owed go with the link's other frames. One a requester waits for
+/// (ACK_REQ: "urgent") and left owed after a flush (nothing else went) is held by a caller's
+/// step for the frames of its next steps on the link (the reply or CTS a caller posts after
+/// a completion carries it), for [`ACK_HOLD`] at most: then its next step sends it alone (a
+/// caller that keeps polling with nothing to send); the helper's next sweep sends it should
+/// the callers stop (`port.rs`). The helper's own step sends it at once. The clock is read
+/// only while one is held (the `now` arguments are called then, never otherwise).
+#[derive(Default, Debug, PartialEq, Eq)]
+pub struct AckHold {
+    /// An owed acknowledgement is one a requester waits for.
+    urgent: bool,
+    /// Since when a caller's step holds it.
+    held_at: Option<Instant>,
+    /// It is due: the next flush sends it, frames or not.
+    ripe: bool,
+}
+
+impl AckHold {
+    /// An acknowledgement owed is one a requester waits for.
+    pub fn owe_urgent(&mut self) {
+        self.urgent = true;
+    }
+
+    /// Whether one a requester waits for is owed (the link is stepped again for it).
+    #[inline]
+    pub fn owed(&self) -> bool {
+        self.urgent
+    }
+
+    /// Before a step: one held for [`ACK_HOLD`] is due.
+    #[inline]
+    pub fn ripen(&mut self, now: impl FnOnce() -> Instant) {
+        if self.urgent
+            && !self.ripe
+            && let Some(t) = self.held_at
+            && now().saturating_duration_since(t) >= ACK_HOLD
+        {
+            self.ripe = true;
+        }
+    }
+
+    /// After a flush (`by_caller`: a caller's step): whether to flush again, the urgent
+    /// acknowledgement left owed going alone now.
+    #[inline]
+    pub fn after_flush(&mut self, by_caller: bool, now: impl FnOnce() -> Instant) -> bool {
+        if !self.urgent {
+            return false;
+        }
+        if by_caller {
+            self.held_at.get_or_insert_with(now);
+            return false;
+        }
+        self.ripe = true;
+        true
+    }
+
+    /// Whether the acknowledgements owed go with this batch (`frames`: other frames go).
+    #[inline]
+    pub fn goes(&self, frames: bool) -> bool {
+        frames || self.ripe
+    }
+
+    /// They went (or the link broke): nothing is held.
+    pub fn sent(&mut self) {
+        *self = AckHold::default();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,5 +261,40 @@ mod tests {
         s.set_idle(IDLE);
         assert_eq!(s.idle(), IDLE);
         assert!(s.polled(100).is_some(), "set per device, seen at once");
+    }
+
+    const US: Duration = Duration::from_micros(1);
+
+    /// A caller's step holds an urgent acknowledgement left owed (it goes with the next
+    /// frames); its steps send it alone once it was held for `ACK_HOLD`, not before; the
+    /// clock is read only while one is held.
+    #[test]
+    fn a_caller_holds_an_ack_for_ack_hold_then_sends_it_alone() {
+        let t0 = Instant::now();
+        let mut a = AckHold::default();
+        a.ripen(|| unreachable!("no clock read with nothing held"));
+        assert!(!a.after_flush(true, || unreachable!("nothing urgent owed")));
+        assert!(!a.goes(false) && a.goes(true), "owed ACKs go with frames only");
+        a.owe_urgent();
+        assert!(a.owed());
+        assert!(!a.after_flush(true, || t0), "held by a caller's step");
+        assert!(!a.after_flush(true, || unreachable!("held since t0 already")));
+        a.ripen(|| t0 + ACK_HOLD - US);
+        assert!(!a.goes(false), "not due before ACK_HOLD");
+        assert!(a.goes(true), "but goes with the next frames");
+        a.ripen(|| t0 + ACK_HOLD);
+        assert!(a.goes(false), "due once held for ACK_HOLD: the next flush sends it alone");
+        a.ripen(|| unreachable!("due already: no clock read"));
+        a.sent();
+        assert_eq!(a, AckHold::default());
+    }
+
+    /// The helper's step holds nothing: an urgent acknowledgement left owed goes at once.
+    #[test]
+    fn the_helper_sends_an_owed_ack_at_once() {
+        let mut a = AckHold::default();
+        a.owe_urgent();
+        assert!(a.after_flush(false, || unreachable!("no hold, no clock")));
+        assert!(a.goes(false));
     }
 }

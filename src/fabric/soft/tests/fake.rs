@@ -255,7 +255,7 @@ fn a_held_ack_goes_at_the_next_poll_or_by_the_helper() {
     fake.send(&w(0));
     fake.s.write_all(&[1; 8]).unwrap();
     poll_until_placed(&mut a, [1; 8]);
-    std::thread::sleep(super::super::link::ACK_HOLD);
+    std::thread::sleep(super::super::progress::ACK_HOLD);
     a.cq.poll(&mut []).unwrap();
     assert_eq!(fake.recv().0, Frame::Ack { dst_qpn: 4242, seq: 0 });
     // Nobody polls after the placing poll: the helper's sweep sends it (5 s: a machine
