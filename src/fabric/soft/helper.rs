@@ -136,10 +136,9 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         if tick {
             swept = true;
             seen_epoll = epoll;
-            port.sweep(now, |l| {
+            port.sweep(now, callers_poll, |l| {
                 let e = l.caller_epoch.load(Ordering::Relaxed);
-                let quiet = e == l.swept.swap(e, Ordering::Relaxed);
-                quiet && !callers_poll
+                e == l.swept.swap(e, Ordering::Relaxed)
             });
             // Visit every watched link due within half a period: one wake-up serves them
             // all, however many links the device has.

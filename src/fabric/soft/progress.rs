@@ -10,12 +10,18 @@
 //!   whole [`MAX_DEFER`] after the last one.
 //! - **The ACK hold** ([`AckHold`]): an acknowledgement a requester waits for is held by
 //!   a caller's step for the frames of its next steps, for [`ACK_HOLD`] at most.
+//! - **Deferred posts** ([`doorbell`]): a post nobody here waits for (a CTS) rings no
+//!   doorbell; its frames go with the link's next ones.
+//! - **Stepping again** ([`step_again`], [`sweep_steps`]): which links a poll steps again
+//!   without a socket event, and which a sweep steps.
 //! - **The helper's looks** (`progress/helper.rs`): which links an event or a sweep makes
 //!   the helper look at, whether it waits [`ASK_AGAIN`] to see callers serve them, and
 //!   whether it serves them itself.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use crate::fabric::SendWr;
 
 /// How long a link's callers must have been quiet before the helper steps in; also the
 /// helper's period for sweeps and pending accepts while no caller polls. Measured with
@@ -213,6 +219,44 @@ impl AckHold {
     }
 }
 
+/// What a post does with the frames it queued on its link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Doorbell {
+    /// Send them now, as far as the socket takes them.
+    Ring,
+    /// Hold them for the link's next step: the caller's next post (typically the data or
+    /// the reply a CTS comes before) or poll of any of the device's CQs, at the latest the
+    /// helper's next sweep ([`sweep_steps`]): one `sendmsg` for both instead of one each.
+    Hold,
+}
+
+/// A post of `chain` on a link (`up`: established): a chain whose signalled WRs are all
+/// deferrable (nobody here waits for it: a CTS; see [`SendWr::deferrable`]) is held, unless
+/// the link is not up (its step is needed now: a dial to finish).
+#[inline]
+pub fn doorbell(chain: &[SendWr], up: bool) -> Doorbell {
+    if !up || chain.iter().any(|w| w.signaled && !w.deferrable) { Doorbell::Ring } else { Doorbell::Hold }
+}
+
+/// After a link's step: whether the link is stepped again at the next poll of any of the
+/// device's CQs, whether or not its socket moves. `work_left`: work no socket event
+/// announces (a read budget spent, a timer); `held`: an urgent acknowledgement or frames
+/// of a post are held ([`AckHold`], [`Doorbell::Hold`]).
+#[inline]
+pub fn step_again(work_left: bool, held: bool) -> bool {
+    work_left || held
+}
+
+/// Whether the helper's sweep steps an established link: one no caller stepped since the
+/// last sweep (`quiet`) while callers do not ask the readiness set (`callers_poll`: they
+/// serve every link of the device), or one holding an acknowledgement or frames since a
+/// caller's step (`held`: they go now, whether or not callers still poll; they may have
+/// stopped since).
+#[inline]
+pub fn sweep_steps(quiet: bool, callers_poll: bool, held: bool) -> bool {
+    (quiet && !callers_poll) || held
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -296,5 +340,30 @@ mod tests {
         a.owe_urgent();
         assert!(a.after_flush(false, || unreachable!("no hold, no clock")));
         assert!(a.goes(false));
+    }
+
+    /// A chain with a signalled WR someone waits for rings the doorbell; one whose
+    /// signalled WRs are all deferrable (or none is signalled) is held, unless the link is
+    /// not up.
+    #[test]
+    fn only_a_post_nobody_waits_for_is_held() {
+        let wr = |signaled, deferrable| SendWr { signaled, deferrable, ..SendWr::default() };
+        assert_eq!(doorbell(&[wr(false, false)], true), Doorbell::Hold, "unsignalled (a CTS)");
+        assert_eq!(doorbell(&[wr(true, true)], true), Doorbell::Hold, "signalled to retire slots only");
+        assert_eq!(doorbell(&[wr(false, false), wr(true, false)], true), Doorbell::Ring);
+        assert_eq!(doorbell(&[wr(true, false)], true), Doorbell::Ring);
+        assert_eq!(doorbell(&[wr(false, false)], false), Doorbell::Ring, "a link not up is stepped now");
+    }
+
+    /// A link holding something, or with work no event announces, is stepped again; a
+    /// sweep steps the links callers left alone, and the held ones even while callers poll.
+    #[test]
+    fn what_is_held_is_stepped_again_and_swept() {
+        assert!(!step_again(false, false));
+        assert!(step_again(true, false) && step_again(false, true));
+        assert!(sweep_steps(true, false, false), "quiet, callers not polling: swept");
+        assert!(!sweep_steps(true, true, false), "callers ask the set: they serve it");
+        assert!(!sweep_steps(false, false, false), "a caller stepped it since the last sweep");
+        assert!(sweep_steps(false, true, true), "held: swept whatever callers do");
     }
 }
