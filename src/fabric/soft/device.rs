@@ -98,6 +98,14 @@ impl SoftDevice {
     }
 }
 
+impl SoftDevice {
+    /// TCP: how many times the helper thread swept the device's links.
+    #[doc(hidden)]
+    pub fn helper_sweeps(&self) -> u64 {
+        self.port.net.as_ref().map_or(0, |n| n.helper_sweeps.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
 impl Drop for SoftDevice {
     fn drop(&mut self) {
         if let Some(h) = &mut self.helper {

@@ -97,6 +97,8 @@ pub struct Net<C: Station> {
     /// How many times the helper waited (`ASK_AGAIN`, `helper.rs`) to see whether callers
     /// serve the links it looked at.
     pub helper_asks: AtomicU64,
+    /// How many times the helper swept the device's links.
+    pub helper_sweeps: AtomicU64,
 }
 
 struct Acceptor<C: Station> {
@@ -141,6 +143,7 @@ impl<C: Station> Net<C> {
             superseded: Mutex::new(Vec::new()),
             epoll_epoch: AtomicU64::new(0),
             helper_asks: AtomicU64::new(0),
+            helper_sweeps: AtomicU64::new(0),
         })
     }
 

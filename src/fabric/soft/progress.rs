@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 
 use crate::fabric::SendWr;
 
+mod helper;
+
+pub use helper::{ASK_AGAIN, ClockAction, Looks, Verdict};
+
 /// How long a link's callers must have been quiet before the helper steps in; also the
 /// helper's period for sweeps and pending accepts while no caller polls. Measured with
 /// `examples/soft_progress` on 2 cores, both processes busy-polling: at 1 ms the helpers'
