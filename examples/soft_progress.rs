@@ -13,7 +13,6 @@ mod soft_link;
 
 use std::time::{Duration, Instant};
 
-use mpib::fabric::soft::set_helper_idle;
 use mpib::fabric::{Completion, CompletionQueue, QueuePair};
 use soft_link::{Link, bandwidth, link};
 
@@ -60,8 +59,8 @@ fn main() {
         "helper idle | RTT responder idle (med/p99 us) | RTT responder polls | 4 MiB BW, responder polls | helpers during polled RTT: CPU, wake-ups/s"
     );
     for idle_ms in [0u64, 1, 10] {
-        set_helper_idle(Duration::from_millis(idle_ms));
-        let mut small = link(64);
+        let idle = Duration::from_millis(idle_ms);
+        let mut small = link(64, idle);
         let idle_rtt = small.with_responder(false, |l| rtt(l, run));
         let (cpu0, sw0) = helper_stats();
         let t = Instant::now();
@@ -69,7 +68,7 @@ fn main() {
         let (cpu1, sw1) = helper_stats();
         let el = t.elapsed().as_secs_f64();
         drop(small);
-        let mut big = link(4 << 20);
+        let mut big = link(4 << 20, idle);
         let bw = big.with_responder(true, |l| bandwidth(l, run));
         println!(
             "{idle_ms:>8} ms | {:>8.1} / {:>8.1} | {:>7.1} / {:>7.1} | {bw:>6.2} GB/s | {:>5.1}% CPU, {:>7.0}/s",

@@ -51,7 +51,7 @@ fn raw_tcp(run: Duration, size: usize) -> f64 {
 }
 
 fn soft(run: Duration, receiver_polls: bool, size: usize) -> f64 {
-    let mut l = link(size);
+    let mut l = link(size, mpib::fabric::soft::HELPER_IDLE);
     l.src.fill(7);
     let bw = l.with_responder(receiver_polls, |l| bandwidth(l, run));
     assert!(l.dst.iter().all(|b| *b == 7), "the data arrived");

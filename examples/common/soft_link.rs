@@ -22,11 +22,14 @@ pub struct Link {
     _devs: (Arc<SoftDevice>, Arc<SoftDevice>),
 }
 
-/// Two connected soft devices; `size`-byte buffers.
-pub fn link(size: usize) -> Link {
+/// Two connected soft devices; `size`-byte buffers; `helper_idle`: how long callers must
+/// be quiet before the devices' helper threads step in (`soft::HELPER_IDLE` by default).
+pub fn link(size: usize, helper_idle: std::time::Duration) -> Link {
     let loopback = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
     let a = Arc::new(soft::open(&SoftOptions::tcp("a", loopback)).unwrap());
     let b = Arc::new(soft::open(&SoftOptions::tcp("b", loopback)).unwrap());
+    a.set_helper_idle(helper_idle);
+    b.set_helper_idle(helper_idle);
     let params = ConnectParams { traffic_class: 0, service_level: 0, timeout: 20, retry_cnt: 7 };
     let caps = QpCaps { max_send_wr: 64, max_inline: 0 };
     let (acq, bcq) = (a.create_cq(256, Timestamps::Off).unwrap(), b.create_cq(256, Timestamps::Off).unwrap());

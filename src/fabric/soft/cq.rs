@@ -7,7 +7,7 @@
 //! - TCP: it steps links, not QPs, so its cost does not grow with the QPs attached. A CQ
 //!   whose QPs are all on one link (one peer) steps that link (one `readv` when nothing
 //!   came), or, once the link has been cold for a few polls, asks the readiness set first
-//!   (see `COLD_STEPS`); one whose QPs use several asks the device's readiness set which
+//!   (`progress::COLD_STEPS`); one whose QPs use several asks the device's readiness set which
 //!   links moved (one non-blocking `epoll_wait`) and steps those, and the links queued to be
 //!   stepped again. QPs whose completions found the ring full are retired again by the next polls.
 //! - In-process mode: it steps each attached connection, and its peer, that has work.
@@ -31,6 +31,7 @@ use super::conn::Conn;
 use super::endpoint::{Attached, CqShared, SrqShared};
 use super::link::Link;
 use super::port::Port;
+use super::progress::CqPace;
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
@@ -48,27 +49,10 @@ pub struct SoftCq {
     port: Option<Arc<Port<Conn>>>,
     links: Vec<Arc<Link<Conn>>>,
     events: Box<[libc::epoll_event; 64]>,
-    /// TCP steps so far: every [`CLOCK_POLLS`]th tells the helper's clock callers poll.
-    steps: u32,
-    /// Steps of the one link in a row that moved nothing.
-    cold: u32,
+    /// When a poll tells the helper's clock callers poll, whether the one link is cold
+    /// (`progress.rs`).
+    pace: CqPace,
 }
-
-/// Steps of a CQ's one link in a row that move nothing before the link counts as cold:
-/// from then on a poll asks the callers' readiness set whether its socket moved (no socket
-/// lock, ~150 ns here) and steps it only then, instead of a `readv` that finds nothing
-/// (~480 ns, and the socket lock the peer's sender needs to deliver). The first step that
-/// moves makes it hot again. An 8-byte ping-pong's link waits ~7 polls per message and
-/// stays hot; the rail that carries nothing (SUP under small sends) goes cold: its polls
-/// were a third of the waiting loop. 8,
-/// 32 and 128 measured the same; 2 (the busy link cold too: two system calls per
-/// arrival) slower than none.
-const COLD_STEPS: u32 = 16;
-
-/// How many TCP steps of a CQ make one report to the helper's clock (`clock.rs`): a clock
-/// read each costs ~3 % of a busy-polling loop's 8-byte round trip; one in 8 keeps the
-/// helper asleep as long as polls come faster than every 300 µs.
-const CLOCK_POLLS: u32 = 8;
 
 impl SoftCq {
     pub(super) fn new(depth: u32) -> SoftCq {
@@ -83,8 +67,7 @@ impl SoftCq {
             port: None,
             links: Vec::new(),
             events: Box::new([libc::epoll_event { events: 0, u64: 0 }; 64]),
-            steps: 0,
-            cold: 0,
+            pace: CqPace::default(),
         }
     }
 
@@ -112,21 +95,20 @@ impl SoftCq {
     #[inline(never)]
     fn step_tcp(&mut self) {
         let Some(port) = &self.port else { return };
-        self.steps = self.steps.wrapping_add(1);
-        if self.steps.is_multiple_of(CLOCK_POLLS) {
+        if self.pace.report_poll() {
             port.caller_polled();
         }
         match self.links.as_slice() {
             [] => {}
             [one] => {
                 let queued = port.step_again(Some(one));
-                let moved = if !queued && self.cold >= COLD_STEPS {
+                let moved = if !queued && self.pace.cold() {
                     // Cold: only the links whose sockets moved are stepped.
                     port.step_moved(&mut self.events[..], Some(one))
                 } else {
                     port.step_try(one, false)
                 };
-                self.cold = if moved { 0 } else { self.cold.saturating_add(1) };
+                self.pace.stepped(moved);
             }
             _ => port.poll_ready(&mut self.events[..]),
         }

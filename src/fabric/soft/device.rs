@@ -80,11 +80,29 @@ impl SoftDevice {
         [&w.accept, &w.hello, &w.stray, &w.qp, &w.link].iter().map(|l| l.written()).sum()
     }
 
+    /// TCP: changes how long callers must be quiet before the helper thread steps in
+    /// (`HELPER_IDLE` by default; 0: it serves every event at once). For the
+    /// `soft_progress` measurements.
+    #[doc(hidden)]
+    pub fn set_helper_idle(&self, d: Duration) {
+        if let Some(n) = &self.port.net {
+            n.watcher.clock.schedule.set_idle(d);
+        }
+    }
+
     /// TCP: how many times the helper thread waited to see whether callers serve the links
     /// it looked at (each wait is `ASK_AGAIN`, 100 µs).
     #[doc(hidden)]
     pub fn helper_asks(&self) -> u64 {
         self.port.net.as_ref().map_or(0, |n| n.helper_asks.load(std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+impl SoftDevice {
+    /// TCP: how many times the helper thread swept the device's links.
+    #[doc(hidden)]
+    pub fn helper_sweeps(&self) -> u64 {
+        self.port.net.as_ref().map_or(0, |n| n.helper_sweeps.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 

@@ -22,22 +22,26 @@
 //!   callers poll the device the helper sweeps only every `MAX_DEFER` (100 ms), and not
 //!   at all between, so it takes no CPU from them; once they stop, within `IDLE`.
 //!
+//! Those rules are the progress policy's (`progress.rs`: [`Looks`] for the looks,
+//! `SweepSchedule` for the clock), given the times and epochs this thread reads; this file
+//! waits, sleeps, steps and re-arms as they say.
+//!
 //! The listener is in the set too: the helper accepts connections and reads their HELLO
 //! so a dialer is attached even while the accepting side is busy elsewhere. The set itself
 //! is `watch.rs`; the listener and the links are the device's `Port`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use super::clock::{idle, period};
 use super::conn::Conn;
 use super::link::{Link, LinkState, Phase};
 use super::port::Port;
+use super::progress::{ASK_AGAIN, ClockAction, Looks, Verdict};
 use super::watch::{T_LISTENER, T_TICK, T_WAKE};
 use crate::error::{Error, Result};
+use crate::fabric::clock::monotonic_ns;
 
 /// The running helper thread of a TCP device; stopped and joined by [`Helper::shutdown`].
 pub struct Helper {
@@ -73,43 +77,33 @@ impl Helper {
 fn run(port: &Port<Conn>, stop: &AtomicBool) {
     let net = port.net.as_ref().expect("TCP device");
     let w = &net.watcher;
+    let schedule = &w.clock.schedule;
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
-    let mut watch: Vec<(usize, Instant)> = Vec::with_capacity(64);
-    let mut due: Vec<usize> = Vec::with_capacity(64);
-    let mut evented: Vec<usize> = Vec::with_capacity(64);
     let mut woken: Vec<(usize, u64, Arc<Link<Conn>>)> = Vec::with_capacity(64);
-    // The links the helper served at its last look of each, with the link's `caller_epoch`
-    // and the device's `epoll_epoch` it saw then.
-    let mut serving: HashMap<usize, (u64, u64)> = HashMap::new();
-    let mut accepting = false;
-    let mut seen_epoll = net.epoll_epoch.load(Ordering::Relaxed);
-    let (mut swept, mut clock_ok) = (false, true);
+    let mut looks = Looks::new(net.epoll_epoch.load(Ordering::Relaxed));
     while !stop.load(Ordering::Acquire) {
-        // The clock runs while there is anything to look at again (watched links, accepts
-        // pending, links to sweep): after each sweep it is set a period on (callers that
-        // poll move it further: `clock.rs`); else the helper sleeps until an event.
-        let looks = !watch.is_empty() || accepting || !net.links().is_empty();
-        if looks && (swept || !w.clock.running()) {
-            match w.clock.swept(crate::fabric::clock::monotonic_ns()) {
-                Ok(()) => clock_ok = true,
-                Err(e) if clock_ok => {
+        match looks.before_wait(!net.links().is_empty(), w.clock.running()) {
+            ClockAction::Set => {
+                let r = w.clock.swept(monotonic_ns());
+                if looks.clock_set(r.is_ok())
+                    && let Err(e) = r
+                {
                     log::warn!("soft fabric {}: the helper's clock: {e}; it looks every period", port.name);
-                    clock_ok = false;
                 }
-                Err(_) => {}
             }
-        } else if !looks && w.clock.running() {
-            let _ = w.clock.stop();
+            ClockAction::Stop => {
+                let _ = w.clock.stop();
+            }
+            ClockAction::Keep => {}
         }
-        swept = false;
-        let timeout = if looks && !clock_ok { period().as_millis() as i32 } else { -1 };
+        let timeout = looks.wait_timeout(schedule.period()).map_or(-1, |d| d.as_millis() as i32);
         let n = w.wait(&mut events, timeout);
         if stop.load(Ordering::Acquire) {
             break;
         }
         // A signal this thread handled: nothing happened, nothing is due.
         let Some(n) = n else { continue };
-        due.clear();
+        looks.begin();
         // (No event: the period ran out, the fallback when the clock could not be set.)
         let mut tick = n == 0;
         for ev in &events[..n] {
@@ -119,67 +113,34 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
                     w.clock.drain();
                     tick = true;
                 }
-                T_LISTENER => accepting = true,
-                t => due.push(t as usize),
+                T_LISTENER => looks.accepting = true,
+                t => looks.event(t as usize),
             }
         }
-        if accepting {
-            accepting = port.drive_accept();
+        if looks.accepting {
+            looks.accepting = port.drive_accept();
         }
-        let now = Instant::now();
-        // Callers that ask the readiness set serve every link of the device.
-        let epoll = net.epoll_epoch.load(Ordering::Relaxed);
-        let callers_poll = epoll != seen_epoll && !idle().is_zero();
-        evented.clear();
-        evented.extend_from_slice(&due);
-        evented.sort_unstable();
-        if tick {
-            swept = true;
-            seen_epoll = epoll;
-            port.sweep(now, |l| {
+        let (idle, period) = (schedule.idle(), schedule.period());
+        let now = monotonic_ns();
+        if let Some(callers_poll) = looks.woke(tick, now, net.epoll_epoch.load(Ordering::Relaxed), idle) {
+            net.helper_sweeps.fetch_add(1, Ordering::Relaxed);
+            port.sweep(Instant::now(), callers_poll, |l| {
                 let e = l.caller_epoch.load(Ordering::Relaxed);
-                let quiet = e == l.swept.swap(e, Ordering::Relaxed);
-                quiet && !callers_poll
-            });
-            // Visit every watched link due within half a period: one wake-up serves them
-            // all, however many links the device has.
-            let horizon = now + idle() / 2;
-            watch.retain(|&(t, at)| {
-                let ready = at <= horizon;
-                if ready {
-                    due.push(t);
-                }
-                !ready
+                e == l.swept.swap(e, Ordering::Relaxed)
             });
         }
-        due.sort_unstable();
-        due.dedup();
-        // A link is left to callers only if they are seen serving it now: stepping it, or
-        // asking the readiness set (whose edges they take and serve), within ASK_AGAIN.
-        // Not on what they did since the last look: a caller that stepped it once (a
-        // queued step) or asked the set before its bytes came, and is hot on its own link
-        // now, serves it no more; a request on a link whose CQ nobody polls (an idle
-        // communicator's probe) then waited for the sweeps, ~200 ms while a busy caller put
-        // them off.
-        woken.extend(due.iter().filter_map(|&t| w.get(t).map(|l| (t, l.caller_epoch.load(Ordering::Relaxed), l))));
-        let patient = !idle().is_zero();
+        let due = looks.due().iter();
+        woken.extend(due.filter_map(|&t| w.get(t).map(|l| (t, l.caller_epoch.load(Ordering::Relaxed), l))));
         let asked_before = net.epoll_epoch.load(Ordering::Relaxed);
-        // A link the helper served at its last look, neither epoch moved since: callers
-        // are not serving it, and it is served at once. (Waiting ASK_AGAIN on every event
-        // of a link the helper serves made a quiet responder's 8-byte round trip ~200 µs
-        // instead of ~25, and cost ~15 % of its 8 MiB bandwidth: `soft_progress`,
-        // `soft_vs_tcp`'s "soft idle".)
         woken.retain(|(t, epoch, link)| {
-            if serving.get(t) != Some(&(*epoch, asked_before)) {
+            if !looks.serve_at_once(*t, *epoch, asked_before) {
                 return true;
             }
-            if let Some(again) = serve(port, link, *t) {
-                serving.remove(t);
-                watch.push((*t, now + again));
-            }
+            let busy = !serve(port, link, *t);
+            looks.served(*t, busy, (*epoch, asked_before), now, idle, period);
             false
         });
-        if patient && !woken.is_empty() {
+        if Looks::asks(idle, !woken.is_empty()) {
             net.helper_asks.fetch_add(1, Ordering::Relaxed);
             std::thread::sleep(ASK_AGAIN);
         }
@@ -187,43 +148,28 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
         let asked = asked_after != asked_before;
         for (t, epoch, link) in woken.drain(..) {
             let stepped = link.caller_epoch.load(Ordering::Relaxed) != epoch;
-            serving.remove(&t);
-            let again = if patient && stepped {
-                Some(idle())
-            } else if patient && asked {
-                // Callers ask the set but did not step this link: the event that woke the
-                // helper may not have been one they serve (room to write); its next one
-                // wakes the helper again. (A link looked at by a sweep stays disarmed:
-                // re-armed, each of its events would wake the helper while callers serve it.)
-                if evented.binary_search(&t).is_ok() {
-                    arm(port, &link, t);
+            match looks.verdict(t, now, idle, stepped, asked) {
+                Verdict::Callers { rearm } => {
+                    if rearm {
+                        arm(port, &link, t);
+                    }
                 }
-                Some(idle())
-            } else {
-                let again = serve(port, &link, t);
-                if again.is_none() && patient {
-                    serving.insert(t, (epoch, asked_after));
+                Verdict::Helper => {
+                    let busy = !serve(port, &link, t);
+                    looks.served(t, busy, (epoch, asked_after), now, idle, period);
                 }
-                again
-            };
-            if let Some(again) = again {
-                watch.push((t, now + again));
             }
         }
     }
     let _ = w.clock.stop();
 }
 
-/// How long the helper watches whether callers serve a link it looks at (`run`): a caller
-/// that polls steps its link, or asks the readiness set, every few µs. The helper sleeps
-/// meanwhile: one wake-up more when a link's event woke it, or a sweep found links due.
-const ASK_AGAIN: Duration = Duration::from_micros(100);
-
-fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> Option<Duration> {
-    let Some(mut st) = link.try_lock() else { return Some(period()) };
+/// The helper steps a link and re-arms its socket; `false`: a caller is on the link.
+fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> bool {
+    let Some(mut st) = link.try_lock() else { return false };
     let _ = port.step_locked(link, &mut st, false);
     rearm(port, &mut st, t);
-    None
+    true
 }
 
 /// Re-arms link `t`'s socket for the helper, unless a caller is on the link (it serves it).

@@ -36,6 +36,7 @@ use parking_lot::{Mutex, MutexGuard};
 use super::frame::{Frame, HDR_LEN, decode};
 use super::liveness::Liveness;
 use super::mr::MrTable;
+use super::progress::AckHold;
 use super::transport::{IovBuf, ZEROS, readv, writev};
 use crate::fabric::{Access, MAX_SGE};
 
@@ -54,11 +55,6 @@ const TX_FRAMES: usize = 64;
 const TX_BYTES: u64 = 1 << 20;
 /// Inline bytes the arena holds before it is compacted.
 const ARENA: usize = 256 << 10;
-/// The longest a caller's steps hold an acknowledgement a requester waits for, waiting for
-/// frames to carry it (see `LinkState::after_flush`). Longer than a busy caller takes to
-/// post the reply or CTS that follows a completion (a few µs), short against the round
-/// trip of an idle link's ACK it saves.
-pub const ACK_HOLD: Duration = Duration::from_micros(20);
 
 /// Which link: the remote device's identity, and whether this side dialed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -156,12 +152,8 @@ struct TxFrame<S> {
 struct Sched<S> {
     ready: VecDeque<Arc<S>>,
     owed: Vec<Arc<S>>,
-    /// An owed acknowledgement is one a requester waits for (ACK_REQ).
-    urgent: bool,
-    /// When a caller's step began to hold it, and whether it is due: the next flush sends
-    /// it, frames or not.
-    held_at: Option<Instant>,
-    ripe: bool,
+    /// Whether the acknowledgements owed go now (`progress.rs`).
+    ack: AckHold,
     timers: Vec<(Instant, Arc<S>)>,
     waiting: isize,
 }
@@ -289,7 +281,7 @@ impl<S: Station> Io<'_, S> {
     }
     /// An acknowledgement owed (see [`Self::owe`]) is one a requester waits for.
     pub fn owe_urgent(&mut self) {
-        self.sched.urgent = true;
+        self.sched.ack.owe_urgent();
     }
     /// Calls `s`'s [`Station::timer`] at `at` (listed once, as above).
     pub fn timer(&mut self, s: &Arc<S>, at: Instant) {
@@ -390,9 +382,7 @@ impl<S: Station> Link<S> {
             sched: Sched {
                 ready: VecDeque::new(),
                 owed: Vec::new(),
-                urgent: false,
-                held_at: None,
-                ripe: false,
+                ack: AckHold::default(),
                 timers: Vec::new(),
                 waiting: 0,
             },
@@ -456,7 +446,7 @@ impl<S: Station> LinkState<S> {
         if self.phase != Phase::Up {
             return s;
         }
-        self.ripen();
+        self.sched.ack.ripen(Instant::now);
         let (rx_moved, spent) = match self.pump(link) {
             Ok(r) => r,
             Err(why) => {
@@ -492,7 +482,7 @@ impl<S: Station> LinkState<S> {
     pub fn send(&mut self, link: &Arc<Link<S>>, hold: bool) -> Step {
         let mut s = Step::default();
         if self.phase == Phase::Up {
-            self.ripen();
+            self.sched.ack.ripen(Instant::now);
             match self.flush(link).and_then(|m| Ok(self.after_flush(link, hold)? | m)) {
                 Ok(m) => s.moved = m,
                 Err(why) => s.down = Some(self.last_words(link, why)),
@@ -514,37 +504,17 @@ impl<S: Station> LinkState<S> {
         why
     }
 
-    /// After a flush: an acknowledgement a requester waits for is still owed, so nothing
-    /// else went with it. A caller's step (`hold`) keeps it for the frames of its next
-    /// steps on the link (the reply or CTS a caller posts after a completion carries it),
-    /// for [`ACK_HOLD`] at most: then its next step sends it alone (a caller that keeps
-    /// polling with nothing to send); the helper's next sweep sends it should the callers
-    /// stop (`port.rs`). The helper's own step sends it now. Returns whether anything moved.
+    /// After a flush: an acknowledgement a requester waits for and still owed is held by a
+    /// caller's step (`hold`), sent now by the helper's (`progress::AckHold`). Returns
+    /// whether anything moved.
     fn after_flush(&mut self, link: &Arc<Link<S>>, hold: bool) -> Result<bool, String> {
-        if !self.sched.urgent {
-            return Ok(false);
-        }
-        if hold {
-            self.sched.held_at.get_or_insert_with(Instant::now);
-            return Ok(false);
-        }
-        self.sched.ripe = true;
-        self.flush(link)
-    }
-
-    /// A held acknowledgement is due once held for [`ACK_HOLD`] (one clock read per step
-    /// while one is held).
-    fn ripen(&mut self) {
-        let q = &mut self.sched;
-        if q.urgent && !q.ripe && q.held_at.is_some_and(|t| t.elapsed() >= ACK_HOLD) {
-            q.ripe = true;
-        }
+        if self.sched.ack.after_flush(hold, Instant::now) { self.flush(link) } else { Ok(false) }
     }
 
     /// An acknowledgement a requester waits for, or frames of a post, are held for the
     /// caller's next step.
     pub fn held(&self) -> bool {
-        self.sched.urgent || !self.sched.ready.is_empty()
+        self.sched.ack.owed() || !self.sched.ready.is_empty()
     }
 
     /// The silent-peer check alone (the helper's sweep of links no caller steps).
@@ -584,7 +554,7 @@ impl<S: Station> LinkState<S> {
         self.hello = None;
         self.sched.ready.clear();
         self.sched.owed.clear();
-        (self.sched.urgent, self.sched.ripe, self.sched.held_at) = (false, false, None);
+        self.sched.ack.sent();
         self.sched.timers.clear();
         self.fd.take()
     }

@@ -30,9 +30,12 @@
 //!             leaves: interface facts and random names, the wire format, the silent-peer
 //!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets
 //! spin clock  the spin lock of a connection's state and of a CQ ring's producers; the
-//!             helper's clock (when it wakes with no event; callers' polls put it off)
+//!             helper's clock (the timer that wakes it with no event)
 //! sync        the atomics and cell of spin, ring and mr: std's, or loom's under
 //!             `--cfg loom` (the models: `loom_models`)
+//! progress    the progress policy, sans-IO (times passed in): when the helper sleeps,
+//!             wakes and sweeps, who serves a link, when an ACK is held or a post's
+//!             frames wait, a CQ's poll pace
 //! ```
 //!
 //! `port`, `link`, `endpoint` (a CQ's attachments) and `watch` hold connections (or links)
@@ -121,6 +124,7 @@ mod logs;
 mod loom_models;
 mod mr;
 mod port;
+mod progress;
 mod qp;
 mod qp_recv;
 mod qp_send;
@@ -137,10 +141,10 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 pub use addr::NOMINAL_SPEED_MBPS;
-pub use clock::{IDLE as HELPER_IDLE, set_idle as set_helper_idle};
 pub use cq::{SoftCq, SoftSrq};
 pub use device::{SoftDevice, SoftMr};
 pub use liveness::silent_peer_bound;
+pub use progress::IDLE as HELPER_IDLE;
 pub use qp::SoftQp;
 
 use crate::error::Result;

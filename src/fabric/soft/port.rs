@@ -33,6 +33,7 @@ use super::frame::{Frame, HDR_LEN, decode, encode};
 use super::link::{Link, LinkKey, LinkState, Phase, QpTable, Station, Step};
 use super::logs::Warnings;
 use super::mr::MrTable;
+use super::progress::{step_again, sweep_steps};
 use super::transport::{dial_result, discard_unread};
 use super::watch::Watcher;
 use crate::error::{Error, Result};
@@ -96,6 +97,8 @@ pub struct Net<C: Station> {
     /// How many times the helper waited (`ASK_AGAIN`, `helper.rs`) to see whether callers
     /// serve the links it looked at.
     pub helper_asks: AtomicU64,
+    /// How many times the helper swept the device's links.
+    pub helper_sweeps: AtomicU64,
 }
 
 struct Acceptor<C: Station> {
@@ -140,6 +143,7 @@ impl<C: Station> Net<C> {
             superseded: Mutex::new(Vec::new()),
             epoll_epoch: AtomicU64::new(0),
             helper_asks: AtomicU64::new(0),
+            helper_sweeps: AtomicU64::new(0),
         })
     }
 
@@ -318,15 +322,10 @@ impl<C: Station> Port<C> {
         self.finish(link, st, s);
     }
 
-    /// Holds the frames queued on a locked link for its next step (a post with nothing to
-    /// wait for: see `Conn::post_tcp`): the next poll of any of the device's CQs makes it,
-    /// if no post does first. `false`: the link is not up (the caller steps it now).
-    pub fn hold(&self, link: &Arc<Link<C>>, st: &mut LinkState<C>) -> bool {
-        if st.phase != Phase::Up {
-            return false;
-        }
+    /// Holds the frames queued on a link for its next step (`progress::Doorbell::Hold`):
+    /// the next poll of any of the device's CQs makes it, if no post does first.
+    pub fn hold(&self, link: &Arc<Link<C>>) {
         self.requeue(link);
-        true
     }
 
     /// A caller's step, unless another thread is on the link (it makes the same progress);
@@ -361,9 +360,7 @@ impl<C: Station> Port<C> {
             return;
         }
         st.unused_since = None;
-        if s.again || st.held() {
-            // A held acknowledgement goes at the next step: the next poll of any of the
-            // device's CQs makes it, whether or not the socket moves.
+        if step_again(s.again, st.held()) {
             self.requeue(link);
         }
         if !st.out_armed
@@ -524,8 +521,9 @@ impl<C: Station> Port<C> {
     }
 
     /// The helper, every period: links that are dialing again, silent, orphaned or served
-    /// by nobody. `quiet(link)`: no caller stepped it since the last sweep.
-    pub fn sweep(&self, now: Instant, quiet: impl Fn(&Link<C>) -> bool) {
+    /// by nobody (`progress::sweep_steps`). `quiet(link)`: no caller stepped it since the
+    /// last sweep; `callers_poll`: callers asked the readiness set since.
+    pub fn sweep(&self, now: Instant, callers_poll: bool, quiet: impl Fn(&Link<C>) -> bool) {
         let Some(net) = &self.net else { return };
         net.superseded.lock().retain(|(l, deadline)| {
             let Some(mut st) = l.try_lock() else { return true };
@@ -557,9 +555,7 @@ impl<C: Station> Port<C> {
                 Phase::Up => {
                     if let Some(why) = st.silent() {
                         self.down(&l, &mut st, &why);
-                    } else if quiet(&l) || st.held() {
-                        // An acknowledgement or frames held since a caller's step go now,
-                        // whether or not callers still poll (they may have stopped since).
+                    } else if sweep_steps(quiet(&l), callers_poll, st.held()) {
                         let _ = self.step_locked(&l, &mut st, false);
                     }
                 }

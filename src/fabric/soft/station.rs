@@ -26,6 +26,7 @@ use super::fault::Fault;
 use super::frame::{Frame, HDR_LEN};
 use super::hook::{self, Hook};
 use super::link::{Filler, Io, LinkKey, Placed, Recv, Station};
+use super::progress::{Doorbell, doorbell};
 use super::qp_recv::{self, RxEnv};
 use super::qp_send::{GEN_MASK, of_note};
 use crate::error::{Error, Result};
@@ -438,12 +439,8 @@ impl Conn {
         Err(Error::remote(format!("soft fabric QP {}: {why}", self.ep.qp_num)))
     }
 
-    /// `post_send` (TCP): queued, and sent at once as far as the socket takes it; or, for a
-    /// chain whose signalled WRs are all deferrable (nobody here waits for it: a CTS; see
-    /// [`SendWr::deferrable`]), held for the link's
-    /// next frames (the caller's next post, typically the data or the reply the CTS comes
-    /// before), at the latest for the caller's next poll or the helper's next sweep
-    /// (`link.rs`, held frames): one `sendmsg` for both instead of one each.
+    /// `post_send` (TCP): queued, and sent at once as far as the socket takes it, or held
+    /// for the link's next frames (a chain nobody here waits for: `progress::doorbell`).
     pub fn post_tcp(self: &Arc<Self>, chain: &[SendWr]) -> Result<()> {
         let link = self.st.lock().link().cloned();
         let Some(link) = link else { return self.post(&mut self.st.lock(), chain) };
@@ -455,8 +452,9 @@ impl Conn {
             self.settle(&mut st, &mut ls.io(&link), w0);
         }
         link.caller_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if chain.iter().any(|w| w.signaled && !w.deferrable) || !self.port.hold(&link, &mut ls) {
-            self.port.step_tx(&link, &mut ls);
+        match doorbell(chain, ls.phase == super::link::Phase::Up) {
+            Doorbell::Ring => self.port.step_tx(&link, &mut ls),
+            Doorbell::Hold => self.port.hold(&link),
         }
         Ok(())
     }

@@ -27,8 +27,8 @@ impl<S: Station> LinkState<S> {
                 }
             }
         }
-        if (!frames.is_empty() || sched.ripe) && !sched.owed.is_empty() {
-            (sched.urgent, sched.ripe, sched.held_at) = (false, false, None);
+        if sched.ack.goes(!frames.is_empty()) && !sched.owed.is_empty() {
+            sched.ack.sent();
             let owed = std::mem::take(&mut sched.owed);
             for s in owed {
                 let mut out = Filler {

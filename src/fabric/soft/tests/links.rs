@@ -173,6 +173,7 @@ fn a_link_nobody_polls_is_served_while_another_cq_of_the_device_is_hot() {
             keep_hot(&mut one, &mut b, &mut posted, &mut done, &mut wc);
         }
         let src = c.sge(0, 8);
+        let sweeps = p.0.helper_sweeps();
         c.qp.post_send(&[write(round, src, two.addr(), two.key(), true)]).unwrap();
         let t = Instant::now();
         loop {
@@ -184,18 +185,21 @@ fn a_link_nobody_polls_is_served_while_another_cq_of_the_device_is_hot() {
             }
             assert!(t.elapsed() < Duration::from_secs(5), "round {round}: no acknowledgement");
         }
-        waits.push(t.elapsed());
+        waits.push(p.0.helper_sweeps() - sweeps);
         while done < posted {
             let n = one.cq.poll(&mut wc).unwrap();
             done += n as u64;
             assert_eq!(b.cq.poll(&mut []).unwrap(), 0);
         }
     }
-    waits.sort();
     // Left to the helper's sweeps (every 100 ms here, put off by the hot caller), every round
-    // waited 96–198 ms; served at once, ~0.3 ms. Three rounds of nine: a round that waits
-    // for a sweep still happens (1 or 2 in 20 here, more on a busy machine).
-    assert!(waits[2] < Duration::from_millis(50), "acknowledgements waited {waits:?}");
+    // waits for one (96–198 ms); served at once (~0.3 ms), a round is mostly over before
+    // the next sweep. Counted in sweeps, not in time, so a loaded machine that slows both
+    // alike does not fail it. Three rounds of nine: a round that waits for a sweep still
+    // happens (1 or 2 in 20 here, more on a busy machine), and a sweep may fall in a round
+    // served at once. (Who serves a link after ASK_AGAIN: `progress::Looks::verdict`.)
+    let unswept = waits.iter().filter(|&&n| n == 0).count();
+    assert!(unswept >= 3, "sweeps of p.0's helper during each round: {waits:?}");
 }
 
 /// A responder whose callers are quiet (nobody polls its CQ) is streamed to: its helper
