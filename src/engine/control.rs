@@ -91,8 +91,16 @@ impl CtlChannel {
     /// Whether the peer's next message is in place: one load and one compare, for the
     /// plugin's `test` on a request that is not complete.
     #[inline]
+    ///
+    /// (Messages that came out of band need no look here: the plugin's round that read them
+    /// runs another at once, which takes them.)
     pub(crate) fn waiting(&self, mem: &impl CtlMemory) -> bool {
-        mem.ctl_seq((self.consumed % CTL_ENTRIES as u64) as usize) == self.consumed + 1 || !self.oob_in.is_empty()
+        mem.ctl_seq((self.consumed % CTL_ENTRIES as u64) as usize) == self.consumed + 1
+    }
+
+    /// Whether a message that came out of band waits to be taken.
+    pub(crate) fn has_oob(&self) -> bool {
+        !self.oob_in.is_empty()
     }
 
     /// Sends out of band again every message the peer has not acknowledged (entering an

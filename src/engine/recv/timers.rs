@@ -66,6 +66,12 @@ impl RecvEngine {
         self.fo.cfg.enabled && self.fo.ctl.waiting(mem)
     }
 
+    /// Whether a control message that came out of band waits (the plugin runs a round
+    /// after the one that read it; tests ask).
+    pub fn oob_waiting(&self) -> bool {
+        self.fo.ctl.has_oob()
+    }
+
     /// While receives wait and nothing has completed for [`KEEPALIVE_NS`](crate::engine::KEEPALIVE_NS),
     /// a tiny signalled WRITE to the sender's scratch word (alternating rails, one at a time):
     /// RC gives a receiver whose sender died no completion at all, the keepalive fails.

@@ -85,20 +85,17 @@ impl SendEngine {
         ps.bytes[rail] = rail_bytes;
     }
 
-    /// Splits and posts the fully matched slot `cur`: one chain per active rail.
+    /// Splits and posts the fully matched slot `cur`: one chain per active rail. The fast
+    /// path (one receive whose size the IMM encodes) is decided here, inlined into `isend`;
+    /// the others take [`Self::post_records`].
+    #[inline(always)]
     pub(super) fn post_slot(&mut self, now_ns: u64, mem: &mut impl SendMemory, out: &mut Posts) -> Result<()> {
         let slot = (self.fifo_head % SLOTS as u64) as usize;
         let failed = self.failed_rails();
         if failed == RailMask::BOTH {
-            if self.fo.outage_ns != 0 {
-                // No rail works: the slot is held (`outage.rs`), posted once one is back.
-                self.matching = true;
-                return Ok(());
-            }
-            return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+            return self.no_rail_to_post();
         }
-        let n = self.cur.n;
-        if n == 1 {
+        if self.cur.n == 1 {
             let id = self.cur.reqs[0].expect("matched");
             let size = self.reqs[id as usize].size;
             if Imm::size_q_for(size) != SIZEQ_SENTINEL {
@@ -106,6 +103,15 @@ impl SendEngine {
                 return Ok(());
             }
         }
+        self.post_records(now_ns, slot, failed, mem, out);
+        Ok(())
+    }
+
+    /// A multi-receive (or oversized) slot: the data WRITEs, then on each active rail a
+    /// signalling WRITE_WITH_IMM, the leader's carrying the sizes into the records.
+    #[inline(never)]
+    fn post_records(&mut self, now_ns: u64, slot: usize, failed: RailMask, mem: &mut impl SendMemory, out: &mut Posts) {
+        let n = self.cur.n;
         // Per send: bytes on SOUT (the first part of the buffer), the rest on SUP.
         let mut sout = [0u64; MAX_RECVS];
         let mut sizes = [0u64; MAX_RECVS];
@@ -168,7 +174,18 @@ impl SendEngine {
             self.posted(now_ns, rail, slot, wrs, rail_bytes, total);
         }
         self.fifo_head += 1;
-        Ok(())
+    }
+
+    /// A fully matched slot and no rail to post it on: in an outage it is held
+    /// (`outage.rs`) and posted once a rail is back; otherwise the connection has failed.
+    #[cold]
+    #[inline(never)]
+    fn no_rail_to_post(&mut self) -> Result<()> {
+        if self.fo.outage_ns != 0 {
+            self.matching = true;
+            return Ok(());
+        }
+        Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)))
     }
 
     /// The fast path of a single receive whose size `size_q` encodes: one WRITE_WITH_IMM

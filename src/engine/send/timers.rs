@@ -62,6 +62,12 @@ impl SendEngine {
         self.fo.cfg.enabled && self.fo.ctl.waiting(mem)
     }
 
+    /// Whether a control message that came out of band waits (the plugin runs a round
+    /// after the one that read it; tests ask).
+    pub fn oob_waiting(&self) -> bool {
+        self.fo.ctl.has_oob()
+    }
+
     /// Emits a probe on each healthy rail idle for the probe interval.
     ///
     /// [`CallerWaits::Yes`]: the caller waits on this connection (a send without its CTS, or

@@ -344,7 +344,8 @@ impl Pair {
     pub fn pump_failover_gated(&mut self, fo: &mut FoOut, next_ns: Option<&mut u64>) -> crate::Result<()> {
         fo.s.clear();
         let wanted = |p: &Pair, next: u64| {
-            let waits = !p.rb.sender_never_waits && (p.s.failover_due() || p.s.control_waiting(&p.ss));
+            let waits =
+                !p.rb.sender_never_waits && (p.s.failover_due() || p.s.control_waiting(&p.ss) || p.s.oob_waiting());
             waits || p.now >= next
         };
         let run = next_ns.as_deref().is_none_or(|&next| wanted(self, next));
@@ -367,7 +368,7 @@ impl Pair {
         fo.r.clear();
         // As the plugin does: only when a message waits or the engine has output (the
         // sender's RailDown must reach a receiver that saw nothing wrong itself).
-        if !(self.r.control_waiting(&self.rs) || self.r.failover_due()) {
+        if !(self.r.control_waiting(&self.rs) || self.r.oob_waiting() || self.r.failover_due()) {
             return Ok(());
         }
         self.r.poll_failover(&mut self.rs, &mut fo.r)?;
