@@ -454,7 +454,12 @@ impl SendEngine {
             self.on_readmit_probe(rail, slot);
             return Ok(());
         }
-        if slot >= SLOTS || !self.slots[slot].replay.contains(part) {
+        if slot >= SLOTS || !self.slots[slot].replay.contains(part) || self.fo.state[rail] != RailState::Up {
+            if self.fo.state[rail] != RailState::Up {
+                // A replay that rode on a rail that failed since: the rail's report settled
+                // it (or will), as for the rail's own parts (`stray_signal`).
+                return Ok(());
+            }
             return Err(self.error.fail(StrayCompletion::NoneOutstanding { rail, slot }.into()));
         }
         self.outstanding[rail] -= 1;
