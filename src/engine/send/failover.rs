@@ -22,6 +22,10 @@ use crate::fabric::{Completion, SendWr, Sge, WrOpcode};
 /// Gb/s, failed a rail under a 512 MiB message of a debug build on a loaded 2-core host).
 pub const STALL_NS_PER_BYTE: u64 = 32;
 
+/// `extra_pieces` of a striped part that its pieces' acknowledgements must not complete
+/// (one failed, or the receiver's report settled the part): more than any count of pieces.
+const NEVER_BY_PIECES: u8 = u8::MAX;
+
 impl SendEngine {
     #[cfg(test)]
     pub(crate) fn failover_config_mut(&mut self) -> &mut crate::engine::FailoverConfig {
@@ -161,6 +165,14 @@ impl SendEngine {
             }
             return Ok(());
         }
+        if kind == WrKind::DataSignal && slot < SLOTS {
+            // A piece of a striped part failed: the others' acknowledgements say nothing of
+            // it, they no longer complete the part (the receiver's report settles it).
+            let ps = &mut self.slots[slot];
+            if ps.pending.contains(rail) && ps.extra_pieces[rail] > 0 {
+                ps.extra_pieces[rail] = NEVER_BY_PIECES;
+            }
+        }
         if self.fo.failed().contains(rail) {
             return Ok(()); // flushed WRs of a rail already down
         }
@@ -265,7 +277,10 @@ impl SendEngine {
             let (bytes, seq) = (ps.bytes[rail], ps.seq);
             self.outstanding[rail] -= 1;
             self.tel[rail].on_abandon(bytes);
-            self.slots[slot].extra_pieces[rail] = 0;
+            // Settled here: a piece of a striped part acknowledged late completes nothing.
+            if self.slots[slot].extra_pieces[rail] > 0 {
+                self.slots[slot].extra_pieces[rail] = NEVER_BY_PIECES;
+            }
             if m.part_seen(seq) {
                 confirmed += 1;
                 self.fo.confirmed_parts += 1;

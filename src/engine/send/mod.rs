@@ -7,8 +7,7 @@ use std::sync::Arc;
 use super::failover::{Failover, FailoverConfig};
 use super::layout::{CtsEntry, MAX_RECVS, SLOTS, SendMemory};
 use super::{
-    ErrorState, Posts, RAILS, RailCounts, RailMask, RailState, Refused, SOUT, SUP, Side, StrayCompletion, Violation,
-    WrKind, cold,
+    ErrorState, Posts, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion, Violation, WrKind, cold,
 };
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, WcStatus};
@@ -406,12 +405,8 @@ impl SendEngine {
         }
         match kind {
             WrKind::DataSignal => {
-                // (A slot beyond the window: a wr_id the provider made up. A rail that failed:
-                // its parts are the receiver's report's to settle, `stray_signal`.)
-                if slot >= SLOTS
-                    || !self.slots[slot].pending.contains(wr_rail)
-                    || self.fo.state[wr_rail] != RailState::Up
-                {
+                // (A slot beyond the window: a wr_id the provider made up.)
+                if slot >= SLOTS || !self.slots[slot].pending.contains(wr_rail) {
                     return self.stray_signal(wr_rail, slot);
                 }
                 let s = &mut self.slots[slot];
@@ -490,12 +485,9 @@ impl SendEngine {
         self.pending -= s.n as u32;
     }
 
-    /// A data completion for a part that is not outstanding, or on a rail that failed:
-    /// after a failover, the dead rail's late acknowledgements, of parts the receiver's
-    /// report settled or will settle (one acknowledged piece of a striped part says nothing
-    /// of the others, and a part sent again on its rail after an outage carries the same
-    /// `wr_id`: only the report knows what arrived); otherwise a completion the engine never
-    /// asked for.
+    /// A data completion for a part that is not outstanding: after a failover, the dead
+    /// rail's late acknowledgements of parts the receiver's report already settled;
+    /// otherwise a completion the engine never asked for.
     #[cold]
     #[inline(never)]
     fn stray_signal(&mut self, rail: usize, slot: usize) -> Result<()> {
