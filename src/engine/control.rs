@@ -11,9 +11,122 @@
 //! a side sends out of band again every message the peer has not acknowledged: one written
 //! to a rail that then died may never land, and the reader waits for its number.
 
-use super::failover::{CTL_ENTRIES, CTL_ENTRY_BYTES, CTL_MAX_UNACKED, CTL_WORDS, CtlMsg, FailoverConfig, Output};
+use super::RAILS;
+use super::failover::{
+    CTL_ENTRIES, CTL_ENTRY_BYTES, CTL_MAX_UNACKED, CTL_PAYLOAD_WORDS, CTL_WORDS, FENCE_WINDOW, FailoverConfig, Output,
+    QP_RECORD_WORDS, QpRecords,
+};
 use super::{Action, QpRef, WrKind};
 use crate::fabric::{SendWr, Sge, WrOpcode};
+
+/// The kind of a control message (word 0, bits 7:0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CtlKind {
+    /// Sender → receiver: "rail `rail` failed at `epoch` here; fence it and report".
+    RailDown = 1,
+    /// Receiver → sender: "rail `rail` is fenced at `epoch`; these parts arrived".
+    Fenced = 2,
+    /// Re-admission, sender → receiver: "my new QPs of `rail` at `epoch`" (records in the
+    /// payload, their count of words in `flags`).
+    Rebuild = 3,
+    /// Re-admission: the receiver's new QPs of `rail`, answering `Rebuild`.
+    Rebuilt = 4,
+}
+
+/// One control message, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtlMsg {
+    pub kind: CtlKind,
+    pub rail: u8,
+    pub epoch: u32,
+    /// `Fenced`: receives before this sequence number all arrived.
+    pub base_seq: u64,
+    /// `Fenced`: bit `i`: part `rail` of receive `base_seq + i` arrived.
+    pub bitmap: u32,
+    /// `Rebuild`/`Rebuilt`: QP records (plugin-defined); `flags`: how many words.
+    pub payload: [u64; CTL_PAYLOAD_WORDS],
+    pub flags: u16,
+}
+
+impl CtlMsg {
+    pub fn new(kind: CtlKind, rail: usize, epoch: u32) -> Self {
+        CtlMsg { kind, rail: rail as u8, epoch, base_seq: 0, bitmap: 0, payload: [0; CTL_PAYLOAD_WORDS], flags: 0 }
+    }
+
+    /// The entry's words: `seq` (1-based count of messages this side wrote) last, `ack`
+    /// (messages of the peer consumed so far) beside the bitmap.
+    pub fn to_words(&self, seq: u64, ack: u64) -> [u64; CTL_WORDS] {
+        let mut w = [0; CTL_WORDS];
+        w[0] = self.kind as u64 | (self.rail as u64) << 8 | (self.flags as u64) << 16 | (self.epoch as u64) << 32;
+        w[1] = self.base_seq;
+        w[2] = self.bitmap as u64 | (ack & 0xffff_ffff) << 32;
+        w[3..CTL_WORDS - 1].copy_from_slice(&self.payload);
+        w[CTL_WORDS - 1] = seq;
+        w
+    }
+
+    /// Decodes an entry: the message and the peer's ack; `None` for a kind or rail mpib
+    /// never writes, or records of more words than the payload holds (a protocol violation).
+    pub fn from_words(w: &[u64; CTL_WORDS]) -> Option<(CtlMsg, u32)> {
+        let kind = match w[0] & 0xff {
+            1 => CtlKind::RailDown,
+            2 => CtlKind::Fenced,
+            3 => CtlKind::Rebuild,
+            4 => CtlKind::Rebuilt,
+            _ => return None,
+        };
+        let rail = ((w[0] >> 8) & 0xff) as u8;
+        if rail as usize >= RAILS {
+            return None;
+        }
+        let flags = (w[0] >> 16) as u16;
+        if matches!(kind, CtlKind::Rebuild | CtlKind::Rebuilt) && flags as usize > QP_RECORD_WORDS {
+            return None;
+        }
+        let msg = CtlMsg {
+            kind,
+            rail,
+            flags,
+            epoch: (w[0] >> 32) as u32,
+            base_seq: w[1],
+            bitmap: w[2] as u32,
+            payload: w[3..CTL_WORDS - 1].try_into().expect("the payload words"),
+        };
+        Some((msg, (w[2] >> 32) as u32))
+    }
+
+    /// `Rebuild`/`Rebuilt`: the QP records the payload carries.
+    pub fn records(&self) -> QpRecords {
+        QpRecords { n: (self.flags as u8).min(QP_RECORD_WORDS as u8), words: self.payload }
+    }
+
+    /// `Rebuild`/`Rebuilt` with records `r`.
+    pub fn with_records(mut self, r: &QpRecords) -> Self {
+        (self.payload, self.flags) = (r.words, r.n as u16);
+        self
+    }
+
+    /// `Fenced`: whether part `rail` of receive `seq` arrived. Receives before the window
+    /// completed (their slot was reused); after it, they were posted after the fence.
+    pub fn part_seen(&self, seq: u64) -> bool {
+        Self::seen_in(self.base_seq, self.bitmap, seq)
+    }
+
+    /// `Fenced`: whether the other rail's part of receive `seq` arrived (by any rail):
+    /// settles that part's replays that rode on the fenced rail. Its bitmap is the first
+    /// payload word.
+    pub fn other_seen(&self, seq: u64) -> bool {
+        Self::seen_in(self.base_seq, self.payload[0] as u32, seq)
+    }
+
+    fn seen_in(base_seq: u64, bitmap: u32, seq: u64) -> bool {
+        if seq < base_seq {
+            return true;
+        }
+        let i = seq - base_seq;
+        i < FENCE_WINDOW && bitmap & (1 << i) != 0
+    }
+}
 
 /// Reading the control ring this side's peer writes, and the local source of the messages
 /// this side writes. The plugin backs it with registered memory, tests with arrays.

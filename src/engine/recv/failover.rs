@@ -235,22 +235,12 @@ impl RecvEngine {
         self.rail_down(rail, DownReason::Completion)
     }
 
-    /// An outage's round (every rail failed): past the grace, the connection fails;
-    /// entering it, the control messages the sender has not acknowledged go out of band
-    /// again (`engine/control.rs`).
+    /// An outage's round: past the grace, the connection fails (`Failover::outage_round`).
     #[cold]
     #[inline(never)]
     fn poll_outage(&mut self, mem: &impl CtlMemory, out: &mut Output) -> Result<()> {
-        if self.fo.now_ns >= self.fo.outage_deadline() {
-            log::warn!(
-                "recv: no rail came back within {} ms (MPIB_OUTAGE_GRACE_MS): the connection fails{}",
-                self.fo.cfg.outage_grace_ns / 1_000_000,
-                self.at(0)
-            );
+        if self.fo.outage_round(self.fo.now_ns, "recv", self.error.place.at(0), mem, out) {
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
-        }
-        if std::mem::take(&mut self.fo.oob_resend) {
-            self.fo.ctl.resend_unacked(mem, out);
         }
         Ok(())
     }

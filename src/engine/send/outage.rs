@@ -17,21 +17,12 @@ impl SendEngine {
         self.matching && self.cur.n > 0 && self.cur.matched == self.cur.n
     }
 
-    /// An outage's round: past the grace, the connection fails; entering it, the control
-    /// messages the receiver has not acknowledged go out of band again.
+    /// An outage's round: past the grace, the connection fails (`Failover::outage_round`).
     #[cold]
     #[inline(never)]
     pub(super) fn poll_outage(&mut self, now_ns: u64, mem: &impl CtlMemory, out: &mut Output) -> Result<()> {
-        if now_ns >= self.fo.outage_deadline() {
-            log::warn!(
-                "send: no rail came back within {} ms (MPIB_OUTAGE_GRACE_MS): the connection fails{}",
-                self.fo.cfg.outage_grace_ns / 1_000_000,
-                self.at(0)
-            );
+        if self.fo.outage_round(now_ns, "send", self.error.place.at(0), mem, out) {
             return Err(self.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
-        }
-        if std::mem::take(&mut self.fo.oob_resend) {
-            self.fo.ctl.resend_unacked(mem, out);
         }
         Ok(())
     }
