@@ -422,6 +422,24 @@ impl RecvEngine {
             // Replays (the slot byte's bit 7) take the cold path.
             return self.on_odd_imm(rail, imm, byte_len, mem);
         }
+        self.check_arrival(rail, slot, imm, mask, size_q)?;
+        self.data_rails = mask;
+        self.accept(rail, rail, slot, mask, size_q, byte_len, mem)
+    }
+
+    /// The checks every IMM of a slot passes, a whole part's or a piece's (`pieces.rs`):
+    /// its mask names this device's rails and its own; the slot has a receive waiting for
+    /// data; mask and `size_q` agree with the slot's earlier IMMs; the rail's part has not
+    /// arrived yet; a size only for a single receive. Inlined into both callers.
+    #[inline(always)]
+    pub(super) fn check_arrival(
+        &mut self,
+        rail: usize,
+        slot: usize,
+        imm: u32,
+        mask: RailMask,
+        size_q: u32,
+    ) -> Result<()> {
         let rails = self.cfg.rails_mask;
         if mask.is_empty() || !mask.is_subset(rails) {
             return Err(self.violation(move || Violation::BadMask { rail, slot, imm, mask, rails }));
@@ -430,8 +448,7 @@ impl RecvEngine {
             return Err(self.violation(move || Violation::MaskOmitsRail { rail, slot, mask }));
         }
         let s = &self.slots[slot];
-        let s = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
-        let (state, data_done, expected, seen, prev_q, n) = s;
+        let (state, data_done, expected, seen, prev_q, n) = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
         if state != State::Posted || data_done {
             return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
         }
@@ -444,12 +461,11 @@ impl RecvEngine {
         if !expected.is_empty() && prev_q != size_q {
             return Err(self.violation(move || Violation::SizeQChanged { rail, slot, size_q, earlier: prev_q }));
         }
-        self.data_rails = mask;
-        let n = n as usize;
         if size_q != SIZEQ_SENTINEL && n != 1 {
+            let n = n as usize;
             return Err(self.violation(move || Violation::SizeForMultiRecv { rail, slot, n }));
         }
-        self.accept(rail, rail, slot, mask, size_q, byte_len, mem)
+        Ok(())
     }
 
     /// Records part `part` of `slot` (arrived on `rail`) as seen; completes the slot's data

@@ -5,9 +5,9 @@
 //! A replay (failover) re-sends a part whole, so the pieces of a part that had not all
 //! arrived when its rail was fenced are simply superseded by it.
 
-use super::{RecvEngine, State};
+use super::RecvEngine;
 use crate::engine::Violation;
-use crate::engine::imm::{Imm, SIZEQ_SENTINEL, SLOT_BITS};
+use crate::engine::imm::{Imm, SLOT_BITS};
 use crate::engine::layout::RecvMemory;
 use crate::error::Result;
 
@@ -27,30 +27,8 @@ impl RecvEngine {
         if pieces > most {
             return Err(self.violation(move || Violation::BadPieces { rail, slot, pieces, most }));
         }
-        let rails = self.cfg.rails_mask;
-        if mask.is_empty() || !mask.is_subset(rails) {
-            return Err(self.violation(move || Violation::BadMask { rail, slot, imm, mask, rails }));
-        }
-        if !mask.contains(rail) {
-            return Err(self.violation(move || Violation::MaskOmitsRail { rail, slot, mask }));
-        }
+        self.check_arrival(rail, slot, imm, mask, size_q)?;
         let s = &self.slots[slot];
-        if s.state != State::Posted || s.data_done {
-            return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
-        }
-        let (expected, prev_q, n) = (s.expected, s.size_q, s.n as usize);
-        if !expected.is_empty() && expected != mask {
-            return Err(self.violation(move || Violation::MaskChanged { rail, slot, mask, earlier: expected }));
-        }
-        if s.seen.contains(rail) {
-            return Err(self.violation(move || Violation::DuplicateImm { rail, slot }));
-        }
-        if !expected.is_empty() && prev_q != size_q {
-            return Err(self.violation(move || Violation::SizeQChanged { rail, slot, size_q, earlier: prev_q }));
-        }
-        if size_q != SIZEQ_SENTINEL && n != 1 {
-            return Err(self.violation(move || Violation::SizeForMultiRecv { rail, slot, n }));
-        }
         let earlier = s.pieces[rail];
         if s.pieces_seen[rail] > 0 && earlier != pieces {
             return Err(self.violation(move || Violation::PiecesChanged { rail, slot, pieces, earlier }));
