@@ -1,9 +1,10 @@
 //! Models of the soft fabric's lock-free parts for the `loom` model checker, which runs each
 //! one under every interleaving (and every value a load may return under the C11 memory
-//! model) its threads allow: the spin lock, the CQ ring (producers, the consumer, growth)
-//! and the key table's gate (a pin racing a deregistration, a registration racing a pin
-//! of its new key). Built only with `--cfg loom`, where `sync.rs` hands spin.rs, ring.rs
-//! and mr.rs loom's atomics and cells:
+//! model) its threads allow: the spin lock, the CQ ring (producers, the consumer, growth,
+//! reservations; the SPSC ring under it has models of its own in `sync/spsc.rs`) and the
+//! key table's gate (a pin racing a deregistration, a registration racing a pin of its new
+//! key). Built only with `--cfg loom`, where `crate::sync` hands the ring, spin.rs and
+//! mr.rs loom's atomics and cells:
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" cargo test --release --lib loom_models
@@ -196,6 +197,36 @@ fn loom_ring_reserved_slot() {
         drain(&r, &mut got);
         pushed.push(3);
         assert_eq!(got, pushed);
+    });
+}
+
+/// A producer holds a reserved slot while the consumer grows the ring from 2 to 4: the
+/// reservation stays one across the growth (the limit grows by the slots added), so the
+/// reserved completion always finds its slot, and every completion comes out once, in
+/// order; afterwards the ring holds 4.
+#[test]
+fn loom_ring_reservation_races_growth() {
+    model(|| {
+        let r = Arc::new(CqRing::new(2));
+        let p = {
+            let r = r.clone();
+            thread::spawn(move || {
+                assert!(r.lock().reserve());
+                let pushed = produce(&r, &[1, 2, 3, 4]);
+                r.lock().push_reserved(completion(9));
+                pushed
+            })
+        };
+        // SAFETY: this thread is the only consumer, not inside `pop_into`.
+        unsafe { r.grow(4) };
+        let mut got = Vec::new();
+        pop(&r, &mut got);
+        let mut pushed = p.join().unwrap();
+        assert!(!pushed.is_empty(), "room for one besides the reserved slot");
+        drain(&r, &mut got);
+        pushed.push(9);
+        assert_eq!(got, pushed);
+        assert_eq!(produce(&r, &[5, 6, 7, 8, 10]), [5, 6, 7, 8], "room for 4, none reserved");
     });
 }
 

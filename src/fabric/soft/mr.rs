@@ -43,7 +43,7 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
-use super::sync::{AtomicPtr, AtomicU32, AtomicU64, spin_loop, yield_now};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, spin_loop, yield_now};
 use crate::error::{Error, Result};
 use crate::fabric::Access;
 
