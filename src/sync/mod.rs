@@ -3,6 +3,7 @@
 //! ```text
 //! spsc   the bounded single-producer single-consumer ring: the soft CQ's completion ring
 //!        (`fabric/soft/ring.rs`) and a connection's completion inbox (`plugin/inbox.rs`)
+//! model  what the loom models share (built under `--cfg loom`)
 //! ```
 //!
 //! The atomics, the cell and the spin-wait calls here are the standard library's normally,
@@ -14,6 +15,8 @@
 //! so it can see where each access starts and ends; the shim below has the same shape and
 //! compiles to a plain `std::cell::UnsafeCell` access.
 
+#[cfg(all(test, loom))]
+pub mod model;
 pub mod spsc;
 
 #[cfg(not(loom))]

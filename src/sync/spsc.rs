@@ -293,58 +293,57 @@ pub mod tests {
     }
 }
 
-/// Models of the ring for the `loom` model checker (`--cfg loom`: see `fabric/soft/loom_models.rs`
-/// for how they run): every interleaving of a producer and a consumer, every value a load
-/// may return. A slot read before the Release of `tail` that published it shows as a torn
-/// [`tests::Pair`] (or a stale one: a wrong item), a slot rewritten before the consumer
-/// freed it as a lost item.
+/// Models of the ring for the `loom` model checker (`--cfg loom`; `model.rs` says how they
+/// run): every interleaving of a producer and a consumer, every value a load may return. A
+/// slot read before the Release of `tail` that published it shows as a torn
+/// [`tests::Pair`], a slot rewritten before the consumer freed it as a lost item.
 #[cfg(all(test, loom))]
 mod loom_models {
     use loom::sync::Arc;
+    use loom::sync::atomic::{AtomicUsize, Ordering};
     use loom::thread;
 
+    use super::super::model::{model, wait_for};
     use super::Ring;
     use super::tests::{Pair, pop};
 
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound.get_or_insert(3);
-        b.check(f);
-    }
-
-    /// A ring of 2 (array of 2): the producer pushes 4 items, giving up on each it finds no
-    /// room for, while the consumer pops twice: the items come out whole and in order, the
-    /// ring wraps, and a push fails only when 2 are queued.
+    /// A ring of 2 (an array of 2): the producer pushes 4 items, giving up on each it finds
+    /// no room for, while the consumer pops twice: the items come out once, whole and in
+    /// order, across the array's wrap, and a push fails only when 2 are queued.
     #[test]
     fn loom_spsc_push_pop_wrap_full() {
         model(|| {
             let r = Arc::new(Ring::<Pair>::new(2));
+            let pushed = Arc::new(AtomicUsize::new(0));
             let p = {
-                let r = r.clone();
+                let (r, pushed) = (r.clone(), pushed.clone());
                 thread::spawn(move || {
-                    let mut pushed = Vec::new();
+                    let mut done = Vec::new();
                     for i in 1..=4u64 {
                         let queued = r.len();
                         if r.push(i) {
-                            pushed.push(i);
+                            done.push(i);
                         } else {
                             assert_eq!(queued, 2, "a push failed with room");
                         }
+                        pushed.store(i as usize, Ordering::Relaxed);
                     }
-                    pushed
+                    done
                 })
             };
+            wait_for(&pushed, 1);
             let mut got = pop(&r, 1);
+            wait_for(&pushed, 3);
             got.extend(pop(&r, 2));
-            let pushed = p.join().unwrap();
+            let done = p.join().unwrap();
             got.extend(pop(&r, usize::MAX));
-            assert_eq!(got, pushed, "each item pushed once, in order");
-            assert!(pushed.len() >= 2, "two fit in an empty ring");
+            assert_eq!(got, done, "each item pushed comes out once, in order");
+            assert!(done.len() >= 2, "two fit in an empty ring");
         });
     }
 
-    /// Growth with the producer stopped (joined: in the CQ ring, locked out) between two
-    /// pushes, the consumer popping on both sides of it.
+    /// Growth with the producer stopped (joined; in the CQ ring: locked out) between two
+    /// pushes, the consumer popping on both sides of it: nothing queued is lost.
     #[test]
     fn loom_spsc_grown_keeps_the_queue() {
         model(|| {

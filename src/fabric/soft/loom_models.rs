@@ -10,6 +10,8 @@
 //! RUSTFLAGS="--cfg loom" cargo test --release --lib loom_models
 //! ```
 //!
+//! (`sync/model.rs` says how the ring models are built so that loom can see a bug.)
+//!
 //! Each model checks what a wrong ordering would break: loom fails a model when a cell is
 //! accessed by two threads that no happens-before orders (a race), or when an assertion
 //! fails in some interleaving.
@@ -23,16 +25,7 @@ use super::mr::MrTable;
 use super::ring::CqRing;
 use super::spin::SpinMutex;
 use crate::fabric::{Access, Completion};
-
-/// Runs `f` under loom with at most 3 preemptions per run (`LOOM_MAX_PREEMPTIONS` sets
-/// another bound): every model here passes unbounded in under a second, but a broken one
-/// (a lock removed) can make the unbounded search run for many minutes, where a bound of 2
-/// finds the race at once.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound.get_or_insert(3);
-    b.check(f);
-}
+use crate::sync::model::{model, wait_for};
 
 /// A thread and the main one each add 1 through the lock to a counter that is not atomic:
 /// both additions count, and loom sees no two accesses unordered. (Two threads: with a
@@ -88,25 +81,6 @@ fn drain(r: &CqRing, got: &mut Vec<u64>) {
         if got.len() == before {
             return;
         }
-    }
-}
-
-// The ring models' threads never wait on each other's progress through the ring (a
-// producer gives up when the ring is full, the consumer pops a bounded number of times
-// before it joins them and drains): two waiters that spin for each other make runs loom
-// cannot end. The consumer does wait, boundedly, for a producer's Relaxed word (`pushed`,
-// no happens-before) before some pops: loom does not reorder a load before a store that
-// follows a load by the storing thread (tokio-rs/loom#392), so without it the consumer
-// would never pop while the producers push, and a missing Release on `tail` went unseen.
-
-/// Waits a little for `pushed` (Relaxed: it orders nothing) to reach `n` (a bounded wait:
-/// a producer may be waiting for the other's lock meanwhile).
-fn wait_for(pushed: &AtomicUsize, n: usize) {
-    for _ in 0..3 {
-        if pushed.load(Ordering::Relaxed) >= n {
-            return;
-        }
-        thread::yield_now();
     }
 }
 
