@@ -1,9 +1,9 @@
-//! A bounded single-producer single-consumer ring of slots made of atomic words: one
-//! producer at a time pushes (producers that take turns under a lock of their own count as
-//! one), one consumer pops, and neither takes a lock. The soft CQ's completion ring
-//! (`fabric/soft/ring.rs`: producers under a spin lock, reservations, growth) and a
-//! connection's completion inbox (`plugin/inbox.rs`: producers under the NIC's poll lock, an
-//! overflow flag) are this ring with their extras around it.
+//! The project's bounded single-producer single-consumer ring: one producer at a time
+//! pushes (producers that take turns under a lock of their own count as one), one consumer
+//! pops, and neither takes a lock. The soft CQ's completion ring (`fabric/soft/ring.rs`:
+//! producers under a spin lock, reservations, growth) and a connection's completion inbox
+//! (`plugin/inbox.rs`: producers under the NIC's poll lock, an overflow flag) are this ring
+//! with their extras around it.
 //!
 //! `head` and `tail` are wrapping counts of the items popped and pushed; those in
 //! `[head, tail)` are queued, each in the slot at `count & (len - 1)` of a power-of-two
@@ -27,6 +27,12 @@
 //! word is a plain move). A slot that hands the consumer a reference into itself instead
 //! (no copy, for a ring on the hot path) is a cell, sound only under the protocol above, so
 //! it must stay private to a module that keeps one producer and one consumer.
+//!
+//! Model-checked (`loom_models` below, and the CQ ring's in `fabric/soft/loom_models.rs`):
+//! a `tail` stored without Release fails the models here (a torn or stale slot), a `head`
+//! stored without Release fails the CQ ring's (its cell slots make the producer's rewrite
+//! a race loom sees; with atomic words it would take a load reading a later store, which
+//! loom does not model).
 
 use std::borrow::Borrow;
 use std::sync::atomic::Ordering;

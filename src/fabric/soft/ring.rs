@@ -5,7 +5,7 @@
 //! The queue is the project's SPSC ring (`sync/spsc.rs`, which says why it is sound); the
 //! producers' lock makes them its one producer. Its slots are cells holding a completion,
 //! not atomic words, so the poller reads each where it lies (no copy, nothing to decode:
-//! words cost `inproc_msgs` ~60 instructions a message); they are sound because this
+//! words cost `inproc_msgs` ~50 instructions a message); they are sound because this
 //! module keeps the ring's protocol (one producer at a time, one consumer: the lock, and
 //! the consumer's functions are `unsafe` with that contract) and no other module can reach
 //! them. Around it, this ring adds:
@@ -55,7 +55,8 @@ impl Slot for CqSlot {
     #[inline(always)]
     fn store(&self, c: Completion) {
         // SAFETY: the ring stores only into a slot outside `[head, tail)`, which the
-        // consumer does not read, and only from its one producer (this module's lock).
+        // consumer does not read, and only from its one producer (this module's lock), or
+        // into a ring that `grown` is making and nobody else sees yet.
         self.0.with_mut(|s| unsafe { *s = c });
     }
 
