@@ -109,13 +109,7 @@ impl<S: Slot> Ring<S> {
     /// calls this.
     #[inline(always)]
     pub fn push(&self, item: S::Item) -> bool {
-        match self.room(self.cap) {
-            Some(room) => {
-                room.push(item);
-                true
-            }
-            None => false,
-        }
+        self.room(self.cap).map(|room| room.push(item)).is_some()
     }
 
     /// Whether nothing is queued (the consumer's quick check).
