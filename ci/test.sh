@@ -72,7 +72,7 @@ cargo build -p mpib --lib
 step cargo-test "cargo test --workspace"
 cargo test --workspace
 
-step loom "loom models of the soft fabric's spin lock, CQ ring and key table (--cfg loom)"
+step loom "loom models of the SPSC ring and the soft fabric's spin lock, CQ ring and key table (--cfg loom)"
 # A build of its own (--cfg loom changes every crate's flags): its own target subdirectory,
 # so the steps around it keep their cache. Measured on 2 cores shared with other builds:
 # ~5 min from an empty directory (the dependencies), ~75 s after a change to the crate;

@@ -11,6 +11,7 @@
 //! split/    split policies        telemetry/  RTT estimators and statistics
 //! fabric/   the transport trait and its providers (soft, verbs)
 //! rail.rs   rail indices and rail sets (RailMask), a leaf every layer uses
+//! sync/     the SPSC ring of completion rings and inboxes, the atomics loom checks; a leaf
 //! ratelimit.rs  rate-limited log lines (one a second per cause), a leaf
 //! ```
 
@@ -23,6 +24,7 @@ pub mod plugin;
 pub mod rail;
 pub mod ratelimit;
 pub mod split;
+pub mod sync;
 pub mod telemetry;
 
 pub use error::{Error, ErrorKind, Result};

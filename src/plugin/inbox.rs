@@ -1,39 +1,54 @@
 //! A connection's completion inbox for one rail: the completions another caller polled off
 //! the NIC's shared CQ for it, waiting until the connection's own next call takes them.
 //!
-//! A bounded single-producer single-consumer ring. Producers take turns: only the holder
-//! of the NIC's poll lock pushes (the lock orders one holder's pushes before the next
-//! one's). The consumer is the connection's owner, under its handle's lock. So the ring
-//! needs no lock of its own and the data path takes none that NCCL's other threads take:
+//! The project's SPSC ring (`sync/spsc.rs`, which says why it is sound) of completions as
+//! four atomic words. Producers take turns: only the holder of the NIC's poll lock pushes
+//! (the lock orders one holder's pushes before the next one's). The consumer is the
+//! connection's owner, under its handle's lock. So the inbox needs no lock of its own and
+//! the data path takes none that NCCL's other threads take.
 //!
-//! - the producer reads `head` (Acquire), writes the slot at `tail` if `tail - head < cap`,
-//!   then stores `tail + 1` (Release);
-//! - the consumer reads `tail` (Acquire), copies the slots of `[head, tail)`, then stores
-//!   the new `head` (Release).
-//!
-//! Slots are four `AtomicU64` words (Relaxed stores and loads, ordered by `tail`/`head`),
-//! so the ring is plain safe code. A full ring is a bug (it is sized to everything the
-//! connection can have outstanding on the rail): the completion is not queued, the ring
-//! says it overflowed, and the connection fails with that error at its next call; nothing
-//! is dropped silently.
+//! A full ring is a bug (it is sized to everything the connection can have outstanding on
+//! the rail): the completion is not queued, the inbox says it overflowed, and the
+//! connection fails with that error at its next call; nothing is dropped silently.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::fabric::{Completion, WcOpcode, WcStatus};
+use crate::sync::AtomicU64;
+use crate::sync::spsc::{Ring, Slot};
 
 pub struct Inbox {
-    slots: Box<[[AtomicU64; 4]]>,
-    mask: usize,
-    cap: usize,
-    /// Completions taken: stored by the consumer only.
-    head: AtomicUsize,
-    /// Completions queued: stored by the producer (the NIC's poll lock holder) only.
-    tail: AtomicUsize,
+    ring: Ring<InboxSlot>,
     overflowed: AtomicBool,
 }
 
-/// A completion as four words (the QP number is left out: the route already named the
-/// connection and the rail).
+/// A completion as four atomic words (the QP number is left out: the route already named
+/// the connection and the rail), so the inbox is safe code.
+struct InboxSlot([AtomicU64; 4]);
+
+impl Default for InboxSlot {
+    fn default() -> InboxSlot {
+        InboxSlot(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl Slot for InboxSlot {
+    type Item = Completion;
+    type Read<'a> = Completion;
+
+    #[inline(always)]
+    fn store(&self, c: Completion) {
+        for (s, v) in self.0.iter().zip(encode(&c)) {
+            s.store(v, Ordering::Relaxed);
+        }
+    }
+
+    #[inline(always)]
+    fn read(&self) -> Completion {
+        decode(self.0.each_ref().map(|s| s.load(Ordering::Relaxed)))
+    }
+}
+
 #[inline]
 fn encode(c: &Completion) -> [u64; 4] {
     let (kind, code) = match c.status {
@@ -89,85 +104,46 @@ fn decode(w: [u64; 4]) -> Completion {
 impl Inbox {
     /// An inbox for `cap` completions.
     pub fn new(cap: usize) -> Inbox {
-        let cap = cap.max(1);
-        let n = cap.next_power_of_two();
-        Inbox {
-            slots: (0..n).map(|_| Default::default()).collect(),
-            mask: n - 1,
-            cap,
-            head: AtomicUsize::new(0),
-            tail: AtomicUsize::new(0),
-            overflowed: AtomicBool::new(false),
-        }
+        Inbox { ring: Ring::new(cap), overflowed: AtomicBool::new(false) }
     }
 
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.ring.capacity()
     }
 
     /// Queues `c`; `false` when the ring is full (then it is marked overflowed). Only the
     /// holder of the NIC's poll lock calls this.
     #[inline]
     pub fn push(&self, c: &Completion) -> bool {
-        let tail = self.tail.load(Ordering::Relaxed);
-        if tail.wrapping_sub(self.head.load(Ordering::Acquire)) >= self.cap {
+        let pushed = self.ring.push(*c);
+        if !pushed {
             self.overflowed.store(true, Ordering::Release);
-            return false;
         }
-        let slot = &self.slots[tail & self.mask];
-        for (s, v) in slot.iter().zip(encode(c)) {
-            s.store(v, Ordering::Relaxed);
-        }
-        self.tail.store(tail.wrapping_add(1), Ordering::Release);
-        true
+        pushed
     }
 
-    /// Whether completions wait (the consumer's quick check: one load).
+    /// Whether completions wait (the consumer's quick check).
     #[inline(always)]
     pub fn is_empty(&self) -> bool {
-        self.tail.load(Ordering::Acquire) == self.head.load(Ordering::Relaxed)
+        self.ring.is_empty()
     }
 
     /// Moves the oldest completions into `out`; returns how many (tests: batches smaller
     /// than what is queued). Only the connection's owner calls this.
     #[cfg(test)]
     pub fn pop_into(&self, out: &mut [Completion]) -> usize {
-        let tail = self.tail.load(Ordering::Acquire);
-        let head = self.head.load(Ordering::Relaxed);
-        let n = out.len().min(tail.wrapping_sub(head));
-        for (i, o) in out[..n].iter_mut().enumerate() {
-            *o = self.load(head.wrapping_add(i));
-        }
-        if n > 0 {
-            self.head.store(head.wrapping_add(n), Ordering::Release);
-        }
-        n
+        let mut n = 0;
+        self.ring.pop_each(out.len(), |c| {
+            out[n] = *c;
+            n += 1;
+        })
     }
 
     /// Hands every queued completion to `f`, oldest first, decoded on the stack (no copy
     /// through a buffer); returns how many. Only the connection's owner calls this.
     #[inline(always)]
-    pub fn pop_each(&self, mut f: impl FnMut(&Completion)) -> usize {
-        let tail = self.tail.load(Ordering::Acquire);
-        let head = self.head.load(Ordering::Relaxed);
-        let n = tail.wrapping_sub(head);
-        for i in 0..n {
-            f(&self.load(head.wrapping_add(i)));
-        }
-        self.head.store(tail, Ordering::Release);
-        n
-    }
-
-    /// The completion queued at count `at` (in `[head, tail)`, published).
-    #[inline(always)]
-    fn load(&self, at: usize) -> Completion {
-        let s = &self.slots[at & self.mask];
-        decode([
-            s[0].load(Ordering::Relaxed),
-            s[1].load(Ordering::Relaxed),
-            s[2].load(Ordering::Relaxed),
-            s[3].load(Ordering::Relaxed),
-        ])
+    pub fn pop_each(&self, f: impl FnMut(&Completion)) -> usize {
+        self.ring.pop_each(usize::MAX, f)
     }
 
     /// Whether a completion found the ring full.

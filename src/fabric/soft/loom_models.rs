@@ -1,13 +1,16 @@
 //! Models of the soft fabric's lock-free parts for the `loom` model checker, which runs each
 //! one under every interleaving (and every value a load may return under the C11 memory
-//! model) its threads allow: the spin lock, the CQ ring (producers, the consumer, growth)
-//! and the key table's gate (a pin racing a deregistration, a registration racing a pin
-//! of its new key). Built only with `--cfg loom`, where `sync.rs` hands spin.rs, ring.rs
-//! and mr.rs loom's atomics and cells:
+//! model) its threads allow: the spin lock, the CQ ring (producers, the consumer, growth,
+//! reservations; the SPSC ring under it has models of its own in `sync/spsc.rs`) and the
+//! key table's gate (a pin racing a deregistration, a registration racing a pin of its new
+//! key). Built only with `--cfg loom`, where `crate::sync` hands the ring, spin.rs and
+//! mr.rs loom's atomics and cells:
 //!
 //! ```text
 //! RUSTFLAGS="--cfg loom" cargo test --release --lib loom_models
 //! ```
+//!
+//! (`sync/model.rs` says how the ring models are built so that loom can see a bug.)
 //!
 //! Each model checks what a wrong ordering would break: loom fails a model when a cell is
 //! accessed by two threads that no happens-before orders (a race), or when an assertion
@@ -22,16 +25,7 @@ use super::mr::MrTable;
 use super::ring::CqRing;
 use super::spin::SpinMutex;
 use crate::fabric::{Access, Completion};
-
-/// Runs `f` under loom with at most 3 preemptions per run (`LOOM_MAX_PREEMPTIONS` sets
-/// another bound): every model here passes unbounded in under a second, but a broken one
-/// (a lock removed) can make the unbounded search run for many minutes, where a bound of 2
-/// finds the race at once.
-fn model(f: impl Fn() + Sync + Send + 'static) {
-    let mut b = loom::model::Builder::new();
-    b.preemption_bound.get_or_insert(3);
-    b.check(f);
-}
+use crate::sync::model::{model, wait_for};
 
 /// A thread and the main one each add 1 through the lock to a counter that is not atomic:
 /// both additions count, and loom sees no two accesses unordered. (Two threads: with a
@@ -87,25 +81,6 @@ fn drain(r: &CqRing, got: &mut Vec<u64>) {
         if got.len() == before {
             return;
         }
-    }
-}
-
-// The ring models' threads never wait on each other's progress through the ring (a
-// producer gives up when the ring is full, the consumer pops a bounded number of times
-// before it joins them and drains): two waiters that spin for each other make runs loom
-// cannot end. The consumer does wait, boundedly, for a producer's Relaxed word (`pushed`,
-// no happens-before) before some pops: loom does not reorder a load before a store that
-// follows a load by the storing thread (tokio-rs/loom#392), so without it the consumer
-// would never pop while the producers push, and a missing Release on `tail` went unseen.
-
-/// Waits a little for `pushed` (Relaxed: it orders nothing) to reach `n` (a bounded wait:
-/// a producer may be waiting for the other's lock meanwhile).
-fn wait_for(pushed: &AtomicUsize, n: usize) {
-    for _ in 0..3 {
-        if pushed.load(Ordering::Relaxed) >= n {
-            return;
-        }
-        thread::yield_now();
     }
 }
 
@@ -196,6 +171,36 @@ fn loom_ring_reserved_slot() {
         drain(&r, &mut got);
         pushed.push(3);
         assert_eq!(got, pushed);
+    });
+}
+
+/// A producer holds a reserved slot while the consumer grows the ring from 2 to 4: the
+/// reservation stays one across the growth (the limit grows by the slots added), so the
+/// reserved completion always finds its slot, and every completion comes out once, in
+/// order; afterwards the ring holds 4.
+#[test]
+fn loom_ring_reservation_races_growth() {
+    model(|| {
+        let r = Arc::new(CqRing::new(2));
+        let p = {
+            let r = r.clone();
+            thread::spawn(move || {
+                assert!(r.lock().reserve());
+                let pushed = produce(&r, &[1, 2, 3, 4]);
+                r.lock().push_reserved(completion(9));
+                pushed
+            })
+        };
+        // SAFETY: this thread is the only consumer, not inside `pop_into`.
+        unsafe { r.grow(4) };
+        let mut got = Vec::new();
+        pop(&r, &mut got);
+        let mut pushed = p.join().unwrap();
+        assert!(!pushed.is_empty(), "room for one besides the reserved slot");
+        drain(&r, &mut got);
+        pushed.push(9);
+        assert_eq!(got, pushed);
+        assert_eq!(produce(&r, &[5, 6, 7, 8, 10]), [5, 6, 7, 8], "room for 4, none reserved");
     });
 }
 

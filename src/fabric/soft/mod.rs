@@ -31,8 +31,6 @@
 //!             timer, rate-limited warnings, the key table, the CQ ring, the readiness sets
 //! spin clock  the spin lock of a connection's state and of a CQ ring's producers; the
 //!             helper's clock (the timer that wakes it with no event)
-//! sync        the atomics and cell of spin, ring and mr: std's, or loom's under
-//!             `--cfg loom` (the models: `loom_models`)
 //! progress    the progress policy, sans-IO (times passed in): when the helper sleeps,
 //!             wakes and sweeps, who serves a link, when an ACK is held or a post's
 //!             frames wait, a CQ's poll pace
@@ -133,7 +131,6 @@ mod responder;
 mod ring;
 mod spin;
 mod station;
-mod sync;
 mod transport;
 mod watch;
 

@@ -43,9 +43,9 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
-use super::sync::{AtomicPtr, AtomicU32, AtomicU64, spin_loop, yield_now};
 use crate::error::{Error, Result};
 use crate::fabric::Access;
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, spin_loop, yield_now};
 
 #[cfg(not(loom))]
 const GEN_BITS: u32 = 12;

@@ -2,33 +2,26 @@
 //! in-process mode also their peers' threads, in TCP mode the device's helper thread),
 //! serialised by one lock; one consumer (the CQ's poller), which takes no lock.
 //!
-//! `head` and `tail` are wrapping counts of the completions popped and pushed; those in
-//! `[head, tail)` are queued, each at `count & mask` of a power-of-two array, at most `cap`
-//! (the depth asked for) at once:
+//! The queue is the project's SPSC ring (`sync/spsc.rs`, which says why it is sound); the
+//! producers' lock makes them its one producer. Its slots are cells holding a completion,
+//! not atomic words, so the poller reads each where it lies (no copy, nothing to decode:
+//! words cost `inproc_msgs` ~50 instructions a message); they are sound because this
+//! module keeps the ring's protocol (one producer at a time, one consumer: the lock, and
+//! the consumer's functions are `unsafe` with that contract) and no other module can reach
+//! them. Around it, this ring adds:
 //!
-//! - a producer, holding the lock, reads `head` (Acquire), writes the slot at `tail` if
-//!   `tail - head < cap`, then stores `tail + 1` (Release);
-//! - the consumer reads `tail` (Acquire), copies the slots of `[head, tail)`, then stores
-//!   the new `head` (Release).
-//!
-//! A producer may also *reserve* a slot (a WRITE_WITH_IMM whose payload is still arriving
-//! takes its completion's slot when it takes its SRQ WQE, so its completion, or its Flushed
-//! completion if the QP fails, always has room): plain pushes need `tail - head < limit`,
-//! where `limit` is `cap` less the slots reserved (one word, so a push reads one value, not
-//! two). Only producers, under the lock, and the consumer growing the ring, with the
-//! producers locked out, touch it.
-//!
-//! Why no slot is read and written at once: a producer writes only the slot at `tail`,
-//! outside `[head, tail)` as it last saw `head`, and only while it holds the lock (no other
-//! producer moves `tail`). The consumer reads a slot only after the Release store of `tail`
-//! that published it (its Acquire load pairs with it), and a producer rewrites a slot only
-//! after the Release store of `head` that freed it (its Acquire load pairs with that), so
-//! the consumer's read came first. Room seen by a producer never vanishes while it holds
-//! the lock: the consumer only frees slots.
-//!
-//! Growing (a shared CQ gets more QPs): the consumer, holding the producers' lock, copies
-//! `[head, tail)` into a larger array at the same counts and swaps it in. No producer runs
-//! (the lock) and the consumer is the one growing, so nobody reads the old array then.
+//! - **Reservations.** A producer may reserve a slot (a WRITE_WITH_IMM whose payload is
+//!   still arriving takes its completion's slot when it takes its SRQ WQE, so its
+//!   completion, or its Flushed completion if the QP fails, always has room): plain pushes
+//!   need fewer than `limit` completions queued, where `limit` is the capacity less the
+//!   slots reserved (one word, so a push reads one value, not two). Only producers, under
+//!   the lock, and the consumer growing the ring, with the producers locked out, touch it.
+//!   Room seen by a producer never vanishes while it holds the lock: the consumer only
+//!   frees slots.
+//! - **Growth** (a shared CQ gets more QPs): the consumer, holding the producers' lock,
+//!   makes a larger ring holding what is queued at the same counts and swaps it in. No
+//!   producer runs (the lock) and the consumer is the one growing, so nobody reads the old
+//!   ring then.
 //!
 //! The producers' lock is a spin lock (`spin.rs`): every section under it is a few loads
 //! and stores (a push, a reservation, a retire of a send queue's finished WRs, a grow's
@@ -37,107 +30,119 @@
 use std::sync::atomic::Ordering;
 
 use super::spin::{SpinGuard, SpinMutex};
-use super::sync::{AtomicUsize, UnsafeCell};
-
 use crate::fabric::Completion;
+use crate::sync::spsc::{self, Ring, Slot};
+use crate::sync::{AtomicUsize, UnsafeCell};
 
-/// The array of a ring: replaced (under the producers' lock, by the consumer) when it grows.
-struct Buf {
-    slots: Box<[UnsafeCell<Completion>]>,
-    mask: usize,
-    cap: usize,
-}
+/// A slot of the ring: a completion in a cell (private: see the module documentation).
+struct CqSlot(UnsafeCell<Completion>);
 
-impl Buf {
-    fn new(depth: usize) -> Buf {
-        let cap = depth.max(1);
-        let n = cap.next_power_of_two();
-        Buf { slots: (0..n).map(|_| UnsafeCell::new(Completion::default())).collect(), mask: n - 1, cap }
+impl Default for CqSlot {
+    fn default() -> CqSlot {
+        CqSlot(UnsafeCell::new(Completion::default()))
     }
 }
 
+// SAFETY: a slot is shared between threads only inside a `CqRing`'s ring, whose protocol
+// (one producer under the lock, one consumer) lets one thread at a time write it, and
+// nobody read it meanwhile (`sync/spsc.rs`).
+unsafe impl Sync for CqSlot {}
+
+impl Slot for CqSlot {
+    type Item = Completion;
+    type Read<'a> = &'a Completion;
+
+    #[inline(always)]
+    fn store(&self, c: Completion) {
+        // SAFETY: the ring stores only into a slot outside `[head, tail)`, which the
+        // consumer does not read, and only from its one producer (this module's lock), or
+        // into a ring that `grown` is making and nobody else sees yet.
+        self.0.with_mut(|s| unsafe { *s = c });
+    }
+
+    #[inline(always)]
+    fn read(&self) -> &Completion {
+        // The cell hands out its pointer and the consumer reads outside the closure:
+        // `pop_each`'s `f` called inside it was not inlined (+41 instructions a message on
+        // `inproc_msgs`). The model checker still sees each access where it starts.
+        // SAFETY: the ring reads only a slot inside `[head, tail)`, published, which no
+        // producer writes until the consumer has moved `head` past it, after the last use
+        // of this reference (`Ring::pop_each`).
+        unsafe { &*self.0.with(|c| c) }
+    }
+}
+
+type Slots = Ring<CqSlot>;
+
 pub struct CqRing {
-    buf: UnsafeCell<Buf>,
-    /// `cap` less the slots reserved for completions to come (see the module
+    /// Replaced (by the consumer, under `producers`) when the ring grows.
+    ring: UnsafeCell<Slots>,
+    /// The capacity less the slots reserved for completions to come (see the module
     /// documentation): how many completions plain pushes may queue.
     limit: AtomicUsize,
-    /// Completions popped: stored by the consumer only.
-    head: AtomicUsize,
-    /// Completions pushed: stored by producers only, under `producers`.
-    tail: AtomicUsize,
     producers: SpinMutex<()>,
 }
 
-// SAFETY: the slots (the only part not already `Sync`) are shared between threads only as
-// the module documentation says: written by one producer at a time, under `producers`,
-// while the consumer does not read them; read by the consumer once published; the array
-// itself replaced only by the consumer with the producers locked out.
+// SAFETY: the cell (the only part not already `Sync`) holds a ring that is itself `Sync`;
+// it is replaced only by the consumer with the producers locked out, and read meanwhile by
+// nobody else (the module documentation).
 unsafe impl Sync for CqRing {}
 
 impl CqRing {
     pub fn new(depth: usize) -> CqRing {
-        CqRing {
-            limit: AtomicUsize::new(depth.max(1)),
-            buf: UnsafeCell::new(Buf::new(depth)),
-            head: AtomicUsize::new(0),
-            tail: AtomicUsize::new(0),
-            producers: SpinMutex::new(()),
-        }
+        let ring = Ring::new(depth);
+        CqRing { limit: AtomicUsize::new(ring.capacity()), ring: UnsafeCell::new(ring), producers: SpinMutex::new(()) }
     }
 
     /// Locks out the other producers.
     #[inline]
     pub fn lock(&self) -> Producer<'_> {
-        Producer { _lock: self.producers.lock(), ring: self }
+        let lock = self.producers.lock();
+        // SAFETY: the ring is replaced only under the lock just taken (by the consumer, in
+        // `grow`), and the reference lives no longer than the guard beside it.
+        let ring = unsafe { &*self.ring.with(|r| r) };
+        Producer { _lock: lock, ring, limit: &self.limit }
+    }
+
+    /// The ring, to its consumer.
+    ///
+    /// # Safety
+    /// The caller is the one consumer: only it replaces the ring (`grow`), so the ring
+    /// stays while it uses it.
+    #[inline(always)]
+    unsafe fn consumer(&self) -> &Slots {
+        // SAFETY: only the consumer (the caller, by this function's contract) replaces it.
+        unsafe { &*self.ring.with(|r| r) }
     }
 
     /// Moves the oldest completions into `out`; returns how many. An empty ring costs two
     /// loads.
     ///
     /// # Safety
-    /// One consumer: no other thread may be in `pop_into`/`pop_each` on this ring at the
-    /// same time.
+    /// One consumer: no other thread may be in `pop_into`/`pop_each`/`grow` on this ring at
+    /// the same time.
     #[inline]
     pub unsafe fn pop_into(&self, out: &mut [Completion]) -> usize {
         let mut n = 0;
         // SAFETY: the caller is the one consumer (this function's own contract).
-        unsafe {
-            self.pop_each(out.len(), |c| {
-                out[n] = *c;
-                n += 1;
-            })
-        }
+        let ring = unsafe { self.consumer() };
+        ring.pop_each(out.len(), |c| {
+            out[n] = *c;
+            n += 1;
+        })
     }
 
     /// Hands up to `max` of the oldest completions to `f` where they lie (no copy); returns
     /// how many. They are released (`head` moves past them) after the last `f` returns.
     ///
     /// # Safety
-    /// One consumer: no other thread may be in `pop_into`/`pop_each` on this ring at the
-    /// same time.
+    /// One consumer: no other thread may be in `pop_into`/`pop_each`/`grow` on this ring at
+    /// the same time.
     #[inline(always)]
-    pub unsafe fn pop_each(&self, max: usize, mut f: impl FnMut(&Completion)) -> usize {
-        let tail = self.tail.load(Ordering::Acquire);
-        let head = self.head.load(Ordering::Relaxed);
-        if tail == head {
-            return 0;
-        }
-        let n = max.min(tail.wrapping_sub(head));
-        // The cells hand out their pointers and `f` runs outside their closures: called
-        // inside them it was not inlined (+41 instructions a message on `inproc_msgs`). The
-        // model checker still sees each access where it starts (`with` records it).
-        // SAFETY: only the consumer (the caller) replaces the array.
-        let buf = unsafe { &*self.buf.with(|buf| buf) };
-        for i in 0..n {
-            // SAFETY: `& mask` is below the array's length (a power of two, `mask + 1`).
-            let slot = unsafe { buf.slots.get_unchecked(head.wrapping_add(i) & buf.mask) };
-            // SAFETY: `head + i` lies in `[head, tail)`: published before the Acquire load of
-            // `tail`, and no producer writes it until `head` moves past it (below, after `f`
-            // is done with it).
-            f(unsafe { &*slot.with(|c| c) });
-        }
-        self.head.store(head.wrapping_add(n), Ordering::Release);
-        n
+    pub unsafe fn pop_each(&self, max: usize, f: impl FnMut(&Completion)) -> usize {
+        // SAFETY: the caller is the one consumer (this function's own contract).
+        let ring = unsafe { self.consumer() };
+        ring.pop_each(max, f)
     }
 
     /// Makes room for `depth` completions (never shrinks), keeping those queued.
@@ -145,41 +150,45 @@ impl CqRing {
     /// # Safety
     /// One consumer: only the ring's consumer calls this, never while in `pop_into`.
     pub unsafe fn grow(&self, depth: usize) {
-        let _producers = self.lock();
-        self.buf.with_mut(|buf| {
+        let _producers = self.producers.lock();
+        self.ring.with_mut(|ring| {
             // SAFETY: the producers are locked out and the caller is the consumer: nobody
-            // else reads or writes the array until this returns.
-            let buf = unsafe { &mut *buf };
-            if depth <= buf.cap {
+            // else reads or writes the ring until this returns.
+            let ring = unsafe { &mut *ring };
+            if depth <= ring.capacity() {
                 return;
             }
-            let new = Buf::new(depth);
+            let new = ring.grown(depth);
             // The reserved slots stay reserved: the limit grows by the slots added.
-            self.limit.fetch_add(new.cap - buf.cap, Ordering::Relaxed);
-            let (head, tail) = (self.head.load(Ordering::Relaxed), self.tail.load(Ordering::Relaxed));
-            let mut c = head;
-            while c != tail {
-                let (from, to) = (&buf.slots[c & buf.mask], &new.slots[c & new.mask]);
-                // SAFETY: as above; `c` lies in `[head, tail)`, published; `to` is not
-                // shared yet.
-                from.with(|from| to.with_mut(|to| unsafe { *to = *from }));
-                c = c.wrapping_add(1);
-            }
-            *buf = new;
+            self.limit.fetch_add(new.capacity() - ring.capacity(), Ordering::Relaxed);
+            *ring = new;
         })
     }
 
     /// Completions queued now (tests).
     #[cfg(all(test, not(loom)))]
     pub fn len(&self) -> usize {
-        self.tail.load(Ordering::Acquire).wrapping_sub(self.head.load(Ordering::Acquire))
+        // SAFETY: tests call this from the consumer's thread.
+        unsafe { self.consumer() }.len()
     }
 }
 
 /// A producer of a [`CqRing`], the others locked out until it drops.
 pub struct Producer<'a> {
     _lock: SpinGuard<'a, ()>,
-    ring: &'a CqRing,
+    ring: &'a Slots,
+    limit: &'a AtomicUsize,
+}
+
+/// The free slot at `tail` of a locked ring.
+pub struct Room<'a>(spsc::Room<'a, CqSlot>);
+
+impl Room<'_> {
+    /// Fills the slot and publishes it.
+    #[inline(always)]
+    pub fn push(self, c: Completion) {
+        self.0.push(c)
+    }
 }
 
 impl Producer<'_> {
@@ -187,12 +196,9 @@ impl Producer<'_> {
     /// when the ring is full.
     #[inline(always)]
     pub fn room(&mut self) -> Option<Room<'_>> {
-        let ring = self.ring;
-        // Relaxed: only producers store `tail` and `limit`, under the lock this one holds
-        // (and the consumer growing the ring, with the lock held too).
-        let tail = ring.tail.load(Ordering::Relaxed);
-        let limit = ring.limit.load(Ordering::Relaxed);
-        (tail.wrapping_sub(ring.head.load(Ordering::Acquire)) < limit).then_some(Room { ring, tail })
+        // Relaxed: only producers store `limit`, under the lock this one holds (and the
+        // consumer growing the ring, with the lock held too).
+        self.ring.room(self.limit.load(Ordering::Relaxed)).map(Room)
     }
 
     /// Reserves a slot for a later [`Self::push_reserved`]; `false` when the ring is full.
@@ -201,13 +207,13 @@ impl Producer<'_> {
             return false;
         }
         // Never below 0: a slot is reserved only where there was room.
-        self.ring.limit.fetch_sub(1, Ordering::Relaxed);
+        self.limit.fetch_sub(1, Ordering::Relaxed);
         true
     }
 
     /// Gives a reserved slot back unused.
     pub fn unreserve(&mut self) {
-        self.ring.limit.fetch_add(1, Ordering::Relaxed);
+        self.limit.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Appends `c` into a slot [`Self::reserve`] took (never full).
@@ -223,39 +229,7 @@ impl Producer<'_> {
     /// Appends `c`; `false` when the ring is full.
     #[inline(always)]
     pub fn push(&mut self, c: Completion) -> bool {
-        match self.room() {
-            Some(room) => {
-                room.push(c);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// The free slot at `tail` of a locked ring.
-pub struct Room<'a> {
-    ring: &'a CqRing,
-    tail: usize,
-}
-
-impl Room<'_> {
-    /// Fills the slot and publishes it.
-    #[inline(always)]
-    pub fn push(self, c: Completion) {
-        let ring = self.ring;
-        ring.buf.with(|buf| {
-            // SAFETY: no other producer replaces the array while this one holds the lock
-            // (`Room` borrows the `Producer`), and the consumer replaces it only under it.
-            let buf = unsafe { &*buf };
-            // SAFETY: `& mask` is below the array's length (a power of two, `mask + 1`).
-            let slot = unsafe { buf.slots.get_unchecked(self.tail & buf.mask) };
-            // SAFETY: the slot at `tail` lies outside `[head, tail)` (`room` checked it, and
-            // the consumer only moves `head` on): the consumer does not read it, and no
-            // other producer writes it while this one holds the lock.
-            slot.with_mut(|s| unsafe { *s = c });
-        });
-        ring.tail.store(self.tail.wrapping_add(1), Ordering::Release);
+        self.room().map(|room| room.push(c)).is_some()
     }
 }
 
@@ -265,39 +239,6 @@ mod tests {
 
     fn c(wr_id: u64) -> Completion {
         Completion { wr_id, ..Completion::default() }
-    }
-
-    /// A depth that is not a power of two is full at that depth (the array is larger), and
-    /// completions come out in order across many wrap-arounds of the array.
-    #[test]
-    fn ring_is_full_at_its_depth_and_keeps_order_across_wraps() {
-        let r = CqRing::new(3);
-        let mut out = [Completion::default(); 2];
-        let (mut pushed, mut popped) = (0u64, 0u64);
-        for round in 0..50 {
-            while r.lock().push(c(pushed)) {
-                pushed += 1;
-            }
-            assert_eq!(r.len(), 3, "round {round}: full at the depth asked for");
-            assert!(r.lock().room().is_none());
-            // SAFETY: this thread is the only consumer.
-            let n = unsafe { r.pop_into(&mut out[..1 + round % 2]) };
-            for o in &out[..n] {
-                assert_eq!(o.wr_id, popped);
-                popped += 1;
-            }
-        }
-        while r.len() > 0 {
-            // SAFETY: as above.
-            let n = unsafe { r.pop_into(&mut out) };
-            for o in &out[..n] {
-                assert_eq!(o.wr_id, popped);
-                popped += 1;
-            }
-        }
-        assert_eq!(popped, pushed);
-        // SAFETY: as above.
-        assert_eq!(unsafe { r.pop_into(&mut out) }, 0);
     }
 
     /// Growing keeps what is queued, in order, across the array's wrap; the new depth holds.

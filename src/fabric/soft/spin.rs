@@ -14,7 +14,7 @@ use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::Ordering;
 
-use super::sync::{AtomicBool, spin_loop, yield_now};
+use crate::sync::{AtomicBool, spin_loop, yield_now};
 
 /// A value behind a spin lock.
 pub struct SpinMutex<T> {

@@ -1,11 +1,23 @@
-//! The atomics, the cell and the spin-wait calls of the soft fabric's lock-free parts (the
-//! spin lock, the CQ ring, the key table's gates): the standard library's normally, `loom`'s
-//! under `--cfg loom`, so the model checker runs the code that ships (`soft/loom.rs` holds
-//! the models; DESIGN.md "The soft fabric" says how to run them).
+//! Lock-free building blocks shared by the layers, and the atomics they are made of.
+//!
+//! ```text
+//! spsc   the bounded single-producer single-consumer ring: the soft CQ's completion ring
+//!        (`fabric/soft/ring.rs`) and a connection's completion inbox (`plugin/inbox.rs`)
+//! model  what the loom models share (built under `--cfg loom`)
+//! ```
+//!
+//! The atomics, the cell and the spin-wait calls here are the standard library's normally,
+//! `loom`'s under `--cfg loom`, so the model checker runs the code that ships: the ring, and
+//! the soft fabric's spin lock, CQ ring and key table's gates (the models: `spsc.rs` and
+//! `fabric/soft/loom_models.rs`; DESIGN.md "The soft fabric" says how to run them).
 //!
 //! The only difference in shape is the cell: loom's hands out its pointer through a closure
 //! so it can see where each access starts and ends; the shim below has the same shape and
 //! compiles to a plain `std::cell::UnsafeCell` access.
+
+#[cfg(all(test, loom))]
+pub mod model;
+pub mod spsc;
 
 #[cfg(not(loom))]
 pub use std::hint::spin_loop;
