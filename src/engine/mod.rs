@@ -9,7 +9,6 @@
 //! - Errors are typed ([`Violation`], [`CompletionFailed`], [`StrayCompletion`],
 //!   [`Refused`]) and displayed as their log lines; a connection keeps its first failure.
 
-mod control;
 mod error_state;
 pub mod failover;
 mod hang;
@@ -28,8 +27,8 @@ pub use failover::{
 pub use place::{Place, PlaceRef};
 pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
 pub use send::{
-    CallerWaits, CpuAccess, PartState, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS, SendBuf, SendConfig,
-    SendEngine, SentPart, SlotView,
+    CallerWaits, PartState, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS, SendBuf, SendConfig, SendEngine,
+    SentPart, SlotView,
 };
 
 use crate::fabric::SendWr;
@@ -42,6 +41,19 @@ pub use crate::rail::{RAIL_NAMES, RAILS, RailMask, SOUT, SUP};
 /// the keepalive fails (peer gone, connection reset, retry budget spent) and the error
 /// reaches the caller within this interval plus the fabric's own detection time.
 pub const KEEPALIVE_NS: u64 = 100_000_000;
+
+/// Whether the CPU may read a registered buffer. An inline WR is copied by the CPU at post
+/// time (`IBV_SEND_INLINE` makes the provider `memcpy` the SGE), so a GPU buffer, which only
+/// the NIC may read, must never be posted inline: the CPU would dereference a device
+/// pointer (a fault, or garbage on the wire).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuAccess {
+    /// Host memory: small payloads may go inline.
+    Readable,
+    /// GPU memory (CUDA, DMA-BUF), or not known to be host memory: the NIC reads it.
+    #[default]
+    NicOnly,
+}
 
 /// Most WRs in one chain: one data WRITE per receive plus the signalling WR.
 pub const MAX_CHAIN: usize = layout::MAX_RECVS + 1;

@@ -66,7 +66,7 @@ pub struct FoSide {
     /// name it; refreshed when a rail's QPs are rebuilt or connected anew.
     pub place: Arc<ConnPlace>,
     /// The set-up channel, kept for the connection's life: the control messages of an
-    /// outage (no rail works) go over it (`engine/control.rs`). `None` once the peer closed
+    /// outage (no rail works) go over it (`engine/failover/control.rs`). `None` once the peer closed
     /// its end.
     oob: Option<OobConn>,
     /// When a round looks at the set-up channel next while every rail works (the peer may

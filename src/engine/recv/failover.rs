@@ -38,7 +38,7 @@ impl RecvEngine {
     /// regularly to read the control ring).
     pub(crate) fn failover_due(&self) -> bool {
         // (In an outage, every round reads the set-up channel: what comes back comes there.)
-        self.fo.rail_work_due() || self.cts_redo != 0 || self.fo.outage_ns != 0
+        self.fo.rail_work_due() || self.fo.cts_redo != 0 || self.fo.outage_ns != 0
     }
 
     /// What the plugin saw (a port down) or did (an action performed). What follows from it
@@ -175,10 +175,10 @@ impl RecvEngine {
     /// sequence check ignores the second. Later CTS writes of the slot go on the same QP,
     /// after this one.
     fn repost_cts(&mut self, out: &mut Output) {
-        let Some(rail) = self.live_rails.first() else { return };
-        while self.cts_redo != 0 {
-            let slot = self.cts_redo.trailing_zeros() as usize;
-            self.cts_redo &= self.cts_redo - 1;
+        let Some(rail) = self.fo.live_rails.first() else { return };
+        while self.fo.cts_redo != 0 {
+            let slot = self.fo.cts_redo.trailing_zeros() as usize;
+            self.fo.cts_redo &= self.fo.cts_redo - 1;
             let s = &mut self.slots[slot];
             if s.state != State::Posted || s.data_done {
                 continue;
@@ -207,7 +207,7 @@ impl RecvEngine {
                         s.state = State::Done;
                     }
                 }
-                self.cts_redo |= 1 << slot;
+                self.fo.cts_redo |= 1 << slot;
             }
             Some((WrKind::Probe, _)) if self.keepalive == Some(rail) => self.keepalive = None,
             Some((WrKind::Probe, _)) if self.keepalive_abandoned.contains(rail) => {
@@ -263,9 +263,9 @@ impl RecvEngine {
         }
         let Some(was_up) = self.fo.mark_failed(rail) else { return Ok(()) };
         self.fo.timer_ns = 0;
-        self.live_rails = self.live_rails.without(rail);
+        self.fo.live_rails = self.fo.live_rails.without(rail);
         let level = self.failure_level();
-        if self.live_rails.is_empty() && self.fo.outage_ns == 0 {
+        if self.fo.live_rails.is_empty() && self.fo.outage_ns == 0 {
             if !self.fo.enter_outage() {
                 log::log!(
                     level,

@@ -129,12 +129,9 @@ pub struct RecvEngine {
     keepalive_abandoned: RailMask,
     /// Keepalives sent so far (they alternate rails).
     keepalives: u64,
-    /// The device's rails that have not failed (CTS writes and keepalives go there).
-    live_rails: RailMask,
+    /// Failover, with the rails that have not failed (CTS writes and keepalives go there:
+    /// `fo.live_rails`) and the CTS writes to post again (`fo.cts_redo`).
     fo: Failover,
-    /// Failover: slots whose CTS WRITE failed or was flushed on a dead rail, bit per slot;
-    /// re-posted on the surviving rail while their receive still waits for data.
-    cts_redo: u32,
     /// The rails the last data IMM named (its mask): where the next CTS goes (`cts_rail`).
     data_rails: RailMask,
     /// CTS WRITEs on each rail since its last signalled one.
@@ -155,9 +152,7 @@ impl RecvEngine {
     pub fn new(mut cfg: RecvConfig, stats: [StatsHandle; RAILS]) -> Self {
         cfg.max_requests = cfg.max_requests.clamp(1, SLOTS);
         RecvEngine {
-            live_rails: cfg.rails_mask,
-            fo: Failover::new(cfg.failover.clone(), 0),
-            cts_redo: 0,
+            fo: Failover { live_rails: cfg.rails_mask, ..Failover::new(cfg.failover.clone(), 0) },
             data_rails: RailMask::NONE,
             cts_run: [0; RAILS],
             partial_parts: 0,
@@ -291,7 +286,7 @@ impl RecvEngine {
     /// split transfer, or before any data, alternating by slot as net_ib alternates devices.
     #[inline]
     fn cts_rail(&self, slot: usize) -> usize {
-        let live = self.live_rails;
+        let live = self.fo.live_rails;
         if live != RailMask::BOTH {
             return live.first().unwrap_or(SOUT);
         }

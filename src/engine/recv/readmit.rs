@@ -95,7 +95,7 @@ impl RecvEngine {
         self.fo.state[rail] = RailState::Up;
         self.fo.down_warned_ns[rail] = 0;
         self.fo.readmissions += 1;
-        self.live_rails = self.live_rails.with(rail);
+        self.fo.live_rails = self.fo.live_rails.with(rail);
         self.stats[rail].count_readmission();
         log::info!(
             "recv: {} rail re-admitted (epoch {}): CTS writes use it again",

@@ -75,7 +75,7 @@ impl fmt::Display for RecvReport<'_> {
                 let missing = crate::engine::RailMask::from_fn(|x| r.expected.contains(x) && !r.seen.contains(x));
                 write!(f, "the IMM of {} in, waiting for {}", Rails(r.seen), Rails(missing))?;
             }
-            if e.cts_redo & (1 << s) != 0 {
+            if e.fo.cts_redo & (1 << s) != 0 {
                 f.write_str("; its CTS is to be written again (failover)")?;
             }
             if let Some(age) = e.hang.age_ns(now, s, seq + 1) {

@@ -90,7 +90,7 @@ impl RecvEngine {
         if now_ns.saturating_sub(self.quiet_since_ns) < crate::engine::KEEPALIVE_NS {
             return;
         }
-        let rails = self.live_rails;
+        let rails = self.fo.live_rails;
         let rail = if rails == RailMask::BOTH {
             (self.keepalives % RAILS as u64) as usize
         } else {

@@ -6,7 +6,8 @@
 //! source to the same destination, its IMM flagged "the other rail's part". Only what is
 //! missing is sent again. Both rails down: the connection fails.
 
-use super::{PartSrc, SendEngine};
+use super::SendEngine;
+use crate::engine::failover::PartSrc;
 use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS, SendMemory};
@@ -269,9 +270,9 @@ impl SendEngine {
         self.fo.report_due = self.fo.report_due.without(rail);
         let (mut confirmed, mut replayed) = (0u32, 0u32);
         for slot in 0..SLOTS {
-            let ps = &self.slots[slot];
+            let (ps, rp) = (&self.slots[slot], &self.fo.replays[slot]);
             // (A part already waiting for a rail was settled by an earlier report.)
-            if !ps.pending.contains(rail) || ps.replay.contains(rail) || ps.replay_wait.contains(rail) {
+            if !ps.pending.contains(rail) || (rp.replay | rp.replay_wait).contains(rail) {
                 continue;
             }
             let (bytes, seq) = (ps.bytes[rail], ps.seq);
@@ -292,16 +293,12 @@ impl SendEngine {
             } else if self.fo.state[other(rail)] != RailState::Up {
                 // No rail works (an outage): delivered once one is back (`replay_ready`).
                 replayed += 1;
-                let ps = &mut self.slots[slot];
-                ps.replay_wait = ps.replay_wait.with(rail);
-                self.fo.replays_waiting += 1;
+                self.wait_for_rail(slot, rail);
             } else if self.slots[slot].pending.contains(other(rail)) {
                 // The slot's own chain on the surviving rail is still out: its replay
                 // follows once that completed (`replay_ready`).
                 replayed += 1;
-                let ps = &mut self.slots[slot];
-                ps.replay_wait = ps.replay_wait.with(rail);
-                self.fo.replays_waiting += 1;
+                self.wait_for_rail(slot, rail);
             } else {
                 replayed += 1;
                 self.replay_part(slot, rail, other(rail), out);
@@ -311,12 +308,13 @@ impl SendEngine {
         // each arrived; one that did not waits for a working rail.
         let part = other(rail);
         for slot in 0..SLOTS {
-            if !self.slots[slot].replay.contains(part) {
+            if !self.fo.replays[slot].replay.contains(part) {
                 continue;
             }
             self.outstanding[rail] -= 1;
+            let rp = &mut self.fo.replays[slot];
+            rp.replay = rp.replay.without(part);
             let ps = &mut self.slots[slot];
-            ps.replay = ps.replay.without(part);
             if m.other_seen(ps.seq) {
                 ps.pending = ps.pending.without(part);
                 if ps.pending.is_empty() {
@@ -324,8 +322,7 @@ impl SendEngine {
                 }
             } else {
                 replayed += 1;
-                ps.replay_wait = ps.replay_wait.with(part);
-                self.fo.replays_waiting += 1;
+                self.wait_for_rail(slot, part);
             }
         }
         self.fo.state[rail] = RailState::Failed { epoch: m.epoch, fenced: true };
@@ -342,6 +339,13 @@ impl SendEngine {
         Ok(())
     }
 
+    /// `part` of `slot` waits for a rail to take it (`replay_ready`).
+    fn wait_for_rail(&mut self, slot: usize, part: usize) {
+        let rp = &mut self.fo.replays[slot];
+        rp.replay_wait = rp.replay_wait.with(part);
+        self.fo.replays_waiting += 1;
+    }
+
     /// Posts the waiting replays whose slot has no live chain left on the rail that takes
     /// them: the other rail when it works (a replay), else the part's own rail when that
     /// one is back first after an outage (sent again as it was).
@@ -349,7 +353,7 @@ impl SendEngine {
     #[inline(never)]
     fn replay_ready(&mut self, out: &mut Output) {
         for slot in 0..SLOTS {
-            let wait = self.slots[slot].replay_wait;
+            let wait = self.fo.replays[slot].replay_wait;
             for part in wait.iter() {
                 let up = |r: usize| self.fo.state[r] == RailState::Up;
                 let via = if up(other(part)) {
@@ -361,13 +365,13 @@ impl SendEngine {
                 };
                 // A live chain of the slot on `via`: its own part's, unless that one died
                 // too (waiting as well, or replayed elsewhere), or a replay riding on it.
-                let ps = &self.slots[slot];
-                let own = ps.pending.contains(via) && !ps.replay_wait.contains(via) && !ps.replay.contains(via);
-                if own || ps.replay.contains(other(via)) {
+                let (ps, rp) = (&self.slots[slot], &self.fo.replays[slot]);
+                let own = ps.pending.contains(via) && !(rp.replay_wait | rp.replay).contains(via);
+                if own || rp.replay.contains(other(via)) {
                     continue;
                 }
-                let ps = &mut self.slots[slot];
-                ps.replay_wait = ps.replay_wait.without(part);
+                let rp = &mut self.fo.replays[slot];
+                rp.replay_wait = rp.replay_wait.without(part);
                 self.fo.replays_waiting -= 1;
                 self.replay_part(slot, part, via, out);
             }
@@ -382,9 +386,9 @@ impl SendEngine {
     /// one piece: completed as the original would have been.
     fn replay_part(&mut self, slot: usize, part: usize, via: usize, out: &mut Output) {
         let resend = via == part;
-        let ps = self.slots[slot];
-        let orig = Imm::decode(ps.imm);
-        let imm = if resend { ps.imm } else { Imm::replayed(ps.imm) };
+        let (ps, rp) = (self.slots[slot], self.fo.replays[slot]);
+        let orig = Imm::decode(rp.imm);
+        let imm = if resend { rp.imm } else { Imm::replayed(rp.imm) };
         let signal = if resend { WrKind::DataSignal } else { WrKind::ReplaySignal };
         let qp = self.next_qp(via);
         let (max_inline, n) = (self.cfg.max_inline as u64, ps.n as usize);
@@ -409,11 +413,11 @@ impl SendEngine {
             (wr, len)
         };
         if n == 1 && orig.size_q != SIZEQ_SENTINEL {
-            let (w, len) = wr(&self.srcs[slot][0], signal, Some(imm));
+            let (w, len) = wr(&rp.parts[0], signal, Some(imm));
             c.add(w);
             bytes += len;
         } else {
-            for p in &self.srcs[slot][..n] {
+            for p in &rp.parts[..n] {
                 let (w, len) = wr(p, WrKind::Data, None);
                 if len > 0 {
                     c.add(w);
@@ -448,8 +452,8 @@ impl SendEngine {
             let ps = &mut self.slots[slot];
             (ps.posted_ns[via], ps.bytes[via], ps.extra_pieces[via]) = (now, bytes, 0);
         } else {
-            let ps = &mut self.slots[slot];
-            ps.replay = ps.replay.with(part);
+            let rp = &mut self.fo.replays[slot];
+            rp.replay = rp.replay.with(part);
         }
         self.fo.replayed_parts += 1;
         self.fo.replayed_bytes += bytes;
@@ -469,7 +473,7 @@ impl SendEngine {
             self.on_readmit_probe(rail, slot);
             return Ok(());
         }
-        if slot >= SLOTS || !self.slots[slot].replay.contains(part) || self.fo.state[rail] != RailState::Up {
+        if slot >= SLOTS || !self.fo.replays[slot].replay.contains(part) || self.fo.state[rail] != RailState::Up {
             if self.fo.state[rail] != RailState::Up {
                 // A replay that rode on a rail that failed since: the rail's report settled
                 // it (or will), as for the rail's own parts (`stray_signal`).
@@ -478,8 +482,9 @@ impl SendEngine {
             return Err(self.error.fail(StrayCompletion::NoneOutstanding { rail, slot }.into()));
         }
         self.outstanding[rail] -= 1;
+        let rp = &mut self.fo.replays[slot];
+        rp.replay = rp.replay.without(part);
         let ps = &mut self.slots[slot];
-        ps.replay = ps.replay.without(part);
         ps.pending = ps.pending.without(part);
         if ps.pending.is_empty() {
             self.complete_slot(slot);
@@ -491,7 +496,7 @@ impl SendEngine {
     /// ride the other rail).
     pub(super) fn oldest_part(&self, rail: usize) -> Option<(u64, u64)> {
         (0..SLOTS)
-            .filter(|&s| self.slots[s].pending.contains(rail) && !self.slots[s].replay.contains(rail))
+            .filter(|&s| self.slots[s].pending.contains(rail) && !self.fo.replays[s].replay.contains(rail))
             .map(|s| (self.slots[s].posted_ns[rail], self.slots[s].bytes[rail]))
             .min()
     }

@@ -30,6 +30,7 @@ pub(crate) use post::stripe;
 pub use profile::{PartState, SentPart, SlotView};
 pub use silence::{SILENT_FLOOR_NS, SUSPECT_FLOOR_NS};
 
+use crate::engine::CpuAccess;
 pub use timers::CallerWaits;
 
 /// What the sender needs to know about the connection.
@@ -74,19 +75,6 @@ pub struct SendBuf {
     pub cpu: CpuAccess,
 }
 
-/// Whether the CPU may read a registered buffer. An inline WR is copied by the CPU at post
-/// time (`IBV_SEND_INLINE` makes the provider `memcpy` the SGE), so a GPU buffer, which only
-/// the NIC may read, must never be posted inline: the CPU would dereference a device
-/// pointer (a fault, or garbage on the wire).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CpuAccess {
-    /// Host memory: small payloads may go inline.
-    Readable,
-    /// GPU memory (CUDA, DMA-BUF), or not known to be host memory: the NIC reads it.
-    #[default]
-    NicOnly,
-}
-
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 enum ReqState {
     #[default]
@@ -115,27 +103,9 @@ struct PostedSlot {
     /// Pieces of a striped rail share whose signalled WR is out, beyond the last one (the
     /// rail stays in `pending` until that one completes).
     extra_pieces: [u8; RAILS],
-    /// Failover: the receive sequence number (0-based) of the slot's CTS, its IMM, and the
-    /// parts whose replay on the other rail has not completed yet.
+    /// The receive sequence number (0-based) of the slot's CTS (hang reports, the profiler,
+    /// failover's reports name it).
     seq: u64,
-    imm: u32,
-    replay: RailMask,
-    /// Parts whose replay waits for the slot's own chain on the other rail to complete, so
-    /// that a slot never has two chains on one rail (the send queues hold one per slot).
-    replay_wait: RailMask,
-}
-
-/// Where one send's bytes came from and went: what a replay re-posts (failover).
-#[derive(Clone, Copy, Debug, Default)]
-struct PartSrc {
-    src: u64,
-    lkeys: [u32; RAILS],
-    dst: u64,
-    rkeys: [u32; RAILS],
-    /// Bytes on SOUT (the first part of the buffer); the rest of `size` went on SUP.
-    sout: u64,
-    size: u64,
-    cpu: CpuAccess,
 }
 
 /// The slot being matched: its CTS entries and which send took each (its request and
@@ -157,8 +127,6 @@ pub struct SendEngine {
     reqs: Box<[SendReq]>,
     free: Vec<u16>,
     slots: Box<[PostedSlot; SLOTS]>,
-    /// Per slot, its sends' sources and destinations (failover replays from them).
-    srcs: Box<[[PartSrc; MAX_RECVS]; SLOTS]>,
     /// CTS slots consumed so far; the next slot is `fifo_head % SLOTS`.
     fifo_head: u64,
     /// The slot being matched, when `matching` (kept in place: no copies per send).
@@ -204,7 +172,7 @@ impl SendEngine {
         for t in &mut tel {
             t.start(now_ns);
         }
-        let fo = Failover::new(cfg.failover.clone(), now_ns);
+        let fo = Failover::new(cfg.failover.clone(), now_ns).with_replays();
         let drill = cfg.failover.drill.map(drill::Drill::new);
         SendEngine {
             split,
@@ -212,7 +180,6 @@ impl SendEngine {
             reqs: vec![SendReq::default(); n].into_boxed_slice(),
             free: (0..n as u16).rev().collect(),
             slots: Box::new([PostedSlot::default(); SLOTS]),
-            srcs: Box::new([[PartSrc::default(); MAX_RECVS]; SLOTS]),
             fifo_head: 0,
             cur: Matching::default(),
             matching: false,
@@ -457,7 +424,7 @@ impl SendEngine {
         }
         let Some((kind, part, slot)) = WrKind::decode(c.wr_id) else { return Ok(()) };
         let original = kind == WrKind::DataSignal && part == rail;
-        let replay = kind == WrKind::ReplaySignal && slot < SLOTS && self.slots[slot].replay.contains(part);
+        let replay = kind == WrKind::ReplaySignal && slot < SLOTS && self.fo.replays[slot].replay.contains(part);
         if slot >= SLOTS || !self.slots[slot].pending.contains(part) || !(original || replay) {
             return Ok(());
         }
@@ -467,7 +434,8 @@ impl SendEngine {
             return Ok(());
         }
         s.pending = s.pending.without(part);
-        s.replay = s.replay.without(part);
+        let r = &mut self.fo.replays[slot];
+        r.replay = r.replay.without(part);
         self.outstanding[rail] = self.outstanding[rail].saturating_sub(1);
         if s.pending.is_empty() {
             self.complete_slot(slot);

@@ -1,6 +1,6 @@
 //! The sender in an outage: every rail has failed and the connection waits for one to
 //! come back (`MPIB_OUTAGE_GRACE_MS`, DESIGN.md "Rail failover"). Control messages go out
-//! of band (`engine/control.rs`); parts the receiver's reports say are missing wait in
+//! of band (`engine/failover/control.rs`); parts the receiver's reports say are missing wait in
 //! `replay_wait` for the first rail back (`replay_ready`); a slot matched meanwhile is held
 //! unposted (its sends accepted; the next isends hear "not now") and posted by the first
 //! round after a rail is back. Past the grace the connection fails.

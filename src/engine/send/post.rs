@@ -4,7 +4,8 @@
 //! other slot writes its data and then a signalling WRITE_WITH_IMM, the leader rail's
 //! carrying the sizes into the receiver's completion records.
 
-use super::{CpuAccess, PartSrc, PostedSlot, SendBuf, SendEngine};
+use super::{CpuAccess, PostedSlot, SendBuf, SendEngine};
+use crate::engine::failover::PartSrc;
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{CtsEntry, MAX_RECVS, RECORD_SLOT_BYTES, SLOTS, SendMemory};
 use crate::engine::{MAX_CHAIN, Posts, QpRef, RAILS, RailMask, SOUT, SUP, WrKind};
@@ -132,9 +133,11 @@ impl SendEngine {
         let leader = if mask.contains(SOUT) { SOUT } else { SUP };
         mem.write_sizes(slot, &sizes[..n]);
         let seq = self.fifo_head;
-        self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, seq, imm, ..PostedSlot::default() };
+        self.slots[slot] = PostedSlot { n: n as u8, reqs: ids, pending: mask, seq, ..PostedSlot::default() };
+        let r = &mut self.fo.replays[slot];
+        (r.imm, r.replay, r.replay_wait) = (imm, RailMask::NONE, RailMask::NONE);
         for i in 0..n {
-            self.srcs[slot][i] = PartSrc::of(&self.cur.bufs[i], &self.cur.entries[i], sout[i], sizes[i]);
+            r.parts[i] = PartSrc::of(&self.cur.bufs[i], &self.cur.entries[i], sout[i], sizes[i]);
         }
         for rail in [SOUT, SUP] {
             if !mask.contains(rail) {
@@ -196,8 +199,10 @@ impl SendEngine {
         let mask = or_empty_rail(rails_carrying(s, size), failed);
         let imm = Imm { slot: slot as u8, mask, size_q: Imm::size_q_for(size) }.encode();
         let ps = &mut self.slots[slot];
-        (ps.n, ps.reqs[0], ps.pending, ps.seq, ps.imm) = (1, id, mask, self.fifo_head, imm);
-        self.srcs[slot][0] = PartSrc::of(&self.cur.bufs[0], &self.cur.entries[0], s, size);
+        (ps.n, ps.reqs[0], ps.pending, ps.seq) = (1, id, mask, self.fifo_head);
+        let r = &mut self.fo.replays[slot];
+        r.imm = imm;
+        r.parts[0] = PartSrc::of(&self.cur.bufs[0], &self.cur.entries[0], s, size);
         if self.stripes {
             self.post_single_striped(now_ns, slot, s, size, mask, imm, out);
         } else {

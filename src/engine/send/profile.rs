@@ -55,7 +55,7 @@ impl SendEngine {
         let s = &self.slots[slot];
         let mut out = SlotView { slot, seq: s.seq, rails: s.pending, n: s.n as usize, ..SlotView::default() };
         for i in 0..out.n {
-            let src = &self.srcs[slot][i];
+            let src = &self.fo.replays[slot].parts[i];
             out.parts[i] = SentPart { req: s.reqs[i], size: src.size, sout: src.sout };
         }
         out
@@ -66,7 +66,7 @@ impl SendEngine {
         let s = &self.slots[slot % SLOTS];
         if s.seq != seq || !s.pending.contains(rail) {
             PartState::Done
-        } else if (s.replay | s.replay_wait).contains(rail) {
+        } else if (self.fo.replays[slot].replay | self.fo.replays[slot].replay_wait).contains(rail) {
             PartState::Replaying
         } else {
             PartState::Outstanding

@@ -24,7 +24,7 @@ impl SendEngine {
     fn waiting(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
         let head = (self.fifo_head % SLOTS as u64) as usize;
         let posted = (0..SLOTS)
-            .filter(|&s| !(self.slots[s].pending | self.slots[s].replay).is_empty())
+            .filter(|&s| !(self.slots[s].pending | self.fo.replays[s].replay).is_empty())
             .map(|s| (s, self.slots[s].seq + 1));
         let matching = (self.matching && self.cur.matched > 0).then_some((head, self.fifo_head + 1));
         let cts = (self.no_cts && !self.matching && self.slots[head].pending.is_empty())
@@ -77,8 +77,8 @@ impl fmt::Display for SendReport<'_> {
             )?;
         }
         for s in 0..SLOTS {
-            let p = &e.slots[s];
-            if (p.pending | p.replay).is_empty() {
+            let (p, rp) = (&e.slots[s], &e.fo.replays[s]);
+            if (p.pending | rp.replay).is_empty() {
                 continue;
             }
             let bytes: u64 = p.bytes.iter().sum();
@@ -92,10 +92,10 @@ impl fmt::Display for SendReport<'_> {
             for r in p.pending.iter() {
                 write!(f, " ({} {} ago)", RAIL_NAMES[r], Age(now.saturating_sub(p.posted_ns[r])))?;
             }
-            if !p.replay.is_empty() {
-                write!(f, "; replay of {} part(s) not completed", Rails(p.replay))?;
+            if !rp.replay.is_empty() {
+                write!(f, "; replay of {} part(s) not completed", Rails(rp.replay))?;
             }
-            if !p.replay_wait.is_empty() {
+            if !rp.replay_wait.is_empty() {
                 write!(f, " (waiting to post)")?;
             }
             if let Some(age) = e.hang.age_ns(now, s, p.seq + 1) {

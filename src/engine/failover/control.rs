@@ -11,12 +11,11 @@
 //! a side sends out of band again every message the peer has not acknowledged: one written
 //! to a rail that then died may never land, and the reader waits for its number.
 
-use super::RAILS;
-use super::failover::{
-    CTL_ENTRIES, CTL_ENTRY_BYTES, CTL_MAX_UNACKED, CTL_PAYLOAD_WORDS, CTL_WORDS, FENCE_WINDOW, FailoverConfig, Output,
-    QP_RECORD_WORDS, QpRecords,
+use super::{
+    Action, CTL_ENTRIES, CTL_ENTRY_BYTES, CTL_MAX_UNACKED, CTL_PAYLOAD_WORDS, CTL_WORDS, FENCE_WINDOW, FailoverConfig,
+    Output, QP_RECORD_WORDS, QpRecords,
 };
-use super::{Action, QpRef, WrKind};
+use crate::engine::{QpRef, RAILS, WrKind};
 use crate::fabric::{SendWr, Sge, WrOpcode};
 
 /// The kind of a control message (word 0, bits 7:0).

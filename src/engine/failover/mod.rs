@@ -157,7 +157,7 @@ pub enum Action {
     HangReport { slot: usize, age_ns: u64 },
     /// No rail works: send this control-ring entry to the peer over the connection's
     /// set-up channel, whose plugin answers with [`Event::ControlOob`] on its side
-    /// (`engine/control.rs`). No event answers it here.
+    /// (`engine/failover/control.rs`). No event answers it here.
     ControlOob { words: [u64; CTL_WORDS] },
 }
 
@@ -228,9 +228,13 @@ impl Chain {
     }
 }
 
-pub(crate) use super::control::CtlChannel;
-pub use super::control::CtlMemory;
-pub use super::control::{CtlKind, CtlMsg};
+mod control;
+mod replay;
+
+pub(crate) use control::CtlChannel;
+pub use control::CtlMemory;
+pub use control::{CtlKind, CtlMsg};
+pub(crate) use replay::{PartSrc, Replays};
 
 /// The other rail.
 #[inline]
@@ -321,6 +325,13 @@ pub(crate) struct Failover {
     /// The peer's end of the set-up channel closed ([`Event::PeerGone`]): with every rail
     /// down too, there is nobody to wait for.
     pub(crate) peer_gone: bool,
+    /// Sender: each slot's replay record (`replay.rs`); the posting path writes it.
+    pub(crate) replays: Replays,
+    /// Receiver: the rails that have not failed (CTS writes and keepalives go there), and
+    /// the slots whose CTS WRITE failed or was flushed on a dead rail (bit per slot),
+    /// posted again on a surviving rail while their receive still waits for data.
+    pub(crate) live_rails: RailMask,
+    pub(crate) cts_redo: u32,
 }
 
 /// What failover has counted on one side.
@@ -347,6 +358,12 @@ impl Failover {
     pub(crate) fn new(cfg: FailoverConfig, now_ns: u64) -> Failover {
         let (timer_ns, silence_next_ns) = if cfg.enabled { (0, u64::MAX) } else { (u64::MAX, 0) };
         Failover { cfg, now_ns, timer_ns, silence_next_ns, ..Failover::default() }
+    }
+
+    /// The sender's failover state: with a replay record per slot.
+    pub(crate) fn with_replays(mut self) -> Failover {
+        self.replays = Replays::for_sender();
+        self
     }
 
     /// Whether a rail has a fence, a report, a re-admission step or a connect waiting (one
@@ -415,7 +432,7 @@ impl Failover {
 
     /// An outage's round at `now_ns` on `side` ("send", "recv"; `at`: where, for the log
     /// line): entering it, the control
-    /// messages the peer has not acknowledged go out of band again (`engine/control.rs`).
+    /// messages the peer has not acknowledged go out of band again (`engine/failover/control.rs`).
     /// Whether the grace has run out (logged here; the caller fails the connection).
     #[cold]
     pub(crate) fn outage_round(
@@ -526,5 +543,4 @@ impl Failover {
 }
 
 #[cfg(test)]
-#[path = "failover_tests.rs"]
 mod tests;
