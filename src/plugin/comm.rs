@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use super::driven::Driven;
 use super::failover::{FoSide, MAX_ROUNDS, carry_out, feed_port_downs};
 use super::inbox::Inbox;
 use super::mr::{MrInfo, MrMemo};
@@ -13,7 +14,7 @@ use super::nic_pair::NicPair;
 use super::profile::{RecvProfile, SendProfile, Sink};
 use super::rail::Rail;
 use super::region::{RecvMem, SendMem};
-use super::resources::{Counts, Held, Res};
+use super::resources::{Counts, Held};
 use crate::engine::{FlushBuf, Posts, RAILS, RailCounts, RailMask, RecvBuf, RecvEngine, SendEngine, cold};
 use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
@@ -25,27 +26,23 @@ pub fn now_ns() -> u64 {
     crate::fabric::clock::monotonic_ns()
 }
 
-/// What the comms' shared fabric helpers need of an engine.
-trait Engine {
+/// What the fabric helpers below need of an engine: to record the failure that broke its
+/// connection.
+trait Fails {
     /// A fabric call failed: the connection is broken. Returns `e` placed.
     fn fail(&mut self, e: Error) -> Error;
 }
 
-impl Engine for SendEngine {
+impl<E: Driven> Fails for E {
+    #[inline]
     fn fail(&mut self, e: Error) -> Error {
-        SendEngine::fail(self, e)
-    }
-}
-
-impl Engine for RecvEngine {
-    fn fail(&mut self, e: Error) -> Error {
-        RecvEngine::fail(self, e)
+        Driven::fail(self, e)
     }
 }
 
 /// The result of a fabric call (post, poll); a failure is recorded in `engine` first.
 #[inline]
-fn fabric<T>(engine: &mut impl Engine, r: Result<T>) -> Result<T> {
+fn fabric<T>(engine: &mut impl Fails, r: Result<T>) -> Result<T> {
     // The failure out of line: inlined, its clone made callers too big to inline this.
     match r {
         Ok(v) => Ok(v),
@@ -56,7 +53,7 @@ fn fabric<T>(engine: &mut impl Engine, r: Result<T>) -> Result<T> {
 /// Records `e` as what broke the connection and returns it.
 #[cold]
 #[inline(never)]
-fn broken(engine: &mut impl Engine, e: Error) -> Error {
+fn broken(engine: &mut impl Fails, e: Error) -> Error {
     engine.fail(e)
 }
 
@@ -64,7 +61,7 @@ fn broken(engine: &mut impl Engine, e: Error) -> Error {
 /// and not returned, so that the engine's `test` decides: a request that had completed is
 /// reported complete, one that had not reports the failure.
 #[inline(always)]
-fn settle<T>(engine: &mut impl Engine, r: Result<T>) -> Option<T> {
+fn settle<T>(engine: &mut impl Fails, r: Result<T>) -> Option<T> {
     match r {
         Ok(v) => Some(v),
         Err(e) => {
@@ -77,7 +74,7 @@ fn settle<T>(engine: &mut impl Engine, r: Result<T>) -> Option<T> {
 /// Posts every chain of `posts` on its rail's QP (one call each). Always inlined: as a
 /// call it costs ~+10 instructions per message in `inproc_msgs` (measured).
 #[inline(always)]
-fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts, engine: &mut impl Engine) -> Result<()> {
+fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts, engine: &mut impl Fails) -> Result<()> {
     if posts.n == 0 {
         return Ok(()); // most tests post nothing: no call
     }
@@ -89,7 +86,7 @@ fn post_all<D: Device>(rails: &mut [Rail<D>; RAILS], posts: &Posts, engine: &mut
 /// fails the connection. Inlined: with connections sharing a CQ (a send and a receive comm
 /// of one communicator) it is the common path, not a slow one.
 #[inline(always)]
-fn take_inbox<E: Engine>(
+fn take_inbox<E: Fails>(
     inbox: &Inbox,
     engine: &mut E,
     on: impl FnMut(&mut E, &Completion) -> Result<()>,
@@ -102,7 +99,7 @@ fn take_inbox<E: Engine>(
 }
 
 #[inline(always)]
-fn take_inbox_slow<E: Engine>(
+fn take_inbox_slow<E: Fails>(
     inbox: &Inbox,
     engine: &mut E,
     mut on: impl FnMut(&mut E, &Completion) -> Result<()>,
@@ -201,31 +198,115 @@ impl<D: Device> Drop for CommCore<D> {
     }
 }
 
-/// A connected send comm.
-pub struct SendComm<D: Device> {
+/// A connected comm, send or receive: the engine `E` of its connection driven over its
+/// fabric objects. Each call feeds the engine (the call, the completions the inboxes and
+/// the NICs hold), posts what it returns and, when its deadline has come or news waits,
+/// runs a round of its own work (`round`); nothing here decides anything of the protocol.
+pub struct Comm<D: Device, E: Driven> {
     pub core: CommCore<D>,
-    /// The rails whose CQs `test` polls even with nothing of this side outstanding: those
-    /// whose device makes progress only when polled ([`Progress::OnPoll`]).
+    pub engine: E,
+    /// The rails whose CQs a send comm's `test` polls even with nothing of its own
+    /// outstanding: those whose device makes progress only when polled
+    /// ([`Progress::OnPoll`]). A receive comm polls both rails always.
     poll_always: RailMask,
-    pub engine: SendEngine,
+    /// A receive comm's irecvs so far (wrapping): see `irecv`.
+    calls: u8,
     /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
-    pub(super) prof: Option<Box<SendProfile>>,
+    pub(super) prof: Option<Box<E::Profile>>,
 }
 
-impl<D: Device> SendComm<D> {
+/// A connected send comm.
+pub type SendComm<D> = Comm<D, SendEngine>;
+/// A connected receive comm.
+pub type RecvComm<D> = Comm<D, RecvEngine>;
+
+impl<D: Device, E: Driven> Comm<D, E> {
+    /// The comm of a connection whose set-up finished: `engine` over `rails` on the NIC
+    /// pair `dev`, its control region, its failover side; it counts as one `res`.
     pub fn new(
         rails: [Rail<D>; RAILS],
-        engine: SendEngine,
+        engine: E,
         dev: Arc<NicPair<D>>,
         region: HostRegion,
         fo: Box<FoSide>,
         counts: &'static Counts,
     ) -> Self {
         let poll_always = RailMask::from_fn(|r| rails[r].dev.attrs().progress == Progress::OnPoll);
-        let core = CommCore::new(rails, dev, region, fo, counts.hold(Res::SendComms, 1));
-        SendComm { core, poll_always, engine, prof: None }
+        let core = CommCore::new(rails, dev, region, fo, counts.hold(E::RESOURCE, 1));
+        Comm { core, engine, poll_always, calls: 0, prof: None }
     }
 
+    pub fn counters(&self) -> [RailCounts; RAILS] {
+        self.engine.counters()
+    }
+
+    /// The completions of `rails` that other callers polled for this connection (`now`:
+    /// this call's clock); whether there were any.
+    #[inline(always)]
+    fn take_inboxes(&mut self, rails: RailMask, now: u64) -> Result<bool> {
+        let mut took = false;
+        // Only the rails of the set are visited (one, on a single-rail split).
+        for rail in rails.iter() {
+            let (engine, region) = (&mut self.engine, &self.core.region);
+            took |= take_inbox(&self.core.rails[rail].inbox, engine, |e, c| e.on_completion(now, rail, c, region))?;
+        }
+        Ok(took)
+    }
+
+    /// Polls the NICs of `rails` whose poll lock is free (for a receive comm the poll also
+    /// tops the SRQ up). A completion queued in an inbox meanwhile is taken at the next
+    /// call: the engine takes a connection's completions in any order.
+    #[inline(always)]
+    fn poll_nics(&mut self, rails: RailMask, now: u64) -> Result<()> {
+        for rail in rails.iter() {
+            let Rail { nic, owner, first_qp, .. } = &self.core.rails[rail];
+            let (engine, region) = (&mut self.engine, &self.core.region);
+            if let Some(mut nic) = nic.try_lock() {
+                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.on_completion(now, rail, c, region));
+                fabric(engine, r)?;
+                if E::COUNTS_RNR {
+                    let rnr = nic.take_rnr();
+                    if rnr > 0 {
+                        engine.count_rnr(rail, rnr);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the peer or the fabric has news for the engine (a control message, a port
+    /// gone down): two loads and compares, for calls that wait.
+    #[inline(always)]
+    pub(super) fn news(&self) -> bool {
+        self.engine.control_waiting(&self.core.region) || self.core.fo.port_news(&self.core.rails)
+    }
+
+    /// A round of the engine's own work at `now` (probes, keepalives, failover, the drill):
+    /// the port-downs fed in, then its timeout handled and what it asks for carried out,
+    /// again while an action was answered (a fence, then its report), a few times at most.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn round(&mut self, now: u64) -> Result<()> {
+        if self.core.fo.failover {
+            let engine = &mut self.engine;
+            feed_port_downs(&self.core.rails, &mut self.core.fo.port_downs, &self.core.fo.place, |e| {
+                engine.on_event(now, e)
+            })?;
+        }
+        for _ in 0..MAX_ROUNDS {
+            let core = &mut self.core;
+            core.fo.out.clear();
+            self.engine.on_timeout(now, &core.region, &mut core.fo.out)?;
+            if !carry_out(now, &mut core.rails, &mut core.fo, &mut self.engine, &core.region)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D: Device> SendComm<D> {
     /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
     /// `device`.
     pub fn set_profiler(&mut self, sink: Option<Sink>, device: i32) {
@@ -267,35 +348,6 @@ impl<D: Device> SendComm<D> {
         self.poll_nics(rails, now)
     }
 
-    /// The completions of `rails` that other callers polled for this connection; whether
-    /// there were any.
-    #[inline(always)]
-    fn take_inboxes(&mut self, rails: RailMask, now: u64) -> Result<bool> {
-        let mut took = false;
-        // Only the rails of the set are visited (one, on a single-rail split).
-        for rail in rails.iter() {
-            let engine = &mut self.engine;
-            took |= take_inbox(&self.core.rails[rail].inbox, engine, |e, c| e.handle_completion(now, rail, c))?;
-        }
-        Ok(took)
-    }
-
-    /// Polls the NICs of `rails` whose poll lock is free. (A completion queued in an inbox
-    /// meanwhile is taken at the next call: the engine takes a connection's completions in
-    /// any order.)
-    #[inline(always)]
-    fn poll_nics(&mut self, rails: RailMask, now: u64) -> Result<()> {
-        for rail in rails.iter() {
-            let Rail { nic, owner, first_qp, .. } = &self.core.rails[rail];
-            let engine = &mut self.engine;
-            if let Some(mut nic) = nic.try_lock() {
-                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.handle_completion(now, rail, c));
-                fabric(engine, r)?;
-            }
-        }
-        Ok(())
-    }
-
     /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
     /// probes idle rails; returns the bytes sent when done.
     pub fn test(&mut self, id: u16) -> Result<Option<u64>> {
@@ -331,20 +383,6 @@ impl<D: Device> SendComm<D> {
         }
         Ok(done)
     }
-
-    pub fn counters(&self) -> [RailCounts; RAILS] {
-        self.engine.counters()
-    }
-}
-
-/// A connected receive comm.
-pub struct RecvComm<D: Device> {
-    pub core: CommCore<D>,
-    pub engine: RecvEngine,
-    /// irecvs so far (wrapping): see `irecv`.
-    irecvs: u8,
-    /// NCCL profiler events (`profile.rs`), when NCCL gave a callback.
-    pub(super) prof: Option<Box<RecvProfile>>,
 }
 
 /// A receiver whose requests are always done when it tests them (its sender is faster)
@@ -355,18 +393,6 @@ pub struct RecvComm<D: Device> {
 const IRECVS_PER_LOOK: u8 = 8;
 
 impl<D: Device> RecvComm<D> {
-    pub fn new(
-        rails: [Rail<D>; RAILS],
-        engine: RecvEngine,
-        dev: Arc<NicPair<D>>,
-        region: HostRegion,
-        fo: Box<FoSide>,
-        counts: &'static Counts,
-    ) -> Self {
-        let core = CommCore::new(rails, dev, region, fo, counts.hold(Res::RecvComms, 1));
-        RecvComm { core, engine, irecvs: 0, prof: None }
-    }
-
     /// Reports this comm's work to `sink` (NCCL's profiler), its events naming NCCL device
     /// `device`.
     pub fn set_profiler(&mut self, sink: Option<Sink>, device: i32) {
@@ -381,8 +407,8 @@ impl<D: Device> RecvComm<D> {
         post_all(&mut self.core.rails, &self.core.posts, &mut self.engine)?;
         // "Not now": a call that waits looks for news and the engine's due work; so does
         // every IRECVS_PER_LOOK-th (the clock is read only then).
-        self.irecvs = self.irecvs.wrapping_add(1);
-        if (r.is_none() || self.irecvs.is_multiple_of(IRECVS_PER_LOOK)) && (self.news() || self.engine.has_work()) {
+        self.calls = self.calls.wrapping_add(1);
+        if (r.is_none() || self.calls.is_multiple_of(IRECVS_PER_LOOK)) && (self.news() || self.engine.has_work()) {
             self.round(now_ns())?;
         }
         Ok(r)
@@ -401,50 +427,18 @@ impl<D: Device> RecvComm<D> {
         Ok(r)
     }
 
-    /// The completions of both rails that other callers polled for this connection;
-    /// whether there were any.
-    #[inline(always)]
-    fn take_inboxes(&mut self) -> Result<bool> {
-        let mut took = false;
-        for rail in 0..RAILS {
-            let mem = RecvMem(&self.core.region);
-            let engine = &mut self.engine;
-            took |= take_inbox(&self.core.rails[rail].inbox, engine, |e, c| e.handle_completion(rail, c, &mem))?;
-        }
-        Ok(took)
-    }
-
-    /// Polls both rails' NICs where the poll lock is free (the poll tops the SRQ up).
-    #[inline(always)]
-    fn poll_nics(&mut self) -> Result<()> {
-        for rail in 0..RAILS {
-            let mem = RecvMem(&self.core.region);
-            let Rail { nic, owner, first_qp, .. } = &self.core.rails[rail];
-            let engine = &mut self.engine;
-            if let Some(mut nic) = nic.try_lock() {
-                let r = nic.poll(*owner, (*first_qp, rail), |rail, c| engine.handle_completion(rail, c, &mem));
-                fabric(engine, r)?;
-                let rnr = nic.take_rnr();
-                if rnr > 0 {
-                    engine.count_rnr(rail, rnr);
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// `test` of request `id`: the inboxes, and when that did not complete it, the NICs;
     /// once done, the number of its sizes, which `self.engine.done_sizes` then reads.
     pub fn test(&mut self, id: u16) -> Result<Option<usize>> {
         // (Only what the inboxes brought can have completed it since the last call.) A
         // failure while polling is recorded, and the engine's `test` reports it for a
         // receive it left incomplete, not for one that completed.
-        let took = self.take_inboxes();
+        let took = self.take_inboxes(RailMask::BOTH, 0);
         let took = settle(&mut self.engine, took).unwrap_or(true);
         if took && let Some(n) = self.engine.test_n(id)? {
             return Ok(Some(n));
         }
-        let polled = self.poll_nics();
+        let polled = self.poll_nics(RailMask::BOTH, 0);
         settle(&mut self.engine, polled);
         let mut done = self.engine.test_n(id)?;
         if done.is_none() {
@@ -458,79 +452,6 @@ impl<D: Device> RecvComm<D> {
         }
         Ok(done)
     }
-
-    pub fn counters(&self) -> [RailCounts; RAILS] {
-        self.engine.counters()
-    }
-}
-
-impl<D: Device> SendComm<D> {
-    /// Whether the receiver or the fabric has news for the engine (a control message, a
-    /// port gone down): two loads and compares, for calls that wait.
-    #[inline(always)]
-    pub(super) fn news(&self) -> bool {
-        self.engine.control_waiting(&SendMem(&self.core.region)) || self.core.fo.port_news(&self.core.rails)
-    }
-
-    /// A round of the engine's own work at `now` (probes, keepalives, failover, the drill):
-    /// the port-downs fed in, then `handle_timeout` and what it asks for, again while an
-    /// action was answered (a fence, then its report), a few times at most.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn round(&mut self, now: u64) -> Result<()> {
-        if self.core.fo.failover {
-            let engine = &mut self.engine;
-            feed_port_downs(&self.core.rails, &mut self.core.fo.port_downs, &self.core.fo.place, |e| {
-                engine.handle_event(now, e)
-            })?;
-        }
-        for _ in 0..MAX_ROUNDS {
-            self.core.fo.out.clear();
-            self.engine.handle_timeout(now, &mut SendMem(&self.core.region), &mut self.core.fo.out)?;
-            let acted = carry_out(now, &mut self.core.rails, &mut self.core.fo, &mut self.engine, |e, rail, c| {
-                e.handle_completion(now, rail, c)
-            })?;
-            if !acted {
-                break;
-            }
-        }
-        Ok(())
-    }
-}
-
-impl<D: Device> RecvComm<D> {
-    /// Whether the sender or the fabric has news for the engine, or the engine has failover
-    /// work to emit: for calls that wait and every few `irecv`s.
-    #[inline(always)]
-    pub(super) fn news(&self) -> bool {
-        self.engine.control_waiting(&RecvMem(&self.core.region)) || self.core.fo.port_news(&self.core.rails)
-    }
-
-    /// A round of the engine's own work at `now` (a keepalive, failover: the sender's
-    /// messages read, fences performed and answered, the `Fenced` reports and CTS re-posts
-    /// posted).
-    #[cold]
-    #[inline(never)]
-    pub(super) fn round(&mut self, now: u64) -> Result<()> {
-        if self.core.fo.failover {
-            let engine = &mut self.engine;
-            feed_port_downs(&self.core.rails, &mut self.core.fo.port_downs, &self.core.fo.place, |e| {
-                engine.handle_event(e)
-            })?;
-        }
-        for _ in 0..MAX_ROUNDS {
-            self.core.fo.out.clear();
-            self.engine.handle_timeout(now, &mut RecvMem(&self.core.region), &mut self.core.fo.out)?;
-            let mem = RecvMem(&self.core.region);
-            let acted = carry_out(now, &mut self.core.rails, &mut self.core.fo, &mut self.engine, |e, rail, c| {
-                e.handle_completion(rail, c, &mem)
-            })?;
-            if !acted {
-                break;
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
@@ -542,7 +463,7 @@ mod tests {
         error: Option<Error>,
     }
 
-    impl Engine for Fake {
+    impl Fails for Fake {
         fn fail(&mut self, e: Error) -> Error {
             self.error.get_or_insert(e.clone());
             e

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 
+use super::driven::Driven;
 use super::oob::OobConn;
 use super::place::ConnPlace;
 use super::rail::Rail;
@@ -18,8 +19,8 @@ use super::region::SCRATCH_BYTES;
 use crate::engine::RailMask;
 use crate::engine::failover::{CTL_ENTRY_BYTES, CTL_RING_BYTES, CTL_WORDS};
 use crate::engine::{Action, Event, FailoverConfig, Output, RAIL_NAMES, RAILS, RailState};
-use crate::engine::{RecvEngine, SendEngine};
 use crate::error::{Error, Result};
+use crate::fabric::mem::HostRegion;
 use crate::fabric::{Completion, Device, FaultKind, QueuePair};
 
 /// The engine's failover settings for a comm whose region starts at `region_addr` (its
@@ -226,57 +227,16 @@ fn drain_rail<D: Device>(
     first.map(|()| true)
 }
 
-/// The engine calls a round needs, the same for both comms.
-pub(super) trait RoundEngine {
-    fn handle_event(&mut self, now: u64, ev: Event) -> Result<()>;
-    /// Records `e` as what broke the connection; returns it placed.
-    fn fail(&mut self, e: Error) -> Error;
-    /// Logs the hang report [`Action::HangReport`] asks for.
-    fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64);
-    /// Whether a rail is not Up (failed, or being re-admitted).
-    fn rails_down(&self) -> bool;
-}
-
-impl RoundEngine for SendEngine {
-    fn handle_event(&mut self, now: u64, ev: Event) -> Result<()> {
-        SendEngine::handle_event(self, now, ev)
-    }
-    fn fail(&mut self, e: Error) -> Error {
-        SendEngine::fail(self, e)
-    }
-    fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64) {
-        super::hang::report(place, slot, age_ns, self.state_report(now));
-    }
-    fn rails_down(&self) -> bool {
-        self.rail_states() != [RailState::Up; RAILS]
-    }
-}
-
-impl RoundEngine for RecvEngine {
-    fn handle_event(&mut self, _now: u64, ev: Event) -> Result<()> {
-        RecvEngine::handle_event(self, ev)
-    }
-    fn fail(&mut self, e: Error) -> Error {
-        RecvEngine::fail(self, e)
-    }
-    fn hang_report(&self, now: u64, place: &ConnPlace, slot: usize, age_ns: u64) {
-        super::hang::report(place, slot, age_ns, self.state_report(now));
-    }
-    fn rails_down(&self) -> bool {
-        self.rail_states() != [RailState::Up; RAILS]
-    }
-}
-
 /// What follows the engine's `handle_timeout` in a round, the same for both comms: its
 /// chains posted (a failed post breaks the connection), its actions performed on the rails
 /// and answered (a fenced rail's completions fed in with `on_completion`), the re-admitted
 /// QPs that are connecting polled. Whether an action was answered (another round is due).
-pub(super) fn carry_out<D: Device, E: RoundEngine>(
+pub(super) fn carry_out<D: Device, E: Driven>(
     now: u64,
     rails: &mut [Rail<D>; RAILS],
     fo: &mut FoSide,
     engine: &mut E,
-    mut on_completion: impl FnMut(&mut E, usize, &Completion) -> Result<()>,
+    region: &HostRegion,
 ) -> Result<bool> {
     for c in &fo.out.chains {
         let r = rails[c.rail as usize].qp(c.qp).and_then(|qp| qp.post_send(c.wrs()));
@@ -319,20 +279,20 @@ pub(super) fn carry_out<D: Device, E: RoundEngine>(
                 continue;
             }
         };
-        engine.handle_event(now, ev)?;
+        engine.on_event(now, ev)?;
         acted = true;
     }
     // Fences whose error state is final and whose completions are all in are answered.
     for rail in fo.fencing.iter() {
-        if drain_rail(&mut rails[rail], rail, |c| on_completion(engine, rail, c))? {
+        if drain_rail(&mut rails[rail], rail, |c| engine.on_completion(now, rail, c, region))? {
             fo.fencing = fo.fencing.without(rail);
-            engine.handle_event(now, Event::FenceDone { rail })?;
+            engine.on_event(now, Event::FenceDone { rail })?;
             acted = true;
         }
     }
-    fo.readmit.poll_connecting(rails, |ev| engine.handle_event(now, ev))?;
-    let rails_down = engine.rails_down();
-    acted |= fo.poll_oob(now, rails_down, |ev| engine.handle_event(now, ev)).map_err(|e| engine.fail(e))?;
+    fo.readmit.poll_connecting(rails, |ev| engine.on_event(now, ev))?;
+    let rails_down = engine.rail_states() != [RailState::Up; RAILS];
+    acted |= fo.poll_oob(now, rails_down, |ev| engine.on_event(now, ev)).map_err(|e| engine.fail(e))?;
     Ok(acted)
 }
 

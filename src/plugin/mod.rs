@@ -16,6 +16,7 @@ pub mod context;
 pub mod describe;
 pub mod devices;
 pub mod discover;
+mod driven;
 pub mod failover;
 #[cfg(test)]
 mod fake;
