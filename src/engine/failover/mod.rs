@@ -229,11 +229,13 @@ impl Chain {
 }
 
 mod control;
+mod readmit;
 mod replay;
 
 pub(crate) use control::CtlChannel;
 pub use control::CtlMemory;
 pub use control::{CtlKind, CtlMsg};
+pub(crate) use readmit::ReadmitStep;
 pub(crate) use replay::{PartSrc, Replays};
 
 /// The other rail.

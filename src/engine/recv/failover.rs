@@ -12,7 +12,7 @@ use crate::engine::failover::{CtlKind, CtlMsg, FENCE_WINDOW, FailoverCounts, oth
 use crate::engine::imm::{Imm, PIECES_BITS, REPLAY_FLAG, SIZEQ_SENTINEL, SLOT_BITS};
 use crate::engine::layout::{RecvMemory, SLOTS};
 use crate::engine::{
-    CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailMask, RailState, Violation, WorkRequest,
+    CtlMemory, DownReason, Event, Output, QpRef, RAIL_NAMES, RAILS, RailMask, RailState, Side, Violation, WorkRequest,
     WrKind, failure,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
@@ -67,7 +67,7 @@ impl RecvEngine {
             }
             Event::RailDown { rail } => self.rail_down(rail, DownReason::Port),
             Event::QpsBuilt { rail, records } => {
-                self.on_qps_built(rail, records);
+                self.fo.on_qps_built(Side::Receive, rail, records);
                 Ok(())
             }
             Event::QpsConnected { rail } => {
@@ -118,7 +118,7 @@ impl RecvEngine {
                         self.rail_down(rail, DownReason::Peer)?;
                     }
                 }
-                Some(m) if m.kind == CtlKind::Rebuild => self.on_rebuild(&m, out),
+                Some(m) if m.kind == CtlKind::Rebuild => self.fo.on_rebuild(&m, out),
                 _ => {
                     let word0 = msg.map_or(0, |m| m.to_words(0, 0)[0]);
                     return Err(self.error.fail(Violation::BadControl { seq, word0 }.into()));

@@ -12,7 +12,7 @@ use crate::engine::failover::{CtlKind, CtlMsg, FailoverCounts, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{RECORD_SLOT_BYTES, SLOTS, SendMemory};
 use crate::engine::{
-    CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState, SOUT, SUP,
+    CpuAccess, CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState, SOUT, SUP, Side,
     StrayCompletion, Violation, WrKind,
 };
 use crate::error::{Cause, Error, ErrorKind, Result};
@@ -84,7 +84,7 @@ impl SendEngine {
                 Ok(())
             }
             Event::QpsBuilt { rail, records } => {
-                self.on_qps_built(rail, records);
+                self.fo.on_qps_built(Side::Send, rail, records);
                 Ok(())
             }
             Event::QpsConnected { rail } => {
@@ -143,7 +143,7 @@ impl SendEngine {
             let seq = self.fo.ctl.consumed();
             match msg {
                 Some(m) if m.kind == CtlKind::Fenced => self.on_fenced(&m, out)?,
-                Some(m) if m.kind == CtlKind::Rebuilt => self.on_rebuilt(&m, out),
+                Some(m) if m.kind == CtlKind::Rebuilt => self.fo.on_rebuilt(&m, out),
                 _ => {
                     let word0 = msg.map_or(0, |m| m.to_words(0, 0)[0]);
                     return Err(self.error.fail(Violation::BadControl { seq, word0 }.into()));
@@ -326,7 +326,7 @@ impl SendEngine {
             }
         }
         self.fo.state[rail] = RailState::Failed { epoch: m.epoch, fenced: true };
-        self.schedule_readmit(rail);
+        self.fo.schedule_readmit(rail);
         // The first fence of a failure is news; one after a failed attempt is not.
         let level = if confirmed + replayed > 0 { log::Level::Warn } else { log::Level::Debug };
         log::log!(

@@ -1,19 +1,10 @@
-//! The sender's side of re-admission (DESIGN.md "Rail failover", Re-admission).
-//! The sender owns rail health: it alone posts data, so it alone decides when a failed rail
-//! is tried again, and a single owner cannot race itself. After the rail's fence was
-//! settled it waits a back-off (`MPIB_READMIT_MS`, doubling per failed attempt up to
-//! `MPIB_READMIT_MAX_MS`, back to the start once the rail stayed Up for
-//! [`READMIT_RESET_NS`]), then: new QPs ([`Action::RebuildQps`] → [`Event::QpsBuilt`]),
-//! `Rebuild{rail, epoch + 1, records}` over the surviving rail, the receiver's
-//! `Rebuilt{rail, epoch + 1, records}`, [`Action::ConnectQps`] → [`Event::QpsConnected`],
-//! probe WRITEs on the new data QPs ([`READMIT_PROBES`], at least one on each); when they
-//! all completed the rail is Up at `epoch + 1`, its telemetry restarts and the split uses
-//! it again. Anything that fails on the way fails the attempt (the rail fails at the new
-//! epoch, the receiver fences and reports as for any failure) and the next one waits longer.
+//! The sender's side of re-admission (the steps are `engine/failover/readmit.rs`'s): its
+//! attempts started and failed, its probes on the new data QPs, its telemetry restarted
+//! when the rail is Up again.
 
 use super::SendEngine;
-use crate::engine::failover::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_PROBES, READMIT_RESET_NS, other};
-use crate::engine::{Action, CtlMemory, DownReason, Output, QpRecords, QpRef, RAIL_NAMES, RAILS, RailState, WrKind};
+use crate::engine::failover::{Failover, READMIT_PROBES, ReadmitStep};
+use crate::engine::{CtlMemory, DownReason, Output, QpRef, RAIL_NAMES, RAILS, RailState, Side, WrKind};
 use crate::error::Result;
 use crate::fabric::{SendWr, Sge, WrOpcode};
 
@@ -30,16 +21,7 @@ impl SendEngine {
         }
         let stall = if self.fo.cfg.enabled && self.fo.cfg.stall_ns != 0 { self.fo.stall_next_ns } else { u64::MAX };
         let stall = if self.fo.cfg.enabled { stall.min(self.fo.silence_next_ns) } else { stall };
-        (0..RAILS)
-            .filter_map(|r| match self.fo.state[r] {
-                RailState::Failed { fenced: true, .. } if self.fo.cfg.readmit_ns != 0 => Some(self.fo.readmit_at[r]),
-                RailState::Rebuilding { .. } | RailState::Probing { .. } => Some(0),
-                _ => None,
-            })
-            .min()
-            .unwrap_or(u64::MAX)
-            .min(stall)
-            .min(self.fo.outage_deadline())
+        self.fo.readmit_timer_ns().min(stall).min(self.fo.outage_deadline())
     }
 
     /// Re-admission work of one failover poll: attempts to start or give up, `Rebuild`
@@ -48,39 +30,14 @@ impl SendEngine {
         if self.fo.cfg.readmit_ns == 0 {
             return Ok(());
         }
-        for (rail, name) in RAIL_NAMES.iter().enumerate() {
-            let due = now >= self.fo.readmit_at[rail];
-            match self.fo.state[rail] {
-                // The `Rebuild` goes over the other rail, or out of band in an outage.
-                RailState::Failed { epoch, fenced: true }
-                    if due && (self.fo.state[other(rail)] == RailState::Up || self.fo.outage_ns != 0) =>
-                {
-                    self.fo.state[rail] = RailState::Rebuilding { epoch: epoch + 1 };
-                    self.fo.readmit_at[rail] = now + READMIT_ATTEMPT_NS;
-                    out.actions.push(Action::RebuildQps { rail });
-                }
-                RailState::Rebuilding { .. } | RailState::Probing { .. } if due => {
-                    log::debug!("send: re-admission of the {name} rail timed out");
-                    self.readmit_failed(rail)?;
-                }
-                _ => {}
+        for rail in 0..RAILS {
+            if self.fo.start_or_expire_attempt(rail, now, out) {
+                self.readmit_failed(rail)?;
             }
         }
         for rail in self.fo.readmit_due.iter() {
-            match self.fo.state[rail] {
-                RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch => {
-                    let msg = CtlMsg::new(CtlKind::Rebuild, rail, epoch).with_records(&self.fo.records[rail]);
-                    if self.fo.send_ctl(&msg, rail, mem, out) {
-                        // From here on the rail's messages are about the new epoch.
-                        self.fo.epoch[rail] = epoch;
-                        self.fo.readmit_due = self.fo.readmit_due.without(rail);
-                    }
-                }
-                RailState::Probing { epoch } => {
-                    self.post_readmit_probes(rail, epoch, out);
-                    self.fo.readmit_due = self.fo.readmit_due.without(rail);
-                }
-                _ => self.fo.readmit_due = self.fo.readmit_due.without(rail),
+            if let ReadmitStep::Probe { epoch } = self.fo.readmit_step(Side::Send, rail, mem, out) {
+                self.post_readmit_probes(rail, epoch, out);
             }
         }
         Ok(())
@@ -111,47 +68,14 @@ impl SendEngine {
         self.fo.probes_out[rail] = probes;
     }
 
-    /// [`Event::QpsBuilt`]: the `Rebuild` is written at the next poll.
-    pub(super) fn on_qps_built(&mut self, rail: usize, records: QpRecords) {
-        if matches!(self.fo.state[rail], RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch) {
-            self.fo.records[rail] = records;
-            self.fo.readmit_due = self.fo.readmit_due.with(rail);
-        }
-    }
-
-    /// The receiver's `Rebuilt`: connect to its new QPs. One of another epoch or for a
-    /// rail not being rebuilt is ignored (a late answer to an attempt given up).
-    pub(super) fn on_rebuilt(&mut self, m: &CtlMsg, out: &mut Output) {
-        let rail = m.rail as usize;
-        if self.fo.state[rail] != (RailState::Rebuilding { epoch: m.epoch }) || self.fo.epoch[rail] != m.epoch {
+    /// A re-admission probe completed: the last one makes the rail Up again — the split
+    /// and the probes use it from now on, its estimates start afresh.
+    pub(super) fn on_readmit_probe(&mut self, rail: usize, tag: usize) {
+        if !self.fo.readmit_probe_done(rail, tag) {
             return;
         }
-        self.fo.state[rail] = RailState::Probing { epoch: m.epoch };
-        self.fo.connect_wait = self.fo.connect_wait.with(rail);
-        out.actions.push(Action::ConnectQps { rail, records: m.records() });
-    }
-
-    /// A re-admission probe completed: the last one makes the rail Up again.
-    pub(super) fn on_readmit_probe(&mut self, rail: usize, tag: usize) {
-        if !self.fo.probing(rail, tag) || self.fo.probes_out[rail] == 0 {
-            return; // of an attempt given up
-        }
-        self.fo.probes_out[rail] -= 1;
-        if self.fo.probes_out[rail] == 0 {
-            self.rail_up(rail);
-        }
-    }
-
-    /// The rail is Up again at its new epoch: the split and the probes use it from now on.
-    #[cold]
-    fn rail_up(&mut self, rail: usize) {
         let now = self.fo.now_ns;
-        self.fo.state[rail] = RailState::Up;
-        self.fo.down_warned_ns[rail] = 0;
-        self.fo.up_since_ns[rail] = now.max(1);
-        // New QPs, a new path: not judged by its silence before it completed something.
-        self.fo.heard_ns[rail] = 0;
-        self.fo.readmissions += 1;
+        let outage = self.fo.rail_back_up(rail, now);
         self.tel[rail].readmit(now);
         self.tel[rail].stats().count_readmission();
         self.probe_check_ns = 0;
@@ -161,9 +85,8 @@ impl SendEngine {
             self.fo.epoch[rail],
             self.fo.readmit_failures
         );
-        if let Some(took) = self.fo.leave_outage(now) {
+        if let Some(took) = outage {
             // What waited goes out at the next round: the replays (`replay_ready`), a held slot.
-            self.fo.timer_ns = 0;
             log::warn!(
                 "send: the connection is back on the {} rail after {} ms without a working rail; what waited is sent again",
                 RAIL_NAMES[rail],
@@ -174,17 +97,14 @@ impl SendEngine {
 
     /// The current attempt failed (the plugin's word, a probe, the time bound). Before
     /// its `Rebuild` was written the receiver knows nothing: back to Failed at the old
-    /// epoch. After, the rail fails at the new epoch like any failure (fence, `RailDown`;
-    /// the receiver's `Fenced` then schedules the next attempt).
+    /// epoch, the next attempt after a longer back-off. After, the rail fails at the new
+    /// epoch like any failure (fence, `RailDown`; the receiver's `Fenced` then schedules the
+    /// next attempt).
     pub(super) fn readmit_failed(&mut self, rail: usize) -> Result<()> {
+        if self.fo.unstarted_attempt_back(rail, None) {
+            return Ok(());
+        }
         match self.fo.state[rail] {
-            RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch => {
-                self.fo.state[rail] = RailState::Failed { epoch: self.fo.epoch[rail], fenced: true };
-                self.fo.readmit_due = self.fo.readmit_due.without(rail);
-                self.fo.readmit_failures += 1;
-                self.schedule_readmit(rail);
-                Ok(())
-            }
             RailState::Rebuilding { .. } | RailState::Probing { .. } => self.rail_down(rail, DownReason::Port),
             _ => Ok(()),
         }
@@ -194,32 +114,12 @@ impl SendEngine {
     /// knows nothing): Failed at the old epoch again, the next try `MPIB_READMIT_MS` from
     /// now; neither a failed attempt nor a longer back-off. Later (the `Rebuild` written),
     /// a failure like any other.
+    ///
+    /// [`Event::PortDown`]: crate::engine::Event::PortDown
     pub(super) fn readmit_deferred(&mut self, rail: usize) -> Result<()> {
-        match self.fo.state[rail] {
-            RailState::Rebuilding { epoch } if self.fo.epoch[rail] != epoch => {
-                self.fo.state[rail] = RailState::Failed { epoch: self.fo.epoch[rail], fenced: true };
-                self.fo.readmit_due = self.fo.readmit_due.without(rail);
-                self.fo.readmit_at[rail] = self.fo.now_ns + self.fo.cfg.readmit_ns;
-                Ok(())
-            }
-            _ => self.readmit_failed(rail),
+        if self.fo.unstarted_attempt_back(rail, Some(self.fo.cfg.readmit_ns)) {
+            return Ok(());
         }
-    }
-
-    /// The rail's fence is settled: the next attempt after the back-off.
-    pub(super) fn schedule_readmit(&mut self, rail: usize) {
-        let (base, max) = (self.fo.cfg.readmit_ns, self.fo.cfg.readmit_max_ns.max(self.fo.cfg.readmit_ns));
-        if base == 0 {
-            return;
-        }
-        let now = self.fo.now_ns;
-        let up = std::mem::take(&mut self.fo.up_since_ns[rail]);
-        let b = &mut self.fo.backoff_ns[rail];
-        if *b == 0 || (up != 0 && now.saturating_sub(up) >= READMIT_RESET_NS) {
-            *b = base;
-        }
-        self.fo.readmit_at[rail] = now + *b;
-        log::debug!("send: {} rail: re-admission attempt in {} ms", RAIL_NAMES[rail], *b / 1_000_000);
-        *b = (*b * 2).min(max);
+        self.readmit_failed(rail)
     }
 }
