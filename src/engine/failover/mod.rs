@@ -258,6 +258,9 @@ pub(crate) struct Failover {
     /// state the engine waits in (the plugin polls the fabric at each round until the QPs'
     /// error state is final and their completions are in; it never waits for it).
     pub(crate) fence_wait: RailMask,
+    /// Sender: rails failed by their silence whose QPs are fenced only once the
+    /// receiver's report came (`engine/send/failover.rs`, `rail_down`).
+    pub(crate) fence_after_report: RailMask,
     /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
     /// fence is done and whose `Fenced` is still to be written.
     pub(crate) report_due: RailMask,

@@ -239,7 +239,16 @@ impl SendEngine {
                 self.at(rail)
             );
         }
-        self.fo.fence_due = self.fo.fence_due.with(rail);
+        if why == DownReason::Silent {
+            // Silent may be slow, not dead: this side's QPs of the rail keep running until
+            // the receiver's report (it fences its end first, so nothing lands after), and a
+            // late acknowledgement still completes its part. The receiver may already have
+            // every byte and make no call that would read the `RailDown` (its receives are
+            // done): then that acknowledgement is what completes the send.
+            self.fo.fence_after_report = self.fo.fence_after_report.with(rail);
+        } else {
+            self.fo.fence_due = self.fo.fence_due.with(rail);
+        }
         if why != DownReason::Peer {
             self.fo.report_due = self.fo.report_due.with(rail);
         }
@@ -266,8 +275,13 @@ impl SendEngine {
             RailState::Failed { fenced: true, .. } => return Ok(()), // settled already
             RailState::Failed { fenced: false, .. } => {}
         }
-        // The receiver knows: no RailDown owed any more.
+        // The receiver knows: no RailDown owed any more; its end is fenced, so this side's
+        // QPs of a rail failed by its silence stop now.
         self.fo.report_due = self.fo.report_due.without(rail);
+        if self.fo.fence_after_report.contains(rail) {
+            self.fo.fence_after_report = self.fo.fence_after_report.without(rail);
+            self.fo.fence_due = self.fo.fence_due.with(rail);
+        }
         let (mut confirmed, mut replayed) = (0u32, 0u32);
         for slot in 0..SLOTS {
             let (ps, rp) = (&self.slots[slot], &self.fo.replays[slot]);

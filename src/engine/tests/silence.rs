@@ -76,8 +76,9 @@ fn a_silent_rail_is_suspected_then_failed_while_its_partner_completes() {
         if suspected_at.is_none() && suspects(&p, SUP) == 1 {
             suspected_at = Some(now - t0);
         }
-        if actions.contains(&Action::FenceQps { rail: SUP }) {
+        if p.s.rail_states()[SUP] != RailState::Up {
             assert!(wrs.contains(&(SOUT, WrKind::Control)), "the receiver is told on SOUT");
+            assert!(!actions.contains(&Action::FenceQps { rail: SUP }), "its QPs run until the receiver's report");
             failed_at = Some(now - t0);
         }
         assert!(now - t0 < SILENT_FLOOR_NS + 20 * MS, "not failed by {} ms", (now - t0) / MS);
@@ -190,7 +191,8 @@ fn a_rail_with_long_round_trips_gets_a_longer_bound() {
     let mut failed_at = None;
     while failed_at.is_none() && now < t0 + 1000 * MS {
         now = p.s.poll_timeout().max(now + MS);
-        if round(&mut p, now).1.contains(&Action::FenceQps { rail: SUP }) {
+        round(&mut p, now);
+        if p.s.rail_states()[SUP] != RailState::Up {
             failed_at = Some(now - t0);
         }
     }
@@ -249,7 +251,8 @@ fn a_large_first_part_on_an_unmeasured_rail_gets_eight_times_its_time_before_fai
     let mut failed_at = None;
     while failed_at.is_none() && now < t0 + 10 * at_250 {
         now = p.s.poll_timeout().max(now + MS);
-        if round(&mut p, now).1.contains(&Action::FenceQps { rail: SUP }) {
+        round(&mut p, now);
+        if p.s.rail_states()[SUP] != RailState::Up {
             failed_at = Some(now - t0);
         }
     }
@@ -297,4 +300,54 @@ fn rails_on_one_port_are_not_judged_by_silence() {
         assert!(actions.is_empty(), "no failover: {actions:?}");
     }
     assert_eq!((suspects(&p, SUP), p.s.counters()[SUP].failovers), (0, 0));
+}
+
+/// A rail failed by its silence was slow, not dead: the receiver has every byte and, its
+/// receive done, makes no call that would read the `RailDown` (as a rank whose receives
+/// of the last collective completed). The late acknowledgement completes the send: the
+/// rail's QPs on this side keep running until the receiver's report, and are fenced then.
+#[test]
+fn a_silent_rails_late_acknowledgement_completes_its_send_and_its_qps_stop_after_the_report() {
+    let mut p = warm();
+    p.hold_acks(SUP, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    let (rid, sid) = one_transfer(&mut p, 80);
+    assert!(p.test_recv(rid).unwrap().is_some(), "the receiver has every byte");
+    p.now = t0 + MS;
+    let (rid2, sid2) = one_transfer(&mut p, 81); // SOUT completes after SUP went quiet
+    assert!(p.test_recv(rid2).unwrap().is_some() && p.test_send(sid2).unwrap().is_none());
+    let mut now = p.now;
+    let mut fenced_early = false;
+    while p.s.rail_states()[SUP] == RailState::Up {
+        assert!(now < t0 + SILENT_FLOOR_NS + 50 * MS, "SUP not failed by {} ms", (now - t0) / MS);
+        now = p.s.poll_timeout().max(now + MS);
+        fenced_early |= round(&mut p, now).1.contains(&Action::FenceQps { rail: SUP });
+    }
+    assert!(!fenced_early, "the silent rail's QPs run until the receiver's report");
+    assert_eq!(p.test_send(sid).unwrap(), None, "the first send waits on SUP's acknowledgement");
+    // The receiver stays idle; the acknowledgement arrives late and completes both sends.
+    p.release_acks(SUP, 0);
+    p.poll_send().unwrap();
+    assert_eq!(p.test_send(sid).unwrap(), Some(8192), "completed by its late acknowledgement");
+    assert_eq!(p.test_send(sid2).unwrap(), Some(8192));
+    for _ in 0..5 {
+        now += 5 * MS;
+        assert!(!round(&mut p, now).1.contains(&Action::FenceQps { rail: SUP }), "no fence before the report");
+    }
+    // The receiver's next call reads the RailDown, fences its end and reports; this side's
+    // QPs of the rail stop then, and nothing is replayed (every part had arrived).
+    let mut fo = FoOut::default();
+    let mut sender_fenced = false;
+    for _ in 0..6 {
+        p.now += MS;
+        p.pump_failover(&mut fo).unwrap();
+        sender_fenced |= fo.s.actions.contains(&Action::FenceQps { rail: SUP });
+        p.deliver_all();
+        p.poll_send().unwrap();
+        p.poll_recv().unwrap();
+    }
+    assert!(sender_fenced, "fenced once the receiver reported");
+    assert_eq!(p.s.rail_states()[SUP], RailState::Failed { epoch: 0, fenced: true });
+    assert_eq!(p.s.failover_counts().replayed_parts, 0, "nothing replayed: every part had arrived");
 }
