@@ -275,6 +275,20 @@ impl<D: Device, E: Driven> Comm<D, E> {
         Ok(())
     }
 
+    /// NCCL closes the comm: when failover work is owed or a control message waits, one
+    /// last round, so that the peer hears what it needs (a receiver that closes right after
+    /// its last receive still reads a late `RailDown`, fences and reports which parts
+    /// arrived: the sender's last sends then complete). Never waits; a failure is only
+    /// logged (the comm is going).
+    pub fn closing(&mut self) {
+        if !self.core.fo.failover || !(self.news() || self.engine.failover_due()) {
+            return;
+        }
+        if let Err(e) = self.round(now_ns()) {
+            log::debug!("closing: the last failover round: {e}");
+        }
+    }
+
     /// Whether the peer or the fabric has news for the engine (a control message, a port
     /// gone down): two loads and compares, for calls that wait.
     #[inline(always)]

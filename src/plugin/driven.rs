@@ -29,6 +29,8 @@ pub trait Driven {
     fn on_event(&mut self, now: u64, ev: Event) -> Result<()>;
     /// Whether the peer wrote a control message not yet read (one load, one compare).
     fn control_waiting(&self, region: &HostRegion) -> bool;
+    /// Whether failover work is owed: a fence, a report, a message to write.
+    fn failover_due(&self) -> bool;
     /// A fabric call failed: the connection is broken. Returns `e` placed.
     fn fail(&mut self, e: Error) -> Error;
     /// Logs the hang report `Action::HangReport` asks for.
@@ -58,6 +60,9 @@ impl Driven for SendEngine {
     #[inline(always)]
     fn control_waiting(&self, region: &HostRegion) -> bool {
         SendEngine::control_waiting(self, &SendMem(region))
+    }
+    fn failover_due(&self) -> bool {
+        SendEngine::failover_due(self)
     }
     fn fail(&mut self, e: Error) -> Error {
         SendEngine::fail(self, e)
@@ -90,6 +95,9 @@ impl Driven for RecvEngine {
     #[inline(always)]
     fn control_waiting(&self, region: &HostRegion) -> bool {
         RecvEngine::control_waiting(self, &RecvMem(region))
+    }
+    fn failover_due(&self) -> bool {
+        RecvEngine::failover_due(self)
     }
     fn fail(&mut self, e: Error) -> Error {
         RecvEngine::fail(self, e)

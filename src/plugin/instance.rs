@@ -444,8 +444,14 @@ impl<D: Device> Plugin<D> {
 
     pub fn close(&self, handle: u64, kind: Kind) -> Result<()> {
         match self.objs.remove(handle, kind)? {
-            Obj::Send(c) => log::info!("closing a send comm: {}", counters_line(&c.counters())),
-            Obj::Recv(c) => log::info!("closing a receive comm: {}", counters_line(&c.counters())),
+            Obj::Send(mut c) => {
+                c.closing();
+                log::info!("closing a send comm: {}", counters_line(&c.counters()))
+            }
+            Obj::Recv(mut c) => {
+                c.closing();
+                log::info!("closing a receive comm: {}", counters_line(&c.counters()))
+            }
             _ => return Ok(()),
         }
         // The closed comm's figures are folded into the totals: write them out now.
