@@ -46,11 +46,18 @@ pub fn tmpdir(name: &str) -> PathBuf {
 use mpib_tools::pair::{PairOutcome, PairSpec, Program, run_pair};
 use mpib_tools::spec::Workload;
 
-/// The rank program of the two-process tests: `CONFORMANCE_RANK` when set (a test binary
-/// copied into a VM, away from `target/`), else the `mpib-rank` cargo built with this test.
+/// The rank program of the two-process tests: `CONFORMANCE_RANK` when set; else an
+/// `mpib-rank` beside this test binary (both copied into a VM, away from `target/`, as
+/// `ci/rxe-test.sh` does); else the `mpib-rank` cargo built with this test.
 pub fn rank_program() -> Program {
-    match std::env::var("CONFORMANCE_RANK") {
-        Ok(p) if !p.is_empty() => Program::new(p),
+    if let Ok(p) = std::env::var("CONFORMANCE_RANK")
+        && !p.is_empty()
+    {
+        return Program::new(p);
+    }
+    let beside = std::env::current_exe().ok().and_then(|e| Some(e.parent()?.join("mpib-rank")));
+    match beside {
+        Some(p) if p.is_file() => Program::new(p),
         _ => Program::new(env!("CARGO_BIN_EXE_mpib-rank")),
     }
 }
