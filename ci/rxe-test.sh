@@ -67,9 +67,10 @@ ibv_rc_pingpong -d $RXE_DEV1 -g $RXE_GID_IDX1 -n 200 $RXE_IP0; rc=$?
 wait $! || rc=1
 cat /tmp/pp-server.log; exit $rc'
 
-# The verbs provider's device tests (tests/verbs_device.rs), rxe0 and rxe1 as the two ports.
+# The verbs provider's device tests (tests/verbs_device.rs), rxe0 and rxe1 as the two ports
+# (peer_child and auto_child are child processes of two of them, started by those tests).
 build_verbs-device() { cargo_test_binary verbs_device "$1"; }
-suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child --skip port_down_is_seen_and_skipped --skip a_small_memlock_limit_is_warned_and_named_in_errors'
+suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child --skip auto_child --skip port_down_is_seen_and_skipped --skip a_small_memlock_limit_is_warned_and_named_in_errors'
 
 # Locked memory (tests/verbs_device.rs): the plugin run as nobody under `ulimit -l 64` (busybox
 # su; the guest runs as root, and root has CAP_IPC_LOCK): init WARNs with the ulimit advice, and

@@ -52,11 +52,12 @@ impl Program {
     }
 
     /// The running test binary, running only its test `name`, alone, with its output shown
-    /// (libtest's `--exact --nocapture --test-threads=1`); [`TEST_CHILD_VAR`] is set to `name`.
-    /// An `#[ignore]`d test also needs `.arg("--ignored")`.
+    /// and libtest's own lines kept short (`--exact --nocapture --test-threads=1 -q`: no
+    /// "test NAME ... " in front of the test's first line); [`TEST_CHILD_VAR`] is set to
+    /// `name`. An `#[ignore]`d test also needs `.arg("--ignored")`.
     pub fn this_test(name: &str) -> Program {
         Program::this_program()
-            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .args([name, "--exact", "--nocapture", "--test-threads=1", "-q"])
             .env(TEST_CHILD_VAR, name)
     }
 
@@ -224,6 +225,12 @@ impl Children {
         self.procs[i].child.id()
     }
 
+    /// What child `i` printed so far (the lines received), stdout then stderr: for a failure
+    /// message while it runs.
+    pub fn output(&self, i: usize) -> String {
+        self.procs[i].exit.output()
+    }
+
     /// Whether some child's stdout or stderr is still open (it may print more).
     pub fn streams_open(&self) -> bool {
         self.open_streams > 0
@@ -234,6 +241,16 @@ impl Children {
         let stdin = self.procs[i].stdin.as_mut().ok_or_else(|| std::io::Error::other("stdin closed"))?;
         stdin.write_all(format!("{line}\n").as_bytes())?;
         stdin.flush()
+    }
+
+    /// Kills child `i` now (SIGKILL) and reaps it; its [`Exit`] comes with the others'.
+    pub fn kill(&mut self, i: usize) -> std::io::Result<()> {
+        let p = &mut self.procs[i];
+        if !p.done {
+            p.child.kill()?;
+            (p.exit.status, p.done) = (Some(p.child.wait()?), true);
+        }
+        Ok(())
     }
 
     /// Closes child `i`'s stdin (it reads the end of its input).
