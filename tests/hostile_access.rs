@@ -17,8 +17,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hostile_common::abi::Net;
 use child_procs::Children;
+use hostile_common::abi::Net;
 use hostile_common::{child_program, hex, unhex};
 use mpib::engine::layout::CtsEntry;
 use mpib::fabric::mem::HostRegion;

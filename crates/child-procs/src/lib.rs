@@ -200,9 +200,10 @@ impl Children {
 
     /// Starts `p`; returns its index (0 for the first, then 1, ...).
     pub fn start(&mut self, p: &Program) -> std::io::Result<usize> {
-        let mut child = p.command().spawn().map_err(|e| {
-            std::io::Error::new(e.kind(), format!("starting {} {:?}: {e}", p.path.display(), p.args))
-        })?;
+        let mut child = p
+            .command()
+            .spawn()
+            .map_err(|e| std::io::Error::new(e.kind(), format!("starting {} {:?}: {e}", p.path.display(), p.args)))?;
         let index = self.procs.len();
         read_lines(index, Stream::Stdout, child.stdout.take().expect("piped"), self.tx.clone());
         read_lines(index, Stream::Stderr, child.stderr.take().expect("piped"), self.tx.clone());
