@@ -1,7 +1,7 @@
 //! The plugin's Rust API (the one implementation behind every ABI version) driven in one
 //! process, the way NCCL drives it: same-thread listen → connect → accept, registration,
 //! isend / irecv / test loops, bad handles, close. Each scenario has a configuration of its
-//! own: a plugin instance of its own in this process ([`Instance`]), or, for the scenarios
+//! own: a plugin instance of its own in this process (`common::Instance`), or, for the scenarios
 //! that reach the plugin through its exported C functions (which serve the process's one
 //! instance, configured from the environment once), a child process of this test binary.
 
@@ -9,40 +9,14 @@ use std::time::{Duration, Instant};
 
 use mpib::abi::query::mpib_device_rails;
 use mpib::abi::stats::mpib_dump_state;
-use mpib::config::Config;
 use mpib::fabric::MemTypes;
-use mpib::plugin::{AbiVersion, BufArg, CommHandle, MemHandle, NcclEnv, Process, RequestHandle};
+use mpib::plugin::{AbiVersion, BufArg, CommHandle, MemHandle, Process, RequestHandle};
 use ncclnet_types::mpib::{MPIB_LINK_TCP, mpib_rail_info_t};
 use ncclnet_types::result;
 
 mod common;
 
-use common::{child_output, in_child, is_child};
-
-/// A plugin instance of a test's own, configured by `vars` alone (the environment is not
-/// read), beside the other tests' in this process: a configuration needs no child process.
-struct Instance {
-    p: &'static Process,
-    vars: &'static [(&'static str, &'static str)],
-}
-
-impl Instance {
-    fn new(vars: &'static [(&'static str, &'static str)]) -> Instance {
-        Instance { p: Box::leak(Box::new(Process::new())), vars }
-    }
-
-    /// `init`, as NCCL's first call of version `abi`; the configuration is `vars`.
-    fn init(&self, abi: AbiVersion) -> mpib::Result<Option<NcclEnv>> {
-        self.p.init(abi, || Config::from_vars(self.vars.iter().copied()))
-    }
-}
-
-impl std::ops::Deref for Instance {
-    type Target = Process;
-    fn deref(&self) -> &Process {
-        self.p
-    }
-}
+use common::{Instance, child_output, in_child, is_child};
 
 /// Connects a send and a receive comm on device 0 of `p` (same thread, non-blocking calls).
 fn pair(p: &Process, abi: AbiVersion) -> (CommHandle, CommHandle) {

@@ -84,6 +84,31 @@ pub fn device_mode() -> (&'static str, Vec<(&'static str, &'static str)>) {
     ("dev", vec![("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")])
 }
 
+/// A plugin instance of a test's own, configured by `vars` alone (the environment is not
+/// read), beside the other tests' in this process: a configuration needs no child process.
+pub struct Instance {
+    pub p: &'static mpib::plugin::Process,
+    vars: &'static [(&'static str, &'static str)],
+}
+
+impl Instance {
+    pub fn new(vars: &'static [(&'static str, &'static str)]) -> Instance {
+        Instance { p: Box::leak(Box::new(mpib::plugin::Process::new())), vars }
+    }
+
+    /// `init`, as NCCL's first call of version `abi`; the configuration is `vars`.
+    pub fn init(&self, abi: mpib::plugin::AbiVersion) -> mpib::Result<Option<mpib::plugin::NcclEnv>> {
+        self.p.init(abi, || mpib::config::Config::from_vars(self.vars.iter().copied()))
+    }
+}
+
+impl std::ops::Deref for Instance {
+    type Target = mpib::plugin::Process;
+    fn deref(&self) -> &mpib::plugin::Process {
+        self.p
+    }
+}
+
 // ---- child processes (`child_procs`, the harness the tools' tests use too) ---------------
 //
 // A scenario that needs a configuration of its own runs in a child process of its test
