@@ -3,9 +3,10 @@
 //! WRITE or READ a byte outside it completes with a remote access error, and not one byte
 //! around the buffer changes (canaries on every side).
 //!
-//! Two processes: the victim (this test binary re-executed to run `victim`) drives the plugin through its
-//! exported C table as NCCL would — `listen`, `accept`, `regMr` of a buffer in the middle of
-//! a page of canaries, `irecv`, `test` — on the soft fabric over loopback. This process is
+//! Two processes: the victim (this test binary started on its test `victim`) drives the
+//! plugin through its exported C table as NCCL would — `listen`, `accept`, `regMr` of a
+//! buffer in the middle of a page of canaries, `irecv`, `test` — on the soft fabric over
+//! loopback. This process is
 //! the hostile peer: it speaks the set-up protocol (`plugin::setup_msg`) and the soft fabric's
 //! wire (the fabric's own QPs) itself, learns the buffer's address and rkeys from the CTS
 //! the victim writes into its FIFO, and then aims WRITEs and READs at and around the buffer.
