@@ -40,6 +40,14 @@ cargo_test_binary() {
   cp "$exe" "$2/$1"
 }
 
+# Copies mpib-rank, the rank program of the two-process tests (crates/mpib-tools/tests/common
+# finds it beside the test binary), into DIR $1.
+cargo_rank_program() {
+  local rank
+  rank=$(ci/cargo_artifacts.py bin:mpib-rank -- build -q -p mpib-tools --bin mpib-rank) || { log "cannot build mpib-rank"; return 1; }
+  cp "$rank" "$1/mpib-rank"
+}
+
 # Copies the plugin library (debug) into DIR $1 as libmpib.so: the file `cargo build` just
 # reported (cargo test rebuilds the copy in deps/, cargo build the one it names).
 cargo_plugin_library() {
@@ -59,9 +67,10 @@ ibv_rc_pingpong -d $RXE_DEV1 -g $RXE_GID_IDX1 -n 200 $RXE_IP0; rc=$?
 wait $! || rc=1
 cat /tmp/pp-server.log; exit $rc'
 
-# The verbs provider's device tests (tests/verbs_device.rs), rxe0 and rxe1 as the two ports.
+# The verbs provider's device tests (tests/verbs_device.rs), rxe0 and rxe1 as the two ports
+# (peer_child and auto_child are child processes of two of them, started by those tests).
 build_verbs-device() { cargo_test_binary verbs_device "$1"; }
-suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child --skip port_down_is_seen_and_skipped --skip a_small_memlock_limit_is_warned_and_named_in_errors'
+suite verbs-device './verbs_device --ignored --test-threads=1 --skip peer_child --skip auto_child --skip port_down_is_seen_and_skipped --skip a_small_memlock_limit_is_warned_and_named_in_errors'
 
 # Locked memory (tests/verbs_device.rs): the plugin run as nobody under `ulimit -l 64` (busybox
 # su; the guest runs as root, and root has CAP_IPC_LOCK): init WARNs with the ulimit advice, and
@@ -84,6 +93,7 @@ suite memlock 'cp verbs_device /tmp/verbs_device && cd /tmp && su -p -s /bin/sh 
 # steady progress: CONFORMANCE_TIMEOUT_S (the parent's last resort against a rank hung in a call).
 build_conformance() {
   cargo_test_binary conformance "$1" || return 1
+  cargo_rank_program "$1" || return 1
   cargo_plugin_library "$1"
 }
 # shellcheck disable=SC2016 # expands in the guest
@@ -106,6 +116,7 @@ CONFORMANCE_STALL_MS=120000 CONFORMANCE_TIMEOUT_S=900 NCCL_NET_PLUGIN=$PWD/libmp
 # connection each way, so about 84 each way fit; beyond, connect fails with that reason.
 build_many-connections() {
   cargo_test_binary many_connections "$1" || return 1
+  cargo_rank_program "$1" || return 1
   cargo_plugin_library "$1"
 }
 suite many-connections "MANY_COMMS=${RXE_MANY_COMMS:-64} NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./many_connections --test-threads=1"
@@ -153,6 +164,7 @@ done'
 # stream is printed: on rxe not always yet). Toggles a link: after the suites that need it.
 build_link-down() {
   cargo_test_binary link_down "$1" || return 1
+  cargo_rank_program "$1" || return 1
   cargo_plugin_library "$1"
 }
 suite link-down "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./link_down --ignored --exact sup_link_down_mid_stream_loses_nothing_and_reports_nothing --test-threads=1 --nocapture"
@@ -184,6 +196,7 @@ suite gid-change "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLU
 # the sender's silent-rail check fails SUP over; clean, exact, counted, re-admitted.
 build_silent-link() {
   cargo_test_binary silent_link "$1" || return 1
+  cargo_rank_program "$1" || return 1
   cargo_plugin_library "$1"
 }
 suite silent-link "MPIB_TEST_LINK_TOGGLE=1 CONFORMANCE_TIMEOUT_S=600 NCCL_NET_PLUGIN=\$PWD/libmpib.so CONFORMANCE_ENV=\"$VERBS_ENV\" ./silent_link --ignored --exact a_silent_sup_link_is_left_by_the_silent_rail_check_and_loses_nothing --test-threads=1 --nocapture"

@@ -1,43 +1,44 @@
 //! The plugin's Rust API (the one implementation behind every ABI version) driven in one
 //! process, the way NCCL drives it: same-thread listen → connect → accept, registration,
-//! isend / irecv / test loops, bad handles, close. Each scenario runs in a child process
-//! of this test binary so that it gets its own environment (the configuration is read once
-//! per process).
+//! isend / irecv / test loops, bad handles, close. Each scenario has a configuration of its
+//! own: a plugin instance of its own in this process (`common::Instance`), or, for the scenarios
+//! that reach the plugin through its exported C functions (which serve the process's one
+//! instance, configured from the environment once), a child process of this test binary.
 
 use std::time::{Duration, Instant};
 
 use mpib::abi::query::mpib_device_rails;
 use mpib::abi::stats::mpib_dump_state;
 use mpib::fabric::MemTypes;
-use mpib::plugin::{AbiVersion, BufArg, CommHandle, MemHandle, RequestHandle};
+use mpib::plugin::{AbiVersion, BufArg, CommHandle, MemHandle, Process, RequestHandle};
 use ncclnet_types::mpib::{MPIB_LINK_TCP, mpib_rail_info_t};
 use ncclnet_types::result;
 
 mod common;
 
-use common::{child_output, in_child, is_child};
+use common::{Instance, child_output, in_child, is_child};
 
-/// Connects a send and a receive comm on device 0 (same thread, non-blocking calls).
-fn pair(abi: AbiVersion) -> (CommHandle, CommHandle) {
-    pair_on(abi, 0)
+/// Connects a send and a receive comm on device 0 of `p` (same thread, non-blocking calls).
+fn pair(p: &Process, abi: AbiVersion) -> (CommHandle, CommHandle) {
+    pair_on(p, abi, 0)
 }
 
-/// Connects a send and a receive comm on device `dev`.
-fn pair_on(abi: AbiVersion, dev: i32) -> (CommHandle, CommHandle) {
+/// Connects a send and a receive comm on device `dev` of `p`.
+fn pair_on(p: &Process, abi: AbiVersion, dev: i32) -> (CommHandle, CommHandle) {
     let mut handle = [0u8; 128];
-    let listen = mpib::abi::process().listen(abi, None, dev, &mut handle).expect("listen");
+    let listen = p.listen(abi, None, dev, &mut handle).expect("listen");
     let (mut send, mut recv) = (None, None);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         assert!(Instant::now() < deadline, "connect/accept did not finish");
         if send.is_none() {
-            send = mpib::abi::process().connect(abi, None, dev, &mut handle, None).expect("connect");
+            send = p.connect(abi, None, dev, &mut handle, None).expect("connect");
         }
         if recv.is_none() {
-            recv = mpib::abi::process().accept(listen).expect("accept");
+            recv = p.accept(listen).expect("accept");
         }
         if let (Some(s), Some(r)) = (send, recv) {
-            mpib::abi::process().close_listen(listen).expect("closeListen");
+            p.close_listen(listen).expect("closeListen");
             return (s, r);
         }
     }
@@ -45,13 +46,14 @@ fn pair_on(abi: AbiVersion, dev: i32) -> (CommHandle, CommHandle) {
 
 /// `irecv` of one buffer of `size` bytes at `addr`, tag `tag`, registered as `mh`.
 fn irecv1(
+    p: &Process,
     comm: CommHandle,
     addr: *const u8,
     size: usize,
     tag: i32,
     mh: MemHandle,
 ) -> mpib::Result<Option<RequestHandle>> {
-    mpib::abi::process().irecv(comm, 1, |_| Ok(BufArg { addr: addr as u64, size, tag, mh: Some(mh) }))
+    p.irecv(comm, 1, |_| Ok(BufArg { addr: addr as u64, size, tag, mh: Some(mh) }))
 }
 
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -59,34 +61,34 @@ fn pattern(seed: u64, len: usize) -> Vec<u8> {
 }
 
 /// Sends `sizes` one message at a time, checking every byte and the reported sizes.
-fn exchange(send: CommHandle, recv: CommHandle, sizes: &[usize]) {
+fn exchange(p: &Process, send: CommHandle, recv: CommHandle, sizes: &[usize]) {
     let max = sizes.iter().copied().max().unwrap_or(1).max(1);
     let mut sbuf = vec![0u8; max];
     let mut rbuf = vec![0u8; max + 64];
-    let smr = mpib::abi::process().reg_mr(send, sbuf.as_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr send");
-    let rmr = mpib::abi::process().reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr recv");
+    let smr = p.reg_mr(send, sbuf.as_ptr() as u64, sbuf.len(), MemTypes::HOST).expect("regMr send");
+    let rmr = p.reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr recv");
     for (i, &len) in sizes.iter().enumerate() {
         let data = pattern(i as u64, len);
         sbuf[..len].copy_from_slice(&data);
         rbuf.fill(0xee);
-        let rreq = irecv1(recv, rbuf.as_ptr(), max + 64, 3, rmr).expect("irecv").expect("a request");
+        let rreq = irecv1(p, recv, rbuf.as_ptr(), max + 64, 3, rmr).expect("irecv").expect("a request");
         let deadline = Instant::now() + Duration::from_secs(20);
         let sreq: RequestHandle = loop {
             assert!(Instant::now() < deadline, "isend never found the CTS");
-            if let Some(r) = mpib::abi::process().isend(send, sbuf.as_ptr() as u64, len, 3, smr).expect("isend") {
+            if let Some(r) = p.isend(send, sbuf.as_ptr() as u64, len, 3, smr).expect("isend") {
                 break r;
             }
-            let _ = mpib::abi::process().test(rreq, &mut [0; 8]).expect("test recv");
+            let _ = p.test(rreq, &mut [0; 8]).expect("test recv");
         };
         let (mut sd, mut rd) = (None, None);
         let (mut ssz, mut rsz) = ([u64::MAX; 8], [u64::MAX; 8]);
         while sd.is_none() || rd.is_none() {
             assert!(Instant::now() < deadline, "message {i} of {len} bytes did not complete");
             if sd.is_none() {
-                sd = mpib::abi::process().test(sreq, &mut ssz).expect("test send");
+                sd = p.test(sreq, &mut ssz).expect("test send");
             }
             if rd.is_none() {
-                rd = mpib::abi::process().test(rreq, &mut rsz).expect("test recv");
+                rd = p.test(rreq, &mut rsz).expect("test recv");
             }
         }
         assert_eq!((sd, ssz[0]), (Some(1), len as u64), "send size");
@@ -94,136 +96,115 @@ fn exchange(send: CommHandle, recv: CommHandle, sizes: &[usize]) {
         assert_eq!(&rbuf[..len], &data[..], "payload of message {i} ({len} bytes)");
         assert!(rbuf[len..].iter().all(|&b| b == 0xee), "bytes past message {i} untouched");
         // The completed request handle is dead now.
-        assert!(mpib::abi::process().test(sreq, &mut ssz).is_err(), "testing a completed request is an error");
+        assert!(p.test(sreq, &mut ssz).is_err(), "testing a completed request is an error");
     }
-    mpib::abi::process().dereg_mr(send, Some(smr)).expect("deregMr");
-    mpib::abi::process().dereg_mr(recv, Some(rmr)).expect("deregMr");
+    p.dereg_mr(send, Some(smr)).expect("deregMr");
+    p.dereg_mr(recv, Some(rmr)).expect("deregMr");
 }
 
 #[test]
 fn inproc_round_trips_every_size() {
-    if !is_child() {
-        return in_child("inproc_round_trips_every_size", &[("MPIB_FABRIC", "inproc"), ("MPIB_SPLIT", "50")]);
-    }
-    mpib::abi::init_process(AbiVersion::V12).expect("init");
-    assert_eq!(mpib::abi::process().device_count(AbiVersion::V12).unwrap(), 1);
-    let (send, recv) = pair(AbiVersion::V12);
-    exchange(send, recv, &[0, 1, 127, 128, 129, 4096, (1 << 20) + 3, 8]);
-    let c = mpib::abi::process().comm_counters(send).unwrap();
+    let p = Instance::new(&[("MPIB_FABRIC", "inproc"), ("MPIB_SPLIT", "50")]);
+    p.init(AbiVersion::V12).expect("init");
+    assert_eq!(p.device_count(AbiVersion::V12).unwrap(), 1);
+    let (send, recv) = pair(&p, AbiVersion::V12);
+    exchange(&p, send, recv, &[0, 1, 127, 128, 129, 4096, (1 << 20) + 3, 8]);
+    let c = p.comm_counters(send).unwrap();
     assert_eq!(c[0].zero_byte_imm + c[1].zero_byte_imm, 0);
     assert!(c[0].bytes > 0 && c[1].bytes > 0, "a 50 % split uses both rails: {c:?}");
-    mpib::abi::process().close_send(send).unwrap();
-    mpib::abi::process().close_recv(recv).unwrap();
-    assert!(mpib::abi::process().close_send(send).is_err(), "a closed comm's handle is stale");
+    p.close_send(send).unwrap();
+    p.close_recv(recv).unwrap();
+    assert!(p.close_send(send).is_err(), "a closed comm's handle is stale");
 }
 
 #[test]
 fn nics_fused_by_make_vdevice_carry_both_rails() {
-    if !is_child() {
-        return in_child(
-            "nics_fused_by_make_vdevice_carry_both_rails",
-            &[("MPIB_FABRIC", "inproc"), ("MPIB_NCCL_DEVICES", "nics"), ("MPIB_SPLIT", "50")],
-        );
-    }
+    let p = Instance::new(&[("MPIB_FABRIC", "inproc"), ("MPIB_NCCL_DEVICES", "nics"), ("MPIB_SPLIT", "50")]);
     // v12 sees the two NICs and is told to fuse them; v8 sees the pair.
-    let env = mpib::abi::init_process(AbiVersion::V12).expect("init").expect("NCCL_NET_FORCE_MERGE");
+    let env = p.init(AbiVersion::V12).expect("init").expect("NCCL_NET_FORCE_MERGE");
     assert_eq!((env.name, env.value.as_str()), ("NCCL_NET_FORCE_MERGE", "inproc-sout:1,inproc-sup:1"));
-    assert_eq!(mpib::abi::init_process(AbiVersion::V8).expect("init"), None, "v8 cannot fuse");
-    assert_eq!(
-        (
-            mpib::abi::process().device_count(AbiVersion::V12).unwrap(),
-            mpib::abi::process().device_count(AbiVersion::V8).unwrap()
-        ),
-        (2, 1)
-    );
-    let fused = mpib::abi::process().make_vdevice(&[0, 1]).expect("makeVDevice");
+    assert_eq!(p.init(AbiVersion::V8).expect("init"), None, "v8 cannot fuse");
+    assert_eq!((p.device_count(AbiVersion::V12).unwrap(), p.device_count(AbiVersion::V8).unwrap()), (2, 1));
+    let fused = p.make_vdevice(&[0, 1]).expect("makeVDevice");
     assert_eq!(fused, 2);
-    let p = mpib::abi::process().properties(AbiVersion::V12, fused).unwrap();
-    assert_eq!((p.name.to_str().unwrap(), p.vdevs.as_slice()), ("inproc-sout+inproc-sup", &[0, 1][..]));
-    assert!(mpib::abi::process().make_vdevice(&[0, 0]).is_err());
+    let props = p.properties(AbiVersion::V12, fused).unwrap();
+    assert_eq!((props.name.to_str().unwrap(), props.vdevs.as_slice()), ("inproc-sout+inproc-sup", &[0, 1][..]));
+    assert!(p.make_vdevice(&[0, 0]).is_err());
     // The fused device carries both rails; a NIC used alone carries both on itself.
-    let (send, recv) = pair_on(AbiVersion::V12, fused);
-    exchange(send, recv, &[0, 1, 4096, (1 << 20) + 3]);
-    let c = mpib::abi::process().comm_counters(send).unwrap();
+    let (send, recv) = pair_on(&p, AbiVersion::V12, fused);
+    exchange(&p, send, recv, &[0, 1, 4096, (1 << 20) + 3]);
+    let c = p.comm_counters(send).unwrap();
     assert!(c[0].bytes > 0 && c[1].bytes > 0, "a 50 % split uses both rails: {c:?}");
-    mpib::abi::process().close_send(send).unwrap();
-    mpib::abi::process().close_recv(recv).unwrap();
-    let (send, recv) = pair_on(AbiVersion::V12, 1);
-    exchange(send, recv, &[8, 65536]);
-    mpib::abi::process().close_send(send).unwrap();
-    mpib::abi::process().close_recv(recv).unwrap();
-    assert_eq!(mpib::abi::process().properties(AbiVersion::V12, 1).unwrap().name.to_str().unwrap(), "inproc-sup");
+    p.close_send(send).unwrap();
+    p.close_recv(recv).unwrap();
+    let (send, recv) = pair_on(&p, AbiVersion::V12, 1);
+    exchange(&p, send, recv, &[8, 65536]);
+    p.close_send(send).unwrap();
+    p.close_recv(recv).unwrap();
+    assert_eq!(p.properties(AbiVersion::V12, 1).unwrap().name.to_str().unwrap(), "inproc-sup");
 }
 
 #[test]
 fn nccl_starts_afresh_after_the_last_finalize() {
-    if !is_child() {
-        return in_child(
-            "nccl_starts_afresh_after_the_last_finalize",
-            &[("MPIB_FABRIC", "inproc"), ("MPIB_NCCL_DEVICES", "nics")],
-        );
-    }
+    let p = Instance::new(&[("MPIB_FABRIC", "inproc"), ("MPIB_NCCL_DEVICES", "nics")]);
     // NCCL 2.28+ unload the plugin with its last communicator and count its NICs again at
     // the next: the devices makeVDevice made must be gone by then.
-    mpib::abi::init_process(AbiVersion::V12).expect("init");
-    let ctx = mpib::abi::process().new_context(1, None).expect("context");
-    assert_eq!(mpib::abi::process().make_vdevice(&[0, 1]).unwrap(), 2);
-    assert_eq!(mpib::abi::process().device_count(AbiVersion::V12).unwrap(), 3);
-    mpib::abi::process().finalize(ctx).unwrap();
-    mpib::abi::init_process(AbiVersion::V12).expect("init again");
-    assert_eq!(mpib::abi::process().device_count(AbiVersion::V12).unwrap(), 2);
-    assert_eq!(mpib::abi::process().make_vdevice(&[1, 0]).unwrap(), 2);
+    p.init(AbiVersion::V12).expect("init");
+    let ctx = p.new_context(1, None).expect("context");
+    assert_eq!(p.make_vdevice(&[0, 1]).unwrap(), 2);
+    assert_eq!(p.device_count(AbiVersion::V12).unwrap(), 3);
+    p.finalize(ctx).unwrap();
+    p.init(AbiVersion::V12).expect("init again");
+    assert_eq!(p.device_count(AbiVersion::V12).unwrap(), 2);
+    assert_eq!(p.make_vdevice(&[1, 0]).unwrap(), 2);
 }
 
 #[test]
 fn tcp_soft_fabric_round_trips() {
-    if !is_child() {
-        return in_child(
-            "tcp_soft_fabric_round_trips",
-            &[("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")],
-        );
-    }
-    mpib::abi::init_process(AbiVersion::V8).expect("init");
-    let (send, recv) = pair(AbiVersion::V8);
-    exchange(send, recv, &[0, 1, 129, 65536, 4 << 20]);
-    mpib::abi::process().close_send(send).unwrap();
-    mpib::abi::process().close_recv(recv).unwrap();
+    let p = Instance::new(&[
+        ("MPIB_FABRIC", "soft"),
+        ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"),
+        ("MPIB_SOFT_SUP_ADDR", "127.0.0.1"),
+    ]);
+    p.init(AbiVersion::V8).expect("init");
+    let (send, recv) = pair(&p, AbiVersion::V8);
+    exchange(&p, send, recv, &[0, 1, 129, 65536, 4 << 20]);
+    p.close_send(send).unwrap();
+    p.close_recv(recv).unwrap();
 }
 
 #[test]
 fn bad_handles_are_errors_not_crashes() {
-    if !is_child() {
-        return in_child("bad_handles_are_errors_not_crashes", &[("MPIB_FABRIC", "inproc")]);
-    }
-    mpib::abi::init_process(AbiVersion::V12).expect("init");
+    let p = Instance::new(&[("MPIB_FABRIC", "inproc")]);
+    p.init(AbiVersion::V12).expect("init");
     let junk = 0xdead_beef_u64;
-    assert!(mpib::abi::process().test(RequestHandle(junk), &mut [0; 8]).is_err());
-    assert!(mpib::abi::process().test(RequestHandle(0), &mut [0; 8]).is_err());
-    assert!(mpib::abi::process().isend(CommHandle(junk), junk, 8, 0, MemHandle(junk)).is_err());
-    assert!(mpib::abi::process().close_recv(CommHandle(junk)).is_err());
-    let (send, recv) = pair(AbiVersion::V12);
+    assert!(p.test(RequestHandle(junk), &mut [0; 8]).is_err());
+    assert!(p.test(RequestHandle(0), &mut [0; 8]).is_err());
+    assert!(p.isend(CommHandle(junk), junk, 8, 0, MemHandle(junk)).is_err());
+    assert!(p.close_recv(CommHandle(junk)).is_err());
+    let (send, recv) = pair(&p, AbiVersion::V12);
     // A receive comm is not a send comm.
-    let e = mpib::abi::process().isend(recv, junk, 8, 0, MemHandle(junk)).unwrap_err();
+    let e = p.isend(recv, junk, 8, 0, MemHandle(junk)).unwrap_err();
     assert!(e.msg().contains("memory handle") || e.msg().contains("not a"), "{}", e.msg());
-    assert!(mpib::abi::process().properties(AbiVersion::V12, 7).is_err());
+    assert!(p.properties(AbiVersion::V12, 7).is_err());
     // A released registration is an error at once, even right after calls that used it (a
     // comm's memo of its last registration must not outlive the release).
     let mem = vec![0u8; 4096];
     let data = mem.as_ptr();
     let (smh, rmh) = (
-        mpib::abi::process().reg_mr(send, data as u64, 4096, MemTypes::HOST).unwrap(),
-        mpib::abi::process().reg_mr(recv, data as u64, 4096, MemTypes::HOST).unwrap(),
+        p.reg_mr(send, data as u64, 4096, MemTypes::HOST).unwrap(),
+        p.reg_mr(recv, data as u64, 4096, MemTypes::HOST).unwrap(),
     );
-    assert!(mpib::abi::process().isend(send, data as u64, 8, 0, smh).is_ok());
-    assert!(irecv1(recv, data, 8, 0, rmh).is_ok());
-    mpib::abi::process().dereg_mr(send, Some(smh)).unwrap();
-    mpib::abi::process().dereg_mr(recv, Some(rmh)).unwrap();
-    let e = mpib::abi::process().isend(send, data as u64, 8, 0, smh).unwrap_err();
+    assert!(p.isend(send, data as u64, 8, 0, smh).is_ok());
+    assert!(irecv1(&p, recv, data, 8, 0, rmh).is_ok());
+    p.dereg_mr(send, Some(smh)).unwrap();
+    p.dereg_mr(recv, Some(rmh)).unwrap();
+    let e = p.isend(send, data as u64, 8, 0, smh).unwrap_err();
     assert!(e.msg().contains("stale"), "{}", e.msg());
-    let e = irecv1(recv, data, 8, 0, rmh).unwrap_err();
+    let e = irecv1(&p, recv, data, 8, 0, rmh).unwrap_err();
     assert!(e.msg().contains("stale"), "{}", e.msg());
-    mpib::abi::process().close_send(send).unwrap();
-    mpib::abi::process().close_recv(recv).unwrap();
+    p.close_send(send).unwrap();
+    p.close_recv(recv).unwrap();
 }
 
 /// `mpib_device_rails` of device `dev` through ABI `version`: the result code and the two
@@ -310,10 +291,10 @@ fn a_stuck_receive_is_reported_once_and_mpib_dump_state_returns_the_state() {
     }
     mpib::abi::logger::install(); // as every C entry point does: the report is a log line
     mpib::abi::init_process(AbiVersion::V8).expect("init");
-    let (send, recv) = pair(AbiVersion::V8);
+    let (send, recv) = pair(mpib::abi::process(), AbiVersion::V8);
     let rbuf = vec![0u8; 4096];
     let rmr = mpib::abi::process().reg_mr(recv, rbuf.as_ptr() as u64, rbuf.len(), MemTypes::HOST).expect("regMr");
-    let rreq = irecv1(recv, rbuf.as_ptr(), 4096, 3, rmr).expect("irecv").expect("a request");
+    let rreq = irecv1(mpib::abi::process(), recv, rbuf.as_ptr(), 4096, 3, rmr).expect("irecv").expect("a request");
     // NCCL's proxy tests the receive in a loop; the sender never sends.
     let until = Instant::now() + Duration::from_millis(700);
     while Instant::now() < until {

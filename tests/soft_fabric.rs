@@ -1,13 +1,14 @@
 //! Cross-process tests of the soft fabric over loopback. The responder is a child process:
-//! this test binary re-executed with `MPIB_SOFT_CHILD` set, running the ignored test
-//! `child_agent`, which serves line commands on stdin. Between commands the child makes no
+//! this test binary re-executed to run the ignored test `child_agent` (`child_procs`), which
+//! serves line commands on stdin. Between commands the child makes no
 //! fabric call, so everything it does as a responder is done by its helper thread.
 
 mod fabric_checks;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::net::TcpStream;
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use child_procs::{Children, Program};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -132,9 +133,10 @@ impl Side {
 #[test]
 #[ignore = "the responder process of the other tests; runs only when they start it"]
 fn child_agent() {
-    let Ok(len) = std::env::var("MPIB_SOFT_CHILD") else { return };
+    child_procs::expect_test_child("child_agent");
+    let len = std::env::var("SOFT_CHILD_LEN").unwrap();
     count_logs();
-    let access = std::env::var("MPIB_SOFT_CHILD_ACCESS").unwrap().parse::<u32>().unwrap();
+    let access = std::env::var("SOFT_CHILD_ACCESS").unwrap().parse::<u32>().unwrap();
     let mut s = Side::new(len.parse().unwrap(), Access::from_bits_retain(access));
     let mut many: Vec<SoftQp> = Vec::new();
     let out = std::io::stdout();
@@ -269,10 +271,12 @@ fn connect_all(qps: &mut [SoftQp], infos: &str) {
 
 // ---- the parent ------------------------------------------------------------------------
 
+/// How long the child may take to answer a command (a 64 MiB WRITE on a loaded host).
+const REPLY_WAIT: Duration = Duration::from_secs(300);
+
+/// The responder process (killed when dropped).
 struct Peer {
-    proc: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
+    proc: Children,
     info: QpInfo,
     addr: u64,
     rkey: u32,
@@ -281,42 +285,40 @@ struct Peer {
 
 impl Peer {
     fn spawn(len: usize, access: Access) -> Peer {
-        let mut proc = Command::new(std::env::current_exe().unwrap())
-            .args(["child_agent", "--exact", "--ignored", "--nocapture", "--test-threads=1", "-q"])
-            .env("MPIB_SOFT_CHILD", len.to_string())
-            .env("MPIB_SOFT_CHILD_ACCESS", access.bits().to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdin = proc.stdin.take().unwrap();
-        let mut stdout = BufReader::new(proc.stdout.take().unwrap());
-        let line = loop {
-            let mut l = String::new();
-            assert!(stdout.read_line(&mut l).unwrap() > 0, "child exited before its info line");
-            if l.starts_with("info ") {
-                break l;
-            }
+        let mut proc = Children::new();
+        let agent = Program::this_test("child_agent")
+            .arg("--ignored")
+            .env("SOFT_CHILD_LEN", len.to_string())
+            .env("SOFT_CHILD_ACCESS", access.bits().to_string());
+        proc.start(&agent).expect("start the child");
+        let Some(line) = proc.line_starting(0, "info ", Instant::now() + REPLY_WAIT) else {
+            panic!("child exited before its info line:\n{}", proc.output(0));
         };
         let w: Vec<&str> = line.split_whitespace().collect();
-        let info: [u8; QP_INFO_LEN] = unhex(w[1]).try_into().unwrap();
+        let info: [u8; QP_INFO_LEN] = unhex(w[0]).try_into().unwrap();
         Peer {
             proc,
-            stdin,
-            stdout,
             info: QpInfo(info),
-            addr: w[2].parse().unwrap(),
-            rkey: w[3].parse().unwrap(),
-            qpn: w[4].parse().unwrap(),
+            addr: w[1].parse().unwrap(),
+            rkey: w[2].parse().unwrap(),
+            qpn: w[3].parse().unwrap(),
+        }
+    }
+
+    fn send(&mut self, c: &str) {
+        self.proc.write_line(0, c).unwrap();
+    }
+
+    fn reply(&mut self) -> String {
+        match self.proc.line_from(0, Instant::now() + REPLY_WAIT) {
+            Some(l) => l.trim().to_string(),
+            None => panic!("no reply from the child:\n{}", self.proc.output(0)),
         }
     }
 
     fn cmd(&mut self, c: &str) -> String {
-        writeln!(self.stdin, "{c}").unwrap();
-        self.stdin.flush().unwrap();
-        let mut l = String::new();
-        self.stdout.read_line(&mut l).unwrap();
-        l.trim().to_string()
+        self.send(c);
+        self.reply()
     }
 
     fn check(&mut self, off: usize, len: usize, seed: u64) {
@@ -325,12 +327,12 @@ impl Peer {
 
     fn signal(&self, sig: i32) {
         // SAFETY: plain syscall on our own child's pid.
-        assert_eq!(unsafe { libc::kill(self.proc.id() as i32, sig) }, 0);
+        assert_eq!(unsafe { libc::kill(self.proc.pid(0) as i32, sig) }, 0);
         if sig == libc::SIGSTOP {
             // kill() returns before the child is stopped: wait until every thread is (state
             // T), or a WRITE posted next may still be served and the test races.
             let deadline = Instant::now() + Duration::from_secs(5);
-            let task_dir = format!("/proc/{}/task", self.proc.id());
+            let task_dir = format!("/proc/{}/task", self.proc.pid(0));
             loop {
                 let all_stopped = std::fs::read_dir(&task_dir).unwrap().all(|t| {
                     let stat = std::fs::read_to_string(t.unwrap().path().join("stat")).unwrap_or_default();
@@ -346,13 +348,6 @@ impl Peer {
     }
 }
 
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.proc.kill();
-        let _ = self.proc.wait();
-    }
-}
-
 /// This process's side, connected to a child responder with a `len`-byte region.
 fn connected(len: usize, child_access: Access) -> (Side, Peer) {
     connected_with(len, child_access, &PARAMS)
@@ -363,12 +358,9 @@ fn connected_with(len: usize, child_access: Access, params: &ConnectParams) -> (
     let mut peer = Peer::spawn(len, child_access);
     me.qp.connect(&peer.info, params).unwrap();
     let info = hex(&me.qp.local_info().0);
-    writeln!(peer.stdin, "connect {info}").unwrap();
-    peer.stdin.flush().unwrap();
+    peer.send(&format!("connect {info}"));
     me.wait_ready();
-    let mut l = String::new();
-    peer.stdout.read_line(&mut l).unwrap();
-    assert_eq!(l.trim(), "ok");
+    assert_eq!(peer.reply(), "ok");
     (me, peer)
 }
 
@@ -575,12 +567,9 @@ fn a_flood_of_silent_connections_is_bounded_and_quiet() {
     assert!(fds <= base + 70, "{fds} descriptors open (MAX: none left), {base} before the flood");
     // A real connection while the flood holds on.
     me.qp.connect(&peer.info, &PARAMS).unwrap();
-    writeln!(peer.stdin, "connect {}", hex(&me.qp.local_info().0)).unwrap();
-    peer.stdin.flush().unwrap();
+    peer.send(&format!("connect {}", hex(&me.qp.local_info().0)));
     me.wait_ready();
-    let mut l = String::new();
-    peer.stdout.read_line(&mut l).unwrap();
-    assert_eq!(l.trim(), "ok");
+    assert_eq!(peer.reply(), "ok");
     let local = Sge { addr: me.addr(), len: 64, lkey: me.key() };
     me.qp.post_send(&[wr(1, WrOpcode::Write, local, peer.addr, peer.rkey, true)]).unwrap();
     assert_eq!(statuses(&me.poll(1, Duration::from_secs(5))), [(1, WcStatus::Success)]);
@@ -602,13 +591,10 @@ fn two_thousand_qps_between_two_processes_share_one_socket() {
     let infos_b = b.cmd(&format!("many {N}")).strip_prefix("many ").unwrap().to_string();
     // Both connect at once (each waits until its QPs are up, which needs the other's).
     for (p, infos) in [(&mut a, &infos_b), (&mut b, &infos_a)] {
-        writeln!(p.stdin, "many_connect {infos}").unwrap();
-        p.stdin.flush().unwrap();
+        p.send(&format!("many_connect {infos}"));
     }
     for p in [&mut a, &mut b] {
-        let mut l = String::new();
-        p.stdout.read_line(&mut l).unwrap();
-        assert_eq!(l.trim(), "ok");
+        assert_eq!(p.reply(), "ok");
     }
     assert_eq!(a.cmd("fill 7"), "ok");
     assert_eq!(a.cmd(&format!("many_write 0 {} {} {}", N / 2, b.addr, b.rkey)), "ok");

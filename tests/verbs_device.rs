@@ -243,22 +243,18 @@ fn loopback_qp() {
 #[test]
 #[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
 fn peer_killed_mid_transfer() {
-    let mut child = Command::new(std::env::current_exe().unwrap());
-    child
-        .args(["--ignored", "--exact", "peer_child", "--nocapture", "--test-threads=1"])
-        .env("MPIB_TEST_PEER_CHILD", "1");
+    let child = child_procs::Program::this_test("peer_child").arg("--ignored");
     // 4.096 µs × 2^12 ≈ 17 ms ACK timeout, 2 retries: the error is due well under a second.
     let conn = ConnectParams { traffic_class: 0, service_level: 0, timeout: 12, retry_cnt: 2 };
     checks::peer_killed_mid_transfer(&open(0), child, conn, Duration::from_secs(20));
 }
 
-/// The second process of `peer_killed_mid_transfer` (does nothing when run on its own).
+/// The second process of `peer_killed_mid_transfer` (fails when run on its own).
 #[test]
 #[ignore = "helper process of peer_killed_mid_transfer"]
 fn peer_child() {
-    if std::env::var("MPIB_TEST_PEER_CHILD").is_ok() {
-        checks::peer_child(&open(1));
-    }
+    child_procs::expect_test_child("peer_child");
+    checks::peer_child(&open(1));
 }
 
 #[test]
@@ -650,17 +646,15 @@ fn gid_rules_per_rail_choose_or_refuse() {
 #[ignore = "needs two RDMA ports (MPIB_TEST_DEV0/1 or the Soft-RoCE guest)"]
 fn auto_with_a_failing_device_fails_init_and_never_uses_tcp() {
     let (d0, d1) = (port_spec(0).0, port_spec(1).0);
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "auto_child", "--nocapture", "--test-threads=1"])
-        .env("MPIB_TEST_AUTO_CHILD", "1")
+    let child = child_procs::Program::this_test("auto_child")
+        .arg("--ignored")
         .env("MPIB_FABRIC", "auto")
         .env("MPIB_HCA_SOUT", &d0)
         .env("MPIB_HCA_SUP", &d1)
-        .env("MPIB_SUP_ADDR_RANGE", "198.51.100.0/24")
-        .output()
-        .expect("run the child");
-    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "child failed: {stdout}\n{stderr}");
+        .env("MPIB_SUP_ADDR_RANGE", "198.51.100.0/24");
+    let out = child_procs::Children::run(&child, Duration::from_secs(300)).expect("run the child");
+    let (stdout, stderr) = (&out.stdout, &out.stderr);
+    assert!(out.success(), "child failed ({:?}): {stdout}\n{stderr}", out.status);
     assert!(stdout.contains("auto_child: init failed:"), "init must fail: {stdout}\n{stderr}");
     let warn =
         stderr.lines().find(|l| l.contains("RDMA devices are present but could not be used")).unwrap_or_else(|| {
@@ -671,14 +665,12 @@ fn auto_with_a_failing_device_fails_init_and_never_uses_tcp() {
     assert!(!stderr.contains("soft fabric:") && !stdout.contains("soft"), "the soft fabric was opened: {stderr}");
 }
 
-/// The child of `auto_with_a_failing_device_fails_init_and_never_uses_tcp` (nothing when run
+/// The child of `auto_with_a_failing_device_fails_init_and_never_uses_tcp` (fails when run
 /// on its own).
 #[test]
 #[ignore = "helper process of auto_with_a_failing_device_fails_init_and_never_uses_tcp"]
 fn auto_child() {
-    if std::env::var("MPIB_TEST_AUTO_CHILD").is_err() {
-        return;
-    }
+    child_procs::expect_test_child("auto_child");
     mpib::abi::logger::install();
     match mpib::abi::init_process(AbiVersion::V8) {
         Ok(_) => println!(

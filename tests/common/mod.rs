@@ -84,22 +84,49 @@ pub fn device_mode() -> (&'static str, Vec<(&'static str, &'static str)>) {
     ("dev", vec![("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")])
 }
 
-/// Set in a child: the test it runs is the scenario itself (a scenario runs in a child
-/// process of its test binary because the configuration is read once per process).
-pub const CHILD: &str = "TEST_SCENARIO_CHILD"; // not MPIB_*: the plugin warns of unknown MPIB_ names
-
-pub fn is_child() -> bool {
-    std::env::var_os(CHILD).is_some()
+/// A plugin instance of a test's own, configured by `vars` alone (the environment is not
+/// read), beside the other tests' in this process: a configuration needs no child process.
+pub struct Instance {
+    pub p: &'static mpib::plugin::Process,
+    vars: &'static [(&'static str, &'static str)],
 }
 
-/// A command that runs test `name` of this binary as a child with `env`.
-pub fn child_command(name: &str, env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"]).env(CHILD, "1");
-    for (k, v) in env {
-        cmd.env(k, v);
+impl Instance {
+    pub fn new(vars: &'static [(&'static str, &'static str)]) -> Instance {
+        Instance { p: Box::leak(Box::new(mpib::plugin::Process::new())), vars }
     }
-    cmd
+
+    /// `init`, as NCCL's first call of version `abi`; the configuration is `vars`.
+    pub fn init(&self, abi: mpib::plugin::AbiVersion) -> mpib::Result<Option<mpib::plugin::NcclEnv>> {
+        self.p.init(abi, || mpib::config::Config::from_vars(self.vars.iter().copied()))
+    }
+}
+
+impl std::ops::Deref for Instance {
+    type Target = mpib::plugin::Process;
+    fn deref(&self) -> &mpib::plugin::Process {
+        self.p
+    }
+}
+
+// ---- child processes (`child_procs`, the harness the tools' tests use too) ---------------
+//
+// A scenario that needs a configuration of its own runs in a child process of its test
+// binary: the plugin reads its configuration once per process, from the environment. The
+// test re-executes itself, alone ([`child_procs::Program::this_test`]); in the child,
+// [`is_child`] is true and the test runs the scenario.
+
+/// How long a child may run before it is killed and its test fails.
+pub const CHILD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// Whether this process is a child started by [`child_program`] (then it runs the scenario).
+pub fn is_child() -> bool {
+    child_procs::test_child_role().is_some()
+}
+
+/// Test `name` of this binary as a child with `env`.
+pub fn child_program(name: &str, env: &[(&str, &str)]) -> child_procs::Program {
+    child_procs::Program::this_test(name).envs(env.iter().copied())
 }
 
 /// Runs test `name` in a child with `env`; asserts it passed.
@@ -107,10 +134,16 @@ pub fn in_child(name: &str, env: &[(&str, &str)]) {
     child_output(name, env);
 }
 
-/// Runs test `name` in a child with `env`; asserts it passed; returns its output.
+/// Runs test `name` in a child with `env` (killed after [`CHILD_TIMEOUT`]); asserts it
+/// passed; returns its output.
 pub fn child_output(name: &str, env: &[(&str, &str)]) -> String {
-    let out = child_command(name, env).output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && text.contains("1 passed"), "child {name} failed ({}):\n{text}", out.status);
+    let exit = child_procs::Children::run(&child_program(name, env), CHILD_TIMEOUT).expect("start the child");
+    let text = exit.output();
+    assert!(
+        exit.success() && text.contains("1 passed"),
+        "child {name} failed ({:?}{}):\n{text}",
+        exit.status,
+        if exit.killed_at_deadline { ", killed at its deadline" } else { "" }
+    );
     text
 }

@@ -6,11 +6,11 @@
 pub mod bounds;
 
 use std::alloc::Layout;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use child_procs::{Children, Program};
 use mpib::fabric::{
     Access, Completion, CompletionQueue, ConnectParams, Device, MrKeys, QpCaps, QpInfo, QueuePair, SendWr, Sge,
     SharedRecvQueue, Timestamps, WcOpcode, WcStatus, WrOpcode,
@@ -353,30 +353,17 @@ pub fn peer_child<D: Device>(d: &Arc<D>) {
 /// Continuous 1 MiB WRITEs into a peer process that is then killed: the initiator gets an
 /// error completion within `bound` of the kill (not a hang), the WRs after it are flushed,
 /// and every posted WR completes.
-pub fn peer_killed_mid_transfer<D: Device>(da: &Arc<D>, mut child: Command, conn: ConnectParams, bound: Duration) {
+pub fn peer_killed_mid_transfer<D: Device>(da: &Arc<D>, child: Program, conn: ConnectParams, bound: Duration) {
     let mut a = End::new(da, false, 1 << 20);
-    let mut peer = Peer(child.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn the peer process"));
-    let proc_ = &mut peer.0;
-    writeln!(proc_.stdin.as_mut().unwrap(), "QP {}", encode_info(&a.info())).unwrap();
-    // Read the peer's READY line on a helper thread, so that a peer that never says it
-    // cannot hang this test. (libtest may print "test peer_child ... " before it.)
-    let stdout = proc_.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if let Some((_, rest)) = line.split_once("READY ") {
-                let f: Vec<String> = rest.split(' ').map(String::from).collect();
-                let _ = tx.send(f);
-            }
-        }
-    });
-    let f = match rx.recv_timeout(WAIT) {
-        Ok(f) => f,
-        Err(e) => {
-            panic!("the peer process did not say READY within {WAIT:?}: {e}");
-        }
+    // The peer process, killed and reaped however the test ends.
+    let mut peer = Children::new();
+    peer.start(&child).expect("spawn the peer process");
+    peer.write_line(0, &format!("QP {}", encode_info(&a.info()))).unwrap();
+    // A peer that never says READY cannot hang this test.
+    let Some(rest) = peer.line_starting(0, "READY ", Instant::now() + WAIT) else {
+        panic!("the peer process did not say READY within {WAIT:?}:\n{}", peer.output(0));
     };
+    let f: Vec<String> = rest.split(' ').map(String::from).collect();
     let (info, addr, rkey) = (decode_info(&f[0]), f[1].parse::<u64>().unwrap(), f[2].parse::<u32>().unwrap());
     a.qp.connect(&info, &conn).expect("connect to the peer");
     let (mut posted, mut done, mut ok) = (0u64, 0u64, 0u64);
@@ -406,9 +393,8 @@ pub fn peer_killed_mid_transfer<D: Device>(da: &Arc<D>, mut child: Command, conn
             }
         }
         if killed_at.is_none() && ok >= 2 {
-            proc_.kill().unwrap();
+            peer.kill(0).unwrap();
             killed_at = Some(Instant::now());
-            proc_.wait().unwrap();
         }
         if first_error.is_some() && done == posted {
             break;
@@ -429,16 +415,6 @@ pub fn peer_killed_mid_transfer<D: Device>(da: &Arc<D>, mut child: Command, conn
         posted - ok - 1
     );
     assert_ne!(c.status, WcStatus::Flushed, "the first error names the cause, not a flush: {c:?}");
-}
-
-/// The peer process, killed and reaped however the test ends.
-struct Peer(std::process::Child);
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 pub fn encode_info(q: &QpInfo) -> String {

@@ -1,25 +1,27 @@
 //! What the hostile-input tests share: the plugin driven through its exported C table
 //! (`ncclNetPlugin_v8`, as NCCL calls it), and running a scenario in a child process of the
-//! test binary (the configuration is read once per process, from its environment).
+//! test binary (`child_procs`; the configuration is read once per process, from its
+//! environment).
 #![allow(dead_code)]
 
 pub mod abi;
 
-use std::process::Command;
-
 #[path = "../common/mod.rs"]
 mod common;
 
-pub use common::is_child;
+/// Whether this process is a child started by [`child_program`] or [`in_child`].
+pub fn is_child() -> bool {
+    common::is_child()
+}
 
 /// The soft fabric on loopback, both rails.
 pub const SOFT: &[(&str, &str)] =
     &[("MPIB_FABRIC", "soft"), ("MPIB_SOFT_SOUT_ADDR", "127.0.0.1"), ("MPIB_SOFT_SUP_ADDR", "127.0.0.1")];
 
-/// A command that runs test `name` of this binary as a child with `env` (the soft fabric on
-/// loopback first, `env` after it).
-pub fn child_command(name: &str, env: &[(&str, &str)]) -> Command {
-    common::child_command(name, &with_soft(env))
+/// Test `name` of this binary as a child with `env` (the soft fabric on loopback first,
+/// `env` after it).
+pub fn child_program(name: &str, env: &[(&str, &str)]) -> child_procs::Program {
+    common::child_program(name, &with_soft(env))
 }
 
 /// Runs test `name` in a child on the soft fabric with `env`; asserts it passed; returns

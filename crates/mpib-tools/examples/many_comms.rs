@@ -16,7 +16,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use mpib_tools::pair::{Launcher, PairSpec, child_main, fabric_env, run_pair};
+use mpib_tools::pair::{PairSpec, Program, child_main, fabric_env, run_pair};
 use mpib_tools::report::RankReport;
 use mpib_tools::spec::{Phase, Workload};
 use mpib_tools::{default_plugin, raise_fd_limit};
@@ -112,7 +112,7 @@ fn main() -> ExitCode {
             workload: w,
             timeout: Duration::from_secs(1800),
         };
-        let out = match run_pair(&spec, &Launcher::this_program(&[])) {
+        let out = match run_pair(&spec, &Program::this_program()) {
             Ok(o) => o,
             Err(e) => {
                 eprintln!("many_comms: {n} comms: {e}");

@@ -19,7 +19,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use mpib_tools::pair::{Launcher, PairSpec, child_main, fabric_env, run_pair};
+use mpib_tools::pair::{PairSpec, Program, child_main, fabric_env, run_pair};
 use mpib_tools::report::SideStats;
 use mpib_tools::spec::{Phase, Workload};
 use mpib_tools::{default_plugin, raise_fd_limit};
@@ -43,7 +43,7 @@ fn run(plugin: &str, env: &[(String, String)], comms: u32, secs: f64) -> Result<
         workload: w,
         timeout: Duration::from_secs(1800),
     };
-    let out = run_pair(&spec, &Launcher::this_program(&[])).map_err(|e| e.to_string())?;
+    let out = run_pair(&spec, &Program::this_program()).map_err(|e| e.to_string())?;
     out.check_clean().map_err(|e| e.to_string())?;
     let tx: Option<&SideStats> =
         out.ranks.iter().filter_map(|r| r.report.as_ref()).find_map(|r| r.phases.first().and_then(|p| p.tx.as_ref()));

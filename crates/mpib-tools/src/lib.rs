@@ -17,7 +17,8 @@
 //!           report
 //! report    what a rank measured, as one line
 //! stats_view the plugin's per-NIC and per-peer view of a rank's process (mpib-perf --stats)
-//! pair      the two-process mode: spawn two ranks, collect their reports
+//! pair      the two-process mode: start two ranks (`mpib-rank`, or mpib-perf itself)
+//!           through `child_procs`, collect their reports
 //! lifecycle N ranks (`mpib-lifecycle`) driving the plugin through NCCL's life cycle:
 //!           threads setting up and closing, independent teardown, aborts
 //! ```

@@ -1,11 +1,12 @@
 //! The two-process mode. The parent (a test, or `mpib-perf` without `--connect`) starts two
-//! copies of a program as ranks: rank 0 binds the control channel on 127.0.0.1:0 and prints
-//! its address, the parent then starts rank 1 with that address. Each rank loads the plugin
-//! (its own process, its own environment: `MPIB_SPLIT` and friends are read once per
-//! process), runs [`rank::run`] and prints its report as one line, which the parent parses.
+//! copies of a rank program ([`child_procs`]): rank 0 binds the control channel on
+//! 127.0.0.1:0 and prints its address, the parent then starts rank 1 with that address. Each
+//! rank loads the plugin (its own process, its own environment: `MPIB_SPLIT` and friends are
+//! read once per process), runs [`rank::run`] and prints its report as one line, which the
+//! parent parses.
 //!
-//! The program must call [`child_main`] early (a test binary: in a dedicated test that
-//! [`Launcher::test_binary`] runs alone); it returns at once unless the process is a rank.
+//! The rank program is `mpib-rank` (the tests), or a tool that calls [`child_main`] first
+//! (`mpib-perf` starts itself: a user's copy needs no other program beside it).
 //!
 //! ```text
 //! parent ──spawn──▶ rank 0: NCCLNET-DRIVER-LINK 127.0.0.1:PORT   (stdout)
@@ -14,11 +15,12 @@
 //!        ◀──────── NCCLNET-DRIVER-REPORT …   (stdout of each)
 //! ```
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::io::Write;
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
+
+pub use child_procs::Program;
+use child_procs::{Children, Stream};
 
 use super::kv::{Fields, Writer};
 use super::link::{self, Link};
@@ -37,31 +39,6 @@ const LINK_LINE: &str = "NCCLNET-DRIVER-LINK ";
 const REPORT_LINE: &str = "NCCLNET-DRIVER-REPORT ";
 const KILLED_LINE: &str = "NCCLNET-DRIVER-KILLED ";
 const PHASE_LINE: &str = "NCCLNET-DRIVER-PHASE ";
-
-/// How to start a rank: a program and its arguments.
-#[derive(Clone, Debug)]
-pub struct Launcher {
-    pub program: PathBuf,
-    pub args: Vec<String>,
-}
-
-impl Launcher {
-    /// The running test binary, running only the test `name` (ignored in a normal run: it
-    /// calls [`child_main`]).
-    pub fn test_binary(name: &str) -> Launcher {
-        let args = [name, "--exact", "--ignored", "--nocapture", "--test-threads=1", "-q"];
-        Launcher { program: current_exe(), args: args.iter().map(|s| s.to_string()).collect() }
-    }
-
-    /// The running program with `args` (a tool whose `main` calls [`child_main`] first).
-    pub fn this_program(args: &[&str]) -> Launcher {
-        Launcher { program: current_exe(), args: args.iter().map(|s| s.to_string()).collect() }
-    }
-}
-
-fn current_exe() -> PathBuf {
-    std::env::current_exe().expect("the running executable's path")
-}
 
 /// The ranks' fabric: the soft fabric over loopback (both rails on 127.0.0.1), or the
 /// `NAME=VALUE` list the environment variable `var` holds, e.g. `var="MPIB_FABRIC=verbs
@@ -215,58 +192,31 @@ pub fn check_reports(reps: [&RankReport; 2]) -> Result<()> {
     Ok(())
 }
 
-enum Event {
-    Out(usize, String),
-    Err(usize, String),
-    Closed,
-}
-
-fn pump(rank: usize, stream: impl Read + Send + 'static, err: bool, tx: mpsc::Sender<Event>) {
-    std::thread::spawn(move || {
-        let mut r = BufReader::new(stream);
-        let mut line = Vec::new();
-        loop {
-            line.clear();
-            match r.read_until(b'\n', &mut line) {
-                Ok(0) | Err(_) => break,
-                Ok(_) => {
-                    let l = String::from_utf8_lossy(&line).trim_end().to_string();
-                    let _ = tx.send(if err { Event::Err(rank, l) } else { Event::Out(rank, l) });
-                }
-            }
-        }
-        let _ = tx.send(Event::Closed);
-    });
-}
-
-fn spawn(l: &Launcher, spec: &PairSpec, rank: usize, link: &str, tx: &mpsc::Sender<Event>) -> Result<Child> {
-    let mut cmd = Command::new(&l.program);
-    cmd.args(&l.args);
-    for (k, _) in std::env::vars_os() {
-        let k = k.to_string_lossy();
-        if k.starts_with("MPIB_") || k.starts_with("NCCLNET_DRIVER_") {
-            cmd.env_remove(&*k);
-        }
-    }
-    cmd.envs(spec.env.iter().chain(&spec.rank_env[rank]).map(|(k, v)| (k, v)))
+/// `program` as rank `rank` of `spec`, its control channel `link`.
+fn rank_program(program: &Program, spec: &PairSpec, rank: usize, link: &str) -> Program {
+    program
+        .clone()
+        .remove_prefix("MPIB_")
+        .remove_prefix("NCCLNET_DRIVER_")
+        .envs(spec.env.iter().chain(&spec.rank_env[rank]).cloned())
         .env(ENV_RANK, rank.to_string())
         .env(ENV_LINK, link)
         .env(ENV_WORKLOAD, spec.workload.to_line())
         .env(ENV_PLUGIN, &spec.plugin)
         .env(ENV_ABI, spec.abi[rank].map(|v| v.to_string()).unwrap_or_default())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| Error::io(format!("starting rank {rank} ({:?}): {e}", l.program)))?;
-    pump(rank, child.stdout.take().expect("piped"), false, tx.clone());
-    pump(rank, child.stderr.take().expect("piped"), true, tx.clone());
-    Ok(child)
 }
 
-/// Runs `spec` as two processes started by `launcher`; returns when both exited (or were
-/// killed at the timeout).
-pub fn run_pair(spec: &PairSpec, launcher: &Launcher) -> Result<PairOutcome> {
-    run_pair_observed(spec, launcher, &mut |_, _| {})
+fn start(children: &mut Children, program: &Program, spec: &PairSpec, rank: usize, link: &str) -> Result<()> {
+    children
+        .start(&rank_program(program, spec, rank, link))
+        .map(|_| ())
+        .map_err(|e| Error::io(format!("starting rank {rank}: {e}")))
+}
+
+/// Runs `spec` as two processes of `program`; returns when both exited (or were killed at
+/// the timeout).
+pub fn run_pair(spec: &PairSpec, program: &Program) -> Result<PairOutcome> {
+    run_pair_observed(spec, program, &mut |_, _| {})
 }
 
 fn phase_line(p: &PhaseStart) -> String {
@@ -289,67 +239,50 @@ fn parse_phase_line(line: &str) -> Result<PhaseStart> {
 /// ranks run.
 pub fn run_pair_observed(
     spec: &PairSpec,
-    launcher: &Launcher,
+    program: &Program,
     obs: &mut dyn FnMut(usize, &PhaseStart),
 ) -> Result<PairOutcome> {
     spec.workload.check()?;
-    let start = Instant::now();
-    let end = start + spec.timeout;
-    let (tx, rx) = mpsc::channel();
+    let start_at = Instant::now();
+    let end = start_at + spec.timeout;
     let mut out = PairOutcome::default();
-    let mut children: [Option<Child>; 2] = [Some(spawn(launcher, spec, 0, "listen:127.0.0.1:0", &tx)?), None];
-    let mut open_streams = 2;
-    while open_streams > 0 {
-        let left = end.saturating_duration_since(Instant::now());
-        let ev = match rx.recv_timeout(left.max(Duration::from_millis(1))) {
-            Ok(ev) => ev,
-            Err(_) => {
-                out.timed_out = true;
-                break;
-            }
-        };
-        match ev {
-            Event::Out(r, l) => {
-                if let Some(addr) = l.strip_prefix(LINK_LINE)
-                    && r == 0
-                    && children[1].is_none()
-                {
-                    children[1] = Some(spawn(launcher, spec, 1, &format!("connect:{addr}"), &tx)?);
-                    open_streams += 2;
-                } else if let Some(p) = l.strip_prefix(PHASE_LINE) {
-                    obs(r, &parse_phase_line(p)?);
-                } else if let Some(rep) = l.strip_prefix(REPORT_LINE) {
-                    out.ranks[r].report = Some(RankReport::from_line(rep)?);
-                } else if let Some(k) = l.strip_prefix(KILLED_LINE) {
-                    out.ranks[r].killed_at_ns =
-                        k.split_whitespace().find_map(|f| f.strip_prefix("at_ns=")).and_then(|v| v.parse().ok());
-                }
-                out.ranks[r].stdout.push_str(&l);
-                out.ranks[r].stdout.push('\n');
-            }
-            Event::Err(r, l) => {
-                out.ranks[r].stderr.push_str(&l);
-                out.ranks[r].stderr.push('\n');
-            }
-            Event::Closed => open_streams -= 1,
+    let mut children = Children::new();
+    start(&mut children, program, spec, 0, "listen:127.0.0.1:0")?;
+    let mut both_started = false;
+    while let Some(line) = children.next(end) {
+        let (r, l) = (line.child, line.text);
+        if line.stream == Stream::Stderr {
+            continue;
+        }
+        if let Some(addr) = l.strip_prefix(LINK_LINE)
+            && r == 0
+            && !both_started
+        {
+            start(&mut children, program, spec, 1, &format!("connect:{addr}"))?;
+            both_started = true;
+        } else if let Some(p) = l.strip_prefix(PHASE_LINE) {
+            obs(r, &parse_phase_line(p)?);
+        } else if let Some(rep) = l.strip_prefix(REPORT_LINE) {
+            out.ranks[r].report = Some(RankReport::from_line(rep)?);
+        } else if let Some(k) = l.strip_prefix(KILLED_LINE) {
+            out.ranks[r].killed_at_ns =
+                k.split_whitespace().find_map(|f| f.strip_prefix("at_ns=")).and_then(|v| v.parse().ok());
         }
     }
-    for (r, c) in children.iter_mut().enumerate() {
-        if let Some(c) = c {
-            if out.timed_out {
-                let _ = c.kill();
-            }
-            out.ranks[r].status = c.wait().ok();
-        }
+    out.timed_out = children.streams_open();
+    let exits = children.finish(if out.timed_out { Instant::now() } else { end });
+    for (r, e) in exits.into_iter().enumerate() {
+        (out.ranks[r].status, out.ranks[r].stdout, out.ranks[r].stderr) = (e.status, e.stdout, e.stderr);
     }
-    out.elapsed = start.elapsed();
+    out.elapsed = start_at.elapsed();
     Ok(out)
 }
 
-/// In a process started as a rank: runs the rank, prints its report, exits. Elsewhere:
-/// returns at once.
-pub fn child_main() {
-    let Ok(rank) = std::env::var(ENV_RANK) else { return };
+/// In a process started as a rank ([`run_pair`]'s variables set): runs the rank, prints its
+/// report and returns the exit code the process should end with (0, or 3 when the rank could
+/// not run: a missing variable, a control channel that did not connect). Elsewhere: `None`.
+pub fn rank_from_env() -> Option<i32> {
+    let rank = std::env::var(ENV_RANK).ok()?;
     let code = match run_child(&rank) {
         Ok(()) => 0,
         Err(e) => {
@@ -358,7 +291,16 @@ pub fn child_main() {
         }
     };
     let _ = std::io::stdout().flush();
-    std::process::exit(code);
+    Some(code)
+}
+
+/// For a tool that is its own rank program (`mpib-perf`, started by [`Program::this_program`]):
+/// in a process started as a rank, runs the rank and exits ([`rank_from_env`]). Elsewhere:
+/// returns at once.
+pub fn child_main() {
+    if let Some(code) = rank_from_env() {
+        std::process::exit(code);
+    }
 }
 
 fn run_child(rank: &str) -> Result<()> {

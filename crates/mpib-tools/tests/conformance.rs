@@ -1,33 +1,26 @@
 //! The protocol through the C ABI, as NCCL drives it: the built library is `dlopen`ed by two
-//! processes (this test binary, re-executed as rank 0 = receiver and rank 1 = sender), which
+//! processes (the program `mpib-rank`, as rank 0 = receiver and rank 1 = sender), which
 //! connect over the soft fabric on loopback and run scripted workloads; every byte is checked
 //! against a per-message pattern, every reported size against the expected one, and the
 //! sender's checksum of what it delivered against the receiver's. See `mpib_tools`.
 //!
 //! Run alone: `cargo test --test conformance`. A failing seeded test prints its seed;
-//! `CONFORMANCE_SEED=<seed>` repeats it. Elsewhere (a Soft-RoCE VM): copy the test binary
-//! and the library, then `NCCL_NET_PLUGIN=/path/libmpib.so CONFORMANCE_ENV="MPIB_FABRIC=verbs
-//! MPIB_HCA_SOUT=rxe0 MPIB_HCA_SUP=rxe1" ./conformance --test-threads=1`.
+//! `CONFORMANCE_SEED=<seed>` repeats it. Elsewhere (a Soft-RoCE VM): copy the test binary,
+//! `mpib-rank` and the library, then `CONFORMANCE_RANK=/path/mpib-rank
+//! NCCL_NET_PLUGIN=/path/libmpib.so CONFORMANCE_ENV="MPIB_FABRIC=verbs MPIB_HCA_SOUT=rxe0
+//! MPIB_HCA_SUP=rxe1" ./conformance --test-threads=1`.
 
 mod common;
 
 use common::{pair, plugin_path, run, seed};
 use mpib_tools::net::{Plugin, RailCounters};
-use mpib_tools::pair::{PairOutcome, child_main};
+use mpib_tools::pair::PairOutcome;
 use mpib_tools::report::SideStats;
 use mpib_tools::spec::{Kill, Phase, RecvSize, Side, Workload};
 use mpib_tools::{ErrorKind, code};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
-
-/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
-/// test of its own.
-#[test]
-#[ignore = "a child rank: the two-process tests start it"]
-fn rank_child() {
-    child_main();
-}
 
 fn phase(sizes: &[u64], count: u64, nrecv: usize, inflight: usize) -> Phase {
     Phase { sizes: sizes.to_vec(), count, nrecv, inflight, ..Phase::default() }

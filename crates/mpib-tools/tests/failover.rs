@@ -13,19 +13,11 @@ use std::time::Duration;
 
 use common::{pair, run, seed};
 use mpib_tools::ErrorKind;
-use mpib_tools::pair::{PairOutcome, child_main};
+use mpib_tools::pair::PairOutcome;
 use mpib_tools::spec::{Phase, Workload};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
-
-/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
-/// test of its own.
-#[test]
-#[ignore = "a child rank: the two-process tests start it"]
-fn rank_child() {
-    child_main();
-}
 
 /// xorshift64*: the seeded choices of one run.
 struct Rng(u64);

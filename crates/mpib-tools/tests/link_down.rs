@@ -26,21 +26,13 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{RANK_ENTRY, pair};
-use mpib_tools::pair::{Launcher, child_main, run_pair_observed};
+use common::pair;
+use mpib_tools::pair::run_pair_observed;
 use mpib_tools::rank::PhaseStart;
 use mpib_tools::spec::{Phase, Workload};
 
 const KIB: u64 = 1024;
 const MIB: u64 = 1024 * 1024;
-
-/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
-/// test of its own.
-#[test]
-#[ignore = "a child rank: the two-process tests start it"]
-fn rank_child() {
-    child_main();
-}
 
 fn ip_link(netdev: &str, state: &str) {
     ip(&["link", "set", netdev, state]);
@@ -127,7 +119,7 @@ fn both_links_down_2s_mid_stream_are_ridden_out() {
         });
     };
     let t0 = Instant::now();
-    let out = run_pair_observed(&spec, &Launcher::test_binary(RANK_ENTRY), &mut observer).expect("start the ranks");
+    let out = run_pair_observed(&spec, &common::rank_program(), &mut observer).expect("start the ranks");
     eprintln!("both links down mid-stream: {:.2} s", t0.elapsed().as_secs_f64());
     for (rank, who) in [(0, "receiver"), (1, "sender")] {
         for line in out.ranks[rank].stderr.lines().filter(|l| l.contains("outage") || l.contains("back on")) {
@@ -195,7 +187,7 @@ fn sup_link_down_mid_stream(env: &[(&str, &str)]) {
         });
     };
     let t0 = Instant::now();
-    let out = run_pair_observed(&spec, &Launcher::test_binary(RANK_ENTRY), &mut observer).expect("start the ranks");
+    let out = run_pair_observed(&spec, &common::rank_program(), &mut observer).expect("start the ranks");
     eprintln!("link down mid-stream ({env:?}): {:.2} s", t0.elapsed().as_secs_f64());
     if let Err(e) = out.check_clean() {
         panic!("{e}");
@@ -336,7 +328,7 @@ fn sup_gid_change_mid_stream_readmits_with_the_new_gid() {
         });
     };
     let t0 = Instant::now();
-    let out = run_pair_observed(&spec, &Launcher::test_binary(RANK_ENTRY), &mut observer).expect("start the ranks");
+    let out = run_pair_observed(&spec, &common::rank_program(), &mut observer).expect("start the ranks");
     eprintln!("GID changes mid-stream: {:.2} s", t0.elapsed().as_secs_f64());
     for (rank, who) in [(0, "receiver"), (1, "sender")] {
         for line in out.ranks[rank].stderr.lines().filter(|l| {

@@ -13,28 +13,18 @@
 //! 256-byte entries and its source; 148 KiB of before).
 //!
 //! The soft fabric still opens a TCP socket per QP, so the ranks raise their open-files
-//! limit to the hard limit (`mpib_tools::raise_fd_limit`) until its shared links land.
+//! limit to the hard limit (`mpib-rank --raise-fd-limit`) until its shared links land.
 //! Elsewhere: `CONFORMANCE_ENV="MPIB_FABRIC=verbs MPIB_HCA_SOUT=rxe0 MPIB_HCA_SUP=rxe1"
 //! MANY_COMMS=64 ./many_connections --test-threads=1` (`MANY_ROUNDS=N`: N rounds instead of 3).
 
 mod common;
 
-use common::{pair, run};
+use common::{pair, rank_program, run_with};
 use mpib_tools::net::Resources;
-use mpib_tools::pair::child_main;
 use mpib_tools::report::{RankReport, Snapshot};
 use mpib_tools::spec::{Phase, Workload};
 
 const KIB: u64 = 1024;
-
-/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
-/// test of its own.
-#[test]
-#[ignore = "a child rank: the two-process tests start it"]
-fn rank_child() {
-    mpib_tools::raise_fd_limit();
-    child_main();
-}
 
 fn comms() -> u32 {
     std::env::var("MANY_COMMS").ok().and_then(|v| v.parse().ok()).unwrap_or(512)
@@ -129,7 +119,8 @@ fn many_connections_each_way_on_one_communicator_then_closed_and_reopened_twice(
         Workload { seed: 0x6d61_6e79, comms: n, rounds, bidir: true, stall_ms: 120_000, phases, ..Workload::default() };
     let mut spec = pair(w);
     spec.timeout = std::time::Duration::from_secs(1800);
-    let out = run(&format!("{n} connections each way"), &spec);
+    // The soft fabric opens a socket per QP: the ranks raise their open-files limit.
+    let out = run_with(&format!("{n} connections each way"), &spec, &rank_program().arg("--raise-fd-limit"));
     if let Err(e) = out.check_clean() {
         panic!("{e}");
     }

@@ -19,8 +19,8 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::{RANK_ENTRY, pair};
-use mpib_tools::pair::{Launcher, child_main, run_pair_observed};
+use common::pair;
+use mpib_tools::pair::run_pair_observed;
 use mpib_tools::rank::PhaseStart;
 use mpib_tools::spec::{Phase, Workload};
 
@@ -28,14 +28,6 @@ const KIB: u64 = 1024;
 /// How long SUP's wire drops every packet; RC's budget here (`MPIB_TIMEOUT=19`, retry count
 /// 6: 4.096 us x 2^19 x 7 = 15 s) is far longer.
 const OUTAGE_MS: u64 = 6000;
-
-/// A child rank of the two-process tests, which run it (`common::RANK_ENTRY`); never a
-/// test of its own.
-#[test]
-#[ignore = "a child rank: the two-process tests start it"]
-fn rank_child() {
-    child_main();
-}
 
 /// iproute2's `tc ARGS` (not busybox's applet), which must succeed unless `may_fail`.
 fn tc(args: &[&str], may_fail: bool) {
@@ -171,7 +163,7 @@ fn a_silent_sup_link_is_left_by_the_silent_rail_check_and_loses_nothing() {
         });
     };
     let t0 = Instant::now();
-    let out = run_pair_observed(&spec, &Launcher::test_binary(RANK_ENTRY), &mut observer).expect("start the ranks");
+    let out = run_pair_observed(&spec, &common::rank_program(), &mut observer).expect("start the ranks");
     eprintln!("silent SUP link mid-stream: {:.2} s", t0.elapsed().as_secs_f64());
     for (rank, who) in [(0, "receiver"), (1, "sender")] {
         for line in out.ranks[rank].stderr.lines().filter(|l| l.contains("SUP") || l.contains("re-admission")) {

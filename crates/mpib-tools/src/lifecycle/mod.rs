@@ -17,12 +17,12 @@
 //! ranks, tells each where the others listen ([`mesh`]), and collects one result line per
 //! rank. Every scenario checks every byte it receives and every size `test` reports.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+use child_procs::{Children, Exit, Program};
 
 use crate::{Error, Result};
 
@@ -157,118 +157,48 @@ pub struct RunSpec {
 /// them all at the timeout). The outcome of every rank, in rank order.
 pub fn run(spec: &RunSpec) -> Result<Vec<RankOutcome>> {
     let end = Instant::now() + spec.timeout;
-    let mut children = Vec::new();
+    let mut children = Children::new();
     for rank in 0..spec.ranks {
-        let mut cmd = Command::new(&spec.program);
-        cmd.arg("--rank").arg(rank.to_string()).arg("--ranks").arg(spec.ranks.to_string());
-        cmd.args(spec.scenario.words());
-        for (k, _) in std::env::vars() {
-            if k.starts_with("MPIB_") {
-                cmd.env_remove(k);
-            }
-        }
-        cmd.env("NCCL_NET_PLUGIN", &spec.plugin);
-        cmd.envs(spec.env.iter().map(|(k, v)| (k, v)));
-        cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        let child = cmd.spawn().map_err(|e| Error::io(format!("start {}: {e}", spec.program.display())))?;
-        children.push(Started::new(child));
+        let program = Program::new(&spec.program)
+            .args(["--rank".to_string(), rank.to_string(), "--ranks".to_string(), spec.ranks.to_string()])
+            .args(spec.scenario.words())
+            .remove_prefix("MPIB_")
+            .env("NCCL_NET_PLUGIN", &spec.plugin)
+            .envs(spec.env.iter().cloned());
+        children.start(&program).map_err(|e| Error::io(e.to_string()))?;
     }
     let mut addrs = Vec::new();
-    for (rank, c) in children.iter_mut().enumerate() {
-        match c.line_starting(ADDR_LINE, end) {
+    for rank in 0..spec.ranks {
+        match children.line_starting(rank, ADDR_LINE, end) {
             Some(a) => addrs.push(a),
             None => {
-                let outcomes = finish(children, Instant::now());
+                let outcomes = outcomes(children.finish(Instant::now()));
                 return Err(Error::io(format!("rank {rank} did not say where it listens: {outcomes:?}")));
             }
         }
     }
-    let peers = format!("{PEERS_LINE}{}\n", addrs.join(" "));
-    for c in &mut children {
-        if let Some(stdin) = c.child.stdin.as_mut() {
-            let _ = stdin.write_all(peers.as_bytes()).and_then(|_| stdin.flush());
-        }
+    let peers = format!("{PEERS_LINE}{}", addrs.join(" "));
+    for rank in 0..spec.ranks {
+        // A rank that already exited is told nothing: its outcome says why.
+        let _ = children.write_line(rank, &peers);
     }
-    Ok(finish(children, end))
+    Ok(outcomes(children.finish(end)))
 }
 
-/// A started rank: its process and its stdout and stderr, read by threads as they come.
-struct Started {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-    seen: Vec<String>,
-    out: Option<std::thread::JoinHandle<()>>,
-    err: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Started {
-    fn new(mut child: Child) -> Started {
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut stderr = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = mpsc::channel();
-        let out = std::thread::spawn(move || {
-            for l in BufReader::new(stdout).lines() {
-                let Ok(l) = l else { break };
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        let err = std::thread::spawn(move || {
-            let mut s = Vec::new();
-            let _ = stderr.read_to_end(&mut s);
-            String::from_utf8_lossy(&s).into_owned()
-        });
-        Started { child, lines, seen: Vec::new(), out: Some(out), err: Some(err) }
-    }
-
-    /// The rest of the first stdout line that starts with `prefix`, waiting until `end`.
-    fn line_starting(&mut self, prefix: &str, end: Instant) -> Option<String> {
-        loop {
-            let left = end.saturating_duration_since(Instant::now());
-            let l = self.lines.recv_timeout(left).ok()?;
-            let found = l.strip_prefix(prefix).map(str::to_string);
-            self.seen.push(l);
-            if found.is_some() {
-                return found;
-            }
-        }
-    }
-}
-
-fn finish(children: Vec<Started>, end: Instant) -> Vec<RankOutcome> {
-    let mut out = Vec::new();
-    let mut children = children;
-    // Wait for every rank (each has the same deadline), then kill what is left.
-    loop {
-        let all_done = children.iter_mut().all(|c| matches!(c.child.try_wait(), Ok(Some(_))));
-        if all_done || Instant::now() >= end {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    for mut c in children {
-        let exit = match c.child.try_wait() {
-            Ok(Some(s)) => Some(s),
-            _ => {
-                let _ = c.child.kill();
-                c.child.wait().ok();
-                None
-            }
-        };
-        if let Some(h) = c.out.take() {
-            let _ = h.join();
-        }
-        while let Ok(l) = c.lines.try_recv() {
-            c.seen.push(l);
-        }
-        let stderr = c.err.take().and_then(|h| h.join().ok()).unwrap_or_default();
-        let result = c.seen.iter().find_map(|l| l.strip_prefix(RESULT_LINE)).map(str::to_string);
-        let result =
-            if exit.is_none() { Some(format!("fail killed at the run's timeout ({result:?})")) } else { result };
-        out.push(RankOutcome { result, exit, stdout: c.seen.join("\n"), stderr });
-    }
-    out
+/// Each rank's result line and exit; a rank killed at the run's timeout failed.
+fn outcomes(exits: Vec<Exit>) -> Vec<RankOutcome> {
+    exits
+        .into_iter()
+        .map(|e| {
+            let result = e.stdout.lines().find_map(|l| l.strip_prefix(RESULT_LINE)).map(str::to_string);
+            let (result, exit) = if e.killed_at_deadline {
+                (Some(format!("fail killed at the run's timeout ({result:?})")), None)
+            } else {
+                (result, e.status)
+            };
+            RankOutcome { result, exit, stdout: e.stdout.trim_end().to_string(), stderr: e.stderr }
+        })
+        .collect()
 }
 
 /// The rank program's `main`: `--rank R --ranks N SCENARIO key=value ...`. Listens, says

@@ -43,11 +43,24 @@ pub fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
-use mpib_tools::pair::{Launcher, PairOutcome, PairSpec, run_pair};
+use mpib_tools::pair::{PairOutcome, PairSpec, Program, run_pair};
 use mpib_tools::spec::Workload;
 
-/// The test every conformance binary defines to be re-executed as a rank.
-pub const RANK_ENTRY: &str = "rank_child";
+/// The rank program of the two-process tests: `CONFORMANCE_RANK` when set; else an
+/// `mpib-rank` beside this test binary (both copied into a VM, away from `target/`, as
+/// `ci/rxe-test.sh` does); else the `mpib-rank` cargo built with this test.
+pub fn rank_program() -> Program {
+    if let Ok(p) = std::env::var("CONFORMANCE_RANK")
+        && !p.is_empty()
+    {
+        return Program::new(p);
+    }
+    let beside = std::env::current_exe().ok().and_then(|e| Some(e.parent()?.join("mpib-rank")));
+    match beside {
+        Some(p) if p.is_file() => Program::new(p),
+        _ => Program::new(env!("CARGO_BIN_EXE_mpib-rank")),
+    }
+}
 
 /// The ranks' fabric: the soft fabric over loopback (both rails on 127.0.0.1), or what
 /// `CONFORMANCE_ENV` says, e.g. `CONFORMANCE_ENV="MPIB_FABRIC=verbs MPIB_HCA_SOUT=rxe0
@@ -87,9 +100,14 @@ fn pair_timeout() -> std::time::Duration {
     std::time::Duration::from_secs(s)
 }
 
-/// Runs `spec` with this test binary as both ranks; prints how long it took.
+/// Runs `spec` with [`rank_program`] as both ranks; prints how long it took.
 pub fn run(name: &str, spec: &PairSpec) -> PairOutcome {
-    let out = run_pair(spec, &Launcher::test_binary(RANK_ENTRY)).expect("start the ranks");
+    run_with(name, spec, &rank_program())
+}
+
+/// [`run`] with another rank program (`mpib-rank` with arguments).
+pub fn run_with(name: &str, spec: &PairSpec, program: &Program) -> PairOutcome {
+    let out = run_pair(spec, program).expect("start the ranks");
     eprintln!("{name}: {:.2} s (workload: {})", out.elapsed.as_secs_f64(), spec.workload.to_line());
     out
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use mpib_tools::link::{self, Link};
 use mpib_tools::net::Plugin;
-use mpib_tools::pair::{Launcher, PairSpec, run_pair_observed};
+use mpib_tools::pair::{PairSpec, Program, run_pair_observed};
 use mpib_tools::rank::{self, PhaseStart, Preset};
 use mpib_tools::report::{RankReport, mono_ns};
 use mpib_tools::{Library, default_plugin};
@@ -88,7 +88,7 @@ pub fn local(plan: &Plan, lib: &str, progress: &mut Progress) -> Result<Outcome,
         workload: plan.workload.clone(),
         timeout,
     };
-    let out = run_pair_observed(&spec, &Launcher::this_program(&[]), &mut |r, p| {
+    let out = run_pair_observed(&spec, &Program::this_program(), &mut |r, p| {
         // Both ranks tell; the sender's notes carry the stream's start.
         if r == 1 {
             progress.phase(true, p)
