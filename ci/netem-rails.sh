@@ -219,8 +219,10 @@ echo "# rails: SOUT $(gbps "$sout_kbit") Gbit/s, SUP $(gbps "$sup_kbit") Gbit/s 
 
 # --- runs ---------------------------------------------------------------------------------
 port=7400
-env_rx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.1 MPIB_SOFT_SUP_ADDR=198.18.1.1 ${extra_env[@]+"${extra_env[@]}"})
-env_tx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.2 MPIB_SOFT_SUP_ADDR=198.18.1.2 ${extra_env[@]+"${extra_env[@]}"})
+# The rails stand for two NICs: the silent-rail check gets a NIC's floor (50 ms), not the
+# soft fabric's longer one (--env MPIB_SILENT_MS=... overrides it: later wins).
+env_rx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.1 MPIB_SOFT_SUP_ADDR=198.18.1.1 MPIB_SILENT_MS=50 ${extra_env[@]+"${extra_env[@]}"})
+env_tx=(MPIB_FABRIC=soft MPIB_SOFT_SOUT_ADDR=198.18.0.2 MPIB_SOFT_SUP_ADDR=198.18.1.2 MPIB_SILENT_MS=50 ${extra_env[@]+"${extra_env[@]}"})
 # pair NAME SECS [mpib-perf options…]: starts both ranks in the background; sets rx_pid, tx_pid.
 pair() {
   local name=$1 secs=$2

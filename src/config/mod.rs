@@ -126,6 +126,9 @@ pub struct Config {
     /// (`MPIB_OUTAGE_GRACE_MS`; 0: it fails at once). `None`: RC's retry budget
     /// ([`Config::outage_grace_ms`]).
     pub outage_grace: Option<u64>,
+    /// The silent-rail check's failure floor in ms (`MPIB_SILENT_MS`; 0: the check is
+    /// off). `None`: by fabric ([`Config::silent_floor_ms`]).
+    pub silent: Option<u64>,
     /// Fault drill (soft fabric, `MPIB_FAULT_RAIL`).
     pub fault_rail: Option<FaultDrill>,
     pub rtt_alpha: f64,
@@ -182,6 +185,7 @@ impl Default for Config {
             readmit_ms: 100,
             readmit_max_ms: 1000,
             outage_grace: None,
+            silent: None,
             fault_rail: None,
             rtt_alpha: 0.125,
             rtt_beta: 0.25,
@@ -283,6 +287,15 @@ impl Config {
                         .map(|n| c.outage_grace = Some(n as u64))
                         .map_err(|e| format!("auto or {e}")),
                 },
+                "MPIB_SILENT_MS" => match value.to_ascii_lowercase().as_str() {
+                    "auto" => {
+                        c.silent = None;
+                        Ok(())
+                    }
+                    _ => parse_int(value, 0, 600_000)
+                        .map(|n| c.silent = Some(n as u64))
+                        .map_err(|e| format!("auto or {e}")),
+                },
                 "MPIB_FAULT_RAIL" => parse_fault(value).map(|f| c.fault_rail = Some(f)),
                 "MPIB_RTT_ALPHA" => parse_gain(value).map(|g| c.rtt_alpha = g),
                 "MPIB_RTT_BETA" => parse_gain(value).map(|g| c.rtt_beta = g),
@@ -374,7 +387,22 @@ impl Config {
     }
 }
 
+/// The silent-rail check's failure floor on a NIC that moves data by itself (verbs): a
+/// rail silent this long beside a working one has failed (suspect at 2/5 of it).
+pub const SILENT_FLOOR_MS: u64 = 50;
+/// The floor on the soft fabric, whose rails move data only when a thread of this process
+/// or of the peer's runs: on a loaded host one rail's thread may wait hundreds of ms for a
+/// CPU while the other's runs, and that is no link failure.
+pub const SOFT_SILENT_FLOOR_MS: u64 = 1000;
+
 impl Config {
+    /// The silent-rail check's failure floor (ms) on a fabric whose rails progress only
+    /// when polled (`on_poll`: the soft fabric) or by themselves: `MPIB_SILENT_MS`, by
+    /// default [`SOFT_SILENT_FLOOR_MS`] or [`SILENT_FLOOR_MS`]. 0: the check is off.
+    pub fn silent_floor_ms(&self, on_poll: bool) -> u64 {
+        self.silent.unwrap_or(if on_poll { SOFT_SILENT_FLOOR_MS } else { SILENT_FLOOR_MS })
+    }
+
     /// How long (ms) a connection whose rails have all failed waits for one to come back:
     /// `MPIB_OUTAGE_GRACE_MS`, by default RC's retry budget, 4.096 µs × 2^timeout ×
     /// (retry count + 1) (34.4 s with NCCL's defaults): as patient when the rails' QPs fail

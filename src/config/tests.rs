@@ -217,6 +217,18 @@ fn relaxed_ordering_and_nccl_devices_words() {
 }
 
 #[test]
+fn the_silent_rail_floor_is_longer_on_the_soft_fabric_unless_set() {
+    let d = parse(&[]).unwrap();
+    assert_eq!((d.silent, d.silent_floor_ms(false), d.silent_floor_ms(true)), (None, 50, 1000));
+    let c = parse(&[("MPIB_SILENT_MS", "80")]).unwrap();
+    assert_eq!((c.silent_floor_ms(false), c.silent_floor_ms(true)), (80, 80), "set: the same on every fabric");
+    assert_eq!(parse(&[("MPIB_SILENT_MS", "0")]).unwrap().silent_floor_ms(true), 0, "0: the check is off");
+    assert_eq!(parse(&[("MPIB_SILENT_MS", "Auto")]).unwrap().silent, None);
+    let e = one_error(&[("MPIB_SILENT_MS", "fast")]);
+    assert!(e.contains("MPIB_SILENT_MS") && e.contains("auto or an integer from 0 to 600000"), "{e}");
+}
+
+#[test]
 fn the_outage_grace_is_rcs_retry_budget_unless_set() {
     let d = parse(&[]).unwrap();
     // 4.096 µs × 2^20 × 8 = 34.4 s, to the second above.

@@ -234,6 +234,14 @@ pub const VARS: &[VarDoc] = &[
         rails: None,
     },
     VarDoc {
+        name: "MPIB_SILENT_MS",
+        default: "auto (50 on verbs, 1000 on the soft fabric)",
+        accepted: "auto, 0-600000",
+        meaning: "the silent-rail check: a rail that completes nothing for this long (or 6 round-trip spreads, if longer) beyond its work's transfer time while the other rail completes has failed over; suspect (no new sends) at 2/5 of it; 0: off (RC's retry budget alone decides)",
+        nccl: "",
+        rails: None,
+    },
+    VarDoc {
         name: "MPIB_FAULT_RAIL",
         default: "(none)",
         accepted: "sout:N, sup:N, both:N (N >= 1), optionally :MS; or RAIL:@AT[:MS[:EVERY[:COUNT]]] (ms); \

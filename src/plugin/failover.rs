@@ -44,6 +44,7 @@ pub fn failover_config(
         enabled: cfg.failover,
         stall_ns: cfg.stall_ms * 1_000_000,
         silence: true,
+        silent_floor_ns: 0,
         ctl_out_addr: region_addr + (ctl_off + CTL_RING_BYTES) as u64,
         ctl_out_lkeys: lkeys,
         ctl_ring_addr: peer_scratch + SCRATCH_BYTES as u64,

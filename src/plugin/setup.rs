@@ -349,6 +349,8 @@ impl<D: Device> Connecting<D> {
         let reply = self.reply.take().expect("reply");
         let (lkeys, _) = region_keys(&rails);
         let max_inline = rails.iter().map(|r| r.dev.attrs().max_inline).min().unwrap_or(0).min(SEND_INLINE);
+        // A rail of the soft fabric moves data only when a thread runs (silence floors).
+        let on_poll = rails.iter().any(|r| r.dev.attrs().progress == crate::fabric::Progress::OnPoll);
         let cfg = SendConfig {
             qps: self.p.qps,
             pieces: self.p.pieces,
@@ -365,7 +367,8 @@ impl<D: Device> Connecting<D> {
             // The fault drill (MPIB_FAULT_RAIL) runs on send comms.
             failover: FailoverConfig {
                 drill: self.p.cfg.fault_rail,
-                silence: !one_port(&rails),
+                silence: !one_port(&rails) && self.p.cfg.silent_floor_ms(on_poll) != 0,
+                silent_floor_ns: self.p.cfg.silent_floor_ms(on_poll) * 1_000_000,
                 ..failover_config(
                     self.p.cfg,
                     self.p.qps,

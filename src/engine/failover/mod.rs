@@ -47,6 +47,10 @@ pub struct FailoverConfig {
     /// rails leave through one port: they share its link, so one cannot go silent beside
     /// the other, and a rail queued behind its partner's traffic in the NIC is no failure.
     pub silence: bool,
+    /// Sender: the silent-rail check's failure floor (`MPIB_SILENT_MS`); 0: the default
+    /// for a NIC that moves data by itself, [`crate::engine::SILENT_FLOOR_NS`]. A rail is
+    /// suspect at 2/5 of it.
+    pub silent_floor_ns: u64,
     /// Local source of the outgoing control messages ([`CTL_ENTRIES`] entries of
     /// [`CTL_ENTRY_BYTES`], the one of message `seq` at `(seq - 1) % CTL_ENTRIES`): address
     /// and lkey per rail.

@@ -21,8 +21,9 @@ use crate::engine::failover::other;
 use crate::engine::{DownReason, RAIL_NAMES, RAILS, RailState};
 use crate::error::Result;
 
-/// The suspect and failure bounds' floors: whatever the rail's round trips, a silence
-/// shorter than these is never a rail failure.
+/// The suspect and failure bounds' floors by default (`FailoverConfig::silent_floor_ns`
+/// sets them for a connection): whatever the rail's round trips, a silence shorter than
+/// these is never a rail failure.
 pub const SUSPECT_FLOOR_NS: u64 = 20_000_000;
 pub const SILENT_FLOOR_NS: u64 = 50_000_000;
 /// The bounds in multiples of the rail's round-trip spread.
@@ -50,6 +51,7 @@ impl SendEngine {
             }
         }
         let mut busy = false;
+        let (suspect_floor, fail_floor) = self.silence_floors();
         for (rail, name) in RAIL_NAMES.iter().enumerate() {
             if self.fo.state[rail] != RailState::Up || self.outstanding[rail] == 0 {
                 self.clear_suspect(rail);
@@ -85,7 +87,7 @@ impl SendEngine {
             let silent_ns = now_ns.saturating_sub(since);
             let spread = v.srtt_ns + 4 * v.rttvar_ns;
             let silent_ms = silent_ns / 1_000_000;
-            if silent_ns.saturating_sub(fail_allow) > SILENT_FLOOR_NS.max(SILENT_RTTS * spread) {
+            if silent_ns.saturating_sub(fail_allow) > fail_floor.max(SILENT_RTTS * spread) {
                 log::log!(
                     self.failure_level(),
                     "send: the {name} rail has completed nothing for {silent_ms} ms while the {} rail completes: it \
@@ -95,7 +97,7 @@ impl SendEngine {
                 );
                 self.fo.silent_failures += 1;
                 self.rail_down(rail, DownReason::Silent)?;
-            } else if silent_ns.saturating_sub(suspect_allow) > SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * spread)
+            } else if silent_ns.saturating_sub(suspect_allow) > suspect_floor.max(SUSPECT_RTTS * spread)
                 && !self.fo.suspect.contains(rail)
                 && !self.fo.suspect.contains(partner)
             {
@@ -113,6 +115,14 @@ impl SendEngine {
         Ok(())
     }
 
+    /// This connection's (suspect, failure) floors.
+    fn silence_floors(&self) -> (u64, u64) {
+        match self.fo.cfg.silent_floor_ns {
+            0 => (SUSPECT_FLOOR_NS, SILENT_FLOOR_NS),
+            fail => (fail * 2 / 5, fail),
+        }
+    }
+
     /// Whether `partner` is working while the other rail has been silent since `since_ns`:
     /// up, heard from since then and, if it has work out itself, heard from lately and well
     /// into that silence. Two rails gone quiet together (a paused peer, late
@@ -128,7 +138,7 @@ impl SendEngine {
         }
         let v = self.tel[partner].view();
         let quiet = now_ns.saturating_sub(heard);
-        quiet <= SUSPECT_FLOOR_NS.max(SUSPECT_RTTS * (v.srtt_ns + 4 * v.rttvar_ns))
+        quiet <= self.silence_floors().0.max(SUSPECT_RTTS * (v.srtt_ns + 4 * v.rttvar_ns))
             && quiet.saturating_mul(2) <= now_ns.saturating_sub(since_ns)
     }
 

@@ -80,6 +80,7 @@ pub fn enable_failover(p: &mut Pair, stall_ns: u64) {
         enabled: true,
         stall_ns,
         silence: true,
+        silent_floor_ns: 0,
         ctl_out_addr: CTL_OUT,
         ctl_out_lkeys: [lk, lk + 1],
         ctl_ring_addr: CTL_RING,

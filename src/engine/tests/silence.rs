@@ -351,3 +351,33 @@ fn a_silent_rails_late_acknowledgement_completes_its_send_and_its_qps_stop_after
     assert_eq!(p.s.rail_states()[SUP], RailState::Failed { epoch: 0, fenced: true });
     assert_eq!(p.s.failover_counts().replayed_parts, 0, "nothing replayed: every part had arrived");
 }
+
+/// A connection configured with a longer floor (the soft fabric's, `MPIB_SILENT_MS`) keeps
+/// a silent rail until past it: suspect at 2/5 of it, failed past it, not before.
+#[test]
+fn a_longer_floor_keeps_a_silent_rail_until_past_it() {
+    const FLOOR: u64 = 1000 * MS;
+    let mut p = warm();
+    p.s.failover_config_mut().silent_floor_ns = FLOOR;
+    p.hold_acks(SUP, 0);
+    let t0 = p.now + MS;
+    p.now = t0;
+    one_transfer(&mut p, 90);
+    p.now = t0 + MS;
+    one_transfer(&mut p, 91); // SOUT completes after SUP went quiet
+    let mut now = p.now;
+    let (mut suspected_at, mut failed_at) = (None, None);
+    while failed_at.is_none() && now < t0 + 2 * FLOOR {
+        now = p.s.poll_timeout().max(now + MS);
+        round(&mut p, now);
+        if suspected_at.is_none() && suspects(&p, SUP) == 1 {
+            suspected_at = Some(now - t0);
+        }
+        if p.s.rail_states()[SUP] != RailState::Up {
+            failed_at = Some(now - t0);
+        }
+    }
+    let (s, f) = (suspected_at.expect("suspected"), failed_at.expect("failed"));
+    assert!(s > FLOOR * 2 / 5 && s <= FLOOR * 2 / 5 + 10 * MS, "suspected after {} ms", s / MS);
+    assert!(f > FLOOR && f <= FLOOR + 10 * MS, "failed after {} ms", f / MS);
+}
