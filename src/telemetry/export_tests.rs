@@ -145,7 +145,7 @@ fn an_unwritable_path_names_the_real_cause() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// `start_stats_export`'s first write happens at once, so `init` can say what is wrong with
+/// `StatsExport::start`'s first write happens at once, so `init` can say what is wrong with
 /// the path (its caller logs the error as a WARN).
 #[test]
 fn the_first_write_happens_at_start() {
