@@ -173,7 +173,7 @@ impl Hostile {
         };
         let addr = read_handle(handle, FabricKind::Soft).unwrap();
         assert!(matches!(addr, OobAddr::Tcp(_)));
-        let mut conn = OobConn::connect(addr).unwrap();
+        let mut conn = OobConn::connect(addr, &mpib::plugin::oob::InprocListeners::new()).unwrap();
         conn.send(&hello.encode());
         let t0 = Instant::now();
         let reply = loop {

@@ -480,7 +480,7 @@ fn plugin_with(vars: &[(&str, &str)]) -> Plugin<VerbsDevice> {
     let all = [&[("MPIB_HCA_SOUT", d0.as_str()), ("MPIB_HCA_SUP", d1.as_str())][..], vars].concat();
     let cfg: &'static Config = Box::leak(Box::new(config(&all)));
     let pairs = discover::verbs_pairs(cfg).expect("verbs_pairs");
-    Plugin::new(FabricKind::Verbs, pairs, cfg, Box::leak(Box::new(mpib::plugin::resources::Counts::new())))
+    Plugin::new(FabricKind::Verbs, pairs, cfg, Box::leak(Box::new(mpib::plugin::instance_state::InstanceState::new())))
 }
 
 /// A send and a receive comm connected to each other through `p` (both ends here), the

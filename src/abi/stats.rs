@@ -8,7 +8,7 @@ use std::mem::size_of;
 
 use super::guard::run;
 use crate::error::{Error, Result};
-use crate::telemetry::{NicTotals, PeerTotals, RailTotals, process_nic_totals, process_totals, process_worst_peers};
+use crate::telemetry::{NicTotals, PeerTotals, RailTotals};
 use ncclnet_types::mpib::*;
 use ncclnet_types::types::ncclResult_t;
 
@@ -56,7 +56,7 @@ pub unsafe extern "C" fn mpib_rail_stats(out: *mut mpib_rail_stats_t, size: usiz
     super::logger::install();
     run("mpib_rail_stats", || {
         let n = prefix_len::<mpib_rail_stats_t>(out.is_null(), size, "mpib_rail_stats_t")?;
-        for (i, t) in process_totals().iter().enumerate() {
+        for (i, t) in PROCESS.stats().totals().iter().enumerate() {
             // SAFETY: the caller gives 2 × `size` writable bytes at `out`, so
             // `[i·size, i·size + n)` (n ≤ size) lies inside them.
             unsafe { write_prefix(&mpib_rail_stats_t::from(t), out.cast::<u8>().add(i * size), n) };
@@ -141,7 +141,7 @@ pub unsafe extern "C" fn mpib_nic_stats(
 ) -> ncclResult_t {
     super::logger::install();
     run("mpib_nic_stats", || {
-        let rows: Vec<mpib_nic_stats_t> = process_nic_totals().iter().map(Into::into).collect();
+        let rows: Vec<mpib_nic_stats_t> = PROCESS.stats().nic_totals().iter().map(Into::into).collect();
         // SAFETY: the caller's promise, passed on.
         unsafe { write_rows(&rows, out, size, max, count, "mpib_nic_stats_t") }
     })
@@ -170,7 +170,7 @@ pub unsafe extern "C" fn mpib_worst_peers(
 ) -> ncclResult_t {
     super::logger::install();
     run("mpib_worst_peers", || {
-        let worst = process_worst_peers(max);
+        let worst = PROCESS.stats().worst_peers(max);
         let ranked = match by {
             MPIB_WORST_BY_LATENCY => worst.by_latency,
             MPIB_WORST_BY_ERRORS => worst.by_errors,
@@ -299,12 +299,11 @@ pub(super) fn c_string(dst: &mut [std::ffi::c_char], s: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::StatsHandle;
     use ncclnet_types::result;
 
     #[test]
     fn copies_the_process_totals_and_honours_the_callers_size() {
-        let h = StatsHandle::register(1);
+        let h = PROCESS.stats().register(1);
         h.count_post(2, 1, 4096, 4096);
         h.latency.record(5000);
         let mut out = [mpib_rail_stats_t::default(); 2];
@@ -332,7 +331,7 @@ mod tests {
     #[test]
     fn nic_rows_through_the_c_abi() {
         use crate::telemetry::StatsPlace;
-        let h = StatsHandle::register_at(1, StatsPlace::new("abi-test-nic:7", "10.9.9.9:4000"));
+        let h = PROCESS.stats().register_at(1, StatsPlace::new("abi-test-nic:7", "10.9.9.9:4000"));
         h.count_post(1, 1, 12_345, 12_345);
         h.counters.errors.add(2);
         let mut count = 0usize;
@@ -371,9 +370,9 @@ mod tests {
     fn worst_peers_through_the_c_abi() {
         use crate::telemetry::StatsPlace;
         // Worse than anything else in this test process: 1000 s chains, 10^9 errors.
-        let slow = StatsHandle::register_at(0, StatsPlace::new("abi-test-nic:1", "GID fe80::dead"));
+        let slow = PROCESS.stats().register_at(0, StatsPlace::new("abi-test-nic:1", "GID fe80::dead"));
         slow.latency.record(1_000_000_000_000);
-        let bad = StatsHandle::register_at(1, StatsPlace::new("abi-test-nic:2", "GID fe80::bad"));
+        let bad = PROCESS.stats().register_at(1, StatsPlace::new("abi-test-nic:2", "GID fe80::bad"));
         bad.counters.errors.add(1_000_000_000);
         let mut out = [mpib_peer_stats_t::default(); 3];
         let mut n = 0usize;

@@ -19,7 +19,6 @@ use crate::engine::{PlaceRef, RAILS, RailMask, RecvConfig, RecvEngine};
 use crate::error::{Error, Result};
 use crate::fabric::Device;
 use crate::fabric::mem::HostRegion;
-use crate::telemetry::StatsHandle;
 
 /// How long a new set-up connection has to send its Hello (at most
 /// `MPIB_CONNECT_TIMEOUT_MS`). A real connector sends it once its TCP connect completed and
@@ -228,13 +227,13 @@ impl<D: Device> Accepting<D> {
         log::info!(target: "mpib::plugin::setup", "accepted: receive comm on {} ({} + {} QPs)",
             self.pair.props.name.to_string_lossy(), hello.qps[0], hello.qps[1]);
         let [sout, sup] = stats_places(&rails);
-        let stats = [StatsHandle::register_at(0, sout), StatsHandle::register_at(1, sup)];
+        let stats = [self.ctx.state.stats.register_at(0, sout), self.ctx.state.stats.register_at(1, sup)];
         let mut engine = RecvEngine::new(cfg, stats);
         let place = ConnPlace::new("recv", self.ctx.comm_id, &rails);
         engine.set_place(PlaceRef::new(place.clone()));
         engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
         let fo = FoSide::new(self.p.cfg, &rails, place, self.conn.take());
-        let mut comm = RecvComm::new(rails, engine, self.pair.clone(), region, fo, self.ctx.counts);
+        let mut comm = RecvComm::new(rails, engine, self.pair.clone(), region, fo, &self.ctx.state.counts);
         comm.set_profiler(self.ctx.profiler(), self.pair.props.dev);
         Ok(comm)
     }

@@ -20,9 +20,10 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
+use super::instance_state::InstanceState;
 use super::nic_queues::NicQueues;
 use super::profile::Sink;
-use super::resources::{Counts, Held, Res};
+use super::resources::{Held, Res};
 use crate::error::Result;
 use crate::fabric::Device;
 
@@ -33,8 +34,9 @@ pub struct Context<D: Device> {
     /// The communicator's traffic class, when NCCL gave one (v11+ `init` config).
     pub traffic_class: Option<i32>,
     srq_depth: u32,
-    /// The plugin instance's resource counts, which this context's objects hold amounts of.
-    pub counts: &'static Counts,
+    /// What its plugin instance's contexts share: the resource counts this context's
+    /// objects hold amounts of, the statistics registry, the in-process listeners.
+    pub state: &'static InstanceState,
     /// The queues of each NIC in use, by the NIC's identity (its device's address: devices
     /// stay open for the process lifetime).
     nics: Mutex<Vec<(usize, Weak<NicQueues<D>>)>>,
@@ -49,17 +51,17 @@ impl<D: Device> Context<D> {
         comm_id: u64,
         traffic_class: Option<i32>,
         srq_depth: u32,
-        counts: &'static Counts,
+        state: &'static InstanceState,
     ) -> Context<D> {
         Context {
             id,
             comm_id,
             traffic_class,
             srq_depth,
-            counts,
+            state,
             nics: Mutex::new(Vec::new()),
             profiler: Mutex::new(None),
-            _held: counts.hold(Res::Contexts, 1),
+            _held: state.counts.hold(Res::Contexts, 1),
         }
     }
 
@@ -72,7 +74,7 @@ impl<D: Device> Context<D> {
         if let Some(q) = nics.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
             return Ok(q);
         }
-        let q = Arc::new(NicQueues::new(dev.clone(), self.srq_depth, self.counts)?);
+        let q = Arc::new(NicQueues::new(dev.clone(), self.srq_depth, &self.state.counts)?);
         nics.push((key, Arc::downgrade(&q)));
         Ok(q)
     }

@@ -9,7 +9,7 @@ use super::discover::FoundPair;
 use super::fake::Recording;
 use super::handles::{CommHandle, MemHandle, RequestHandle};
 use super::instance::Plugin;
-use super::resources::Counts;
+use super::instance_state::InstanceState;
 use super::setup::FabricKind;
 use super::{AbiVersion, BufArg};
 use crate::config::{Config, FabricChoice};
@@ -20,8 +20,8 @@ const ABI: AbiVersion = AbiVersion::V8;
 fn plugin(sout: &Arc<Recording>, sup: &Arc<Recording>) -> Plugin<Recording> {
     let cfg: &'static Config =
         Box::leak(Box::new(Config { fabric: FabricChoice::Inproc, stall_ms: 0, ..Config::default() }));
-    let counts = Box::leak(Box::new(Counts::new()));
-    Plugin::new(FabricKind::Inproc, vec![FoundPair::new(sout.clone(), sup.clone())], cfg, counts)
+    let state = Box::leak(Box::new(InstanceState::new()));
+    Plugin::new(FabricKind::Inproc, vec![FoundPair::new(sout.clone(), sup.clone())], cfg, state)
 }
 
 /// A send and a receive comm on device 0, set up from one thread as NCCL does.

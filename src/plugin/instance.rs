@@ -13,12 +13,12 @@ use super::context::Context;
 use super::devices::Devices;
 use super::discover::FoundPair;
 use super::handles::{CommHandle, ContextHandle, Handle, Kind, ListenHandle, MemHandle, RequestHandle, Table};
+use super::instance_state::InstanceState;
 use super::listen::ListenComm;
 use super::listen_handle;
 use super::mr::{MrHandle, MrInfo, MrMemo};
 use super::nic_pair::NicPair;
 use super::oob::OobListener;
-use super::resources::Counts;
 use super::setup::{Connecting, FabricKind, Params};
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS};
 use crate::config::{Config, RailAddr};
@@ -49,8 +49,8 @@ pub struct Plugin<D: Device> {
     contexts: Mutex<BTreeMap<u64, Arc<Context<D>>>>,
     /// The context of ABIs before v11, which have none: every connection of the process.
     default_ctx: OnceLock<Arc<Context<D>>>,
-    /// What this instance holds (`mpib_resource_stats`): its objects keep amounts of it.
-    pub counts: &'static Counts,
+    /// What the instance's contexts share (resource counts, statistics, in-process listeners).
+    pub state: &'static InstanceState,
 }
 
 fn size_ok(size: usize) -> Result<u64> {
@@ -66,7 +66,12 @@ fn size_ok(size: usize) -> Result<u64> {
 }
 
 impl<D: Device> Plugin<D> {
-    pub fn new(kind: FabricKind, pairs: Vec<FoundPair<D>>, cfg: &'static Config, counts: &'static Counts) -> Self {
+    pub fn new(
+        kind: FabricKind,
+        pairs: Vec<FoundPair<D>>,
+        cfg: &'static Config,
+        state: &'static InstanceState,
+    ) -> Self {
         let devices = Devices::new(pairs, cfg.nccl_devices);
         Plugin {
             kind,
@@ -76,13 +81,13 @@ impl<D: Device> Plugin<D> {
             mr_epoch: AtomicU64::new(1),
             contexts: Mutex::new(BTreeMap::new()),
             default_ctx: OnceLock::new(),
-            counts,
+            state,
         }
     }
 
     /// A v11+ context for communicator `comm_id` under handle value `id`.
     pub fn new_context(&self, id: u64, comm_id: u64, traffic_class: Option<i32>) {
-        let c = Arc::new(Context::new(id, comm_id, traffic_class, self.cfg.srq_depth, self.counts));
+        let c = Arc::new(Context::new(id, comm_id, traffic_class, self.cfg.srq_depth, self.state));
         self.contexts.lock().insert(id, c);
     }
 
@@ -98,7 +103,7 @@ impl<D: Device> Plugin<D> {
         let Some(h) = ctx else {
             return Ok(self
                 .default_ctx
-                .get_or_init(|| Arc::new(Context::new(0, 0, None, self.cfg.srq_depth, self.counts)))
+                .get_or_init(|| Arc::new(Context::new(0, 0, None, self.cfg.srq_depth, self.state)))
                 .clone());
         };
         self.contexts.lock().get(&h.0).cloned().ok_or_else(|| {
@@ -146,7 +151,7 @@ impl<D: Device> Plugin<D> {
         let pair = self.pair(abi, dev)?;
         let ctx = self.context(ctx)?;
         let (listener, addr) = match self.kind {
-            FabricKind::Inproc => OobListener::inproc(),
+            FabricKind::Inproc => OobListener::inproc(&self.state.inproc),
             _ => OobListener::tcp(self.listen_ip()?)?,
         };
         listen_handle::write_handle(handle, self.kind, addr);
@@ -455,7 +460,7 @@ impl<D: Device> Plugin<D> {
             _ => return Ok(()),
         }
         // The closed comm's figures are folded into the totals: write them out now.
-        crate::telemetry::stats_flush_now();
+        self.state.flush_stats();
         Ok(())
     }
 

@@ -53,7 +53,7 @@ pub struct ListenComm<D: Device> {
 impl<D: Device> ListenComm<D> {
     pub fn new(listener: OobListener, pair: Arc<NicPair<D>>, ctx: Arc<Context<D>>, p: Params) -> Self {
         let local = listener.local();
-        let _held = ctx.counts.hold(Res::ListenComms, 1);
+        let _held = ctx.state.counts.hold(Res::ListenComms, 1);
         ListenComm { listener, local, pair, ctx, p, pending: VecDeque::new(), _held }
     }
 
@@ -172,9 +172,9 @@ mod tests {
     use crate::plugin::AbiVersion;
     use crate::plugin::accepting::HELLO_WITHIN;
     use crate::plugin::discover::NicMeta;
+    use crate::plugin::instance_state::InstanceState;
     use crate::plugin::nic_pair::{Nic, Shape};
     use crate::plugin::oob::OobAddr;
-    use crate::plugin::resources::Counts;
     use crate::plugin::setup::{Connecting, FabricKind};
     use crate::plugin::setup_msg::{self, Hello, Msg};
 
@@ -193,13 +193,13 @@ mod tests {
         let p = Params::new(cfg, FabricKind::Inproc, AbiVersion::V8, None);
         let (l, addr) = OobListener::tcp("127.0.0.1".parse().unwrap()).unwrap();
         let OobAddr::Tcp(sa) = addr else { panic!() };
-        let ctx = Arc::new(Context::new(1, 0, None, cfg.srq_depth, Box::leak(Box::new(Counts::new()))));
+        let ctx = Arc::new(Context::new(1, 0, None, cfg.srq_depth, Box::leak(Box::new(InstanceState::new()))));
         (ListenComm::new(l, pair.clone(), ctx, p.clone()), sa, pair, p)
     }
 
     /// A connector to `addr` on `pair`'s devices (its own context).
     fn connecting(pair: &Arc<NicPair<SoftDevice>>, p: &Params, addr: SocketAddr) -> Connecting<SoftDevice> {
-        let ctx = Context::new(2, 0, None, p.cfg.srq_depth, Box::leak(Box::new(Counts::new())));
+        let ctx = Context::new(2, 0, None, p.cfg.srq_depth, Box::leak(Box::new(InstanceState::new())));
         Connecting::start(pair.clone(), p.clone(), OobAddr::Tcp(addr), &ctx).unwrap()
     }
 

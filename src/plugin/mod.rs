@@ -26,6 +26,7 @@ pub mod handles;
 mod hang;
 pub mod inbox;
 pub mod instance;
+pub mod instance_state;
 pub mod listen;
 pub mod listen_handle;
 mod memlock;

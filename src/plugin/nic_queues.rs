@@ -35,7 +35,6 @@
 //! exceed the depth, both keep the SRQ full anyway.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, MutexGuard};
@@ -60,13 +59,6 @@ pub const SRQ_LOW: u32 = 16;
 pub const SRQ_HIGH: u32 = 48;
 /// The CQ's first depth; it grows as connections come.
 pub const FIRST_CQ_DEPTH: u32 = 1024;
-
-static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
-
-/// A fresh connection identity (routes name their owner by it).
-pub fn new_owner() -> u64 {
-    NEXT_OWNER.fetch_add(1, Ordering::Relaxed)
-}
 
 /// WQEs to post on an SRQ with `posted` of them, for receives that may consume `reserved`,
 /// of depth `depth`: none while `posted ≥ reserved + SRQ_LOW`, else up to

@@ -62,14 +62,34 @@ impl OobAddr {
 /// A listener waiting for connecting peers.
 pub enum OobListener {
     Tcp(TcpListener),
-    Inproc(u64),
+    /// Listener `id` of a plugin instance's table.
+    Inproc {
+        id: u64,
+        table: &'static InprocListeners,
+    },
 }
 
 type Pipe = Arc<Mutex<VecDeque<Vec<u8>>>>;
 
-/// In-process listeners: id → connections waiting to be accepted.
-static INPROC: Mutex<BTreeMap<u64, VecDeque<InprocConn>>> = Mutex::new(BTreeMap::new());
-static INPROC_NEXT: AtomicU64 = AtomicU64::new(1);
+/// A plugin instance's in-process listeners (`MPIB_FABRIC=inproc`): id → connections
+/// waiting to be accepted. Each instance has its own, so an address reaches only
+/// listeners of the instance that connects.
+pub struct InprocListeners {
+    waiting: Mutex<BTreeMap<u64, VecDeque<InprocConn>>>,
+    next: AtomicU64,
+}
+
+impl Default for InprocListeners {
+    fn default() -> Self {
+        InprocListeners::new()
+    }
+}
+
+impl InprocListeners {
+    pub const fn new() -> InprocListeners {
+        InprocListeners { waiting: Mutex::new(BTreeMap::new()), next: AtomicU64::new(1) }
+    }
+}
 
 impl OobListener {
     /// A TCP listener on `ip` (port chosen by the kernel).
@@ -81,18 +101,18 @@ impl OobListener {
         Ok((OobListener::Tcp(l), OobAddr::Tcp(addr)))
     }
 
-    /// An in-process listener.
-    pub fn inproc() -> (OobListener, OobAddr) {
-        let id = INPROC_NEXT.fetch_add(1, Ordering::Relaxed);
-        INPROC.lock().insert(id, VecDeque::new());
-        (OobListener::Inproc(id), OobAddr::Inproc(id))
+    /// An in-process listener in `table`.
+    pub fn inproc(table: &'static InprocListeners) -> (OobListener, OobAddr) {
+        let id = table.next.fetch_add(1, Ordering::Relaxed);
+        table.waiting.lock().insert(id, VecDeque::new());
+        (OobListener::Inproc { id, table }, OobAddr::Inproc(id))
     }
 
     /// The address a TCP listener is bound to (for log lines).
     pub fn local(&self) -> String {
         match self {
             OobListener::Tcp(l) => l.local_addr().map_or_else(|_| "?".to_string(), |a| a.to_string()),
-            OobListener::Inproc(id) => format!("in-process {id}"),
+            OobListener::Inproc { id, .. } => format!("in-process {id}"),
         }
     }
 
@@ -106,15 +126,17 @@ impl OobListener {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(None),
                 Err(e) => Err(e),
             },
-            OobListener::Inproc(id) => Ok(INPROC.lock().get_mut(id).and_then(|q| q.pop_front()).map(OobConn::Inproc)),
+            OobListener::Inproc { id, table } => {
+                Ok(table.waiting.lock().get_mut(id).and_then(|q| q.pop_front()).map(OobConn::Inproc))
+            }
         }
     }
 }
 
 impl Drop for OobListener {
     fn drop(&mut self) {
-        if let OobListener::Inproc(id) = self {
-            INPROC.lock().remove(id);
+        if let OobListener::Inproc { id, table } = self {
+            table.waiting.lock().remove(id);
         }
     }
 }
@@ -140,8 +162,9 @@ pub struct TcpConn {
 }
 
 impl OobConn {
-    /// Starts connecting to `addr`; never blocks.
-    pub fn connect(addr: OobAddr) -> Result<OobConn> {
+    /// Starts connecting to `addr`; never blocks. An in-process address is looked up in
+    /// `inproc` (the connecting instance's listeners).
+    pub fn connect(addr: OobAddr, inproc: &InprocListeners) -> Result<OobConn> {
         match addr {
             OobAddr::Tcp(sa) => {
                 let sock = Socket::new(Domain::for_address(sa), Type::STREAM, None)
@@ -163,9 +186,11 @@ impl OobConn {
             }
             OobAddr::Inproc(id) => {
                 let (a, b): (Pipe, Pipe) = Default::default();
-                let mut ls = INPROC.lock();
+                let mut ls = inproc.waiting.lock();
                 let q = ls.get_mut(&id).ok_or_else(|| {
-                    Error::remote(format!("in-process listener {id} does not exist (closed, or another process)"))
+                    Error::remote(format!(
+                        "in-process listener {id} does not exist (closed, or of another process or plugin instance)"
+                    ))
                 })?;
                 q.push_back(InprocConn { tx: b.clone(), rx: a.clone() });
                 Ok(OobConn::Inproc(InprocConn { tx: a, rx: b }))
@@ -292,8 +317,12 @@ mod tests {
     use super::*;
     use std::time::{Duration, Instant};
 
-    fn exchange(addr: OobAddr, l: &OobListener) {
-        let mut a = OobConn::connect(addr).unwrap();
+    fn table() -> &'static InprocListeners {
+        Box::leak(Box::default())
+    }
+
+    fn exchange(addr: OobAddr, l: &OobListener, inproc: &InprocListeners) {
+        let mut a = OobConn::connect(addr, inproc).unwrap();
         a.send(b"hello");
         a.send(&vec![7u8; 1_500]);
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -318,9 +347,26 @@ mod tests {
     #[test]
     fn tcp_and_inproc_carry_whole_messages() {
         let (l, addr) = OobListener::tcp("127.0.0.1".parse().unwrap()).unwrap();
-        exchange(addr, &l);
-        let (l, addr) = OobListener::inproc();
-        exchange(addr, &l);
+        exchange(addr, &l, table());
+        let inproc = table();
+        let (l, addr) = OobListener::inproc(inproc);
+        exchange(addr, &l, inproc);
+    }
+
+    #[test]
+    fn an_inproc_listener_is_reached_only_through_its_own_table() {
+        let (mine, other) = (table(), table());
+        let (l, addr) = OobListener::inproc(mine);
+        let e = OobConn::connect(addr, other).err().expect("not in the other table");
+        assert!(e.msg().contains("does not exist"), "{}", e.msg());
+        // The same id in the other table is another listener: the table tells them apart.
+        let (l2, addr2) = OobListener::inproc(other);
+        assert_eq!(addr, addr2);
+        let _c = OobConn::connect(addr2, other).unwrap();
+        assert!(l.accept().unwrap().is_none(), "nothing reached this instance's listener");
+        assert!(l2.accept().unwrap().is_some(), "the other instance's did get its connection");
+        drop(l);
+        assert!(OobConn::connect(addr, mine).is_err(), "a closed listener leaves its table");
     }
 
     #[test]
@@ -340,7 +386,7 @@ mod tests {
     fn refused_connection_is_an_error_not_a_hang() {
         let (l, addr) = OobListener::tcp("127.0.0.1".parse().unwrap()).unwrap();
         drop(l);
-        let mut c = OobConn::connect(addr).unwrap();
+        let mut c = OobConn::connect(addr, table()).unwrap();
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
             match c.poll() {

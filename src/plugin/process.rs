@@ -12,6 +12,7 @@ use super::banner::{self, PairDesc};
 use super::describe::{self, Describe, RailDesc};
 use super::handles::{CommHandle, ContextHandle, Kind, ListenHandle, MemHandle, RequestHandle};
 use super::instance::Plugin;
+use super::instance_state::InstanceState;
 use super::resources::{Counts, Resources};
 use super::setup::{self, FabricKind};
 use super::{AbiVersion, BufArg, HANDLE_BYTES, MAX_RECVS, NcclEnv, Properties, discover, memlock, profile};
@@ -21,6 +22,7 @@ use crate::error::{Error, Result};
 use crate::fabric::MemTypes;
 use crate::fabric::soft::SoftDevice;
 use crate::fabric::verbs::{self, Availability, VerbsDevice};
+use crate::telemetry::Registry;
 
 /// The plugin over the provider chosen at the first successful `init`. Devices stay open
 /// for the process lifetime (NCCL holds pointers into their properties), as net_ib's do.
@@ -51,8 +53,9 @@ pub struct Process {
     /// The configuration, loaded at the first `init` (bad: its per-variable lines).
     config: OnceLock<std::result::Result<Config, Vec<String>>>,
     active: OnceLock<Active>,
-    /// What this instance holds now (`mpib_resource_stats`).
-    counts: Counts,
+    /// What its contexts and connections share: resource counts (`mpib_resource_stats`),
+    /// statistics registry and files (`mpib_rail_stats`), in-process listeners.
+    state: InstanceState,
 }
 
 impl Default for Process {
@@ -69,18 +72,23 @@ impl Process {
             next_context: AtomicU64::new(1),
             config: OnceLock::new(),
             active: OnceLock::new(),
-            counts: Counts::new(),
+            state: InstanceState::new(),
         }
     }
 
     /// What this instance holds now: comms, contexts, fabric objects (`mpib_resource_stats`).
     pub fn resources(&self) -> Resources {
-        self.counts.snapshot()
+        self.state.counts.snapshot()
     }
 
     /// The counts this instance's objects hold amounts of.
     pub fn counts(&'static self) -> &'static Counts {
-        &self.counts
+        &self.state.counts
+    }
+
+    /// This instance's rail statistics (`mpib_rail_stats`, the statistics files).
+    pub fn stats(&'static self) -> &'static Registry {
+        &self.state.stats
     }
 
     fn active(&self) -> Result<&Active> {
@@ -142,9 +150,9 @@ impl Process {
                 grace,
                 bound(FabricKind::Verbs) - grace,
             );
-            let a = open(cfg, &self.counts)?;
+            let a = open(cfg, &self.state)?;
             let _ = self.active.set(a);
-            if let Err(e) = crate::telemetry::start_stats_export(cfg) {
+            if let Err(e) = self.state.start_export(cfg) {
                 log::warn!("{e}");
             }
             for line in banner_lines(self.active.get().expect("set"), abi, cfg) {
@@ -193,7 +201,7 @@ impl Process {
             dispatch!(self, p => p.finalize_context(ctx))?;
             let _ = self.refs.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1));
         }
-        crate::telemetry::stats_flush_now();
+        self.state.flush_stats();
         Ok(())
     }
 
@@ -374,15 +382,15 @@ impl Process {
 }
 
 /// Opens the configured fabric's rail pairs.
-fn open(cfg: &'static Config, counts: &'static Counts) -> Result<Active> {
+fn open(cfg: &'static Config, state: &'static InstanceState) -> Result<Active> {
     let soft = |kind: FabricKind| -> Result<Active> {
         let pairs = discover::soft_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
-        Ok(Active::Soft(Plugin::new(kind, pairs, cfg, counts)))
+        Ok(Active::Soft(Plugin::new(kind, pairs, cfg, state)))
     };
     let verbs = || -> Result<Active> {
         let pairs = discover::verbs_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
         check_locked_memory(cfg, &pairs);
-        Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg, counts)))
+        Ok(Active::Verbs(Plugin::new(FabricKind::Verbs, pairs, cfg, state)))
     };
     match cfg.fabric {
         FabricChoice::Soft => soft(FabricKind::Soft),

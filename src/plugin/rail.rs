@@ -30,7 +30,7 @@ use super::context::Context;
 use super::inbox::Inbox;
 use super::mr::CONTROL_ACCESS;
 use super::nic_pair::NicPair;
-use super::nic_queues::{NicQueues, QpSpec, new_owner};
+use super::nic_queues::{NicQueues, QpSpec};
 use super::resources::{Held, Res};
 use crate::engine::CTS_SIGNAL_EVERY;
 use crate::engine::failover::CTL_MAX_UNACKED;
@@ -195,10 +195,10 @@ pub(super) fn build_rail<D: Device>(
     let flush_qp = if plan.flush == FlushQp::With { qps.pop() } else { None };
     let first_qp = qps.first().map_or(0, |q| q.qp_num());
     let held = vec![
-        ctx.counts.hold(Res::Qps, specs.len() as u64),
-        ctx.counts.hold(Res::QpSendWrs, sq),
-        ctx.counts.hold(Res::ControlBytes, region.len() as u64),
-        ctx.counts.hold(Res::InboxEntries, inbox.capacity() as u64),
+        ctx.state.counts.hold(Res::Qps, specs.len() as u64),
+        ctx.state.counts.hold(Res::QpSendWrs, sq),
+        ctx.state.counts.hold(Res::ControlBytes, region.len() as u64),
+        ctx.state.counts.hold(Res::InboxEntries, inbox.capacity() as u64),
     ];
     Ok(Rail {
         qps,
@@ -224,7 +224,7 @@ pub(super) fn build_rails<D: Device>(
     plan: impl Fn(usize) -> RailPlan,
     region: &HostRegion,
 ) -> Result<[Rail<D>; RAILS]> {
-    let owner = new_owner();
+    let owner = ctx.state.new_owner();
     let r0 = build_rail(ctx, &pair.rails[0], 0, owner, plan(0), region)?;
     let r1 = build_rail(ctx, &pair.rails[1], 1, owner, plan(1), region)?;
     Ok([r0, r1])

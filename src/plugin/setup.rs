@@ -50,7 +50,7 @@ use crate::error::{Error, Result};
 use crate::fabric::mem::HostRegion;
 use crate::fabric::{ConnectParams, Device};
 use crate::split::AnySplit;
-use crate::telemetry::{RailTelemetry, TelemetryConfig};
+use crate::telemetry::{RailTelemetry, Registry, TelemetryConfig};
 
 /// What the fabric is, written into handles and Hello so mismatched peers fail clearly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,10 +215,17 @@ pub fn silent_peer_bound(p: &ConnectParams) -> Duration {
     keepalive + crate::fabric::soft::silent_peer_bound(p)
 }
 
-pub(super) fn telemetry<D: Device>(pair: &NicPair<D>, p: &Params, rails: &[Rail<D>; RAILS]) -> [RailTelemetry; RAILS] {
+/// Both rails' telemetry of a new connection, its statistics in `registry`.
+pub(super) fn telemetry<D: Device>(
+    pair: &NicPair<D>,
+    p: &Params,
+    registry: &'static Registry,
+    rails: &[Rail<D>; RAILS],
+) -> [RailTelemetry; RAILS] {
     let [sout, sup] = stats_places(rails);
     let t = |i: usize, place| {
-        RailTelemetry::registered(TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps), i, place)
+        let cfg = TelemetryConfig::from_config(p.cfg, pair.rails[i].attrs().speed_mbps);
+        RailTelemetry::registered(cfg, registry, i, place)
     };
     [t(0, sout), t(1, sup)]
 }
@@ -243,8 +250,9 @@ pub struct Connecting<D: Device> {
     comm_id: u64,
     /// The context's profiler, when NCCL gave one (`profile.rs`).
     profiler: Option<super::profile::Sink>,
-    /// The plugin instance's resource counts (the comm holds one of them).
-    counts: &'static super::resources::Counts,
+    /// What its plugin instance shares (the comm holds an amount of its counts; its
+    /// telemetry is in its registry).
+    state: &'static super::instance_state::InstanceState,
 }
 
 impl<D: Device> Connecting<D> {
@@ -254,7 +262,7 @@ impl<D: Device> Connecting<D> {
         // Hello goes out at once below. The acceptor drops a connection that says nothing
         // for HELLO_WITHIN, and NCCL calls `connect` for its other comms in between (each
         // making its own QPs): a Hello left for the next call could miss that deadline.
-        let mut conn = OobConn::connect(addr)?;
+        let mut conn = OobConn::connect(addr, &ctx.state.inproc)?;
         let region = HostRegion::new(SEND_REGION_BYTES)?;
         let rails = build_rails(ctx, &pair, |r| send_plan(p.qps[r], p.pieces[r], p.cfg.failover), &region)?;
         let (_, rkeys) = region_keys(&rails);
@@ -280,7 +288,7 @@ impl<D: Device> Connecting<D> {
             reply: None,
             comm_id: ctx.comm_id,
             profiler: ctx.profiler(),
-            counts: ctx.counts,
+            state: ctx.state,
         })
     }
 
@@ -381,7 +389,12 @@ impl<D: Device> Connecting<D> {
             },
         };
         let split = AnySplit::from_config(self.p.cfg);
-        let mut engine = SendEngine::new(cfg, split, telemetry(&self.pair, &self.p, &rails), super::comm::now_ns());
+        let mut engine = SendEngine::new(
+            cfg,
+            split,
+            telemetry(&self.pair, &self.p, &self.state.stats, &rails),
+            super::comm::now_ns(),
+        );
         let place = ConnPlace::new("send", self.comm_id, &rails);
         engine.set_place(PlaceRef::new(place.clone()));
         engine.set_hang_report_ns(self.p.cfg.hang_report_ms * 1_000_000);
@@ -389,7 +402,7 @@ impl<D: Device> Connecting<D> {
             self.pair.props.name.to_string_lossy(), self.p.qps[0], self.p.qps[1]);
         // The TCP soft NIC answers its peer only when polled: poll idle rails' CQs too.
         let fo = FoSide::new(self.p.cfg, &rails, place, self.conn.take());
-        let mut comm = SendComm::new(rails, engine, self.pair.clone(), region, fo, self.counts);
+        let mut comm = SendComm::new(rails, engine, self.pair.clone(), region, fo, &self.state.counts);
         comm.set_profiler(self.profiler.take(), self.pair.props.dev);
         Ok(comm)
     }

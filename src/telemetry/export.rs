@@ -1,6 +1,6 @@
 //! The statistics file (`MPIB_STATS_FILE`, `%p` = pid): `<group>_<key>: <value>` lines,
 //! rewritten every `MPIB_STATS_INTERVAL_MS` by a background thread and at close/finalize
-//! ([`stats_flush_now`]). Each write goes to a temporary file in the same directory and
+//! ([`StatsExport::flush_now`]). Each write goes to a temporary file in the same directory and
 //! is renamed over the old one, so a reader sees the previous file or the new one, never
 //! a partial one. The thread exists only when the file is configured, and sleeps in the
 //! kernel between writes; the data path never touches the file. The Prometheus textfile
@@ -9,16 +9,16 @@
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use super::prom::format_prometheus;
-use super::registry::{PeerTotals, RailTotals, StatsView};
+use super::registry::{PeerTotals, RailTotals, Registry, StatsView};
 use crate::config::Config;
-use crate::error::{Error, Result};
+use crate::error::Error;
 
 /// The lines of one group of figures, each key after `prefix`.
 fn totals_lines(s: &mut String, prefix: &str, t: &RailTotals) {
@@ -271,14 +271,13 @@ impl Drop for StatsWriter {
     }
 }
 
-/// The process's writers, once started (`None`: that file is not configured).
+/// A plugin instance's writers (`None`: that file is not configured), each rendering the
+/// instance's registry.
 #[derive(Default)]
-struct ProcessWriters {
+pub struct StatsExport {
     stats: Option<StatsWriter>,
     prom: Option<StatsWriter>,
 }
-
-static PROCESS_WRITERS: OnceLock<ProcessWriters> = OnceLock::new();
 
 /// Starts the writer of `template` (`%p` = pid), rendering with `render`; `what` names the
 /// file in messages.
@@ -286,7 +285,7 @@ fn start_writer(
     what: &str,
     template: &str,
     interval_ms: u64,
-    render: fn() -> String,
+    render: impl Fn() -> String + Send + Sync + 'static,
     failed: &mut Option<Error>,
 ) -> Option<StatsWriter> {
     let path = expand_path(template, std::process::id());
@@ -304,30 +303,36 @@ fn start_writer(
     }
 }
 
-/// Starts the process's statistics writers: the statistics file if `MPIB_STATS_FILE` is
-/// set, the Prometheus textfile if `MPIB_PROM_FILE` is; otherwise does nothing.
-/// Idempotent: the first call decides. Call it from `init`.
-pub fn start_stats_export(cfg: &Config) -> Result<()> {
-    let mut failed = None;
-    PROCESS_WRITERS.get_or_init(|| {
+impl StatsExport {
+    /// Starts the writers of `registry`'s figures: the statistics file if `MPIB_STATS_FILE`
+    /// is set, the Prometheus textfile if `MPIB_PROM_FILE` is; otherwise none. The error
+    /// says which file cannot be written (its writer is not started; the other may be).
+    /// Called from `init`, once per plugin instance.
+    pub fn start(cfg: &Config, registry: &'static Registry) -> (StatsExport, Option<Error>) {
+        let mut failed = None;
         let ms = cfg.stats_interval_ms;
         let stats = cfg.stats_file.as_deref().and_then(|t| {
-            start_writer("statistics file", t, ms, || format_stats(&StatsView::of_process()), &mut failed)
+            let render = move || format_stats(&StatsView::of(registry));
+            start_writer("statistics file", t, ms, render, &mut failed)
         });
         let prom = cfg.prom_file.as_deref().and_then(|t| {
-            start_writer("Prometheus textfile", t, ms, || format_prometheus(&StatsView::of_process()), &mut failed)
+            let render = move || format_prometheus(&StatsView::of(registry));
+            start_writer("Prometheus textfile", t, ms, render, &mut failed)
         });
-        ProcessWriters { stats, prom }
-    });
-    failed.map_or(Ok(()), Err)
-}
+        (StatsExport { stats, prom }, failed)
+    }
 
-/// Writes the statistics files now (connection close, finalize), those configured.
-pub fn stats_flush_now() {
-    if let Some(w) = PROCESS_WRITERS.get() {
-        for w in [&w.stats, &w.prom].into_iter().flatten() {
+    /// Writes the statistics files now (connection close, finalize), those configured.
+    pub fn flush_now(&self) {
+        for w in [&self.stats, &self.prom].into_iter().flatten() {
             let _ = w.flush_now();
         }
+    }
+
+    /// Whether any file is written.
+    #[cfg(test)]
+    pub fn is_active(&self) -> bool {
+        self.stats.is_some() || self.prom.is_some()
     }
 }
 

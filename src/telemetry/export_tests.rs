@@ -145,7 +145,7 @@ fn an_unwritable_path_names_the_real_cause() {
     std::fs::remove_dir_all(&d).unwrap();
 }
 
-/// `start_stats_export`'s first write happens at once, so `init` can say what is wrong with
+/// `StatsExport::start`'s first write happens at once, so `init` can say what is wrong with
 /// the path (its caller logs the error as a WARN).
 #[test]
 fn the_first_write_happens_at_start() {
@@ -245,7 +245,28 @@ fn the_writer_sleeps_between_writes_and_stops_when_dropped() {
 fn without_a_file_nothing_starts() {
     // The default configuration has no statistics file and no Prometheus file: no thread,
     // flush is a no-op.
-    start_stats_export(&Config::default()).unwrap();
-    stats_flush_now();
-    assert!(matches!(PROCESS_WRITERS.get(), Some(ProcessWriters { stats: None, prom: None })));
+    let (export, failed) = StatsExport::start(&Config::default(), Box::leak(Box::default()));
+    assert!(failed.is_none());
+    export.flush_now();
+    assert!(!export.is_active());
+}
+
+#[test]
+fn each_export_writes_its_own_registrys_figures() {
+    let d = tmpdir("own");
+    let (a, b): (&'static Registry, &'static Registry) = (Box::leak(Box::default()), Box::leak(Box::default()));
+    let cfg = |name: &str| Config { stats_file: Some(d.join(name).display().to_string()), ..Config::default() };
+    let (ea, failed) = StatsExport::start(&cfg("a.txt"), a);
+    assert!(failed.is_none() && ea.is_active());
+    let (eb, failed) = StatsExport::start(&cfg("b.txt"), b);
+    assert!(failed.is_none());
+    let h = a.register(0);
+    h.count_post(1, 1, 4096, 4096);
+    ea.flush_now();
+    eb.flush_now();
+    let bytes = |name: &str| parse(&std::fs::read_to_string(d.join(name)).unwrap())["rail0_bytes"].clone();
+    assert_eq!(bytes("a.txt"), "4096");
+    assert_eq!(bytes("b.txt"), "0", "the other instance's registry saw nothing");
+    drop((ea, eb, h));
+    std::fs::remove_dir_all(&d).unwrap();
 }

@@ -8,12 +8,13 @@
 //! `rtt` (SRTT/RTTVAR), `window_min` (base latency), `rate` (delivery rate), `histogram`
 //! (latency percentiles), `counter` + `stats` (single-writer published figures), `budget`
 //! (the idle-probe budget a NIC's connections share), `registry` (process-wide totals),
-//! `export` (the statistics file), `inflight` (the chains on the wire).
+//! `export` (the statistics file), `inflight` (the chains on the wire). The registry and
+//! the writers belong to a plugin instance, which passes them down: nothing here is a static.
 //!
 //! How the engine drives it, per rail of each connection (one clock read per batch):
 //!
 //! ```text
-//! connect:   tel[r] = RailTelemetry::registered(TelemetryConfig::from_config(cfg, speed_mbps), r, place)
+//! connect:   tel[r] = RailTelemetry::registered(TelemetryConfig::from_config(cfg, speed_mbps), registry, r, place)
 //!            policy = AnySplit::from_config(cfg)
 //! isend:     sout = policy.sout_bytes(size, now, [tel[0].view(), tel[1].view()])
 //!            mask = split::active_mask(size, sout)      // then per rail r of the mask:
@@ -27,9 +28,9 @@
 //!                if nic_budget[r].take(now) {       // ProbeBudget: MPIB_PROBE_RATE per NIC
 //!                    post a small signalled RDMA WRITE without IMM; tel[r].on_probe_post(now)
 //!                } else { tel[r].on_probe_refused(now, interval) } }
-//! receiver:  stats = StatsHandle::register_at(r, place); stats.count_cqes(n); stats.count_rnr(n)
-//! close:     drop the telemetry / handles (figures fold into the totals); stats_flush_now()
-//! init:      start_stats_export(cfg)    finalize: stats_flush_now()
+//! receiver:  stats = registry.register_at(r, place); stats.count_cqes(n); stats.count_rnr(n)
+//! close:     drop the telemetry / handles (figures fold into the totals); export.flush_now()
+//! init:      export = StatsExport::start(cfg, registry)    finalize: export.flush_now()
 //! ```
 
 mod budget;
@@ -46,13 +47,10 @@ mod window_min;
 
 pub use budget::ProbeBudget;
 pub use counter::Counter;
-pub use export::{format_stats, start_stats_export, stats_flush_now, write_atomic};
+pub use export::{StatsExport, format_stats, write_atomic};
 pub use histogram::{LatencyHistogram, LatencySummary};
 pub use prom::format_prometheus;
-pub use registry::{
-    NicTotals, PeerTotals, RailTotals, StatsHandle, StatsView, WORST_PEERS, WorstPeers, process_nic_totals,
-    process_totals, process_worst_peers,
-};
+pub use registry::{NicTotals, PeerTotals, RailTotals, Registry, StatsHandle, StatsView, WORST_PEERS, WorstPeers};
 pub use stats::{RailCounters, RailCounts, RailGauges, RailStats, StatsPlace};
 
 use crate::config::Config;
@@ -246,10 +244,10 @@ impl RailTelemetry {
     }
 
     /// Telemetry of rail `rail` (0 = SOUT, 1 = SUP) of a new connection, its statistics
-    /// in the process registry (statistics file, `process_totals`) until it drops, under
-    /// its NIC and peer (`place`) in the per-NIC and per-peer views.
-    pub fn registered(cfg: TelemetryConfig, rail: usize, place: StatsPlace) -> Self {
-        Self::with_stats(cfg, StatsHandle::register_at(rail, place))
+    /// in `registry` (its plugin instance's: statistics file, `mpib_rail_stats`) until it
+    /// drops, under its NIC and peer (`place`) in the per-NIC and per-peer views.
+    pub fn registered(cfg: TelemetryConfig, registry: &'static Registry, rail: usize, place: StatsPlace) -> Self {
+        Self::with_stats(cfg, registry.register_at(rail, place))
     }
 
     pub fn with_stats(cfg: TelemetryConfig, stats: StatsHandle) -> Self {

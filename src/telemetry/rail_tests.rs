@@ -291,10 +291,12 @@ fn drain_follows_the_chain_on_the_wire_and_distrusts_a_silent_rail() {
 }
 
 #[test]
-fn registered_telemetry_is_in_the_process_totals_until_and_after_it_closes() {
-    let before = process_totals()[1];
+fn registered_telemetry_is_in_its_registrys_totals_until_and_after_it_closes() {
+    let registry: &'static Registry = Box::leak(Box::default());
+    let before = registry.totals()[1];
     let mut t = RailTelemetry::registered(
         TelemetryConfig::from_config(&crate::config::Config::default(), 100_000),
+        registry,
         1,
         StatsPlace::default(),
     );
@@ -302,13 +304,13 @@ fn registered_telemetry_is_in_the_process_totals_until_and_after_it_closes() {
     t.stats().count_post(2, 1, 8192, 16384);
     t.on_complete(Sample { posted_ns: 0, completed_ns: 7_000, bytes: 8192 });
     t.stats().count_cqes(1);
-    let live = process_totals()[1];
+    let live = registry.totals()[1];
     assert!(live.live > before.live);
     assert!(live.counts.bytes >= before.counts.bytes + 8192);
     assert!(live.latency.samples > before.latency.samples);
     assert!(live.srtt_ns > 0 && live.bw_bytes_per_s > 0);
     drop(t);
-    let after = process_totals()[1];
+    let after = registry.totals()[1];
     assert!(after.counts.bytes >= live.counts.bytes && after.counts.cqe > before.counts.cqe);
     assert!(after.latency.samples >= live.latency.samples, "closed connections stay in the totals");
 }

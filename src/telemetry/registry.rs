@@ -1,14 +1,15 @@
-//! The process-wide registry of rail statistics: every live connection's [`RailStats`],
-//! plus what closed connections left behind, so figures are summed over the whole run.
+//! A registry of rail statistics: every live connection's [`RailStats`], plus what closed
+//! connections left behind, so figures are summed over the whole run. Each plugin instance
+//! owns one (`plugin::InstanceState`); the process's is reached from the ABI edge.
 //!
 //! Its lock is taken only on the control path (a connection registering or closing, the
 //! statistics writer, the query function); the data path writes its own `RailStats`
 //! through its handle without it. A closing connection removes its block and folds it
 //! into the closed totals under one lock, so a reader sees its counts exactly once.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ops::Deref;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -136,13 +137,13 @@ impl Closed {
 
 type PeerKey = (Arc<str>, Arc<str>, usize);
 
-#[derive(Default)]
 struct Inner {
     live: Vec<Arc<RailStats>>,
     /// By NIC and rail.
     closed: BTreeMap<(Arc<str>, usize), Closed>,
-    /// By peer, NIC and rail: counters only.
-    closed_peers: HashMap<PeerKey, RailCounts>,
+    /// By peer, NIC and rail: counters only (a map made in a `const fn`, so that the
+    /// instance holding the registry can be a static at the ABI edge).
+    closed_peers: BTreeMap<PeerKey, RailCounts>,
     retired: u64,
 }
 
@@ -174,13 +175,23 @@ fn set_shares(mut rows: Vec<&mut RailTotals>) {
     }
 }
 
-/// A set of rail statistics; the process has one ([`global`]).
-#[derive(Default)]
+/// A set of rail statistics; each plugin instance has one.
 pub struct Registry {
     inner: Mutex<Inner>,
 }
 
+impl Default for Registry {
+    fn default() -> Self {
+        Registry::new()
+    }
+}
+
 impl Registry {
+    pub const fn new() -> Registry {
+        let inner = Inner { live: Vec::new(), closed: BTreeMap::new(), closed_peers: BTreeMap::new(), retired: 0 };
+        Registry { inner: Mutex::new(inner) }
+    }
+
     /// A new block for rail `rail` of a new connection, live until the handle drops.
     pub fn register(&'static self, rail: usize) -> StatsHandle {
         self.register_at(rail, StatsPlace::default())
@@ -284,12 +295,6 @@ pub fn worst_peers(peers: Vec<PeerTotals>, n: usize) -> WorstPeers {
     WorstPeers { by_latency, by_errors }
 }
 
-/// The process's registry.
-pub fn global() -> &'static Registry {
-    static GLOBAL: LazyLock<Registry> = LazyLock::new(Registry::default);
-    &GLOBAL
-}
-
 /// What the statistics file and the Prometheus textfile show: the per-rail totals, the
 /// per-NIC rows and the worst peers.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -300,26 +305,10 @@ pub struct StatsView {
 }
 
 impl StatsView {
-    /// The process's view now.
-    pub fn of_process() -> StatsView {
-        StatsView { rails: process_totals(), nics: process_nic_totals(), worst: process_worst_peers(WORST_PEERS) }
+    /// `registry`'s view now.
+    pub fn of(registry: &Registry) -> StatsView {
+        StatsView { rails: registry.totals(), nics: registry.nic_totals(), worst: registry.worst_peers(WORST_PEERS) }
     }
-}
-
-/// Both rails' figures for the whole process, summed over the run (live connections and
-/// everything closed ones left behind): what the `mpib_*` query function returns.
-pub fn process_totals() -> [RailTotals; 2] {
-    global().totals()
-}
-
-/// The process's per-NIC view ([`Registry::nic_totals`]).
-pub fn process_nic_totals() -> Vec<NicTotals> {
-    global().nic_totals()
-}
-
-/// The process's worst peers ([`Registry::worst_peers`]).
-pub fn process_worst_peers(n: usize) -> WorstPeers {
-    global().worst_peers(n)
 }
 
 /// One connection's statistics block for one rail. Its owner (the connection's data path)
@@ -332,16 +321,6 @@ pub struct StatsHandle {
 }
 
 impl StatsHandle {
-    /// Statistics of rail `rail` of a new connection in the process registry.
-    pub fn register(rail: usize) -> StatsHandle {
-        global().register(rail)
-    }
-
-    /// Statistics of rail `rail` of a new connection running at `place`.
-    pub fn register_at(rail: usize, place: StatsPlace) -> StatsHandle {
-        global().register_at(rail, place)
-    }
-
     /// Statistics kept but published nowhere (tests, tools).
     pub fn detached(rail: usize) -> StatsHandle {
         StatsHandle { stats: Arc::new(RailStats::new(rail)), registry: None }
