@@ -2,7 +2,6 @@
 //! The only way the layers above touch memory a peer writes into: word loads with the
 //! ordering the protocol needs, and stores of the local sources of small writes.
 
-use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
@@ -22,16 +21,30 @@ unsafe impl Send for HostRegion {}
 unsafe impl Sync for HostRegion {}
 
 impl HostRegion {
-    /// `len` bytes (rounded up to whole pages), zeroed.
+    /// `len` bytes (rounded up to whole pages), zeroed. Mapped from the kernel, not the
+    /// heap: a page nobody wrote yet (a control ring of a connection that never failed
+    /// over) takes no memory, and no heap data shares a registered page.
     pub fn new(len: usize) -> Result<Self> {
         let len = len.max(8).div_ceil(PAGE) * PAGE;
-        let layout = Layout::from_size_align(len, PAGE).map_err(|e| Error::internal(format!("region layout: {e}")))?;
-        // SAFETY: the layout has a non-zero size.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::system(format!("cannot allocate a {len}-byte registered region")));
+        // SAFETY: an anonymous private mapping at an address the kernel picks; no other
+        // memory is touched. The result is checked before use.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(Error::system(format!(
+                "cannot map a {len}-byte registered region: {}",
+                std::io::Error::last_os_error()
+            )));
         }
-        Ok(HostRegion { ptr, len })
+        Ok(HostRegion { ptr: ptr.cast(), len })
     }
 
     pub fn addr(&self) -> u64 {
@@ -106,8 +119,9 @@ impl HostRegion {
 
 impl Drop for HostRegion {
     fn drop(&mut self) {
-        // SAFETY: allocated in `new` with exactly this layout.
-        unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.len, PAGE)) }
+        // SAFETY: mapped in `new` with exactly this length; nothing refers to it any more
+        // (the region is dropped after its registrations).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
 }
 

@@ -3,8 +3,12 @@
 //! buckets, so a bucket is at most 1/64 of its lower bound wide and its midpoint is within
 //! 1/128 (0.8 %) of any value in it. Up to 2^40 ns (18 minutes); longer values land in the
 //! last bucket. Recording is a bucket index (one `leading_zeros`) and four single-writer
-//! counter updates: no allocation, no lock. Histograms add bucket by bucket, so live and
-//! closed connections fold into one process-wide picture.
+//! counter updates: no lock, and an allocation only for a power of two's first value (its
+//! 64 buckets come into being then: a rail's latencies span a few powers of two, so a live
+//! histogram holds a few hundred bytes of its 17.5 KiB range). Histograms add bucket by
+//! bucket, so live and closed connections fold into one process-wide picture.
+
+use std::sync::OnceLock;
 
 use super::counter::Counter;
 
@@ -16,20 +20,22 @@ const SUB_BITS: u32 = 6;
 const MAX_EXP: u32 = 40;
 /// Number of buckets.
 pub const BUCKETS: usize = LINEAR as usize + ((MAX_EXP - 7) << SUB_BITS) as usize;
+/// Buckets per group, the unit a live histogram allocates: a power of two's buckets (the
+/// linear ones make two groups).
+const GROUP: usize = 1 << SUB_BITS;
+/// Number of groups.
+const GROUPS: usize = BUCKETS / GROUP;
+// `bucket_of` takes the linear range for two groups (its index is HdrHistogram's).
+const _: () = assert!(LINEAR == 2 << SUB_BITS && BUCKETS.is_multiple_of(GROUP));
 
-/// The bucket holding `v`.
+/// The bucket holding `v`, without a branch (HdrHistogram's index): `b` is 0 below
+/// [`LINEAR`], else how far the value's top 7 bits lie above bit 0 (`v >> b` is then in
+/// 64..128, the upper half of the linear range); values of 2^MAX_EXP and more clamp to the
+/// last bucket.
 #[inline]
 fn bucket_of(v: u64) -> usize {
-    if v < LINEAR {
-        return v as usize;
-    }
-    let e = 63 - v.leading_zeros(); // 2^e <= v < 2^(e+1), e >= 7
-    if e >= MAX_EXP {
-        return BUCKETS - 1;
-    }
-    let shift = e - SUB_BITS;
-    let sub = (v >> shift) - (1 << SUB_BITS); // 0..64
-    LINEAR as usize + (((e - 7) << SUB_BITS) as usize) + sub as usize
+    let b = 63 - SUB_BITS - (v | (LINEAR - 1)).leading_zeros();
+    (((b as usize) << SUB_BITS) + (v >> b) as usize).min(BUCKETS - 1)
 }
 
 /// The values `[lo, hi)` that land in bucket `i`.
@@ -46,10 +52,11 @@ fn bucket_range(i: usize) -> (u64, u64) {
 }
 
 /// The live histogram of one rail of one connection: written by its data path only
-/// ([`Counter`]'s single-writer rule), read by anyone.
+/// ([`Counter`]'s single-writer rule), read by anyone. A group of buckets exists once a
+/// value landed in it (none: all its counts are 0).
 #[derive(Debug)]
 pub struct LatencyHistogram {
-    buckets: Box<[Counter]>,
+    groups: [OnceLock<Box<[Counter; GROUP]>>; GROUPS],
     sum: Counter,
     min: Counter,
     max: Counter,
@@ -58,7 +65,7 @@ pub struct LatencyHistogram {
 impl Default for LatencyHistogram {
     fn default() -> Self {
         LatencyHistogram {
-            buckets: (0..BUCKETS).map(|_| Counter::default()).collect(),
+            groups: std::array::from_fn(|_| OnceLock::new()),
             sum: Counter::default(),
             min: Counter::new(u64::MAX),
             max: Counter::default(),
@@ -70,7 +77,28 @@ impl LatencyHistogram {
     /// Records one latency (single writer).
     #[inline]
     pub fn record(&self, ns: u64) {
-        self.buckets[bucket_of(ns)].add(1);
+        let i = bucket_of(ns);
+        // The slow path starts over from `ns`, so that nothing else is kept across the
+        // branch (registers the data path around this needs).
+        let Some(group) = self.groups[i / GROUP].get() else { return self.record_first_in_group(ns) };
+        group[i % GROUP].add(1);
+        self.record_rest(ns);
+    }
+
+    /// [`Self::record`] of a value whose group does not exist yet: allocates it (a group's
+    /// first value only, out of line).
+    #[cold]
+    #[inline(never)]
+    fn record_first_in_group(&self, ns: u64) {
+        let i = bucket_of(ns);
+        let group = self.groups[i / GROUP].get_or_init(|| Box::new(std::array::from_fn(|_| Counter::default())));
+        group[i % GROUP].add(1);
+        self.record_rest(ns);
+    }
+
+    /// The sum, minimum and maximum of a value recorded.
+    #[inline(always)]
+    fn record_rest(&self, ns: u64) {
         self.sum.add(ns);
         if ns < self.min.get() {
             self.min.set(ns);
@@ -111,8 +139,11 @@ pub struct LatencySummary {
 impl HistogramSnapshot {
     /// Adds a live histogram's current counts.
     pub fn add_live(&mut self, h: &LatencyHistogram) {
-        for (into, from) in self.buckets.iter_mut().zip(h.buckets.iter()) {
-            *into += from.get();
+        for (into, group) in self.buckets.chunks_exact_mut(GROUP).zip(&h.groups) {
+            let Some(from) = group.get() else { continue };
+            for (into, from) in into.iter_mut().zip(from.iter()) {
+                *into += from.get();
+            }
         }
         self.sum += h.sum.get();
         self.min = self.min.min(h.min.get());
@@ -262,5 +293,21 @@ mod tests {
         assert_eq!(HistogramSnapshot::default().quantile(0.5), None);
         let s = snapshot(&[u64::MAX / 2]);
         assert_eq!(s.summary().p99_ns, u64::MAX / 2, "clamped to the exact maximum");
+    }
+
+    #[test]
+    fn a_live_histogram_holds_only_the_groups_it_recorded_into() {
+        let h = LatencyHistogram::default();
+        assert!(h.groups.iter().all(|g| g.get().is_none()), "a new histogram holds no buckets");
+        for v in [5, 3_000, 3_100, 1 << 30, 3_000] {
+            h.record(v);
+        }
+        let held: Vec<usize> = (0..GROUPS).filter(|&g| h.groups[g].get().is_some()).collect();
+        assert_eq!(held, [0, bucket_of(3_000) / GROUP, bucket_of(1 << 30) / GROUP]);
+        let mut s = HistogramSnapshot::default();
+        s.add_live(&h);
+        assert_eq!((s.buckets[5], s.buckets[bucket_of(3_000)], s.buckets[bucket_of(3_100)]), (1, 2, 1));
+        assert_eq!(s.buckets[bucket_of(1 << 30)], 1);
+        assert_eq!(s.samples(), 5);
     }
 }

@@ -4,12 +4,15 @@
 //! message on each, and each rank reports what it holds with its comms open: set-up time
 //! per comm, registered control memory, CQs and their entries, SRQs and their WQEs, QPs and
 //! their send-queue depth (`mpib_resource_stats`), and the process's file descriptors,
-//! threads and resident memory. A benchmark, not a test: it prints figures.
+//! threads and resident memory. `KiB/comm`: resident memory grown over the set-up, per
+//! comm; `used`: the same once each comm carried its messages (pages first written by
+//! traffic count there). A benchmark, not a test: it prints figures.
 //!
 //! ```text
-//! cargo run --release -p mpib-tools --example many_comms -- [N ...] [--bidir]
+//! cargo run --release -p mpib-tools --example many_comms -- [N ...] [--bidir] [--msgs=M]
 //! ```
 //! `--bidir`: each rank holds N/2 send and N/2 receive comms (an NCCL rank's mix).
+//! `--msgs=M`: each comm carries M messages (1 unless given) before `used` is taken.
 //! The fabric is the soft fabric on loopback unless `MANY_COMMS_ENV` says otherwise, e.g.
 //! `MANY_COMMS_ENV="MPIB_FABRIC=verbs MPIB_HCA_SOUT=rxe0 MPIB_HCA_SUP=rxe1"`.
 
@@ -35,7 +38,7 @@ fn row(n: u32, bidir: bool, rep: &RankReport) -> String {
     let r = o.res.unwrap_or_default();
     let per = |x: u64| x as f64 / comms.max(1) as f64;
     format!(
-        "{n:>6} {:>4} {side:>5} {:>10.2} {:>10.1} {:>5} {:>10} {:>5} {:>9} {:>6} {:>9} {:>6} {:>7} {:>8.1} {:>9.1}",
+        "{n:>6} {:>4} {side:>5} {:>10.2} {:>10.1} {:>5} {:>10} {:>5} {:>9} {:>6} {:>9} {:>6} {:>7} {:>8.1} {:>9.1} {:>6.1}",
         rep.rank,
         round.setup_ns as f64 / 1e6 / comms.max(1) as f64,
         r.control_bytes as f64 / 1024.0,
@@ -49,6 +52,7 @@ fn row(n: u32, bidir: bool, rep: &RankReport) -> String {
         o.threads,
         o.rss_kib as f64 / 1024.0,
         per(o.rss_kib.saturating_sub(rep.base.rss_kib)),
+        per(round.used.rss_kib.saturating_sub(rep.base.rss_kib)),
     )
 }
 
@@ -57,15 +61,24 @@ fn main() -> ExitCode {
     child_main();
     let mut counts = Vec::new();
     let mut bidir = false;
+    let mut msgs = 1;
     for a in std::env::args().skip(1) {
+        let usage = || {
+            eprintln!("usage: many_comms [N ...] [--bidir] [--msgs=M]");
+            ExitCode::from(2)
+        };
+        if let Some(m) = a.strip_prefix("--msgs=") {
+            match m.parse::<u64>() {
+                Ok(m) if m > 0 => msgs = m,
+                _ => return usage(),
+            }
+            continue;
+        }
         match a.as_str() {
             "--bidir" => bidir = true,
             _ => match a.parse::<u32>() {
                 Ok(n) if n > 0 => counts.push(n),
-                _ => {
-                    eprintln!("usage: many_comms [N ...] [--bidir]");
-                    return ExitCode::from(2);
-                }
+                _ => return usage(),
             },
         }
     }
@@ -82,7 +95,7 @@ fn main() -> ExitCode {
     };
     println!("# many_comms: {plugin}; {}", env.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "));
     println!(
-        "# {:>4} {:>4} {:>5} {:>10} {:>10} {:>5} {:>10} {:>5} {:>9} {:>6} {:>9} {:>6} {:>7} {:>8} {:>9}",
+        "# {:>4} {:>4} {:>5} {:>10} {:>10} {:>5} {:>10} {:>5} {:>9} {:>6} {:>9} {:>6} {:>7} {:>8} {:>9} {:>6}",
         "comms",
         "rank",
         "side",
@@ -97,12 +110,13 @@ fn main() -> ExitCode {
         "fds",
         "threads",
         "RSS MiB",
-        "KiB/comm"
+        "KiB/comm",
+        "used"
     );
     let mut failed = false;
     for &n in &counts {
         let per_dir = if bidir { (n / 2).max(1) } else { n };
-        let phase = Phase { sizes: vec![8], count: 1, nrecv: 1, inflight: 1, ..Phase::default() };
+        let phase = Phase { sizes: vec![8], count: msgs, nrecv: 1, inflight: 1, ..Phase::default() };
         let w = Workload { comms: per_dir, bidir, stall_ms: 300_000, phases: vec![phase], ..Workload::default() };
         let spec = PairSpec {
             plugin: plugin.clone(),

@@ -197,17 +197,13 @@ pub enum Event {
 
 /// What an engine's `handle_timeout` hands the plugin: chains to post in order (probes,
 /// keepalives, control writes, replays, CTS re-posts) and actions to perform on the fabric,
-/// each answered with an [`Event`]. Built once with room for a full window; reused.
-#[derive(Debug)]
+/// each answered with an [`Event`]. Reused: it grows to the most one round produced (a few
+/// probes while the rails work, up to a window of replays in an outage), not to the most
+/// a round could produce (24 KiB a comm).
+#[derive(Debug, Default)]
 pub struct Output {
     pub chains: Vec<Chain>,
     pub actions: Vec<Action>,
-}
-
-impl Default for Output {
-    fn default() -> Self {
-        Output { chains: Vec::with_capacity(SLOTS + 8), actions: Vec::with_capacity(4) }
-    }
 }
 
 impl Output {
