@@ -121,6 +121,7 @@ mod logs;
 #[cfg(all(test, loom))]
 mod loom_models;
 mod mr;
+mod placement;
 mod port;
 mod progress;
 mod qp;

@@ -27,7 +27,8 @@ use super::frame::{Frame, NakCode, SEGMENT};
 use super::link::{Dest, Placed, Recv};
 use super::qp_send::{Ctl, QpTx};
 use super::requester::Requester;
-use super::responder::{Responder, Verdict, final_word_last, store_final_word};
+use super::placement::{final_word_last, store_final_word};
+use super::responder::{Responder, Verdict};
 use crate::fabric::{Access, Completion, MAX_SGE, WcOpcode, WcStatus};
 
 /// The transfer whose payload is arriving (a WRITE, or a READ's response).
