@@ -32,8 +32,8 @@
 use super::fault::Fault;
 use super::frame::MAX_MSG;
 use super::mr::{MrTable, Pinned};
-use super::requester::Requester;
 use super::placement::Target;
+use super::requester::Requester;
 use super::responder::Responder;
 use super::transport::DirectEnd;
 use crate::fabric::{Access, Completion, MAX_SGE, SendWr, WcOpcode, WcStatus, WrOpcode};

@@ -204,7 +204,7 @@ pub enum Phase {
 }
 
 /// A link (see the module documentation).
-pub struct Link<S: Station> {
+pub struct Link<S> {
     pub key: LinkKey,
     /// The remote device's listener.
     pub remote_addr: std::net::SocketAddr,

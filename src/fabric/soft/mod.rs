@@ -106,12 +106,13 @@
 mod addr;
 mod clock;
 mod conn;
+mod conn_inproc;
+mod conn_tcp;
 mod cq;
 mod device;
 mod direct;
 mod endpoint;
 mod fault;
-mod fence;
 pub mod frame;
 mod helper;
 mod hook;

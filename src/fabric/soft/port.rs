@@ -59,7 +59,7 @@ pub const LINGER: Duration = Duration::from_secs(2);
 const SUPERSEDED_WAIT: Duration = Duration::from_secs(1);
 
 /// The shared part of a device (see the module documentation).
-pub struct Port<C: Station> {
+pub struct Port<C> {
     /// The device's name, for messages.
     pub name: String,
     /// This opening of the device: a random identity, the key of its peers' links to it.
@@ -74,7 +74,7 @@ pub struct Port<C: Station> {
 }
 
 /// The TCP side of a device.
-pub struct Net<C: Station> {
+pub struct Net<C> {
     /// The rail's local address, with the listener's port.
     pub local: SocketAddr,
     /// Interface to bind outgoing sockets to (`SO_BINDTODEVICE`), when the rail was named
@@ -101,7 +101,7 @@ pub struct Net<C: Station> {
     pub helper_sweeps: AtomicU64,
 }
 
-struct Acceptor<C: Station> {
+struct Acceptor<C> {
     listener: TcpListener,
     pending: VecDeque<Pending>,
     paused_until: Option<Instant>,
@@ -153,7 +153,7 @@ impl<C: Station> Net<C> {
     }
 }
 
-impl<C: Station> Port<C> {
+impl<C> Port<C> {
     pub fn new(
         name: String,
         dev_id: u64,
@@ -183,7 +183,9 @@ impl<C: Station> Port<C> {
     pub fn next_qpn(&self) -> u32 {
         self.next_qpn.fetch_add(1, Ordering::Relaxed)
     }
+}
 
+impl<C: Station> Port<C> {
     fn net(&self) -> &Net<C> {
         self.net.as_ref().expect("TCP device")
     }

@@ -25,9 +25,9 @@ use super::endpoint::Endpoint;
 use super::fault::Fault;
 use super::frame::{Frame, NakCode, SEGMENT};
 use super::link::{Dest, Placed, Recv};
+use super::placement::{final_word_last, store_final_word};
 use super::qp_send::{Ctl, QpTx};
 use super::requester::Requester;
-use super::placement::{final_word_last, store_final_word};
 use super::responder::{Responder, Verdict};
 use crate::fabric::{Access, Completion, MAX_SGE, WcOpcode, WcStatus};
 
