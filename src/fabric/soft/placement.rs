@@ -65,8 +65,14 @@ impl Target {
     /// # Safety
     /// `[src, src + len)` must be valid for reads; it may overlap the target (a loopback
     /// WRITE within one region).
-    #[inline]
+    #[inline(always)]
     pub unsafe fn place_from(&self, src: u64) {
+        let (dst, len) = (self.at, self.len);
+        if len <= ATOMIC_MAX && src.abs_diff(dst) >= len {
+            // SAFETY: the target is valid (`new`), the source too (caller); apart.
+            unsafe { store_atomic(dst, len, src as *const u8, final_word_last(dst, len)) };
+            return;
+        }
         // SAFETY: forwarded from the caller; `ptr::copy` allows overlap.
         unsafe { self.place(|from, to, dst| std::ptr::copy((src + from) as *const u8, dst, (to - from) as usize)) }
     }
@@ -77,16 +83,16 @@ impl Target {
     /// # Safety
     /// `gather` must write exactly `to - from` bytes at `dst`, and may be handed the target
     /// itself as `dst`.
-    #[inline]
+    #[inline(never)]
     pub unsafe fn place(&self, gather: impl Fn(u64, u64, *mut u8)) {
         let (dst, len) = (self.at, self.len);
         let last = final_word_last(dst, len);
         if len <= ATOMIC_MAX {
             // Every byte atomic: gathered first (the source may overlap the target), then
             // stored word by word.
-            let mut buf = [0u64; (ATOMIC_MAX / 8) as usize];
+            let mut buf = std::mem::MaybeUninit::<[u64; (ATOMIC_MAX / 8) as usize]>::uninit();
             gather(0, len, buf.as_mut_ptr().cast());
-            // SAFETY: the target is valid for `len` bytes (`new`); `buf` holds them.
+            // SAFETY: the target is valid for `len` bytes (`new`); `gather` wrote them to `buf`.
             unsafe { store_atomic(dst, len, buf.as_ptr().cast(), last) };
             return;
         }
@@ -104,36 +110,40 @@ impl Target {
     }
 }
 
-/// Stores `len` bytes from `src` at `dst` atomically: the unaligned head and tail bytes by
-/// `AtomicU8`, the aligned words by Relaxed `AtomicU64`, and (`last`) the final word last,
-/// Release.
+/// Stores `len` bytes from `src` at `dst` atomically: the bytes before the first aligned
+/// word and after the last by `AtomicU8`, the aligned words by Relaxed `AtomicU64`, and
+/// (`last`) the final word last, Release.
 ///
 /// # Safety
 /// `[dst, dst + len)` valid for writes, `[src, src + len)` for reads, not overlapping.
 #[inline(always)]
 unsafe fn store_atomic(dst: u64, len: u64, src: *const u8, last: bool) {
+    // SAFETY (the three closures): `at` and the 8 or 1 bytes from it lie in the target, and
+    // the same offsets in the source (caller); atomic stores at aligned addresses.
+    let word = |at: u64| unsafe { std::ptr::read_unaligned(src.add((at - dst) as usize).cast::<u64>()) };
+    let store = |at: u64| unsafe { AtomicU64::from_ptr(at as *mut u64).store(word(at), Ordering::Relaxed) };
+    let byte =
+        |at: u64| unsafe { AtomicU8::from_ptr(at as *mut u8).store(*src.add((at - dst) as usize), Ordering::Relaxed) };
     let end = dst + len;
-    let words = (dst.next_multiple_of(8)).min(end);
-    let words_end = (end & !7).max(words);
-    let byte = |at: u64| {
-        // SAFETY: `at` lies in both ranges (caller); a byte is always aligned.
-        unsafe { AtomicU8::from_ptr(at as *mut u8).store(*src.add((at - dst) as usize), Ordering::Relaxed) }
-    };
-    (dst..words).for_each(byte);
-    let final_at = if last { words_end - 8 } else { words_end };
-    let mut at = words;
-    while at < final_at {
-        // SAFETY: `at` is 8-aligned and `[at, at + 8)` lies in both ranges (caller).
-        unsafe {
-            let v = std::ptr::read_unaligned(src.add((at - dst) as usize).cast::<u64>());
-            AtomicU64::from_ptr(at as *mut u64).store(v, Ordering::Relaxed);
-        }
+    let mut at = dst;
+    while !at.is_multiple_of(8) && at < end {
+        byte(at);
+        at += 1;
+    }
+    // With `last`, `end` is aligned and at least 8 past `dst`: the head stops short of it.
+    let words_end = (end & !7) - ((last as u64) << 3);
+    while at < words_end {
+        store(at);
         at += 8;
     }
-    (words_end..end).for_each(byte);
     if last {
-        // SAFETY: as above; the final word ends the WRITE (`last`: `end` is 8-aligned).
-        unsafe { store_final_word(final_at, std::ptr::read_unaligned(src.add((final_at - dst) as usize).cast())) };
+        // SAFETY: `at == end - 8`, aligned, in the target.
+        unsafe { store_final_word(at, word(at)) };
+        return;
+    }
+    while at < end {
+        byte(at);
+        at += 1;
     }
 }
 
