@@ -365,11 +365,15 @@ impl<C: Station> Port<C> {
         if step_again(s.again, st.held()) {
             self.requeue(link);
         }
+        self.arm_out(st);
+    }
+
+    /// Bytes wait for room: the helper finishes sending should callers stop.
+    fn arm_out(&self, st: &mut LinkState<C>) {
         if !st.out_armed
             && st.wants_write()
             && let (Some(fd), Some(token)) = (st.fd.as_ref(), st.token)
         {
-            // Bytes wait for room: the helper finishes sending should callers stop.
             self.net().watcher.rearm(fd.as_raw_fd(), token, true);
             st.out_armed = true;
         }
@@ -426,13 +430,7 @@ impl<C: Station> Port<C> {
             }
             if st.wants_write() || st.held() {
                 self.requeue(link);
-                if !st.out_armed
-                    && st.wants_write()
-                    && let (Some(fd), Some(token)) = (st.fd.as_ref(), st.token)
-                {
-                    self.net().watcher.rearm(fd.as_raw_fd(), token, true);
-                    st.out_armed = true;
-                }
+                self.arm_out(st);
                 return;
             }
         }
