@@ -118,12 +118,18 @@ impl Target {
 /// `[dst, dst + len)` valid for writes, `[src, src + len)` for reads, not overlapping.
 #[inline(always)]
 unsafe fn store_atomic(dst: u64, len: u64, src: *const u8, last: bool) {
-    // SAFETY (the three closures): `at` and the 8 or 1 bytes from it lie in the target, and
-    // the same offsets in the source (caller); atomic stores at aligned addresses.
-    let word = |at: u64| unsafe { std::ptr::read_unaligned(src.add((at - dst) as usize).cast::<u64>()) };
-    let store = |at: u64| unsafe { AtomicU64::from_ptr(at as *mut u64).store(word(at), Ordering::Relaxed) };
-    let byte =
-        |at: u64| unsafe { AtomicU8::from_ptr(at as *mut u8).store(*src.add((at - dst) as usize), Ordering::Relaxed) };
+    let word = |at: u64| {
+        // SAFETY: `[at, at + 8)` lies in the target, so the same offsets lie in the source.
+        unsafe { std::ptr::read_unaligned(src.add((at - dst) as usize).cast::<u64>()) }
+    };
+    let store = |at: u64| {
+        // SAFETY: `at` is 8-aligned and `[at, at + 8)` lies in the target (the loop below).
+        unsafe { AtomicU64::from_ptr(at as *mut u64).store(word(at), Ordering::Relaxed) }
+    };
+    let byte = |at: u64| {
+        // SAFETY: `at` lies in the target, the same offset in the source.
+        unsafe { AtomicU8::from_ptr(at as *mut u8).store(*src.add((at - dst) as usize), Ordering::Relaxed) }
+    };
     let end = dst + len;
     let mut at = dst;
     while !at.is_multiple_of(8) && at < end {
