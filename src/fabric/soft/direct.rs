@@ -26,7 +26,7 @@
 //! pinned by one lookup that checks key, rights and range) → `Conn::retire_now`.
 //!
 //! This file executes WRs against the peer's `Endpoint`: it reads the requester's queue
-//! and reports a [`Fault`]; the connection (`conn.rs`) decides what runs when and applies
+//! and reports a [`Fault`]; the connection (`conn_inproc.rs`) decides what runs when and applies
 //! what it reports.
 
 use super::fault::Fault;

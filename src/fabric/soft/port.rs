@@ -15,8 +15,9 @@
 //!   [`BACKOFF_FIRST`] doubling to [`BACKOFF_MAX`], instead of spinning. Every warning a
 //!   peer can provoke is rate-limited (`logs.rs`).
 //!
-//! Generic over the connection type `C`, which sits above (`conn.rs`). The accepting side
-//! (listener, HELLOs, the bounds on strangers) is in `port/accept.rs`.
+//! Generic over the connection type `C`, which sits above (`conn_tcp.rs`; an in-process
+//! device uses only the QP table and the names). The accepting side (listener, HELLOs, the
+//! bounds on strangers) is in `port/accept.rs`.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
