@@ -13,8 +13,8 @@
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
 //! conn_inproc InprocConn: an in-process QP; connect by nonce, post (executed at once), steps
-//! conn_tcp    TcpConn: a QP on a link; connect, is_ready, post, fence, fault hooks, destroy
 //! station     a TCP connection on its link: what the link asks of a QP, CONNECT and CLOSE
+//! conn_tcp    TcpConn: a QP on a link; connect, is_ready, post, fence, fault hooks, destroy
 //! conn        what both kinds share (Core): phase, peer, requester, responder, the error state
 //! qp_recv     a QP's receive side on its link: checks, placement decisions, RNR
 //! qp_send direct  a QP's send side on its link; in-process execution of WRs
