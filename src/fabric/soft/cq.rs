@@ -25,9 +25,9 @@
 //! in-process connection, or its peer, with WRs waiting or a closed peer: see `direct.rs`).
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
-use super::conn::Conn;
+use super::conn_inproc::InprocConn;
+use super::conn_tcp::TcpConn;
 use super::endpoint::{Attached, CqShared, SrqShared};
 use super::link::Link;
 use super::port::Port;
@@ -35,66 +35,105 @@ use super::progress::CqPace;
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, CompletionQueue, SharedRecvQueue};
 
-/// A soft completion queue.
+/// A soft completion queue: its ring, and what its poll steps (of the device's kind).
 pub struct SoftCq {
     pub(super) shared: Arc<CqShared>,
-    pub(super) attached: Arc<Attached<Conn>>,
-    /// This poller's copy of the attached QPs, refreshed when `generation` moves (control path).
-    conns: Vec<Arc<Conn>>,
+    pub(super) conns: Conns,
+}
+
+/// The connections a CQ's poll steps, with the poller's copy of the list.
+pub(super) enum Conns {
+    Tcp(Box<TcpPoll>),
+    Inproc(InprocPoll),
+}
+
+/// What a TCP CQ's poll steps: the links of its connections.
+pub(super) struct TcpPoll {
+    pub attached: Arc<Attached<TcpConn>>,
     seen_generation: u64,
-    /// A TCP connection is attached: every poll steps (the NIC answers its peer when polled),
-    /// so each step raises `work` again for the next.
-    any_tcp: bool,
-    /// TCP: the device, and the distinct links of the attached QPs.
-    port: Option<Arc<Port<Conn>>>,
-    links: Vec<Arc<Link<Conn>>>,
-    events: Box<[libc::epoll_event; 64]>,
-    /// When a poll tells the helper's clock callers poll, whether the one link is cold
-    /// (`progress.rs`).
+    /// The device's port, once a connection is attached.
+    port: Option<Arc<Port<TcpConn>>>,
+    links: Vec<Arc<Link<TcpConn>>>,
+    events: [libc::epoll_event; 64],
     pace: CqPace,
 }
 
+/// What an in-process CQ's poll steps: its connections (and their peers).
+pub(super) struct InprocPoll {
+    pub attached: Arc<Attached<InprocConn>>,
+    seen_generation: u64,
+    conns: Vec<Arc<InprocConn>>,
+}
+
 impl SoftCq {
-    pub(super) fn new(depth: u32) -> SoftCq {
+    /// A CQ of `depth` completions, for a TCP device's QPs or (`tcp` false) in-process ones.
+    pub(super) fn new(depth: u32, tcp: bool) -> SoftCq {
         let shared = CqShared::new(depth);
-        let attached = Arc::new(Attached::new(shared.clone()));
-        SoftCq {
-            shared,
-            attached,
-            conns: Vec::new(),
-            seen_generation: u64::MAX,
-            any_tcp: false,
-            port: None,
-            links: Vec::new(),
-            events: Box::new([libc::epoll_event { events: 0, u64: 0 }; 64]),
-            pace: CqPace::default(),
-        }
+        let conns = if tcp {
+            Conns::Tcp(Box::new(TcpPoll {
+                attached: Arc::new(Attached::new(shared.clone())),
+                seen_generation: u64::MAX,
+                port: None,
+                links: Vec::new(),
+                events: [libc::epoll_event { events: 0, u64: 0 }; 64],
+                pace: CqPace::default(),
+            }))
+        } else {
+            Conns::Inproc(InprocPoll {
+                attached: Arc::new(Attached::new(shared.clone())),
+                seen_generation: u64::MAX,
+                conns: Vec::new(),
+            })
+        };
+        SoftCq { shared, conns }
     }
 
-    /// Takes a fresh copy of the attached QPs (control path: QPs come and go, and move to
-    /// links).
+    /// Steps what may have work (the `work` flag was up).
+    #[inline(never)]
+    fn step(&mut self) {
+        self.shared.take_work();
+        match &mut self.conns {
+            Conns::Tcp(t) => t.step(&self.shared),
+            Conns::Inproc(d) => {
+                let generation = d.attached.generation();
+                if generation != d.seen_generation {
+                    d.conns = d.attached.snapshot();
+                    d.seen_generation = generation;
+                }
+                for c in &d.conns {
+                    c.step();
+                }
+            }
+        }
+    }
+}
+
+impl TcpPoll {
+    /// Takes the attached connections' links again (they came, went or moved).
     #[cold]
     fn refresh(&mut self, generation: u64) {
-        self.conns = self.attached.snapshot();
         self.seen_generation = generation;
-        self.any_tcp = self.conns.iter().any(|c| !c.inproc);
         self.links.clear();
-        for c in self.conns.iter().filter(|c| !c.inproc) {
-            self.port.get_or_insert_with(|| c.port.clone());
-            if let Some(l) = c.st.lock().link()
+        let conns = self.attached.snapshot();
+        self.port = conns.first().map(|c| c.port.clone());
+        for c in conns {
+            if let Some(l) = &c.st.lock().link
                 && !self.links.iter().any(|x| Arc::ptr_eq(x, l))
             {
                 self.links.push(l.clone());
             }
         }
-        // Only the in-process connections are stepped one by one.
-        self.conns.retain(|c| c.inproc);
     }
 
-    /// TCP: steps the links of the attached QPs (see the module documentation).
-    #[inline(never)]
-    fn step_tcp(&mut self) {
+    /// Steps the links (see the module documentation); keeps the CQ's `work` flag up while
+    /// a connection is attached, so every poll steps.
+    fn step(&mut self, shared: &CqShared) {
+        let generation = self.attached.generation();
+        if generation != self.seen_generation {
+            self.refresh(generation);
+        }
         let Some(port) = &self.port else { return };
+        shared.raise_work();
         if self.pace.report_poll() {
             port.caller_polled();
         }
@@ -103,7 +142,6 @@ impl SoftCq {
             [one] => {
                 let queued = port.step_again(Some(one));
                 let moved = if !queued && self.pace.cold() {
-                    // Cold: only the links whose sockets moved are stepped.
                     port.step_moved(&mut self.events[..], Some(one))
                 } else {
                     port.step_try(one, false)
@@ -116,44 +154,6 @@ impl SoftCq {
             c.retire_blocked();
         }
     }
-
-    /// One progress step on the attached connections that may need one.
-    #[inline(never)]
-    fn step(&mut self) {
-        // Cleared first: work raised from now on is seen by the next poll.
-        self.shared.take_work();
-        let generation = self.attached.generation();
-        if generation != self.seen_generation {
-            self.refresh(generation);
-        }
-        if self.any_tcp {
-            self.shared.raise_work();
-            self.step_tcp();
-        }
-        for c in &self.conns {
-            step_direct(c);
-        }
-    }
-}
-
-/// In-process mode: steps `c` and its peer, each only if it has work (WRs waiting on this
-/// side's SRQ or CQ, completions not yet retired, a closed peer).
-fn step_direct(c: &Conn) {
-    if c.work.load(Ordering::Acquire) {
-        direct_step(c);
-    }
-    if let Some((peer, work)) = c.inproc_peer.get()
-        && work.load(Ordering::Acquire)
-        && let Some(p) = peer.upgrade()
-    {
-        direct_step(&p);
-    }
-}
-
-/// Out of line: the common poll finds no work and should not pay for its registers.
-#[inline(never)]
-fn direct_step(c: &Conn) {
-    c.progress_inproc(&mut c.st.lock());
 }
 
 impl CompletionQueue for SoftCq {

@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::addr::random_u64;
-use super::conn::Conn;
-use super::cq::{SoftCq, SoftSrq};
+use super::conn_inproc::InprocConn;
+use super::conn_tcp::TcpConn;
+use super::cq::{Conns, SoftCq, SoftSrq};
 use super::endpoint::Endpoint;
 use super::helper::Helper;
+use super::logs::Warnings;
 use super::mr::{MAX_MRS, MrTable};
 use super::port::{Net, Port};
 use super::qp::{self, SoftQp};
@@ -21,9 +23,14 @@ use crate::fabric::{Access, Device, DeviceAttrs, MrKeys, QpCaps, Timestamps};
 pub struct SoftDevice {
     attrs: DeviceAttrs,
     mrs: Arc<MrTable>,
-    port: Arc<Port<Conn>>,
-    /// TCP: the helper thread, stopped when the device is dropped.
-    helper: Option<Helper>,
+    kind: Kind,
+}
+
+/// A TCP device, or an in-process one.
+enum Kind {
+    /// The port, and the helper thread (stopped when the device is dropped).
+    Tcp(Arc<Port<TcpConn>>, Helper),
+    Inproc(Arc<Port<InprocConn>>),
 }
 
 /// A registered region of a [`SoftDevice`]; deregistered by `dereg_mr` or on drop.
@@ -48,35 +55,50 @@ impl SoftDevice {
         net: Option<(IpAddr, Option<String>)>,
         connect_timeout: Duration,
     ) -> Result<SoftDevice> {
-        let net = match net {
-            None => None,
-            Some((ip, bind_iface)) => Some(Net::listen(&attrs.name, ip, bind_iface)?),
-        };
         let first_qpn = (random_u64() as u32 & 0xFFFF) + 1;
         let mrs = Arc::new(MrTable::default());
-        let name = attrs.name.clone();
-        let port = Arc::new(Port::new(name, random_u64(), connect_timeout, first_qpn, mrs.clone(), net));
-        let helper = match port.net {
-            Some(_) => Some(Helper::start(&port, &attrs.name)?),
-            None => None,
+        let (name, dev_id) = (attrs.name.clone(), random_u64());
+        let kind = match net {
+            None => Kind::Inproc(Arc::new(Port::new(name, dev_id, connect_timeout, first_qpn, mrs.clone(), None))),
+            Some((ip, bind_iface)) => {
+                let net = Net::listen(&attrs.name, ip, bind_iface)?;
+                let port = Arc::new(Port::new(name, dev_id, connect_timeout, first_qpn, mrs.clone(), Some(net)));
+                let helper = Helper::start(&port, &attrs.name)?;
+                Kind::Tcp(port, helper)
+            }
         };
-        Ok(SoftDevice { attrs, mrs, port, helper })
+        Ok(SoftDevice { attrs, mrs, kind })
+    }
+
+    /// TCP: the device's network side.
+    fn net(&self) -> Option<&Net<TcpConn>> {
+        match &self.kind {
+            Kind::Tcp(port, _) => port.net.as_ref(),
+            Kind::Inproc(_) => None,
+        }
+    }
+
+    fn warn(&self) -> &Warnings {
+        match &self.kind {
+            Kind::Tcp(port, _) => &port.warn,
+            Kind::Inproc(port) => &port.warn,
+        }
     }
 
     /// The TCP address peers dial (`None` in in-process mode).
     pub fn local_addr(&self) -> Option<SocketAddr> {
-        self.port.net.as_ref().map(|n| n.local)
+        self.net().map(|n| n.local)
     }
 
     /// TCP: the links open now (to peer devices: one each, shared by their QPs).
     pub fn links(&self) -> usize {
-        self.port.net.as_ref().map_or(0, |n| n.links().len())
+        self.net().map_or(0, |n| n.links().len())
     }
 
     /// Warnings a peer provoked, as logged (each kind at most once per 5 s).
     #[doc(hidden)]
     pub fn warnings_logged(&self) -> u64 {
-        let w = &self.port.warn;
+        let w = self.warn();
         [&w.accept, &w.hello, &w.stray, &w.qp, &w.link].iter().map(|l| l.written()).sum()
     }
 
@@ -85,7 +107,7 @@ impl SoftDevice {
     /// `soft_progress` measurements.
     #[doc(hidden)]
     pub fn set_helper_idle(&self, d: Duration) {
-        if let Some(n) = &self.port.net {
+        if let Some(n) = self.net() {
             n.watcher.clock.schedule.set_idle(d);
         }
     }
@@ -94,7 +116,7 @@ impl SoftDevice {
     /// it looked at (each wait is `ASK_AGAIN`, 100 µs).
     #[doc(hidden)]
     pub fn helper_asks(&self) -> u64 {
-        self.port.net.as_ref().map_or(0, |n| n.helper_asks.load(std::sync::atomic::Ordering::Relaxed))
+        self.net().map_or(0, |n| n.helper_asks.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
@@ -102,13 +124,13 @@ impl SoftDevice {
     /// TCP: how many times the helper thread swept the device's links.
     #[doc(hidden)]
     pub fn helper_sweeps(&self) -> u64 {
-        self.port.net.as_ref().map_or(0, |n| n.helper_sweeps.load(std::sync::atomic::Ordering::Relaxed))
+        self.net().map_or(0, |n| n.helper_sweeps.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 
 impl Drop for SoftDevice {
     fn drop(&mut self) {
-        if let Some(h) = &mut self.helper {
+        if let Kind::Tcp(_, h) = &mut self.kind {
             h.shutdown();
         }
     }
@@ -152,7 +174,7 @@ impl Device for SoftDevice {
 
     fn create_cq(&self, depth: u32, _timestamps: Timestamps) -> Result<SoftCq> {
         check_depth("CQ", depth, self.attrs.max_cqe)?;
-        Ok(SoftCq::new(depth))
+        Ok(SoftCq::new(depth, matches!(self.kind, Kind::Tcp(..))))
     }
 
     fn create_srq(&self, depth: u32) -> Result<SoftSrq> {
@@ -172,18 +194,29 @@ impl Device for SoftDevice {
                 a.max_inline
             );
         }
-        if self.port.qp_count() >= a.max_qp as usize {
+        let (count, qp_num) = match &self.kind {
+            Kind::Tcp(port, _) => (port.qp_count(), port.next_qpn()),
+            Kind::Inproc(port) => (port.qp_count(), port.next_qpn()),
+        };
+        if count >= a.max_qp as usize {
             crate::bail!(System, "soft fabric {}: more than {} QPs", a.name, a.max_qp);
         }
-        let qp_num = self.port.next_qpn();
         let ep = Endpoint { qp_num, mrs: self.mrs.clone(), cq: cq.shared.clone(), srq: srq.map(|s| s.shared.clone()) };
-        let conn = Arc::new(Conn::new(ep, random_u64(), self.port.clone(), cq.attached.clone(), caps));
-        self.port.qps.insert(qp_num, &conn);
-        if self.port.net.is_none() {
-            qp::inproc_register(&conn);
-        }
-        cq.attached.attach(conn.clone());
-        Ok(SoftQp::new(conn))
+        Ok(match (&self.kind, &cq.conns) {
+            (Kind::Tcp(port, _), Conns::Tcp(poll)) => {
+                let conn = Arc::new(TcpConn::new(ep, random_u64(), port.clone(), poll.attached.clone(), caps));
+                port.qps.insert(qp_num, &conn);
+                poll.attached.attach(conn.clone());
+                SoftQp::Tcp(conn)
+            }
+            (Kind::Inproc(port), Conns::Inproc(poll)) => {
+                let conn = InprocConn::new(ep, random_u64(), port.clone(), poll.attached.clone(), caps);
+                port.qps.insert(qp_num, &conn);
+                poll.attached.attach(conn.clone());
+                SoftQp::Inproc(conn)
+            }
+            _ => crate::bail!(InvalidArgument, "soft fabric {}: the CQ is of a device of the other mode", a.name),
+        })
     }
 }
 

@@ -26,14 +26,15 @@
 //! pinned by one lookup that checks key, rights and range) → `Conn::retire_now`.
 //!
 //! This file executes WRs against the peer's `Endpoint`: it reads the requester's queue
-//! and reports a [`Fault`]; the connection (`conn.rs`) decides what runs when and applies
+//! and reports a [`Fault`]; the connection (`conn_inproc.rs`) decides what runs when and applies
 //! what it reports.
 
 use super::fault::Fault;
 use super::frame::MAX_MSG;
 use super::mr::{MrTable, Pinned};
+use super::placement::Target;
 use super::requester::Requester;
-use super::responder::{Responder, final_word_last, place_one, store_final_word};
+use super::responder::Responder;
 use super::transport::DirectEnd;
 use crate::fabric::{Access, Completion, MAX_SGE, SendWr, WcOpcode, WcStatus, WrOpcode};
 
@@ -153,7 +154,7 @@ pub fn write_now(mrs: &MrTable, end: &DirectEnd, wr: &SendWr, len: u64) -> bool 
     };
     if wr.opcode == WrOpcode::Write {
         // SAFETY: both ranges are pinned registrations (or empty).
-        unsafe { place_one(s.addr, wr.remote_addr, len) };
+        unsafe { Target::new(wr.remote_addr, len).place_from(s.addr) };
         return true;
     }
     let Some(srq) = peer.srq.as_ref() else { return false };
@@ -164,7 +165,7 @@ pub fn write_now(mrs: &MrTable, end: &DirectEnd, wr: &SendWr, len: u64) -> bool 
         return false;
     }
     // SAFETY: as above.
-    unsafe { place_one(s.addr, wr.remote_addr, len) };
+    unsafe { Target::new(wr.remote_addr, len).place_from(s.addr) };
     room.push(imm_completion(end, wr, len));
     true
 }
@@ -299,29 +300,12 @@ fn imm_completion(end: &DirectEnd, wr: &SendWr, len: u64) -> Completion {
     }
 }
 
-/// Places a WRITE's `len` bytes from `src` at `dst`: the final 8 bytes last, as one Release
-/// store, when the WRITE has at least 8 bytes and ends 8-aligned.
+/// Places a WRITE's `len` bytes from the pieces `src` at `dst` (`placement.rs`).
 ///
 /// # Safety
 /// `src` and `[dst, dst + len)` must be valid for the copy (pinned registrations).
 unsafe fn place(src: &Pieces<'_>, dst: u64, len: u64) {
-    let tail = final_word_last(dst, len);
-    if tail && src.n == 1 {
-        // SAFETY: forwarded from the caller (one piece of `len` bytes).
-        unsafe { place_one(src.at[0].0, dst, len) };
-        return;
-    }
-    let body = if tail { len - 8 } else { len };
-    let mut w = [0u8; 8];
-    if tail {
-        // Read before the body is written: a loopback WRITE may overlap its source.
-        // SAFETY: `w` is 8 writable bytes; the source pieces are valid (caller).
-        unsafe { src.copy(body, len, w.as_mut_ptr(), false) };
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe { src.copy(0, body, dst as *mut u8, false) };
-    if tail {
-        // SAFETY: `dst + body` is 8-aligned and lies in the pinned destination.
-        unsafe { store_final_word(dst + body, u64::from_ne_bytes(w)) };
-    }
+    // SAFETY: the target is pinned (caller); `copy` writes exactly `to - from` bytes from
+    // valid pieces, and allows overlap.
+    unsafe { Target::new(dst, len).place(|from, to, at| src.copy(from, to, at, false)) }
 }

@@ -1,7 +1,7 @@
 //! Why a connection goes to the error state: what the receive half, the send half and the
 //! in-process path report instead of moving the QP there themselves. The connection
-//! (`conn.rs`) applies it: the WR it names fails with its status, every other WR not yet
-//! completed flushes, the link is closed so the peer learns of it.
+//! (`conn_tcp.rs`, `conn_inproc.rs`) applies it: the WR it names fails with its status,
+//! every other WR not yet completed flushes, the link is closed so the peer learns of it.
 
 use super::frame::NakCode;
 use crate::fabric::WcStatus;

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use super::conn::Conn;
+use super::conn_tcp::TcpConn;
 use super::link::{Link, LinkState, Phase};
 use super::port::Port;
 use super::progress::{ASK_AGAIN, ClockAction, Looks, Verdict};
@@ -45,14 +45,14 @@ use crate::fabric::clock::monotonic_ns;
 
 /// The running helper thread of a TCP device; stopped and joined by [`Helper::shutdown`].
 pub struct Helper {
-    port: Arc<Port<Conn>>,
+    port: Arc<Port<TcpConn>>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Helper {
     /// Starts the thread of the TCP device whose port is `port`.
-    pub fn start(port: &Arc<Port<Conn>>, name: &str) -> Result<Helper> {
+    pub fn start(port: &Arc<Port<TcpConn>>, name: &str) -> Result<Helper> {
         let stop = Arc::new(AtomicBool::new(false));
         let (p, s) = (port.clone(), stop.clone());
         let t = std::thread::Builder::new()
@@ -74,12 +74,12 @@ impl Helper {
     }
 }
 
-fn run(port: &Port<Conn>, stop: &AtomicBool) {
+fn run(port: &Port<TcpConn>, stop: &AtomicBool) {
     let net = port.net.as_ref().expect("TCP device");
     let w = &net.watcher;
     let schedule = &w.clock.schedule;
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
-    let mut woken: Vec<(usize, u64, Arc<Link<Conn>>)> = Vec::with_capacity(64);
+    let mut woken: Vec<(usize, u64, Arc<Link<TcpConn>>)> = Vec::with_capacity(64);
     let mut looks = Looks::new(net.epoll_epoch.load(Ordering::Relaxed));
     while !stop.load(Ordering::Acquire) {
         match looks.before_wait(!net.links().is_empty(), w.clock.running()) {
@@ -165,7 +165,7 @@ fn run(port: &Port<Conn>, stop: &AtomicBool) {
 }
 
 /// The helper steps a link and re-arms its socket; `false`: a caller is on the link.
-fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> bool {
+fn serve(port: &Port<TcpConn>, link: &Arc<Link<TcpConn>>, t: usize) -> bool {
     let Some(mut st) = link.try_lock() else { return false };
     let _ = port.step_locked(link, &mut st, false);
     rearm(port, &mut st, t);
@@ -173,7 +173,7 @@ fn serve(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) -> bool {
 }
 
 /// Re-arms link `t`'s socket for the helper, unless a caller is on the link (it serves it).
-fn arm(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) {
+fn arm(port: &Port<TcpConn>, link: &Arc<Link<TcpConn>>, t: usize) {
     if let Some(mut st) = link.try_lock() {
         rearm(port, &mut st, t);
     }
@@ -181,7 +181,7 @@ fn arm(port: &Port<Conn>, link: &Arc<Link<Conn>>, t: usize) {
 
 /// Re-arms a locked link's socket (`EPOLLOUT` too while bytes wait for room or a dial is
 /// under way); a link down has none.
-fn rearm(port: &Port<Conn>, st: &mut LinkState<Conn>, t: usize) {
+fn rearm(port: &Port<TcpConn>, st: &mut LinkState<TcpConn>, t: usize) {
     let Some(fd) = st.fd.as_ref().map(std::os::fd::AsRawFd::as_raw_fd) else { return };
     if matches!(st.phase, Phase::Down) {
         return;

@@ -1,7 +1,7 @@
 //! Fault hooks a test or the drill arms on a QP (`QueuePair::inject_fault`, TCP mode, armed
-//! in `fence.rs`; see `FaultKind`), each firing once. They live on the requester (the side that posts the
-//! WRs they hit), so a sender can arm them on its own QPs; what they make the responder see
-//! travels on the wire as it would when a real link dies:
+//! in `conn_tcp.rs`; see `FaultKind`), each firing once. They live on the requester (the
+//! side that posts the WRs they hit), so a sender can arm them on its own QPs; what they
+//! make the responder see travels on the wire as it would when a real link dies:
 //!
 //! - `DropImm`: the next WRITE_WITH_IMM started goes as a plain WRITE (bytes placed, no
 //!   WQE, no IMM) with ACK_REQ; its ACK is taken as the moment the link died: the WR fails

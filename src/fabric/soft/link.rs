@@ -23,7 +23,7 @@
 //!
 //! The link's owner (`port.rs`) dials, accepts, registers the socket for readiness and tears
 //! the link down; this file is what runs on an established socket. Generic over the QP type
-//! `S`, which sits above (`conn.rs`).
+//! `S`, which sits above (`conn_tcp.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -63,7 +63,7 @@ pub struct LinkKey {
     pub dials: bool,
 }
 
-/// What a link asks of the QPs on it (implemented by the connection, `conn.rs`).
+/// What a link asks of the QPs on it (implemented by the TCP connection, `station.rs`).
 pub trait Station: Send + Sync + Sized + 'static {
     /// The QP's number.
     fn qpn(&self) -> u32;
@@ -204,7 +204,7 @@ pub enum Phase {
 }
 
 /// A link (see the module documentation).
-pub struct Link<S: Station> {
+pub struct Link<S> {
     pub key: LinkKey,
     /// The remote device's listener.
     pub remote_addr: std::net::SocketAddr,

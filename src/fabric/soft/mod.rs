@@ -9,17 +9,19 @@
 //! ```text
 //! port_tests  the port's unit tests (of `port`)
 //! device      SoftDevice, SoftMr: the Device trait; opens the port, starts the helper
-//! qp          SoftQp: QpInfo, connect, is_ready, post_send, drop
+//! qp          SoftQp: one interface over the two kinds of connection; QpInfo
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
-//! station     a connection on its link: what the link asks of a QP, CONNECT and CLOSE
-//! fence       a QP to the error state on command: failover's fence, the drill; arming a hook
-//! conn        Conn: one QP's connection; wires its parts, posts, retires, fails
+//! conn_inproc InprocConn: an in-process QP; connect by nonce, post (executed at once), steps
+//! station     a TCP connection on its link: what the link asks of a QP, CONNECT and CLOSE
+//! conn_tcp    TcpConn: a QP on a link; connect, is_ready, post, fence, fault hooks, destroy
+//! conn        what both kinds share (Core): phase, peer, requester, responder, the error state
 //! qp_recv     a QP's receive side on its link: checks, placement decisions, RNR
 //! qp_send direct  a QP's send side on its link; in-process execution of WRs
 //! hook        fault hooks on a QP's wire: an IMM or an ACK lost, requests held past a fence
 //! requester   the send queue: posting checks, WRs in flight, completions in order
-//! responder   request order, refusals, RNR counting, placement order (final word last)
+//! responder   request order, refusals, RNR counting
+//! placement   how a WRITE lands: final word last; in-process, control writes word by word
 //! port        what a device's QPs share: QP table, listener, HELLOs, the links
 //! link        one TCP connection per device pair: the frames of all its QPs
 //! transport   vectored socket I/O, a dial's result, draining a socket; an in-process peer's end
@@ -37,8 +39,9 @@
 //! ```
 //!
 //! `port`, `link`, `endpoint` (a CQ's attachments) and `watch` hold connections (or links)
-//! without knowing their type (a type parameter, `Conn` above; a link asks its QPs through
-//! the `Station` trait): what a connection is, only `conn` and the files above it know.
+//! without knowing their type (a type parameter, `TcpConn` or `InprocConn` above; a link asks
+//! its QPs through the `Station` trait): what a connection is, only the `conn` files and
+//! those above them know.
 //!
 //! # Semantics (what the engine may rely on)
 //!
@@ -59,7 +62,9 @@
 //!   is 8-aligned, the final 8 bytes are stored last, by one `AtomicU64` store with Release
 //!   ordering, after every other byte of that WRITE. A thread that Acquire-loads that word
 //!   and sees the new value sees the whole WRITE (what net_ib's CTS FIFO relies on from a
-//!   NIC's in-order placement). No other intra-WRITE order is promised.
+//!   NIC's in-order placement). No other intra-WRITE order is promised. In-process, a WRITE
+//!   of at most 256 bytes stores every byte atomically, so a control word read while it is
+//!   written reads whole (`placement.rs`).
 //! - **Checks.** An incoming WRITE/READ is checked against the registration before any
 //!   byte moves: unknown rkey, a range outside the region, or a missing `REMOTE_WRITE` /
 //!   `REMOTE_READ` → the requester's WR completes with `RemoteAccessError`, not one byte is
@@ -106,12 +111,13 @@
 mod addr;
 mod clock;
 mod conn;
+mod conn_inproc;
+mod conn_tcp;
 mod cq;
 mod device;
 mod direct;
 mod endpoint;
 mod fault;
-mod fence;
 pub mod frame;
 mod helper;
 mod hook;
@@ -121,6 +127,7 @@ mod logs;
 #[cfg(all(test, loom))]
 mod loom_models;
 mod mr;
+mod placement;
 mod port;
 mod progress;
 mod qp;

@@ -43,9 +43,10 @@ use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
+use super::spin::wait_while;
 use crate::error::{Error, Result};
 use crate::fabric::Access;
-use crate::sync::{AtomicPtr, AtomicU32, AtomicU64, spin_loop, yield_now};
+use crate::sync::{AtomicPtr, AtomicU32, AtomicU64};
 
 #[cfg(not(loom))]
 const GEN_BITS: u32 = 12;
@@ -288,15 +289,7 @@ impl MrTable {
         if key_of(prev) != key {
             return Err(Error::invalid_argument(format!("soft fabric: key {key:#x} deregistered twice")));
         }
-        let mut spins = 0u32;
-        while slot.gate.load(Ordering::Acquire) & PINS != 0 {
-            spins += 1;
-            if spins < 64 {
-                spin_loop();
-            } else {
-                yield_now();
-            }
-        }
+        wait_while(|| slot.gate.load(Ordering::Acquire) & PINS != 0);
         self.alloc.lock().release(index, key & GEN_MASK);
         Ok(())
     }

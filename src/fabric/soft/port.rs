@@ -15,8 +15,9 @@
 //!   [`BACKOFF_FIRST`] doubling to [`BACKOFF_MAX`], instead of spinning. Every warning a
 //!   peer can provoke is rate-limited (`logs.rs`).
 //!
-//! Generic over the connection type `C`, which sits above (`conn.rs`). The accepting side
-//! (listener, HELLOs, the bounds on strangers) is in `port/accept.rs`.
+//! Generic over the connection type `C`, which sits above (`conn_tcp.rs`; an in-process
+//! device uses only the QP table and the names). The accepting side (listener, HELLOs, the
+//! bounds on strangers) is in `port/accept.rs`.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::Read;
@@ -59,7 +60,7 @@ pub const LINGER: Duration = Duration::from_secs(2);
 const SUPERSEDED_WAIT: Duration = Duration::from_secs(1);
 
 /// The shared part of a device (see the module documentation).
-pub struct Port<C: Station> {
+pub struct Port<C> {
     /// The device's name, for messages.
     pub name: String,
     /// This opening of the device: a random identity, the key of its peers' links to it.
@@ -74,7 +75,7 @@ pub struct Port<C: Station> {
 }
 
 /// The TCP side of a device.
-pub struct Net<C: Station> {
+pub struct Net<C> {
     /// The rail's local address, with the listener's port.
     pub local: SocketAddr,
     /// Interface to bind outgoing sockets to (`SO_BINDTODEVICE`), when the rail was named
@@ -101,7 +102,7 @@ pub struct Net<C: Station> {
     pub helper_sweeps: AtomicU64,
 }
 
-struct Acceptor<C: Station> {
+struct Acceptor<C> {
     listener: TcpListener,
     pending: VecDeque<Pending>,
     paused_until: Option<Instant>,
@@ -153,7 +154,7 @@ impl<C: Station> Net<C> {
     }
 }
 
-impl<C: Station> Port<C> {
+impl<C> Port<C> {
     pub fn new(
         name: String,
         dev_id: u64,
@@ -183,7 +184,9 @@ impl<C: Station> Port<C> {
     pub fn next_qpn(&self) -> u32 {
         self.next_qpn.fetch_add(1, Ordering::Relaxed)
     }
+}
 
+impl<C: Station> Port<C> {
     fn net(&self) -> &Net<C> {
         self.net.as_ref().expect("TCP device")
     }
@@ -363,11 +366,15 @@ impl<C: Station> Port<C> {
         if step_again(s.again, st.held()) {
             self.requeue(link);
         }
+        self.arm_out(st);
+    }
+
+    /// Bytes wait for room: the helper finishes sending should callers stop.
+    fn arm_out(&self, st: &mut LinkState<C>) {
         if !st.out_armed
             && st.wants_write()
             && let (Some(fd), Some(token)) = (st.fd.as_ref(), st.token)
         {
-            // Bytes wait for room: the helper finishes sending should callers stop.
             self.net().watcher.rearm(fd.as_raw_fd(), token, true);
             st.out_armed = true;
         }
@@ -424,13 +431,7 @@ impl<C: Station> Port<C> {
             }
             if st.wants_write() || st.held() {
                 self.requeue(link);
-                if !st.out_armed
-                    && st.wants_write()
-                    && let (Some(fd), Some(token)) = (st.fd.as_ref(), st.token)
-                {
-                    self.net().watcher.rearm(fd.as_raw_fd(), token, true);
-                    st.out_armed = true;
-                }
+                self.arm_out(st);
                 return;
             }
         }

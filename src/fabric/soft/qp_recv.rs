@@ -13,7 +13,7 @@
 //!
 //! Placement order: for a WRITE of at least 8 bytes that ends 8-aligned, the final 8 bytes
 //! are held back and stored last, as one `AtomicU64` store with Release ordering, after all
-//! other bytes of the WRITE are in place (`responder.rs`).
+//! other bytes of the WRITE are in place (`placement.rs`).
 //!
 //! Acknowledgements (cumulative), only once the data is placed (the final word stored): a
 //! request with ACK_REQ owes one its requester waits for, which leaves with the next frames
@@ -25,9 +25,10 @@ use super::endpoint::Endpoint;
 use super::fault::Fault;
 use super::frame::{Frame, NakCode, SEGMENT};
 use super::link::{Dest, Placed, Recv};
+use super::placement::{final_word_last, store_final_word};
 use super::qp_send::{Ctl, QpTx};
 use super::requester::Requester;
-use super::responder::{Responder, Verdict, final_word_last, store_final_word};
+use super::responder::{Responder, Verdict};
 use crate::fabric::{Access, Completion, MAX_SGE, WcOpcode, WcStatus};
 
 /// The transfer whose payload is arriving (a WRITE, or a READ's response).

@@ -2,15 +2,7 @@
 //! one (then every later request of the connection is read and dropped, never executed),
 //! whether it waits for a request sent again after a receiver-not-ready refusal (RNR: the
 //! requests between are dropped, they come again), which receiver-not-ready wait it
-//! counted, and how a WRITE's bytes are placed.
-//!
-//! Placement order: for a WRITE of at least 8 bytes whose end (`remote_addr + len`) is
-//! 8-aligned, the final 8 bytes are stored last, by one `AtomicU64` store with Release
-//! ordering, after every other byte of that WRITE. A thread that Acquire-loads that word
-//! and sees the new value sees the whole WRITE (what net_ib's CTS FIFO relies on from a
-//! NIC's in-order placement).
-
-use std::sync::atomic::{AtomicU64, Ordering};
+//! counted. How a WRITE's bytes are placed is `placement.rs`.
 
 use super::fault::Fault;
 
@@ -77,47 +69,4 @@ impl Responder {
         self.rnr_counted = Some(seq);
         new
     }
-}
-
-/// Whether a WRITE of `len` bytes at `addr` stores its final 8 bytes last (see the module
-/// documentation).
-#[inline(always)]
-pub fn final_word_last(addr: u64, len: u64) -> bool {
-    len >= 8 && (addr + len).is_multiple_of(8)
-}
-
-/// Stores a WRITE's final word, after every other byte of it (Release).
-///
-/// # Safety
-/// `word` must be 8-aligned and lie in a registration pinned for the store: memory handed
-/// to the NIC, read by others only atomically or after a completion.
-#[inline(always)]
-pub unsafe fn store_final_word(word: u64, value: u64) {
-    // SAFETY: aligned and valid (caller).
-    let a = unsafe { AtomicU64::from_ptr(word as *mut u64) };
-    a.store(value, Ordering::Release);
-}
-
-/// Places a WRITE of `len` bytes from one contiguous source at `src` to `dst` (the usual
-/// case): the final word read first (a loopback WRITE may overlap its source), the body
-/// copied, the word stored last when [`final_word_last`] says so.
-///
-/// # Safety
-/// `[src, src + len)` and `[dst, dst + len)` must be valid for the copy (pinned
-/// registrations); they may overlap.
-#[inline]
-pub unsafe fn place_one(src: u64, dst: u64, len: u64) {
-    if len < 8 || !(dst + len).is_multiple_of(8) {
-        // SAFETY: forwarded from the caller; `ptr::copy` allows overlap.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, len as usize) };
-        return;
-    }
-    // SAFETY: the source holds `len >= 8` valid bytes (caller); unaligned read of 8 of them.
-    let w = unsafe { std::ptr::read_unaligned((src + len - 8) as *const u64) };
-    if len > 8 {
-        // SAFETY: forwarded from the caller; `ptr::copy` allows overlap.
-        unsafe { std::ptr::copy(src as *const u8, dst as *mut u8, (len - 8) as usize) };
-    }
-    // SAFETY: `dst + len - 8` is 8-aligned and lies in the pinned destination (caller).
-    unsafe { store_final_word(dst + len - 8, w) };
 }

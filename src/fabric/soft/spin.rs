@@ -59,19 +59,24 @@ impl<T> SpinMutex<T> {
     #[cold]
     #[inline(never)]
     fn lock_contended(&self) {
-        let mut spins = 0u32;
         loop {
-            while self.locked.load(Ordering::Relaxed) {
-                spins += 1;
-                if spins < 64 {
-                    spin_loop();
-                } else {
-                    yield_now();
-                }
-            }
+            wait_while(|| self.locked.load(Ordering::Relaxed));
             if self.try_take() {
                 return;
             }
+        }
+    }
+}
+
+/// Waits while `busy()` says so: spinning a while, then yielding the CPU at each look.
+pub fn wait_while(busy: impl Fn() -> bool) {
+    let mut spins = 0u32;
+    while busy() {
+        spins += 1;
+        if spins < 64 {
+            spin_loop();
+        } else {
+            yield_now();
         }
     }
 }

@@ -332,7 +332,7 @@ fn inproc_peer_gone_fails_outstanding_and_flushes_the_rest() {
     imm.opcode = WrOpcode::WriteImm; // waits: the SRQ is empty
     a.qp.post_send(&[imm, write(2, a.sge(0, 8), b.addr(), b.key(), true)]).unwrap();
     drop(b);
-    let mut other = SoftCq::new(1);
+    let mut other = SoftCq::new(1, false);
     let c = poll_n(&mut a.cq, &mut other, 2);
     assert_eq!(
         c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
@@ -349,7 +349,7 @@ fn dereg_waits_for_placement_and_nothing_lands_after() {
     let chain: Vec<SendWr> = (0..8).map(|i| write(i, a.sge(0, len), addr, key, i == 7)).collect();
     a.qp.post_send(&chain).unwrap();
     let t = std::thread::spawn(move || {
-        let c = poll_n(&mut a.cq, &mut SoftCq::new(1), 1);
+        let c = poll_n(&mut a.cq, &mut SoftCq::new(1, false), 1);
         (a, c)
     });
     // The responder's helper thread places while this thread deregisters.

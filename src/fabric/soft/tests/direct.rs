@@ -56,16 +56,16 @@ fn write_imm_waits_for_room_in_the_responders_cq_and_keeps_order() {
     };
     let after = write(3, a.sge(3 * 64, 64), b.addr() + 3 * 64, b.key(), true);
     a.qp.post_send(&[imm(0), imm(1), imm(2), after]).unwrap();
-    let c = poll_for(&mut a.cq, &mut SoftCq::new(1), 4, Duration::from_millis(50));
+    let c = poll_for(&mut a.cq, &mut SoftCq::new(1, false), 4, Duration::from_millis(50));
     assert_eq!(statuses(&c), [(0, WcStatus::Success), (1, WcStatus::Success)], "the third waits for CQ room");
     assert!(b.region()[128..256].iter().all(|x| *x == 0xAA), "nothing placed for the waiting WR or behind it");
     assert_eq!(b.srq.posted(), 6, "a WR waiting for CQ room holds no WQE");
     // Draining B's CQ lets A's WR go on (B's polls step A: no call on A needed).
-    let r = poll_n(&mut b.cq, &mut SoftCq::new(1), 3);
+    let r = poll_n(&mut b.cq, &mut SoftCq::new(1, false), 3);
     assert_eq!(r.iter().map(|c| c.imm).collect::<Vec<_>>(), [100, 101, 102]);
     let src = a.region()[..256].to_vec();
     assert_eq!(&b.region()[..256], &src[..]);
-    let c = poll_n(&mut a.cq, &mut SoftCq::new(1), 2);
+    let c = poll_n(&mut a.cq, &mut SoftCq::new(1, false), 2);
     assert_eq!(statuses(&c), [(2, WcStatus::Success), (3, WcStatus::Success)]);
     assert_eq!(b.srq.rnr_events(), 0);
 }
@@ -98,8 +98,8 @@ fn a_request_waiting_when_the_peer_fails_is_retry_exceeded() {
     let mut bad = write(1, a.sge(0, 8), b.addr(), b.key() ^ 0x40, true);
     bad.wr_id = 1;
     a.qp.post_send(&[bad]).unwrap();
-    assert_eq!(statuses(&poll_n(&mut a.cq, &mut SoftCq::new(1), 1)), [(1, WcStatus::RemoteAccessError)]);
-    let c = poll_n(&mut b.cq, &mut SoftCq::new(1), 2);
+    assert_eq!(statuses(&poll_n(&mut a.cq, &mut SoftCq::new(1, false), 1)), [(1, WcStatus::RemoteAccessError)]);
+    let c = poll_n(&mut b.cq, &mut SoftCq::new(1, false), 2);
     assert_eq!(statuses(&c), [(5, WcStatus::RetryExceeded), (6, WcStatus::Flushed)]);
     assert_eq!(a.srq.rnr_events(), 1);
 }
@@ -172,7 +172,7 @@ fn a_dropped_peer_fails_an_idle_qp_at_its_next_poll() {
     assert_eq!(a.cq.poll(&mut wc).unwrap(), 0, "nothing was outstanding: no completion");
     assert!(a.qp.is_ready().is_err(), "but the QP saw its peer go");
     a.qp.post_send(&[write(1, a.sge(0, 8), addr, key, true)]).unwrap();
-    let c = poll_n(&mut a.cq, &mut SoftCq::new(1), 1);
+    let c = poll_n(&mut a.cq, &mut SoftCq::new(1, false), 1);
     assert_eq!(statuses(&c), [(1, WcStatus::Flushed)]);
 }
 
@@ -192,7 +192,7 @@ fn loopback_writes_within_one_region_and_gathers_land_exactly() {
     // is held back): the bytes as they were at post.
     let at = ((a.addr() + 300).next_multiple_of(8) - 200 - a.addr()) as usize;
     a.qp.post_send(&[write(1, a.sge(0, 200), a.addr() + at as u64, a.key(), true)]).unwrap();
-    assert_eq!(statuses(&poll_n(&mut a.cq, &mut SoftCq::new(1), 1)), [(1, WcStatus::Success)]);
+    assert_eq!(statuses(&poll_n(&mut a.cq, &mut SoftCq::new(1, false), 1)), [(1, WcStatus::Success)]);
     assert_eq!(&a.region()[at..at + 200], &orig[..200]);
     // Two SGEs gathered into one 8-aligned range: the final word (made of both) last.
     let dst = (a.addr() + 2048).next_multiple_of(8);
@@ -200,7 +200,7 @@ fn loopback_writes_within_one_region_and_gathers_land_exactly() {
     g.num_sge = 2;
     g.sge[1] = a.sge(1001, 11);
     a.qp.post_send(&[g]).unwrap();
-    assert_eq!(statuses(&poll_n(&mut a.cq, &mut SoftCq::new(1), 1)), [(2, WcStatus::Success)]);
+    assert_eq!(statuses(&poll_n(&mut a.cq, &mut SoftCq::new(1, false), 1)), [(2, WcStatus::Success)]);
     let off = (dst - a.addr()) as usize;
     let want = [a.region()[3..8].to_vec(), a.region()[1001..1012].to_vec()].concat();
     assert_eq!(&a.region()[off..off + 16], &want[..]);

@@ -194,7 +194,7 @@ fn frames_for_qps_not_on_the_link_are_dropped() {
     a.qp.post_send(&[write(1, a.sge(0, 8), 0, 0, true)]).unwrap();
     assert!(matches!(fake.recv_request(), Frame::Write { seq: 0, .. }));
     fake.send(&Frame::Ack { dst_qpn: a.qp.qp_num(), seq: 0 });
-    let c = poll_n(&mut a.cq, &mut SoftCq::new(1), 1);
+    let c = poll_n(&mut a.cq, &mut SoftCq::new(1, false), 1);
     assert_eq!(statuses(&c), [(1, WcStatus::Success)]);
     assert!(a.region()[..16].iter().all(|b| *b != 0xEE), "nothing was placed for another QP");
 }

@@ -30,7 +30,7 @@ fn a_wqe_taken_by_a_write_imm_is_never_lost_when_the_qp_fails() {
     // Only the responder's helper serves it (nobody polls its CQ): the first fills the CQ.
     // (Returns at the first completion; the 5 s are for a machine whose cores are busy
     // elsewhere: 500 ms ran out once so.)
-    let c = poll_for(&mut a.cq, &mut SoftCq::new(1), 1, Duration::from_secs(5));
+    let c = poll_for(&mut a.cq, &mut SoftCq::new(1, false), 1, Duration::from_secs(5));
     assert_eq!(c.first().map(|c| (c.wr_id, c.status)), Some((0, WcStatus::Success)));
     std::thread::sleep(Duration::from_millis(50));
     // The requester goes away; the responder's own request to it then fails, and with it
