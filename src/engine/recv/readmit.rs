@@ -7,9 +7,8 @@
 use super::RecvEngine;
 use crate::engine::failover::{Failover, ReadmitStep};
 use crate::engine::layout::RecvMemory;
-use crate::engine::{CtlMemory, DownReason, Output, QpRef, RAIL_NAMES, RailState, Side, WrKind};
+use crate::engine::{CtlMemory, DownReason, Output, RAIL_NAMES, RailState, Side, WrKind};
 use crate::error::Result;
-use crate::fabric::{SendWr, Sge, WrOpcode};
 
 impl RecvEngine {
     /// [`Event::ReadmitFailed`]: the rail fails at its new epoch (fence, then `Fenced`).
@@ -26,20 +25,7 @@ impl RecvEngine {
     pub(super) fn poll_readmit(&mut self, mem: &mut (impl RecvMemory + CtlMemory), out: &mut Output) {
         for rail in self.fo.readmit_due.iter() {
             let ReadmitStep::Probe { epoch } = self.fo.readmit_step(Side::Receive, rail, mem, out) else { continue };
-            out.push(rail, QpRef::Cts).add(SendWr {
-                wr_id: WrKind::ReadmitProbe.id(rail, Failover::probe_tag(epoch)),
-                opcode: WrOpcode::Write,
-                signaled: true,
-                deferrable: false,
-                inline: self.cfg.max_inline >= 8,
-                num_sge: 1,
-                sge: [Sge { addr: self.cfg.flush_addr, len: 8, lkey: self.cfg.flush_lkeys[rail] }, Sge::default()],
-                remote_addr: self.cfg.scratch_addr,
-                rkey: self.cfg.scratch_rkeys[rail],
-                imm: 0,
-            });
-            self.stats[rail].count_post(1, 0, 0, 0);
-            self.stats[rail].counters.probes.add(1);
+            self.post_scratch_write(rail, WrKind::ReadmitProbe.id(rail, Failover::probe_tag(epoch)), out);
             self.fo.probes_out[rail] = 1;
         }
     }

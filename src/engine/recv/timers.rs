@@ -96,8 +96,18 @@ impl RecvEngine {
         } else {
             rails.first().unwrap_or(SOUT)
         };
+        self.post_scratch_write(rail, WrKind::Probe.id(rail, 0), out);
+        self.keepalive = Some(rail);
+        self.keepalives += 1;
+        self.quiet_since_ns = now_ns;
+    }
+
+    /// A signalled 8-byte WRITE into the sender's scratch word on `rail`'s CTS QP, counted
+    /// as a probe: a keepalive, or a re-admission's probe of the rebuilt rail (`wr_id` says
+    /// which).
+    pub(super) fn post_scratch_write(&mut self, rail: usize, wr_id: u64, out: &mut Output) {
         out.push(rail, QpRef::Cts).add(SendWr {
-            wr_id: WrKind::Probe.id(rail, 0),
+            wr_id,
             opcode: WrOpcode::Write,
             signaled: true,
             deferrable: false,
@@ -110,8 +120,5 @@ impl RecvEngine {
         });
         self.stats[rail].count_post(1, 0, 0, 0);
         self.stats[rail].counters.probes.add(1);
-        self.keepalive = Some(rail);
-        self.keepalives += 1;
-        self.quiet_since_ns = now_ns;
     }
 }
