@@ -68,6 +68,12 @@ impl Target {
     #[inline(always)]
     pub unsafe fn place_from(&self, src: u64) {
         let (dst, len) = (self.at, self.len);
+        // Whole aligned words, 8 to `ATOMIC_MAX` bytes: every control write.
+        if (dst | len).is_multiple_of(8) && len.wrapping_sub(8) < ATOMIC_MAX && src.abs_diff(dst) >= len {
+            // SAFETY: the target is valid (`new`), the source too (caller); apart.
+            unsafe { store_words(dst, len, src as *const u8) };
+            return;
+        }
         if len <= ATOMIC_MAX && src.abs_diff(dst) >= len {
             // SAFETY: the target is valid (`new`), the source too (caller); apart.
             unsafe { store_atomic(dst, len, src as *const u8, final_word_last(dst, len)) };
@@ -108,6 +114,28 @@ impl Target {
             unsafe { store_final_word(dst + body, u64::from_ne_bytes(w)) };
         }
     }
+}
+
+/// [`store_atomic`] for whole aligned words (`dst` and `len` multiples of 8, `len >= 8`):
+/// the words Relaxed, the final one last with Release, without the edge-byte logic.
+///
+/// # Safety
+/// As [`store_atomic`]; `dst` 8-aligned, `len` a multiple of 8 and at least 8.
+#[inline(always)]
+unsafe fn store_words(dst: u64, len: u64, src: *const u8) {
+    let last = dst + len - 8;
+    let mut at = dst;
+    while at < last {
+        // SAFETY: `[at, at + 8)` lies in the target (aligned) and the same offsets in the
+        // source (caller).
+        unsafe {
+            let word = src.add((at - dst) as usize).cast::<u64>().read_unaligned();
+            AtomicU64::from_ptr(at as *mut u64).store(word, Ordering::Relaxed);
+        }
+        at += 8;
+    }
+    // SAFETY: the final word, aligned, in both ranges.
+    unsafe { store_final_word(last, src.add((len - 8) as usize).cast::<u64>().read_unaligned()) };
 }
 
 /// Stores `len` bytes from `src` at `dst` atomically: the bytes before the first aligned
