@@ -9,10 +9,11 @@ mod fabric_checks;
 use std::sync::Arc;
 
 use fabric_checks as checks;
-use mpib::fabric::soft::{self, SoftDevice, SoftOptions};
+use mpib::fabric::soft::{self, InprocNet, SoftDevice, SoftOptions};
 
 fn inproc_pair() -> (Arc<SoftDevice>, Arc<SoftDevice>) {
-    let open = |n: &str| Arc::new(soft::open(&SoftOptions::inproc(n)).expect("open"));
+    let net = InprocNet::new();
+    let open = |n: &str| Arc::new(soft::open(&SoftOptions::inproc(n, &net)).expect("open"));
     (open("checks-ia"), open("checks-ib"))
 }
 

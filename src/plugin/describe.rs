@@ -121,7 +121,7 @@ mod tests {
         assert!(r.addr.starts_with("127.0.0.1:"), "{r:?}");
         assert_eq!((r.gid, r.lid, r.relaxed_ordering), (None, None, None));
         assert!(!r.speed_known, "loopback has no line rate: {r:?}");
-        let inproc = soft::open(&SoftOptions::inproc("inproc-test")).unwrap().describe();
+        let inproc = soft::open(&SoftOptions::inproc("inproc-test", &soft::InprocNet::new())).unwrap().describe();
         assert_eq!(inproc.addr, "in-process");
     }
 }

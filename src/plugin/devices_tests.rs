@@ -8,7 +8,7 @@ use crate::fabric::soft::{self, SoftDevice, SoftOptions};
 use crate::plugin::discover::NicMeta;
 
 fn nic(name: &str) -> Arc<SoftDevice> {
-    Arc::new(soft::open(&SoftOptions::inproc(name)).expect("inproc device"))
+    Arc::new(soft::open(&SoftOptions::inproc(name, &soft::InprocNet::new())).expect("inproc device"))
 }
 
 fn meta(pci: Option<&str>, numa: Option<i32>) -> NicMeta {

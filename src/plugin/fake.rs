@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use crate::error::Result;
-use crate::fabric::soft::{self, SoftCq, SoftDevice, SoftMr, SoftOptions, SoftQp, SoftSrq};
+use crate::fabric::soft::{self, InprocNet, SoftCq, SoftDevice, SoftMr, SoftOptions, SoftQp, SoftSrq};
 use crate::fabric::{
     Access, ConnectParams, Device, DeviceAttrs, FaultKind, MemTypes, MrKeys, QpCaps, QpInfo, QueuePair, SendWr,
     Timestamps,
@@ -46,9 +46,9 @@ pub struct FakeQp {
 }
 
 impl Recording {
-    /// An in-process device `name` that claims to register `mem_types`.
-    pub fn open(name: &str, mem_types: MemTypes) -> Arc<Recording> {
-        let inner = soft::open(&SoftOptions::inproc(name)).expect("in-process soft device");
+    /// An in-process device `name` on `net` that claims to register `mem_types`.
+    pub fn open(name: &str, net: &Arc<InprocNet>, mem_types: MemTypes) -> Arc<Recording> {
+        let inner = soft::open(&SoftOptions::inproc(name, net)).expect("in-process soft device");
         let mut attrs = inner.attrs().clone();
         attrs.mem_types = mem_types;
         Arc::new(Recording {

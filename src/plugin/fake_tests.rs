@@ -13,6 +13,7 @@ use super::instance_state::InstanceState;
 use super::setup::FabricKind;
 use super::{AbiVersion, BufArg};
 use crate::config::{Config, FabricChoice};
+use crate::fabric::soft::InprocNet;
 use crate::fabric::{Access, MemTypes, WrOpcode};
 
 const ABI: AbiVersion = AbiVersion::V8;
@@ -68,7 +69,8 @@ fn transfer(p: &Plugin<Recording>, (send, recv): (CommHandle, CommHandle), bufs:
 
 #[test]
 fn control_regions_are_registered_strictly_ordered_and_data_buffers_relaxed() {
-    let (a, b) = (Recording::open("rec-sout", MemTypes::HOST), Recording::open("rec-sup", MemTypes::HOST));
+    let net = InprocNet::new();
+    let (a, b) = (Recording::open("rec-sout", &net, MemTypes::HOST), Recording::open("rec-sup", &net, MemTypes::HOST));
     let p = plugin(&a, &b);
     let (send, recv) = connect(&p);
     // Set-up registered each comm's control region on each rail: strictly ordered.
@@ -102,7 +104,8 @@ fn control_regions_are_registered_strictly_ordered_and_data_buffers_relaxed() {
 #[test]
 fn a_nic_with_dma_buf_only_gets_flush_qps_and_flushes_gpu_receives() {
     let mem = MemTypes::HOST | MemTypes::DMABUF;
-    let (a, b) = (Recording::open("dmabuf-sout", mem), Recording::open("dmabuf-sup", mem));
+    let net = InprocNet::new();
+    let (a, b) = (Recording::open("dmabuf-sout", &net, mem), Recording::open("dmabuf-sup", &net, mem));
     let p = plugin(&a, &b);
     let (send, recv) = connect(&p);
     let (sbuf, rbuf) = (vec![9u8; 8192], vec![0u8; 8192]);
@@ -143,7 +146,7 @@ fn a_port_down_under_both_rails_fails_one_over_and_leaves_the_last_to_rc() {
     // Both rails on one NIC whose port flaps (PORT_ERR, then back before RC gives up): the
     // first rail's event fails it over to the second, the second's is left to RC, as NCCL's
     // IB transport leaves it, and traffic goes on without an error.
-    let nic = Recording::open("flap", MemTypes::HOST);
+    let nic = Recording::open("flap", &InprocNet::new(), MemTypes::HOST);
     let p = plugin(&nic, &nic);
     let (send, recv) = connect(&p);
     let (sbuf, rbuf) = (vec![7u8; 256], vec![0u8; 256]);
@@ -160,7 +163,7 @@ fn a_port_down_under_both_rails_fails_one_over_and_leaves_the_last_to_rc() {
 #[test]
 fn a_nic_that_fails_fails_both_rails_it_carries_at_once() {
     // Both rails on one NIC; the device goes away (a verbs device's DEVICE_FATAL event).
-    let nic = Recording::open("fatal", MemTypes::HOST);
+    let nic = Recording::open("fatal", &InprocNet::new(), MemTypes::HOST);
     let p = plugin(&nic, &nic);
     let (send, recv) = connect(&p);
     let (sbuf, rbuf) = (vec![1u8; 256], vec![0u8; 256]);

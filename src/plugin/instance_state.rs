@@ -1,16 +1,17 @@
 //! What every context and connection of one plugin instance (`process.rs`) shares: its
 //! resource counts, its statistics registry and the writers of its statistics files, its
-//! in-process set-up listeners and the identities of its connections. The instance owns it
+//! in-process set-up listeners and network, and the identities of its connections. The instance owns it
 //! and passes `&'static` to it down (contexts, set-up), so two instances in one process
 //! (tests) share none of it; the process's instance is the ABI edge's static.
 
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use super::oob::InprocListeners;
 use super::resources::Counts;
 use crate::config::Config;
 use crate::error::Result;
+use crate::fabric::soft::InprocNet;
 use crate::telemetry::{Registry, StatsExport};
 
 pub struct InstanceState {
@@ -23,6 +24,9 @@ pub struct InstanceState {
     export: OnceLock<StatsExport>,
     /// Its in-process listeners (`MPIB_FABRIC=inproc`): a handle names one of these only.
     pub inproc: InprocListeners,
+    /// The in-process network its devices are on (`MPIB_FABRIC=inproc`): their QPs reach
+    /// the QPs of this instance only, as its handles name its own listeners.
+    inproc_net: OnceLock<Arc<InprocNet>>,
     next_owner: AtomicU64,
 }
 
@@ -39,8 +43,14 @@ impl InstanceState {
             stats: Registry::new(),
             export: OnceLock::new(),
             inproc: InprocListeners::new(),
+            inproc_net: OnceLock::new(),
             next_owner: AtomicU64::new(1),
         }
+    }
+
+    /// The in-process network of this instance's devices.
+    pub fn inproc_net(&self) -> &Arc<InprocNet> {
+        self.inproc_net.get_or_init(InprocNet::new)
     }
 
     /// A fresh connection identity (the routes of a NIC's shared queues name their owner

@@ -186,7 +186,7 @@ mod tests {
 
     /// The same with configuration `cfg`, and what a connector on the same devices needs.
     fn listen_comm_with(cfg: Config) -> (ListenComm<SoftDevice>, SocketAddr, Arc<NicPair<SoftDevice>>, Params) {
-        let d = Arc::new(soft::open(&SoftOptions::inproc("l")).unwrap());
+        let d = Arc::new(soft::open(&SoftOptions::inproc("l", &soft::InprocNet::new())).unwrap());
         let nic = Arc::new(Nic::new(d, NicMeta::default()));
         let pair = Arc::new(NicPair::new(0, [nic.clone(), nic], Shape::Pair, &[0]));
         let cfg: &'static Config = Box::leak(Box::new(cfg));

@@ -211,7 +211,7 @@ mod tests {
     use crate::fabric::soft::{self, SoftDevice, SoftOptions};
 
     fn cache() -> MrCache<SoftDevice> {
-        MrCache::new(Arc::new(soft::open(&SoftOptions::inproc("mr")).unwrap()))
+        MrCache::new(Arc::new(soft::open(&SoftOptions::inproc("mr", &soft::InprocNet::new())).unwrap()))
     }
 
     #[test]

@@ -384,7 +384,7 @@ impl Process {
 /// Opens the configured fabric's rail pairs.
 fn open(cfg: &'static Config, state: &'static InstanceState) -> Result<Active> {
     let soft = |kind: FabricKind| -> Result<Active> {
-        let pairs = discover::soft_pairs(cfg).map_err(|e| e.context("no usable network device"))?;
+        let pairs = discover::soft_pairs(cfg, state.inproc_net()).map_err(|e| e.context("no usable network device"))?;
         Ok(Active::Soft(Plugin::new(kind, pairs, cfg, state)))
     };
     let verbs = || -> Result<Active> {

@@ -3,9 +3,10 @@
 //! is queued and stepped by either side's CQ polls. The two ends share a [`DirectEnd`] pair
 //! (`transport.rs`): an end closing is what EOF is to a link.
 //!
-//! Found by nonce: a QP connects to the peer its `QpInfo` names through the registry of
-//! in-process QPs ([`INPROC`]); the QP that dials (the smaller nonce and number) builds the
-//! pair and hands the peer its end, parked on it if the peer has not called `connect` yet.
+//! Found by nonce: a QP connects to the peer its `QpInfo` names through the registry of the
+//! in-process network its device is on ([`InprocNet`]); the QP that dials (the smaller nonce
+//! and number) builds the pair and hands the peer its end, parked on it if the peer has not
+//! called `connect` yet.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,8 +24,35 @@ use super::transport::{CLOSED, DirectEnd, READY};
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, QpCaps, SendWr, WcOpcode, WcStatus, WrOpcode};
 
-/// The in-process QPs of this process, by nonce: how a QP finds the peer its `QpInfo` names.
-static INPROC: Mutex<Option<HashMap<u64, Weak<InprocConn>>>> = Mutex::new(None);
+/// The network in-process devices are on, as a switch is to NICs: its QPs by nonce, how a
+/// QP finds the peer its `QpInfo` names. Whoever opens the devices owns it (a plugin
+/// instance has one), so QPs reach exactly the QPs of devices opened on the same network.
+#[derive(Default)]
+pub struct InprocNet {
+    qps: Mutex<HashMap<u64, Weak<InprocConn>>>,
+}
+
+impl InprocNet {
+    /// A network of its own, for the devices opened on it.
+    pub fn new() -> std::sync::Arc<InprocNet> {
+        std::sync::Arc::default()
+    }
+}
+
+impl std::fmt::Debug for InprocNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "InprocNet({} QPs)", self.qps.lock().len())
+    }
+}
+
+/// The same network (identity, not contents).
+impl PartialEq for InprocNet {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other)
+    }
+}
+
+impl Eq for InprocNet {}
 
 /// An in-process connection (one QP). Shared (`Arc`) by the QP handle, its CQ's polls and
 /// the peer's (which step it: its WRs may wait on the peer's SRQ or CQ).
@@ -33,6 +61,8 @@ pub struct InprocConn {
     pub ep: Endpoint,
     /// A random u64 that names the QP (the registry's key).
     pub nonce: u64,
+    /// The network the QP is registered on (its device's).
+    net: Arc<InprocNet>,
     pub port: Arc<Port<InprocConn>>,
     /// The connections attached to this QP's CQ (the QP detaches itself when dropped).
     pub attached: Arc<Attached<InprocConn>>,
@@ -96,10 +126,11 @@ impl InprocState {
 
 impl InprocConn {
     /// A connection for QP `ep` on `port`, to be attached to its CQ's list `attached`;
-    /// registered under its nonce.
+    /// registered on `net` under its nonce.
     pub fn new(
         ep: Endpoint,
         nonce: u64,
+        net: &Arc<InprocNet>,
         port: Arc<Port<InprocConn>>,
         attached: Arc<Attached<InprocConn>>,
         caps: QpCaps,
@@ -109,6 +140,7 @@ impl InprocConn {
         let c = Arc::new(InprocConn {
             ep,
             nonce,
+            net: net.clone(),
             port,
             attached,
             st: SpinMutex::new(st),
@@ -116,7 +148,7 @@ impl InprocConn {
             peer: OnceLock::new(),
             lean_caps,
         });
-        INPROC.lock().get_or_insert_with(Default::default).insert(nonce, Arc::downgrade(&c));
+        net.qps.lock().insert(nonce, Arc::downgrade(&c));
         c
     }
 
@@ -137,8 +169,8 @@ impl InprocConn {
 
     /// The dialer: builds the pair and hands the peer its end.
     fn dial(self: &Arc<Self>, st: &mut InprocState, remote: Remote) -> Result<()> {
-        let peer = INPROC.lock().as_ref().and_then(|m| m.get(&remote.nonce)?.upgrade()).ok_or_else(|| {
-            Error::invalid_argument(format!("soft fabric (in-process): no QP {} in this process", remote.qpn))
+        let peer = self.net.qps.lock().get(&remote.nonce).and_then(Weak::upgrade).ok_or_else(|| {
+            Error::invalid_argument(format!("soft fabric (in-process): no QP {} on this device's network", remote.qpn))
         })?;
         let (mine, theirs) = DirectEnd::pair((&self.ep, &self.work), (&peer.ep, &peer.work));
         {
@@ -185,9 +217,7 @@ impl InprocConn {
     pub fn destroy(self: &Arc<Self>) {
         self.attached.detach(self);
         self.port.qps.remove(self.ep.qp_num);
-        if let Some(m) = INPROC.lock().as_mut() {
-            m.remove(&self.nonce);
-        }
+        self.net.qps.lock().remove(&self.nonce);
         let mut st = self.st.lock();
         st.core.phase = Phase::Error;
         st.parked = None;

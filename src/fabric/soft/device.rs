@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::addr::random_u64;
-use super::conn_inproc::InprocConn;
+use super::conn_inproc::{InprocConn, InprocNet};
 use super::conn_tcp::TcpConn;
 use super::cq::{Conns, SoftCq, SoftSrq};
 use super::endpoint::Endpoint;
@@ -30,7 +30,15 @@ pub struct SoftDevice {
 enum Kind {
     /// The port, and the helper thread (stopped when the device is dropped).
     Tcp(Arc<Port<TcpConn>>, Helper),
-    Inproc(Arc<Port<InprocConn>>),
+    /// The port, and the network its QPs are on.
+    Inproc(Arc<Port<InprocConn>>, Arc<InprocNet>),
+}
+
+/// Where [`SoftDevice::open`] puts the device: TCP on an address (and interface to bind
+/// its sockets to), or an in-process network.
+pub(super) enum OpenOn {
+    Tcp(IpAddr, Option<String>),
+    Inproc(Arc<InprocNet>),
 }
 
 /// A registered region of a [`SoftDevice`]; deregistered by `dereg_mr` or on drop.
@@ -49,18 +57,16 @@ impl Drop for SoftMr {
 }
 
 impl SoftDevice {
-    /// Opens a device; `net` is `None` for in-process mode.
-    pub(super) fn open(
-        attrs: DeviceAttrs,
-        net: Option<(IpAddr, Option<String>)>,
-        connect_timeout: Duration,
-    ) -> Result<SoftDevice> {
+    /// Opens a device: over TCP from an address and interface, or on an in-process network.
+    pub(super) fn open(attrs: DeviceAttrs, on: OpenOn, connect_timeout: Duration) -> Result<SoftDevice> {
         let first_qpn = (random_u64() as u32 & 0xFFFF) + 1;
         let mrs = Arc::new(MrTable::default());
         let (name, dev_id) = (attrs.name.clone(), random_u64());
-        let kind = match net {
-            None => Kind::Inproc(Arc::new(Port::new(name, dev_id, connect_timeout, first_qpn, mrs.clone(), None))),
-            Some((ip, bind_iface)) => {
+        let kind = match on {
+            OpenOn::Inproc(net) => {
+                Kind::Inproc(Arc::new(Port::new(name, dev_id, connect_timeout, first_qpn, mrs.clone(), None)), net)
+            }
+            OpenOn::Tcp(ip, bind_iface) => {
                 let net = Net::listen(&attrs.name, ip, bind_iface)?;
                 let port = Arc::new(Port::new(name, dev_id, connect_timeout, first_qpn, mrs.clone(), Some(net)));
                 let helper = Helper::start(&port, &attrs.name)?;
@@ -74,14 +80,14 @@ impl SoftDevice {
     fn net(&self) -> Option<&Net<TcpConn>> {
         match &self.kind {
             Kind::Tcp(port, _) => port.net.as_ref(),
-            Kind::Inproc(_) => None,
+            Kind::Inproc(..) => None,
         }
     }
 
     fn warn(&self) -> &Warnings {
         match &self.kind {
             Kind::Tcp(port, _) => &port.warn,
-            Kind::Inproc(port) => &port.warn,
+            Kind::Inproc(port, _) => &port.warn,
         }
     }
 
@@ -196,7 +202,7 @@ impl Device for SoftDevice {
         }
         let (count, qp_num) = match &self.kind {
             Kind::Tcp(port, _) => (port.qp_count(), port.next_qpn()),
-            Kind::Inproc(port) => (port.qp_count(), port.next_qpn()),
+            Kind::Inproc(port, _) => (port.qp_count(), port.next_qpn()),
         };
         if count >= a.max_qp as usize {
             crate::bail!(System, "soft fabric {}: more than {} QPs", a.name, a.max_qp);
@@ -209,8 +215,8 @@ impl Device for SoftDevice {
                 poll.attached.attach(conn.clone());
                 SoftQp::Tcp(conn)
             }
-            (Kind::Inproc(port), Conns::Inproc(poll)) => {
-                let conn = InprocConn::new(ep, random_u64(), port.clone(), poll.attached.clone(), caps);
+            (Kind::Inproc(port, net), Conns::Inproc(poll)) => {
+                let conn = InprocConn::new(ep, random_u64(), net, port.clone(), poll.attached.clone(), caps);
                 port.qps.insert(qp_num, &conn);
                 poll.attached.attach(conn.clone());
                 SoftQp::Inproc(conn)

@@ -142,10 +142,13 @@ mod transport;
 mod watch;
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use addr::NOMINAL_SPEED_MBPS;
+pub use conn_inproc::InprocNet;
 pub use cq::{SoftCq, SoftSrq};
+use device::OpenOn;
 pub use device::{SoftDevice, SoftMr};
 pub use liveness::silent_peer_bound;
 pub use progress::IDLE as HELPER_IDLE;
@@ -159,9 +162,8 @@ use crate::fabric::{Device, DeviceAttrs, LinkLayer, MemTypes, Progress};
 pub struct SoftOptions {
     /// The device's name, as logs and NCCL show it (`soft-sout`, `inproc-sup`).
     pub name: String,
-    /// TCP: the local address to listen on and dial from; `None`: in-process mode (both
-    /// ends of every connection in this process, no sockets).
-    pub bind: Option<SoftBind>,
+    /// What its connections run over.
+    pub link: SoftLink,
     /// How long a connection may take to come up.
     pub connect_timeout: Duration,
 }
@@ -169,14 +171,29 @@ pub struct SoftOptions {
 impl SoftOptions {
     /// A TCP device on `ip` (no interface binding), with a 5 s connect timeout.
     pub fn tcp(name: &str, ip: IpAddr) -> SoftOptions {
-        let bind = Some(SoftBind { ip, iface: None, bind_iface: None });
-        SoftOptions { name: name.to_string(), bind, connect_timeout: Duration::from_secs(5) }
+        let link = SoftLink::Tcp(SoftBind { ip, iface: None, bind_iface: None });
+        SoftOptions { name: name.to_string(), link, connect_timeout: Duration::from_secs(5) }
     }
 
-    /// An in-process device, with a 5 s connect timeout.
-    pub fn inproc(name: &str) -> SoftOptions {
-        SoftOptions { name: name.to_string(), bind: None, connect_timeout: Duration::from_secs(5) }
+    /// An in-process device on `net`, with a 5 s connect timeout.
+    pub fn inproc(name: &str, net: &Arc<InprocNet>) -> SoftOptions {
+        SoftOptions {
+            name: name.to_string(),
+            link: SoftLink::Inproc(net.clone()),
+            connect_timeout: Duration::from_secs(5),
+        }
     }
+}
+
+/// What a soft device's connections run over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SoftLink {
+    /// TCP, from a local address: its peers are devices of other processes (or this one)
+    /// that reach that address.
+    Tcp(SoftBind),
+    /// In-process mode: both ends of every connection in this process, no sockets; its
+    /// peers are the devices opened on the same network.
+    Inproc(Arc<InprocNet>),
 }
 
 /// The local side of a TCP soft device.
@@ -195,14 +212,18 @@ pub struct SoftBind {
 /// same options give the same device in every process.
 pub fn open(opts: &SoftOptions) -> Result<SoftDevice> {
     let timeout = opts.connect_timeout;
-    let Some(b) = &opts.bind else {
-        // In-process: a post executes against the peer at once; polls only collect.
-        return SoftDevice::open(attrs(&opts.name, None, &[&opts.name], Progress::Autonomous), None, timeout);
+    let b = match &opts.link {
+        SoftLink::Tcp(b) => b,
+        SoftLink::Inproc(net) => {
+            // In-process: a post executes against the peer at once; polls only collect.
+            let at = attrs(&opts.name, None, &[&opts.name], Progress::Autonomous);
+            return SoftDevice::open(at, OpenOn::Inproc(net.clone()), timeout);
+        }
     };
     let ip_s = b.ip.to_string();
     let iface = b.iface.as_deref();
     let at = attrs(&opts.name, iface, &[&opts.name, &ip_s, iface.unwrap_or("")], Progress::OnPoll);
-    let d = SoftDevice::open(at, Some((b.ip, b.bind_iface.clone())), timeout)?;
+    let d = SoftDevice::open(at, OpenOn::Tcp(b.ip, b.bind_iface.clone()), timeout)?;
     let a = d.attrs();
     log::info!(
         "soft fabric: {} on {} (interface {}, {} Mbit/s, listening on {})",

@@ -36,9 +36,10 @@ enum Mode {
 
 /// Two devices of `mode` (as the plugin opens a rail pair).
 fn devices(mode: Mode) -> (Arc<SoftDevice>, Arc<SoftDevice>) {
+    let net = InprocNet::new();
     let opts = |name: &str| match mode {
         Mode::Tcp => SoftOptions { connect_timeout: Duration::from_secs(2), ..SoftOptions::tcp(name, LOOPBACK) },
-        Mode::Inproc => SoftOptions { connect_timeout: Duration::from_secs(2), ..SoftOptions::inproc(name) },
+        Mode::Inproc => SoftOptions { connect_timeout: Duration::from_secs(2), ..SoftOptions::inproc(name, &net) },
     };
     (Arc::new(open(&opts("t-sout")).unwrap()), Arc::new(open(&opts("t-sup")).unwrap()))
 }
@@ -459,4 +460,25 @@ fn helpers_finish_a_transfer_when_neither_side_calls() {
     assert!(b.region() == &src[..]);
     let c = poll_n(&mut a.cq, &mut b.cq, 1);
     assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::Success));
+}
+
+/// In-process devices reach the QPs of their own network only: a QP on another network
+/// (another plugin instance's) is not found, and the same QPs on one network connect.
+#[test]
+fn inproc_qps_reach_only_their_own_networks_qps() {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let on = |name: &str, net: &Arc<InprocNet>| Arc::new(open(&SoftOptions::inproc(name, net)).unwrap());
+    let (n1, n2) = (InprocNet::new(), InprocNet::new());
+    let (mut a, mut b) = (End::new(on("n1", &n1), 64, all), End::new(on("n2", &n2), 64, all));
+    let (ia, ib) = (a.qp.local_info(), b.qp.local_info());
+    // The dialer (smaller nonce) looks its peer up at once; the other side waits for it.
+    let errs: Vec<String> = [a.qp.connect(&ib, &PARAMS), b.qp.connect(&ia, &PARAMS)]
+        .into_iter()
+        .filter_map(|r| r.err())
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert!(errs[0].contains("on this device's network"), "{errs:?}");
+    let (mut a, mut b) = (End::new(on("n1a", &n1), 64, all), End::new(on("n1b", &n1), 64, all));
+    connect(&mut a, &mut b);
 }

@@ -25,7 +25,7 @@ use crate::config::{Config, FabricChoice, HcaSpec, RailAddr, RelaxedOrdering, Se
 use crate::error::{Error, Result};
 use crate::fabric::Device;
 use crate::fabric::netif::{default_addr, first_matching, interfaces};
-use crate::fabric::soft::{self, SoftBind, SoftDevice, SoftOptions};
+use crate::fabric::soft::{self, InprocNet, SoftBind, SoftDevice, SoftLink, SoftOptions};
 use crate::fabric::verbs::{self, GidRule, HostPort, VerbsDevice, VerbsOptions};
 use pairing::Resolved;
 pub use topology::Sysfs;
@@ -75,7 +75,7 @@ pub const SOFT_QP_CONNECT_WITHIN: Duration = Duration::from_secs(120);
 
 /// Opens the soft rail pair: over TCP (`Soft`, and `Auto` on a host without RDMA
 /// devices), or in-process (`Inproc`). The chosen addresses are logged at INFO.
-pub fn soft_pairs(cfg: &Config) -> Result<Vec<FoundPair<SoftDevice>>> {
+pub fn soft_pairs(cfg: &Config, inproc: &Arc<InprocNet>) -> Result<Vec<FoundPair<SoftDevice>>> {
     // A QP's own bound on its peer QP's CONNECT. It runs only once both sides exchanged
     // their QPs (both are there), so it catches a rail address the peer cannot reach, not
     // a late rank: the set-up's deadline, if any, or a generous one.
@@ -84,8 +84,9 @@ pub fn soft_pairs(cfg: &Config) -> Result<Vec<FoundPair<SoftDevice>>> {
         ms => Duration::from_millis(ms),
     };
     if cfg.fabric == FabricChoice::Inproc {
-        let open =
-            |rail: &str| soft::open(&SoftOptions { name: format!("inproc-{rail}"), bind: None, connect_timeout });
+        let open = |rail: &str| {
+            soft::open(&SoftOptions { connect_timeout, ..SoftOptions::inproc(&format!("inproc-{rail}"), inproc) })
+        };
         let pair = FoundPair::new(Arc::new(open("sout")?), Arc::new(open("sup")?));
         log::info!("soft fabric: in-process rails inproc-sout and inproc-sup");
         return Ok(vec![pair]);
@@ -97,8 +98,8 @@ pub fn soft_pairs(cfg: &Config) -> Result<Vec<FoundPair<SoftDevice>>> {
             Some(RailAddr::Interface(name)) => Some(name.clone()),
             _ => None,
         };
-        let bind = Some(SoftBind { ip, iface, bind_iface });
-        soft::open(&SoftOptions { name: format!("soft-{rail}"), bind, connect_timeout })
+        let link = SoftLink::Tcp(SoftBind { ip, iface, bind_iface });
+        soft::open(&SoftOptions { name: format!("soft-{rail}"), link, connect_timeout })
     };
     let sout = open("sout", cfg.soft_sout_addr.as_ref(), "MPIB_SOFT_SOUT_ADDR")?;
     let sup = open("sup", cfg.soft_sup_addr.as_ref(), "MPIB_SOFT_SUP_ADDR")?;
