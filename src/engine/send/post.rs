@@ -139,10 +139,8 @@ impl SendEngine {
         for i in 0..n {
             r.parts[i] = PartSrc::of(&self.cur.bufs[i], &self.cur.entries[i], sout[i], sizes[i]);
         }
-        for rail in [SOUT, SUP] {
-            if !mask.contains(rail) {
-                continue; // an inactive rail sends nothing at all
-            }
+        // An inactive rail sends nothing at all.
+        for rail in mask.iter() {
             if self.stripes && self.cfg.pieces[rail] > 1 {
                 let ranges: [(u64, u64); MAX_RECVS] = std::array::from_fn(|i| {
                     if i >= n {
@@ -193,7 +191,7 @@ impl SendEngine {
 
     /// The fast path of a single receive whose size `size_q` encodes: one WRITE_WITH_IMM
     /// per active rail carries its share of the data and the IMM.
-    #[inline]
+    #[inline(always)]
     fn post_single(&mut self, now_ns: u64, slot: usize, id: u16, size: u64, failed: RailMask, out: &mut Posts) {
         let s = self.sout_part(size, now_ns, failed);
         let mask = or_empty_rail(rails_carrying(s, size), failed);
@@ -206,10 +204,8 @@ impl SendEngine {
         if self.stripes {
             self.post_single_striped(now_ns, slot, s, size, mask, imm, out);
         } else {
-            for rail in [SOUT, SUP] {
-                if !mask.contains(rail) {
-                    continue; // an inactive rail sends nothing at all
-                }
+            // An inactive rail sends nothing at all.
+            for rail in mask.iter() {
                 let (off, len) = if rail == SOUT { (0, s) } else { (s, size - s) };
                 let qp = self.next_qp(rail);
                 let wr = self.data_wr(rail, slot, &self.cur.bufs[0], &self.cur.entries[0], off, len, Some(imm));
