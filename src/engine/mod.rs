@@ -23,13 +23,11 @@ mod tests;
 pub use crate::error::protocol::{CompletionFailed, Refused, Side, StrayCompletion, Violation, WorkRequest};
 pub use failover::{
     Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, Output, QpRecords, RailState,
+    SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS,
 };
 pub use place::{Place, PlaceRef};
 pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
-pub use send::{
-    CallerWaits, PartState, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS, SendBuf, SendConfig, SendEngine,
-    SentPart, SlotView,
-};
+pub use send::{CallerWaits, PartState, SendBuf, SendConfig, SendEngine, SentPart, SlotView};
 
 use crate::fabric::SendWr;
 use error_state::ErrorState;

@@ -1,6 +1,9 @@
-//! Rail failover, the parts both engines share (DESIGN.md "Rail failover"): the
-//! configuration, each rail's state, the control ring's messages and their encoding, and
-//! what the engines ask the plugin for (actions out) and learn from it (events in).
+//! Rail failover (DESIGN.md "Rail failover"): the parts both engines share (the
+//! configuration, each rail's state, the control ring's messages and their encoding, what
+//! the engines ask the plugin for (actions out) and learn from it (events in), the
+//! re-admission steps), and the sender's failover whole (`sender.rs`, `replay.rs`,
+//! `silence.rs`, `readmit.rs`), which the send engine calls with its hot-path state lent
+//! for the step (`engine/send/path.rs`).
 //!
 //! A rail failure does not break the connection: the receiver fences the rail (its QPs
 //! of that rail to the error state, their CQ drained), reports which parts of which
@@ -43,7 +46,7 @@ pub struct FailoverConfig {
     /// Sender: a rail with signalled work outstanding and no completion for this long has
     /// failed (0 = never).
     pub stall_ns: u64,
-    /// Sender: the silent-rail check (`engine/send/silence.rs`) runs. Off where the two
+    /// Sender: the silent-rail check (`engine/failover/silence.rs`) runs. Off where the two
     /// rails leave through one port: they share its link, so one cannot go silent beside
     /// the other, and a rail queued behind its partner's traffic in the NIC is no failure.
     pub silence: bool,
@@ -231,12 +234,17 @@ impl Chain {
 mod control;
 mod readmit;
 mod replay;
+mod sender;
+mod silence;
 
 pub(crate) use control::CtlChannel;
 pub use control::CtlMemory;
 pub use control::{CtlKind, CtlMsg};
 pub(crate) use readmit::ReadmitStep;
 pub(crate) use replay::{PartSrc, Replays};
+pub use sender::STALL_NS_PER_BYTE;
+pub(crate) use silence::SILENCE_CHECK_NS;
+pub use silence::{SILENT_FLOOR_NS, SUSPECT_FLOOR_NS};
 
 /// The other rail.
 #[inline]
@@ -259,7 +267,7 @@ pub(crate) struct Failover {
     /// error state is final and their completions are in; it never waits for it).
     pub(crate) fence_wait: RailMask,
     /// Sender: rails failed by their silence whose QPs are fenced only once the
-    /// receiver's report came (`engine/send/failover.rs`, `rail_down`).
+    /// receiver's report came (`engine/failover/sender.rs`, `rail_down`).
     pub(crate) fence_after_report: RailMask,
     /// Sender: rails whose `RailDown` is still to be written. Receiver: rails whose
     /// fence is done and whose `Fenced` is still to be written.
@@ -280,7 +288,7 @@ pub(crate) struct Failover {
     pub(crate) replayed_bytes: u64,
     pub(crate) duplicates: u64,
     pub(crate) cts_reposts: u64,
-    /// Re-admission (`engine/send/readmit.rs`, `engine/recv/readmit.rs`). The time of the
+    /// Re-admission (`engine/failover/readmit.rs`, `engine/recv/readmit.rs`). The time of the
     /// last failover poll (events carry none).
     pub(crate) now_ns: u64,
     /// The new QPs' records: ours (to write) and, at the receiver, the sender's (to
@@ -310,7 +318,7 @@ pub(crate) struct Failover {
     /// Sender: rails suspected silent (new sends leave them; a completion clears it).
     pub(crate) suspect: RailMask,
     /// Sender: when each rail last completed something (data or a probe), and when it was
-    /// last suspected (`engine/send/silence.rs`).
+    /// last suspected (`engine/failover/silence.rs`).
     pub(crate) heard_ns: [u64; RAILS],
     pub(crate) suspect_at: [u64; RAILS],
     /// When each rail's continued absence was last warned about (a rail that stays down

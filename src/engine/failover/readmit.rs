@@ -11,14 +11,21 @@
 //! `epoch + 1`. Anything that fails on the way fails the attempt (the rail fails at the new
 //! epoch, the receiver fences and reports as for any failure) and the next one waits longer.
 //!
-//! What only an engine holds stays there (`engine/{send,recv}/readmit.rs`): the probe WRs
-//! (its region's addresses and keys), its telemetry, failing a rail.
+//! The sender's part (its attempts started and failed, its probes on the new data QPs, its
+//! telemetry restarted when the rail is Up again) is here too, with the sender engine's
+//! state lent for the step ([`SendPath`]). What only the receiver holds stays there
+//! (`engine/recv/readmit.rs`): its keepalive on the new QPs, its telemetry.
 //!
 //! [`Event::QpsBuilt`]: crate::engine::Event::QpsBuilt
 //! [`Event::QpsConnected`]: crate::engine::Event::QpsConnected
 
-use super::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_RESET_NS, other};
-use crate::engine::{Action, CtlMemory, Output, QpRecords, RAIL_NAMES, RAILS, RailState, Side};
+use super::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_PROBES, READMIT_RESET_NS, other};
+use crate::engine::send::SendPath;
+use crate::engine::{
+    Action, CtlMemory, DownReason, Output, QpRecords, QpRef, RAIL_NAMES, RAILS, RailState, Side, WrKind,
+};
+use crate::error::Result;
+use crate::fabric::{SendWr, Sge, WrOpcode};
 
 /// What a rail's due re-admission work came to ([`Failover::readmit_step`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,5 +213,113 @@ impl Failover {
         self.readmit_at[rail] = now + *b;
         log::debug!("send: {} rail: re-admission attempt in {} ms", RAIL_NAMES[rail], *b / 1_000_000);
         *b = (*b * 2).min(max);
+    }
+}
+
+/// The sender's side of re-admission.
+impl Failover {
+    /// Sender: re-admission work of one failover poll: attempts to start or give up, `Rebuild`
+    /// messages to write, probes to post.
+    pub(crate) fn sender_readmit_round(
+        &mut self,
+        p: &mut SendPath<'_>,
+        now: u64,
+        mem: &mut impl CtlMemory,
+        out: &mut Output,
+    ) -> Result<()> {
+        if self.cfg.readmit_ns == 0 {
+            return Ok(());
+        }
+        for rail in 0..RAILS {
+            if self.start_or_expire_attempt(rail, now, out) {
+                self.readmit_failed(p, rail)?;
+            }
+        }
+        for rail in self.readmit_due.iter() {
+            if let ReadmitStep::Probe { epoch } = self.readmit_step(Side::Send, rail, mem, out) {
+                self.post_readmit_probes(p, rail, epoch, out);
+            }
+        }
+        Ok(())
+    }
+
+    /// Signalled WRITEs into the receiver's scratch word, spread over the rail's new data
+    /// QPs: [`READMIT_PROBES`], or one per QP where the rail has more, so that every QP data
+    /// will take has carried a WRITE (on RoCE each QP may take a path of its own).
+    fn post_readmit_probes(&mut self, p: &mut SendPath<'_>, rail: usize, epoch: u32, out: &mut Output) {
+        let qps = p.cfg.qps[rail].max(1);
+        let probes = READMIT_PROBES.max(qps.min(u8::MAX as u16) as u8);
+        for k in 0..probes {
+            let qp = QpRef::Data(k as u16 % qps);
+            out.push(rail, qp).add(SendWr {
+                wr_id: WrKind::ReadmitProbe.id(rail, Failover::probe_tag(epoch)),
+                opcode: WrOpcode::Write,
+                signaled: true,
+                inline: p.cfg.max_inline >= 8,
+                num_sge: 1,
+                sge: [Sge { addr: p.cfg.sizes_addr, len: 8, lkey: p.cfg.sizes_lkeys[rail] }, Sge::default()],
+                remote_addr: p.cfg.scratch_addr,
+                rkey: p.cfg.scratch_rkeys[rail],
+                ..SendWr::default()
+            });
+            p.tel[rail].stats().count_post(1, 0, 0, 0);
+            p.tel[rail].stats().counters.probes.add(1);
+        }
+        self.probes_out[rail] = probes;
+    }
+
+    /// A re-admission probe completed: the last one makes the rail Up again — the split
+    /// and the probes use it from now on, its estimates start afresh.
+    pub(super) fn on_readmit_probe(&mut self, p: &mut SendPath<'_>, rail: usize, tag: usize) {
+        if !self.readmit_probe_done(rail, tag) {
+            return;
+        }
+        let now = self.now_ns;
+        let outage = self.rail_back_up(rail, now);
+        p.tel[rail].readmit(now);
+        p.tel[rail].stats().count_readmission();
+        *p.probe_check_ns = 0;
+        log::info!(
+            "send: {} rail re-admitted (epoch {}, after {} failed attempts so far); the split uses it again",
+            RAIL_NAMES[rail],
+            self.epoch[rail],
+            self.readmit_failures
+        );
+        if let Some(took) = outage {
+            // What waited goes out at the next round: the replays (`replay_ready`), a held slot.
+            log::warn!(
+                "send: the connection is back on the {} rail after {} ms without a working rail; what waited is sent again",
+                RAIL_NAMES[rail],
+                took / 1_000_000
+            );
+        }
+    }
+
+    /// The current attempt failed (the plugin's word, a probe, the time bound). Before
+    /// its `Rebuild` was written the receiver knows nothing: back to Failed at the old
+    /// epoch, the next attempt after a longer back-off. After, the rail fails at the new
+    /// epoch like any failure (fence, `RailDown`; the receiver's `Fenced` then schedules the
+    /// next attempt).
+    pub(super) fn readmit_failed(&mut self, p: &mut SendPath<'_>, rail: usize) -> Result<()> {
+        if self.unstarted_attempt_back(rail, None) {
+            return Ok(());
+        }
+        match self.state[rail] {
+            RailState::Rebuilding { .. } | RailState::Probing { .. } => self.rail_down(p, rail, DownReason::Port),
+            _ => Ok(()),
+        }
+    }
+
+    /// [`Event::PortDown`]: the attempt never started (its `Rebuild` unwritten, the receiver
+    /// knows nothing): Failed at the old epoch again, the next try `MPIB_READMIT_MS` from
+    /// now; neither a failed attempt nor a longer back-off. Later (the `Rebuild` written),
+    /// a failure like any other.
+    ///
+    /// [`Event::PortDown`]: crate::engine::Event::PortDown
+    pub(super) fn readmit_deferred(&mut self, p: &mut SendPath<'_>, rail: usize) -> Result<()> {
+        if self.unstarted_attempt_back(rail, Some(self.cfg.readmit_ns)) {
+            return Ok(());
+        }
+        self.readmit_failed(p, rail)
     }
 }

@@ -16,19 +16,16 @@ use crate::telemetry::{ProbeBudget, RailTelemetry, Sample};
 
 mod drill;
 mod failover;
-mod outage;
+mod path;
 mod post;
 mod profile;
-mod readmit;
 mod report;
-mod silence;
 mod timers;
 
-pub use failover::STALL_NS_PER_BYTE;
+pub(crate) use path::SendPath;
 #[cfg(test)]
 pub(crate) use post::stripe;
 pub use profile::{PartState, SentPart, SlotView};
-pub use silence::{SILENT_FLOOR_NS, SUSPECT_FLOOR_NS};
 
 use crate::engine::CpuAccess;
 pub use timers::CallerWaits;
@@ -91,21 +88,21 @@ struct SendReq {
     size: u64,
 }
 
-/// A slot whose chains are posted and not yet complete.
+/// A slot whose chains are posted and not yet complete (failover settles its parts).
 #[derive(Clone, Copy, Debug, Default)]
-struct PostedSlot {
-    n: u8,
+pub(crate) struct PostedSlot {
+    pub(crate) n: u8,
     reqs: [u16; MAX_RECVS],
     /// Rails whose signalled WR has not completed yet.
-    pending: RailMask,
-    posted_ns: [u64; RAILS],
-    bytes: [u64; RAILS],
+    pub(crate) pending: RailMask,
+    pub(crate) posted_ns: [u64; RAILS],
+    pub(crate) bytes: [u64; RAILS],
     /// Pieces of a striped rail share whose signalled WR is out, beyond the last one (the
     /// rail stays in `pending` until that one completes).
-    extra_pieces: [u8; RAILS],
+    pub(crate) extra_pieces: [u8; RAILS],
     /// The receive sequence number (0-based) of the slot's CTS (hang reports, the profiler,
     /// failover's reports name it).
-    seq: u64,
+    pub(crate) seq: u64,
 }
 
 /// The slot being matched: its CTS entries and which send took each (its request and
@@ -446,11 +443,7 @@ impl SendEngine {
     /// Every send of `slot` is complete.
     #[inline]
     fn complete_slot(&mut self, slot: usize) {
-        let s = &self.slots[slot];
-        for &id in &s.reqs[..s.n as usize] {
-            self.reqs[id as usize].state = ReqState::Done;
-        }
-        self.pending -= s.n as u32;
+        path::complete(&self.slots[slot], &mut self.reqs, &mut self.pending);
     }
 
     /// A data completion for a part that is not outstanding: after a failover, the dead
@@ -488,15 +481,6 @@ impl SendEngine {
             }
             ReqState::Free => Err(cold(move || Refused::SendNotInFlight { id }.into())),
         }
-    }
-
-    /// Whether a send NCCL posted is not complete yet: a failure now costs NCCL something
-    /// (a warning), where a failure with nothing posted (a peer that closed, seen through a
-    /// probe) is news only for the next call that needs the peer (information).
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn nccl_waits(&self) -> bool {
-        self.reqs.iter().any(|r| r.state == ReqState::Pending)
     }
 
     /// Whether request `id` is in flight (allocated and not yet returned by `test`).

@@ -52,10 +52,7 @@ impl SendEngine {
     /// The next data QP of `rail` (round robin).
     #[inline]
     pub(super) fn next_qp(&mut self, rail: usize) -> QpRef {
-        let qp = self.rr[rail];
-        // Kept below the QP count: no division per post.
-        self.rr[rail] = if qp + 1 >= self.cfg.qps[rail] { 0 } else { qp + 1 };
-        QpRef::Data(qp)
+        super::path::next_qp(&mut self.rr, &self.cfg.qps, rail)
     }
 
     /// Book-keeping of a chain posted on `rail` for `slot`: counters, telemetry, in flight.
@@ -74,7 +71,7 @@ impl SendEngine {
         self.outstanding[rail] += 1;
         if self.fo.silence_next_ns == u64::MAX && self.fo.cfg.silence {
             // Work outstanding again: the silent-rail checks resume.
-            self.fo.silence_next_ns = now_ns + super::silence::SILENCE_CHECK_NS;
+            self.fo.silence_next_ns = now_ns + crate::engine::failover::SILENCE_CHECK_NS;
             self.fo.timer_ns = self.fo.timer_ns.min(self.fo.silence_next_ns);
         }
         if !self.carried.contains(rail) {
@@ -378,11 +375,5 @@ impl PartSrc {
     #[inline(always)]
     fn of(buf: &SendBuf, entry: &CtsEntry, sout: u64, size: u64) -> PartSrc {
         PartSrc { src: buf.addr, lkeys: buf.lkeys, dst: entry.addr, rkeys: entry.rkeys, sout, size, cpu: buf.cpu }
-    }
-
-    /// The byte range (offset, length) of the part that went on `rail`.
-    #[inline]
-    pub(super) fn range(&self, rail: usize) -> (u64, u64) {
-        if rail == SOUT { (0, self.sout) } else { (self.sout, self.size - self.sout) }
     }
 }

@@ -15,9 +15,9 @@
 //! All of it runs in the failover round, every [`SILENCE_CHECK_NS`] while work is out; the
 //! data path only stores each rail's last completion time (`Failover::heard_ns`).
 
-use super::SendEngine;
-use super::failover::STALL_NS_PER_BYTE;
-use crate::engine::failover::other;
+use super::sender::STALL_NS_PER_BYTE;
+use super::{Failover, other};
+use crate::engine::send::SendPath;
 use crate::engine::{DownReason, RAIL_NAMES, RAILS, RailState};
 use crate::error::Result;
 
@@ -35,42 +35,42 @@ const UNMEASURED_FAIL_FACTOR: u64 = 8;
 /// How often the silence of a rail with work outstanding is looked at.
 pub const SILENCE_CHECK_NS: u64 = 5_000_000;
 
-impl SendEngine {
+impl Failover {
     /// The silent-rail check: clears a suspect that completed something since it was
     /// suspected (or has nothing outstanding), suspects, then fails, a rail
     /// silent too long while its partner completes work. Schedules the next check while
     /// work is outstanding.
-    pub(super) fn check_silence(&mut self, now_ns: u64) -> Result<()> {
-        if !self.fo.cfg.silence {
-            self.fo.silence_next_ns = u64::MAX;
+    pub(crate) fn check_silence(&mut self, p: &mut SendPath<'_>, now_ns: u64) -> Result<()> {
+        if !self.cfg.silence {
+            self.silence_next_ns = u64::MAX;
             return Ok(());
         }
         for rail in 0..RAILS {
-            if self.fo.heard_ns[rail] > self.fo.suspect_at[rail] {
-                self.clear_suspect(rail);
+            if self.heard_ns[rail] > self.suspect_at[rail] {
+                self.clear_suspect(p, rail);
             }
         }
         let mut busy = false;
         let (suspect_floor, fail_floor) = self.silence_floors();
         for (rail, name) in RAIL_NAMES.iter().enumerate() {
-            if self.fo.state[rail] != RailState::Up || self.outstanding[rail] == 0 {
-                self.clear_suspect(rail);
+            if self.state[rail] != RailState::Up || p.outstanding[rail] == 0 {
+                self.clear_suspect(p, rail);
                 continue;
             }
             busy = true;
-            if self.fo.heard_ns[rail] == 0 {
+            if self.heard_ns[rail] == 0 {
                 // Nothing completed on this rail yet (since it came up or was re-admitted):
                 // no round trip to judge a silence by, and its first work may wait for the
                 // path to come up (the soft fabric dials at first use). RC's budget decides.
                 continue;
             }
-            let Some((posted, bytes)) = self.oldest_part(rail) else { continue };
-            let since = posted.max(self.fo.heard_ns[rail]);
+            let Some((posted, bytes)) = self.oldest_part(p, rail) else { continue };
+            let since = posted.max(self.heard_ns[rail]);
             let partner = other(rail);
-            if !self.completing(partner, since, now_ns) {
+            if !self.completing(p, partner, since, now_ns) {
                 continue;
             }
-            let v = self.tel[rail].view();
+            let v = p.tel[rail].view();
             // RC says nothing before a chain's end: its bytes may be moving. Allow twice its
             // serialization at the rate the rail has measured. Before any measurement (small
             // parts give none) a part gets its time at the stall bound's conservative
@@ -89,35 +89,35 @@ impl SendEngine {
             let silent_ms = silent_ns / 1_000_000;
             if silent_ns.saturating_sub(fail_allow) > fail_floor.max(SILENT_RTTS * spread) {
                 log::log!(
-                    self.failure_level(),
+                    p.failure_level(),
                     "send: the {name} rail has completed nothing for {silent_ms} ms while the {} rail completes: it \
                      has failed{}",
                     RAIL_NAMES[partner],
-                    self.at(rail)
+                    p.at(rail)
                 );
-                self.fo.silent_failures += 1;
-                self.rail_down(rail, DownReason::Silent)?;
+                self.silent_failures += 1;
+                self.rail_down(p, rail, DownReason::Silent)?;
             } else if silent_ns.saturating_sub(suspect_allow) > suspect_floor.max(SUSPECT_RTTS * spread)
-                && !self.fo.suspect.contains(rail)
-                && !self.fo.suspect.contains(partner)
+                && !self.suspect.contains(rail)
+                && !self.suspect.contains(partner)
             {
                 log::info!(
                     "send: the {name} rail has completed nothing for {silent_ms} ms while the {} rail completes: new \
                      sends leave it",
                     RAIL_NAMES[partner]
                 );
-                (self.fo.suspect, self.fo.suspect_at[rail]) = (self.fo.suspect.with(rail), now_ns);
-                self.tel[rail].set_suspect(true);
-                self.tel[rail].stats().count_suspect();
+                (self.suspect, self.suspect_at[rail]) = (self.suspect.with(rail), now_ns);
+                p.tel[rail].set_suspect(true);
+                p.tel[rail].stats().count_suspect();
             }
         }
-        self.fo.silence_next_ns = if busy { now_ns + SILENCE_CHECK_NS } else { u64::MAX };
+        self.silence_next_ns = if busy { now_ns + SILENCE_CHECK_NS } else { u64::MAX };
         Ok(())
     }
 
     /// This connection's (suspect, failure) floors.
     fn silence_floors(&self) -> (u64, u64) {
-        match self.fo.cfg.silent_floor_ns {
+        match self.cfg.silent_floor_ns {
             0 => (SUSPECT_FLOOR_NS, SILENT_FLOOR_NS),
             fail => (fail * 2 / 5, fail),
         }
@@ -128,15 +128,15 @@ impl SendEngine {
     /// into that silence. Two rails gone quiet together (a paused peer, late
     /// acknowledgements, an outage of both) leave nobody to blame, whichever crosses its
     /// bound first. An idle partner heard from since is working: its part is done.
-    fn completing(&self, partner: usize, since_ns: u64, now_ns: u64) -> bool {
-        let heard = self.fo.heard_ns[partner];
-        if self.fo.state[partner] != RailState::Up || heard <= since_ns {
+    fn completing(&self, p: &SendPath<'_>, partner: usize, since_ns: u64, now_ns: u64) -> bool {
+        let heard = self.heard_ns[partner];
+        if self.state[partner] != RailState::Up || heard <= since_ns {
             return false;
         }
-        if self.outstanding[partner] == 0 {
+        if p.outstanding[partner] == 0 {
             return true;
         }
-        let v = self.tel[partner].view();
+        let v = p.tel[partner].view();
         let quiet = now_ns.saturating_sub(heard);
         quiet <= self.silence_floors().0.max(SUSPECT_RTTS * (v.srtt_ns + 4 * v.rttvar_ns))
             && quiet.saturating_mul(2) <= now_ns.saturating_sub(since_ns)
@@ -144,11 +144,11 @@ impl SendEngine {
 
     /// `rail` is no longer suspect (it completed something, has nothing outstanding, or is
     /// the only rail left): new sends may use it again.
-    pub(super) fn clear_suspect(&mut self, rail: usize) {
-        if self.fo.suspect.contains(rail) {
-            self.fo.suspect = self.fo.suspect.without(rail);
-            if self.fo.state[rail] == RailState::Up {
-                self.tel[rail].set_suspect(false);
+    pub(crate) fn clear_suspect(&mut self, p: &mut SendPath<'_>, rail: usize) {
+        if self.suspect.contains(rail) {
+            self.suspect = self.suspect.without(rail);
+            if self.state[rail] == RailState::Up {
+                p.tel[rail].set_suspect(false);
                 log::info!("send: the {} rail completes again: new sends use it again", RAIL_NAMES[rail]);
             }
         }
