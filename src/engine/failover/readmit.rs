@@ -220,7 +220,7 @@ impl Failover {
 impl Failover {
     /// Sender: re-admission work of one failover poll: attempts to start or give up, `Rebuild`
     /// messages to write, probes to post.
-    pub(crate) fn sender_readmit_round(
+    pub(super) fn sender_readmit_round(
         &mut self,
         p: &mut SendPath<'_>,
         now: u64,

@@ -31,7 +31,7 @@ pub(crate) struct PartSrc {
 impl PartSrc {
     /// The byte range (offset, length) of the part that went on `rail`.
     #[inline]
-    pub(crate) fn range(&self, rail: usize) -> (u64, u64) {
+    fn range(&self, rail: usize) -> (u64, u64) {
         if rail == SOUT { (0, self.sout) } else { (self.sout, self.size - self.sout) }
     }
 }

@@ -144,7 +144,7 @@ impl Failover {
         mem: &impl CtlMemory,
         out: &mut Output,
     ) -> Result<()> {
-        if self.outage_round(now_ns, "send", p.error.place.at(0), mem, out) {
+        if self.outage_round(now_ns, "send", p.at(0), mem, out) {
             return Err(p.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
         }
         Ok(())
@@ -391,7 +391,7 @@ impl Failover {
 
     /// The post time and bytes of the oldest original part outstanding on `rail` (replays
     /// ride the other rail).
-    pub(crate) fn oldest_part(&self, p: &SendPath<'_>, rail: usize) -> Option<(u64, u64)> {
+    pub(super) fn oldest_part(&self, p: &SendPath<'_>, rail: usize) -> Option<(u64, u64)> {
         (0..SLOTS)
             .filter(|&s| p.slots[s].pending.contains(rail) && !self.replays[s].replay.contains(rail))
             .map(|s| (p.slots[s].posted_ns[rail], p.slots[s].bytes[rail]))

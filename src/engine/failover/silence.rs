@@ -40,7 +40,7 @@ impl Failover {
     /// suspected (or has nothing outstanding), suspects, then fails, a rail
     /// silent too long while its partner completes work. Schedules the next check while
     /// work is outstanding.
-    pub(crate) fn check_silence(&mut self, p: &mut SendPath<'_>, now_ns: u64) -> Result<()> {
+    pub(super) fn check_silence(&mut self, p: &mut SendPath<'_>, now_ns: u64) -> Result<()> {
         if !self.cfg.silence {
             self.silence_next_ns = u64::MAX;
             return Ok(());
@@ -144,7 +144,7 @@ impl Failover {
 
     /// `rail` is no longer suspect (it completed something, has nothing outstanding, or is
     /// the only rail left): new sends may use it again.
-    pub(crate) fn clear_suspect(&mut self, p: &mut SendPath<'_>, rail: usize) {
+    pub(super) fn clear_suspect(&mut self, p: &mut SendPath<'_>, rail: usize) {
         if self.suspect.contains(rail) {
             self.suspect = self.suspect.without(rail);
             if self.state[rail] == RailState::Up {

@@ -30,17 +30,17 @@ impl SendEngine {
 
     /// Failover and the hot-path state it works on, borrowed apart.
     fn failover_parts(&mut self) -> (&mut Failover, SendPath<'_>) {
-        let path = SendPath::new(
-            &self.cfg,
-            &mut self.slots,
-            &mut self.outstanding,
-            &mut self.tel,
-            &mut self.error,
-            &mut self.probe_check_ns,
-            &mut self.reqs,
-            &mut self.pending,
-            &mut self.rr,
-        );
+        let path = SendPath {
+            cfg: &self.cfg,
+            slots: &mut self.slots,
+            outstanding: &mut self.outstanding,
+            tel: &mut self.tel,
+            error: &mut self.error,
+            probe_check_ns: &mut self.probe_check_ns,
+            reqs: &mut self.reqs,
+            pending: &mut self.pending,
+            rr: &mut self.rr,
+        };
         (&mut self.fo, path)
     }
 

@@ -18,27 +18,12 @@ pub(crate) struct SendPath<'a> {
     pub(crate) error: &'a mut ErrorState,
     /// The next idle-probe check (a re-admitted rail is looked at again at once).
     pub(crate) probe_check_ns: &'a mut u64,
-    reqs: &'a mut [SendReq],
-    pending: &'a mut u32,
-    rr: &'a mut [u16; RAILS],
+    pub(super) reqs: &'a mut [SendReq],
+    pub(super) pending: &'a mut u32,
+    pub(super) rr: &'a mut [u16; RAILS],
 }
 
-impl<'a> SendPath<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn new(
-        cfg: &'a SendConfig,
-        slots: &'a mut [PostedSlot; SLOTS],
-        outstanding: &'a mut [u32; RAILS],
-        tel: &'a mut [RailTelemetry; RAILS],
-        error: &'a mut ErrorState,
-        probe_check_ns: &'a mut u64,
-        reqs: &'a mut [SendReq],
-        pending: &'a mut u32,
-        rr: &'a mut [u16; RAILS],
-    ) -> Self {
-        SendPath { cfg, slots, outstanding, tel, error, probe_check_ns, reqs, pending, rr }
-    }
-
+impl SendPath<'_> {
     /// Every send of `slot` is complete.
     pub(crate) fn complete_slot(&mut self, slot: usize) {
         complete(&self.slots[slot], self.reqs, self.pending);
