@@ -1,9 +1,9 @@
 //! Rail failover (DESIGN.md "Rail failover"): the parts both engines share (the
 //! configuration, each rail's state, the control ring's messages and their encoding, what
 //! the engines ask the plugin for (actions out) and learn from it (events in), the
-//! re-admission steps), and the sender's failover whole (`sender.rs`, `replay.rs`,
-//! `silence.rs`, `readmit.rs`), which the send engine calls with its hot-path state lent
-//! for the step (`engine/send/path.rs`).
+//! re-admission steps), the sender's failover whole (`sender.rs`, `replay.rs`,
+//! `silence.rs`, `readmit.rs`) and the receiver's (`receiver.rs`, `readmit.rs`), which the
+//! engines call with their hot-path state lent for the step (`engine/{send,recv}/path.rs`).
 //!
 //! A rail failure does not break the connection: the receiver fences the rail (its QPs
 //! of that rail to the error state, their CQ drained), reports which parts of which
@@ -233,6 +233,7 @@ impl Chain {
 
 mod control;
 mod readmit;
+mod receiver;
 mod replay;
 mod sender;
 mod silence;
@@ -240,7 +241,6 @@ mod silence;
 pub(crate) use control::CtlChannel;
 pub use control::CtlMemory;
 pub use control::{CtlKind, CtlMsg};
-pub(crate) use readmit::ReadmitStep;
 pub(crate) use replay::{PartSrc, Replays};
 pub use sender::STALL_NS_PER_BYTE;
 pub(crate) use silence::SILENCE_CHECK_NS;
@@ -288,8 +288,7 @@ pub(crate) struct Failover {
     pub(crate) replayed_bytes: u64,
     pub(crate) duplicates: u64,
     pub(crate) cts_reposts: u64,
-    /// Re-admission (`engine/failover/readmit.rs`, `engine/recv/readmit.rs`). The time of the
-    /// last failover poll (events carry none).
+    /// Re-admission (`readmit.rs`). The time of the last failover poll (events carry none).
     pub(crate) now_ns: u64,
     /// The new QPs' records: ours (to write) and, at the receiver, the sender's (to
     /// connect to once ours are built).

@@ -11,15 +11,16 @@
 //! `epoch + 1`. Anything that fails on the way fails the attempt (the rail fails at the new
 //! epoch, the receiver fences and reports as for any failure) and the next one waits longer.
 //!
-//! The sender's part (its attempts started and failed, its probes on the new data QPs, its
-//! telemetry restarted when the rail is Up again) is here too, with the sender engine's
-//! state lent for the step ([`SendPath`]). What only the receiver holds stays there
-//! (`engine/recv/readmit.rs`): its keepalive on the new QPs, its telemetry.
+//! Each engine's part is here too, with its state lent for the step: the sender's
+//! ([`SendPath`]: its attempts started and failed, its probes on the new data QPs, its
+//! telemetry restarted when the rail is Up again) and the receiver's ([`RecvPath`]: its
+//! keepalive on the new CTS QP, its counters).
 //!
 //! [`Event::QpsBuilt`]: crate::engine::Event::QpsBuilt
 //! [`Event::QpsConnected`]: crate::engine::Event::QpsConnected
 
 use super::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_PROBES, READMIT_RESET_NS, other};
+use crate::engine::recv::RecvPath;
 use crate::engine::send::SendPath;
 use crate::engine::{
     Action, CtlMemory, DownReason, Output, QpRecords, QpRef, RAIL_NAMES, RAILS, RailState, Side, WrKind,
@@ -321,5 +322,53 @@ impl Failover {
             return Ok(());
         }
         self.readmit_failed(p, rail)
+    }
+}
+
+/// The receiver's side of re-admission: the sender decides when, the receiver follows; its
+/// probe is one keepalive on the new CTS QP, and when that completed CTS writes and
+/// keepalives use the rail again. A failure on the way fails the rail at the new epoch as
+/// any failure does (fence, then `Fenced`), which tells the sender that the attempt failed.
+impl Failover {
+    /// Receiver: [`Event::ReadmitFailed`]; the rail fails at its new epoch (fence, then
+    /// `Fenced`).
+    ///
+    /// [`Event::ReadmitFailed`]: crate::engine::Event::ReadmitFailed
+    pub(super) fn receiver_readmit_failed(&mut self, p: &mut RecvPath<'_>, rail: usize) -> Result<()> {
+        match self.state[rail] {
+            RailState::Rebuilding { .. } | RailState::Probing { .. } => {
+                self.receiver_rail_down(p, rail, DownReason::Port)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Receiver: re-admission work of one poll: `Rebuilt` to write (then connect),
+    /// keepalives to post.
+    pub(crate) fn receiver_readmit_round(&mut self, p: &mut RecvPath<'_>, mem: &mut impl CtlMemory, out: &mut Output) {
+        for rail in self.readmit_due.iter() {
+            let ReadmitStep::Probe { epoch } = self.readmit_step(Side::Receive, rail, mem, out) else { continue };
+            p.post_scratch_write(rail, WrKind::ReadmitProbe.id(rail, Failover::probe_tag(epoch)), out);
+            self.probes_out[rail] = 1;
+        }
+    }
+
+    /// Receiver: the keepalive on the rebuilt rail completed; the rail is Up here again.
+    pub(crate) fn on_receiver_readmit_probe(&mut self, p: &mut RecvPath<'_>, rail: usize, tag: usize) {
+        if !self.readmit_probe_done(rail, tag) {
+            return;
+        }
+        let outage = self.rail_back_up(rail, self.now_ns);
+        self.live_rails = self.live_rails.with(rail);
+        p.stats[rail].count_readmission();
+        log::info!("recv: {} rail re-admitted (epoch {}): CTS writes use it again", RAIL_NAMES[rail], self.epoch[rail]);
+        if let Some(took) = outage {
+            // The CTS writes lost meanwhile go out again (`RecvEngine::repost_cts`).
+            log::warn!(
+                "recv: the connection is back on the {} rail after {} ms without a working rail",
+                RAIL_NAMES[rail],
+                took / 1_000_000
+            );
+        }
     }
 }

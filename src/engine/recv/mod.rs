@@ -18,13 +18,14 @@ use crate::telemetry::StatsHandle;
 mod arrival;
 mod failover;
 mod flush;
+mod path;
 mod pieces;
-mod readmit;
 mod report;
 mod timers;
 
 pub use flush::FlushBuf;
 use flush::FlushReq;
+pub(crate) use path::RecvPath;
 
 /// What the receiver needs to know about the connection.
 #[derive(Clone, Debug)]
@@ -401,13 +402,6 @@ impl RecvEngine {
             }
         }
         Ok(())
-    }
-
-    /// Whether a receive NCCL posted is still waiting for data.
-    #[cold]
-    #[inline(never)]
-    pub(crate) fn nccl_waits(&self) -> bool {
-        self.slots.iter().any(|s| s.state == State::Posted && !s.data_done)
     }
 
     /// `test`: the sizes once request `id` is complete (then `id` is free again).

@@ -7,9 +7,8 @@
 use super::RecvEngine;
 use crate::engine::failover::Output;
 use crate::engine::layout::RecvMemory;
-use crate::engine::{CtlMemory, KEEPALIVE_NS, QpRef, RAILS, RailMask, SOUT, WrKind};
+use crate::engine::{CtlMemory, KEEPALIVE_NS, RAILS, RailMask, SOUT, WrKind};
 use crate::error::Result;
-use crate::fabric::{SendWr, Sge, WrOpcode};
 
 impl RecvEngine {
     /// The earliest time (ns) at which [`Self::handle_timeout`] has work: a keepalive due
@@ -102,23 +101,8 @@ impl RecvEngine {
         self.quiet_since_ns = now_ns;
     }
 
-    /// A signalled 8-byte WRITE into the sender's scratch word on `rail`'s CTS QP, counted
-    /// as a probe: a keepalive, or a re-admission's probe of the rebuilt rail (`wr_id` says
-    /// which).
-    pub(super) fn post_scratch_write(&mut self, rail: usize, wr_id: u64, out: &mut Output) {
-        out.push(rail, QpRef::Cts).add(SendWr {
-            wr_id,
-            opcode: WrOpcode::Write,
-            signaled: true,
-            deferrable: false,
-            inline: self.cfg.max_inline >= 8,
-            num_sge: 1,
-            sge: [Sge { addr: self.cfg.flush_addr, len: 8, lkey: self.cfg.flush_lkeys[rail] }, Sge::default()],
-            remote_addr: self.cfg.scratch_addr,
-            rkey: self.cfg.scratch_rkeys[rail],
-            imm: 0,
-        });
-        self.stats[rail].count_post(1, 0, 0, 0);
-        self.stats[rail].counters.probes.add(1);
+    /// A keepalive: the scratch WRITE of `path::scratch_write` on `rail`.
+    fn post_scratch_write(&mut self, rail: usize, wr_id: u64, out: &mut Output) {
+        super::path::scratch_write(&self.cfg, &self.stats, rail, wr_id, out);
     }
 }
