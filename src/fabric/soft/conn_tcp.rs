@@ -19,9 +19,10 @@ use super::port::Port;
 use super::progress::{Doorbell, doorbell};
 use super::qp_recv::QpRx;
 use super::qp_send::QpTx;
+use super::responder::imm_completion;
 use super::spin::SpinMutex;
 use crate::error::{Error, Result};
-use crate::fabric::{Completion, FaultKind, QpCaps, SendWr, WcOpcode, WcStatus};
+use crate::fabric::{FaultKind, QpCaps, SendWr, WcStatus};
 
 /// A CONNECT that came before `connect` named the peer: from QP `qpn` (`nonce`) on `link`.
 pub struct Parked {
@@ -98,13 +99,7 @@ impl TcpConn {
         }
         if st.rx.take_wqe() {
             // Its CQ slot was reserved with the WQE: the Flushed completion has room.
-            let c = Completion {
-                status: WcStatus::Flushed,
-                opcode: WcOpcode::RecvRdmaWithImm,
-                qp_num: self.ep.qp_num,
-                ..Completion::default()
-            };
-            self.ep.cq.lock().push_reserved(c);
+            self.ep.cq.lock().push_reserved(imm_completion(self.ep.qp_num, 0, 0, WcStatus::Flushed));
         }
         st.core.fail(&self.ep, &self.port.warn.qp, at, why, loud);
     }

@@ -28,8 +28,8 @@ use super::link::{Dest, Placed, Recv};
 use super::placement::{final_word_last, store_final_word};
 use super::qp_send::{Ctl, QpTx};
 use super::requester::Requester;
-use super::responder::{Responder, Verdict};
-use crate::fabric::{Access, Completion, MAX_SGE, WcOpcode, WcStatus};
+use super::responder::{Responder, Verdict, imm_completion};
+use crate::fabric::{Access, MAX_SGE, WcStatus};
 
 /// The transfer whose payload is arriving (a WRITE, or a READ's response).
 pub struct RxFrame {
@@ -312,16 +312,7 @@ fn finish(env: &mut RxEnv<'_>) -> Result<(), Fault> {
         return Ok(());
     }
     if let Some(imm) = c.imm {
-        let done = Completion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::RecvRdmaWithImm,
-            byte_len: c.len as u32,
-            imm,
-            qp_num: env.ep.qp_num,
-            timestamp_ns: 0,
-        };
-        env.ep.cq.lock().push_reserved(done);
+        env.ep.cq.lock().push_reserved(imm_completion(env.ep.qp_num, c.len, imm, WcStatus::Success));
     }
     env.tx.ack(c.seq, c.ack_req);
     Ok(())

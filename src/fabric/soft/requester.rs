@@ -49,6 +49,13 @@ pub struct SqEntry {
     pub read_done: bool,
 }
 
+/// The completion of the send WR `wr` (`len` bytes) of QP `qp_num`.
+#[inline(always)]
+pub fn wr_completion(wr: &SendWr, len: u64, status: WcStatus, qp_num: u32) -> Completion {
+    let opcode = if wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite };
+    Completion { wr_id: wr.wr_id, status, opcode, byte_len: len as u32, qp_num, ..Completion::default() }
+}
+
 /// The send queue of one QP (see the module documentation).
 pub struct Requester {
     /// A power of two of entries, at most the depth rounded up; `seq & mask` is the slot.
@@ -264,20 +271,10 @@ impl Requester {
                 Some(_) => WcStatus::Flushed,
                 None => break,
             };
-            if e.wr.signaled || status != WcStatus::Success {
-                let opcode = if e.wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite };
-                let c = Completion {
-                    wr_id: e.wr.wr_id,
-                    status,
-                    opcode,
-                    byte_len: e.wr.bytes() as u32,
-                    qp_num,
-                    ..Completion::default()
-                };
-                if !ring.push(c) {
-                    self.blocked = true;
-                    return moved;
-                }
+            let signal = e.wr.signaled || status != WcStatus::Success;
+            if signal && !ring.push(wr_completion(&e.wr, e.wr.bytes(), status, qp_num)) {
+                self.blocked = true;
+                return moved;
             }
             self.head = seq.wrapping_add(1);
             moved = true;

@@ -5,6 +5,14 @@
 //! counted. How a WRITE's bytes are placed is `placement.rs`.
 
 use super::fault::Fault;
+use crate::fabric::{Completion, WcOpcode, WcStatus};
+
+/// The completion a WRITE_WITH_IMM of `len` bytes gives the responder QP `qp_num`, for the
+/// SRQ WQE it consumed (`status`: Success once placed; Flushed when the QP failed first).
+#[inline]
+pub fn imm_completion(qp_num: u32, len: u64, imm: u32, status: WcStatus) -> Completion {
+    Completion { status, opcode: WcOpcode::RecvRdmaWithImm, byte_len: len as u32, imm, qp_num, ..Completion::default() }
+}
 
 /// The responder state of one connection.
 pub struct Responder {
