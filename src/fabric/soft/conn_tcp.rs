@@ -110,14 +110,7 @@ impl TcpConn {
     fn on_link<R>(self: &Arc<Self>, send: bool, f: impl FnOnce(&mut TcpState, &mut Io<'_, TcpConn>) -> R) -> Option<R> {
         let link = self.st.lock().link.clone()?;
         let mut ls = link.lock();
-        let r = {
-            let mut st = self.st.lock();
-            let w0 = st.waiting();
-            let mut io = ls.io(&link);
-            let r = f(&mut st, &mut io);
-            self.settle(&mut st, &mut io, w0);
-            r
-        };
+        let r = self.settled(&mut ls.io(&link), f);
         if send {
             self.port.step_tx(&link, &mut ls);
         }
@@ -242,12 +235,7 @@ impl TcpConn {
         let link = self.st.lock().link.clone();
         let Some(link) = link else { return self.st.lock().core.post(&self.ep, chain) };
         let mut ls = link.lock();
-        {
-            let mut st = self.st.lock();
-            let w0 = st.waiting();
-            st.core.post(&self.ep, chain)?;
-            self.settle(&mut st, &mut ls.io(&link), w0);
-        }
+        self.settled(&mut ls.io(&link), |st, _| st.core.post(&self.ep, chain))?;
         link.caller_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match doorbell(chain, ls.phase == super::link::Phase::Up) {
             Doorbell::Ring => self.port.step_tx(&link, &mut ls),
