@@ -27,7 +27,7 @@ use super::frame::{Frame, NakCode, SEGMENT};
 use super::link::{Dest, Placed, Recv};
 use super::placement::{final_word_last, store_final_word};
 use super::qp_send::{Ctl, QpTx};
-use super::requester::Requester;
+use super::requester::{Requester, segs_of};
 use super::responder::{Responder, Verdict, imm_completion};
 use crate::fabric::{Access, MAX_SGE, WcStatus};
 
@@ -138,10 +138,7 @@ pub fn on_frame(env: &mut RxEnv<'_>, f: &Frame) -> Result<Recv, Fault> {
         Frame::ReadResp { seq, result, .. } => {
             let wr = env.req.on_read_resp(seq, result)?;
             let mut c = RxFrame::new(seq, false, wr.bytes(), Access::LOCAL_WRITE);
-            c.nseg = wr.num_sge as usize;
-            for (d, s) in c.segs.iter_mut().zip(&wr.sge[..c.nseg]) {
-                *d = (s.lkey, s.addr, s.len as u64);
-            }
+            (c.segs, c.nseg) = (segs_of(&wr), wr.num_sge as usize);
             start(env, c)
         }
         Frame::Data { seq, len, .. } => {

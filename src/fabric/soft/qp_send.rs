@@ -21,7 +21,7 @@ use super::fault::Fault;
 use super::frame::{Frame, NakCode, SEGMENT, encode};
 use super::hook::{self, Held, Hook};
 use super::link::{Filler, Src, Station};
-use super::requester::{MAX_RD_ATOMIC, Requester};
+use super::requester::{MAX_RD_ATOMIC, Requester, segs_of};
 use crate::fabric::{Access, MAX_SGE, WcStatus, WrOpcode};
 
 /// The first delay before requests refused with RNR go again, and the longest.
@@ -298,7 +298,7 @@ impl QpTx {
         }
         let e = req.entry(seq);
         let (opcode, len, inline) = (e.wr.opcode, e.wr.bytes(), e.wr.inline);
-        let segs = sges(req, seq);
+        let segs = segs_of(&e.wr);
         if opcode == WrOpcode::Read {
             req.start_read(seq);
         }
@@ -334,7 +334,7 @@ impl QpTx {
                     seq,
                     len,
                     off,
-                    Src::Mem { segs: sges(req, seq), nseg: MAX_SGE, base: off, need: Access::empty() },
+                    Src::Mem { segs: segs_of(&req.entry(seq).wr), nseg: MAX_SGE, base: off, need: Access::empty() },
                     false,
                 )
             }
@@ -356,16 +356,6 @@ impl QpTx {
             Out::ReadResp { seq, rkey, addr, len, .. } => Some(Out::ReadResp { seq, rkey, addr, len, off: off + seg }),
         };
     }
-}
-
-/// The SGEs of request `seq` as (lkey, address, length) (unused ones are empty).
-fn sges(req: &Requester, seq: u32) -> [(u32, u64, u64); MAX_SGE] {
-    let wr = &req.entry(seq).wr;
-    let mut s = [(0, 0, 0); MAX_SGE];
-    for (d, g) in s.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
-        *d = (g.lkey, g.addr, g.len as u64);
-    }
-    s
 }
 
 fn one(key: u32, addr: u64, len: u64) -> [(u32, u64, u64); MAX_SGE] {

@@ -26,7 +26,7 @@ use super::frame::{Frame, MAX_MSG, NakCode};
 use super::mr::MrTable;
 use super::ring::Producer;
 use crate::error::Error;
-use crate::fabric::{Access, Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::fabric::{Access, Completion, MAX_SGE, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 /// Most READs a requester has outstanding (verbs' `max_rd_atomic`).
 pub const MAX_RD_ATOMIC: usize = 16;
@@ -47,6 +47,15 @@ pub struct SqEntry {
     pub bad_local: bool,
     /// READ: the response was placed.
     pub read_done: bool,
+}
+
+/// The SGEs of `wr` as (lkey, address, length), the rest 0.
+pub fn segs_of(wr: &SendWr) -> [(u32, u64, u64); MAX_SGE] {
+    let mut s = [(0, 0, 0); MAX_SGE];
+    for (d, g) in s.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
+        *d = (g.lkey, g.addr, g.len as u64);
+    }
+    s
 }
 
 /// The completion of the send WR `wr` (`len` bytes) of QP `qp_num`.
