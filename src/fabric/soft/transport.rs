@@ -218,19 +218,12 @@ pub fn dial_result(fd: i32) -> std::io::Result<bool> {
     if p.revents & libc::POLLNVAL != 0 {
         return Err(std::io::Error::from_raw_os_error(libc::EBADF));
     }
-    let mut err: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: SO_ERROR writes one c_int into `err`; `len` says so.
-    let rc = unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut libc::c_int).cast(), &mut len)
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
+    // SAFETY: `fd` is open (poll did not say POLLNVAL) and the caller's for this call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    match socket2::SockRef::from(&fd).take_error()? {
+        Some(e) => Err(e),
+        None => Ok(true),
     }
-    if err != 0 {
-        return Err(std::io::Error::from_raw_os_error(err));
-    }
-    Ok(true)
 }
 
 /// Reads and drops what the socket holds now (non-blocking), at most 1 MiB.
