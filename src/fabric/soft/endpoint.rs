@@ -17,6 +17,7 @@ use super::mr::MrTable;
 use super::ring::CqRing;
 
 /// One side of a connection (see the module documentation).
+#[derive(Clone)]
 pub struct Endpoint {
     pub qp_num: u32,
     pub mrs: Arc<MrTable>,

@@ -41,6 +41,7 @@ pub fn seq_lt(a: u32, b: u32) -> bool {
 }
 
 /// One posted WR.
+#[derive(Clone, Copy, Default)]
 pub struct SqEntry {
     pub wr: SendWr,
     /// The local memory of the WR failed its check at post time (inline copy).
@@ -102,7 +103,7 @@ impl Requester {
         let depth = max_send_wr.max(1);
         let n = (depth as usize).next_power_of_two().min(FIRST_SLOTS);
         Requester {
-            sq: (0..n).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect(),
+            sq: vec![SqEntry::default(); n],
             mask: n as u32 - 1,
             depth,
             inline: vec![0; n * max_inline],
@@ -148,15 +149,13 @@ impl Requester {
         while n < want {
             n *= 2;
         }
-        let mut sq: Vec<SqEntry> =
-            (0..n).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect();
+        let mut sq = vec![SqEntry::default(); n];
         let mut inline = vec![0; n * self.max_inline];
         let (old, new) = (self.mask as usize, n - 1);
         let mut seq = self.head;
         while seq != self.tail {
             let (a, b) = (seq as usize & old, seq as usize & new);
-            let e = &self.sq[a];
-            sq[b] = SqEntry { wr: e.wr, bad_local: e.bad_local, read_done: e.read_done };
+            sq[b] = self.sq[a];
             let m = self.max_inline;
             inline[b * m..(b + 1) * m].copy_from_slice(&self.inline[a * m..(a + 1) * m]);
             seq = seq.wrapping_add(1);

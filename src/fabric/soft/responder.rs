@@ -15,6 +15,7 @@ pub fn imm_completion(qp_num: u32, len: u64, imm: u32, status: WcStatus) -> Comp
 }
 
 /// The responder state of one connection.
+#[derive(Default)]
 pub struct Responder {
     expect_seq: u32,
     /// A request was refused: later requests are read and dropped, never executed.
@@ -35,10 +36,6 @@ pub enum Verdict {
 }
 
 impl Responder {
-    pub fn new() -> Responder {
-        Responder { expect_seq: 0, discarding: false, rnr_counted: None, rnr_wait: None }
-    }
-
     /// Request `seq` arrived: it must be the next in order (or, after an RNR, anything up
     /// to the refused one sent again).
     pub fn next_request(&mut self, seq: u32) -> Result<Verdict, Fault> {
