@@ -32,13 +32,14 @@ use super::responder::{Responder, Verdict, imm_completion};
 use crate::fabric::{Access, MAX_SGE, WcStatus};
 
 /// The transfer whose payload is arriving (a WRITE, or a READ's response).
+#[derive(Default)]
 pub struct RxFrame {
     seq: u32,
     /// A WRITE (or WRITE_IMM); else a READ response.
     write: bool,
     imm: Option<u32>,
-    /// Placed and acknowledged; `false`: read and dropped.
-    execute: bool,
+    /// Read and dropped; `false`: placed and acknowledged.
+    dropped: bool,
     ack_req: bool,
     len: u64,
     /// Payload bytes in so far.
@@ -57,22 +58,7 @@ pub struct RxFrame {
 
 impl RxFrame {
     fn new(seq: u32, write: bool, len: u64, need: Access) -> RxFrame {
-        RxFrame {
-            seq,
-            write,
-            imm: None,
-            execute: true,
-            ack_req: false,
-            len,
-            got: 0,
-            segs: [(0, 0, 0); MAX_SGE],
-            nseg: 0,
-            need,
-            tail: [0; 8],
-            tail_on: false,
-            wqe: false,
-            nak: None,
-        }
+        RxFrame { seq, write, len, need, ..RxFrame::default() }
     }
 
     /// Where the next segment goes.
@@ -152,7 +138,7 @@ pub fn on_frame(env: &mut RxEnv<'_>, f: &Frame) -> Result<Recv, Fault> {
                 let want = c.next_segment();
                 return Err(Fault::qp(format!("DATA {seq} of {len} bytes, expected {} of {want}", c.seq)));
             }
-            if c.execute && c.nak.is_none() {
+            if !c.dropped && c.nak.is_none() {
                 return Ok(Recv::Place(c.dest()));
             }
             c.got += len as u64;
@@ -190,7 +176,7 @@ fn on_write(
     (c.imm, c.ack_req) = (imm, ack_req);
     match env.resp.next_request(seq)? {
         Verdict::Drop if env.resp.in_rnr() => return Ok(Recv::Skip),
-        Verdict::Drop => c.execute = false,
+        Verdict::Drop => c.dropped = true,
         Verdict::Execute => {
             // As verbs: a 0-byte WRITE checks no rkey.
             let refused = if len > 0 && env.ep.mrs.pin_range(rkey, addr, len, Access::REMOTE_WRITE).is_none() {
@@ -203,7 +189,7 @@ fn on_write(
             if let Some(code) = refused {
                 env.tx.push(Ctl::Nak(seq, code))?;
                 env.resp.refuse();
-                c.execute = false;
+                c.dropped = true;
             } else if imm.is_some() && !take_wqe(env, seq) {
                 env.tx.push(Ctl::Rnr(seq))?;
                 env.resp.rnr(seq);
@@ -238,7 +224,7 @@ fn take_wqe(env: &mut RxEnv<'_>, seq: u32) -> bool {
 
 /// A transfer starts: its first segment is placed, or (nothing to place) dropped.
 fn start(env: &mut RxEnv<'_>, c: RxFrame) -> Result<Recv, Fault> {
-    let place = c.execute && c.len > 0;
+    let place = !c.dropped && c.len > 0;
     let first = c.next_segment();
     env.rx.cur = Some(c);
     if place {
@@ -284,7 +270,7 @@ fn finish(env: &mut RxEnv<'_>) -> Result<(), Fault> {
         env.tx.acked();
         return Ok(());
     }
-    if !c.execute {
+    if c.dropped {
         return Ok(());
     }
     if c.nak.is_none() && c.tail_on {

@@ -67,6 +67,7 @@ pub fn wr_completion(wr: &SendWr, len: u64, status: WcStatus, qp_num: u32) -> Co
 }
 
 /// The send queue of one QP (see the module documentation).
+#[derive(Default)]
 pub struct Requester {
     /// A power of two of entries, at most the depth rounded up; `seq & mask` is the slot.
     sq: Vec<SqEntry>,
@@ -108,19 +109,7 @@ impl Requester {
             depth,
             inline: vec![0; n * max_inline],
             max_inline,
-            need: None,
-            last_ack_req: 0,
-            round: 0,
-            blocked: false,
-            head: 0,
-            tx_done: 0,
-            sent: 0,
-            tail: 0,
-            acked: 0,
-            reads: [0; MAX_RD_ATOMIC],
-            reads_len: 0,
-            reads_head: 0,
-            doomed: None,
+            ..Requester::default()
         }
     }
 
