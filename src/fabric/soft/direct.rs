@@ -56,6 +56,7 @@ enum Exec {
 }
 
 /// The bytes a WR moves on this side: up to `MAX_SGE` pieces, pinned while they are used.
+#[derive(Default)]
 struct Pieces<'a> {
     at: [(u64, u64); MAX_SGE],
     n: usize,
@@ -63,11 +64,6 @@ struct Pieces<'a> {
 }
 
 impl<'a> Pieces<'a> {
-    #[inline]
-    fn new() -> Pieces<'a> {
-        Pieces { at: [(0, 0); MAX_SGE], n: 0, _pins: [None, None] }
-    }
-
     /// Adds `len` bytes at `addr` this QP owns (its inline slot).
     #[inline]
     fn add_own(&mut self, addr: u64, len: u64) {
@@ -218,7 +214,7 @@ fn run_wr(
         if len > 0 && remote.is_none() {
             return Err(refused(WcStatus::RemoteAccessError, || format!("peer refused READ {seq}: RemoteAccess")));
         }
-        let mut local = Pieces::new();
+        let mut local = Pieces::default();
         if !local.add_sges(mrs, wr, Access::LOCAL_WRITE) {
             let why = "READ response: local SGE not registered with LOCAL_WRITE";
             return Err(refused(WcStatus::LocalError, || why.into()));
@@ -227,7 +223,7 @@ fn run_wr(
         unsafe { local.copy(0, len, wr.remote_addr as *mut u8, true) };
         return Ok(Exec::Done);
     }
-    let mut local = Pieces::new();
+    let mut local = Pieces::default();
     match src {
         Src::Sges if !local.add_sges(mrs, wr, Access::empty()) => {
             let why = "local memory of a WR deregistered or out of bounds";
