@@ -34,7 +34,7 @@ pub mod verbs;
 
 bitflags! {
     /// Access rights of a memory registration (as `ibv_access_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
     pub struct Access: u32 {
         const LOCAL_WRITE = 1;
         const REMOTE_WRITE = 2;

@@ -20,16 +20,27 @@ pub struct HelperClock {
     pub schedule: SweepSchedule,
 }
 
+/// The descriptor `fd` a call named `what` returned, owned; its error if it failed.
+pub fn owned_fd(what: &str, fd: i32) -> Result<OwnedFd> {
+    if fd < 0 {
+        return Err(Error::io(&format!("soft fabric: {what}"), &std::io::Error::last_os_error()));
+    }
+    // SAFETY: a descriptor just returned by a call that creates one: owned by nobody else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Consumes what an eventfd or a timerfd counted (after its event): one 8-byte read.
+pub fn drain_counter(fd: &OwnedFd) {
+    let mut buf = 0u64;
+    // SAFETY: reads 8 bytes into a live u64 from a descriptor the caller owns.
+    unsafe { libc::read(fd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+}
+
 impl HelperClock {
     pub fn new() -> Result<HelperClock> {
-        // SAFETY: plain syscall; the result is checked before it is owned.
+        // SAFETY: plain syscall; `owned_fd` checks the result.
         let t = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC | libc::TFD_NONBLOCK) };
-        if t < 0 {
-            return Err(Error::io("soft fabric: timerfd_create", &std::io::Error::last_os_error()));
-        }
-        // SAFETY: just created, owned by nobody else.
-        let tfd = unsafe { OwnedFd::from_raw_fd(t) };
-        Ok(HelperClock { tfd, schedule: SweepSchedule::new(IDLE) })
+        Ok(HelperClock { tfd: owned_fd("timerfd_create", t)?, schedule: SweepSchedule::new(IDLE) })
     }
 
     /// The descriptor the helper's epoll set watches.
@@ -69,9 +80,7 @@ impl HelperClock {
 
     /// Consumes the timer's expiry (after its event).
     pub fn drain(&self) {
-        let mut buf = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 from our timerfd.
-        unsafe { libc::read(self.tfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+        drain_counter(&self.tfd);
     }
 
     /// A caller polled the device: one clock read (`fabric::clock`, the timerfd's clock);

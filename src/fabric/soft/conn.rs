@@ -57,7 +57,7 @@ impl Core {
             phase: Phase::Created,
             remote: None,
             req: Requester::new(caps.max_send_wr, caps.max_inline as usize),
-            resp: Responder::new(),
+            resp: Responder::default(),
             fail_at: None,
             bound: Duration::from_secs(30),
         }

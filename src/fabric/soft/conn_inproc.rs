@@ -19,10 +19,11 @@ use super::conn::{Core, Phase, Remote, not_connected};
 use super::direct;
 use super::endpoint::{Attached, Endpoint};
 use super::port::Port;
+use super::requester::wr_completion;
 use super::spin::SpinMutex;
 use super::transport::{CLOSED, DirectEnd, READY};
 use crate::error::{Error, Result};
-use crate::fabric::{Completion, QpCaps, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::fabric::{QpCaps, SendWr, WcStatus};
 
 /// The network in-process devices are on, as a switch is to NICs: its QPs by nonce, how a
 /// QP finds the peer its `QpInfo` names. Whoever opens the devices owns it (a plugin
@@ -295,14 +296,7 @@ impl InprocConn {
         if !wr.signaled {
             return true;
         }
-        let c = Completion {
-            wr_id: wr.wr_id,
-            opcode: if wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite },
-            byte_len: len as u32,
-            qp_num: self.ep.qp_num,
-            ..Completion::default()
-        };
-        if !self.ep.cq.lock().push(c) {
+        if !self.ep.cq.lock().push(wr_completion(wr, len, WcStatus::Success, self.ep.qp_num)) {
             st.push_executed(wr);
             return false;
         }

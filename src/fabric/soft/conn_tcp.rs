@@ -19,9 +19,10 @@ use super::port::Port;
 use super::progress::{Doorbell, doorbell};
 use super::qp_recv::QpRx;
 use super::qp_send::QpTx;
+use super::responder::imm_completion;
 use super::spin::SpinMutex;
 use crate::error::{Error, Result};
-use crate::fabric::{Completion, FaultKind, QpCaps, SendWr, WcOpcode, WcStatus};
+use crate::fabric::{FaultKind, QpCaps, SendWr, WcStatus};
 
 /// A CONNECT that came before `connect` named the peer: from QP `qpn` (`nonce`) on `link`.
 pub struct Parked {
@@ -98,13 +99,7 @@ impl TcpConn {
         }
         if st.rx.take_wqe() {
             // Its CQ slot was reserved with the WQE: the Flushed completion has room.
-            let c = Completion {
-                status: WcStatus::Flushed,
-                opcode: WcOpcode::RecvRdmaWithImm,
-                qp_num: self.ep.qp_num,
-                ..Completion::default()
-            };
-            self.ep.cq.lock().push_reserved(c);
+            self.ep.cq.lock().push_reserved(imm_completion(self.ep.qp_num, 0, 0, WcStatus::Flushed));
         }
         st.core.fail(&self.ep, &self.port.warn.qp, at, why, loud);
     }
@@ -115,14 +110,7 @@ impl TcpConn {
     fn on_link<R>(self: &Arc<Self>, send: bool, f: impl FnOnce(&mut TcpState, &mut Io<'_, TcpConn>) -> R) -> Option<R> {
         let link = self.st.lock().link.clone()?;
         let mut ls = link.lock();
-        let r = {
-            let mut st = self.st.lock();
-            let w0 = st.waiting();
-            let mut io = ls.io(&link);
-            let r = f(&mut st, &mut io);
-            self.settle(&mut st, &mut io, w0);
-            r
-        };
+        let r = self.settled(&mut ls.io(&link), f);
         if send {
             self.port.step_tx(&link, &mut ls);
         }
@@ -247,12 +235,7 @@ impl TcpConn {
         let link = self.st.lock().link.clone();
         let Some(link) = link else { return self.st.lock().core.post(&self.ep, chain) };
         let mut ls = link.lock();
-        {
-            let mut st = self.st.lock();
-            let w0 = st.waiting();
-            st.core.post(&self.ep, chain)?;
-            self.settle(&mut st, &mut ls.io(&link), w0);
-        }
+        self.settled(&mut ls.io(&link), |st, _| st.core.post(&self.ep, chain))?;
         link.caller_epoch.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match doorbell(chain, ls.phase == super::link::Phase::Up) {
             Doorbell::Ring => self.port.step_tx(&link, &mut ls),

@@ -180,7 +180,7 @@ impl CompletionQueue for SoftCq {
 
     fn resize(&mut self, depth: u32) -> Result<()> {
         // SAFETY: as in `poll`: this is the ring's one consumer, not polling now (`&mut self`).
-        unsafe { self.shared.grow(depth) };
+        unsafe { self.shared.grow(depth as usize) };
         Ok(())
     }
 }

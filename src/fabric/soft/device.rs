@@ -124,9 +124,7 @@ impl SoftDevice {
     pub fn helper_asks(&self) -> u64 {
         self.net().map_or(0, |n| n.helper_asks.load(std::sync::atomic::Ordering::Relaxed))
     }
-}
 
-impl SoftDevice {
     /// TCP: how many times the helper thread swept the device's links.
     #[doc(hidden)]
     pub fn helper_sweeps(&self) -> u64 {

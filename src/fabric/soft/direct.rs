@@ -34,9 +34,9 @@ use super::frame::MAX_MSG;
 use super::mr::{MrTable, Pinned};
 use super::placement::Target;
 use super::requester::Requester;
-use super::responder::Responder;
+use super::responder::{Responder, imm_completion};
 use super::transport::DirectEnd;
-use crate::fabric::{Access, Completion, MAX_SGE, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::fabric::{Access, MAX_SGE, SendWr, WcStatus, WrOpcode};
 
 /// Why a WR failed: its status and the reason logged with the QP's error state.
 struct Refused(WcStatus, String);
@@ -56,6 +56,7 @@ enum Exec {
 }
 
 /// The bytes a WR moves on this side: up to `MAX_SGE` pieces, pinned while they are used.
+#[derive(Default)]
 struct Pieces<'a> {
     at: [(u64, u64); MAX_SGE],
     n: usize,
@@ -63,11 +64,6 @@ struct Pieces<'a> {
 }
 
 impl<'a> Pieces<'a> {
-    #[inline]
-    fn new() -> Pieces<'a> {
-        Pieces { at: [(0, 0); MAX_SGE], n: 0, _pins: [None, None] }
-    }
-
     /// Adds `len` bytes at `addr` this QP owns (its inline slot).
     #[inline]
     fn add_own(&mut self, addr: u64, len: u64) {
@@ -166,7 +162,7 @@ pub fn write_now(mrs: &MrTable, end: &DirectEnd, wr: &SendWr, len: u64) -> bool 
     }
     // SAFETY: as above.
     unsafe { Target::new(wr.remote_addr, len).place_from(s.addr) };
-    room.push(imm_completion(end, wr, len));
+    room.push(imm_completion(peer.qp_num, len, wr.imm, WcStatus::Success));
     true
 }
 
@@ -218,7 +214,7 @@ fn run_wr(
         if len > 0 && remote.is_none() {
             return Err(refused(WcStatus::RemoteAccessError, || format!("peer refused READ {seq}: RemoteAccess")));
         }
-        let mut local = Pieces::new();
+        let mut local = Pieces::default();
         if !local.add_sges(mrs, wr, Access::LOCAL_WRITE) {
             let why = "READ response: local SGE not registered with LOCAL_WRITE";
             return Err(refused(WcStatus::LocalError, || why.into()));
@@ -227,7 +223,7 @@ fn run_wr(
         unsafe { local.copy(0, len, wr.remote_addr as *mut u8, true) };
         return Ok(Exec::Done);
     }
-    let mut local = Pieces::new();
+    let mut local = Pieces::default();
     match src {
         Src::Sges if !local.add_sges(mrs, wr, Access::empty()) => {
             let why = "local memory of a WR deregistered or out of bounds";
@@ -265,7 +261,7 @@ fn run_wr(
     }
     // SAFETY: as above.
     unsafe { place(&local, wr.remote_addr, len) };
-    room.push(imm_completion(end, wr, len));
+    room.push(imm_completion(peer.qp_num, len, wr.imm, WcStatus::Success));
     Ok(Exec::Done)
 }
 
@@ -283,21 +279,6 @@ pub fn lean_len(wr: &SendWr, caps: &[u64; 2]) -> Option<u64> {
 /// (a WR's limit), and for an inline WR also `max_inline`.
 pub fn lean_caps(max_inline: usize) -> [u64; 2] {
     [MAX_MSG as u64, (max_inline as u64).min(MAX_MSG as u64)]
-}
-
-/// The completion the peer's CQ gets for a WRITE_WITH_IMM of `len` bytes that consumed one
-/// of its SRQ WQEs.
-#[inline]
-fn imm_completion(end: &DirectEnd, wr: &SendWr, len: u64) -> Completion {
-    Completion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::RecvRdmaWithImm,
-        byte_len: len as u32,
-        imm: wr.imm,
-        qp_num: end.peer().qp_num,
-        timestamp_ns: 0,
-    }
 }
 
 /// Places a WRITE's `len` bytes from the pieces `src` at `dst` (`placement.rs`).

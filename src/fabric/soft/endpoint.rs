@@ -14,9 +14,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use parking_lot::Mutex;
 
 use super::mr::MrTable;
-use super::ring::{CqRing, Producer};
+use super::ring::CqRing;
 
 /// One side of a connection (see the module documentation).
+#[derive(Clone)]
 pub struct Endpoint {
     pub qp_num: u32,
     pub mrs: Arc<MrTable>,
@@ -36,12 +37,6 @@ pub struct CqShared {
 impl CqShared {
     pub fn new(depth: u32) -> Arc<CqShared> {
         Arc::new(CqShared { ring: CqRing::new(depth as usize), work: AtomicBool::new(false) })
-    }
-
-    /// Locks the ring of completions against the other producers.
-    #[inline]
-    pub fn lock(&self) -> Producer<'_> {
-        self.ring.lock()
     }
 
     /// The next poll steps the attached connections (a connection attached here, or the
@@ -64,34 +59,15 @@ impl CqShared {
     pub fn take_work(&self) {
         self.work.swap(false, Ordering::AcqRel);
     }
+}
 
-    /// Makes room for `depth` completions.
-    ///
-    /// # Safety
-    /// One consumer: only the CQ's poller calls this (see [`CqRing::grow`]).
-    pub unsafe fn grow(&self, depth: u32) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.ring.grow(depth as usize) }
-    }
-
-    /// Moves the oldest completions into `out`; returns how many.
-    ///
-    /// # Safety
-    /// One consumer: only the CQ's poller calls this (see [`CqRing::pop_into`]).
+/// The ring: its producers lock it (`lock`), its one poller pops from it (`pop_into`,
+/// `pop_each`, `grow`, `unsafe`: see `ring.rs`).
+impl std::ops::Deref for CqShared {
+    type Target = CqRing;
     #[inline(always)]
-    pub unsafe fn pop_into(&self, out: &mut [crate::fabric::Completion]) -> usize {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.ring.pop_into(out) }
-    }
-
-    /// Hands up to `max` of the oldest completions to `f` in place; returns how many.
-    ///
-    /// # Safety
-    /// One consumer: only the CQ's poller calls this (see [`CqRing::pop_each`]).
-    #[inline(always)]
-    pub unsafe fn pop_each(&self, max: usize, f: impl FnMut(&crate::fabric::Completion)) -> usize {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.ring.pop_each(max, f) }
+    fn deref(&self) -> &CqRing {
+        &self.ring
     }
 }
 

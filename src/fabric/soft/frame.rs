@@ -232,97 +232,48 @@ pub fn decode(b: &[u8; HDR_LEN]) -> Result<Frame, DecodeError> {
     if b[0] != MAGIC {
         return Err(DecodeError::BadMagic(b[0]));
     }
-    let r = Raw {
-        kind: b[1],
-        status: b[2],
-        flags: b[3],
-        dst_qpn: u32_at(b, 4),
-        seq: u32_at(b, 8),
-        len: u32_at(b, 12),
-        addr: u64::from_le_bytes(b[16..24].try_into().expect("8 bytes")),
-        rkey: u32_at(b, 24),
-        imm: u32::from_be_bytes([b[28], b[29], b[30], b[31]]),
-    };
-    let zero = |v: u64, name: &'static str| if v == 0 { Ok(()) } else { Err(DecodeError::NonZero(name)) };
-    if r.len > MAX_MSG {
-        return Err(DecodeError::TooLong(r.len));
+    let (kind, status) = (b[1], b[2]);
+    let (dst_qpn, seq, len, rkey) = (u32_at(b, 4), u32_at(b, 8), u32_at(b, 12), u32_at(b, 24));
+    let addr = u64::from_le_bytes(b[16..24].try_into().expect("8 bytes"));
+    let imm = u32::from_be_bytes([b[28], b[29], b[30], b[31]]);
+    let joined = rkey as u64 | (imm as u64) << 32;
+    let nak = || NakCode::from_u8(status).ok_or(DecodeError::BadStatus(status));
+    if len > MAX_MSG {
+        return Err(DecodeError::TooLong(len));
     }
-    if !matches!(r.kind, K_READ_RESP | K_NAK | K_CLOSE) {
-        zero(r.status as u64, "status")?;
-    }
-    if !matches!(r.kind, K_WRITE | K_WRITE_IMM) {
-        zero(r.flags as u64, "flags")?;
-    }
-    let (dst_qpn, seq) = (r.dst_qpn, r.seq);
-    let joined = r.rkey as u64 | (r.imm as u64) << 32;
-    match r.kind {
+    // The frame the fields make, read as loosely as the kind allows ...
+    let f = match kind {
         K_WRITE | K_WRITE_IMM => {
-            if r.flags & !F_ACK_REQ != 0 {
-                return Err(DecodeError::NonZero("flags"));
-            }
-            let imm = if r.kind == K_WRITE_IMM {
-                Some(r.imm)
-            } else {
-                zero(r.imm as u64, "imm")?;
-                None
-            };
-            let ack_req = r.flags & F_ACK_REQ != 0;
-            Ok(Frame::Write { dst_qpn, seq, addr: r.addr, rkey: r.rkey, len: r.len, imm, ack_req })
+            let imm = (kind == K_WRITE_IMM).then_some(imm);
+            Frame::Write { dst_qpn, seq, addr, rkey, len, imm, ack_req: b[3] & F_ACK_REQ != 0 }
         }
-        K_READ_REQ => {
-            zero(r.imm as u64, "imm")?;
-            Ok(Frame::ReadReq { dst_qpn, seq, addr: r.addr, rkey: r.rkey, len: r.len })
-        }
-        K_READ_RESP => {
-            zero(r.addr | r.rkey as u64 | r.imm as u64, "addr/rkey/imm")?;
-            let result = match r.status {
-                0 => Ok(r.len),
-                s => {
-                    zero(r.len as u64, "len")?;
-                    Err(NakCode::from_u8(s).ok_or(DecodeError::BadStatus(s))?)
-                }
-            };
-            Ok(Frame::ReadResp { dst_qpn, seq, result })
-        }
-        K_DATA => {
-            zero(r.addr | r.rkey as u64 | r.imm as u64, "addr/rkey/imm")?;
-            if r.len == 0 || r.len > SEGMENT {
-                return Err(DecodeError::BadSegment(r.len));
-            }
-            Ok(Frame::Data { dst_qpn, seq, len: r.len })
-        }
-        K_ACK | K_NAK | K_RNR => {
-            zero(r.len as u64 | r.addr | r.rkey as u64 | r.imm as u64, "len/addr/rkey/imm")?;
-            match r.kind {
-                K_ACK => Ok(Frame::Ack { dst_qpn, seq }),
-                K_RNR => Ok(Frame::Rnr { dst_qpn, seq }),
-                _ => {
-                    let code = NakCode::from_u8(r.status).ok_or(DecodeError::BadStatus(r.status))?;
-                    Ok(Frame::Nak { dst_qpn, seq, code })
-                }
-            }
-        }
-        K_HELLO => {
-            zero(r.len as u64 | dst_qpn as u64, "len/dst_qpn")?;
-            if seq != WIRE_VERSION {
-                return Err(DecodeError::Version(seq));
-            }
-            Ok(Frame::Hello { dst_dev: r.addr, src_dev: joined })
-        }
-        K_CONNECT => {
-            zero(r.len as u64, "len")?;
-            Ok(Frame::Connect { dst_qpn, src_qpn: seq, dst_nonce: r.addr, src_nonce: joined })
-        }
-        K_CLOSE => {
-            zero(r.len as u64 | r.addr | r.rkey as u64 | r.imm as u64, "len/addr/rkey/imm")?;
-            if r.status > 1 {
-                return Err(DecodeError::BadStatus(r.status));
-            }
-            Ok(Frame::Close { dst_qpn, src_qpn: seq, error: r.status == 1 })
-        }
-        k => Err(DecodeError::UnknownKind(k)),
+        K_READ_REQ => Frame::ReadReq { dst_qpn, seq, addr, rkey, len },
+        K_READ_RESP => Frame::ReadResp { dst_qpn, seq, result: if status == 0 { Ok(len) } else { Err(nak()?) } },
+        K_DATA if len == 0 || len > SEGMENT => return Err(DecodeError::BadSegment(len)),
+        K_DATA => Frame::Data { dst_qpn, seq, len },
+        K_ACK => Frame::Ack { dst_qpn, seq },
+        K_NAK => Frame::Nak { dst_qpn, seq, code: nak()? },
+        K_RNR => Frame::Rnr { dst_qpn, seq },
+        K_HELLO if seq != WIRE_VERSION => return Err(DecodeError::Version(seq)),
+        K_HELLO => Frame::Hello { dst_dev: addr, src_dev: joined },
+        K_CONNECT => Frame::Connect { dst_qpn, src_qpn: seq, dst_nonce: addr, src_nonce: joined },
+        K_CLOSE if status > 1 => return Err(DecodeError::BadStatus(status)),
+        K_CLOSE => Frame::Close { dst_qpn, src_qpn: seq, error: status == 1 },
+        k => return Err(DecodeError::UnknownKind(k)),
+    };
+    // ... is accepted only if it encodes back to these very bytes: every field its kind
+    // does not carry is 0, and the flags hold only ACK_REQ. One rule instead of a check
+    // per kind and field; the error names the first field that differs.
+    let back = encode(&f);
+    match (0..HDR_LEN).find(|&i| back[i] != b[i]) {
+        None => Ok(f),
+        Some(at) => Err(DecodeError::NonZero(FIELDS.iter().rev().find(|(o, _)| *o <= at).map_or("?", |f| f.1))),
     }
 }
+
+/// Where each header field after `kind` starts, for [`DecodeError::NonZero`].
+const FIELDS: [(usize, &str); 8] =
+    [(2, "status"), (3, "flags"), (4, "dst_qpn"), (8, "seq"), (12, "len"), (16, "addr"), (24, "rkey"), (28, "imm")];
 
 /// Walks a byte stream as the receive path does (header, then its payload) and returns
 /// the frames whose headers were complete, or the first decode error. A truncated last
@@ -434,7 +385,7 @@ mod tests {
         assert_eq!(decode(&b), Err(DecodeError::UnknownKind(99)));
         let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
         b[12] = 1;
-        assert_eq!(decode(&b), Err(DecodeError::NonZero("len/addr/rkey/imm")));
+        assert_eq!(decode(&b), Err(DecodeError::NonZero("len")));
         let mut b = encode(&Frame::Ack { dst_qpn: 1, seq: 2 });
         b[3] = 1;
         assert_eq!(decode(&b), Err(DecodeError::NonZero("flags")), "ACK_REQ only on requests");

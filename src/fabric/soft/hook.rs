@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use super::frame::{HDR_LEN, SEGMENT, encode};
 use super::link::{Filler, Src, Station};
-use super::requester::Requester;
+use super::requester::{Requester, segs_of};
 use crate::fabric::{Access, MAX_SGE, WrOpcode};
 
 /// A hook armed on a QP's send side, not fired yet.
@@ -72,12 +72,7 @@ pub fn held(req: &mut Requester, dst: u32) -> Vec<Held> {
         let hdr = encode(&req.header(seq, dst));
         let seg = len.min(SEGMENT as u64);
         let inline = inline.then(|| req.inline_of(seq).to_vec());
-        let mut segs = [(0, 0, 0); MAX_SGE];
-        let wr = &req.entry(seq).wr;
-        for (d, g) in segs.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
-            *d = (g.lkey, g.addr, g.len as u64);
-        }
-        let src = Src::Mem { segs, nseg: MAX_SGE, base: 0, need: Access::empty() };
+        let src = Src::Mem { segs: segs_of(&req.entry(seq).wr), nseg: MAX_SGE, base: 0, need: Access::empty() };
         out.push(Held { hdr, inline, src: if seg == 0 { Src::None } else { src }, seg });
     }
     out

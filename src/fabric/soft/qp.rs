@@ -34,6 +34,17 @@ pub enum SoftQp {
     Inproc(Arc<InprocConn>),
 }
 
+/// `$body` on the QP's connection, whichever its kind, named `$c` (the same source
+/// compiled for each kind).
+macro_rules! on_conn {
+    ($qp:expr, $c:ident => $body:expr) => {
+        match $qp {
+            SoftQp::Tcp($c) => $body,
+            SoftQp::Inproc($c) => $body,
+        }
+    };
+}
+
 /// What `QpInfo` says of this side: QP number, nonce, device identity, TCP address.
 fn encode_info(qpn: u32, nonce: u64, dev_id: u64, addr: Option<SocketAddr>) -> QpInfo {
     let mut b = [0u8; QP_INFO_LEN];
@@ -103,10 +114,7 @@ impl SoftQp {
 
 impl QueuePair for SoftQp {
     fn qp_num(&self) -> u32 {
-        match self {
-            SoftQp::Tcp(c) => c.ep.qp_num,
-            SoftQp::Inproc(c) => c.ep.qp_num,
-        }
+        on_conn!(self, c => c.ep.qp_num)
     }
 
     fn local_info(&self) -> QpInfo {
@@ -132,10 +140,7 @@ impl QueuePair for SoftQp {
     }
 
     fn is_ready(&mut self) -> Result<bool> {
-        match self {
-            SoftQp::Tcp(c) => c.is_ready(),
-            SoftQp::Inproc(c) => c.is_ready(),
-        }
+        on_conn!(self, c => c.is_ready())
     }
 
     #[inline]
@@ -149,25 +154,17 @@ impl QueuePair for SoftQp {
 
     fn to_error(&mut self) -> Result<()> {
         const FENCED: &str = "fenced (rail failover)";
-        match self {
-            SoftQp::Tcp(c) => c.to_error(false, FENCED),
-            SoftQp::Inproc(c) => c.to_error(false, FENCED),
-        };
+        on_conn!(self, c => c.to_error(false, FENCED));
         Ok(())
     }
 
     fn inject_fault(&mut self, kind: FaultKind) -> Result<bool> {
         const LOST: &str = "link lost (fault drill, MPIB_FAULT_RAIL)";
-        let lost = kind == FaultKind::LinkLoss;
+        if kind == FaultKind::LinkLoss {
+            on_conn!(self, c => c.to_error(true, LOST));
+            return Ok(true);
+        }
         Ok(match self {
-            SoftQp::Tcp(c) if lost => {
-                c.to_error(true, LOST);
-                true
-            }
-            SoftQp::Inproc(c) if lost => {
-                c.to_error(true, LOST);
-                true
-            }
             SoftQp::Tcp(c) => c.arm(kind),
             // No wire to lose a frame on.
             SoftQp::Inproc(_) => false,
@@ -177,9 +174,6 @@ impl QueuePair for SoftQp {
 
 impl Drop for SoftQp {
     fn drop(&mut self) {
-        match self {
-            SoftQp::Tcp(c) => c.destroy(),
-            SoftQp::Inproc(c) => c.destroy(),
-        }
+        on_conn!(self, c => c.destroy())
     }
 }

@@ -27,18 +27,19 @@ use super::frame::{Frame, NakCode, SEGMENT};
 use super::link::{Dest, Placed, Recv};
 use super::placement::{final_word_last, store_final_word};
 use super::qp_send::{Ctl, QpTx};
-use super::requester::Requester;
-use super::responder::{Responder, Verdict};
-use crate::fabric::{Access, Completion, MAX_SGE, WcOpcode, WcStatus};
+use super::requester::{Requester, segs_of};
+use super::responder::{Responder, Verdict, imm_completion};
+use crate::fabric::{Access, MAX_SGE, WcStatus};
 
 /// The transfer whose payload is arriving (a WRITE, or a READ's response).
+#[derive(Default)]
 pub struct RxFrame {
     seq: u32,
     /// A WRITE (or WRITE_IMM); else a READ response.
     write: bool,
     imm: Option<u32>,
-    /// Placed and acknowledged; `false`: read and dropped.
-    execute: bool,
+    /// Read and dropped; `false`: placed and acknowledged.
+    dropped: bool,
     ack_req: bool,
     len: u64,
     /// Payload bytes in so far.
@@ -57,22 +58,7 @@ pub struct RxFrame {
 
 impl RxFrame {
     fn new(seq: u32, write: bool, len: u64, need: Access) -> RxFrame {
-        RxFrame {
-            seq,
-            write,
-            imm: None,
-            execute: true,
-            ack_req: false,
-            len,
-            got: 0,
-            segs: [(0, 0, 0); MAX_SGE],
-            nseg: 0,
-            need,
-            tail: [0; 8],
-            tail_on: false,
-            wqe: false,
-            nak: None,
-        }
+        RxFrame { seq, write, len, need, ..RxFrame::default() }
     }
 
     /// Where the next segment goes.
@@ -138,10 +124,7 @@ pub fn on_frame(env: &mut RxEnv<'_>, f: &Frame) -> Result<Recv, Fault> {
         Frame::ReadResp { seq, result, .. } => {
             let wr = env.req.on_read_resp(seq, result)?;
             let mut c = RxFrame::new(seq, false, wr.bytes(), Access::LOCAL_WRITE);
-            c.nseg = wr.num_sge as usize;
-            for (d, s) in c.segs.iter_mut().zip(&wr.sge[..c.nseg]) {
-                *d = (s.lkey, s.addr, s.len as u64);
-            }
+            (c.segs, c.nseg) = (segs_of(&wr), wr.num_sge as usize);
             start(env, c)
         }
         Frame::Data { seq, len, .. } => {
@@ -155,7 +138,7 @@ pub fn on_frame(env: &mut RxEnv<'_>, f: &Frame) -> Result<Recv, Fault> {
                 let want = c.next_segment();
                 return Err(Fault::qp(format!("DATA {seq} of {len} bytes, expected {} of {want}", c.seq)));
             }
-            if c.execute && c.nak.is_none() {
+            if !c.dropped && c.nak.is_none() {
                 return Ok(Recv::Place(c.dest()));
             }
             c.got += len as u64;
@@ -193,7 +176,7 @@ fn on_write(
     (c.imm, c.ack_req) = (imm, ack_req);
     match env.resp.next_request(seq)? {
         Verdict::Drop if env.resp.in_rnr() => return Ok(Recv::Skip),
-        Verdict::Drop => c.execute = false,
+        Verdict::Drop => c.dropped = true,
         Verdict::Execute => {
             // As verbs: a 0-byte WRITE checks no rkey.
             let refused = if len > 0 && env.ep.mrs.pin_range(rkey, addr, len, Access::REMOTE_WRITE).is_none() {
@@ -206,7 +189,7 @@ fn on_write(
             if let Some(code) = refused {
                 env.tx.push(Ctl::Nak(seq, code))?;
                 env.resp.refuse();
-                c.execute = false;
+                c.dropped = true;
             } else if imm.is_some() && !take_wqe(env, seq) {
                 env.tx.push(Ctl::Rnr(seq))?;
                 env.resp.rnr(seq);
@@ -241,7 +224,7 @@ fn take_wqe(env: &mut RxEnv<'_>, seq: u32) -> bool {
 
 /// A transfer starts: its first segment is placed, or (nothing to place) dropped.
 fn start(env: &mut RxEnv<'_>, c: RxFrame) -> Result<Recv, Fault> {
-    let place = c.execute && c.len > 0;
+    let place = !c.dropped && c.len > 0;
     let first = c.next_segment();
     env.rx.cur = Some(c);
     if place {
@@ -287,7 +270,7 @@ fn finish(env: &mut RxEnv<'_>) -> Result<(), Fault> {
         env.tx.acked();
         return Ok(());
     }
-    if !c.execute {
+    if c.dropped {
         return Ok(());
     }
     if c.nak.is_none() && c.tail_on {
@@ -312,16 +295,7 @@ fn finish(env: &mut RxEnv<'_>) -> Result<(), Fault> {
         return Ok(());
     }
     if let Some(imm) = c.imm {
-        let done = Completion {
-            wr_id: 0,
-            status: WcStatus::Success,
-            opcode: WcOpcode::RecvRdmaWithImm,
-            byte_len: c.len as u32,
-            imm,
-            qp_num: env.ep.qp_num,
-            timestamp_ns: 0,
-        };
-        env.ep.cq.lock().push_reserved(done);
+        env.ep.cq.lock().push_reserved(imm_completion(env.ep.qp_num, c.len, imm, WcStatus::Success));
     }
     env.tx.ack(c.seq, c.ack_req);
     Ok(())

@@ -21,7 +21,7 @@ use super::fault::Fault;
 use super::frame::{Frame, NakCode, SEGMENT, encode};
 use super::hook::{self, Held, Hook};
 use super::link::{Filler, Src, Station};
-use super::requester::{MAX_RD_ATOMIC, Requester};
+use super::requester::{MAX_RD_ATOMIC, Requester, segs_of};
 use crate::fabric::{Access, MAX_SGE, WcStatus, WrOpcode};
 
 /// The first delay before requests refused with RNR go again, and the longest.
@@ -46,6 +46,7 @@ enum Out {
 }
 
 /// The send side of one QP.
+#[derive(Default)]
 pub struct QpTx {
     /// In the link's ready list, owed-ACK list, timer list.
     pub listed: bool,
@@ -63,35 +64,15 @@ pub struct QpTx {
     cur: Option<Out>,
     /// Requests wait until then (RNR).
     pub rnr_until: Option<Instant>,
-    backoff: Duration,
+    /// RNRs in a row: the next RNR waits RNR_FIRST doubled this many times (at most
+    /// RNR_MAX).
+    rnrs: u32,
     /// The link must drop this QP's requests not begun (RNR).
     pub purge_requests: bool,
     /// A fault hook armed, not fired yet (`hook.rs`).
     pub hook: Hook,
     /// Requests a `Hold` hook kept, to go after the error state (`hook.rs`).
     pub released: Vec<Held>,
-}
-
-impl Default for QpTx {
-    fn default() -> Self {
-        QpTx {
-            listed: false,
-            owe_listed: false,
-            timer_listed: false,
-            connect: None,
-            close: None,
-            ctl: VecDeque::new(),
-            ack: None,
-            ack_urgent: false,
-            reads: VecDeque::new(),
-            cur: None,
-            rnr_until: None,
-            backoff: RNR_FIRST,
-            purge_requests: false,
-            hook: Hook::None,
-            released: Vec::new(),
-        }
-    }
 }
 
 /// The bits of a requester generation a note keeps.
@@ -166,13 +147,13 @@ impl QpTx {
 
     /// The peer acknowledged something: a later RNR waits the shortest delay again.
     pub fn acked(&mut self) {
-        self.backoff = RNR_FIRST;
+        self.rnrs = 0;
     }
 
     /// The peer refused a request with RNR: requests wait, then go again from it.
     pub fn rnr(&mut self) {
-        self.rnr_until = Some(Instant::now() + self.backoff);
-        self.backoff = (self.backoff * 2).min(RNR_MAX);
+        self.rnr_until = Some(Instant::now() + (RNR_FIRST * (1 << self.rnrs.min(16))).min(RNR_MAX));
+        self.rnrs = self.rnrs.saturating_add(1);
         self.purge_requests = true;
         if matches!(self.cur, Some(Out::Request { .. })) {
             self.cur = None;
@@ -298,7 +279,7 @@ impl QpTx {
         }
         let e = req.entry(seq);
         let (opcode, len, inline) = (e.wr.opcode, e.wr.bytes(), e.wr.inline);
-        let segs = sges(req, seq);
+        let segs = segs_of(&e.wr);
         if opcode == WrOpcode::Read {
             req.start_read(seq);
         }
@@ -334,7 +315,7 @@ impl QpTx {
                     seq,
                     len,
                     off,
-                    Src::Mem { segs: sges(req, seq), nseg: MAX_SGE, base: off, need: Access::empty() },
+                    Src::Mem { segs: segs_of(&req.entry(seq).wr), nseg: MAX_SGE, base: off, need: Access::empty() },
                     false,
                 )
             }
@@ -356,16 +337,6 @@ impl QpTx {
             Out::ReadResp { seq, rkey, addr, len, .. } => Some(Out::ReadResp { seq, rkey, addr, len, off: off + seg }),
         };
     }
-}
-
-/// The SGEs of request `seq` as (lkey, address, length) (unused ones are empty).
-fn sges(req: &Requester, seq: u32) -> [(u32, u64, u64); MAX_SGE] {
-    let wr = &req.entry(seq).wr;
-    let mut s = [(0, 0, 0); MAX_SGE];
-    for (d, g) in s.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
-        *d = (g.lkey, g.addr, g.len as u64);
-    }
-    s
 }
 
 fn one(key: u32, addr: u64, len: u64) -> [(u32, u64, u64); MAX_SGE] {

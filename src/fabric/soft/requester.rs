@@ -26,7 +26,7 @@ use super::frame::{Frame, MAX_MSG, NakCode};
 use super::mr::MrTable;
 use super::ring::Producer;
 use crate::error::Error;
-use crate::fabric::{Access, Completion, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::fabric::{Access, Completion, MAX_SGE, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 /// Most READs a requester has outstanding (verbs' `max_rd_atomic`).
 pub const MAX_RD_ATOMIC: usize = 16;
@@ -41,6 +41,7 @@ pub fn seq_lt(a: u32, b: u32) -> bool {
 }
 
 /// One posted WR.
+#[derive(Clone, Copy, Default)]
 pub struct SqEntry {
     pub wr: SendWr,
     /// The local memory of the WR failed its check at post time (inline copy).
@@ -49,7 +50,24 @@ pub struct SqEntry {
     pub read_done: bool,
 }
 
+/// The SGEs of `wr` as (lkey, address, length), the rest 0.
+pub fn segs_of(wr: &SendWr) -> [(u32, u64, u64); MAX_SGE] {
+    let mut s = [(0, 0, 0); MAX_SGE];
+    for (d, g) in s.iter_mut().zip(&wr.sge[..wr.num_sge as usize]) {
+        *d = (g.lkey, g.addr, g.len as u64);
+    }
+    s
+}
+
+/// The completion of the send WR `wr` (`len` bytes) of QP `qp_num`.
+#[inline(always)]
+pub fn wr_completion(wr: &SendWr, len: u64, status: WcStatus, qp_num: u32) -> Completion {
+    let opcode = if wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite };
+    Completion { wr_id: wr.wr_id, status, opcode, byte_len: len as u32, qp_num, ..Completion::default() }
+}
+
 /// The send queue of one QP (see the module documentation).
+#[derive(Default)]
 pub struct Requester {
     /// A power of two of entries, at most the depth rounded up; `seq & mask` is the slot.
     sq: Vec<SqEntry>,
@@ -86,24 +104,12 @@ impl Requester {
         let depth = max_send_wr.max(1);
         let n = (depth as usize).next_power_of_two().min(FIRST_SLOTS);
         Requester {
-            sq: (0..n).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect(),
+            sq: vec![SqEntry::default(); n],
             mask: n as u32 - 1,
             depth,
             inline: vec![0; n * max_inline],
             max_inline,
-            need: None,
-            last_ack_req: 0,
-            round: 0,
-            blocked: false,
-            head: 0,
-            tx_done: 0,
-            sent: 0,
-            tail: 0,
-            acked: 0,
-            reads: [0; MAX_RD_ATOMIC],
-            reads_len: 0,
-            reads_head: 0,
-            doomed: None,
+            ..Requester::default()
         }
     }
 
@@ -132,15 +138,13 @@ impl Requester {
         while n < want {
             n *= 2;
         }
-        let mut sq: Vec<SqEntry> =
-            (0..n).map(|_| SqEntry { wr: SendWr::default(), bad_local: false, read_done: false }).collect();
+        let mut sq = vec![SqEntry::default(); n];
         let mut inline = vec![0; n * self.max_inline];
         let (old, new) = (self.mask as usize, n - 1);
         let mut seq = self.head;
         while seq != self.tail {
             let (a, b) = (seq as usize & old, seq as usize & new);
-            let e = &self.sq[a];
-            sq[b] = SqEntry { wr: e.wr, bad_local: e.bad_local, read_done: e.read_done };
+            sq[b] = self.sq[a];
             let m = self.max_inline;
             inline[b * m..(b + 1) * m].copy_from_slice(&self.inline[a * m..(a + 1) * m]);
             seq = seq.wrapping_add(1);
@@ -264,20 +268,10 @@ impl Requester {
                 Some(_) => WcStatus::Flushed,
                 None => break,
             };
-            if e.wr.signaled || status != WcStatus::Success {
-                let opcode = if e.wr.opcode == WrOpcode::Read { WcOpcode::RdmaRead } else { WcOpcode::RdmaWrite };
-                let c = Completion {
-                    wr_id: e.wr.wr_id,
-                    status,
-                    opcode,
-                    byte_len: e.wr.bytes() as u32,
-                    qp_num,
-                    ..Completion::default()
-                };
-                if !ring.push(c) {
-                    self.blocked = true;
-                    return moved;
-                }
+            let signal = e.wr.signaled || status != WcStatus::Success;
+            if signal && !ring.push(wr_completion(&e.wr, e.wr.bytes(), status, qp_num)) {
+                self.blocked = true;
+                return moved;
             }
             self.head = seq.wrapping_add(1);
             moved = true;

@@ -5,8 +5,17 @@
 //! counted. How a WRITE's bytes are placed is `placement.rs`.
 
 use super::fault::Fault;
+use crate::fabric::{Completion, WcOpcode, WcStatus};
+
+/// The completion a WRITE_WITH_IMM of `len` bytes gives the responder QP `qp_num`, for the
+/// SRQ WQE it consumed (`status`: Success once placed; Flushed when the QP failed first).
+#[inline]
+pub fn imm_completion(qp_num: u32, len: u64, imm: u32, status: WcStatus) -> Completion {
+    Completion { status, opcode: WcOpcode::RecvRdmaWithImm, byte_len: len as u32, imm, qp_num, ..Completion::default() }
+}
 
 /// The responder state of one connection.
+#[derive(Default)]
 pub struct Responder {
     expect_seq: u32,
     /// A request was refused: later requests are read and dropped, never executed.
@@ -27,10 +36,6 @@ pub enum Verdict {
 }
 
 impl Responder {
-    pub fn new() -> Responder {
-        Responder { expect_seq: 0, discarding: false, rnr_counted: None, rnr_wait: None }
-    }
-
     /// Request `seq` arrived: it must be the next in order (or, after an RNR, anything up
     /// to the refused one sent again).
     pub fn next_request(&mut self, seq: u32) -> Result<Verdict, Fault> {

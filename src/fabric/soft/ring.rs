@@ -34,8 +34,9 @@ use crate::fabric::Completion;
 use crate::sync::spsc::{self, Ring, Slot};
 use crate::sync::{AtomicUsize, UnsafeCell};
 
-/// A slot of the ring: a completion in a cell (private: see the module documentation).
-struct CqSlot(UnsafeCell<Completion>);
+/// A slot of the ring: a completion in a cell (its cell private: see the module
+/// documentation).
+pub struct CqSlot(UnsafeCell<Completion>);
 
 impl Default for CqSlot {
     fn default() -> CqSlot {
@@ -180,16 +181,8 @@ pub struct Producer<'a> {
     limit: &'a AtomicUsize,
 }
 
-/// The free slot at `tail` of a locked ring.
-pub struct Room<'a>(spsc::Room<'a, CqSlot>);
-
-impl Room<'_> {
-    /// Fills the slot and publishes it.
-    #[inline(always)]
-    pub fn push(self, c: Completion) {
-        self.0.push(c)
-    }
-}
+/// The free slot at `tail` of a locked ring: `push` fills and publishes it.
+pub type Room<'a> = spsc::Room<'a, CqSlot>;
 
 impl Producer<'_> {
     /// Room for one completion (held as long as this producer holds the lock), or `None`
@@ -198,7 +191,7 @@ impl Producer<'_> {
     pub fn room(&mut self) -> Option<Room<'_>> {
         // Relaxed: only producers store `limit`, under the lock this one holds (and the
         // consumer growing the ring, with the lock held too).
-        self.ring.room(self.limit.load(Ordering::Relaxed)).map(Room)
+        self.ring.room(self.limit.load(Ordering::Relaxed))
     }
 
     /// Reserves a slot for a later [`Self::push_reserved`]; `false` when the ring is full.

@@ -23,6 +23,7 @@ use std::time::Instant;
 
 use super::conn::{Core, Phase, Remote};
 use super::conn_tcp::{MAX_PARKED, Parked, TcpConn, TcpState};
+use super::endpoint::Endpoint;
 use super::fault::Fault;
 use super::frame::{Frame, HDR_LEN};
 use super::hook::{self, Hook};
@@ -31,21 +32,25 @@ use super::qp_recv::{self, RxEnv};
 use super::qp_send::{GEN_MASK, of_note};
 use crate::fabric::WcStatus;
 
+/// The receive side's view of a connection's state.
+fn rx_env<'a>(st: &'a mut TcpState, ep: &'a Endpoint) -> RxEnv<'a> {
+    let TcpState { core: Core { req, resp, .. }, rx, tx, .. } = st;
+    RxEnv { ep, req, resp, rx, tx }
+}
+
 impl Station for TcpConn {
     fn qpn(&self) -> u32 {
         self.ep.qp_num
     }
 
     fn on_frame(self: &Arc<Self>, f: &Frame, io: &mut Io<'_, Self>) -> Recv {
-        let mut st = self.st.lock();
-        let w0 = st.waiting();
-        let r = match *f {
+        self.settled(io, |st, io| match *f {
             Frame::Connect { src_qpn, dst_nonce, src_nonce, .. } => {
-                self.on_connect(&mut st, io, src_qpn, dst_nonce, src_nonce);
+                self.on_connect(st, io, src_qpn, dst_nonce, src_nonce);
                 Recv::Skip
             }
             Frame::Close { src_qpn, error, .. } => {
-                self.on_close(&mut st, io, src_qpn, error);
+                self.on_close(st, io, src_qpn, error);
                 Recv::Skip
             }
             _ if !st.core.is_ready() || !st.link.as_ref().is_some_and(|l| Arc::ptr_eq(l, io.link)) => {
@@ -53,30 +58,19 @@ impl Station for TcpConn {
                 Recv::Skip
             }
             _ => {
-                let TcpState { core: Core { req, resp, .. }, rx, tx, .. } = &mut *st;
-                match qp_recv::on_frame(&mut RxEnv { ep: &self.ep, req, resp, rx, tx }, f) {
-                    Ok(r) => r,
-                    Err(fault) => {
-                        self.fault(&mut st, io, fault);
-                        Recv::Skip
-                    }
-                }
+                let r = qp_recv::on_frame(&mut rx_env(st, &self.ep), f);
+                self.or_fault(st, io, r, Recv::Skip)
             }
-        };
-        self.settle(&mut st, io, w0);
-        r
+        })
     }
 
     fn on_segment(self: &Arc<Self>, placed: Placed, io: &mut Io<'_, Self>) {
-        let mut st = self.st.lock();
-        let w0 = st.waiting();
-        if st.core.is_ready() {
-            let TcpState { core: Core { req, resp, .. }, rx, tx, .. } = &mut *st;
-            if let Err(fault) = qp_recv::on_segment(&mut RxEnv { ep: &self.ep, req, resp, rx, tx }, placed) {
-                self.fault(&mut st, io, fault);
+        self.settled(io, |st, io| {
+            if st.core.is_ready() {
+                let r = qp_recv::on_segment(&mut rx_env(st, &self.ep), placed);
+                self.or_fault(st, io, r, ());
             }
-        }
-        self.settle(&mut st, io, w0);
+        })
     }
 
     fn places(&self) -> bool {
@@ -90,13 +84,8 @@ impl Station for TcpConn {
         let ready = st.core.is_ready();
         let dst = st.core.remote.map_or(0, |r| r.qpn);
         let TcpState { core: Core { req, .. }, tx, .. } = &mut *st;
-        let more = match tx.fill(self, req, dst, ready, out) {
-            Ok(more) => more,
-            Err(fault) => {
-                self.fault(&mut st, &mut out.io, fault);
-                false
-            }
-        };
+        let r = tx.fill(self, req, dst, ready, out);
+        let more = self.or_fault(&mut st, &mut out.io, r, false);
         st.tx.listed = more;
         self.settle(&mut st, &mut out.io, w0);
         more
@@ -119,16 +108,12 @@ impl Station for TcpConn {
 
     fn source_lost(self: &Arc<Self>, note: u64, _started: bool, io: &mut Io<'_, Self>) -> Option<[u8; HDR_LEN]> {
         let (seq, _, _, read) = of_note(note);
-        let mut st = self.st.lock();
-        let w0 = st.waiting();
         let fault = if read || note == 0 {
             Fault::qp("memory of a READ response deregistered while it was being sent".into())
         } else {
             Fault::wr(seq, WcStatus::LocalError, "local memory of a WR deregistered or out of bounds".into())
         };
-        self.fault(&mut st, io, fault);
-        self.settle(&mut st, io, w0);
-        None
+        self.settled(io, |st, io| self.or_fault(st, io, Err(fault), None))
     }
 
     fn link_down(self: &Arc<Self>, why: &str, io: &mut Io<'_, Self>) {
@@ -159,11 +144,10 @@ impl Station for TcpConn {
     }
 
     fn timer(self: &Arc<Self>, now: Instant, io: &mut Io<'_, Self>) {
-        let mut st = self.st.lock();
-        let w0 = st.waiting();
-        st.tx.timer_listed = false;
-        st.tx.rnr_over(now);
-        self.settle(&mut st, io, w0);
+        self.settled(io, |st, _| {
+            st.tx.timer_listed = false;
+            st.tx.rnr_over(now);
+        });
     }
 }
 
@@ -203,10 +187,26 @@ impl TcpConn {
         io.waiting(st.waiting() as isize - w0 as isize);
     }
 
-    /// Moves the QP to the error state for `fault` and tells the peer QP (CLOSE).
-    fn fault(self: &Arc<Self>, st: &mut TcpState, io: &mut Io<'_, Self>, fault: Fault) {
-        let Fault::Qp { at, why } = fault;
-        self.fail_on_link(st, io, at, &why, true, true);
+    /// Runs `f` on the state, then settles the QP on its link ([`Self::settle`]).
+    pub(super) fn settled<R>(
+        self: &Arc<Self>,
+        io: &mut Io<'_, Self>,
+        f: impl FnOnce(&mut TcpState, &mut Io<'_, Self>) -> R,
+    ) -> R {
+        let mut st = self.st.lock();
+        let w0 = st.waiting();
+        let r = f(&mut st, io);
+        self.settle(&mut st, io, w0);
+        r
+    }
+
+    /// `r`'s value; on a fault, `on_fault`, the QP moved to the error state and the peer
+    /// QP told (CLOSE).
+    fn or_fault<T>(self: &Arc<Self>, st: &mut TcpState, io: &mut Io<'_, Self>, r: Result<T, Fault>, on_fault: T) -> T {
+        r.unwrap_or_else(|Fault::Qp { at, why }| {
+            self.fail_on_link(st, io, at, &why, true, true);
+            on_fault
+        })
     }
 
     /// The error state on a link: the QP's frames not begun are dropped (one begun goes on

@@ -118,14 +118,6 @@ impl<'a> IovBuf<'a> {
     }
 }
 
-/// What both ends of one in-process connection share: [`READY`] once both ends are
-/// connected (WRs may execute), `| CLOSED` once an end went away (dropped, or its QP went to
-/// the error state). One word, so a post checks both with one load.
-#[derive(Default)]
-struct DirectLink {
-    state: AtomicU8,
-}
-
 /// Both ends are connected.
 pub const READY: u8 = 1;
 /// An end went away.
@@ -134,7 +126,10 @@ pub const CLOSED: u8 = 2;
 /// One end's view of an in-process connection: what it needs of its peer (the responder
 /// of its WRs) to execute them.
 pub struct DirectEnd {
-    link: Arc<DirectLink>,
+    /// What both ends share: [`READY`] once both ends are connected (WRs may execute),
+    /// `| CLOSED` once an end went away (dropped, or its QP went to the error state). One
+    /// word, so a post checks both with one load.
+    state: Arc<AtomicU8>,
     peer: Endpoint,
     /// Both `work` flags, this end's first: closing or becoming ready wakes both.
     work: [Arc<AtomicBool>; 2],
@@ -146,15 +141,10 @@ impl DirectEnd {
     /// The two ends of a connection between `a` and `b` (`a`'s first), each an endpoint
     /// with its connection's `work` flag.
     pub fn pair(a: (&Endpoint, &Arc<AtomicBool>), b: (&Endpoint, &Arc<AtomicBool>)) -> (DirectEnd, DirectEnd) {
-        let link = Arc::new(DirectLink::default());
+        let state = Arc::new(AtomicU8::new(0));
         let end = |me: (&Endpoint, &Arc<AtomicBool>), peer: (&Endpoint, &Arc<AtomicBool>)| DirectEnd {
-            link: link.clone(),
-            peer: Endpoint {
-                qp_num: peer.0.qp_num,
-                mrs: peer.0.mrs.clone(),
-                cq: peer.0.cq.clone(),
-                srq: peer.0.srq.clone(),
-            },
+            state: state.clone(),
+            peer: peer.0.clone(),
             work: [me.1.clone(), peer.1.clone()],
             own_cq: me.0.cq.clone(),
         };
@@ -171,18 +161,18 @@ impl DirectEnd {
     /// it set a bit is visible.
     #[inline(always)]
     pub fn state(&self) -> u8 {
-        self.link.state.load(Ordering::Acquire)
+        self.state.load(Ordering::Acquire)
     }
 
     /// Both ends are connected: queued WRs run at the next step of either side.
     pub fn set_ready(&self) {
-        self.link.state.fetch_or(READY, Ordering::Release);
+        self.state.fetch_or(READY, Ordering::Release);
         self.wake();
     }
 
     /// This end is gone: the peer fails at its next step.
     pub fn close(&self) {
-        self.link.state.fetch_or(CLOSED, Ordering::Release);
+        self.state.fetch_or(CLOSED, Ordering::Release);
         self.wake();
     }
 
@@ -218,19 +208,12 @@ pub fn dial_result(fd: i32) -> std::io::Result<bool> {
     if p.revents & libc::POLLNVAL != 0 {
         return Err(std::io::Error::from_raw_os_error(libc::EBADF));
     }
-    let mut err: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: SO_ERROR writes one c_int into `err`; `len` says so.
-    let rc = unsafe {
-        libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&mut err as *mut libc::c_int).cast(), &mut len)
-    };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
+    // SAFETY: `fd` is open (poll did not say POLLNVAL) and the caller's for this call.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    match socket2::SockRef::from(&fd).take_error()? {
+        Some(e) => Err(e),
+        None => Ok(true),
     }
-    if err != 0 {
-        return Err(std::io::Error::from_raw_os_error(err));
-    }
-    Ok(true)
 }
 
 /// Reads and drops what the socket holds now (non-blocking), at most 1 MiB.

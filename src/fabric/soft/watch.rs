@@ -14,12 +14,12 @@
 //!
 //! The helper's set also holds its clock (`clock.rs`).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use super::clock::HelperClock;
+use super::clock::{HelperClock, drain_counter, owned_fd};
 use crate::error::{Error, Result};
 
 /// The token of the eventfd.
@@ -66,26 +66,17 @@ fn interest(write: bool) -> u32 {
 const CALLER_INTEREST: u32 = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
 
 fn epoll() -> Result<OwnedFd> {
-    // SAFETY: plain syscall; the result is checked before it is owned.
-    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if fd < 0 {
-        return Err(Error::io("soft fabric: epoll_create1", &std::io::Error::last_os_error()));
-    }
-    // SAFETY: just created, owned by nobody else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // SAFETY: plain syscall; `owned_fd` checks the result.
+    owned_fd("epoll_create1", unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) })
 }
 
 impl<T> Watcher<T> {
     /// The sets, with the wake-up eventfd and `listener_fd` in the helper's.
     pub fn new(listener_fd: i32) -> Result<Watcher<T>> {
         let (epfd, cfd) = (epoll()?, epoll()?);
-        // SAFETY: plain syscall; the result is checked before it is owned.
-        let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if ev < 0 {
-            return Err(Error::io("soft fabric: eventfd", &std::io::Error::last_os_error()));
-        }
-        // SAFETY: just created, owned by nobody else.
-        let evfd = unsafe { OwnedFd::from_raw_fd(ev) };
+        // SAFETY: plain syscall; `owned_fd` checks the result.
+        let evfd = owned_fd("eventfd", unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) })?;
+        let ev = evfd.as_raw_fd();
         let clock = HelperClock::new()?;
         let t = clock.fd();
         let slab = Mutex::new(Slots { slots: vec![], free: vec![] });
@@ -174,9 +165,7 @@ impl<T> Watcher<T> {
 
     /// Consumes a wake-up (after a `T_WAKE` event).
     pub fn drain_wake(&self) {
-        let mut buf = 0u64;
-        // SAFETY: reads 8 bytes into a live u64 from our eventfd.
-        unsafe { libc::read(self.evfd.as_raw_fd(), (&mut buf as *mut u64).cast(), 8) };
+        drain_counter(&self.evfd);
     }
 }
 

@@ -64,6 +64,7 @@ pub enum Verdict {
 
 /// The helper thread's state of mind (see the module documentation). Times are ns of the
 /// caller's clock, passed in.
+#[derive(Default)]
 pub struct Looks {
     /// Links to look at again (token), and when.
     watch: Vec<(usize, u64)>,
@@ -80,8 +81,8 @@ pub struct Looks {
     swept: bool,
     /// Anything to look at again: the clock runs.
     looks: bool,
-    /// The clock could be set the last time.
-    clock_ok: bool,
+    /// The clock could not be set the last time.
+    clock_failed: bool,
     /// Connections wait to be accepted (or their HELLO to be read).
     pub accepting: bool,
 }
@@ -89,17 +90,7 @@ pub struct Looks {
 impl Looks {
     /// `epoll`: the device's readiness epoch now.
     pub fn new(epoll: u64) -> Looks {
-        Looks {
-            watch: Vec::with_capacity(64),
-            serving: HashMap::new(),
-            due: Vec::with_capacity(64),
-            evented: Vec::with_capacity(64),
-            seen_epoll: epoll,
-            swept: false,
-            looks: false,
-            clock_ok: true,
-            accepting: false,
-        }
+        Looks { seen_epoll: epoll, ..Looks::default() }
     }
 
     /// Before the helper waits: what it does with its clock (`links`: the device has links;
@@ -120,15 +111,15 @@ impl Looks {
     /// The clock was set (`ok`) or could not be: returns whether to warn (the first failure
     /// after a success).
     pub fn clock_set(&mut self, ok: bool) -> bool {
-        let warn = !ok && self.clock_ok;
-        self.clock_ok = ok;
+        let warn = !ok && !self.clock_failed;
+        self.clock_failed = !ok;
         warn
     }
 
     /// How long the wait may last (`None`: until an event): a period, when the clock could
     /// not be set and there is something to look at again.
     pub fn wait_timeout(&self, period: Duration) -> Option<Duration> {
-        (self.looks && !self.clock_ok).then_some(period)
+        (self.looks && self.clock_failed).then_some(period)
     }
 
     /// The wait ended with events: the wake-up's lists start empty.
