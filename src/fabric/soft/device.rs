@@ -12,7 +12,6 @@ use super::conn_tcp::TcpConn;
 use super::cq::{Conns, SoftCq, SoftSrq};
 use super::endpoint::Endpoint;
 use super::helper::Helper;
-use super::logs::Warnings;
 use super::mr::{MAX_MRS, MrTable};
 use super::port::{Net, Port};
 use super::qp::{self, SoftQp};
@@ -84,13 +83,6 @@ impl SoftDevice {
         }
     }
 
-    fn warn(&self) -> &Warnings {
-        match &self.kind {
-            Kind::Tcp(port, _) => &port.warn,
-            Kind::Inproc(port, _) => &port.warn,
-        }
-    }
-
     /// The TCP address peers dial (`None` in in-process mode).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         self.net().map(|n| n.local)
@@ -99,13 +91,6 @@ impl SoftDevice {
     /// TCP: the links open now (to peer devices: one each, shared by their QPs).
     pub fn links(&self) -> usize {
         self.net().map_or(0, |n| n.links().len())
-    }
-
-    /// Warnings a peer provoked, as logged (each kind at most once per 5 s).
-    #[doc(hidden)]
-    pub fn warnings_logged(&self) -> u64 {
-        let w = self.warn();
-        [&w.accept, &w.hello, &w.stray, &w.qp, &w.link].iter().map(|l| l.written()).sum()
     }
 
     /// TCP: changes how long callers must be quiet before the helper thread steps in
