@@ -12,7 +12,7 @@
 //! qp          SoftQp: one interface over the two kinds of connection; QpInfo
 //! cq          SoftCq (its poll steps links, or in-process connections), SoftSrq
 //! helper      the helper thread: serves links whose callers are quiet, sweeps them
-//! conn_inproc InprocConn: an in-process QP; connect by nonce, post (executed at once), steps
+//! conn_inproc InprocConn, InprocNet: an in-process QP; connect by nonce on its network, post, steps
 //! station     a TCP connection on its link: what the link asks of a QP, CONNECT and CLOSE
 //! conn_tcp    TcpConn: a QP on a link; connect, is_ready, post, fence, fault hooks, destroy
 //! conn        what both kinds share (Core): phase, peer, requester, responder, the error state
