@@ -10,7 +10,7 @@
 //! watch keeps its own stamps, written only by those rounds; its deadline is folded into
 //! the engine's timer.
 
-use super::failover::{Action, Output};
+use super::actions::{Action, Output};
 use super::layout::SLOTS;
 use super::{RAIL_NAMES, RailMask};
 

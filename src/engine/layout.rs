@@ -115,6 +115,29 @@ pub trait RecvMemory {
     fn record(&self, slot: usize, i: usize) -> u64;
 }
 
+// The control ring (each side has one, written by its peer): one RDMA WRITE per control
+// message of rail failover (`engine/failover/`).
+
+/// Entries of a control ring (each side has one, written by its peer).
+pub const CTL_ENTRIES: usize = 8;
+/// Bytes of one control-ring entry: the header word, `base_seq`, bitmap and ack,
+/// [`CTL_PAYLOAD_WORDS`] payload words, then the sequence word. Sized so that one
+/// `Rebuild`/`Rebuilt` describes a rail of 16 QPs (`plugin/readmit.rs`); still one packet
+/// at the smallest RDMA MTU (256 bytes).
+pub const CTL_ENTRY_BYTES: usize = 256;
+/// 64-bit words of one entry.
+pub const CTL_WORDS: usize = CTL_ENTRY_BYTES / 8;
+/// Payload words of one entry: all but the header, `base_seq`, bitmap/ack and sequence words.
+pub const CTL_PAYLOAD_WORDS: usize = CTL_WORDS - 4;
+/// Bytes of a control ring.
+pub const CTL_RING_BYTES: usize = CTL_ENTRIES * CTL_ENTRY_BYTES;
+/// Messages a side may have written that its peer has not yet acknowledged: the protocol
+/// never has more than two outstanding per rail and side (DESIGN.md), half the ring.
+/// Every send queue that carries control writes holds this many more WRs.
+pub const CTL_MAX_UNACKED: u64 = (2 * crate::rail::RAILS) as u64;
+/// 64-bit words of QP records one `Rebuild`/`Rebuilt` carries: the entry's payload.
+pub const QP_RECORD_WORDS: usize = CTL_PAYLOAD_WORDS;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,8 @@
 //! - Errors are typed ([`Violation`], [`CompletionFailed`], [`StrayCompletion`],
 //!   [`Refused`]) and displayed as their log lines; a connection keeps its first failure.
 
+mod actions;
+pub mod config;
 mod error_state;
 pub mod failover;
 mod hang;
@@ -16,18 +18,20 @@ pub mod imm;
 pub mod layout;
 pub mod place;
 mod recv;
+mod recv_path;
 mod send;
+mod send_path;
+mod slots;
 #[cfg(test)]
 mod tests;
 
 pub use crate::error::protocol::{CompletionFailed, Refused, Side, StrayCompletion, Violation, WorkRequest};
-pub use failover::{
-    Action, CtlMemory, DownReason, Event, FailoverConfig, FailoverCounts, Output, QpRecords, RailState,
-    SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS,
-};
+pub use actions::{Action, DownReason, Event, Output, QpRecords, RailState};
+pub use config::{FailoverConfig, RecvConfig, SendConfig};
+pub use failover::{CtlMemory, FailoverCounts, SILENT_FLOOR_NS, STALL_NS_PER_BYTE, SUSPECT_FLOOR_NS};
 pub use place::{Place, PlaceRef};
-pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvConfig, RecvDone, RecvEngine};
-pub use send::{CallerWaits, PartState, SendBuf, SendConfig, SendEngine, SentPart, SlotView};
+pub use recv::{CTS_SIGNAL_EVERY, FLUSH_ID_BASE, FlushBuf, MAX_FLUSHES, RecvBuf, RecvDone, RecvEngine};
+pub use send::{CallerWaits, PartState, SendBuf, SendEngine, SentPart, SlotView};
 
 use crate::fabric::SendWr;
 use error_state::ErrorState;

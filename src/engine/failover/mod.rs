@@ -1,9 +1,9 @@
-//! Rail failover (DESIGN.md "Rail failover"): the parts both engines share (the
-//! configuration, each rail's state, the control ring's messages and their encoding, what
-//! the engines ask the plugin for (actions out) and learn from it (events in), the
-//! re-admission steps), the sender's failover whole (`sender.rs`, `replay.rs`,
+//! Rail failover (DESIGN.md "Rail failover"): the parts both engines share (each rail's
+//! state, the control ring's messages and their encoding, the re-admission steps; the
+//! settings are `engine/config.rs`'s, the actions out and events in `engine/actions.rs`'s,
+//! the control ring's layout `engine/layout.rs`'s), the sender's failover whole (`sender.rs`, `replay.rs`,
 //! `silence.rs`, `readmit.rs`) and the receiver's (`receiver.rs`, `readmit.rs`), which the
-//! engines call with their hot-path state lent for the step (`engine/{send,recv}/path.rs`).
+//! engines call with their hot-path state lent for the step (`engine/{send,recv}_path.rs`).
 //!
 //! A rail failure does not break the connection: the receiver fences the rail (its QPs
 //! of that rail to the error state, their CQ drained), reports which parts of which
@@ -12,67 +12,16 @@
 //! ring ([`CTL_ENTRIES`] entries of [`CTL_ENTRY_BYTES`]), on the surviving rail's CTS QP.
 //! Nothing here runs on the data path of a connection whose rails are healthy.
 
+pub use super::actions::{Action, DownReason, Event, Output, QpRecords, RailState};
+pub use super::config::FailoverConfig;
 use super::layout::SLOTS;
-use super::{Chain, MAX_CHAIN, QpRef, RAILS, RailMask};
-use crate::fabric::SendWr;
+pub use super::layout::{
+    CTL_ENTRIES, CTL_ENTRY_BYTES, CTL_MAX_UNACKED, CTL_PAYLOAD_WORDS, CTL_RING_BYTES, CTL_WORDS, QP_RECORD_WORDS,
+};
+use super::{RAILS, RailMask};
 
-/// Entries of a control ring (each side has one, written by its peer).
-pub const CTL_ENTRIES: usize = 8;
-/// Bytes of one control-ring entry: the header word, `base_seq`, bitmap and ack,
-/// [`CTL_PAYLOAD_WORDS`] payload words, then the sequence word. Sized so that one
-/// `Rebuild`/`Rebuilt` describes a rail of 16 QPs (`plugin/readmit.rs`); still one packet
-/// at the smallest RDMA MTU (256 bytes).
-pub const CTL_ENTRY_BYTES: usize = 256;
-/// 64-bit words of one entry.
-pub const CTL_WORDS: usize = CTL_ENTRY_BYTES / 8;
-/// Payload words of one entry: all but the header, `base_seq`, bitmap/ack and sequence words.
-pub const CTL_PAYLOAD_WORDS: usize = CTL_WORDS - 4;
-/// Bytes of a control ring.
-pub const CTL_RING_BYTES: usize = CTL_ENTRIES * CTL_ENTRY_BYTES;
-/// Messages a side may have written that its peer has not yet acknowledged: the protocol
-/// never has more than two outstanding per rail and side (DESIGN.md), half the ring.
-/// Every send queue that carries control writes holds this many more WRs.
-pub const CTL_MAX_UNACKED: u64 = (2 * RAILS) as u64;
 /// Receive sequence numbers one `Fenced` bitmap covers: the receive window.
 pub const FENCE_WINDOW: u64 = SLOTS as u64;
-
-/// The failover settings a connection's engines get (`MPIB_FAILOVER`, `MPIB_STALL_MS`) and
-/// where its control messages go. The default is off: any rail failure fails the connection
-/// until the plugin configures a control ring.
-#[derive(Clone, Debug, Default)]
-pub struct FailoverConfig {
-    /// Failover on: a rail failure is survived while the other rail works.
-    pub enabled: bool,
-    /// Sender: a rail with signalled work outstanding and no completion for this long has
-    /// failed (0 = never).
-    pub stall_ns: u64,
-    /// Sender: the silent-rail check (`engine/failover/silence.rs`) runs. Off where the two
-    /// rails leave through one port: they share its link, so one cannot go silent beside
-    /// the other, and a rail queued behind its partner's traffic in the NIC is no failure.
-    pub silence: bool,
-    /// Sender: the silent-rail check's failure floor (`MPIB_SILENT_MS`); 0: the default
-    /// for a NIC that moves data by itself, [`crate::engine::SILENT_FLOOR_NS`]. A rail is
-    /// suspect at 2/5 of it.
-    pub silent_floor_ns: u64,
-    /// Local source of the outgoing control messages ([`CTL_ENTRIES`] entries of
-    /// [`CTL_ENTRY_BYTES`], the one of message `seq` at `(seq - 1) % CTL_ENTRIES`): address
-    /// and lkey per rail.
-    pub ctl_out_addr: u64,
-    pub ctl_out_lkeys: [u32; RAILS],
-    /// The peer's control ring: address and rkey per rail.
-    pub ctl_ring_addr: u64,
-    pub ctl_ring_rkeys: [u32; RAILS],
-    /// Sender: re-admission of a failed rail, first tried this long after its fence
-    /// (`MPIB_READMIT_MS`), the wait doubling after each failed attempt up to
-    /// `readmit_max_ns` (`MPIB_READMIT_MAX_MS`); 0 = never re-admit.
-    pub readmit_ns: u64,
-    pub readmit_max_ns: u64,
-    /// Sender: the fault drill (`MPIB_FAULT_RAIL`), if any.
-    pub drill: Option<crate::config::FaultDrill>,
-    /// How long a connection whose rails have all failed waits for one to come back
-    /// before it fails (`MPIB_OUTAGE_GRACE_MS`); 0: it fails at once.
-    pub outage_grace_ns: u64,
-}
 
 /// `Failover::outage_ns` of an outage entered since the last round (its clock not started).
 const OUTAGE_UNTIMED: u64 = u64::MAX;
@@ -89,147 +38,6 @@ pub const READMIT_RESET_NS: u64 = 10_000_000_000;
 /// Probe WRITEs the sender posts on a rebuilt rail's data QPs before it uses it again (one
 /// per data QP where the rail has more).
 pub const READMIT_PROBES: u8 = 3;
-/// 64-bit words of QP records one `Rebuild`/`Rebuilt` carries: the entry's payload.
-pub const QP_RECORD_WORDS: usize = CTL_PAYLOAD_WORDS;
-
-/// A side's new QPs of a rail, as the plugin describes them to the peer (opaque to the
-/// engines; `plugin/readmit.rs` encodes them): `n` words of `words` used.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QpRecords {
-    pub n: u8,
-    pub words: [u64; QP_RECORD_WORDS],
-}
-
-/// A rail's failover state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum RailState {
-    /// Healthy at its current epoch.
-    #[default]
-    Up,
-    /// Failed at `epoch`. Receiver: `fenced` once its `Fenced` report is posted. Sender:
-    /// `fenced` once the receiver's `Fenced` report was applied (every part of the rail
-    /// is either confirmed or replayed).
-    Failed { epoch: u32, fenced: bool },
-    /// Re-admission proposed at `epoch` (the failed epoch + 1): new QPs being built, the
-    /// `Rebuild`/`Rebuilt` exchange under way.
-    Rebuilding { epoch: u32 },
-    /// New QPs connected (or connecting) at `epoch`; probes confirm them before the rail
-    /// is Up again.
-    Probing { epoch: u32 },
-}
-
-/// Why a rail failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DownReason {
-    /// A completion on the rail failed.
-    Completion,
-    /// Sender: signalled work outstanding and no completion for `MPIB_STALL_MS`.
-    Stall,
-    /// Sender: silent for long against its own round trips while the other rail completes.
-    Silent,
-    /// The plugin saw it: a port-down async event (verbs), the peer's rail connection lost
-    /// (soft).
-    Port,
-    /// The peer reported it (`RailDown` or `Fenced`).
-    Peer,
-}
-
-/// A side effect an engine asks of the plugin (performed on the fabric, answered with an
-/// [`Event`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-// The records (a rail of 16 QPs, 232 bytes) travel by value: only failover rounds make
-// and move these, a few at a time, and they stay `Copy`.
-#[allow(clippy::large_enum_variant)]
-pub enum Action {
-    /// Move every QP of `rail` of this connection to the error state (its responders then
-    /// accept nothing more); once that is final (verbs: `IBV_EVENT_QP_LAST_WQE_REACHED` for
-    /// an SRQ-attached QP, bounded; soft: at once) feed the engine every completion the
-    /// rail's CQ still holds for the connection, then answer [`Event::FenceDone`]. Never
-    /// waited for: the plugin looks again at each round (the engine keeps them coming).
-    FenceQps { rail: usize },
-    /// Re-admission: create `rail`'s QPs of this connection again (on the same shared
-    /// queues; the old ones, in the error state since the fence, are destroyed first), answer
-    /// [`Event::QpsBuilt`] with their records (or [`Event::ReadmitFailed`]).
-    RebuildQps { rail: usize },
-    /// Re-admission: connect the new QPs of `rail` to the peer's (`records`); answer
-    /// [`Event::QpsConnected`] once they carry WRs (or [`Event::ReadmitFailed`]).
-    ConnectQps { rail: usize, records: QpRecords },
-    /// The fault drill (`MPIB_FAULT_RAIL`, soft fabric) drops rails as a lost link would:
-    /// inject `kind` on the QPs of the rails in `inject` (those Up), and refuse the
-    /// re-admission of every rail in `refuse` for `refuse_ms` (`None`: for good). `isend`:
-    /// the comm's isends so far, for the log. No event answers it.
-    Drop { inject: RailMask, refuse: RailMask, kind: crate::fabric::FaultKind, refuse_ms: Option<u64>, isend: u64 },
-    /// The request in `slot` has waited `age_ns` (at least): log the connection's state
-    /// (`state_report`) once. No event answers it.
-    HangReport { slot: usize, age_ns: u64 },
-    /// No rail works: send this control-ring entry to the peer over the connection's
-    /// set-up channel, whose plugin answers with [`Event::ControlOob`] on its side
-    /// (`engine/failover/control.rs`). No event answers it here.
-    ControlOob { words: [u64; CTL_WORDS] },
-}
-
-/// What the plugin tells an engine.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[allow(clippy::large_enum_variant)] // as `Action`: records by value, in failover rounds only
-pub enum Event {
-    /// [`Action::FenceQps`] is done and the rail's completions were all fed in.
-    FenceDone { rail: usize },
-    /// `rail`'s port went down (an async event): the rail fails over where the other rail
-    /// can take its traffic; on the last working rail RC's retries decide.
-    RailDown { rail: usize },
-    /// `rail`'s device is gone for good (`DEVICE_FATAL`): the rail fails, the last one too.
-    DeviceFatal { rail: usize },
-    /// [`Action::RebuildQps`] done: the new QPs' records, for the peer.
-    QpsBuilt { rail: usize, records: QpRecords },
-    /// [`Action::ConnectQps`] done: the new QPs carry WRs now.
-    QpsConnected { rail: usize },
-    /// Re-admission of `rail` failed in the plugin (QPs not made, connect refused or timed
-    /// out): the attempt backs off.
-    ReadmitFailed { rail: usize },
-    /// [`Action::RebuildQps`] not done: `rail`'s port is down now (verbs: no PORT_ACTIVE
-    /// since its PORT_ERR). Sender: no attempt was made; the next one starts
-    /// `MPIB_READMIT_MS` later, the back-off unchanged (an outage's length is no failed
-    /// attempt, and QPs built on a dead port only fail their probes seconds later).
-    /// Receiver: as [`Event::ReadmitFailed`].
-    PortDown { rail: usize },
-    /// A control-ring entry the peer sent out of band ([`Action::ControlOob`]).
-    ControlOob { words: [u64; CTL_WORDS] },
-    /// The peer's end of the set-up channel closed: during an outage, the peer is gone.
-    PeerGone,
-}
-
-/// What an engine's `handle_timeout` hands the plugin: chains to post in order (probes,
-/// keepalives, control writes, replays, CTS re-posts) and actions to perform on the fabric,
-/// each answered with an [`Event`]. Reused: it grows to the most one round produced (a few
-/// probes while the rails work, up to a window of replays in an outage), not to the most
-/// a round could produce (24 KiB a comm).
-#[derive(Debug, Default)]
-pub struct Output {
-    pub chains: Vec<Chain>,
-    pub actions: Vec<Action>,
-}
-
-impl Output {
-    pub fn clear(&mut self) {
-        self.chains.clear();
-        self.actions.clear();
-    }
-
-    /// A new chain for `rail` on `qp`; the caller fills its WRs.
-    pub(crate) fn push(&mut self, rail: usize, qp: QpRef) -> &mut Chain {
-        self.chains.push(Chain { rail: rail as u8, qp, len: 0, ..Chain::default() });
-        self.chains.last_mut().expect("just pushed")
-    }
-}
-
-impl Chain {
-    /// Appends `wr` (failover chains; at most [`MAX_CHAIN`] WRs).
-    pub(crate) fn add(&mut self, wr: SendWr) {
-        debug_assert!((self.len as usize) < MAX_CHAIN);
-        self.wrs[self.len as usize] = wr;
-        self.len += 1;
-    }
-}
 
 mod control;
 mod readmit;

@@ -20,8 +20,8 @@
 //! [`Event::QpsConnected`]: crate::engine::Event::QpsConnected
 
 use super::{CtlKind, CtlMsg, Failover, READMIT_ATTEMPT_NS, READMIT_PROBES, READMIT_RESET_NS, other};
-use crate::engine::recv::RecvPath;
-use crate::engine::send::SendPath;
+use crate::engine::recv_path::RecvPath;
+use crate::engine::send_path::SendPath;
 use crate::engine::{
     Action, CtlMemory, DownReason, Output, QpRecords, QpRef, RAIL_NAMES, RAILS, RailState, Side, WrKind,
 };

@@ -15,7 +15,7 @@
 
 use super::{CtlKind, CtlMsg, FENCE_WINDOW, Failover, other};
 use crate::engine::layout::SLOTS;
-use crate::engine::recv::RecvPath;
+use crate::engine::recv_path::RecvPath;
 use crate::engine::{
     CtlMemory, DownReason, Event, Output, RAIL_NAMES, RailMask, RailState, Side, Violation, WorkRequest, WrKind,
     failure,

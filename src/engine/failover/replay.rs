@@ -11,7 +11,7 @@ use std::ops::{Index, IndexMut};
 use super::{Failover, other};
 use crate::engine::imm::{Imm, SIZEQ_SENTINEL};
 use crate::engine::layout::{MAX_RECVS, RECORD_SLOT_BYTES, SLOTS};
-use crate::engine::send::SendPath;
+use crate::engine::send_path::SendPath;
 use crate::engine::{CpuAccess, Output, RAILS, RailMask, RailState, SOUT, SUP, WrKind};
 use crate::fabric::{SendWr, Sge, WrOpcode};
 

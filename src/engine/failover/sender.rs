@@ -13,7 +13,7 @@
 
 use super::{CtlKind, CtlMsg, Failover, other};
 use crate::engine::layout::SLOTS;
-use crate::engine::send::SendPath;
+use crate::engine::send_path::SendPath;
 use crate::engine::{
     CtlMemory, DownReason, Event, Output, RAIL_NAMES, RAILS, RailMask, RailState, Side, StrayCompletion, Violation,
     WrKind,

@@ -17,7 +17,7 @@
 
 use super::sender::STALL_NS_PER_BYTE;
 use super::{Failover, other};
-use crate::engine::send::SendPath;
+use crate::engine::send_path::SendPath;
 use crate::engine::{DownReason, RAIL_NAMES, RAILS, RailState};
 use crate::error::Result;
 

@@ -4,9 +4,10 @@
 //! pieces take `failover.rs`'s and `pieces.rs`'s cold paths and come back to
 //! `check_arrival` and `accept`.
 
-use super::{RecvEngine, State};
+use super::RecvEngine;
 use crate::engine::imm::{Imm, SIZE_GRANULE, SIZEQ_SENTINEL};
 use crate::engine::layout::{RecvMemory, SLOTS};
+use crate::engine::slots::RecvState;
 use crate::engine::{RailMask, Violation};
 use crate::error::Result;
 
@@ -45,7 +46,7 @@ impl RecvEngine {
         }
         let s = &self.slots[slot];
         let (state, data_done, expected, seen, prev_q, n) = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
-        if state != State::Posted || data_done {
+        if state != RecvState::Posted || data_done {
             return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
         }
         if !expected.is_empty() && expected != mask {
@@ -121,7 +122,7 @@ impl RecvEngine {
         let st = &mut self.slots[slot];
         st.data_done = true;
         if !st.cts_pending {
-            st.state = State::Done;
+            st.state = RecvState::Done;
         }
         Ok(())
     }

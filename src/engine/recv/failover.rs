@@ -6,11 +6,12 @@
 //! part (the IMM path's checks and its `accept`). Replayed parts arrive flagged; a
 //! duplicate is ignored and counted.
 
-use super::path::RecvPath;
-use super::{RecvEngine, State};
+use super::RecvEngine;
 use crate::engine::failover::{Failover, FailoverCounts, other};
 use crate::engine::imm::{Imm, PIECES_BITS, REPLAY_FLAG, SIZEQ_SENTINEL, SLOT_BITS};
 use crate::engine::layout::{RecvMemory, SLOTS};
+use crate::engine::recv_path::RecvPath;
+use crate::engine::slots::RecvState;
 use crate::engine::{CtlMemory, Event, Output, QpRef, RAILS, RailState, Violation, WrKind};
 use crate::error::Result;
 use crate::fabric::Completion;
@@ -91,7 +92,7 @@ impl RecvEngine {
             let slot = self.fo.cts_redo.trailing_zeros() as usize;
             self.fo.cts_redo &= self.fo.cts_redo - 1;
             let s = &mut self.slots[slot];
-            if s.state != State::Posted || s.data_done {
+            if s.state != RecvState::Posted || s.data_done {
                 continue;
             }
             // Signalled: the slot is done only once this copy is placed.
@@ -150,7 +151,7 @@ impl RecvEngine {
         }
         let s = &self.slots[slot];
         let (state, data_done, expected, seen, prev_q, n) = (s.state, s.data_done, s.expected, s.seen, s.size_q, s.n);
-        if state == State::Free {
+        if state == RecvState::Free {
             return Err(self.violation(move || Violation::NoReceiveWaiting { rail, slot }));
         }
         if seen.contains(part) && expected == mask {

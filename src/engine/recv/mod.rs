@@ -5,8 +5,10 @@
 //! (mask learning, seed 003 §2.3). The shared receive queues its IMMs consume are the
 //! plugin's: kept stocked per NIC for every receive the connections may have outstanding.
 
-use super::failover::{Failover, FailoverConfig};
+use super::config::RecvConfig;
+use super::failover::Failover;
 use super::layout::{CTS_ENTRY_BYTES, CTS_SLOT_BYTES, CtsEntry, MAX_RECVS, RecvMemory, SLOTS};
+use super::slots::{RecvSlot, RecvState};
 use super::{
     ErrorState, Posts, QpRef, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion, Violation,
     WorkRequest, WrKind, cold, failure,
@@ -18,44 +20,12 @@ use crate::telemetry::StatsHandle;
 mod arrival;
 mod failover;
 mod flush;
-mod path;
 mod pieces;
 mod report;
 mod timers;
 
 pub use flush::FlushBuf;
 use flush::FlushReq;
-pub(crate) use path::RecvPath;
-
-/// What the receiver needs to know about the connection.
-#[derive(Clone, Debug)]
-pub struct RecvConfig {
-    /// Most receives in flight (NCCL_NET_MAX_REQUESTS: 8 for v6, 32 after; at most
-    /// [`SLOTS`]).
-    pub max_requests: usize,
-    /// Rails this device has.
-    pub rails_mask: RailMask,
-    /// Most pieces the sender stripes a rail's share of one request over (its Hello says;
-    /// 1: not striped): an IMM announcing more is a violation.
-    pub pieces: [u8; RAILS],
-    /// Local source of the CTS writes: address and lkey per rail.
-    pub cts_addr: u64,
-    pub cts_lkeys: [u32; RAILS],
-    /// The sender's CTS FIFO: address and rkey per rail.
-    pub fifo_addr: u64,
-    pub fifo_rkeys: [u32; RAILS],
-    /// Payloads up to this many bytes are posted inline.
-    pub max_inline: u32,
-    /// Local host word the flush READs land in: address and lkey per rail. Also the
-    /// source of keepalive WRITEs.
-    pub flush_addr: u64,
-    pub flush_lkeys: [u32; RAILS],
-    /// The sender's scratch word, target of keepalive WRITEs: address and rkey per rail.
-    pub scratch_addr: u64,
-    pub scratch_rkeys: [u32; RAILS],
-    /// Rail failover (off by default) and its control ring.
-    pub failover: FailoverConfig,
-}
 
 /// One receive buffer as NCCL gave it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,35 +41,6 @@ pub struct RecvBuf {
 pub struct RecvDone {
     pub n: usize,
     pub sizes: [u64; MAX_RECVS],
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum State {
-    #[default]
-    Free,
-    Posted,
-    Done,
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct RecvSlot {
-    state: State,
-    n: u8,
-    posted: [u64; MAX_RECVS],
-    /// Learned from the first IMM; empty until then.
-    expected: RailMask,
-    seen: RailMask,
-    size_q: u32,
-    byte_sum: u64,
-    /// Striped rail shares: the pieces each rail announced, how many arrived (valid once
-    /// `pieces_seen` is not 0), and their bytes; a rail's part is seen when all are in.
-    pieces: [u8; RAILS],
-    pieces_seen: [u8; RAILS],
-    part_bytes: [u64; RAILS],
-    /// The signalled CTS WRITE of this slot has not completed yet.
-    cts_pending: bool,
-    data_done: bool,
-    sizes: [u64; MAX_RECVS],
 }
 
 /// Flush requests in flight at once.
@@ -228,7 +169,7 @@ impl RecvEngine {
             return Err(cold(|| too_large(bufs)));
         }
         let slot = (self.fifo_tail % SLOTS as u64) as usize;
-        if self.slots[slot].state != State::Free {
+        if self.slots[slot].state != RecvState::Free {
             // The receive posted SLOTS receives ago is still outstanding (NCCL tested later
             // ones first): not now. NCCL retries, and tests that older one meanwhile.
             return Ok(None);
@@ -241,7 +182,7 @@ impl RecvEngine {
         // Filled in place (only what this receive uses: `sizes` is written when it completes).
         let s = &mut self.slots[slot];
         (s.state, s.n, s.expected, s.seen, s.size_q, s.byte_sum) =
-            (State::Posted, n as u8, RailMask::NONE, RailMask::NONE, 0, 0);
+            (RecvState::Posted, n as u8, RailMask::NONE, RailMask::NONE, 0, 0);
         (s.cts_pending, s.data_done, s.pieces_seen) = (signaled, false, [0; RAILS]);
         for (i, b) in bufs.iter().enumerate() {
             let e = CtsEntry { addr: b.addr, size: b.size, rkeys: b.rkeys, tag: b.tag, nreqs: n as u32, word };
@@ -337,12 +278,12 @@ impl RecvEngine {
         }
         match kind {
             WrKind::Cts => {
-                let Some(s) = self.slots.get_mut(slot).filter(|s| s.state == State::Posted && s.cts_pending) else {
+                let Some(s) = self.slots.get_mut(slot).filter(|s| s.state == RecvState::Posted && s.cts_pending) else {
                     return Err(self.error.fail(cold(move || StrayCompletion::CtsNotAwaited { slot }.into())));
                 };
                 s.cts_pending = false;
                 if s.data_done {
-                    s.state = State::Done;
+                    s.state = RecvState::Done;
                 }
                 Ok(())
             }
@@ -393,12 +334,12 @@ impl RecvEngine {
             return self.on_imm(rail, c.imm, c.byte_len as u64, mem);
         }
         if let Some((WrKind::Cts, _, slot)) = WrKind::decode(c.wr_id)
-            && let Some(s) = self.slots.get_mut(slot).filter(|s| s.state == State::Posted && s.cts_pending)
+            && let Some(s) = self.slots.get_mut(slot).filter(|s| s.state == RecvState::Posted && s.cts_pending)
             && (c.status == WcStatus::Success || s.data_done)
         {
             s.cts_pending = false;
             if s.data_done {
-                s.state = State::Done;
+                s.state = RecvState::Done;
             }
         }
         Ok(())
@@ -437,19 +378,19 @@ impl RecvEngine {
             return Err(cold(move || Refused::NoSuchRecv { id }.into()));
         };
         match s.state {
-            State::Done => {
+            RecvState::Done => {
                 let n = s.n as usize;
                 // The next irecv of this slot sets every field it reads; until then the
                 // sizes stay for `done_sizes`.
-                s.state = State::Free;
+                s.state = RecvState::Free;
                 self.outstanding -= 1;
                 Ok(Some(n))
             }
-            State::Posted => {
+            RecvState::Posted => {
                 self.error.check()?;
                 Ok(None)
             }
-            State::Free => Err(cold(move || Refused::RecvNotInFlight { id }.into())),
+            RecvState::Free => Err(cold(move || Refused::RecvNotInFlight { id }.into())),
         }
     }
 
@@ -468,7 +409,7 @@ impl RecvEngine {
         if id >= FLUSH_ID_BASE {
             return self.flushes.get((id - FLUSH_ID_BASE) as usize).is_some_and(|f| f.live);
         }
-        self.slots.get(id as usize).is_some_and(|s| s.state != State::Free)
+        self.slots.get(id as usize).is_some_and(|s| s.state != RecvState::Free)
     }
 
     /// Receives in flight.

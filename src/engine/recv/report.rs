@@ -4,11 +4,12 @@
 
 use std::fmt;
 
-use super::{RecvEngine, State};
+use super::RecvEngine;
 use crate::engine::RAIL_NAMES;
-use crate::engine::failover::Output;
+use crate::engine::actions::Output;
 use crate::engine::hang::{Age, HangWatch, Rails};
 use crate::engine::layout::SLOTS;
+use crate::engine::slots::RecvState;
 
 impl RecvEngine {
     /// A receive older than `ns` makes a hang report (0: never; the plugin sets
@@ -27,7 +28,7 @@ impl RecvEngine {
     /// (`seq + 1`).
     fn waiting(&self) -> impl Iterator<Item = (usize, u64)> + '_ {
         (0..SLOTS)
-            .filter(|&s| self.slots[s].state == State::Posted && !self.slots[s].data_done)
+            .filter(|&s| self.slots[s].state == RecvState::Posted && !self.slots[s].data_done)
             .map(|s| (s, self.slot_seq(s) + 1))
     }
 
@@ -58,13 +59,13 @@ impl fmt::Display for RecvReport<'_> {
         write!(f, "\n  {} receives outstanding; {} posted so far", e.outstanding, e.fifo_tail)?;
         for s in 0..SLOTS {
             let r = &e.slots[s];
-            if r.state == State::Free {
+            if r.state == RecvState::Free {
                 continue;
             }
             let seq = e.slot_seq(s);
             let bytes: u64 = r.posted[..r.n as usize].iter().sum();
             write!(f, "\n  slot {s} (receive {seq}): {} buffers, {bytes} bytes; ", r.n)?;
-            if r.state == State::Done {
+            if r.state == RecvState::Done {
                 f.write_str("complete, not yet tested by NCCL")?;
             } else if r.data_done {
                 f.write_str("data in, waiting for its CTS WRITE's completion")?;

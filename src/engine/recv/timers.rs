@@ -5,7 +5,7 @@
 //! or when the sender wrote a control message ([`RecvEngine::control_waiting`]).
 
 use super::RecvEngine;
-use crate::engine::failover::Output;
+use crate::engine::actions::Output;
 use crate::engine::layout::RecvMemory;
 use crate::engine::{CtlMemory, KEEPALIVE_NS, RAILS, RailMask, SOUT, WrKind};
 use crate::error::Result;
@@ -101,8 +101,8 @@ impl RecvEngine {
         self.quiet_since_ns = now_ns;
     }
 
-    /// A keepalive: the scratch WRITE of `path::scratch_write` on `rail`.
+    /// A keepalive: the scratch WRITE of `recv_path::scratch_write` on `rail`.
     fn post_scratch_write(&mut self, rail: usize, wr_id: u64, out: &mut Output) {
-        super::path::scratch_write(&self.cfg, &self.stats, rail, wr_id, out);
+        crate::engine::recv_path::scratch_write(&self.cfg, &self.stats, rail, wr_id, out);
     }
 }

@@ -5,7 +5,7 @@
 
 use super::SendEngine;
 use crate::config::{FaultAt, FaultDrill};
-use crate::engine::failover::Output;
+use crate::engine::actions::Output;
 use crate::engine::{Action, RAILS, RailMask, RailState};
 
 /// A drill's progress.

@@ -5,9 +5,9 @@
 //! outage.
 
 use super::SendEngine;
-use super::path::SendPath;
 use crate::engine::failover::{Failover, FailoverCounts};
 use crate::engine::layout::SendMemory;
+use crate::engine::send_path::SendPath;
 use crate::engine::{CtlMemory, Event, Output, Posts, RAILS, RailState, WrKind};
 use crate::error::Result;
 use crate::fabric::Completion;

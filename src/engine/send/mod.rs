@@ -2,63 +2,31 @@
 //! split of each send immediately before posting, emits one chain per active rail (nothing
 //! on an inactive rail), and completes sends when every active rail's signalled WR did.
 
-use std::sync::Arc;
-
-use super::failover::{Failover, FailoverConfig};
+use super::config::SendConfig;
+use super::failover::Failover;
 use super::layout::{CtsEntry, MAX_RECVS, SLOTS, SendMemory};
+use super::slots::{PostedSlot, ReqState, SendReq};
 use super::{
     ErrorState, Posts, RAILS, RailCounts, RailMask, Refused, SOUT, SUP, Side, StrayCompletion, Violation, WrKind, cold,
 };
 use crate::error::{Error, Result};
 use crate::fabric::{Completion, WcStatus};
 use crate::split::AnySplit;
-use crate::telemetry::{ProbeBudget, RailTelemetry, Sample};
+use crate::telemetry::{RailTelemetry, Sample};
 
 mod drill;
 mod failover;
-mod path;
 mod post;
 mod profile;
 mod report;
 mod timers;
 
-pub(crate) use path::SendPath;
 #[cfg(test)]
 pub(crate) use post::stripe;
 pub use profile::{PartState, SentPart, SlotView};
 
 use crate::engine::CpuAccess;
 pub use timers::CallerWaits;
-
-/// What the sender needs to know about the connection.
-#[derive(Clone, Debug)]
-pub struct SendConfig {
-    /// Data QPs per rail (`MPIB_SOUT_QP`, `MPIB_SUP_QP`).
-    pub qps: [u16; RAILS],
-    /// Most pieces a rail's share of one request is striped over, each on its own QP
-    /// (`MPIB_QP_STRIPE`): 1 (a request on one QP per rail, round-robin) up to
-    /// `min(qps, imm::MAX_PIECES)`. The receiver reserves completions for as many.
-    pub pieces: [u8; RAILS],
-    /// Most send requests in flight (NCCL_NET_MAX_REQUESTS × maxRecvs).
-    pub max_requests: usize,
-    /// Local source of the completion-record writes: address and lkey per rail.
-    pub sizes_addr: u64,
-    pub sizes_lkeys: [u32; RAILS],
-    /// The receiver's completion records: address and rkey per rail.
-    pub records_addr: u64,
-    pub records_rkeys: [u32; RAILS],
-    /// The receiver's probe scratch word: address and rkey per rail.
-    pub scratch_addr: u64,
-    pub scratch_rkeys: [u32; RAILS],
-    /// Payloads up to this many bytes are posted inline.
-    pub max_inline: u32,
-    /// Probe a rail idle for this long (0 = never).
-    pub probe_interval_ns: u64,
-    /// Each rail's NIC's probe budget, shared with the other connections on that NIC.
-    pub probe_budgets: [Arc<ProbeBudget>; RAILS],
-    /// Rail failover (off by default), its control ring, re-admission and the fault drill.
-    pub failover: FailoverConfig,
-}
 
 /// One send as NCCL gave it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -70,39 +38,6 @@ pub struct SendBuf {
     /// Whether the CPU may read the buffer (host memory): only then may its bytes be
     /// copied into a WR (posted inline).
     pub cpu: CpuAccess,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-enum ReqState {
-    #[default]
-    Free,
-    /// Matched to a CTS entry, waiting for the other sends of its slot or its completion.
-    Pending,
-    Done,
-}
-
-#[derive(Clone, Copy, Debug, Default)]
-struct SendReq {
-    state: ReqState,
-    /// Bytes actually sent (clamped to the posted receive).
-    size: u64,
-}
-
-/// A slot whose chains are posted and not yet complete (failover settles its parts).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct PostedSlot {
-    pub(crate) n: u8,
-    reqs: [u16; MAX_RECVS],
-    /// Rails whose signalled WR has not completed yet.
-    pub(crate) pending: RailMask,
-    pub(crate) posted_ns: [u64; RAILS],
-    pub(crate) bytes: [u64; RAILS],
-    /// Pieces of a striped rail share whose signalled WR is out, beyond the last one (the
-    /// rail stays in `pending` until that one completes).
-    pub(crate) extra_pieces: [u8; RAILS],
-    /// The receive sequence number (0-based) of the slot's CTS (hang reports, the profiler,
-    /// failover's reports name it).
-    pub(crate) seq: u64,
 }
 
 /// The slot being matched: its CTS entries and which send took each (its request and
@@ -443,7 +378,7 @@ impl SendEngine {
     /// Every send of `slot` is complete.
     #[inline]
     fn complete_slot(&mut self, slot: usize) {
-        path::complete(&self.slots[slot], &mut self.reqs, &mut self.pending);
+        crate::engine::send_path::complete(&self.slots[slot], &mut self.reqs, &mut self.pending);
     }
 
     /// A data completion for a part that is not outstanding: after a failover, the dead

@@ -52,7 +52,7 @@ impl SendEngine {
     /// The next data QP of `rail` (round robin).
     #[inline]
     pub(super) fn next_qp(&mut self, rail: usize) -> QpRef {
-        super::path::next_qp(&mut self.rr, &self.cfg.qps, rail)
+        crate::engine::send_path::next_qp(&mut self.rr, &self.cfg.qps, rail)
     }
 
     /// Book-keeping of a chain posted on `rail` for `slot`: counters, telemetry, in flight.

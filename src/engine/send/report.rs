@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::SendEngine;
 use crate::engine::RAIL_NAMES;
-use crate::engine::failover::Output;
+use crate::engine::actions::Output;
 use crate::engine::hang::{Age, HangWatch, Rails};
 use crate::engine::layout::SLOTS;
 

@@ -5,7 +5,7 @@
 //! or when the receiver wrote a control message ([`SendEngine::control_waiting`]).
 
 use super::SendEngine;
-use crate::engine::failover::Output;
+use crate::engine::actions::Output;
 use crate::engine::layout::SendMemory;
 use crate::engine::{CtlMemory, QpRef, RAILS, RailMask, WrKind};
 use crate::error::Result;

@@ -6,7 +6,7 @@
 
 use super::harness::*;
 use crate::engine::Action;
-use crate::engine::failover::Output;
+use crate::engine::actions::Output;
 
 const THRESHOLD_NS: u64 = 10_000_000_000;
 const STEP_NS: u64 = 1_000_000;

@@ -3,7 +3,8 @@
 //! telemetry and the connection's settings. Failover runs in its own rounds and on failed
 //! completions; a view made there costs the posting path nothing.
 
-use super::{PostedSlot, ReqState, SendConfig, SendReq};
+use super::config::SendConfig;
+use super::slots::{PostedSlot, ReqState, SendReq};
 use crate::engine::layout::SLOTS;
 use crate::engine::place::At;
 use crate::engine::{ErrorState, QpRef, RAILS};
@@ -18,9 +19,9 @@ pub(crate) struct SendPath<'a> {
     pub(crate) error: &'a mut ErrorState,
     /// The next idle-probe check (a re-admitted rail is looked at again at once).
     pub(crate) probe_check_ns: &'a mut u64,
-    pub(super) reqs: &'a mut [SendReq],
-    pub(super) pending: &'a mut u32,
-    pub(super) rr: &'a mut [u16; RAILS],
+    pub(crate) reqs: &'a mut [SendReq],
+    pub(crate) pending: &'a mut u32,
+    pub(crate) rr: &'a mut [u16; RAILS],
 }
 
 impl SendPath<'_> {
@@ -49,7 +50,7 @@ impl SendPath<'_> {
 
 /// Marks the sends of a completed slot done.
 #[inline]
-pub(super) fn complete(s: &PostedSlot, reqs: &mut [SendReq], pending: &mut u32) {
+pub(crate) fn complete(s: &PostedSlot, reqs: &mut [SendReq], pending: &mut u32) {
     for &id in &s.reqs[..s.n as usize] {
         reqs[id as usize].state = ReqState::Done;
     }
@@ -58,7 +59,7 @@ pub(super) fn complete(s: &PostedSlot, reqs: &mut [SendReq], pending: &mut u32) 
 
 /// The next data QP of `rail` of `qps`, round robin from `rr`.
 #[inline]
-pub(super) fn next_qp(rr: &mut [u16; RAILS], qps: &[u16; RAILS], rail: usize) -> QpRef {
+pub(crate) fn next_qp(rr: &mut [u16; RAILS], qps: &[u16; RAILS], rail: usize) -> QpRef {
     let qp = rr[rail];
     // Kept below the QP count: no division per post.
     rr[rail] = if qp + 1 >= qps[rail] { 0 } else { qp + 1 };

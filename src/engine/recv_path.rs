@@ -3,10 +3,12 @@
 //! settings. Failover runs in its own rounds and on failed completions; a view made there
 //! costs the receive path nothing.
 
-use super::{RecvConfig, RecvSlot, State};
+use super::actions::Output;
+use super::config::RecvConfig;
+use super::slots::{RecvSlot, RecvState};
 use crate::engine::layout::SLOTS;
 use crate::engine::place::At;
-use crate::engine::{ErrorState, Output, QpRef, RAILS, RailMask};
+use crate::engine::{ErrorState, QpRef, RAILS, RailMask};
 use crate::fabric::{SendWr, Sge, WrOpcode};
 use crate::telemetry::StatsHandle;
 
@@ -20,8 +22,8 @@ pub(crate) struct RecvPath<'a> {
     pub(crate) keepalive_abandoned: &'a mut RailMask,
     /// Receives posted so far: the end of the window a `Fenced` report covers.
     pub(crate) fifo_tail: u64,
-    pub(super) cfg: &'a RecvConfig,
-    pub(super) slots: &'a mut [RecvSlot; SLOTS],
+    pub(crate) cfg: &'a RecvConfig,
+    pub(crate) slots: &'a mut [RecvSlot; SLOTS],
 }
 
 impl RecvPath<'_> {
@@ -40,17 +42,17 @@ impl RecvPath<'_> {
     /// that completed, has every part.
     pub(crate) fn part_arrived(&self, seq: u64, rail: usize) -> bool {
         let s = &self.slots[(seq % SLOTS as u64) as usize];
-        s.state != State::Posted || s.data_done || s.seen.contains(rail)
+        s.state != RecvState::Posted || s.data_done || s.seen.contains(rail)
     }
 
     /// `slot`'s CTS WRITE died with its rail: no completion will follow, so the slot no
     /// longer waits for one.
     pub(crate) fn cts_lost(&mut self, slot: usize) {
         let s = &mut self.slots[slot];
-        if s.state == State::Posted && s.cts_pending {
+        if s.state == RecvState::Posted && s.cts_pending {
             s.cts_pending = false;
             if s.data_done {
-                s.state = State::Done;
+                s.state = RecvState::Done;
             }
         }
     }
@@ -63,7 +65,7 @@ impl RecvPath<'_> {
 
 /// A signalled 8-byte WRITE into the sender's scratch word on `rail`'s CTS QP, counted as a
 /// probe: a keepalive, or a re-admission's probe of the rebuilt rail (`wr_id` says which).
-pub(super) fn scratch_write(cfg: &RecvConfig, stats: &[StatsHandle; RAILS], rail: usize, wr_id: u64, out: &mut Output) {
+pub(crate) fn scratch_write(cfg: &RecvConfig, stats: &[StatsHandle; RAILS], rail: usize, wr_id: u64, out: &mut Output) {
     out.push(rail, QpRef::Cts).add(SendWr {
         wr_id,
         opcode: WrOpcode::Write,
@@ -84,5 +86,5 @@ pub(super) fn scratch_write(cfg: &RecvConfig, stats: &[StatsHandle; RAILS], rail
 #[cold]
 #[inline(never)]
 fn nccl_waits(slots: &[RecvSlot; SLOTS]) -> bool {
-    slots.iter().any(|s| s.state == State::Posted && !s.data_done)
+    slots.iter().any(|s| s.state == RecvState::Posted && !s.data_done)
 }
