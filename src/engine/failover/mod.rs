@@ -18,7 +18,8 @@ use super::layout::SLOTS;
 pub use super::layout::{
     CTL_ENTRIES, CTL_ENTRY_BYTES, CTL_MAX_UNACKED, CTL_PAYLOAD_WORDS, CTL_RING_BYTES, CTL_WORDS, QP_RECORD_WORDS,
 };
-use super::{RAILS, RailMask};
+use super::{ErrorState, RAIL_NAMES, RAILS, RailMask, Side};
+use crate::error::{Cause, Error, ErrorKind, Result};
 
 /// Receive sequence numbers one `Fenced` bitmap covers: the receive window.
 pub const FENCE_WINDOW: u64 = SLOTS as u64;
@@ -240,6 +241,44 @@ impl Failover {
             self.timer_ns = 0;
         }
         true
+    }
+
+    /// `rail` failed (`why`) and was the last one working, on `side`: the outage begins
+    /// ([`Self::enter_outage`]), said at `level`, or, with no grace, the connection fails.
+    pub(crate) fn last_rail_failed(
+        &mut self,
+        side: Side,
+        rail: usize,
+        why: DownReason,
+        level: log::Level,
+        error: &mut ErrorState,
+    ) -> Result<()> {
+        let (me, none_left, calls) = match side {
+            Side::Send => ("send", "the other rail is down", "send"),
+            Side::Receive => ("recv", "no other rail is up", "receive"),
+        };
+        let at = error.place.at(rail);
+        if !self.enter_outage() {
+            log::log!(
+                level,
+                "{me}: {} rail failed ({why:?}) and {none_left}: the connection fails{}{at}",
+                RAIL_NAMES[rail],
+                if level == log::Level::Warn {
+                    String::new()
+                } else {
+                    format!(" (no {calls} outstanding: the peer may have closed)")
+                },
+            );
+            return Err(error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
+        }
+        log::log!(
+            level,
+            "{me}: {} rail failed ({why:?}) and {none_left}: {calls}s wait up to {} ms \
+             (MPIB_OUTAGE_GRACE_MS) for a rail to come back{at}",
+            RAIL_NAMES[rail],
+            self.cfg.outage_grace_ns / 1_000_000,
+        );
+        Ok(())
     }
 
     /// A round at `now_ns`: an outage entered since the last one starts its clock now.

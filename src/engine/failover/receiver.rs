@@ -222,24 +222,7 @@ impl Failover {
         self.live_rails = self.live_rails.without(rail);
         let level = p.failure_level();
         if self.live_rails.is_empty() && self.outage_ns == 0 {
-            if !self.enter_outage() {
-                log::log!(
-                    level,
-                    "recv: {} rail failed ({why:?}) and no other rail is up: the connection fails{}{}",
-                    RAIL_NAMES[rail],
-                    if level == log::Level::Warn { "" } else { " (no receive outstanding: the peer may have closed)" },
-                    p.at(rail)
-                );
-                return Err(p.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
-            }
-            log::log!(
-                level,
-                "recv: {} rail failed ({why:?}) and no other rail is up: receives wait up to {} ms \
-                 (MPIB_OUTAGE_GRACE_MS) for a rail to come back{}",
-                RAIL_NAMES[rail],
-                self.cfg.outage_grace_ns / 1_000_000,
-                p.at(rail)
-            );
+            self.last_rail_failed(Side::Receive, rail, why, level, p.error)?;
         }
         if was_up {
             log::log!(

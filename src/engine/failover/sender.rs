@@ -202,24 +202,7 @@ impl Failover {
         self.clear_suspect(p, other(rail));
         let level = p.failure_level();
         if self.failed() == RailMask::BOTH && self.outage_ns == 0 {
-            if !self.enter_outage() {
-                log::log!(
-                    level,
-                    "send: {} rail failed ({why:?}) and the other rail is down: the connection fails{}{}",
-                    RAIL_NAMES[rail],
-                    if level == log::Level::Warn { "" } else { " (no send outstanding: the peer may have closed)" },
-                    p.at(rail)
-                );
-                return Err(p.error.fail(Error::from_cause(ErrorKind::Remote, Cause::BothRailsFailed)));
-            }
-            log::log!(
-                level,
-                "send: {} rail failed ({why:?}) and the other rail is down: sends wait up to {} ms \
-                 (MPIB_OUTAGE_GRACE_MS) for a rail to come back{}",
-                RAIL_NAMES[rail],
-                self.cfg.outage_grace_ns / 1_000_000,
-                p.at(rail)
-            );
+            self.last_rail_failed(Side::Send, rail, why, level, p.error)?;
         }
         if was_up {
             self.down_warned_ns[rail] = self.now_ns.max(1);
